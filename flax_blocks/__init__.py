@@ -1,0 +1,33 @@
+"""Residual transformer blocks for Flax NNX, twins of `torch_blocks`.
+
+`from flax_blocks import BlockConfig` imports no framework; the blocks load JAX and
+Flax on first use (so `torch_blocks` can share the config without importing JAX).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import BlockConfig, invert_mask
+
+_LAZY = {
+    "ResidualMHA": "blocks",
+    "FeedForward": "blocks",
+    "TransformerBlock": "blocks",
+    "Encoder": "blocks",
+    "Attention": "attention",
+    "build_mask": "attention",
+}
+
+__all__ = ["BlockConfig", "invert_mask", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'flax_blocks' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,7 @@
+"""Residual transformer blocks for PyTorch, twins of `flax_blocks`, named like torch's own layers."""
+
+from flax_blocks.config import BlockConfig, invert_mask
+
+from .blocks import Encoder, FeedForward, ResidualMHA, TransformerBlock, build_mask
+
+__all__ = ["BlockConfig", "invert_mask", "ResidualMHA", "FeedForward", "TransformerBlock", "Encoder", "build_mask"]
