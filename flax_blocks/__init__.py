@@ -18,6 +18,12 @@ _LAZY = {
     "Encoder": "blocks",
     "Attention": "attention",
     "build_mask": "attention",
+    "load_torch_state_dict": "convert",
+    "torch_state_dict": "convert",
+    "flax_state_dict": "convert",
+    "load_flax_state_dict": "convert",
+    "infer_config": "convert",
+    "ConversionError": "convert",
 }
 
 __all__ = ["BlockConfig", "invert_mask", *_LAZY]

@@ -80,9 +80,11 @@ class Attention(nnx.Module):
         self.dtype = None if cfg.dtype is None else jnp.dtype(cfg.dtype)
 
     def __call__(
-        self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None
+        self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None,
+        key: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array]:
-        """x: (B, T, E); mask (B|1, 1, T, T) and rows (B|1, 1, T, 1) from `build_mask`.
+        """x: (B, T, E); mask (B|1, 1, T, T) and rows (B|1, 1, T, 1) from `build_mask`;
+        key: dropout key (None: the module's own RNG stream).
 
         Returns (output (B, T, E), attention weights (B, H, T, T))."""
         x, w_in, b_in, w_out, b_out = nnx.nn.dtypes.promote_dtype(
@@ -103,7 +105,7 @@ class Attention(nnx.Module):
         if rows is not None:
             weights = jnp.where(rows, weights, 0.0)
         weights = weights.astype(v.dtype)
-        out = jnp.einsum("bhqk,bkhd->bqhd", self.dropout(weights), v)  # (B, T, H, hd)
+        out = jnp.einsum("bhqk,bkhd->bqhd", self.dropout(weights, rngs=key), v)  # (B, T, H, hd)
         out = jnp.einsum("bqhd,hde->bqe", out, w_out)
         if b_out is not None:
             out = out + b_out

@@ -58,6 +58,11 @@ def _identity(x: jax.Array) -> jax.Array:
 
 def _as_batched(cfg: BlockConfig, x: jax.Array) -> tuple[jax.Array, bool]:
     check_width(cfg, x.shape)
+    # Cast to the computation dtype (cfg.dtype, else x promoted with the parameters), as flax
+    # layers cast their inputs: the residual stream then keeps one dtype, and the Encoder's
+    # scan carry has the same dtype in and out.
+    dtype = jnp.dtype(cfg.dtype) if cfg.dtype is not None else jnp.promote_types(x.dtype, cfg.param_dtype)
+    x = jnp.asarray(x, jax.dtypes.canonicalize_dtype(dtype))
     return (x, False) if x.ndim == 3 else (x[None], True)
 
 
@@ -136,10 +141,18 @@ class TransformerBlock(_Residual):
         self.scale1 = gate(cfg, rngs=rngs)
         self.scale2 = gate(cfg, rngs=rngs)
 
-    def apply(self, x: jax.Array, mask: jax.Array | None, rows: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-        """x: (B, T, E) with a prepared mask; returns (y (B, T, E), attention weights (B, H, T, T))."""
-        x, w = self._sa(x, self.self_attn, self.norm1, self.dropout1, self.scale1, mask, rows)
-        x, _ = self._ff(x, self.linear1, self.linear2, self.dropout, self.norm2, self.dropout2, self.scale2)
+    def apply(
+        self, x: jax.Array, mask: jax.Array | None, rows: jax.Array | None, key: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array]:
+        """x: (B, T, E) with a prepared mask; returns (y (B, T, E), attention weights (B, H, T, T)).
+
+        key: one dropout key for the whole block (the Encoder passes one per layer);
+        None uses the dropouts' own RNG streams."""
+        k = [None] * 4 if key is None else list(jax.random.split(key, 4))
+        attn = lambda h, m, r: self.self_attn(h, m, r, key=k[0])  # noqa: E731
+        x, w = self._sa(x, attn, self.norm1, _with_key(self.dropout1, k[1]), self.scale1, mask, rows)
+        x, _ = self._ff(x, self.linear1, self.linear2, _with_key(self.dropout, k[2]), self.norm2,
+                        _with_key(self.dropout2, k[3]), self.scale2)
         return x, w
 
     def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False):
@@ -171,6 +184,9 @@ class Encoder(nnx.Module):
             return TransformerBlock(cfg, rngs=rngs)
 
         self.layers = make_layers(rngs)
+        # The stacked layers' dropouts get one key per layer per call from this stream,
+        # drawn outside the layer scan, so the scan never mutates RNG state.
+        self.rngs = rngs["dropout"].fork() if cfg.dropout > 0 else None
         if final_norm is None:
             final_norm = cfg.norm == "pre"
         self.norm = layer_norm(cfg, rngs=rngs) if final_norm else None
@@ -184,12 +200,18 @@ class Encoder(nnx.Module):
         x, unbatched = _as_batched(self.cfg, x)
         mask, rows = build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)
 
-        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
-        def run(h, layer):
-            h, w = layer.apply(h, mask, rows)
+        # A plain lax.scan over the stacked state, which it only reads: it composes with
+        # any outer transform (jax.grad over split params, vmap, jit, nnx.jit).
+        graphdef, state = nnx.split(self.layers)
+        training = self.rngs is not None and not self.layers.dropout.deterministic
+        keys = jax.random.split(self.rngs(), self.num_layers) if training else None
+
+        def run(h, xs):
+            layer_state, key = xs
+            h, w = nnx.merge(graphdef, layer_state).apply(h, mask, rows, key)
             return h, ((h, w) if return_intermediates else None)
 
-        y, per_layer = run(x, self.layers)
+        y, per_layer = jax.lax.scan(run, x, (state, keys))
         if self.norm is not None:
             y = self.norm(y)
         if not return_intermediates:
@@ -198,6 +220,10 @@ class Encoder(nnx.Module):
         if unbatched:
             residual, weights = residual[:, 0], weights[:, 0]
         return (y[0] if unbatched else y), {"residual": residual, "attention_weights": weights}
+
+
+def _with_key(dropout: nnx.Dropout, key: jax.Array | None):
+    return lambda h: dropout(h, rngs=key)
 
 
 def _finish(y: jax.Array, unbatched: bool, extras: dict[str, Any], return_intermediates: bool):

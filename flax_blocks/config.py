@@ -243,7 +243,7 @@ def invert_mask(mask: Any) -> Any:
     torch: True = may NOT attend). Works on numpy, jax and torch arrays alike."""
     if mask is None:
         return None
-    dtype = str(getattr(mask, "dtype", type(mask)))
-    if "bool" not in dtype:
-        raise TypeError(f"mask must be a boolean array, got dtype {dtype}")
+    dtype = getattr(mask, "dtype", None)  # a Python bool has none (and ~True == -2)
+    if dtype is None or "bool" not in str(dtype):
+        raise TypeError(f"mask must be a boolean array, got {type(mask).__name__} of dtype {dtype}")
     return ~mask

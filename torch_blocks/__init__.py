@@ -3,5 +3,6 @@
 from flax_blocks.config import BlockConfig, invert_mask
 
 from .blocks import Encoder, FeedForward, ResidualMHA, TransformerBlock, build_mask
+from .convert import to_tensor, to_tensors
 
-__all__ = ["BlockConfig", "invert_mask", "ResidualMHA", "FeedForward", "TransformerBlock", "Encoder", "build_mask"]
+__all__ = ["BlockConfig", "invert_mask", "ResidualMHA", "FeedForward", "TransformerBlock", "Encoder", "build_mask", "to_tensor", "to_tensors"]

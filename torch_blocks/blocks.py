@@ -106,6 +106,7 @@ def build_mask(
         _check_mask("key_padding_mask", key_padding_mask, [(batch, seq)])
         m = key_padding_mask[:, None, :]
         masked = m if masked is None else masked | m
+    masked = masked.expand(-1, seq, seq)  # a key-padding mask alone is (batch, 1, seq); MHA needs (.., seq, seq)
     rows = ~masked.all(dim=-1, keepdim=True)
     return masked & rows, rows
 
