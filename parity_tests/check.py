@@ -1,0 +1,130 @@
+"""Parity check for your own checkpoint: `python -m parity_tests.check CHECKPOINT --num-heads N`.
+
+Loads a torch-layout checkpoint (.pt/.pth or .safetensors; a stock nn.TransformerEncoder,
+a TransformerEncoderLayer or a torch_blocks module) into both torch_blocks and flax_blocks,
+runs both on random inputs with a padding mask, and prints max abs / rel errors of the
+output and of the gradients (random cotangent), per layer. Exits 1 past tolerance, naming
+the layer; a tensor with non-finite values or the wrong shape is reported by name too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flax_blocks.config import BlockConfig
+from flax_blocks.convert import ConversionError, infer_config, read_state_dict
+
+from .harness import TOL, Case, Inputs, flax_twin, precision, rel_err, run_flax, run_torch
+
+
+@dataclass
+class CheckReport:
+    """Per-layer figures: rows of (where, forward max abs, forward rel, grad rel)."""
+
+    kind: str
+    dtype: str
+    rows: list[tuple[str, float, float, float]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def table(self) -> str:
+        lines = [f"{self.kind}, {self.dtype}: Flax vs torch (rel = max|diff| / max|torch|)",
+                 f"{'where':<14}{'fwd max abs':>13}{'fwd rel':>11}{'grad rel':>11}"]
+        lines += [f"{w:<14}{a:>13.2e}{r:>11.2e}{g:>11.2e}" for w, a, r, g in self.rows]
+        lines.append("PASS" if self.ok else "FAIL\n  " + "\n  ".join(self.failures))
+        return "\n".join(lines)
+
+
+def _layer_of(name: str) -> str:
+    m = re.match(r"layers\.(\d+)\.", name)
+    return f"layer {m.group(1)}" if m else "top"
+
+
+def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "relu", layer_norm_eps: float = 1e-5,
+          causal: bool = False, prefix: str = "", dtype: str = "float32", batch: int = 2, seq: int = 8,
+          seed: int = 0) -> CheckReport:
+    """Run the parity check; returns the figures (see CheckReport)."""
+    import torch
+
+    import torch_blocks as tb
+
+    sd = read_state_dict(checkpoint)
+    if prefix:
+        sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    bad = [f"{k} ({_layer_of(k)}): {int((~np.isfinite(np.asarray(v, np.float64))).sum())} non-finite values"
+           for k, v in sd.items() if not np.isfinite(np.asarray(v, np.float64)).all()]
+    info = infer_config(sd).inferred
+    if "kind" not in info or "d_model" not in info:
+        raise ConversionError([f"no transformer parameters found under prefix {prefix!r}"], header="cannot check")
+    cfg = BlockConfig(d_model=info["d_model"], num_heads=num_heads, d_ff=info.get("d_ff", 4 * info["d_model"]),
+                      dropout=0.0, activation=activation, layer_norm_eps=layer_norm_eps, bias=info["bias"],
+                      norm=norm if info["layer_norms"] else "none", scaling=info.get("scaling", "none"),
+                      causal=causal, param_dtype=dtype)
+    case = Case(info["kind"], cfg, num_layers=info.get("num_layers", 1), batch=batch, seq=seq,
+                final_norm=info.get("final_norm"), key_mask=info["kind"] != "FeedForward", seed=seed)
+    report = CheckReport(case.kind, dtype, failures=bad)
+    with precision(dtype):
+        cls = getattr(tb, case.kind)
+        kw = {"num_layers": case.num_layers, "final_norm": case.final_norm} if case.kind == "Encoder" else {}
+        tmod = cls(cfg, **kw).train()
+        try:
+            tmod.load_state_dict({k: torch.as_tensor(np.asarray(v)).to(getattr(torch, dtype)) for k, v in sd.items()},
+                                 strict=True)
+        except RuntimeError as e:
+            raise ConversionError([str(e)], header="torch_blocks cannot load the checkpoint") from e
+        fmod = flax_twin(case, tmod, dtype)
+        rng = np.random.default_rng(seed)
+        keys = np.ones((batch, seq), bool)
+        keys[-1, seq // 2:] = False
+        inp = Inputs(rng.normal(size=(batch, seq, cfg.d_model)), rng.normal(size=(batch, seq, cfg.d_model)),
+                     key_mask=keys if case.key_mask else None)
+        f, t = run_flax(case, fmod, inp, dtype), run_torch(case, tmod, inp, dtype)
+
+    layers = range(case.num_layers) if case.kind == "Encoder" else []
+    for i in layers:
+        a, b = f.per_layer[i], t.per_layer[i]
+        g = max((rel_err(f.grads[k], t.grads[k]) for k in t.grads if k.startswith(f"layers.{i}.")), default=0.0)
+        report.rows.append((f"layer {i}", float(np.abs(a - b).max()), rel_err(a, b), g))
+    g_top = max((rel_err(f.grads[k], t.grads[k]) for k in t.grads if not k.startswith("layers.")), default=0.0)
+    report.rows.append(("output", float(np.abs(f.y - t.y).max()), rel_err(f.y, t.y), max(g_top, rel_err(f.dx, t.dx))))
+    for where, _, fwd, grad in report.rows:
+        if not fwd <= TOL["forward", dtype]:
+            report.failures.append(f"{where}: forward rel error {fwd:.2e} > {TOL['forward', dtype]:.0e}")
+        if not grad <= TOL["grad", dtype]:
+            report.failures.append(f"{where}: gradient rel error {grad:.2e} > {TOL['grad', dtype]:.0e}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint")
+    ap.add_argument("--num-heads", type=int, required=True)
+    ap.add_argument("--norm", choices=["pre", "post"], default="post", help="torch's norm_first=True is 'pre'")
+    ap.add_argument("--activation", choices=["relu", "gelu", "gelu_tanh"], default="relu")
+    ap.add_argument("--eps", type=float, default=1e-5, help="LayerNorm eps")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--prefix", default="")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    try:
+        report = check(a.checkpoint, num_heads=a.num_heads, norm=a.norm, activation=a.activation,
+                       layer_norm_eps=a.eps, causal=a.causal, prefix=a.prefix, dtype=a.dtype, seed=a.seed)
+    except (ConversionError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

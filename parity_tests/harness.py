@@ -1,0 +1,228 @@
+"""Twin construction and comparison: weights made once in torch, moved with the converter,
+each framework then runs its own code on the same inputs.
+
+Errors are relative to the output's scale: max|a - b| / max|b|.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+import flax_blocks as fb
+import torch_blocks as tb
+from flax_blocks.config import invert_mask
+from flax_blocks.convert import load_torch_state_dict, torch_state_dict
+
+KINDS = ("ResidualMHA", "FeedForward", "TransformerBlock", "Encoder")
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+# The tolerances of the issue; each has a negative test (a wrong twin must exceed it).
+TOL = {
+    ("forward", "float32"): 2e-6,
+    ("forward", "float64"): 1e-12,
+    ("grad", "float32"): 1e-5,
+    ("grad", "float64"): 1e-11,
+}
+
+
+@contextlib.contextmanager
+def precision(dtype: str) -> Iterator[None]:
+    """float64 on in JAX when asked; full-precision matmuls on both sides (no TF32 / bf16 passes)."""
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with jax.enable_x64(dtype == "float64"), jax.default_matmul_precision("highest"):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old_tf32
+
+
+def rel_err(a: Any, b: Any) -> float:
+    """max|a - b| / max|b|; inf when either has a non-finite value or shapes differ."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("inf")
+    scale = np.abs(b).max() if b.size else 0.0
+    return float(np.abs(a - b).max() / scale) if scale > 0 else float(np.abs(a - b).max())
+
+
+# ----------------------------------------------------------------------------------------
+# Twins
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One parity case: a block kind and config, input shapes and which masks to use."""
+
+    kind: str
+    cfg: fb.BlockConfig
+    num_layers: int = 2
+    batch: int = 2
+    seq: int = 5
+    attention_mask: bool = False
+    key_mask: bool = False
+    final_norm: bool | None = None
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        c = self.cfg
+        bits = [self.kind, f"{c.norm}-LN" if c.norm != "none" else "no-LN", c.activation]
+        bits += [f"L{self.num_layers}"] if self.kind == "Encoder" else []
+        bits += [c.scaling] if c.scaling != "none" else []
+        bits += ["no-skip"] if c.residual == "none" else []
+        bits += ["no-bias"] if not c.bias else []
+        bits += ["causal"] if c.causal else []
+        bits += ["attn-mask"] if self.attention_mask else []
+        bits += ["key-mask"] if self.key_mask else []
+        bits += [f"B{self.batch}T{self.seq}"]
+        return "/".join(bits)
+
+
+def torch_twin(case: Case, dtype: str, perturb: float = 0.05) -> torch.nn.Module:
+    """The torch module of `case`, its weights drawn from a seeded generator and perturbed
+    so that every tensor is distinct (ReZero gates non-zero, LayerNorms not at 1/0)."""
+    cfg = replace(case.cfg, param_dtype=dtype)
+    g = torch.Generator().manual_seed(case.seed)
+    cls = getattr(tb, case.kind)
+    kw = {"num_layers": case.num_layers, "final_norm": case.final_norm} if case.kind == "Encoder" else {}
+    module = cls(cfg, generator=g, **kw)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(perturb * torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype))
+    return module.train()  # dropout is 0 in parity cases; train mode avoids torch's fast paths
+
+
+def flax_twin(case: Case, tmodule: torch.nn.Module, dtype: str, cfg: fb.BlockConfig | None = None):
+    """A flax_blocks module loaded from `tmodule` with the converter.
+    `cfg` overrides the Flax config (for wrong twins)."""
+    cfg = replace(cfg or case.cfg, param_dtype=dtype)
+    cls = getattr(fb, case.kind)
+    kw = {"num_layers": case.num_layers, "final_norm": case.final_norm} if case.kind == "Encoder" else {}
+    module = cls(cfg, rngs=nnx.Rngs(case.seed + 1), **kw)
+    load_torch_state_dict(module, tmodule)
+    return module
+
+
+@dataclass
+class Inputs:
+    """x (B, T, E), cotangent r (B, T, E), masks in flax's convention (True = may attend)."""
+
+    x: np.ndarray
+    r: np.ndarray
+    attention_mask: np.ndarray | None = None
+    key_mask: np.ndarray | None = None
+
+
+def make_inputs(case: Case, seed: int = 1) -> Inputs:
+    rng = np.random.default_rng(seed)
+    b, t, e = case.batch, case.seq, case.cfg.d_model
+    x = rng.normal(size=(b, t, e))
+    r = rng.normal(size=(b, t, e))
+    attn = keys = None
+    if case.attention_mask:
+        attn = rng.random((b, t, t)) < 0.7
+        attn[..., 0] = True  # most rows keep a key; fully masked rows come from key_mask below
+    if case.key_mask:
+        keys = np.ones((b, t), bool)
+        keys[-1, max(1, t - 2):] = False  # the last sequence is padded
+        if case.attention_mask and t > 1:
+            keys[0, 0] = False  # with attn[..., 0] only, some rows of sequence 0 lose every key
+    return Inputs(x, r, attn, keys)
+
+
+@dataclass
+class Result:
+    """Outputs and gradients of one side: y (B, T, E), grads by torch name, dx (B, T, E),
+    and the residual stream after each layer for Encoders (L, B, T, E)."""
+
+    y: np.ndarray
+    grads: dict[str, np.ndarray]
+    dx: np.ndarray
+    per_layer: np.ndarray | None = None
+
+
+def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> Result:
+    tdt = TORCH_DTYPES[dtype]
+    x = torch.tensor(inp.x, dtype=tdt, requires_grad=True)
+    args = []
+    if case.kind != "FeedForward":
+        to_t = lambda m: None if m is None else invert_mask(torch.from_numpy(m))  # noqa: E731
+        args = [to_t(inp.attention_mask), to_t(inp.key_mask)]
+    module.zero_grad(set_to_none=True)
+    per_layer = None
+    if case.kind == "Encoder":
+        y, inter = module(x, *args, return_intermediates=True)
+        per_layer = inter["residual"].detach().numpy()
+    else:
+        y = module(x, *args)
+    (y * torch.tensor(inp.r, dtype=tdt)).sum().backward()
+    grads = {n: p.grad.numpy().copy() for n, p in module.named_parameters()}
+    return Result(y.detach().numpy(), grads, x.grad.numpy(), per_layer)
+
+
+def run_flax(case: Case, module, inp: Inputs, dtype: str) -> Result:
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    masks = {} if case.kind == "FeedForward" else {
+        "attention_mask": None if inp.attention_mask is None else jnp.asarray(inp.attention_mask),
+        "key_mask": None if inp.key_mask is None else jnp.asarray(inp.key_mask),
+    }
+
+    def loss(params, x, r, rest):
+        m = nnx.merge(graphdef, params, rest)
+        if case.kind == "Encoder":
+            y, inter = m(x, return_intermediates=True, **masks)
+            return jnp.sum(y * r), (y, inter["residual"])
+        y = m(x, **masks)
+        return jnp.sum(y * r), (y, None)
+
+    grad_fn = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
+    jdt = jnp.dtype(dtype)
+    (gp, gx), (y, per_layer) = grad_fn(params, jnp.asarray(inp.x, jdt), jnp.asarray(inp.r, jdt), rest)
+    grads = torch_state_dict(nnx.merge(graphdef, gp, rest))
+    return Result(np.asarray(y), grads, np.asarray(gx), None if per_layer is None else np.asarray(per_layer))
+
+
+@dataclass
+class Errors:
+    forward: float
+    grad: float  # worst parameter, relative to that parameter's gradient scale
+    dx: float
+    grad_by_param: dict[str, float] = field(default_factory=dict)
+
+    def ok(self, dtype: str) -> bool:
+        return self.forward <= TOL["forward", dtype] and max(self.grad, self.dx) <= TOL["grad", dtype]
+
+
+def compare(a: Result, b: Result) -> Errors:
+    """Errors of `a` (Flax) against `b` (torch)."""
+    by_param = {k: rel_err(a.grads.get(k, np.full(v.shape, np.nan)), v) for k, v in b.grads.items()}
+    missing = set(a.grads) ^ set(b.grads)
+    worst = float("inf") if missing else max(by_param.values(), default=0.0)
+    return Errors(rel_err(a.y, b.y), worst, rel_err(a.dx, b.dx), by_param)
+
+
+Mutation = Callable[[Case, Any, Inputs], tuple[Any, Inputs]]
+
+
+def parity(case: Case, dtype: str, *, flax_cfg: fb.BlockConfig | None = None,
+           mutate: Mutation | None = None) -> Errors:
+    """Build both twins of `case` in `dtype`, run them, return the Flax-vs-torch errors.
+    `flax_cfg` and `mutate` make a deliberately wrong Flax twin (negative tests)."""
+    with precision(dtype):
+        tmod = torch_twin(case, dtype)
+        fmod = flax_twin(case, tmod, dtype, flax_cfg)
+        inp = make_inputs(case)
+        finp = inp
+        if mutate is not None:
+            fmod, finp = mutate(case, fmod, inp)
+        return compare(run_flax(case, fmod, finp, dtype), run_torch(case, tmod, inp, dtype))

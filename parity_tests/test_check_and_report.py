@@ -1,0 +1,63 @@
+"""The user-facing parity check and the report generator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flax_blocks.convert import ConversionError
+
+from .cases import CASES
+from .check import check, main
+from .report import build
+
+
+@pytest.fixture(scope="module")
+def stock_checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, 0.0, activation="gelu", batch_first=True, norm_first=True)
+    model = torch.nn.TransformerEncoder(layer, 3, norm=torch.nn.LayerNorm(16), enable_nested_tensor=False)
+    path = tmp_path_factory.mktemp("ckpt") / "stock.pt"
+    torch.save(model.state_dict(), path)
+    return path, model.state_dict()
+
+
+def test_check_passes_on_stock_encoder(stock_checkpoint, capsys):
+    path, _ = stock_checkpoint
+    report = check(str(path), num_heads=4, norm="pre", activation="gelu")
+    assert report.ok, report.failures
+    assert [r[0] for r in report.rows] == ["layer 0", "layer 1", "layer 2", "output"]
+    assert all(0 < r[2] <= 2e-6 for r in report.rows)  # real, non-zero differences: two frameworks ran
+    assert main([str(path), "--num-heads", "4", "--norm", "pre", "--activation", "gelu"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_check_names_the_corrupted_layer(stock_checkpoint, tmp_path, capsys):
+    _, sd = stock_checkpoint
+    sd = {k: v.clone() for k, v in sd.items()}
+    sd["layers.1.linear2.weight"][0, 0] = float("nan")
+    torch.save(sd, tmp_path / "nan.pt")
+    assert main([str(tmp_path / "nan.pt"), "--num-heads", "4", "--norm", "pre", "--activation", "gelu"]) == 1
+    out = capsys.readouterr().out
+    assert "layers.1.linear2.weight (layer 1): 1 non-finite values" in out
+    assert "layer 0: forward" not in out and "layer 1: forward rel error inf" in out
+    sd["layers.1.linear2.weight"] = torch.ones(16, 31)
+    torch.save(sd, tmp_path / "shape.pt")
+    with pytest.raises(ConversionError, match=r"layers\.1\.linear2\.weight"):
+        check(str(tmp_path / "shape.pt"), num_heads=4)
+    assert main([str(tmp_path / "shape.pt"), "--num-heads", "4"]) == 1
+
+
+def test_check_in_float64(stock_checkpoint):
+    path, _ = stock_checkpoint
+    report = check(str(path), num_heads=4, norm="pre", activation="gelu", dtype="float64")
+    assert report.ok and all(0 < r[2] <= 1e-12 for r in report.rows)
+
+
+def test_report_table_is_computed():
+    text = build(CASES[:2], trajectories=False)
+    rows = [line for line in text.splitlines() if line.startswith("| ResidualMHA") or line.startswith("| FeedForward")]
+    assert len(rows) == 2
+    f64 = float(rows[0].split("|")[4])
+    assert 0 < f64 <= 1e-12

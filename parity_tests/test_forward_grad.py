@@ -1,0 +1,19 @@
+"""Forward and gradient parity, Flax vs torch, over the whole option matrix."""
+
+from __future__ import annotations
+
+import pytest
+
+from .cases import CASES
+from .harness import TOL, parity
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_forward_and_gradients_match(case, dtype):
+    err = parity(case, dtype)
+    assert err.forward <= TOL["forward", dtype], f"forward {err.forward:.2e}"
+    assert err.dx <= TOL["grad", dtype], f"input gradient {err.dx:.2e}"
+    worst = max(err.grad_by_param, key=err.grad_by_param.get)
+    assert err.grad <= TOL["grad", dtype], f"gradient of {worst}: {err.grad:.2e}"
+    assert err.grad_by_param, "no parameter gradients were compared"
