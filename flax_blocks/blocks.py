@@ -7,6 +7,7 @@ Masks follow flax's convention: True means "may attend" (see `attention.build_ma
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -206,12 +207,8 @@ class Encoder(nnx.Module):
         training = self.rngs is not None and not self.layers.dropout.deterministic
         keys = jax.random.split(self.rngs(), self.num_layers) if training else None
 
-        def run(h, xs):
-            layer_state, key = xs
-            h, w = nnx.merge(graphdef, layer_state).apply(h, mask, rows, key)
-            return h, ((h, w) if return_intermediates else None)
-
-        y, per_layer = jax.lax.scan(run, x, (state, keys))
+        run = _layer_scan_body(graphdef, return_intermediates)
+        (y, _, _), per_layer = jax.lax.scan(run, (x, mask, rows), (state, keys))
         if self.norm is not None:
             y = self.norm(y)
         if not return_intermediates:
@@ -220,6 +217,21 @@ class Encoder(nnx.Module):
         if unbatched:
             residual, weights = residual[:, 0], weights[:, 0]
         return (y[0] if unbatched else y), {"residual": residual, "attention_weights": weights}
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_scan_body(graphdef, return_intermediates: bool):
+    """The Encoder's scan body, one function object per (layer graphdef, flag): an eager call
+    then reuses the compiled scan instead of compiling it afresh at every call (as a new
+    closure would). The masks ride in the carry, unchanged, rather than in a closure."""
+
+    def run(carry, xs):
+        h, mask, rows = carry
+        layer_state, key = xs
+        h, w = nnx.merge(graphdef, layer_state).apply(h, mask, rows, key)
+        return (h, mask, rows), ((h, w) if return_intermediates else None)
+
+    return run
 
 
 def _with_key(dropout: nnx.Dropout, key: jax.Array | None):

@@ -1,0 +1,759 @@
+"""Speed of the twin blocks, JAX against PyTorch, measured side by side in one process.
+
+    python -m experiments.bench                  # CPU defaults, < 5 min -> experiments/results/bench/
+    python -m experiments.bench --quick          # smoke run (tests)
+    python -m experiments.bench --peak-tflops bfloat16=989 --peak-tflops float32=67   # on a GPU
+
+What it measures (every timing: warm-up, then R repeats interleaved in shuffled order
+across the contenders of one configuration, median and interquartile range; ratios are
+medians of per-repeat ratios, so the contenders of a ratio share the machine's state):
+
+  peak      the machine's matmul rate: a large jnp.dot and torch.mm, float32 (+ bf16 on GPU)
+  block     TransformerBlock forward and train step (forward + backward w.r.t. every
+            parameter, loss sum(y * r) with a random cotangent r): JAX jitted, PyTorch
+            eager, torch.compile (train step, target sizes), JAX with tuned XLA options
+            (target sizes; see XLA_TUNED); achieved FLOP/s against the peak; JAX compile
+            time and XLA's temp-buffer size
+  encoder   Encoder of the experiments' shapes (d_model 64, 6 and 24 layers), same contenders
+  depth     compile time of an Encoder train step against depth: layers scanned (as
+            flax_blocks.Encoder does) or unrolled (a Python loop over the stacked layers)
+  seeds     S seeds of a small causal LM (the experiments' quick-preset shapes; Adam) trained
+            K steps under lax.scan: one program vmapped over seeds vs S sequential runs
+  targets   issue 6's CPU targets, checked on this run's numbers
+
+Model FLOPs are counted analytically (matmuls only, 3x the forward for a train step), the
+same count for both frameworks. Dropout is 0. The machine is usually shared: the JSON
+records the load average before and after, and each row its IQR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from flax_blocks import BlockConfig
+from flax_blocks.blocks import Encoder, TransformerBlock
+
+DEFAULT_OUT = Path("experiments/results/bench")
+
+# XLA CPU options that measured faster for these blocks on the 2-core CPU, and never slower
+# (issue 6's closing note): dot products through oneDNN (the library torch uses on CPU)
+# instead of XLA's default YNNPACK / Eigen, and the memory-optimised scheduler, which runs
+# a step's thunks in a cache-friendly order instead of overlapping independent ones.
+# float32 results move by rounding (~5e-7 relative); float64 programs are bit-identical
+# (oneDNN takes no float64 dots). CPU only: other backends get {}.
+XLA_TUNED_CPU: dict[str, Any] = {
+    "xla_cpu_use_onednn": True,
+    "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+    "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+}
+
+
+def xla_tuned() -> dict[str, Any]:
+    return dict(XLA_TUNED_CPU) if jax.default_backend() == "cpu" else {}
+
+
+# ------------------------------------------------------------------------------------
+# Sizes
+# ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    d_model: int
+    num_heads: int
+    d_ff: int
+    batch: int
+    seq: int
+    layers: int = 1  # 1 with block=True: a TransformerBlock; else an Encoder of `layers`
+    block: bool = True
+    target: bool = False  # issue-6 target size: also torch.compile and tuned XLA
+
+    def cfg(self, dtype: str) -> BlockConfig:
+        return BlockConfig(d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff, dropout=0.0,
+                           norm="pre", dtype=dtype, param_dtype=dtype)
+
+    def flops(self, train: bool) -> float:
+        """Matmul FLOPs: projections 2*tokens*(4E^2 + 2EF), attention 4*B*T^2*E; x3 to train."""
+        e, f, b, t = self.d_model, self.d_ff, self.batch, self.seq
+        fwd = self.layers * (2 * b * t * (4 * e * e + 2 * e * f) + 4 * b * t * t * e)
+        return 3 * fwd if train else fwd
+
+
+SIZES = {
+    "cpu": [
+        Size("block d64 T32", 64, 4, 256, 32, 32),
+        Size("block d256 T128", 256, 8, 1024, 8, 128, target=True),
+        Size("block d512 T128", 512, 8, 2048, 8, 128, target=True),
+        Size("block d256 T512", 256, 8, 1024, 2, 512),
+        Size("encoder d64 L6", 64, 4, 256, 32, 32, layers=6, block=False),
+        Size("encoder d64 L24", 64, 4, 256, 32, 32, layers=24, block=False),
+    ],
+    "gpu": [
+        Size("block d512 T512", 512, 8, 2048, 16, 512),
+        Size("block d1024 T1024", 1024, 16, 4096, 16, 1024, target=True),
+        Size("block d2048 T1024", 2048, 16, 8192, 8, 1024, target=True),
+        Size("encoder d1024 L12", 1024, 16, 4096, 8, 1024, layers=12, block=False, target=True),
+        Size("encoder d64 L6", 64, 4, 256, 32, 32, layers=6, block=False),
+    ],
+    "quick": [
+        Size("block d32 T16", 32, 4, 64, 4, 16, target=True),
+        Size("encoder d16 L2", 16, 2, 32, 2, 8, layers=2, block=False),
+    ],
+}
+
+
+# ------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------
+
+
+class Clock:
+    """A deadline shared by every section: later, lower-priority work is skipped, not cut."""
+
+    def __init__(self, budget_s: float):
+        self.start = time.perf_counter()
+        self.budget = budget_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.budget - self.elapsed()
+
+
+def _q(v: list[float], p: float) -> float:
+    s = sorted(v)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], reps: int, warmup: int = 1, max_s: float = 1e9,
+                seed: int = 0) -> dict[str, list[float]]:
+    """Time every fn `reps` times, interleaved in a shuffled order per repeat; seconds."""
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    for i in range(reps):
+        order = list(fns)
+        rng.shuffle(order)
+        for k in order:
+            s = time.perf_counter()
+            fns[k]()
+            times[k].append(time.perf_counter() - s)
+        if i >= 2 and time.perf_counter() - t0 > max_s:
+            break
+    return times
+
+
+def summary(v: list[float]) -> dict[str, float]:
+    return {"median_ms": 1e3 * statistics.median(v), "p25_ms": 1e3 * _q(v, 0.25), "p75_ms": 1e3 * _q(v, 0.75), "n": len(v)}
+
+
+def paired_ratio(a: list[float], b: list[float]) -> dict[str, float]:
+    r = [x / y for x, y in zip(a, b)]
+    return {"median": statistics.median(r), "p25": _q(r, 0.25), "p75": _q(r, 0.75)}
+
+
+# ------------------------------------------------------------------------------------
+# Frameworks
+# ------------------------------------------------------------------------------------
+
+
+class Torch:
+    """PyTorch side, imported lazily (the benchmark still runs JAX-only without torch)."""
+
+    def __init__(self, device: str | None):
+        import torch
+
+        import torch_blocks
+
+        self.torch, self.tb = torch, torch_blocks
+        self.device = device or ("cuda" if torch.cuda.is_available() and jax.default_backend() == "gpu" else "cpu")
+        self.cuda = self.device.startswith("cuda")
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def dtype(self, name: str):
+        return {"float32": self.torch.float32, "bfloat16": self.torch.bfloat16, "float64": self.torch.float64}[name]
+
+    def model(self, size: Size, dtype: str):
+        cfg = size.cfg(dtype)
+        m = self.tb.TransformerBlock(cfg) if size.block else self.tb.Encoder(cfg, num_layers=size.layers)
+        return m.to(self.device)
+
+    def fns(self, m, x, r, compiled: bool = False):
+        torch = self.torch
+        run = torch.compile(m, dynamic=False) if compiled else m
+
+        def fwd():
+            with torch.no_grad():
+                run(x)
+            self.sync()
+
+        def train():
+            m.zero_grad(set_to_none=True)
+            (run(x) * r).sum().backward()
+            self.sync()
+
+        return fwd, train
+
+    def peak_memory(self, fn) -> int | None:
+        if not self.cuda:
+            return None
+        self.torch.cuda.reset_peak_memory_stats()
+        fn()
+        return int(self.torch.cuda.max_memory_allocated())
+
+
+def jax_model(size: Size, dtype: str, seed: int = 0):
+    cfg = size.cfg(dtype)
+    m = TransformerBlock(cfg, rngs=nnx.Rngs(seed)) if size.block else Encoder(cfg, num_layers=size.layers, rngs=nnx.Rngs(seed))
+    return nnx.split(m, nnx.Param, ...)
+
+
+BASE_OPTIONS: dict[str, Any] = {}  # set by --opt-level (CPU only): applied to every JAX compile
+
+
+def compile_jax(fn, *args, options: dict[str, Any] | None = None):
+    """AOT-compile; returns (compiled, trace+lower s, compile s, temp bytes or None)."""
+    t0 = time.perf_counter()
+    lowered = jax.jit(fn).lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile({**BASE_OPTIONS, **(options or {})} or None)
+    t2 = time.perf_counter()
+    temp = None
+    try:
+        ma = compiled.memory_analysis()
+        temp = int(ma.temp_size_in_bytes) if ma is not None else None
+    except Exception:  # noqa: BLE001 - not every backend reports it
+        pass
+    return compiled, t1 - t0, t2 - t1, temp
+
+
+def jax_step_fns(graphdef, rest):
+    def forward(params, x):
+        return nnx.merge(graphdef, params, rest)(x)
+
+    def train(params, x, r):
+        return jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) * r))(params)
+
+    return forward, train
+
+
+def jax_device_peak_bytes() -> int | None:
+    try:
+        stats = jax.devices()[0].memory_stats()
+        return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ------------------------------------------------------------------------------------
+# Sections
+# ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    clock: Clock
+    torch: Torch | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    ratios: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    peak: dict[str, float] = field(default_factory=dict)  # dtype -> FLOP/s
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.clock.elapsed():6.1f}s] {msg}", flush=True)
+
+    def add(self, section: str, name: str, contender: str, times: list[float], **extra: Any) -> dict[str, Any]:
+        row = {"section": section, "name": name, "contender": contender, **summary(times), **extra}
+        if "flops" in extra and extra["flops"]:
+            rate = extra["flops"] / (row["median_ms"] / 1e3)
+            row["gflops"] = rate / 1e9
+            peak = self.peak.get(extra.get("dtype", "float32"))
+            if peak:
+                row["pct_peak"] = 100 * rate / peak
+            chip = self.args.chip_peak.get(extra.get("dtype", "float32"))
+            if chip:
+                row["mfu_pct"] = 100 * rate / chip
+        self.rows.append(row)
+        return row
+
+    # -- peak ---------------------------------------------------------------------
+    def run_peak(self, dtypes: list[str]) -> None:
+        n = self.args.peak_n
+        for dtype in dtypes:
+            rng = np.random.default_rng(0)
+            a = rng.standard_normal((n, n)).astype(np.float32)
+            ja = jnp.asarray(a, dtype)
+            mm = jax.jit(lambda x, y: x @ y)
+            fns = {"jnp.dot": lambda: mm(ja, ja).block_until_ready()}
+            if self.torch:
+                th = self.torch
+                ta = th.torch.from_numpy(a).to(th.device, th.dtype(dtype))
+
+                def tmm():
+                    th.torch.mm(ta, ta)
+                    th.sync()
+
+                fns["torch.mm"] = tmm
+            times = interleaved(fns, reps=self.args.peak_reps, warmup=1)
+            flops = 2.0 * n ** 3
+            best = 0.0
+            for k, v in times.items():
+                row = self.add("peak", f"matmul {n}^3 {dtype}", k, v, flops=flops, dtype=dtype)
+                best = max(best, row["gflops"] * 1e9)
+            self.peak[dtype] = best
+            for row in self.rows:
+                if row["section"] == "peak" and row.get("dtype") == dtype:
+                    row["pct_peak"] = 100 * row["gflops"] * 1e9 / best
+            self.log(f"peak {dtype}: {best / 1e9:.1f} GFLOP/s")
+
+    # -- blocks and encoders -------------------------------------------------------
+    def run_size(self, size: Size, dtype: str) -> None:
+        section = "block" if size.block else "encoder"
+        name = f"{size.name} B{size.batch} {dtype}"
+        rng = np.random.default_rng(1)
+        xn = rng.standard_normal((size.batch, size.seq, size.d_model)).astype(np.float32)
+        rn = rng.standard_normal((size.batch, size.seq, size.d_model)).astype(np.float32)
+        graphdef, params, rest = jax_model(size, dtype)
+        x, r = jnp.asarray(xn, dtype), jnp.asarray(rn, dtype)
+        forward, train = jax_step_fns(graphdef, rest)
+        fns: dict[str, Callable[[], Any]] = {}
+        meta: dict[str, dict[str, Any]] = {}
+        variants = [("jax", {})]
+        if size.target and self.args.tuned and xla_tuned():
+            variants.append(("jax+xla_tuned", xla_tuned()))
+        for label, opts in variants:
+            cf, _, cs_f, mem_f = compile_jax(forward, params, x, options=opts)
+            ct, _, cs_t, mem_t = compile_jax(train, params, x, r, options=opts)
+            fns[f"{label} fwd"] = lambda cf=cf: jax.block_until_ready(cf(params, x))
+            fns[f"{label} train"] = lambda ct=ct: jax.block_until_ready(ct(params, x, r))
+            meta[f"{label} fwd"] = {"compile_s": cs_f, "xla_temp_bytes": mem_f}
+            meta[f"{label} train"] = {"compile_s": cs_t, "xla_temp_bytes": mem_t}
+        if self.torch:
+            th = self.torch
+            tm = th.model(size, dtype)
+            tx = th.torch.from_numpy(xn).to(th.device, th.dtype(dtype))
+            tr = th.torch.from_numpy(rn).to(th.device, th.dtype(dtype))
+            fwd, tr_fn = th.fns(tm, tx, tr)
+            fns["torch fwd"], fns["torch train"] = fwd, tr_fn
+            if size.target and self.args.torch_compile:
+                est = 150.0 if not self.args.quick else 60.0
+                if self.clock.left() > est:
+                    tmc = th.model(size, dtype)
+                    tmc.load_state_dict(tm.state_dict())
+                    _, ctrain = th.fns(tmc, tx, tr, compiled=True)
+                    t0 = time.perf_counter()
+                    ctrain()
+                    meta["torch.compile train"] = {"compile_s": time.perf_counter() - t0}
+                    fns["torch.compile train"] = ctrain
+                else:
+                    self.skipped.append(f"{name}: torch.compile (time budget)")
+        for k in list(fns):
+            if k.endswith("fwd") and not self.args.fwd:
+                del fns[k]
+        times = interleaved(fns, reps=self.args.reps, warmup=1, max_s=self.args.max_config_s)
+        for k, v in times.items():
+            contender, mode = k.rsplit(" ", 1)
+            extra = dict(meta.get(k, {}))
+            if self.torch and contender.startswith("torch") and self.torch.cuda:
+                extra["peak_bytes"] = self.torch.peak_memory(fns[k])
+            self.add(section, name, k, v, flops=size.flops(mode == "train"), dtype=dtype, mode=mode,
+                     d_model=size.d_model, seq=size.seq, batch=size.batch, layers=size.layers, target=size.target, **extra)
+        for mode in ("fwd", "train"):
+            for base in ("torch", "torch.compile"):
+                for cont in ("jax", "jax+xla_tuned"):
+                    a, b = f"{cont} {mode}", f"{base} {mode}"
+                    if a in times and b in times:
+                        self.ratios.append({"section": section, "name": name, "mode": mode, "ratio": f"{cont} / {base}",
+                                            "target": size.target, "d_model": size.d_model, "dtype": dtype,
+                                            **paired_ratio(times[a], times[b])})
+            a, b = f"jax+xla_tuned {mode}", f"jax {mode}"
+            if a in times and b in times:
+                self.ratios.append({"section": section, "name": name, "mode": mode, "ratio": "jax+xla_tuned / jax",
+                                    "target": size.target, "d_model": size.d_model, "dtype": dtype,
+                                    **paired_ratio(times[a], times[b])})
+        best = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        self.log(f"{name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in best.items()))
+
+    # -- compile time against depth -------------------------------------------------
+    def run_depth(self) -> None:
+        size = Size("depth", 64, 4, 256, 32, 32, block=False) if not self.args.quick else Size("depth", 16, 2, 32, 2, 8, block=False)
+        x = jnp.ones((size.batch, size.seq, size.d_model), jnp.float32)
+        r = jnp.ones_like(x)
+        for mode, depths in (("scan", self.args.scan_depths), ("unrolled", self.args.unrolled_depths)):
+            for depth in depths:
+                if self.clock.left() < (5 if self.args.quick else 20 if mode == "scan" else 10 * depth):
+                    self.skipped.append(f"depth: {mode} {depth} layers (time budget)")
+                    continue
+                model = Encoder(size.cfg("float32"), num_layers=depth, rngs=nnx.Rngs(0))
+                graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+                if mode == "scan":
+                    _, train = jax_step_fns(graphdef, rest)
+                else:
+                    train = _unrolled_train(model, depth)
+                _, lower_s, compile_s, _ = compile_jax(train, params, x, r)
+                self.rows.append({"section": "depth", "name": f"encoder d{size.d_model} train step", "contender": f"{mode} {depth} layers",
+                                  "mode": mode, "layers": depth, "lower_s": lower_s, "compile_s": compile_s,
+                                  "total_s": lower_s + compile_s})
+                self.log(f"depth {mode} {depth}: trace+lower {lower_s:.2f} s, compile {compile_s:.2f} s")
+
+    # -- seeds under vmap -----------------------------------------------------------
+    def run_seeds(self) -> None:
+        a = self.args
+        lm = TinyLM(layers=a.seed_layers, d_model=a.seed_d_model, vocab=32, seq=a.seed_seq, heads=4, d_ff=4 * a.seed_d_model)
+        S, K, B = a.seeds, a.seed_steps, a.seed_batch
+        tokens = jax.random.randint(jax.random.key(0), (S, K, B, lm.seq + 1), 0, lm.vocab)
+        states = [lm.init(jax.random.key(s)) for s in range(S)]
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+        run_one = lm.run_steps
+        run_all = jax.vmap(lm.run_steps)
+        c1, _, cs1, _ = compile_jax(run_one, states[0], tokens[0])
+        cv, _, csv, _ = compile_jax(run_all, stacked, tokens)
+
+        def sequential():
+            out = [c1(states[s], tokens[s]) for s in range(S)]
+            jax.block_until_ready(out)
+
+        def vmapped():
+            jax.block_until_ready(cv(stacked, tokens))
+
+        times = interleaved({"sequential": sequential, "vmap": vmapped}, reps=a.seed_reps, warmup=1)
+        name = f"{S} seeds x {K} Adam steps, LM d{lm.d_model} L{lm.layers} B{B} T{lm.seq}"
+        for k, v in times.items():
+            steps_per_s = S * K / statistics.median(v)
+            self.add("seeds", name, k, v, compile_s=cs1 if k == "sequential" else csv, steps_per_s=steps_per_s,
+                     tokens_per_s=steps_per_s * B * lm.seq)
+        self.ratios.append({"section": "seeds", "name": name, "mode": "train", "ratio": "sequential / vmap (throughput gain)",
+                            "target": True, **paired_ratio(times["sequential"], times["vmap"])})
+        self.log(f"seeds: sequential {statistics.median(times['sequential']):.2f} s, vmap {statistics.median(times['vmap']):.2f} s")
+
+
+def _unrolled_train(model: Encoder, depth: int):
+    """Train step of `model` with its layers applied by a Python loop (depth copies in the HLO)."""
+    layer_def, _, layer_rest = nnx.split(model.layers, nnx.Param, ...)
+    norm = None if model.norm is None else nnx.split(model.norm, nnx.Param, ...)
+
+    def train(params, x, r):
+        def loss(p):
+            h = x
+            for i in range(depth):
+                take = lambda a: a[i]  # noqa: E731
+                layer = nnx.merge(layer_def, jax.tree.map(take, p["layers"]), jax.tree.map(take, layer_rest))
+                h, _ = layer.apply(h, None, None)
+            if norm is not None:
+                h = nnx.merge(norm[0], p["norm"], norm[2])(h)
+            return jnp.sum(h * r)
+
+        return jax.grad(loss)(params)
+
+    return train
+
+
+@dataclass(frozen=True)
+class TinyLM:
+    """Causal LM of the experiments' quick-preset shapes: embedding + positions ->
+    flax_blocks.Encoder (pre-LN, causal) -> head; Adam (0.9, 0.98, 1e-9), lr 1e-3."""
+
+    layers: int
+    d_model: int
+    vocab: int
+    seq: int
+    heads: int
+    d_ff: int
+
+    def cfg(self) -> BlockConfig:
+        return BlockConfig(d_model=self.d_model, num_heads=self.heads, d_ff=self.d_ff, dropout=0.0,
+                           norm="pre", causal=True, init="xavier")
+
+    def graph(self):
+        enc = Encoder(self.cfg(), num_layers=self.layers, rngs=nnx.Rngs(0))
+        return nnx.split(enc, nnx.Param, ...)
+
+    def opt(self):
+        return optax.adam(1e-3, b1=0.9, b2=0.98, eps=1e-9)
+
+    def init(self, key):
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        enc = Encoder(self.cfg(), num_layers=self.layers, rngs=nnx.Rngs(k1))
+        _, enc_params, _ = nnx.split(enc, nnx.Param, ...)
+        params = {
+            "embed": 0.7 * jax.random.normal(k2, (self.vocab, self.d_model)),
+            "pos": 0.7 * jax.random.normal(k3, (self.seq, self.d_model)),
+            "encoder": nnx.to_pure_dict(enc_params),
+            "head": jax.random.normal(k4, (self.d_model, self.vocab)) / math.sqrt(self.d_model),
+        }
+        return params, self.opt().init(params)
+
+    def run_steps(self, state, tokens):
+        """state (params, opt_state); tokens (K, B, T + 1) -> (state, losses (K,))."""
+        graphdef, template, rest = self.graph()
+        opt = self.opt()
+
+        def loss_fn(params, batch):
+            enc_state = nnx.State(template)
+            nnx.replace_by_pure_dict(enc_state, params["encoder"])
+            x = params["embed"][batch[:, :-1]] + params["pos"]
+            h = nnx.merge(graphdef, enc_state, rest)(x)
+            logits = h @ params["head"]
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+        def step(state, batch):
+            params, opt_state = state
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        return jax.lax.scan(step, state, tokens)
+
+
+# ------------------------------------------------------------------------------------
+# Targets and reports
+# ------------------------------------------------------------------------------------
+
+
+def check_targets(b: Bench) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for r in b.ratios:
+        if r["section"] == "block" and r["target"] and r["mode"] == "train" and r["ratio"] in ("jax / torch", "jax / torch.compile",
+                                                                                                "jax+xla_tuned / torch", "jax+xla_tuned / torch.compile"):
+            out.append({"target": f"train step {r['ratio']} <= 1.0, {r['name']}", "value": r["median"],
+                        "pass": r["median"] <= 1.0, "spread": f"[{r['p25']:.2f}, {r['p75']:.2f}]"})
+    for row in b.rows:
+        if row["section"] == "block" and row.get("d_model", 0) >= 256 and row.get("mode") == "train" \
+                and row["contender"].startswith("jax") and "pct_peak" in row:
+            out.append({"target": f"{row['contender']} >= 50% of matmul peak, {row['name']}", "value": row["pct_peak"] / 100,
+                        "pass": row["pct_peak"] >= 50, "spread": ""})
+    depth = {(r["mode"], r["layers"]): r["total_s"] for r in b.rows if r["section"] == "depth"}
+    scans = sorted(layers for mode, layers in depth if mode == "scan")
+    if len(scans) >= 2:
+        lo, hi = scans[0], scans[-1]
+        ratio = depth[("scan", hi)] / depth[("scan", lo)]
+        out.append({"target": f"compile {hi} layers / {lo} layers (scan) <= 1.5", "value": ratio, "pass": ratio <= 1.5, "spread": ""})
+    for r in b.ratios:
+        if r["section"] == "seeds":
+            out.append({"target": f"{r['name']}: vmap throughput / sequential >= 2", "value": r["median"],
+                        "pass": r["median"] >= 2.0, "spread": f"[{r['p25']:.2f}, {r['p75']:.2f}]"})
+    return out
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if not n:
+        return ""
+    return f"{n / 2 ** 20:.1f} MiB"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["meta"]
+    lines = [f"# Benchmark: twin blocks, JAX vs PyTorch ({m['date']})", "",
+             f"Device: {m['device']} ({m['jax_backend']}), {m['cpu_count']} CPU cores; jax {m['jax']}, flax {m['flax']}, "
+             f"torch {m.get('torch', 'n/a')} ({m.get('torch_threads', '?')} threads). "
+             f"Load average before / after: {m['load_before']} / {m['load_after']}. Wall time {m['wall_s']:.0f} s.", "",
+             "Medians over interleaved repeats (IQR in brackets); ratios are medians of per-repeat ratios. "
+             "FLOP/s count matmul FLOPs analytically (train = 3x forward).", ""]
+    rows = result["rows"]
+    peak = [r for r in rows if r["section"] == "peak"]
+    if peak:
+        lines += ["## Matmul peak", "", "| matmul | contender | median ms | GFLOP/s |", "|---|---|---:|---:|"]
+        lines += [f"| {r['name']} | {r['contender']} | {r['median_ms']:.1f} | {r['gflops']:.1f} |" for r in peak]
+        lines.append("")
+    for section in ("block", "encoder"):
+        sec = [r for r in rows if r["section"] == section]
+        if not sec:
+            continue
+        has_mfu = any("mfu_pct" in r for r in sec)
+        lines += [f"## {section.capitalize()}: forward (fwd) and train step (fwd + bwd)", "",
+                  "| config | contender | median ms [IQR] | GFLOP/s | % peak |" + (" MFU % |" if has_mfu else "")
+                  + " compile s | memory | steps/s |",
+                  "|---|---|---:|---:|---:|" + ("---:|" if has_mfu else "") + "---:|---:|---:|"]
+        for r in sec:
+            cells = [r["name"], r["contender"], f"{r['median_ms']:.1f} [{r['p25_ms']:.1f}, {r['p75_ms']:.1f}]",
+                     f"{r.get('gflops', 0):.1f}", f"{r.get('pct_peak', 0):.0f}"]
+            if has_mfu:
+                cells.append(f"{r.get('mfu_pct', 0):.1f}")
+            cells += [f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "",
+                      _fmt_bytes(r.get("peak_bytes") or r.get("xla_temp_bytes")), f"{1e3 / r['median_ms']:.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "memory: XLA's temp buffers of the compiled step (JAX); device peak (torch on GPU).", ""]
+    ratios = [r for r in result["ratios"] if r["section"] in ("block", "encoder")]
+    if ratios:
+        lines += ["## Ratios (time / time; < 1 means the first is faster)", "", "| config | mode | ratio | median [IQR] |", "|---|---|---|---:|"]
+        lines += [f"| {r['name']} | {r['mode']} | {r['ratio']} | {r['median']:.2f} [{r['p25']:.2f}, {r['p75']:.2f}] |" for r in ratios]
+        lines.append("")
+    depth = [r for r in rows if r["section"] == "depth"]
+    if depth:
+        lines += ["## Compile time against depth (Encoder train step)", "", "| layers applied by | layers | trace+lower s | compile s | total s |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {r['mode']} | {r['layers']} | {r['lower_s']:.2f} | {r['compile_s']:.2f} | {r['total_s']:.2f} |" for r in depth]
+        lines.append("")
+    seeds = [r for r in rows if r["section"] == "seeds"]
+    if seeds:
+        lines += ["## Seeds: one vmapped program vs sequential runs", "", "| workload | contender | median s | steps/s (all seeds) | compile s |",
+                  "|---|---|---:|---:|---:|"]
+        lines += [f"| {r['name']} | {r['contender']} | {r['median_ms'] / 1e3:.2f} | {r['steps_per_s']:.1f} | {r['compile_s']:.1f} |" for r in seeds]
+        lines.append("")
+    if result["targets"]:
+        lines += ["## Issue 6 targets (this run)", "", "| target | value | IQR | holds |", "|---|---:|---|---|"]
+        lines += [f"| {t['target']} | {t['value']:.2f} | {t['spread']} | {'yes' if t['pass'] else 'NO'} |" for t in result["targets"]]
+        lines.append("")
+    if result["skipped"]:
+        lines += ["Skipped: " + "; ".join(result["skipped"]), ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------
+
+
+def _peak_arg(values: list[str]) -> dict[str, float]:
+    out = {}
+    for v in values:
+        k, _, t = v.partition("=")
+        if not t:
+            raise SystemExit(f"--peak-tflops wants DTYPE=TFLOPS, got {v!r}")
+        out[k] = float(t) * 1e12
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (a smoke test)")
+    p.add_argument("--out", type=Path, default=None, help=f"results folder (default {DEFAULT_OUT}, or .../quick)")
+    p.add_argument("--sizes", choices=sorted(SIZES), default=None, help="size list (default: gpu on a GPU, else cpu)")
+    p.add_argument("--dtypes", default=None, help="comma list (default float32 on CPU, float32,bfloat16 on GPU)")
+    p.add_argument("--sections", default="peak,block,encoder,depth,seeds")
+    p.add_argument("--budget", type=float, default=None, help="seconds; lower-priority work is skipped past it")
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
+    p.add_argument("--no-tuned", dest="tuned", action="store_false", help="skip the JAX rows with XLA_TUNED options")
+    p.add_argument("--no-fwd", dest="fwd", action="store_false", help="time train steps only")
+    p.add_argument("--peak-tflops", action="append", default=[], metavar="DTYPE=TFLOPS",
+                   help="the chip's datasheet peak, for MFU (e.g. bfloat16=989)")
+    p.add_argument("--torch-threads", type=int, default=None)
+    p.add_argument("--opt-level", type=int, default=None,
+                   help="XLA CPU backend optimisation level for every JAX compile (default: XLA's; --quick: 1)")
+    a = p.parse_args(argv)
+    gpu = jax.default_backend() == "gpu"
+    a.chip_peak = _peak_arg(a.peak_tflops)
+    a.sizes = a.sizes or ("quick" if a.quick else "gpu" if gpu else "cpu")
+    a.dtypes = (a.dtypes or ("float32,bfloat16" if gpu else "float32")).split(",")
+    a.sections = a.sections.split(",")
+    a.budget = a.budget or (200.0 if a.quick else 280.0)
+    a.reps = a.reps or (3 if a.quick else 7)
+    a.max_config_s = 8.0 if a.quick else 35.0
+    a.peak_n = 256 if a.quick else (8192 if gpu else 2048)
+    a.peak_reps = 3 if a.quick else 7
+    a.scan_depths = (1, 2) if a.quick else (6, 96)
+    a.unrolled_depths = (1,) if a.quick else (6, 12)
+    a.seeds = 2 if a.quick else 8
+    a.seed_steps = 2 if a.quick else 10
+    a.seed_layers = 1 if a.quick else 6
+    a.seed_d_model = 16 if a.quick else 64
+    a.seed_seq = 16 if a.quick else 32
+    a.seed_batch = 4 if a.quick else 32
+    a.seed_reps = 3 if a.quick else 5
+    if a.quick:
+        a.torch_compile = False
+        a.tuned = False
+        if a.opt_level is None:
+            a.opt_level = 1
+    a.out = a.out or (DEFAULT_OUT / "quick" if a.quick else DEFAULT_OUT)
+    return a
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    clock = Clock(args.budget)
+    BASE_OPTIONS.clear()
+    if args.opt_level is not None and jax.default_backend() == "cpu":
+        BASE_OPTIONS["xla_backend_optimization_level"] = args.opt_level
+    torch_side = None
+    if not args.no_torch:
+        try:
+            torch_side = Torch(None)
+            if args.torch_threads:
+                torch_side.torch.set_num_threads(args.torch_threads)
+        except ImportError as e:
+            print(f"torch unavailable ({e}); JAX only", file=sys.stderr)
+    meta: dict[str, Any] = {
+        "date": _dt.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:] if argv is None else argv,
+        "device": str(jax.devices()[0].device_kind), "jax_backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+        "platform": platform.platform(), "python": platform.python_version(), "jax": jax.__version__,
+        "flax": __import__("flax").__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "xla_tuned": xla_tuned(), "xla_base_options": dict(BASE_OPTIONS), "load_before": _load(), "quick": args.quick,
+    }
+    if torch_side:
+        meta.update(torch=torch_side.torch.__version__, torch_threads=torch_side.torch.get_num_threads(), torch_device=torch_side.device)
+    b = Bench(args, clock, torch_side)
+    b.log(f"sizes={args.sizes} dtypes={args.dtypes} budget={args.budget:.0f}s load {meta['load_before']}")
+    sizes = SIZES[args.sizes]
+    # priority order: peak, target sizes, seeds, depth, the other sizes
+    if "peak" in args.sections:
+        b.run_peak(args.dtypes)
+    else:
+        b.skipped.append("peak (not requested)")
+    want = [s for s in sizes if ("block" if s.block else "encoder") in args.sections]
+    plan = [s for s in want if s.target] + [None] + [s for s in want if not s.target]
+    for size in plan:
+        if size is None:
+            if "seeds" in args.sections:
+                b.run_seeds() if clock.left() > 30 else b.skipped.append("seeds (time budget)")
+            if "depth" in args.sections:
+                b.run_depth()
+            continue
+        for dtype in args.dtypes:
+            if clock.left() < (15 if args.quick else 25):
+                b.skipped.append(f"{size.name} {dtype} (time budget)")
+                continue
+            b.run_size(size, dtype)
+    meta["load_after"] = _load()
+    meta["wall_s"] = clock.elapsed()
+    order = {"peak": 0, "block": 1, "encoder": 2, "depth": 3, "seeds": 4}
+    b.rows.sort(key=lambda r: order.get(r["section"], 9))
+    result = {"meta": meta, "peak_flops": b.peak, "rows": b.rows, "ratios": b.ratios, "skipped": b.skipped}
+    result["targets"] = check_targets(b)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(result, indent=1, default=str))
+    md = markdown(result)
+    (args.out / "bench.md").write_text(md)
+    print(md)
+    print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.md'} in {meta['wall_s']:.0f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main()

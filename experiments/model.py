@@ -1,0 +1,115 @@
+"""A small causal language model built from `flax_blocks`, and the variant axis.
+
+    tokens (B, T) -> token embedding + learned positions (B, T, E)
+                  -> flax_blocks.Encoder, causal, L layers stacked and scanned (B, T, E)
+                  -> linear head (B, T, V) logits
+
+Variants (the residual placement and scaling being compared):
+
+    post        LN(x + F(x))                       the original Transformer
+    pre         x + F(LN(x)), final LN              GPT-2 style
+    noskip      LN(F(x))                            post-LN without the identity path
+    deepnorm    LN(alpha x + F(x)), F init * beta   Wang et al. 2022, alpha=(2L)^1/4, beta=(8L)^-1/4
+    rezero      x + a F(x), a = 0, no LayerNorm     Bachlechner et al. 2020
+    layerscale  x + diag(g) F(LN(x)), g = eps       Touvron et al. 2021 (CaiT), on pre-LN
+
+Initialisation, the same for every variant (DESIGN notes: the scheme changes the picture):
+every block matrix xavier-uniform with zero biases (`BlockConfig(init="xavier")`); DeepNorm
+replaces the v / out / FFN matrices with its xavier-normal * beta, which is part of the
+method. Token embedding and positions N(0, 1/2) each, so the embedded input x_0 has unit
+variance per coordinate (||x_0||^2 / d ~ 1); head xavier-uniform, zero bias. No dropout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+from flax import nnx
+
+from flax_blocks import BlockConfig
+from flax_blocks.blocks import Encoder
+
+VARIANTS: dict[str, dict[str, str]] = {
+    "post": dict(norm="post"),
+    "pre": dict(norm="pre"),
+    "noskip": dict(norm="post", residual="none"),
+    "deepnorm": dict(norm="post", scaling="deepnorm"),
+    "rezero": dict(norm="none", scaling="rezero"),
+    "layerscale": dict(norm="pre", scaling="layerscale"),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and variant of one language model. Hashable: it keys compiled functions."""
+
+    variant: str
+    num_layers: int
+    vocab: int = 32
+    seq_len: int = 32
+    d_model: int = 64
+    num_heads: int = 4
+    d_ff: int = 256
+    activation: str = "relu"
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose from {tuple(VARIANTS)}")
+
+    def block_config(self) -> BlockConfig:
+        """The flax_blocks config of every layer (resolved for this depth by the Encoder)."""
+        return BlockConfig(
+            d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff, dropout=0.0,
+            activation=self.activation, causal=True, init="xavier", **VARIANTS[self.variant],
+        )
+
+
+class LanguageModel(nnx.Module):
+    """Embedding + positions + causal flax_blocks.Encoder + head. Params: embed, pos, encoder, head."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        half = nnx.initializers.normal(stddev=math.sqrt(0.5))
+        self.embed = nnx.Embed(cfg.vocab, cfg.d_model, embedding_init=half, rngs=rngs)
+        self.pos = nnx.Param(half(rngs.params(), (cfg.seq_len, cfg.d_model)))
+        self.encoder = Encoder(cfg.block_config(), num_layers=cfg.num_layers, rngs=rngs)
+        self.head = nnx.Linear(
+            cfg.d_model, cfg.vocab, kernel_init=nnx.initializers.xavier_uniform(),
+            bias_init=nnx.initializers.zeros_init(), rngs=rngs,
+        )
+
+    def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+        """tokens (B, T) int32 -> x_0 = token embedding + position embedding (B, T, E)."""
+        t = tokens.shape[-1]
+        if t > self.cfg.seq_len:
+            raise ValueError(f"tokens must have at most seq_len={self.cfg.seq_len} positions, got {t}")
+        return self.embed(tokens) + self.pos[...][:t]
+
+    def hidden(self, tokens: jax.Array) -> jax.Array:
+        """tokens (B, T) -> encoder output y (B, T, E), the F(x; theta) of the update-size measure."""
+        return self.encoder(self.embed_tokens(tokens))
+
+    def __call__(self, tokens: jax.Array, *, return_intermediates: bool = False):
+        """tokens (B, T) int32 -> logits (B, T, V).
+
+        With return_intermediates also returns {"embedded": x_0 (B, T, E),
+        "residual": stream after each layer (L, B, T, E), "attention_weights": (L, B, H, T, T),
+        "output": encoder output y (B, T, E)}.
+        """
+        if not return_intermediates:
+            return self.head(self.hidden(tokens))
+        x = self.embed_tokens(tokens)
+        y, inter = self.encoder(x, return_intermediates=True)
+        return self.head(y), {"embedded": x, "output": y, **inter}
+
+
+def create_params(cfg: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """Build a model from `key` and split it into (graphdef, params, other state).
+
+    Pure function of `key` (jax.vmap it over seeds). "other state" holds the Dropout
+    layers' RNG streams, unused here (dropout is 0) but needed to merge the model back.
+    """
+    model = LanguageModel(cfg, rngs=nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)))
+    return nnx.split(model, nnx.Param, ...)

@@ -1,0 +1,471 @@
+"""Depth-stability sweep: which residual placements train as the stack gets deeper.
+
+    python -m experiments.stability                      # quick preset -> experiments/results/
+    python -m experiments.stability --preset full          # -> experiments/runs/full/
+    python -m experiments.stability --depths 6,24 --variants post,pre --lrs 1e-3,1e-2 \\
+        --warmups 0,100 --seeds 3 --out /tmp/sweep
+
+The grid is task x variant x depth x learning rate x warmup x seed. Runs that share a
+(variant, depth) are one compiled program, vmapped over their (lr, warmup, seed) and
+sharded over the devices (see experiments/train.py). Every finished run ("cell") is written
+at once to OUT/cells/<name>-<hash>.json with its config, metrics and environment; a rerun
+skips cells already on disk, so an interrupted sweep resumes where it stopped and gives the
+same numbers. Diverged runs are results (status "diverged"), not errors. At the end: a
+summary table on stdout, and OUT/report.md with PNG plots (experiments/report.py).
+
+On CPU, programs are compiled at XLA/LLVM optimisation level 1 (--xla-opt-level): ~3x
+faster to compile than the default and as fast to run for these small models. Programs are
+traced up front and compiled on two worker threads while earlier groups train.
+Multi-host: pass --distributed on every host (jax.distributed).
+"""
+
+from __future__ import annotations
+
+import time
+
+_START = time.time()  # before JAX is imported, for the total wall time
+
+import argparse
+import hashlib
+import importlib.metadata
+import itertools
+import json
+import math
+import os
+import platform
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .analysis import failure
+from .model import VARIANTS
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A grid of runs. `extra` adds (variant, depth) pairs outside variants x depths
+    (the quick preset runs the no-skip ablation only at 6 layers)."""
+
+    name: str
+    task: str = "markov"
+    variants: tuple[str, ...] = ("post", "pre")
+    depths: tuple[int, ...] = (6, 24)
+    extra: tuple[tuple[str, int], ...] = ()
+    lrs: tuple[float, ...] = (1e-3,)
+    warmups: tuple[int, ...] = (0,)
+    seeds: int = 3
+    # task and model
+    vocab: int = 32
+    seq_len: int = 32
+    task_seed: int = 0
+    d_model: int = 64
+    num_heads: int = 4
+    d_ff: int = 256
+    # optimisation (see train.TrainConfig)
+    steps: int = 300
+    batch: int = 32
+    chunk: int = 50
+    heldout: int = 16
+
+    def pairs(self) -> list[tuple[str, int]]:
+        """(variant, depth) groups, shallow first, each once."""
+        pairs = list(itertools.product(self.variants, self.depths)) + list(self.extra)
+        seen: dict[tuple[str, int], None] = {}
+        for p in pairs:
+            seen.setdefault((p[0], int(p[1])), None)
+        order = {v: i for i, v in enumerate(VARIANTS)}
+        return sorted(seen, key=lambda p: (p[1], order[p[0]]))
+
+
+PRESETS: dict[str, Sweep] = {
+    # Sized for a 2-core CPU: about 2 minutes when the machine is otherwise idle. Five compiled
+    # programs (post and pre at 6 and 12 layers, no-skip at 6), three seeds each, vmapped.
+    "quick": Sweep(
+        name="quick", variants=("post", "pre"), depths=(6, 12), extra=(("noskip", 6),),
+        lrs=(1e-3,), warmups=(0,), seeds=3,
+        seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=150, batch=16, chunk=25, heldout=8,
+    ),
+    # For an accelerator or a long CPU run.
+    "full": Sweep(
+        name="full", variants=tuple(VARIANTS), depths=(6, 12, 18, 24, 36, 48),
+        lrs=(3e-4, 1e-3, 3e-3, 1e-2), warmups=(0, 200), seeds=5,
+        d_model=64, num_heads=4, d_ff=256, steps=1000, batch=32, chunk=100, heldout=32,
+    ),
+}
+
+
+# ------------------------------------------------------------------------------------
+# Cells on disk
+# ------------------------------------------------------------------------------------
+
+
+CELL_VERSION = 1  # bump when a code change alters results, so old cells are not reused
+
+
+def cell_config(sweep: Sweep, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
+    """Everything that determines one run's result (and nothing else)."""
+    return {
+        "version": CELL_VERSION, "task": sweep.task, "vocab": sweep.vocab, "seq_len": sweep.seq_len, "task_seed": sweep.task_seed,
+        "variant": variant, "depth": depth, "d_model": sweep.d_model, "num_heads": sweep.num_heads,
+        "d_ff": sweep.d_ff, "lr": float(lr), "warmup": int(warmup), "seed": int(seed),
+        "steps": sweep.steps, "batch": sweep.batch, "chunk": sweep.chunk, "heldout": sweep.heldout,
+    }
+
+
+def cell_name(cfg: dict) -> str:
+    """Readable name plus a hash of the whole config: markov_post_L6_lr1e-03_w0_s0-1a2b3c4d5e."""
+    digest = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    return (f"{cfg['task']}_{cfg['variant']}_L{cfg['depth']}_lr{cfg['lr']:.0e}_w{cfg['warmup']}"
+            f"_s{cfg['seed']}-{digest}")
+
+
+def _jsonable(x: Any) -> Any:
+    """numpy -> lists of Python floats (6 significant digits); non-finite floats -> None."""
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return float(f"{x:.6g}") if math.isfinite(x) else None
+    return x
+
+
+def write_cell(path: Path, record: dict) -> None:
+    """Write atomically: a killed process leaves either no file or a complete one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(_jsonable(record), separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+def read_cell(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _load() -> list[float] | None:
+    """1, 5 and 15 minute load averages (other processes competing for the CPUs), if known."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def environment() -> dict:
+    """Where the numbers came from."""
+    import jax
+
+    def version(pkg: str) -> str | None:
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    devices = jax.devices()
+    return {
+        "jax": jax.__version__, "jaxlib": version("jaxlib"), "flax": version("flax"),
+        "optax": version("optax"), "numpy": np.__version__, "python": platform.python_version(),
+        "platform": jax.default_backend(), "device_kind": devices[0].device_kind,
+        "device_count": len(devices), "process_count": jax.process_count(),
+        "machine": platform.machine(), "cpu_count": os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+# ------------------------------------------------------------------------------------
+# Progress
+# ------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, total: float, enabled: bool = True):
+        self.total, self.done, self.enabled = max(total, 1e-9), 0.0, enabled
+        self.start = time.time()
+        self.tty = sys.stderr.isatty()
+        self._last_line = 0.0
+
+    def update(self, done: float, text: str, force: bool = False) -> None:
+        self.done = done
+        if not self.enabled:
+            return
+        elapsed = time.time() - self.start
+        frac = min(self.done / self.total, 1.0)
+        eta = elapsed / frac - elapsed if frac > 0.02 else float("nan")
+        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+        eta_s = "?" if math.isnan(eta) else f"{eta:4.0f}s"
+        line = f"[{bar}] {100 * frac:5.1f}% {elapsed:5.0f}s elapsed, ~{eta_s} left | {text}"
+        if self.tty:
+            sys.stderr.write("\r" + line[:160].ljust(160))
+            sys.stderr.flush()
+        elif force or time.time() - self._last_line > 10:
+            print(line, file=sys.stderr, flush=True)
+            self._last_line = time.time()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+# ------------------------------------------------------------------------------------
+# The sweep
+# ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    variant: str
+    depth: int
+    todo: list[dict] = field(default_factory=list)  # cell configs still to run
+    names: list[str] = field(default_factory=list)
+
+
+def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
+    """Groups with the cells still missing on disk, and the names of every cell of the sweep."""
+    groups, all_names = [], []
+    for variant, depth in sweep.pairs():
+        g = Group(variant, depth)
+        for lr, warmup, seed in itertools.product(sweep.lrs, sweep.warmups, range(sweep.seeds)):
+            cfg = cell_config(sweep, variant, depth, lr, warmup, seed)
+            name = cell_name(cfg)
+            all_names.append(name)
+            if read_cell(cells_dir / f"{name}.json") is None:
+                g.todo.append(cfg)
+                g.names.append(name)
+        if g.todo:
+            groups.append(g)
+    return groups, all_names
+
+
+def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int | None = None,
+              opt_level: int | None = 1, xla_options: dict[str, Any] | None = None) -> list[str]:
+    """Run every missing cell of `sweep`, writing each to out/cells as its group finishes.
+
+    max_groups: stop after that many groups. opt_level, xla_options: how XLA compiles
+    (train.compiler_options). Returns the names of all the sweep's cells.
+    """
+    import jax
+
+    from .model import ModelConfig
+    from .tasks import make_task
+    from .train import RunSpec, Trainer, TrainConfig, compiler_options, sample_pool
+
+    start, cpu_start, load_before = time.time(), time.process_time(), _load()
+    cells_dir = out / "cells"
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    groups, names = plan(sweep, cells_dir)
+    meta = {"sweep": asdict(sweep), "cells": names}
+    if jax.process_index() == 0:
+        (out / "sweep.json").write_text(json.dumps(meta, indent=1))
+    skipped = len(names) - sum(len(g.todo) for g in groups)
+    if max_groups is not None:
+        groups = groups[:max_groups]
+    if not groups:
+        print(f"all {len(names)} cells already in {cells_dir}", file=sys.stderr)
+        return names
+
+    task = make_task(sweep.task, vocab=sweep.vocab, seq_len=sweep.seq_len, seed=sweep.task_seed)
+    train_cfg = TrainConfig(steps=sweep.steps, batch=sweep.batch, chunk=sweep.chunk, heldout=sweep.heldout)
+    options = compiler_options(opt_level, xla_options)
+    pool = sample_pool(task, train_cfg.pool, train_cfg.pool_seed, options)
+    heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, options)
+    env = {**environment(), "xla_compile_options": options}
+    print(f"{len(names)} cells ({skipped} already done) in {len(groups)} compiled groups on "
+          f"{env['device_count']} x {env['device_kind']} ({env['platform']}); task {sweep.task}: "
+          f"H = {task.optimal_loss:.3f}, unigram = {task.unigram_loss:.3f} nats", file=sys.stderr)
+
+    # Trace every group's program here; compile them on worker threads (XLA compiles without
+    # the GIL) while earlier groups train.
+    cost = [g.depth * len(g.todo) for g in groups]  # work ~ layers x runs
+    bar = Progress(sum(cost) * sweep.steps, enabled=progress)
+    pool_ex = ThreadPoolExecutor(max_workers=2)
+    trainers: list[Trainer] = []
+    specs: list[list[RunSpec]] = []
+    compiled: list[Future] = []
+    for g in groups:
+        bar.update(0, f"tracing {g.variant} L{g.depth}")
+        mcfg = ModelConfig(g.variant, g.depth, vocab=sweep.vocab, seq_len=sweep.seq_len,
+                           d_model=sweep.d_model, num_heads=sweep.num_heads, d_ff=sweep.d_ff)
+        tr = Trainer(mcfg, task, train_cfg, pool=pool, heldout=heldout, options=options)
+        sp = [RunSpec(c["lr"], c["warmup"], c["seed"]) for c in g.todo]
+        compiled.append(pool_ex.submit(tr.compile, tr.lower(sp)))
+        trainers.append(tr)
+        specs.append(sp)
+
+    done_work = 0.0
+    for i, (g, tr, sp) in enumerate(zip(groups, trainers, specs)):
+        label = f"{g.variant} L{g.depth} x{len(sp)} runs"
+        bar.update(done_work, f"{label}: compiling", force=True)
+        compiled[i].result()
+        t0 = time.time()
+        for steps_done, results in tr.run(sp):
+            bar.update(done_work + cost[i] * steps_done, f"{label}: step {steps_done}/{sweep.steps}")
+        seconds = time.time() - t0
+        for cfg, name, metrics in zip(g.todo, g.names, results):
+            summary = failure(metrics["heldout_loss"], metrics["loss"], float(metrics["heldout_loss0"]),
+                              task.optimal_loss)
+            record = {
+                "name": name, "config": cfg, "summary": summary,
+                "task": {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss},
+                "metrics": metrics,
+                "environment": {**env, "group_seconds": round(seconds, 2), "group_runs": len(sp)},
+            }
+            if jax.process_index() == 0:  # multi-host: every process holds the results; one writes
+                write_cell(cells_dir / f"{name}.json", record)
+        done_work += cost[i] * sweep.steps
+        bar.update(done_work, f"{label}: written", force=True)
+    pool_ex.shutdown()
+    bar.close()
+    if jax.process_index() == 0:
+        meta["last_run"] = {"cells_computed": sum(len(g.todo) for g in groups),
+                            "wall_seconds": round(time.time() - start, 1),
+                            "cpu_seconds": round(time.process_time() - cpu_start, 1),
+                            "load_average_before": load_before, "load_average_after": _load(),
+                            "environment": env}
+        (out / "sweep.json").write_text(json.dumps(meta, indent=1))
+    return names
+
+
+# ------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------
+
+
+def _floats(s: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in s.split(",") if x)
+
+
+def _ints(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in s.split(",") if x)
+
+
+def _xla_option(s: str) -> tuple[str, Any]:
+    name, _, value = s.partition("=")
+    if value.lower() in ("true", "false"):
+        return name, value.lower() == "true"
+    try:
+        return name, int(value)
+    except ValueError:
+        return name, value
+
+
+def _pairs(s: str) -> tuple[tuple[str, int], ...]:
+    out = []
+    for item in filter(None, s.split(",")):
+        v, _, d = item.partition(":")
+        out.append((v, int(d)))
+    return tuple(out)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.stability", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results folder (default: experiments/results for the unmodified quick preset, "
+                        "else experiments/runs/<preset>[-custom])")
+    p.add_argument("--task", choices=("markov", "copy"))
+    p.add_argument("--variants", type=lambda s: tuple(s.split(",")), help=f"comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--depths", type=_ints)
+    p.add_argument("--extra", type=_pairs, help="extra variant:depth groups, e.g. noskip:6 ('' for none)")
+    p.add_argument("--lrs", type=_floats)
+    p.add_argument("--warmups", type=_ints, help="warmup steps, 0 = none, e.g. 0,100")
+    p.add_argument("--seeds", type=int)
+    for name in ("steps", "batch", "chunk", "heldout", "d_model", "num_heads", "d_ff", "seq_len", "vocab"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
+    p.add_argument("--no-report", action="store_true", help="skip report.md and the plots")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--xla-opt-level", type=int, default=1,
+                   help="XLA CPU (LLVM) optimisation level; 1 compiles ~3x faster than XLA's default "
+                        "3 at equal speed for these models; -1 = XLA's default. Ignored off CPU.")
+    p.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra XLA compile option, e.g. xla_cpu_use_fusion_emitters=false (repeatable)")
+    p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first")
+    p.add_argument("--max-groups", type=int, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def sweep_from_args(args: argparse.Namespace) -> Sweep:
+    sweep = PRESETS[args.preset]
+    changes = {k: getattr(args, k) for k in (
+        "task", "variants", "depths", "extra", "lrs", "warmups", "seeds", "steps", "batch", "chunk",
+        "heldout", "d_model", "num_heads", "d_ff", "seq_len", "vocab") if getattr(args, k) is not None}
+    if args.task == "copy" and args.seq_len is None:
+        changes["seq_len"] = sweep.seq_len - 1  # copy: seq_len + 1 tokens split into two halves
+    sweep = replace(sweep, **changes)
+    bad = [v for v in sweep.variants + tuple(v for v, _ in sweep.extra) if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
+    if sweep.steps % sweep.chunk:
+        raise SystemExit(f"--steps ({sweep.steps}) must be a multiple of --chunk ({sweep.chunk})")
+    return sweep
+
+
+def summary_table(names: list[str], cells_dir: Path) -> str:
+    """One row per (variant, depth, lr, warmup): seeds, failures, final held-out loss."""
+    rows: dict[tuple, list[dict]] = {}
+    for name in names:
+        rec = read_cell(cells_dir / f"{name}.json")
+        if rec is None:
+            continue
+        c = rec["config"]
+        rows.setdefault((c["variant"], c["depth"], c["lr"], c["warmup"]), []).append(rec)
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    lines = [f"{'variant':<11}{'depth':>6}{'lr':>9}{'warmup':>8}{'seeds':>7}{'failed':>8}"
+             f"{'final loss':>12}{'excess':>9}  statuses"]
+    for key in sorted(rows, key=lambda k: (order[k[0]], k[1], k[2], k[3])):
+        recs = rows[key]
+        finals = [r["summary"]["final_loss"] for r in recs if r["summary"]["final_loss"] is not None]
+        fails = sum(r["summary"]["status"] != "trained" for r in recs)
+        h = recs[0]["task"]["optimal_loss"]
+        mean = float(np.mean(finals)) if finals else float("nan")
+        statuses = ",".join(sorted({r["summary"]["status"] for r in recs}))
+        lines.append(f"{key[0]:<11}{key[1]:>6}{key[2]:>9.0e}{key[3]:>8}{len(recs):>7}{fails:>8}"
+                     f"{mean:>12.3f}{mean - h:>9.3f}  {statuses}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import jax
+
+    if args.distributed:
+        jax.distributed.initialize()
+    sweep = sweep_from_args(args)
+    if args.out is not None:
+        out = args.out
+    elif sweep == PRESETS[args.preset] and args.preset == "quick":
+        out = DEFAULT_OUT  # the committed results are exactly the quick preset's
+    else:
+        custom = "" if sweep == PRESETS[args.preset] else "-custom"
+        out = DEFAULT_OUT.parent / "runs" / f"{args.preset}{custom}"
+    names = run_sweep(sweep, out, progress=not args.no_progress, max_groups=args.max_groups,
+                      opt_level=None if args.xla_opt_level < 0 else args.xla_opt_level,
+                      xla_options=dict(_xla_option(o) for o in args.xla_option))
+    if jax.process_index() != 0:
+        return 0
+    print(f"\nsweep '{sweep.name}': cells in {out / 'cells'}\n")
+    print(summary_table(names, out / "cells"))
+    if not args.no_report:
+        from .report import write_report
+
+        print(f"\nreport: {write_report(out)}")
+    print(f"total wall time {time.time() - _START:.0f}s (from import, Python start-up excluded)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

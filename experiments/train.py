@@ -1,0 +1,324 @@
+"""Jitted training of many runs at once: steps under lax.scan, layers under scan, runs under vmap.
+
+A *group* is a set of runs sharing one model shape and variant (one `ModelConfig`) and
+differing in learning rate, warmup and seed. A group is ONE compiled program, vmapped
+over its runs; the leading "runs" axis is sharded across the available devices (a 1-D
+mesh), so the same code runs on one CPU, several (simulated) CPU devices, a GPU or a TPU
+slice. Python only loops over chunks of `TrainConfig.chunk` steps (so a progress bar can
+move); the steps inside a chunk are one `lax.scan`.
+
+Each run is a pure function of its (seed, lr, warmup): its model is initialised from
+key(seed) and its batches are drawn with key(seed) from a pool of task sequences shared by
+the sweep, so runs with the same seed see the same data whatever their variant, depth,
+learning rate, or which other runs share their program or device.
+
+Recorded per run:
+  every step: training loss (on that step's fresh batch, before the update), gradient
+    global norm, held-out loss and the model update size ||F(x; theta_t) - F(x; theta_0)||
+    (F = encoder output on the fixed held-out batch, per-token L2 norm averaged over
+    tokens), both measured after the step's update;
+  at step 0 (initialisation) and at the first step of every chunk: per-layer gradient
+    norms (whole layer, FFN W2, attention) of that step's training batch, and, on the
+    held-out batch, the residual-stream norm ||x_l||^2 / d for l = 0..L and the attention
+    entropy of each layer; the held-out loss at initialisation.
+
+Multi-host: call `jax.distributed.initialize()` in every process before any JAX work (the
+`--distributed` flag of `experiments.stability` does); `jax.devices()` then lists every
+host's devices, `runs_mesh()` spans them, and every host passes the same inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from .model import ModelConfig, create_params
+from .tasks import Task
+
+Metrics = dict[str, np.ndarray]
+PER_STEP = ("loss", "grad_norm", "heldout_loss", "update")
+PER_GRAD = ("layer_grad_norm", "w2_grad_norm", "attn_grad_norm")
+PER_PROBE = ("stream_norm", "attn_entropy")
+PER_CHUNK = PER_GRAD + PER_PROBE
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings shared by every run of a sweep.
+
+    steps must be a multiple of chunk. Adam with (b1, b2, eps) = (0.9, 0.98, 1e-9), the
+    setting of the original Transformer and of the papers compared here; no weight decay,
+    no gradient clipping (clipping would hide the instabilities being measured).
+    Learning rate: linear warmup from lr / warmup to lr over `warmup` steps, then constant.
+    pool: task sequences drawn once (seed pool_seed); batches are sampled from it.
+    heldout: fixed held-out sequences (seed heldout_seed, disjoint stream from the pool).
+    """
+
+    steps: int = 300
+    batch: int = 32
+    chunk: int = 50
+    heldout: int = 16
+    pool: int = 16384
+    pool_seed: int = 1
+    heldout_seed: int = 2
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-9
+
+    def __post_init__(self) -> None:
+        if self.steps <= 0 or self.chunk <= 0 or self.steps % self.chunk:
+            raise ValueError(f"steps ({self.steps}) must be a positive multiple of chunk ({self.chunk})")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What distinguishes the runs of one group."""
+
+    lr: float
+    warmup: int
+    seed: int
+
+
+def runs_mesh() -> Mesh:
+    """A 1-D mesh over every device (all hosts), axis name "runs"."""
+    return Mesh(np.array(jax.devices()), ("runs",))
+
+
+CPU_OPT_LEVEL = 1
+
+
+def compiler_options(opt_level: int | None = CPU_OPT_LEVEL, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """XLA options for `Lowered.compile`, tuned for CPU compile time.
+
+    On CPU, with opt_level not None: LLVM optimisation level `opt_level` (1 compiles these
+    programs ~3x faster than XLA's default 3) and the classic fusion emitters instead of the
+    newer MLIR ones (another ~1/3 off); measured on this project's programs, both run as fast
+    (they are bound by dot kernels and per-op overhead, not by generated loop code).
+    Elsewhere, or with opt_level None: XLA's defaults. `extra` options are added as given.
+    Results can differ in the last bits between option sets: compare runs made with the same.
+    """
+    options: dict[str, Any] = {}
+    if opt_level is not None and jax.default_backend() == "cpu":
+        options = {"xla_backend_optimization_level": int(opt_level), "xla_cpu_use_fusion_emitters": False}
+    return {**options, **(extra or {})}
+
+
+def compile_lowered(lowered: jax.stages.Lowered, options: dict[str, Any]) -> jax.stages.Compiled:
+    """lowered.compile(options), dropping options this XLA build does not know."""
+    try:
+        return lowered.compile(options)
+    except Exception as err:  # XLA raises a plain runtime error for an unknown option name
+        unknown = [k for k in options if f"No such compile option: '{k}'" in str(err)]
+        if not unknown:
+            raise
+        return compile_lowered(lowered, {k: v for k, v in options.items() if k not in unknown})
+
+
+def sample_pool(task: Task, n: int, seed: int, options: dict[str, Any] | None = None) -> np.ndarray:
+    """n task sequences (n, seq_len + 1) int32, drawn once with key(seed)."""
+    key = jax.random.key(seed)
+    options = compiler_options() if options is None else options
+    program = compile_lowered(jax.jit(task.sample, static_argnums=1).lower(key, n), options)
+    return np.asarray(program(key))
+
+
+# ------------------------------------------------------------------------------------
+# Reductions used by the measurements
+# ------------------------------------------------------------------------------------
+
+
+def tree_sq(tree: Any, keep_leading: bool = False) -> jax.Array:
+    """Sum of squares over a pytree; with keep_leading, one sum per index of axis 0 (layers)."""
+    leaves = jax.tree.leaves(tree)
+    if keep_leading:
+        return sum(jnp.sum(jnp.square(x).reshape(x.shape[0], -1), axis=1) for x in leaves)
+    return sum(jnp.sum(jnp.square(x)) for x in leaves)
+
+
+def attention_entropy(weights: jax.Array) -> jax.Array:
+    """weights (L, B, H, T, T) -> mean entropy (nats) of each layer's attention rows, (L,)."""
+    safe = jnp.where(weights > 0, weights, 1.0)
+    return -jnp.mean(jnp.sum(weights * jnp.log(safe), axis=-1), axis=(1, 2, 3))
+
+
+def stream_norms(embedded: jax.Array, residual: jax.Array) -> jax.Array:
+    """x_0 (B, T, E) and the stream after each layer (L, B, T, E) -> ||x_l||^2 / d, (L + 1,)."""
+    d = embedded.shape[-1]
+    x0 = jnp.mean(jnp.sum(jnp.square(embedded), -1)) / d
+    xs = jnp.mean(jnp.sum(jnp.square(residual), -1), axis=(1, 2)) / d
+    return jnp.concatenate([x0[None], xs])
+
+
+class Trainer:
+    """The compiled training program of one group: one ModelConfig, one Task, one TrainConfig."""
+
+    def __init__(self, model_cfg: ModelConfig, task: Task, train_cfg: TrainConfig, *,
+                 mesh: Mesh | None = None, pool: np.ndarray | None = None,
+                 heldout: np.ndarray | None = None, options: dict[str, Any] | None = None):
+        if model_cfg.seq_len != task.seq_len or model_cfg.vocab != task.vocab:
+            raise ValueError(f"model (vocab {model_cfg.vocab}, seq_len {model_cfg.seq_len}) does not "
+                             f"match task (vocab {task.vocab}, seq_len {task.seq_len})")
+        self.model_cfg, self.task, self.train_cfg = model_cfg, task, train_cfg
+        self.mesh = mesh or runs_mesh()
+        self.n_devices = self.mesh.devices.size
+        self.graphdef, params_shape, _ = nnx.eval_shape(lambda: create_params(model_cfg, jax.random.key(0)))
+        self._params_shape = params_shape  # ShapeDtypeStructs of one run's parameters
+        self.adam = optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps)
+        self.weights = task.weights()  # (T,) loss weight per target position
+        self.compiler_options = compiler_options() if options is None else options
+        if pool is None:
+            pool = sample_pool(task, train_cfg.pool, train_cfg.pool_seed, self.compiler_options)
+        if heldout is None:
+            heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, self.compiler_options)
+        replicated = NamedSharding(self.mesh, P())
+        self.pool = jax.device_put(pool, replicated)  # (pool, T + 1) int32
+        self.heldout = jax.device_put(heldout, replicated)  # (heldout, T + 1) int32
+        self._chunk = jax.jit(jax.vmap(self._chunk_one, in_axes=(0, 0, 0, 0, None, None, None)))
+        self._program: jax.stages.Compiled | None = None
+
+    # -- one run -------------------------------------------------------------------------
+
+    def _model(self, params: nnx.State, rest: nnx.State):
+        # copy=True: fresh Variables at the current trace level (`rest` comes from an outer trace).
+        return nnx.merge(self.graphdef, params, rest, copy=True)
+
+    def _mean_ce(self, logits: jax.Array, tokens: jax.Array) -> jax.Array:
+        """Mean cross-entropy over scored targets: logits (B, T, V), tokens (B, T + 1) -> scalar."""
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])  # (B, T)
+        return jnp.sum(ce * self.weights) / (tokens.shape[0] * jnp.sum(self.weights))
+
+    def _train_loss(self, params: nnx.State, rest: nnx.State, tokens: jax.Array) -> jax.Array:
+        """Mean loss on a batch of tokens (B, T + 1)."""
+        return self._mean_ce(self._model(params, rest)(tokens[:, :-1]), tokens)
+
+    def _heldout(self, params: nnx.State, rest: nnx.State, heldout: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Held-out loss and encoder output y (heldout, T, E)."""
+        model = self._model(params, rest)
+        y = model.hidden(heldout[:, :-1])
+        return self._mean_ce(model.head(y), heldout), y
+
+    def _probe(self, params: nnx.State, rest: nnx.State, heldout: jax.Array) -> dict[str, jax.Array]:
+        """The held-out forward pass with its intermediates: loss, encoder output y
+        (heldout, T, E), stream norms ||x_l||^2 / d (L + 1,), attention entropy (L,)."""
+        logits, inter = self._model(params, rest)(heldout[:, :-1], return_intermediates=True)
+        return {
+            "loss": self._mean_ce(logits, heldout), "y": inter["output"],
+            "stream_norm": stream_norms(inter["embedded"], inter["residual"]),
+            "attn_entropy": attention_entropy(inter["attention_weights"]),
+        }
+
+    def _chunk_one(self, state: dict, seed: jax.Array, lr: jax.Array, warmup: jax.Array,
+                   first: jax.Array, pool: jax.Array, heldout: jax.Array) -> tuple[dict, dict]:
+        """One run: start from init if `first`, then `chunk` steps under lax.scan.
+
+        The fresh model is built on every call (a few ms of random numbers) and selected
+        with `first`, so one compiled program serves the first chunk and all later ones.
+        """
+        base = jax.random.key(seed)
+        _, fresh, rest = create_params(self.model_cfg, jax.random.fold_in(base, 0))
+        pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(first, x, y), a, b)
+        params = pick(fresh, state["params"])
+        opt = pick(self.adam.init(fresh), state["opt"])
+        t0 = jnp.where(first, 0, state["step"])
+        start = self._probe(params, rest, heldout)  # at init when `first`
+        y0 = jnp.where(first, start["y"], state["y0"])
+        data_key = jax.random.fold_in(base, 1)
+
+        def step(carry: tuple, _: None) -> tuple[tuple, dict]:
+            params, opt, t = carry
+            idx = jax.random.randint(jax.random.fold_in(data_key, t), (self.train_cfg.batch,), 0, pool.shape[0])
+            loss, grads = jax.value_and_grad(self._train_loss)(params, rest, pool[idx])
+            updates, opt = self.adam.update(grads, opt, params)
+            scale = jnp.where(warmup > 0, jnp.minimum(1.0, (t + 1) / jnp.maximum(warmup, 1)), 1.0)
+            params = jax.tree.map(lambda p, u: p - lr * scale * u, params, updates)
+            heldout_loss, y = self._heldout(params, rest, heldout)
+            layers = grads["encoder"]["layers"]
+            out = {
+                "loss": loss,
+                "grad_norm": jnp.sqrt(tree_sq(grads)),
+                "heldout_loss": heldout_loss,
+                "update": jnp.mean(jnp.sqrt(jnp.sum(jnp.square(y - y0), axis=-1))),
+                "layer_grad_norm": jnp.sqrt(tree_sq(layers, keep_leading=True)),  # (L,)
+                "w2_grad_norm": jnp.sqrt(tree_sq(layers["linear2"]["kernel"], keep_leading=True)),
+                "attn_grad_norm": jnp.sqrt(tree_sq(layers["self_attn"], keep_leading=True)),
+            }
+            return (params, opt, t + 1), out
+
+        (params, opt, t), per_step = jax.lax.scan(step, (params, opt, t0), None, length=self.train_cfg.chunk)
+        metrics = {k: per_step[k] for k in PER_STEP}
+        metrics.update({k: per_step[k][0] for k in PER_GRAD})  # at the chunk's first step
+        metrics.update({k: start[k] for k in PER_PROBE})  # at the chunk's start
+        metrics["heldout_loss_start"] = start["loss"]
+        return {"params": params, "opt": opt, "step": t, "y0": y0}, metrics
+
+    # -- the group -----------------------------------------------------------------------
+
+    def _shard(self, x: np.ndarray) -> jax.Array:
+        return jax.device_put(x, NamedSharding(self.mesh, P("runs")))
+
+    def _empty_state(self, n: int) -> dict:
+        """Zeros shaped like the state of n runs (replaced by the fresh model on the first chunk)."""
+        def one() -> dict:
+            params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._params_shape)
+            y0 = jnp.zeros((self.train_cfg.heldout, self.model_cfg.seq_len, self.model_cfg.d_model))
+            return {"params": params, "opt": self.adam.init(params), "step": jnp.zeros((), jnp.int32), "y0": y0}
+
+        shapes = jax.eval_shape(one)  # abstract: nothing is computed or compiled
+        return jax.tree.map(lambda s: self._shard(np.zeros((n, *s.shape), s.dtype)), shapes)
+
+    def _inputs(self, specs: list[RunSpec]) -> tuple:
+        """Sharded (state, seeds, lrs, warmups), padded to a multiple of the device count by
+        repeating the last run."""
+        if not specs:
+            raise ValueError("no runs given")
+        padded = specs + [specs[-1]] * ((-len(specs)) % self.n_devices)
+        seeds = self._shard(np.array([s.seed for s in padded], np.int32))
+        lrs = self._shard(np.array([s.lr for s in padded], np.float32))
+        warmups = self._shard(np.array([s.warmup for s in padded], np.int32))
+        return self._empty_state(len(padded)), seeds, lrs, warmups
+
+    def lower(self, specs: list[RunSpec]) -> jax.stages.Lowered:
+        """Trace the group's program for these runs."""
+        state, seeds, lrs, warmups = self._inputs(specs)
+        return self._chunk.lower(state, seeds, lrs, warmups, jnp.asarray(True), self.pool, self.heldout)
+
+    def compile(self, lowered: jax.stages.Lowered) -> jax.stages.Compiled:
+        """Compile a `lower` result (thread-safe: XLA compiles without the GIL) and keep it for `run`."""
+        self._program = compile_lowered(lowered, self.compiler_options)
+        return self._program
+
+    def run(self, specs: list[RunSpec]) -> Iterator[tuple[int, list[Metrics] | None]]:
+        """Train every run in `specs` together. Yields (steps done, None) after each chunk,
+        then (steps, results): one dict of numpy metrics per spec, in order (padding dropped).
+        """
+        n = len(specs)
+        state, seeds, lrs, warmups = self._inputs(specs)
+        program = self._program or self.compile(self.lower(specs))
+        chunks: list[dict] = []
+        for c in range(self.train_cfg.steps // self.train_cfg.chunk):
+            state, m = program(state, seeds, lrs, warmups, jnp.asarray(c == 0), self.pool, self.heldout)
+            if jax.process_count() > 1:  # gather the runs axis from every host
+                m = multihost_utils.process_allgather(m, tiled=True)
+            chunks.append(jax.device_get(m))
+            yield (c + 1) * self.train_cfg.chunk, None
+
+        out: dict[str, np.ndarray] = {}
+        for k in PER_STEP:  # (R, steps)
+            out[k] = np.concatenate([m[k] for m in chunks], axis=1)
+        for k in PER_CHUNK:  # (R, n_chunks, ...)
+            out[k] = np.stack([m[k] for m in chunks], axis=1)
+        out["heldout_loss0"] = chunks[0]["heldout_loss_start"]  # (R,)
+        results = []
+        for i in range(n):
+            r = {k: v[i] for k, v in out.items()}
+            r["chunk_steps"] = np.arange(0, self.train_cfg.steps, self.train_cfg.chunk)
+            results.append(r)
+        yield self.train_cfg.steps, results

@@ -1,0 +1,220 @@
+"""Sharding rules for flax_blocks: parameter paths -> named axes -> jax.sharding.PartitionSpec.
+
+One declarative table (`PARAM_AXES`) names every axis of every parameter of
+`Attention`, `ResidualMHA`, `FeedForward`, `TransformerBlock` and `Encoder` with a
+*logical* name (what the axis is: "embed", "heads", "mlp", ...). A *layout* maps
+logical names to the axes of a `jax.sharding.Mesh` (where the axis goes):
+
+    DATA_PARALLEL   = {"batch": "data"}                      params replicated
+    TENSOR_PARALLEL = {"heads": "model", "mlp": "model"}      Megatron-style split
+    HYBRID          = DATA_PARALLEL | TENSOR_PARALLEL         2-D mesh (data, model)
+
+Tensor parallelism splits the attention heads (q/k/v kernels column-wise, the output
+kernel row-wise) and the FFN width (linear1 column-wise, linear2 row-wise); XLA's
+SPMD partitioner inserts the all-reduces after the output projection and linear2.
+The Encoder's stacked layer axis is named "layers" (replicated unless a layout maps
+it). Non-parameter state (dropout RNG keys and counts) is replicated.
+
+    mesh = make_mesh(data=2, model=4)
+    shard_model(model, mesh, HYBRID)            # places every Variable, in place
+    x = jax.device_put(x, input_sharding(mesh, HYBRID))
+    y = nnx.jit(lambda m, x: m(x))(model, x)     # XLA propagates the layout
+
+The table lives here, not in the block code, so the blocks stay layout-agnostic and
+one table serves `nnx.State`s of any nesting (a TransformerBlock, an Encoder, or a
+model that contains them). Unknown parameters raise, listing every unmatched path.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+import jax
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+# ----------------------------------------------------------------------------------
+# Logical axes of every parameter, by path suffix. Rank is part of the match, so
+# ReZero's scalar gate () and LayerScale's per-channel gate (E,) are both covered.
+# ----------------------------------------------------------------------------------
+
+PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+    # Attention (flax_blocks.attention.Attention), under self_attn (block) or mha (ResidualMHA)
+    (r"in_kernel", ("embed", "qkv", "heads", "head_dim")),  # (E, 3, H, hd)
+    (r"in_bias", ("qkv", "heads", "head_dim")),  # (3, H, hd)
+    (r"out_kernel", ("heads", "head_dim", "embed")),  # (H, hd, E)
+    (r"out_bias", ("embed",)),  # (E,)
+    # Feed-forward
+    (r"linear1/kernel", ("embed", "mlp")),  # (E, F)
+    (r"linear1/bias", ("mlp",)),  # (F,)
+    (r"linear2/kernel", ("mlp", "embed")),  # (F, E)
+    (r"linear2/bias", ("embed",)),  # (E,)
+    # LayerNorms: norm (ResidualMHA, FeedForward, Encoder's final norm), norm1, norm2
+    (r"norm[12]?/(scale|bias)", ("embed",)),  # (E,)
+    # ReZero / LayerScale gates: scale (sublayers), scale1, scale2 (block)
+    (r"scale[12]?", ()),  # ReZero: scalar
+    (r"scale[12]?", ("embed",)),  # LayerScale: (E,)
+)  # first match wins (norm1/scale is a LayerNorm scale, not a gate)
+
+# Leading axes that transforms stack in front of a parameter, by the path key that
+# holds them: the Encoder's nnx.vmap-created layers.
+STACKED_AXES: tuple[tuple[str, str], ...] = (("layers", "layers"),)
+
+# Activations: (batch, seq, d_model).
+ACTIVATION_AXES: tuple[str, ...] = ("batch", "seq", "embed")
+
+# Layouts: logical axis -> mesh axis name (or None: replicated). Unlisted names replicate.
+Layout = Mapping[str, str | tuple[str, ...] | None]
+REPLICATED: Layout = {}
+DATA_PARALLEL: Layout = {"batch": "data"}
+TENSOR_PARALLEL: Layout = {"heads": "model", "mlp": "model"}
+HYBRID: Layout = {**DATA_PARALLEL, **TENSOR_PARALLEL}
+
+_COMPILED = tuple((re.compile(rf"(^|/){pattern}$"), axes) for pattern, axes in PARAM_AXES)
+
+
+def _key_str(k: Any) -> str:
+    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+
+
+def path_str(path: Sequence[Any]) -> str:
+    """('layers', 'self_attn', 'in_kernel') -> 'layers/self_attn/in_kernel'."""
+    return "/".join(_key_str(k) for k in path)
+
+
+def param_axes(path: Sequence[Any] | str, ndim: int) -> tuple[str | None, ...]:
+    """Logical axis names of the parameter at `path` with `ndim` dimensions.
+
+    Leading dimensions beyond the table's rank are named from STACKED_AXES (one per
+    matching key in the path, outermost first). Raises KeyError if nothing matches.
+    """
+    p = path if isinstance(path, str) else path_str(path)
+    keys = p.split("/")
+    stacked = [name for key in keys for k, name in STACKED_AXES if key == k]
+    for regex, axes in _COMPILED:
+        extra = ndim - len(axes)
+        if regex.search(p) and 0 <= extra <= len(stacked):
+            return tuple(stacked[len(stacked) - extra:]) + axes
+    raise KeyError(f"no sharding rule for parameter {p!r} with {ndim} dims")
+
+
+def logical_to_spec(axes: Sequence[str | None], layout: Layout) -> PartitionSpec:
+    """Map logical axis names to a PartitionSpec through `layout`."""
+    mesh_axes = [layout.get(a) if a is not None else None for a in axes]
+    used = [m for m in mesh_axes if m is not None]
+    flat = [n for m in used for n in ((m,) if isinstance(m, str) else m)]
+    if len(flat) != len(set(flat)):
+        raise ValueError(f"layout maps two axes of {tuple(axes)} onto one mesh axis: {mesh_axes}")
+    return PartitionSpec(*mesh_axes)
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def partition_specs(state: Any, layout: Layout) -> Any:
+    """`state` (an nnx.State, a pure dict or any pytree of arrays) with a PartitionSpec in
+    place of every array; Variables are kept as containers (`Variable.replace(spec)`, as
+    `nnx.get_partition_spec` does), so the result matches `state` for jit's in_shardings.
+    Params follow PARAM_AXES; other Variables (RNG keys, counts) are replicated. Every
+    unmatched Param path is reported at once."""
+    errors: list[str] = []
+
+    def spec(path, leaf):
+        value = leaf.get_value() if _is_variable(leaf) else leaf
+        ndim = getattr(value, "ndim", None)
+        is_param = isinstance(leaf, nnx.Param) or not _is_variable(leaf)
+        is_key = ndim is not None and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+        out = PartitionSpec()
+        if is_param and ndim is not None and not is_key:
+            try:
+                out = logical_to_spec(param_axes(path, ndim), layout)
+            except KeyError as e:
+                errors.append(str(e.args[0]))
+        return leaf.replace(out) if _is_variable(leaf) else out
+
+    specs = jax.tree_util.tree_map_with_path(spec, state, is_leaf=_is_variable)
+    if errors:
+        raise KeyError("sharding rules do not cover:\n  " + "\n  ".join(errors))
+    return specs
+
+
+def _unwrap(x: Any) -> Any:
+    return x.get_value() if _is_variable(x) else x
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, (PartitionSpec, NamedSharding))
+
+
+def _check_divisible(state: Any, specs: Any, mesh: Mesh) -> None:
+    errors: list[str] = []
+
+    def check(path, leaf, spec):
+        shape, spec = getattr(_unwrap(leaf), "shape", ()), _unwrap(spec)
+        for dim, (size, axis) in enumerate(zip(shape, spec)):
+            if axis is None:
+                continue
+            n = 1
+            for name in (axis,) if isinstance(axis, str) else axis:
+                n *= mesh.shape[name]
+            if size % n:
+                errors.append(f"{path_str(path)}: dim {dim} of size {size} is not divisible by {axis}={n}")
+
+    jax.tree_util.tree_map_with_path(check, state, specs, is_leaf=_is_variable)
+    if errors:
+        raise ValueError("cannot shard on this mesh:\n  " + "\n  ".join(errors))
+
+
+def named_shardings(state: Any, mesh: Mesh, layout: Layout) -> Any:
+    """Like `partition_specs`, with a NamedSharding on `mesh` in place of every spec
+    (checked: every sharded dimension divides by its mesh axes)."""
+    specs = partition_specs(state, layout)
+    _check_divisible(state, specs, mesh)
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
+
+
+def shard_state(state: Any, mesh: Mesh, layout: Layout) -> Any:
+    """`state` with every array placed on `mesh` by `layout` (jax.device_put)."""
+    shardings = named_shardings(state, mesh, layout)
+
+    def put(leaf, s):
+        if _is_variable(leaf):
+            return leaf.replace(jax.device_put(leaf.get_value(), s.get_value()))
+        return jax.device_put(leaf, s)
+
+    return jax.tree.map(put, state, shardings, is_leaf=_is_variable)
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, layout: Layout) -> nnx.Module:
+    """Place every Variable of `model` on `mesh` by `layout`, in place; returns `model`."""
+    nnx.update(model, shard_state(nnx.state(model), mesh, layout))
+    return model
+
+
+def input_sharding(mesh: Mesh, layout: Layout, axes: Sequence[str | None] = ACTIVATION_AXES) -> NamedSharding:
+    """Sharding of an input whose axes are `axes` (default (batch, seq, embed))."""
+    return NamedSharding(mesh, logical_to_spec(axes, layout))
+
+
+def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+    """A ("data", "model") mesh of data * model devices, with Auto axes (XLA propagates
+    shardings through jit; jax.make_mesh's default is Explicit axes)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if data * model > len(devices):
+        raise ValueError(f"mesh {data} x {model} needs {data * model} devices, {len(devices)} available")
+    return jax.make_mesh((data, model), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto),
+                         devices=devices[: data * model])
+
+
+def describe(state: Any, layout: Layout) -> list[tuple[str, tuple[int, ...], PartitionSpec]]:
+    """(path, shape, spec) for every Param of `state`: a readable table of a layout."""
+    rows: list[tuple[str, tuple[int, ...], PartitionSpec]] = []
+
+    def add(path, leaf, spec):
+        if isinstance(leaf, nnx.Param):
+            rows.append((path_str(path), tuple(leaf.get_value().shape), _unwrap(spec)))
+
+    jax.tree_util.tree_map_with_path(add, state, partition_specs(state, layout), is_leaf=_is_variable)
+    return rows

@@ -1,0 +1,52 @@
+"""experiments.bench: a quick smoke run writes its JSON and markdown table; the analytic
+FLOP count agrees with XLA's own count of the same step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from experiments import bench  # noqa: E402
+
+
+def test_quick_run_writes_json_and_table(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.bench", "--quick", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    table = (tmp_path / "bench.md").read_text()
+    sections = {r["section"] for r in result["rows"]}
+    assert {"peak", "block", "seeds", "depth"} <= sections, (sections, result["skipped"])
+    contenders = {r["contender"] for r in result["rows"] if r["section"] == "block"}
+    assert {"jax fwd", "jax train"} <= contenders
+    for row in result["rows"]:
+        if "median_ms" in row:
+            assert row["median_ms"] > 0 and row["p25_ms"] <= row["median_ms"] <= row["p75_ms"]
+    assert result["peak_flops"]["float32"] > 0
+    assert result["targets"], "no target was evaluated"
+    assert "## Block" in table and "## Issue 6 targets" in table
+    assert result["meta"]["wall_s"] < 300
+
+
+def test_flop_count_matches_xla():
+    size = bench.Size("t", 32, 4, 64, 2, 16)
+    graphdef, params, rest = bench.jax_model(size, "float32")
+    forward, _ = bench.jax_step_fns(graphdef, rest)
+    x = jnp.ones((size.batch, size.seq, size.d_model))
+    cost = jax.jit(forward).lower(params, x).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    xla = cost["flops"]
+    ours = size.flops(train=False)
+    # XLA also counts the elementwise work (softmax, LayerNorm, bias): a little more than the matmuls
+    assert ours <= xla <= 1.35 * ours, (ours, xla)
+    assert size.flops(train=True) == 3 * ours

@@ -1,0 +1,321 @@
+"""BlockConfig: validation, depth-dependent constants, the shared init table, the shared
+residual update, and the promise that the config imports no framework.
+
+Nothing here imports jax or torch (the import checks run in subprocesses)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from flax_blocks.config import (
+    ACTIVATIONS,
+    DTYPES,
+    INITS,
+    NORMS,
+    RESIDUALS,
+    SCALINGS,
+    BlockConfig,
+    check_width,
+    init_spec,
+    invert_mask,
+    residual_update,
+)
+
+BASE = dict(d_model=12, num_heads=3, d_ff=20)
+
+
+def make(**kw) -> BlockConfig:
+    return BlockConfig(**{**BASE, **kw})
+
+
+# ------------------------------------------------------------------------------------
+# Validation
+# ------------------------------------------------------------------------------------
+
+ENUM_FIELDS = [
+    ("activation", "swish", ACTIVATIONS),
+    ("activation", "GELU", ACTIVATIONS),
+    ("norm", "sandwich", NORMS),
+    ("norm", None, NORMS),
+    ("residual", "mul", RESIDUALS),
+    ("scaling", "admin", SCALINGS),
+    ("init", "kaiming", INITS),
+    ("dtype", "float8", (None, *DTYPES)),
+    ("dtype", "int32", (None, *DTYPES)),
+    ("param_dtype", "int8", DTYPES),
+    ("param_dtype", None, DTYPES),
+]
+
+
+@pytest.mark.parametrize("field,value,allowed", ENUM_FIELDS)
+def test_bad_choice_names_every_allowed_value(field, value, allowed):
+    with pytest.raises(ValueError) as e:
+        make(**{field: value})
+    msg = str(e.value)
+    assert field in msg and repr(value) in msg
+    for a in allowed:
+        assert repr(a) in msg, (a, msg)
+
+
+@pytest.mark.parametrize(
+    "kw,fragments",
+    [
+        (dict(d_model=10, num_heads=3), ["d_model (10)", "divisible", "num_heads (3)"]),
+        (dict(d_model=0), ["d_model", "positive int", "0"]),
+        (dict(d_model=-12), ["d_model", "positive int"]),
+        (dict(d_model=12.0), ["d_model", "positive int", "12.0"]),
+        (dict(d_model=True, num_heads=1), ["d_model", "positive int", "True"]),
+        (dict(num_heads=0), ["num_heads", "positive int"]),
+        (dict(d_ff=0), ["d_ff", "positive int"]),
+        (dict(d_ff="20"), ["d_ff", "positive int"]),
+        (dict(dropout=-0.1), ["dropout", "[0, 1)", "-0.1"]),
+        (dict(dropout=1.0), ["dropout", "[0, 1)", "1.0"]),
+        (dict(dropout=float("nan")), ["dropout", "[0, 1)", "nan"]),
+        (dict(layer_norm_eps=0.0), ["layer_norm_eps", "> 0"]),
+        (dict(layer_norm_eps=-1e-5), ["layer_norm_eps", "> 0"]),
+        (dict(scaling="deepnorm", norm="pre"), ["deepnorm", "norm='post'", "norm='pre'"]),
+        (dict(scaling="deepnorm", norm="none"), ["deepnorm", "norm='post'", "norm='none'"]),
+        (dict(scaling="rezero", residual="none", norm="pre"), ["rezero", "residual='add'"]),
+        (dict(scaling="layerscale", residual="none", norm="pre"), ["layerscale", "residual='add'"]),
+        (dict(scaling="deepnorm", residual="none"), ["deepnorm", "residual='add'"]),
+        (dict(scaling="deepnorm", deepnorm_alpha=0.0), ["deepnorm_alpha", "> 0"]),
+        (dict(scaling="deepnorm", deepnorm_beta=-1.0), ["deepnorm_beta", "> 0"]),
+        (dict(scaling="layerscale", norm="pre", layerscale_init=0.0), ["layerscale_init", "> 0"]),
+    ],
+)
+def test_invalid_values_raise_valueerror_saying_what_is_allowed(kw, fragments):
+    with pytest.raises(ValueError) as e:
+        make(**kw)
+    for f in fragments:
+        assert f in str(e.value), (f, str(e.value))
+
+
+def test_valid_configs_construct():
+    for a in ACTIVATIONS:
+        make(activation=a)
+    for n in NORMS:
+        make(norm=n)
+    for s, n in [("none", "post"), ("deepnorm", "post"), ("rezero", "none"), ("rezero", "pre"), ("layerscale", "pre")]:
+        make(scaling=s, norm=n)
+    for dt in (None, *DTYPES):
+        make(dtype=dt)
+    for p in DTYPES:
+        make(param_dtype=p)
+    make(dropout=0.0), make(dropout=0.999), make(residual="none", norm="pre"), make(bias=False, causal=True)
+
+
+def test_defaults_are_torchs_encoder_layer_defaults():
+    cfg = BlockConfig(d_model=512, num_heads=8)
+    assert (cfg.d_ff, cfg.dropout, cfg.activation, cfg.layer_norm_eps, cfg.norm, cfg.bias) == (
+        2048, 0.1, "relu", 1e-5, "post", True)
+    assert (cfg.residual, cfg.scaling, cfg.causal, cfg.init, cfg.dtype, cfg.param_dtype) == (
+        "add", "none", False, "torch", None, "float32")
+    assert cfg.head_dim == 64
+
+
+def test_config_is_frozen_and_hashable():
+    cfg = make()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.d_model = 24  # type: ignore[misc]
+    assert hash(cfg) == hash(make()) and cfg == make() and cfg != make(causal=True)
+
+
+# ------------------------------------------------------------------------------------
+# resolve(): the published depth formulas
+# ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 6, 12, 48, 1000])
+def test_deepnorm_resolve_formulas(n):
+    r = make(scaling="deepnorm").resolve(n)
+    assert r.deepnorm_alpha == pytest.approx((2 * n) ** 0.25, rel=1e-12)
+    assert r.deepnorm_beta == pytest.approx((8 * n) ** -0.25, rel=1e-12)
+    assert r.residual_alpha == pytest.approx((2 * n) ** 0.25, rel=1e-12)
+    assert r.layerscale_init is None
+
+
+def test_deepnorm_known_values_and_explicit_values_kept():
+    r = make(scaling="deepnorm").resolve(6)
+    assert r.deepnorm_alpha == pytest.approx(12 ** 0.25) and r.deepnorm_alpha == pytest.approx(1.8612097)
+    assert r.deepnorm_beta == pytest.approx(48 ** -0.25) and r.deepnorm_beta == pytest.approx(0.3799178)
+    kept = make(scaling="deepnorm", deepnorm_alpha=3.0, deepnorm_beta=0.5).resolve(100)
+    assert (kept.deepnorm_alpha, kept.deepnorm_beta) == (3.0, 0.5)
+    # resolving once fixes the constants: a later resolve (as each block does) keeps them
+    assert make(scaling="deepnorm").resolve(48).resolve().deepnorm_alpha == pytest.approx(96 ** 0.25)
+    # un-resolved: residual_alpha of a single block (N = 1)
+    assert make(scaling="deepnorm").residual_alpha == pytest.approx(2 ** 0.25)
+
+
+@pytest.mark.parametrize("n,eps", [(1, 0.1), (12, 0.1), (18, 0.1), (19, 1e-5), (24, 1e-5), (25, 1e-6), (36, 1e-6), (200, 1e-6)])
+def test_layerscale_eps_by_depth(n, eps):
+    r = make(scaling="layerscale", norm="pre").resolve(n)
+    assert r.layerscale_init == eps
+    assert init_spec(r, "scale") == ("const", eps)
+    assert make(scaling="layerscale", norm="pre", layerscale_init=0.5).resolve(n).layerscale_init == 0.5
+
+
+def test_resolve_leaves_other_schemes_alone_and_rejects_bad_depth():
+    for kw in [dict(), dict(scaling="rezero", norm="pre")]:
+        cfg = make(**kw)
+        assert cfg.resolve(48) == cfg
+        assert cfg.residual_alpha == 1.0
+        assert cfg.resolve(48).deepnorm_alpha is None and cfg.resolve(48).layerscale_init is None
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="num_layers"):
+            make().resolve(bad)
+
+
+# ------------------------------------------------------------------------------------
+# init_spec: the one table of distributions
+# ------------------------------------------------------------------------------------
+
+E, F = 16, 40
+
+
+def spec_cfg(**kw):
+    return BlockConfig(d_model=E, num_heads=4, d_ff=F, **kw)
+
+
+def test_init_spec_torch_scheme():
+    cfg = spec_cfg()
+    qkv = init_spec(cfg, "qkv_weight")
+    assert len(qkv) == 3
+    for s in qkv:  # xavier-uniform over the packed (3E, E) matrix
+        assert s[0] == "uniform" and s[1] == pytest.approx(math.sqrt(6 / (4 * E)))
+    assert init_spec(cfg, "qkv_bias") == ("const", 0.0)
+    assert init_spec(cfg, "out_bias") == ("const", 0.0)
+    # nn.Linear: kaiming_uniform(a=sqrt(5)) == U(+-1/sqrt(fan_in)), bias too
+    assert init_spec(cfg, "out_weight") == ("uniform", pytest.approx(1 / math.sqrt(E)))
+    assert init_spec(cfg, "linear1_weight") == ("uniform", pytest.approx(1 / math.sqrt(E)))
+    assert init_spec(cfg, "linear1_bias") == ("uniform", pytest.approx(1 / math.sqrt(E)))
+    assert init_spec(cfg, "linear2_weight") == ("uniform", pytest.approx(1 / math.sqrt(F)))
+    assert init_spec(cfg, "linear2_bias") == ("uniform", pytest.approx(1 / math.sqrt(F)))
+    assert init_spec(cfg, "norm_weight") == ("const", 1.0)
+    assert init_spec(cfg, "norm_bias") == ("const", 0.0)
+
+
+def test_init_spec_xavier_scheme():
+    cfg = spec_cfg(init="xavier")
+    for s in init_spec(cfg, "qkv_weight"):  # per chunk (E, E)
+        assert s == ("uniform", pytest.approx(math.sqrt(6 / (2 * E))))
+    assert init_spec(cfg, "out_weight") == ("uniform", pytest.approx(math.sqrt(6 / (2 * E))))
+    assert init_spec(cfg, "linear1_weight") == ("uniform", pytest.approx(math.sqrt(6 / (E + F))))
+    assert init_spec(cfg, "linear2_weight") == ("uniform", pytest.approx(math.sqrt(6 / (E + F))))
+    for role in ("qkv_bias", "out_bias", "linear1_bias", "linear2_bias", "norm_bias"):
+        assert init_spec(cfg, role) == ("const", 0.0)
+    assert init_spec(cfg, "norm_weight") == ("const", 1.0)
+
+
+@pytest.mark.parametrize("n", [1, 12])
+def test_init_spec_deepnorm_gains(n):
+    cfg = spec_cfg(scaling="deepnorm").resolve(n)
+    beta = (8 * n) ** -0.25
+    q, k, v = init_spec(cfg, "qkv_weight")
+    assert q == ("normal", pytest.approx(math.sqrt(2 / (2 * E))))  # q, k: gain 1
+    assert k == q
+    assert v == ("normal", pytest.approx(beta * math.sqrt(2 / (2 * E))))  # v, out, FFN: gain beta
+    assert init_spec(cfg, "out_weight") == ("normal", pytest.approx(beta * math.sqrt(1 / E)))
+    assert init_spec(cfg, "linear1_weight") == ("normal", pytest.approx(beta * math.sqrt(2 / (E + F))))
+    assert init_spec(cfg, "linear2_weight") == ("normal", pytest.approx(beta * math.sqrt(2 / (E + F))))
+    for role in ("qkv_bias", "out_bias", "linear1_bias", "linear2_bias"):
+        assert init_spec(cfg, role) == ("const", 0.0)
+
+
+def test_init_spec_gates():
+    assert init_spec(spec_cfg(scaling="rezero", norm="none"), "scale") == ("const", 0.0)
+    assert init_spec(spec_cfg(scaling="layerscale", norm="pre"), "scale") == ("const", 0.1)
+    assert init_spec(spec_cfg(scaling="layerscale", norm="pre").resolve(30), "scale") == ("const", 1e-6)
+
+
+# ------------------------------------------------------------------------------------
+# residual_update, check_width, invert_mask (framework-free, checked with numpy)
+# ------------------------------------------------------------------------------------
+
+X = np.array([[1.0, 2.0, -3.0]])
+
+
+def _parts():
+    sub = lambda h: (h * 2.0 + 1.0, "aux")  # noqa: E731
+    norm = lambda h: h / 10.0  # noqa: E731  (a marker, not a real LayerNorm)
+    drop = lambda h: h - 0.5  # noqa: E731
+    return sub, norm, drop
+
+
+@pytest.mark.parametrize(
+    "kw,scale,expected",
+    [
+        (dict(norm="post"), None, lambda x: (x + (2 * x + 1 - 0.5)) / 10),
+        (dict(norm="pre"), None, lambda x: x + (2 * (x / 10) + 1 - 0.5)),
+        (dict(norm="none"), None, lambda x: x + (2 * x + 1 - 0.5)),
+        (dict(norm="post", residual="none"), None, lambda x: (2 * x + 1 - 0.5) / 10),
+        (dict(norm="pre", residual="none"), None, lambda x: 2 * (x / 10) + 1 - 0.5),
+        (dict(norm="none", residual="none"), None, lambda x: 2 * x + 1 - 0.5),
+        (dict(norm="none", scaling="rezero"), 0.25, lambda x: x + 0.25 * (2 * x + 1 - 0.5)),
+        (dict(norm="pre", scaling="layerscale"), np.array([0.1, 0.2, 0.3]),
+         lambda x: x + np.array([0.1, 0.2, 0.3]) * (2 * (x / 10) + 1 - 0.5)),
+        (dict(norm="post", scaling="deepnorm"), None, lambda x: (2 ** 0.25 * x + (2 * x + 1 - 0.5)) / 10),
+        (dict(norm="post", scaling="deepnorm", deepnorm_alpha=3.0), None, lambda x: (3 * x + (2 * x + 1 - 0.5)) / 10),
+    ],
+)
+def test_residual_update_formulas(kw, scale, expected):
+    sub, norm, drop = _parts()
+    y, aux = residual_update(make(**kw), X, sub, norm, drop, scale)
+    assert aux == "aux"
+    np.testing.assert_allclose(y, expected(X), rtol=1e-14)
+
+
+def test_check_width():
+    cfg = make()
+    check_width(cfg, (2, 5, 12))
+    check_width(cfg, (5, 12))
+    for bad in [(2, 5, 13), (5, 24), (12,), (1, 2, 5, 12), (2, 12, 5)]:
+        with pytest.raises(ValueError) as e:
+            check_width(cfg, bad, what="x")
+        msg = str(e.value)
+        assert str(bad) in msg and "(batch, seq, 12)" in msg and msg.startswith("x")
+
+
+def test_invert_mask_numpy():
+    m = np.array([[True, False], [False, False]])
+    np.testing.assert_array_equal(invert_mask(m), ~m)
+    np.testing.assert_array_equal(invert_mask(invert_mask(m)), m)
+    assert invert_mask(None) is None
+    for bad in [m.astype(np.int32), m.astype(np.float32), [[True, False]], True]:
+        with pytest.raises(TypeError, match="boolean"):
+            invert_mask(bad)
+    with pytest.raises(TypeError, match="float32"):
+        invert_mask(m.astype(np.float32))
+
+
+# ------------------------------------------------------------------------------------
+# The config imports no framework
+# ------------------------------------------------------------------------------------
+
+
+def _loaded_after(code: str) -> set[str]:
+    probe = code + "\nimport sys\nprint(' '.join(m for m in ('jax', 'flax', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import flax_blocks.config",
+        "from flax_blocks import BlockConfig, invert_mask; BlockConfig(d_model=4, num_heads=2)",
+        "from flax_blocks.config import init_spec, BlockConfig; init_spec(BlockConfig(4, 2), 'qkv_weight')",
+    ],
+)
+def test_config_imports_no_framework(code):
+    assert _loaded_after(code) == set()
+
+
+def test_flax_blocks_imports_jax_but_not_torch():
+    # also shows the probe is not vacuous: it does see the framework that was imported
+    assert _loaded_after("import flax_blocks; flax_blocks.TransformerBlock") == {"jax", "flax"}
