@@ -168,7 +168,7 @@ class Encoder(nnx.Module):
     """`num_layers` independently initialised TransformerBlocks plus an optional final LayerNorm.
 
     The layers' parameters are stacked on a leading axis of size num_layers (created with
-    nnx.vmap, applied with nnx.scan), so compile time does not grow with depth.
+    nnx.vmap, applied with a jax.lax.scan over the stacked state), so compile time does not grow with depth.
     `final_norm` defaults to True for pre-LN (a pre-LN stack needs it), False otherwise.
     Params: layers (each leaf has a leading layer axis), norm.
     """
