@@ -52,6 +52,12 @@ def _rate(recs: list[dict]) -> float:
     return float(np.mean([r["summary"]["status"] != "trained" for r in recs])) if recs else float("nan")
 
 
+def _mean_final(recs: list[dict]) -> float:
+    """Mean final held-out loss over the runs that stayed finite (NaN if none did)."""
+    finals = [r["summary"]["final_loss"] for r in recs if r["summary"]["final_loss"] is not None]
+    return float(np.mean(finals)) if finals else float("nan")
+
+
 def _outcome(rate: float) -> str:
     """Majority over seeds: "trains" (< half failed), "fails" (> half), "mixed" (exactly half)."""
     if math.isnan(rate):
@@ -265,7 +271,8 @@ def claim_amplification(d: Data) -> tuple[str, str]:
     good = post[1] > pre[1] and g_post > 1 and g_post > g_pre
     verdict = "agrees" if good else "does not agree"
     body = (
-        f"Mean update size ||F(x;θ_t) − F(x;θ_0)|| over the first {EARLY_STEPS} updates (held-out "
+        f"Mean update size ||F(x;θ_t) − F(x;θ_0)|| over the first {EARLY_STEPS} updates at lr {d.lr0:g}, "
+        f"warmup {d.w0}, seed mean (held-out "
         "inputs, encoder output, per-token L2; both variants end in a LayerNorm so the scales "
         "compare). The rule: post-LN's is larger than pre-LN's at the deepest depth and grows "
         "more from the shallowest to the deepest.\n\n"
@@ -300,7 +307,8 @@ def claim_deepnorm(d: Data) -> tuple[str, str]:
     else:
         verdict = "agrees" if smaller and flatter else "partly agrees" if smaller or flatter else "does not agree"
     body = (
-        f"Mean early update size (first {EARLY_STEPS} updates). The rule: DeepNorm's is smaller than "
+        f"Mean early update size (first {EARLY_STEPS} updates, lr {d.lr0:g}, warmup {d.w0}, seed mean). "
+        "The rule: DeepNorm's is smaller than "
         "post-LN's at every depth and grows less with depth. " + growth + "\n\n"
         "| depth | post update | DeepNorm update | post outcome | DeepNorm outcome |\n|---|---|---|---|---|\n"
         + "\n".join(rows) + "\n\n![update](update_size.png)"
@@ -319,12 +327,11 @@ def claim_skip(d: Data) -> tuple[str, str]:
         ns, post, pre = (_outcome(_rate(d.get(v, L))) for v in ("noskip", "post", "pre"))
         ok = ns == "fails" and post == "trains" and pre == "trains"
         holds.append(ok)
-        final = [r["summary"]["final_loss"] for r in d.get("noskip", L)]
-        rows.append(f"| {L} | {ns} ({_fmt(float(np.mean([f for f in final if f is not None])) if any(f is not None for f in final) else float('nan'))}) | {post} | {pre} | "
+        rows.append(f"| {L} | {ns} ({_fmt(_mean_final(d.get('noskip', L)))}) | {post} | {pre} | "
                     f"{'yes' if ok else 'no'} |")
     verdict = "agrees" if all(holds) else "partly agrees" if any(holds) else "does not agree"
-    body = ("Outcome by majority over seeds (mean final held-out loss of no-skip in brackets). "
-            "The rule: no-skip fails while both skip variants train.\n\n"
+    body = (f"Outcome by majority over seeds at lr {d.lr0:g}, warmup {d.w0} (mean final held-out loss of "
+            "no-skip in brackets). The rule: no-skip fails while both skip variants train.\n\n"
             "| depth | no-skip | post | pre | holds |\n|---|---|---|---|---|\n" + "\n".join(rows))
     return verdict, body
 
@@ -352,8 +359,7 @@ def results_table(d: Data) -> str:
     for key in sorted(d.by, key=lambda k: (ORDER[k[0]], k[1], k[2], k[3])):
         recs = d.by[key]
         h = recs[0]["task"]["optimal_loss"]
-        finals = [r["summary"]["final_loss"] for r in recs if r["summary"]["final_loss"] is not None]
-        mean = float(np.mean(finals)) if finals else float("nan")
+        mean = _mean_final(recs)
         status = ", ".join(f"{r['summary']['status']}" + (f" ({r['summary']['step']})" if r["summary"]["step"] is not None else "")
                            for r in sorted(recs, key=lambda r: r["config"]["seed"]))
         lines.append(f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {len(recs)} | {sum(r['summary']['status'] != 'trained' for r in recs)} | "
@@ -402,12 +408,19 @@ def write_report(out: Path) -> Path:
     plots.write_all(records, out)
     env = records[0]["environment"]
     task = records[0]["task"]
+    from dataclasses import asdict
+
+    from .stability import PRESETS
+
+    preset = PRESETS.get(sweep["name"])
+    same = preset is not None and json.loads(json.dumps(asdict(preset))) == sweep
+    preset_note = "" if same else ", modified"
     last = meta.get("last_run")
     timing = "timing not recorded"
     if last:
+        cpu = f" and {last['cpu_seconds']:.0f} s of CPU time" if last.get("cpu_seconds") is not None else ""
         timing = (f"the last invocation computed {last['cells_computed']} of them in {last['wall_seconds']:.0f} s "
-                  f"wall-clock and {last.get('cpu_seconds', float('nan')):.0f} s of CPU time (compiling, training "
-                  "and writing; not counting imports and this report)")
+                  f"wall-clock{cpu} (compiling, training and writing; not counting imports and this report)")
         loads = [x for x in (last.get("load_average_before"), last.get("load_average_after")) if x]
         if loads:
             timing += (f"; the machine's 1-minute load average was {loads[0][0]:.1f} before and "
@@ -416,12 +429,12 @@ def write_report(out: Path) -> Path:
     verdicts = [(ref, claim, *fn(d)) for ref, claim, fn in CLAIMS]
 
     lines = [
-        f"# Depth stability: pre-LN vs post-LN and friends (`{sweep['name']}` preset)",
+        f"# Depth stability: pre-LN vs post-LN and friends (`{sweep['name']}` preset{preset_note})",
         "",
-        "Generated by `python -m experiments.stability"
-        + ("" if sweep["name"] == "quick" else f" --preset {sweep['name']}") + "` (regenerate the text and "
-        "plots from the saved cells with `python -m experiments.report DIR`). Every verdict is computed "
-        "from the data by a rule written in `experiments/report.py`; nothing was tuned until it passed.",
+        f"Generated by `{meta.get('command') or 'python -m experiments.stability'}` (the text and plots "
+        "alone can be regenerated from the saved cells with `python -m experiments.report DIR`). Every "
+        "verdict is computed from the data by a rule written in `experiments/report.py`; no threshold or "
+        "seed was tuned to make a claim pass.",
         "",
         "## Setup",
         "",
@@ -439,6 +452,11 @@ def write_report(out: Path) -> Path:
         f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
         f"l0 − {PLATEAU_FRACTION} (l0 − H) with l0 the held-out loss at init (\"plateau\"). The fail step "
         "is the first non-finite step, or the step from which the loss stayed above that line.",
+        "- Everything jitted: one compiled program per (variant, depth), steps under `lax.scan`, layers "
+        "under the Encoder's scan, runs (lr x warmup x seed) under `vmap`, sharded over the devices. A run "
+        "is a pure function of its config: a resumed sweep gives the same numbers bit for bit; runs "
+        "computed in a group of another size or on another device count agree up to float32 rounding "
+        "(XLA may sum in another order).",
         f"- Ran on {env['device_count']} x {env['device_kind']} ({env['platform']}), jax {env['jax']}, "
         f"flax {env['flax']}; {len(records)} runs; {timing}.",
         "",

@@ -33,6 +33,8 @@ import json
 import math
 import os
 import platform
+import shlex
+import shutil
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -208,8 +210,9 @@ class Progress:
         bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
         eta_s = "?" if math.isnan(eta) else f"{eta:4.0f}s"
         line = f"[{bar}] {100 * frac:5.1f}% {elapsed:5.0f}s elapsed, ~{eta_s} left | {text}"
-        if self.tty:
-            sys.stderr.write("\r" + line[:160].ljust(160))
+        if self.tty:  # one line, no wider than the terminal (a wrapped line would not be overwritten)
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            sys.stderr.write("\r" + line[:width].ljust(width))
             sys.stderr.flush()
         elif force or time.time() - self._last_line > 10:
             print(line, file=sys.stderr, flush=True)
@@ -251,7 +254,8 @@ def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
 
 
 def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int | None = None,
-              opt_level: int | None = 1, xla_options: dict[str, Any] | None = None) -> list[str]:
+              opt_level: int | None = 1, xla_options: dict[str, Any] | None = None,
+              command: str | None = None) -> list[str]:
     """Run every missing cell of `sweep`, writing each to out/cells as its group finishes.
 
     max_groups: stop after that many groups. opt_level, xla_options: how XLA compiles
@@ -267,7 +271,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
     groups, names = plan(sweep, cells_dir)
-    meta = {"sweep": asdict(sweep), "cells": names}
+    meta = {"sweep": asdict(sweep), "command": command, "cells": names}
     if jax.process_index() == 0:
         (out / "sweep.json").write_text(json.dumps(meta, indent=1))
     skipped = len(names) - sum(len(g.todo) for g in groups)
@@ -454,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         out = DEFAULT_OUT.parent / "runs" / f"{args.preset}{custom}"
     names = run_sweep(sweep, out, progress=not args.no_progress, max_groups=args.max_groups,
                       opt_level=None if args.xla_opt_level < 0 else args.xla_opt_level,
-                      xla_options=dict(_xla_option(o) for o in args.xla_option))
+                      xla_options=dict(_xla_option(o) for o in args.xla_option),
+                      command=" ".join(["python -m experiments.stability", *map(shlex.quote, argv or sys.argv[1:])]))
     if jax.process_index() != 0:
         return 0
     print(f"\nsweep '{sweep.name}': cells in {out / 'cells'}\n")

@@ -40,7 +40,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .model import ModelConfig, create_params
+from .model import LanguageModel, ModelConfig, create_params
 from .tasks import Task
 
 Metrics = dict[str, np.ndarray]
@@ -186,9 +186,9 @@ class Trainer:
 
     # -- one run -------------------------------------------------------------------------
 
-    def _model(self, params: nnx.State, rest: nnx.State):
-        # copy=True: fresh Variables at the current trace level (`rest` comes from an outer trace).
-        return nnx.merge(self.graphdef, params, rest, copy=True)
+    def _model(self, params: nnx.State, rest: nnx.State) -> LanguageModel:
+        """The model with these parameters (`rest`: the Dropouts' RNG state, unused at rate 0)."""
+        return nnx.merge(self.graphdef, params, rest)
 
     def _mean_ce(self, logits: jax.Array, tokens: jax.Array) -> jax.Array:
         """Mean cross-entropy over scored targets: logits (B, T, V), tokens (B, T + 1) -> scalar."""

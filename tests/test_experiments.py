@@ -194,7 +194,7 @@ def test_sweep_resume_devices_and_report(tmp_path):
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.communicate()  # reap it and close its pipe
     first = {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
     assert first, "the sweep wrote nothing before it was killed"
     log = _finish(_subprocess(args, cache))
