@@ -18,6 +18,7 @@ _LAZY = {
     "Encoder": "blocks",
     "Attention": "attention",
     "build_mask": "attention",
+    "from_torch": "convert",
     "load_torch_state_dict": "convert",
     "torch_state_dict": "convert",
     "flax_state_dict": "convert",

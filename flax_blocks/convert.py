@@ -1,5 +1,6 @@
 """Move weights between PyTorch (torch_blocks / stock nn.TransformerEncoder) and flax_blocks.
 
+    from_torch(Encoder, cfg, source, num_layers=6)                      torch -> a new Flax module
     load_torch_state_dict(module, source, *, prefix="", strict=True)   torch -> Flax, in place
     torch_state_dict(module)                                            Flax  -> {torch name: array}
 
@@ -16,6 +17,7 @@ Dtypes are preserved (float32, float64, bfloat16) unless `dtype=` asks for a cas
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -376,6 +378,53 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
     for path, a in new.items():
         params[path].set_value(jnp.asarray(a))
     return LoadResult(missing, unexpected)
+
+
+def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str = "", dtype: Any = None, **kwargs: Any):
+    """A new `cls(cfg, rngs=nnx.Rngs(seed), **kwargs)` whose parameters come from a torch
+    checkpoint (strictly: every parameter must be there), without drawing random initial
+    values that would be overwritten: the module is built with `nnx.eval_shape`, loaded,
+    and only its dropout RNG state is made concrete (from `seed`).
+
+    Besides saving the work of initialising, this skips compiling the random initialisers,
+    which on a CPU takes seconds per new block shape. kwargs go to the constructor
+    (num_layers=, final_norm= for an Encoder); source, prefix and dtype are those of
+    `load_torch_state_dict`, which raises `ConversionError` on any problem.
+    """
+    from flax import nnx
+
+    module = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed), **kwargs))
+    load_torch_state_dict(module, source, prefix=prefix, strict=True, dtype=dtype)
+    materialize_rng_state(module, seed)
+    return module
+
+
+def materialize_rng_state(module, seed: int) -> None:
+    """Give an abstract (nnx.eval_shape) module's RNG keys and counts concrete values, in
+    place: keys derived from `seed` and the variable's path (so each dropout gets its own
+    stream, and stacked layers one key per layer), counts zero. Parameters must already be
+    concrete (loaded); a non-RNG variable left abstract raises RuntimeError."""
+    import zlib
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    root = jax.random.key(seed)
+    left = []
+    for path, node in nnx.iter_graph(module):
+        if not isinstance(node, nnx.Variable) or not isinstance(node.get_value(), jax.ShapeDtypeStruct):
+            continue
+        shape, name = node.get_value().shape, ".".join(map(str, path))
+        if isinstance(node, nnx.RngKey):
+            key = jax.random.fold_in(root, zlib.crc32(name.encode()))
+            node.set_value(jax.random.split(key, math.prod(shape)).reshape(shape))
+        elif isinstance(node, nnx.RngCount):
+            node.set_value(jnp.zeros(shape, node.get_value().dtype))
+        else:
+            left.append(f"{name} ({type(node).__name__}, shape {shape})")
+    if left:
+        raise RuntimeError("these variables are still abstract (nothing loaded them): " + ", ".join(left))
 
 
 # ----------------------------------------------------------------------------------------

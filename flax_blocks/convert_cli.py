@@ -19,15 +19,16 @@ FORMAT = "flax_blocks"
 
 
 def _build(kind: str, cfg_dict: dict, num_layers: int | None, final_norm: bool | None):
+    """An abstract module (nnx.eval_shape: shapes, no values) for the loaders to fill:
+    every parameter is loaded strictly, so drawing (and compiling) an init is wasted work."""
     from flax import nnx
 
     import flax_blocks as fb
 
     cfg = fb.BlockConfig(**cfg_dict)
     cls = getattr(fb, kind)
-    if kind == "Encoder":
-        return cls(cfg, num_layers=num_layers, final_norm=final_norm, rngs=nnx.Rngs(0))
-    return cls(cfg, rngs=nnx.Rngs(0))
+    kw = {"num_layers": num_layers, "final_norm": final_norm} if kind == "Encoder" else {}
+    return nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0), **kw))
 
 
 def _summary(module, sd: dict[str, np.ndarray]) -> str:

@@ -19,7 +19,7 @@ from flax import nnx
 import flax_blocks as fb
 import torch_blocks as tb
 from flax_blocks.config import invert_mask
-from flax_blocks.convert import load_torch_state_dict, torch_state_dict
+from flax_blocks.convert import from_torch, torch_state_dict
 
 KINDS = ("ResidualMHA", "FeedForward", "TransformerBlock", "Encoder")
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -108,9 +108,7 @@ def flax_twin(case: Case, tmodule: torch.nn.Module, dtype: str, cfg: fb.BlockCon
     cfg = replace(cfg or case.cfg, param_dtype=dtype)
     cls = getattr(fb, case.kind)
     kw = {"num_layers": case.num_layers, "final_norm": case.final_norm} if case.kind == "Encoder" else {}
-    module = cls(cfg, rngs=nnx.Rngs(case.seed + 1), **kw)
-    load_torch_state_dict(module, tmodule)
-    return module
+    return from_torch(cls, cfg, tmodule, seed=case.seed + 1, **kw)
 
 
 @dataclass

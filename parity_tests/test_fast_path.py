@@ -32,8 +32,7 @@ def test_stock_fast_path_matches_flax(norm_first, activation):
     keys[1, 4:] = False
     x = np.random.default_rng(0).normal(size=(2, 6, 12)).astype(np.float32)
     with precision("float32"):
-        enc = fb.Encoder(cfg, num_layers=3, rngs=nnx.Rngs(0))
-        fb.load_torch_state_dict(enc, stock)
+        enc = fb.from_torch(fb.Encoder, cfg, stock, num_layers=3)
         y = np.asarray(enc(jnp.asarray(x), key_mask=jnp.asarray(keys)))
         with torch.no_grad():
             fast = stock(torch.from_numpy(x), src_key_padding_mask=invert_mask(torch.from_numpy(keys))).numpy()

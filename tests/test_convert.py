@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -74,18 +76,40 @@ def test_stock_encoder_checkpoint_loads_and_matches(tmp_path):
     model = stock_encoder()
     path = tmp_path / "encoder.pt"
     torch.save(model.state_dict(), path)
-    enc = fb.Encoder(CFG, num_layers=6, rngs=nnx.Rngs(1))
-    result = load_torch_state_dict(enc, str(path))
-    assert result.missing_keys == [] and result.unexpected_keys == []
+    enc = fb.from_torch(fb.Encoder, CFG, str(path), num_layers=6)  # strict: every key used
     x = np.random.default_rng(0).normal(size=(3, 7, 12)).astype(np.float32)
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     got = np.asarray(enc(jnp.asarray(x)))
     assert np.abs(got - want).max() <= 1e-5
     # negative twin: the same weights in a tanh-GELU block miss at this tolerance
-    wrong = fb.Encoder(replace(CFG, activation="gelu_tanh"), num_layers=6, rngs=nnx.Rngs(1))
-    load_torch_state_dict(wrong, str(path))
+    wrong = fb.from_torch(fb.Encoder, replace(CFG, activation="gelu_tanh"), str(path), num_layers=6)
     assert np.abs(np.asarray(wrong(jnp.asarray(x))) - want).max() > 1e-5
+
+
+def test_from_torch_equals_init_then_load_and_has_working_dropout():
+    model = stock_encoder(num_layers=2)
+    cfg = replace(CFG, dropout=0.5)
+    eager = fb.Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0))
+    result = load_torch_state_dict(eager, model)
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    built = fb.from_torch(fb.Encoder, cfg, model, num_layers=2, seed=3)
+    assert_same_bytes(flax_state_dict(built), flax_state_dict(eager))
+    x = jnp.ones((1, 4, 12))
+    eager.eval(), built.eval()
+    np.testing.assert_array_equal(built(x), eager(x))
+    # the RNG state was made concrete: training mode draws fresh dropout masks per call,
+    # under nnx.jit too, and the stacked layers got one key each
+    built.train()
+    call = nnx.jit(lambda m, x: m(x))
+    a, b = np.asarray(call(built, x)), np.asarray(call(built, x))
+    assert np.isfinite(a).all() and not np.array_equal(a, b)
+    keys = jax.random.key_data(built.layers.dropout1.rngs.key[...])
+    assert keys.shape[0] == 2 and not np.array_equal(keys[0], keys[1])
+    # strict: a checkpoint that lacks a tensor is an error naming it, not a half-built module
+    sd = {k: v for k, v in model.state_dict().items() if k != "layers.1.linear2.bias"}
+    with pytest.raises(ConversionError, match=r"missing key layers\.1\.linear2\.bias"):
+        fb.from_torch(fb.Encoder, cfg, sd, num_layers=2)
 
 
 def test_safetensors_loads_without_torch(tmp_path):
@@ -101,11 +125,9 @@ def test_safetensors_loads_without_torch(tmp_path):
 import sys
 sys.modules["torch"] = None  # any import of torch now fails
 import numpy as np, jax.numpy as jnp
-from flax import nnx
 import flax_blocks as fb
-enc = fb.Encoder(fb.BlockConfig(d_model=12, num_heads=2, d_ff=20, dropout=0.0, norm="pre", activation="gelu"),
-                 num_layers=6, rngs=nnx.Rngs(0))
-fb.load_torch_state_dict(enc, {str(path)!r})
+cfg = fb.BlockConfig(d_model=12, num_heads=2, d_ff=20, dropout=0.0, norm="pre", activation="gelu")
+enc = fb.from_torch(fb.Encoder, cfg, {str(path)!r}, num_layers=6)
 err = np.abs(np.asarray(enc(jnp.asarray(np.load({str(tmp_path / 'x.npy')!r})))) - np.load({str(tmp_path / 'want.npy')!r})).max()
 assert err <= 1e-5, err
 sd = fb.torch_state_dict(enc)
@@ -287,30 +309,53 @@ def test_flax_layout_checkpoint_round_trip(tmp_path):
     assert_same_bytes(before, snapshot(other))
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "flax_blocks.convert", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+CLI_RUNNER = """
+import contextlib, io, json, sys
+from flax_blocks.convert_cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+    results.append({"returncode": rc, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def _cli(*runs: list[str]) -> list[SimpleNamespace]:
+    """Run the converter CLI's main() once per argv list, all in one fresh interpreter
+    (it turns on jax_enable_x64, which must not leak into this test process)."""
+    out = subprocess.run([sys.executable, "-c", CLI_RUNNER, json.dumps(list(runs))], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return [SimpleNamespace(**r) for r in json.loads(out.stdout.splitlines()[-1])]
 
 
 def test_cli_round_trip_and_errors(tmp_path):
     model = stock_encoder(num_layers=3)
     pt, fx, back = tmp_path / "enc.pt", tmp_path / "enc_flax.safetensors", tmp_path / "back.safetensors"
     torch.save(model.state_dict(), pt)
-    out = _cli(str(pt), str(fx), "--num-heads", "2")
-    assert out.returncode == 0, out.stderr
-    assert "Encoder: 3 layer(s), 38 tensors" in out.stdout and "float32" in out.stdout
-    out = _cli(str(fx), str(back))
-    assert out.returncode == 0, out.stderr
+    bad = model.state_dict()
+    bad["layers.1.linear1.weight"] = torch.ones(20, 5)
+    torch.save(bad, tmp_path / "bad.pt")
+    to_flax, to_torch, no_heads, wrong_shape = _cli(
+        [str(pt), str(fx), "--num-heads", "2"], [str(fx), str(back)], [str(pt), str(fx)],
+        [str(tmp_path / "bad.pt"), str(tmp_path / "o.safetensors"), "--num-heads", "2"])
+    assert to_flax.returncode == 0, to_flax.stderr
+    assert "Encoder: 3 layer(s), 38 tensors" in to_flax.stdout and "float32" in to_flax.stdout
+    assert to_torch.returncode == 0, to_torch.stderr
     from safetensors.numpy import load_file
 
     restored = load_file(str(back))
     for k, v in model.state_dict().items():
         assert restored[k].tobytes() == v.numpy().tobytes(), k
-    out = _cli(str(pt), str(fx))
-    assert out.returncode == 1 and "--num-heads is required" in out.stderr
-    bad = model.state_dict()
-    bad["layers.1.linear1.weight"] = torch.ones(20, 5)
-    torch.save(bad, tmp_path / "bad.pt")
-    out = _cli(str(tmp_path / "bad.pt"), str(tmp_path / "o.safetensors"), "--num-heads", "2")
-    assert out.returncode == 1
-    assert "shape mismatch for layers.1.linear1.weight: expected (20, 12), found (20, 5)" in out.stderr
+    assert no_heads.returncode == 1 and "--num-heads is required" in no_heads.stderr
+    assert wrong_shape.returncode == 1
+    assert not (tmp_path / "o.safetensors").exists()
+    assert "shape mismatch for layers.1.linear1.weight: expected (20, 12), found (20, 5)" in wrong_shape.stderr
+    entry = subprocess.run([sys.executable, "-m", "flax_blocks.convert", "--help"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+    assert entry.returncode == 0 and "--num-heads" in entry.stdout
