@@ -86,10 +86,12 @@ class Sweep:
 
 
 PRESETS: dict[str, Sweep] = {
-    # Sized for a 2-core CPU: about 2 minutes when the machine is otherwise idle. Five compiled
-    # programs (post and pre at 6 and 12 layers, no-skip at 6), three seeds each, vmapped.
+    # Sized for a 2-core CPU: about 1.5 minutes when the machine is otherwise idle. Seven
+    # compiled programs (post, pre and DeepNorm at 6 and 12 layers, no-skip at 6), three
+    # seeds each, vmapped. DeepNorm is here so the quick run measures DeepNet's claim too;
+    # a warmup axis (0, 50) would double the time, so warmup is left to `full`.
     "quick": Sweep(
-        name="quick", variants=("post", "pre"), depths=(6, 12), extra=(("noskip", 6),),
+        name="quick", variants=("post", "pre", "deepnorm"), depths=(6, 12), extra=(("noskip", 6),),
         lrs=(1e-3,), warmups=(0,), seeds=3,
         seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=150, batch=16, chunk=25, heldout=8,
     ),
