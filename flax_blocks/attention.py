@@ -92,11 +92,17 @@ class Attention(nnx.Module):
              self.out_kernel[...], None if self.out_bias is None else self.out_bias[...]),
             dtype=self.dtype,
         )
-        qkv = jnp.einsum("bte,ekhd->kbthd", x, w_in)  # (3, B, T, H, hd)
+        b, t, e = x.shape
+        h, d = w_in.shape[2], w_in.shape[3]
+        # Projections as 2-D matmuls over all B*T tokens ((B*T, E) x (E, 3*H*hd) and
+        # (B*T, H*hd) x (H*hd, E)): on CPU these ran ~5-8% faster per train step than the
+        # equivalent einsums over (B, T, H, hd), forward and backward (issue 6's note).
+        qkv = jnp.dot(x.reshape(b * t, e), w_in.reshape(e, 3 * h * d))
         if b_in is not None:
-            qkv = qkv + b_in[:, None, None]
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], q.dtype))
+            qkv = qkv + b_in.reshape(3 * h * d)
+        qkv = qkv.reshape(b, t, 3, h, d)
+        q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # each (B, H, T, hd)
+        logits = (q @ k.swapaxes(-1, -2)) / jnp.sqrt(jnp.asarray(d, q.dtype))  # (B, H, T, T)
         softmax_dtype = jnp.promote_types(logits.dtype, jnp.float32)  # never softmax in bf16
         logits = logits.astype(softmax_dtype)
         if mask is not None:
@@ -105,8 +111,8 @@ class Attention(nnx.Module):
         if rows is not None:
             weights = jnp.where(rows, weights, 0.0)
         weights = weights.astype(v.dtype)
-        out = jnp.einsum("bhqk,bkhd->bqhd", self.dropout(weights, rngs=key), v)  # (B, T, H, hd)
-        out = jnp.einsum("bqhd,hde->bqe", out, w_out)
+        out = self.dropout(weights, rngs=key) @ v  # (B, H, T, hd)
+        out = jnp.dot(out.transpose(0, 2, 1, 3).reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
         if b_out is not None:
             out = out + b_out
         if rows is not None:  # a query with no key gets no attention output, bias included

@@ -81,7 +81,13 @@ class _Residual(nnx.Module):
 
     def _ff(self, x, linear1, linear2, dropout_act, norm, dropout, scale):
         act = ACTIVATION_FNS[self.cfg.activation]
-        return self._update(x, lambda h: (linear2(dropout_act(act(linear1(h)))), None), norm, dropout, scale)
+
+        def ffn(h):  # (B, T, E): both matmuls on the (B*T, E) token matrix, as 2-D GEMMs,
+            # which ran ~10% faster per CPU train step than on (B, T, E) (issue 6's note)
+            y = linear2(dropout_act(act(linear1(h.reshape(-1, h.shape[-1])))))
+            return y.reshape(h.shape), None
+
+        return self._update(x, ffn, norm, dropout, scale)
 
 
 class ResidualMHA(_Residual):
