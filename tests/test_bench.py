@@ -36,6 +36,7 @@ def test_quick_run_writes_json_and_table(tmp_path):
     assert result["targets"], "no target was evaluated"
     assert "## Block" in table and "## Issue 6 targets" in table
     assert result["meta"]["wall_s"] < 300
+    assert bench.CPU_DOT_FLAG in result["meta"]["xla_flags"]  # set before JAX made its backend
 
 
 def test_flop_count_matches_xla():
