@@ -1,4 +1,5 @@
-"""`python -m parity_tests.report [--out FILE]`: the parity figures as a markdown table.
+"""`python -m parity_tests.report [--out FILE] [--readme README.md]`: the parity figures as a
+markdown table; --readme replaces the table between the README's parity-report markers.
 
 Every row is measured now, by the same code as the test suite: forward and gradient
 errors (Flax vs torch, relative to the torch value's scale) for each case of the option
@@ -43,15 +44,36 @@ def build(cases=CASES, trajectories: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
+START, END = "<!-- parity-report:start (python -m parity_tests.report --readme README.md) -->", "<!-- parity-report:end -->"
+
+
+def splice(document: str, table: str) -> str:
+    """`document` with the text between the START and END markers replaced by `table`."""
+    if START not in document or END not in document:
+        raise ValueError(f"the document has no parity-report markers; add these two lines where the table goes:\n{START}\n{END}")
+    head, rest = document.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table}{END}{tail}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.report", description=__doc__)
     ap.add_argument("--out", help="also write the table to this file")
+    ap.add_argument("--readme", help="replace the table between this markdown file's parity-report markers")
     args = ap.parse_args(argv)
+    if args.readme:  # fail before the minutes of measuring, not after
+        with open(args.readme) as f:
+            splice(f.read(), "")
     text = build()
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+    if args.readme:
+        with open(args.readme) as f:
+            doc = f.read()
+        with open(args.readme, "w") as f:
+            f.write(splice(doc, text))
     return 0
 
 

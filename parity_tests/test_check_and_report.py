@@ -10,7 +10,7 @@ from flax_blocks.convert import ConversionError
 
 from .cases import CASES
 from .check import check, main
-from .report import build
+from .report import END, START, build, splice
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +61,12 @@ def test_report_table_is_computed():
     assert len(rows) == 2
     f64 = float(rows[0].split("|")[4])
     assert 0 < f64 <= 1e-12
+
+
+def test_readme_table_is_spliced_between_markers():
+    doc = f"intro\n{START}\nold table\n{END}\noutro\n"
+    out = splice(doc, "| new |\n")
+    assert out == f"intro\n{START}\n| new |\n{END}\noutro\n"
+    assert splice(out, "| newer |\n").count(START) == 1  # idempotent markers
+    with pytest.raises(ValueError, match="no parity-report markers"):
+        splice("no markers here", "| t |\n")
