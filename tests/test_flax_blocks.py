@@ -21,30 +21,10 @@ from flax import nnx
 import flax_blocks as fb
 from flax_blocks.config import BlockConfig, init_spec, invert_mask
 
-E, H, FF, B, T = 12, 3, 20, 2, 6  # heads (3) != head_dim (4)
-KINDS = ["ResidualMHA", "FeedForward", "TransformerBlock", "Encoder"]
-MASKED_KINDS = ["ResidualMHA", "TransformerBlock", "Encoder"]
+from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T  # shared with test_torch_blocks.py
 
 OPTIONS = {
-    "default-post": {},
-    "gelu": dict(activation="gelu"),
-    "gelu_tanh": dict(activation="gelu_tanh"),
-    "pre": dict(norm="pre"),
-    "norm-none": dict(norm="none"),
-    "no-skip-post": dict(residual="none"),
-    "no-skip-pre": dict(residual="none", norm="pre"),
-    "deepnorm": dict(scaling="deepnorm"),
-    "rezero": dict(scaling="rezero", norm="none"),
-    "rezero-pre": dict(scaling="rezero", norm="pre"),
-    "layerscale": dict(scaling="layerscale", norm="pre"),
-    "causal": dict(causal=True),
-    "no-bias": dict(bias=False),
-    "no-bias-pre": dict(bias=False, norm="pre"),
-    "xavier": dict(init="xavier"),
-    "eps": dict(layer_norm_eps=1e-3),
-    "dropout": dict(dropout=0.3),
-    "bfloat16": dict(param_dtype="bfloat16"),
-    "float16": dict(param_dtype="float16", norm="pre"),
+    **OPTIONS,
     "dtype-bfloat16": dict(dtype="bfloat16"),
     "dtype-float32-params-bf16": dict(dtype="float32", param_dtype="bfloat16"),
 }

@@ -12,35 +12,12 @@ import torch
 import torch_blocks as tb
 from flax_blocks.config import BlockConfig, init_spec, invert_mask
 
+from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T  # shared with test_flax_blocks.py
+
 torch.set_num_threads(1)
 
-E, H, FF, B, T = 12, 3, 20, 2, 6  # heads (3) != head_dim (4)
-KINDS = ["ResidualMHA", "FeedForward", "TransformerBlock", "Encoder"]
-MASKED_KINDS = ["ResidualMHA", "TransformerBlock", "Encoder"]
 TDTYPE = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-OPTIONS = {
-    "default-post": {},
-    "gelu": dict(activation="gelu"),
-    "gelu_tanh": dict(activation="gelu_tanh"),
-    "pre": dict(norm="pre"),
-    "norm-none": dict(norm="none"),
-    "no-skip-post": dict(residual="none"),
-    "no-skip-pre": dict(residual="none", norm="pre"),
-    "deepnorm": dict(scaling="deepnorm"),
-    "rezero": dict(scaling="rezero", norm="none"),
-    "rezero-pre": dict(scaling="rezero", norm="pre"),
-    "layerscale": dict(scaling="layerscale", norm="pre"),
-    "causal": dict(causal=True),
-    "no-bias": dict(bias=False),
-    "no-bias-pre": dict(bias=False, norm="pre"),
-    "xavier": dict(init="xavier"),
-    "eps": dict(layer_norm_eps=1e-3),
-    "dropout": dict(dropout=0.3),
-    "float64": dict(param_dtype="float64"),
-    "bfloat16": dict(param_dtype="bfloat16"),
-    "float16": dict(param_dtype="float16", norm="pre"),
-}
+OPTIONS = {**OPTIONS, "float64": dict(param_dtype="float64")}
 
 
 def make_cfg(**kw) -> BlockConfig:
