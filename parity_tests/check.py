@@ -73,8 +73,7 @@ def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "
     report = CheckReport(case.kind, dtype, failures=bad)
     with precision(dtype):
         cls = getattr(tb, case.kind)
-        kw = {"num_layers": case.num_layers, "final_norm": case.final_norm} if case.kind == "Encoder" else {}
-        tmod = cls(cfg, **kw).train()
+        tmod = cls(cfg, **case.kwargs).train()
         try:
             tmod.load_state_dict({k: torch.as_tensor(np.asarray(v)).to(getattr(torch, dtype)) for k, v in sd.items()},
                                  strict=True)

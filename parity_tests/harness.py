@@ -74,6 +74,11 @@ class Case:
     seed: int = 0
 
     @property
+    def kwargs(self) -> dict[str, Any]:
+        """Constructor arguments beyond the config (an Encoder's depth and final norm)."""
+        return {"num_layers": self.num_layers, "final_norm": self.final_norm} if self.kind == "Encoder" else {}
+
+    @property
     def name(self) -> str:
         c = self.cfg
         bits = [self.kind, f"{c.norm}-LN" if c.norm != "none" else "no-LN", c.activation]
@@ -94,8 +99,7 @@ def torch_twin(case: Case, dtype: str, perturb: float = 0.05) -> torch.nn.Module
     cfg = replace(case.cfg, param_dtype=dtype)
     g = torch.Generator().manual_seed(case.seed)
     cls = getattr(tb, case.kind)
-    kw = {"num_layers": case.num_layers, "final_norm": case.final_norm} if case.kind == "Encoder" else {}
-    module = cls(cfg, generator=g, **kw)
+    module = cls(cfg, generator=g, **case.kwargs)
     with torch.no_grad():
         for p in module.parameters():
             p.add_(perturb * torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype))
@@ -107,8 +111,7 @@ def flax_twin(case: Case, tmodule: torch.nn.Module, dtype: str, cfg: fb.BlockCon
     `cfg` overrides the Flax config (for wrong twins)."""
     cfg = replace(cfg or case.cfg, param_dtype=dtype)
     cls = getattr(fb, case.kind)
-    kw = {"num_layers": case.num_layers, "final_norm": case.final_norm} if case.kind == "Encoder" else {}
-    return from_torch(cls, cfg, tmodule, seed=case.seed + 1, **kw)
+    return from_torch(cls, cfg, tmodule, seed=case.seed + 1, **case.kwargs)
 
 
 @dataclass
