@@ -446,3 +446,15 @@ def test_linen_users_can_evaluate_without_dropout():
     np.testing.assert_array_equal(np.asarray(y), np.asarray(y_other_key))
     np.testing.assert_allclose(np.asarray(y), np.asarray(y_no_dropout), rtol=1e-6, atol=1e-6)
     assert not np.allclose(np.asarray(lin.apply(variables, x, rngs={"dropout": jax.random.key(7)})), np.asarray(y))
+
+
+@pytest.mark.xfail(strict=True, reason=LEAD + " (read_state_dict: torch.load -> io_errors.torch_load_state_dict)")
+def test_python_api_names_a_pickled_module_in_one_line(tmp_path):
+    import flax_blocks as fb
+
+    model = stock_encoder()
+    torch.save(model, tmp_path / "module.pt")
+    with pytest.raises(ValueError) as e:
+        fb.from_torch(fb.Encoder, _flax_cfg(), str(tmp_path / "module.pt"), num_layers=2, final_norm=False)
+    assert len(str(e.value).splitlines()) == 1 and "save module.state_dict()" in str(e.value)
+    _assert_loaded(fb.from_torch(fb.Encoder, _flax_cfg(), model, num_layers=2, final_norm=False), model)  # the module itself
