@@ -402,7 +402,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmups", type=_ints, help="warmup steps, 0 = none, e.g. 0,100")
     p.add_argument("--seeds", type=int, help="seeds per (variant, depth, lr, warmup)")
     sizes = {"steps": "training steps per run", "batch": "sequences per batch",
-             "chunk": "steps per compiled chunk (one lax.scan; per-layer metrics are taken at each chunk's first step; --steps must be a multiple)",
+             "chunk": "steps per compiled chunk (one lax.scan; per-layer metrics are taken at each chunk's "
+                      "first step; --steps must be a multiple)",
              "heldout": "held-out sequences for the evaluation loss", "d_model": "model width",
              "num_heads": "attention heads", "d_ff": "feed-forward width", "seq_len": "tokens per sequence",
              "vocab": "vocabulary size of the task"}
