@@ -679,18 +679,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {DEFAULT_OUT}, or .../quick)")
     p.add_argument("--sizes", choices=sorted(SIZES), default=None, help="size list (default: gpu on a GPU, else cpu)")
     p.add_argument("--dtypes", default=None, help="comma list (default float32 on CPU, float32,bfloat16 on GPU)")
-    p.add_argument("--sections", default="peak,block,encoder,depth,seeds")
+    p.add_argument("--sections", default="peak,block,encoder,depth,seeds",
+                   help="comma list of what to time: peak (matmul peak), block, encoder, depth (compile time "
+                        "against depth), seeds (vmap over seeds) (default: all)")
     p.add_argument("--budget", type=float, default=None, help="seconds; lower-priority work is skipped past it")
-    p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--no-torch", action="store_true")
-    p.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
+    p.add_argument("--reps", type=int, default=None, help="timed repeats per row (default: 7; --quick: 3)")
+    p.add_argument("--no-torch", action="store_true", help="time JAX only (no torch rows)")
+    p.add_argument("--no-torch-compile", dest="torch_compile", action="store_false",
+                   help="skip the torch.compile rows (and their compile time)")
     p.add_argument("--tuned", action="store_true", help="add JAX rows compiled with the XLA_TUNED_CPU options")
     p.add_argument("--xla-defaults", action="store_true",
                    help=f"leave XLA's CPU flags at their defaults (else {CPU_DOT_FLAG} is set; see CPU_DOT_FLAG)")
     p.add_argument("--no-fwd", dest="fwd", action="store_false", help="time train steps only")
     p.add_argument("--peak-tflops", action="append", default=[], metavar="DTYPE=TFLOPS",
                    help="the chip's datasheet peak, for MFU (e.g. bfloat16=989)")
-    p.add_argument("--torch-threads", type=int, default=None)
+    p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--opt-level", type=int, default=None,
                    help="XLA CPU backend optimisation level for every JAX compile (default: XLA's; --quick: 0)")
     a = p.parse_args(argv)
