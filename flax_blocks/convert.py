@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, NamedTuple
@@ -29,6 +28,7 @@ import numpy as np
 from . import declarations
 from .config import BlockConfig, dtype_name
 from .declarations import FINAL_NORM, LAYERS, Param
+from .io_errors import torch_load_state_dict
 
 LAYER = re.compile(rf"{LAYERS}\.(\d+)\.(.+)")
 BLOCK_KINDS = tuple(declarations.BLOCKS)
@@ -101,14 +101,7 @@ def read_state_dict(source: Any) -> dict[str, np.ndarray]:
                     f"reading {path} needs PyTorch: install the 'torch' extra "
                     "(pip install 'twin-blocks[torch]'), or convert it to .safetensors"
                 ) from e
-            try:
-                obj = torch.load(path, map_location="cpu", weights_only=True)
-            except pickle.UnpicklingError as e:
-                raise ConversionError([
-                    f"{path} holds pickled Python objects, not a state dict of tensors (torch.load with "
-                    "weights_only=True refuses them): save module.state_dict() instead, or pass the module "
-                    f"object itself ({str(e).splitlines()[0][:120]})"
-                ]) from None
+            obj = torch_load_state_dict(path)  # one-line CheckpointReadError for a pickled module
             if not isinstance(obj, Mapping):
                 raise ConversionError([f"{path} holds a {type(obj).__name__}, expected a state dict (name -> tensor)"])
             return {k: to_numpy(v) for k, v in obj.items()}
@@ -225,7 +218,8 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
                         info.setdefault(dim, int(size))
         has = lambda names: any(n in inner for n in names)  # noqa: E731
         info["bias"] = has(_only_with(kind, bias=False, qkv_bias=True) - _only_with(kind, norm_type="rmsnorm"))
-        info["qkv_bias"] = has(_only_with(kind, qkv_bias=False))
+        if has(_only_with(kind, qkv_bias=False)) != info["bias"]:
+            info["qkv_bias"] = not info["bias"]  # recorded only where it departs from `bias`
         info["layer_norms"] = has(_only_with(kind, norm="none"))
         if has(_only_with(kind, norm="pre")):
             info["norm"] = "peri"
