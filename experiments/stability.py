@@ -109,7 +109,7 @@ PRESETS: dict[str, Sweep] = {
 # ------------------------------------------------------------------------------------
 
 
-CELL_VERSION = 1  # bump when a code change alters results, so old cells are not reused
+CELL_VERSION = 2  # bump when a code change alters results, so old cells are not reused
 
 
 def cell_config(sweep: Sweep, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
@@ -239,20 +239,28 @@ class Group:
 
 
 def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
-    """Groups with the cells still missing on disk, and the names of every cell of the sweep."""
-    groups, all_names = [], []
-    for variant, depth in sweep.pairs():
-        g = Group(variant, depth)
-        for lr, warmup, seed in itertools.product(sweep.lrs, sweep.warmups, range(sweep.seeds)):
-            cfg = cell_config(sweep, variant, depth, lr, warmup, seed)
-            name = cell_name(cfg)
-            all_names.append(name)
-            if read_cell(cells_dir / f"{name}.json") is None:
-                g.todo.append(cfg)
-                g.names.append(name)
-        if g.todo:
-            groups.append(g)
-    return groups, all_names
+    """Groups with the cells still missing on disk, and the names of every cell of the sweep.
+
+    Multi-process: process 0's disk decides (it alone writes cells), and every process gets
+    its answer, so all of them compile and run the same groups."""
+    configs = [(variant, depth, cell_config(sweep, variant, depth, lr, warmup, seed))
+               for variant, depth in sweep.pairs()
+               for lr, warmup, seed in itertools.product(sweep.lrs, sweep.warmups, range(sweep.seeds))]
+    all_names = [cell_name(c) for _, _, c in configs]
+    done = np.array([read_cell(cells_dir / f"{name}.json") is not None for name in all_names])
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        done = np.asarray(multihost_utils.broadcast_one_to_all(done))
+    groups: dict[tuple[str, int], Group] = {}
+    for (variant, depth, cfg), name, skip in zip(configs, all_names, done):
+        g = groups.setdefault((variant, depth), Group(variant, depth))
+        if not skip:
+            g.todo.append(cfg)
+            g.names.append(name)
+    return [g for g in groups.values() if g.todo], all_names
 
 
 def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int | None = None,
@@ -399,7 +407,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "3 at equal speed for these models; -1 = XLA's default. Ignored off CPU.")
     p.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
                    help="extra XLA compile option, e.g. xla_cpu_use_fusion_emitters=false (repeatable)")
-    p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first")
+    p.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() first (auto-detected cluster, or the three flags below)")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="multi-process: address of process 0's coordinator service (implies --distributed)")
+    p.add_argument("--num-processes", type=int, help="multi-process: number of processes (implies --distributed)")
+    p.add_argument("--process-id", type=int, help="multi-process: this process's index, 0..N-1 (implies --distributed)")
     p.add_argument("--max-groups", type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -448,8 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import jax
 
-    if args.distributed:
-        jax.distributed.initialize()
+    if args.distributed or args.coordinator or args.num_processes or args.process_id is not None:
+        # On CPU the processes exchange data with gloo collectives over TCP (jax's default
+        # CPU collectives, set here explicitly); each process brings its own local devices
+        # (XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N CPU devices).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id)
     sweep = sweep_from_args(args)
     if args.out is not None:
         out = args.out
