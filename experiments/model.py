@@ -12,6 +12,12 @@ Variants (the residual placement and scaling being compared):
     deepnorm    LN(alpha x + F(x)), F init * beta   Wang et al. 2022, alpha=(2L)^1/4, beta=(8L)^-1/4
     rezero      x + a F(x), a = 0, no LayerNorm     Bachlechner et al. 2020
     layerscale  x + diag(g) F(LN(x)), g = eps       Touvron et al. 2021 (CaiT), on pre-LN
+    peri        x + LN_out(F(LN_in(x))), final LN   Peri-LN (Kim et al. 2025) / sandwich norm (Gemma 2/3)
+    pre-rms     x + F(RMSNorm(x)), final RMSNorm    pre-LN with RMSNorm, as LLaMA
+    pre-qknorm  pre-LN + LayerNorm on each head's q and k (over head_dim) before the logits
+                                                    Dehghani et al. 2023, Wortsman et al. 2023
+Mix-LN (post-LN in the first layers, pre-LN in the rest) is not here: the Encoder scans one
+stacked layer type, so it would need two Encoders back to back.
 
 Initialisation, the same for every variant (DESIGN notes: the scheme changes the picture):
 every block matrix xavier-uniform with zero biases (`BlockConfig(init="xavier")`); DeepNorm
@@ -31,13 +37,16 @@ from flax import nnx
 from flax_blocks import BlockConfig
 from flax_blocks.blocks import Encoder
 
-VARIANTS: dict[str, dict[str, str]] = {
+VARIANTS: dict[str, dict[str, str | bool]] = {
     "post": dict(norm="post"),
     "pre": dict(norm="pre"),
     "noskip": dict(norm="post", residual="none"),
     "deepnorm": dict(norm="post", scaling="deepnorm"),
     "rezero": dict(norm="none", scaling="rezero"),
     "layerscale": dict(norm="pre", scaling="layerscale"),
+    "peri": dict(norm="peri"),
+    "pre-rms": dict(norm="pre", norm_type="rmsnorm"),
+    "pre-qknorm": dict(norm="pre", qk_norm=True),
 }
 
 
