@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -129,13 +130,17 @@ class Data:
                 if "stream_norm_probe" in r["metrics"]]
         if not rows:
             return np.full(depth + 1, np.nan)
-        with np.errstate(all="ignore"):
-            return np.nanmean(np.stack(rows), axis=0) if np.any(np.isfinite(rows)) else np.full(depth + 1, np.nan)
+        with warnings.catch_warnings():  # layers NaN in every seed stay NaN, quietly
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmean(np.stack(rows), axis=0)
 
     def train_grad_profile(self, variant: str, depth: int) -> np.ndarray:
         """Seed mean of each layer's gradient norm averaged over all training steps (L,)."""
-        rows = [np.nanmean(_arr(r["metrics"]["layer_grad_norm_mean"]), axis=0) for r in self.get(variant, depth)
-                if "layer_grad_norm_mean" in r["metrics"] and np.any(np.isfinite(_arr(r["metrics"]["layer_grad_norm_mean"])))]
+        rows = []
+        for r in self.get(variant, depth):
+            g = _arr(r["metrics"].get("layer_grad_norm_mean", []))  # (chunks, L)
+            if g.ndim == 2 and np.all(np.isfinite(g)):  # a run that diverged has no training profile
+                rows.append(g.mean(axis=0))
         return np.mean(rows, axis=0) if rows else np.full(depth, np.nan)
 
     def early_update(self, variant: str, depth: int) -> float:
@@ -572,7 +577,8 @@ def logit_table(d: Data) -> str:
                 if not recs or "logit_rms" not in recs[0]["metrics"]:
                     continue
                 init, peak, _ = d.logit_growth(v, L, lr, w)
-                with np.errstate(all="ignore"):
+                with warnings.catch_warnings():  # every seed diverged: NaN, quietly
+                    warnings.simplefilter("ignore", RuntimeWarning)
                     rms = float(np.nanmean([_arr(r["metrics"]["logit_rms"])[-1] for r in recs]))
                     top = float(np.nanmean([trajectory_max(_arr(r["metrics"]["logit_absmax"])) for r in recs]))
                 lines.append(f"| {v} | {L} | {lr:g} | {_fmt(init)} -> {_fmt(peak)} | {_fmt(rms)} ({_fmt(top)}) |")
