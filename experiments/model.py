@@ -49,6 +49,14 @@ VARIANTS: dict[str, dict[str, str | bool]] = {
     "pre-qknorm": dict(norm="pre", qk_norm=True),
 }
 
+# One line per variant for reports: the residual update of each sublayer F.
+VARIANT_NOTES: dict[str, str] = {
+    "post": "LN(x + F(x))", "pre": "x + F(LN(x)), final LN", "noskip": "LN(F(x))",
+    "deepnorm": "LN(alpha x + F(x)), F's init scaled by beta", "rezero": "x + a F(x), a = 0 at init, no norm",
+    "layerscale": "x + diag(g) F(LN(x)), g small at init (CaiT)", "peri": "x + LN(F(LN(x))), final LN",
+    "pre-rms": "x + F(RMSNorm(x)), final RMSNorm", "pre-qknorm": "pre-LN with LayerNorm on each head's q and k",
+}
+
 
 @dataclass(frozen=True)
 class ModelConfig:

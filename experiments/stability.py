@@ -389,7 +389,8 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
                               task.optimal_loss)
             record = {
                 "name": name, "config": cfg, "summary": summary,
-                "task": {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss},
+                "task": {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss,
+                         "heldout_optimal_loss": task.nll(heldout)},
                 "metrics": metrics,
                 "environment": {**env, "group_seconds": round(seconds, 2), "group_runs": len(sp)},
             }
