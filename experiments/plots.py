@@ -136,8 +136,12 @@ def failure_heatmap(records: list[dict], path: Path) -> Path:
     for i, w in enumerate(warmups):
         for j, depth in enumerate(depths):
             ax = axes[i * len(depths) + j]
-            rate = np.full((len(variants), len(lrs)), np.nan)
-            for a, v in enumerate(variants):
+            here = [v for v in variants if any(k[:3] == (v, w, depth) for k in by)]  # rows: variants run here
+            if not here:
+                ax.axis("off")
+                continue
+            rate = np.full((len(here), len(lrs)), np.nan)
+            for a, v in enumerate(here):
                 for b, lr in enumerate(lrs):
                     recs = by.get((v, w, depth, lr), [])
                     if recs:
@@ -147,7 +151,7 @@ def failure_heatmap(records: list[dict], path: Path) -> Path:
                                 color="white" if rate[a, b] > 0.5 else "black")
             ax.imshow(np.ma.masked_invalid(rate), cmap="Reds", vmin=0, vmax=1, origin="upper", aspect="auto")
             ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
-            ax.set_yticks(range(len(variants)), variants, fontsize=7)
+            ax.set_yticks(range(len(here)), here, fontsize=7)
             ax.set_xlabel("learning rate", fontsize=8)
             ax.set_title(f"{depth} layers, warmup {w}", fontsize=9)
     fig.suptitle("Failure rate over seeds (NaN or plateau); blank = not run", fontsize=10)
@@ -272,33 +276,33 @@ def train_grad_norms(records: list[dict], path: Path) -> Path:
 
 def lr_sweep(records: list[dict], path: Path) -> Path:
     """Final held-out loss (clipped at the loss at init; diverged = loss at init) vs learning
-    rate, one panel per depth x warmup; colour/marker = variant, seed mean with seeds as dots."""
+    rate, one panel per depth; colour/marker = variant, seed mean with seeds as dots; runs with
+    warmup as thin dotted lines of the variant's colour."""
     from .analysis import clipped_loss
 
     h = records[0]["task"]["optimal_loss"]
-    warmups = sorted({r["config"]["warmup"] for r in records})
     depths = sorted({r["config"]["depth"] for r in records})
-    fig, axes = _axes(len(depths) * len(warmups), rows=len(warmups))
-    by = _by(records, "warmup", "depth", "variant", "lr")
-    for i, w in enumerate(warmups):
-        for j, depth in enumerate(depths):
-            ax = axes[i * len(depths) + j]
-            here = sorted({k[2] for k in by if k[:2] == (w, depth)}, key=ORDER.get)
-            for v in here:
-                lrs = sorted(k[3] for k in by if k[:3] == (w, depth, v))
-                shift = 2 ** offset(v, here, width=0.25)  # multiplicative: the x axis is logarithmic
+    fig, axes = _axes(len(depths), width=4.6, height=3.6)
+    by = _by(records, "depth", "variant", "warmup", "lr")
+    for ax, depth in zip(axes, depths):
+        here = sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get)
+        for v in here:
+            shift = 2 ** offset(v, here, width=0.25)  # multiplicative: the x axis is logarithmic
+            for w in sorted({k[2] for k in by if k[:2] == (depth, v)}):
+                lrs = sorted(k[3] for k in by if k[:3] == (depth, v, w))
                 ys = [[clipped_loss(r["summary"]["final_loss"], float(r["metrics"]["heldout_loss0"]))
-                       for r in by[(w, depth, v, lr)]] for lr in lrs]
+                       for r in by[(depth, v, w, lr)]] for lr in lrs]
+                kw = style(v) if w == 0 else dict(style(v), ls=":", lw=1.0, ms=3, label=f"{v}, warmup {w}")
                 for lr, y in zip(lrs, ys):
                     ax.plot([lr * shift] * len(y), y, ".", color=COLORS.get(v, "k"), alpha=0.35, ms=3)
-                ax.plot([lr * shift for lr in lrs], [np.mean(y) for y in ys], **style(v))
-            ax.axhline(h, color="k", ls=":", lw=1, label=f"H = {h:.2f}")
-            ax.set_xscale("log")
-            ax.set_title(f"{depth} layers, warmup {w}", fontsize=9)
-            ax.set_xlabel("learning rate")
-            ax.set_ylabel("min(final, initial) held-out loss")
-            ax.legend(fontsize=7)
-    fig.suptitle("Final loss vs learning rate (line: seed mean, dots: seeds)", fontsize=10)
+                ax.plot([lr * shift for lr in lrs], [np.mean(y) for y in ys], **kw)
+        ax.axhline(h, color="k", ls=":", lw=1, label=f"H = {h:.2f}")
+        ax.set_xscale("log")
+        ax.set_title(f"{depth} layers", fontsize=9)
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("min(final, initial) held-out loss")
+        ax.legend(fontsize=6)
+    fig.suptitle("Final loss vs learning rate (line: seed mean, dots: seeds; dotted: with warmup)", fontsize=10)
     return _save(fig, path)
 
 
