@@ -572,26 +572,33 @@ def lr_sensitivity_table(d: Data) -> str:
 
 def logit_table(d: Data) -> str:
     """Largest attention logit over training and the output logits' RMS after training, per
-    variant, depth and LR (warmup 0 if run)."""
+    variant and depth (rows) and LR (columns), warmup 0 if run; seed means."""
     w = 0 if 0 in d.warmups else d.warmups[0]
-    lines = [f"Warmup {w}; seed means. Attention: the largest scaled pre-softmax logit over layers, heads and held-out "
-             "positions, at init -> its maximum over training (n/a: not recorded by the Encoder that ran the cells). "
-             "Output: RMS of the LM head's logits on the held-out batch after training (its largest |logit| over "
-             "training in brackets).", "",
-             "| variant | depth | lr | attention logit | output logit RMS (max) |", "|---|---|---|---|---|"]
+    head = " | ".join(f"lr {lr:g}" for lr in d.lrs)
+    attn = [f"| variant | depth | at init | {head} |", "|---|---|---|" + "---|" * len(d.lrs)]
+    out = list(attn)
     for v in d.variants:
         for L in d.depths:
-            for lr in d.lrs:
-                recs = d.get(v, L, lr, w)
-                if not recs or "logit_rms" not in recs[0]["metrics"]:
-                    continue
-                init, peak, _ = d.logit_growth(v, L, lr, w)
-                with warnings.catch_warnings():  # every seed diverged: NaN, quietly
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    rms = float(np.nanmean([_arr(r["metrics"]["logit_rms"])[-1] for r in recs]))
-                    top = float(np.nanmean([trajectory_max(_arr(r["metrics"]["logit_absmax"])) for r in recs]))
-                lines.append(f"| {v} | {L} | {lr:g} | {_fmt(init)} -> {_fmt(peak)} | {_fmt(rms)} ({_fmt(top)}) |")
-    return "\n".join(lines)
+            recs = {lr: d.get(v, L, lr, w) for lr in d.lrs}
+            if not any(recs.values()) or "logit_rms" not in next(r for r in recs.values() if r)[0]["metrics"]:
+                continue
+            growth = {lr: d.logit_growth(v, L, lr, w) for lr in d.lrs}
+            init = next((g[0] for g in growth.values() if not math.isnan(g[0])), float("nan"))
+            attn.append(f"| {v} | {L} | {_fmt(init)} | " + " | ".join(
+                _fmt(growth[lr][1]) if recs[lr] else "-" for lr in d.lrs) + " |")
+            with warnings.catch_warnings():  # every seed diverged: NaN, quietly
+                warnings.simplefilter("ignore", RuntimeWarning)
+                rms = {lr: float(np.nanmean([_arr(r["metrics"]["logit_rms"])[-1] for r in rs])) if rs else None
+                       for lr, rs in recs.items()}
+                rms0 = float(np.nanmean([_arr(r["metrics"]["logit_rms"])[0] for rs in recs.values() for r in rs]))
+            out.append(f"| {v} | {L} | {_fmt(rms0)} | " + " | ".join(
+                "-" if x is None else _fmt(x) for x in rms.values()) + " |")
+    return "\n".join([
+        f"Warmup {w}; seed means. The largest attention logit (scaled q.k before softmax, max over layers, heads "
+        "and held-out positions) at initialisation and its maximum over training (n/a: not recorded by the "
+        "Encoder that ran the cells):", "", *attn, "",
+        "RMS of the LM head's output logits on the held-out batch at initialisation and after training "
+        "(n/a: diverged):", "", *out])
 
 
 def rule_changes() -> str:

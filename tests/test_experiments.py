@@ -292,9 +292,9 @@ def test_plots_of_a_grid_are_written(tmp_path):
     for path in written.values():
         assert path.stat().st_size > 1000, path
     table = lr_sensitivity_table(Data(cells))
-    assert "| pre | 2 | 0 | 2.000 | 1.900 | 3.000 | 0.01 | 0.400 |" in table
+    assert "| pre | 2 | 0 | 2.000 | 1.900 | 3.000 | 0.01 | 0.900 | 0.400 |" in table
     assert "| post | 2 | 0 | 2.500 | 2.500 | 3.500 |" in table  # diverged at 0.1: counts as l0
-    assert "| pre | 2 | 0.1 | 3.00 -> 30.00 |" in logit_table(Data(cells))
+    assert "| pre | 2 | 3.00 | 4.00 | 6.00 | 30.00 |" in logit_table(Data(cells))
 
 # ------------------------------------------------------------------------------------
 # The tiny sweep, end to end (one test, so pytest-xdist does not run the sweep twice)
