@@ -129,18 +129,21 @@ PRESETS: dict[str, Sweep] = {
         seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=150, batch=16, chunk=25, heldout=8,
     ),
     # A real study in at most 20 minutes on an idle 2-core CPU (`--preset cpu`). The quick
-    # model size (d_model 32, 2 heads, d_ff 128, context 16, batch 16): short runs of one
-    # group measured ~1.6 ms per run-layer-step with a held-out batch of 16 on a loaded
-    # machine (load 3), ~1.0-1.3 ms idle; the held-out batch of 32 (the final loss's noise,
-    # ~0.04 nats) adds ~25 %. At this size pre-LN reached 0.05-0.13 nats above H in 300 steps
-    # at lr 3e-3..1e-2, so 400 steps leaves margin for the 0.15-nat target. LR grid 1e-3..1e-1
-    # (100x, half-decades): measured, pre-LN trains from 1e-3 to 3e-2 and fails at 1e-1, so
-    # the grid brackets its edge of stability; post-LN at 12 layers fails on the whole grid.
+    # model size (d_model 32, 2 heads, d_ff 128, context 16, batch 16), measured with short
+    # runs of one group on a shared machine: 1.6 ms per run-layer-step (wall) with a held-out
+    # batch of 16 at load 3; with the held-out batch of 32 used here (the final loss's
+    # sampling noise ~0.04 nats) 2.0 ms of CPU time and 2.25 ms wall at load 5.5, i.e.
+    # ~1.1-1.4 ms wall when the two cores are ours. Pre-LN at 12 layers ended 0.07-0.09 nats
+    # above H after 400 steps at lr 3e-3..1e-2 (0.12 at 1e-3 and 3e-2), inside the 0.15-nat
+    # target. LR grid 1e-3..1e-1 (100x, half-decades): pre-LN trains from 1e-3 to 3e-2 and
+    # fails at 1e-1, so the grid brackets its edge of stability; post-LN at 12 layers failed
+    # on the whole grid (300 steps), with or without a 50-step warmup.
     # Warmup 100 steps (Xiong's warmup claim; the DESIGN prototype saw a 100-step warmup
     # rescue 6-layer post-LN at lr 1e-2) runs for post-LN and its pre-LN control only, which
-    # keeps the work at 1,440 run-layers x 400 steps = 576k run-layer-steps: ~12-15 min of
-    # training at 1.25-1.6 ms, plus ~1-2 min for the 12 compiles, so ~15-17 min idle.
-    # Two seeds (a third would need ~24 min).
+    # keeps the work at 1,440 run-layers x 400 steps = 576k run-layer-steps: ~11-13.5 min of
+    # training at 1.1-1.4 ms, plus ~1-2 min for the 12 compiles (5-11 s each, on two threads
+    # beside the training), so ~13-16 min idle (`--estimate` prints the range from the
+    # constants below). Two seeds (a third would need ~20-24 min).
     "cpu": Sweep(
         name="cpu", variants=("post", "pre", "peri", "pre-rms", "pre-qknorm", "deepnorm"), depths=(6, 12),
         lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1), warmups=(0, 100), warmup_variants=("post", "pre"), seeds=2,
@@ -523,7 +526,8 @@ def summary_table(names: list[str], cells_dir: Path) -> str:
 
 # Throughputs behind `--estimate` (see the comments above PRESETS). CPU: measured here.
 # GPU: assumed (small batched matmuls reach a small fraction of a GPU's peak), not measured.
-CPU_MS_PER_LAYER_STEP_D32 = (1.0, 1.6)  # ms per run-layer-step at d_model 32, T 16, batch 16, held-out 16
+CPU_MS_PER_LAYER_STEP_D32 = (0.9, 1.6)  # ms per run-layer-step at d_model 32, T 16, batch 16, held-out 16:
+# 1.6 measured at load 3; 0.9 = 2.0 ms of CPU time at held-out 32 (scaled to 16) on two busy cores
 CPU_GFLOPS = 20.0  # achieved on this 2-core CPU by these overhead-bound programs
 GPU_TFLOPS = (5.0, 20.0)  # assumed achieved range on one recent GPU
 GPU_LAUNCH_MS_PER_LAYER_STEP = 0.2  # assumed floor: ~40 kernels of ~5 us per layer per step, whatever the runs
