@@ -461,6 +461,8 @@ def claim_wortsman(d: Data) -> tuple[str, str]:
         "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
         + "\n\n![attention logits](attn_logit_max.png)\n\n![final loss vs lr](lr_sweep.png)"
     )
+    if _nothing_trained([d.get(v, L, lr, 0) for v in ("pre", "pre-qknorm") for L in common for lr in d.lrs]):
+        return _inconclusive(body, "pre-LN or pre-QK-norm")
     return _depth_verdict(holds), body
 
 
@@ -496,6 +498,8 @@ def claim_peri(d: Data) -> tuple[str, str]:
         "factor after | parts 1-2 hold |\n|---|---|---|---|---|---|\n" + "\n".join(rows)
         + "\n\n![hidden states after training](stream_norm_trained.png)"
     )
+    if _nothing_trained([d.get(v, L) for v in ("pre", "peri") for L in common]):
+        return _inconclusive(body, "pre-LN or Peri-LN")
     return _depth_verdict(holds), body
 
 
@@ -520,6 +524,8 @@ def claim_normformer(d: Data) -> tuple[str, str]:
         f"| depth | {' | '.join(d.variants)} | pre-LN falls |\n|{'---|' * (len(d.variants) + 2)}\n"
         + "\n".join(rows) + "\n\n![gradient norms during training](train_grad_norms.png)"
     )
+    if _nothing_trained([d.get("pre", L) for L in depths]):
+        return _inconclusive(body, "pre-LN")
     return _depth_verdict(holds), body
 
 

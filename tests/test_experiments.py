@@ -270,6 +270,9 @@ def test_peri_normformer_and_warmup_verdict_rules():
     assert claim_normformer(bad)[0] == "does not agree"
     half = Data(cells([1, 2, 6, 16], [1, 6, 10, 14], [1.0, 1.0, 1.0]))
     assert claim_peri(half)[0] == "partly agrees"
+    for c in half.records:  # nothing trained: a profile "after training" says nothing
+        c["summary"]["status"] = "plateau"
+    assert claim_peri(half)[0] == claim_normformer(half)[0] == "inconclusive"
 
     # Xiong's warmup: post-LN fails without warmup and trains with it at one lr.
     warm = [_cell("post", 2, lr, final=f, warmup=w) for lr, w, f in
