@@ -187,7 +187,9 @@ def claim_init_gradients(d: Data) -> tuple[str, str]:
         rising.append(post > LEVEL)
         level.append(1 / LEVEL <= pre <= LEVEL)
         ratio.append(float(post_w2[-1] / pre_w2[-1]))
-        rows.append(f"| {depth} | {_fmt(post)} | {_fmt(pre)} | {_fmt(post_l)} | {_fmt(pre_l)} | {_fmt(ratio[-1])} |")
+        seeds = [growth_factor(_arr(r["metrics"]["w2_grad_norm"])[0]) for r in d.get("post", depth)]
+        rows.append(f"| {depth} | {_fmt(post)} | {_fmt(pre)} | {_fmt(post_l)} | {_fmt(pre_l)} | {_fmt(ratio[-1])} | "
+                    f"{_fmt(min(seeds))}-{_fmt(max(seeds))} |")
     if not rows:
         return "not measured", "No depth with both `post` and `pre`."
     pre_says = ("level" if all(level) else
@@ -200,8 +202,9 @@ def claim_init_gradients(d: Data) -> tuple[str, str]:
         f"post-LN's factor for FFN W2 (the matrix of Xiong's Fig. 3) > {LEVEL:.2f} (rising) and "
         f"pre-LN's within [{1 / LEVEL:.2f}, {LEVEL:.2f}] (level); each half is checked at every depth. "
         "Whole-layer factors and the post/pre ratio of the last layer's W2 gradient for reference.\n\n"
-        "| depth | post W2 | pre W2 | post whole layer | pre whole layer | last layer post/pre |\n"
-        "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+        "The last column shows how far single seeds spread (the rule reads the seed mean's profile).\n\n"
+        "| depth | post W2 | pre W2 | post whole layer | pre whole layer | last layer post/pre | post W2, single seeds |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
         f"Post-LN rising toward the output: {'reproduced' if all(rising) else 'not reproduced'}. "
         f"Pre-LN level: {'reproduced' if all(level) else f'not reproduced: its profile is {pre_says}'}. "
         "A pre-LN profile falling toward the output is what NormFormer (Shleifer et al. 2021) reports "
