@@ -30,7 +30,8 @@ Recorded per run:
     ("stream_norm_probe": its last row is the stream after training).
 
 Multi-host: call `jax.distributed.initialize()` in every process before any JAX work (the
-`--distributed` flag of `experiments.stability` does); `jax.devices()` then lists every
+`--distributed` / `--coordinator --num-processes --process-id` flags of
+`experiments.stability` do; on CPU with gloo collectives); `jax.devices()` then lists every
 host's devices, `runs_mesh()` spans them, and every host passes the same inputs.
 """
 
