@@ -143,7 +143,11 @@ PRESETS: dict[str, Sweep] = {
     # keeps the work at 1,440 run-layers x 400 steps = 576k run-layer-steps: ~11-13.5 min of
     # training at 1.1-1.4 ms, plus ~1-2 min for the 12 compiles (5-11 s each, on two threads
     # beside the training), so ~13-16 min idle (`--estimate` prints the range from the
-    # constants below). Two seeds (a third would need ~20-24 min).
+    # constants below). Cross-check: a 100-step slice of this preset (post and Peri-LN at
+    # 6 and 12 layers, 60 runs, 54k run-layer-steps, 4 compiles) took 181 s of CPU time at
+    # load 5.5-6.7, i.e. ~2.6 ms of CPU per run-layer-step under contention; scaled to the
+    # whole preset ~1,600 CPU-s, 15-18 min of wall time on two otherwise idle cores.
+    # Two seeds (a third would need ~20-27 min).
     "cpu": Sweep(
         name="cpu", variants=("post", "pre", "peri", "pre-rms", "pre-qknorm", "deepnorm"), depths=(6, 12),
         lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1), warmups=(0, 100), warmup_variants=("post", "pre"), seeds=2,
