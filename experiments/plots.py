@@ -317,8 +317,10 @@ def attn_logit_max(records: list[dict], path: Path) -> Path:
     by = _by(recs, "depth", "variant")
     for ax, depth in zip(axes, depths):
         for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
-            get = lambda r: np.nanmax(_arr(r["metrics"]["attn_logit_max"]), axis=1) \
-                if np.any(np.isfinite(_arr(r["metrics"]["attn_logit_max"]))) else _arr(r["metrics"]["attn_logit_max"])[:, 0]
+            def get(r: dict) -> np.ndarray:  # max over layers; all NaN if the cells hold no logits
+                a = _arr(r["metrics"]["attn_logit_max"])
+                return np.nanmax(a, axis=1) if np.any(np.isfinite(a)) else a[:, 0]
+
             x = _arr(by[(depth, v)][0]["metrics"]["probe_steps"])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)

@@ -203,7 +203,8 @@ def claim_init_gradients(d: Data) -> tuple[str, str]:
         f"pre-LN's within [{1 / LEVEL:.2f}, {LEVEL:.2f}] (level); each half is checked at every depth. "
         "Whole-layer factors and the post/pre ratio of the last layer's W2 gradient for reference.\n\n"
         "The last column shows how far single seeds spread (the rule reads the seed mean's profile).\n\n"
-        "| depth | post W2 | pre W2 | post whole layer | pre whole layer | last layer post/pre | post W2, single seeds |\n"
+        "| depth | post W2 | pre W2 | post whole layer | pre whole layer | last layer post/pre | "
+        "post W2, single seeds |\n"
         "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
         f"Post-LN rising toward the output: {'reproduced' if all(rising) else 'not reproduced'}. "
         f"Pre-LN level: {'reproduced' if all(level) else f'not reproduced: its profile is {pre_says}'}. "
@@ -439,7 +440,8 @@ def claim_wortsman(d: Data) -> tuple[str, str]:
                                 "report `attention_logits_max`.")
     rows, holds = [], []
     for L in common:
-        g_pre_hi, g_pre_lo, g_qk = d.logit_growth("pre", L, hi), d.logit_growth("pre", L, lo), d.logit_growth("pre-qknorm", L, hi)
+        g_pre_hi, g_pre_lo = d.logit_growth("pre", L, hi), d.logit_growth("pre", L, lo)
+        g_qk = d.logit_growth("pre-qknorm", L, hi)
         s_pre, s_qk = d.sensitivity("pre", L), d.sensitivity("pre-qknorm", L)
         best_pre = min(d.clipped("pre", L, lr) for lr in d.lrs)
         drop = d.clipped("pre", L, hi) - best_pre
@@ -589,7 +591,8 @@ def lr_sensitivity_table(d: Data) -> str:
                 ran = {lr: x for lr, x in losses.items() if not math.isnan(x)}
                 best = min(ran, key=ran.get)
                 bad = [f"{lr:g}" for lr in d.lrs if _outcome(_rate(d.get(v, L, lr, w))) in ("fails", "mixed")]
-                lines.append(f"| {v} | {L} | {w} | " + " | ".join("-" if math.isnan(x) else _fmt(x, 3) for x in losses.values())
+                cells = " | ".join("-" if math.isnan(x) else _fmt(x, 3) for x in losses.values())
+                lines.append(f"| {v} | {L} | {w} | {cells}"
                              + f" | {best:g} | {_fmt(ran[best] - h, 3)} | {_fmt(d.sensitivity(v, L, w), 3)} | "
                              f"{', '.join(bad) or '-'} |")
                 if w == 0 and _outcome(_rate(d.get(v, L, best, w))) == "trains":

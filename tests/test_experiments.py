@@ -189,7 +189,8 @@ def test_layer_step_flops_counts_forward_backward_and_heldout():
     s = Sweep(name="x", d_model=8, d_ff=16, seq_len=4, batch=2, heldout=1)
     per_token = 2 * (4 * 64 + 2 * 8 * 16 + 2 * 4 * 8)  # q,k,v,out + FFN + scores and mix, 2 FLOPs per MAC
     assert s.layer_step_flops() == per_token * 4 * (3 * 2 + 1)
-    assert Sweep(name="y", variants=("post",), depths=(2, 3), lrs=(1e-3,), seeds=2, steps=10).work()["run_layer_steps"] == 100
+    small = Sweep(name="y", variants=("post",), depths=(2, 3), lrs=(1e-3,), seeds=2, steps=10)
+    assert small.work()["run_layer_steps"] == (2 + 3) * 2 * 10
 
 
 # ------------------------------------------------------------------------------------
@@ -247,7 +248,8 @@ def test_wortsman_verdict_rule():
     # pre: logit 3 -> 30 (10x) at lr 0.1, 1.33x at 0.001; clipped loss 3.0 vs best 1.9 (degrades);
     # QK-norm: 3 -> 4 (1.33x, bounded) and sensitivity (0.1 + 0 + 0.1) / 3 < pre's (0.1 + 0 + 1.1) / 3.
     assert verdict == "agrees", body
-    assert "| 2 | 3.00 -> 30.00 (10.00x) | 1.33x | 1.100 | 3.00 -> 4.00 (1.33x) | 0.400 | 0.067 | yes, yes, yes, yes |" in body
+    assert ("| 2 | 3.00 -> 30.00 (10.00x) | 1.33x | 1.100 | 3.00 -> 4.00 (1.33x) | 0.400 | 0.067 | "
+            "yes, yes, yes, yes |") in body
     verdict, body = claim_wortsman(Data(_wortsman_cells(qk_like_pre=True)))
     assert verdict == "partly agrees" and "yes, yes, no, no" in body  # QK-norm as bad as pre-LN
     assert claim_wortsman(Data(_wortsman_cells(logits=False)))[0] == "not measured"  # no logits recorded
