@@ -152,7 +152,8 @@ def test_converter_cli_destinations_flags_metadata_and_pickled_modules(tmp_path)
     assert given["rc"] == 0, given["err"]
     meta = _metadata(tmp_path / "given.safetensors")
     assert meta["cfg"] == {"d_model": 16, "bias": True, "num_heads": 4, "d_ff": 32, "param_dtype": "float32",
-                           "norm": "pre", "activation": "gelu", "layer_norm_eps": 1e-6}
+                           "norm": "pre", "activation": "gelu", "layer_norm_eps": 1e-6,
+                           "norm_type": "layernorm", "qk_norm": False}  # the last two read off the tensors
     assert meta["final_norm"] is False and meta["num_layers"] == 2
     assert bare["rc"] == 0, bare["err"]
     meta = _metadata(tmp_path / "bare.safetensors")
@@ -283,7 +284,6 @@ def _assert_loaded(encoder, model):
     assert all(np.array_equal(got[k], ref[k].numpy()) for k in ref)
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 def test_from_torch_infers_final_norm_from_the_checkpoint():
     import flax_blocks as fb
 
@@ -307,7 +307,6 @@ def _full_transformer():
                                 dropout=0.0, batch_first=True)
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 def test_whole_transformer_without_prefix_suggests_encoder_prefix():
     import flax_blocks as fb
     from flax import nnx
@@ -319,7 +318,6 @@ def test_whole_transformer_without_prefix_suggests_encoder_prefix():
     assert re.search(r"prefix\W{1,3}encoder\.", text), text  # the hint the CLI already gives
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 def test_prefix_without_trailing_dot_works():
     import flax_blocks as fb
 
@@ -346,7 +344,6 @@ def _dtype_objects():
             "torch.float16": (torch.float16, "float16")}
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 @pytest.mark.parametrize("name", list(_dtype_objects()))
 def test_block_config_accepts_dtype_objects(name):
     import flax_blocks as fb
@@ -356,7 +353,6 @@ def test_block_config_accepts_dtype_objects(name):
     assert (cfg.dtype, cfg.param_dtype) == (text, text) and type(cfg.dtype) is str and type(cfg.param_dtype) is str
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 def test_from_torch_accepts_a_torch_dtype():
     import flax_blocks as fb
 
@@ -366,7 +362,6 @@ def test_from_torch_accepts_a_torch_dtype():
     assert {str(v.dtype) for v in fb.torch_state_dict(encoder).values()} == {"float32"}
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 def test_torch_twin_takes_a_float_additive_mask_like_stock_torch():
     import torch_blocks as tb
 
@@ -390,7 +385,6 @@ def _flax_block():
     return fb.TransformerBlock(_flax_cfg(d_model=8, num_heads=2, d_ff=16), rngs=nnx.Rngs(0))
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 def test_torch_convention_mask_passed_to_flax_warns():
     import jax.numpy as jnp
 
@@ -413,7 +407,6 @@ def test_valid_padding_mask_does_not_warn():
         block(jnp.ones((2, 4, 8)), key_mask=jnp.asarray(keys))
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 def test_float64_checkpoint_without_x64_is_one_line():
     import jax
 
@@ -428,7 +421,6 @@ def test_float64_checkpoint_without_x64_is_one_line():
     assert "jax_enable_x64" in lines[0]
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD)
 def test_linen_users_can_evaluate_without_dropout():
     import jax
     import jax.numpy as jnp
@@ -448,7 +440,6 @@ def test_linen_users_can_evaluate_without_dropout():
     assert not np.allclose(np.asarray(lin.apply(variables, x, rngs={"dropout": jax.random.key(7)})), np.asarray(y))
 
 
-@pytest.mark.xfail(strict=True, reason=LEAD + " (read_state_dict: torch.load -> io_errors.torch_load_state_dict)")
 def test_python_api_names_a_pickled_module_in_one_line(tmp_path):
     import flax_blocks as fb
 
