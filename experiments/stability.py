@@ -1,7 +1,9 @@
 """Depth-stability sweep: which residual placements train as the stack gets deeper.
 
     python -m experiments.stability                      # quick preset -> experiments/results/
-    python -m experiments.stability --preset full          # -> experiments/runs/full/
+    python -m experiments.stability --preset cpu           # ~15 min -> experiments/results/cpu/
+    python -m experiments.stability --preset full          # accelerator -> experiments/runs/full/
+    python -m experiments.stability --preset full --estimate   # its size and time estimates
     python -m experiments.stability --depths 6,24 --variants post,pre --lrs 1e-3,1e-2 \\
         --warmups 0,100 --seeds 3 --out /tmp/sweep
 
@@ -16,7 +18,9 @@ summary table on stdout, and OUT/report.md with PNG plots (experiments/report.py
 On CPU, programs are compiled at XLA/LLVM optimisation level 1 (--xla-opt-level): ~3x
 faster to compile than the default and as fast to run for these small models. Programs are
 traced up front and compiled on two worker threads while earlier groups train.
-Multi-host: pass --distributed on every host (jax.distributed).
+Several processes or hosts: start the same command in each with --coordinator HOST:PORT
+--num-processes N --process-id I (or --distributed where jax detects the cluster); each
+group's runs are sharded over every process's devices, and process 0 writes the cells.
 """
 
 from __future__ import annotations
@@ -463,6 +467,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         + "; ".join(f"{k}: {_describe(v)}" for k, v in PRESETS.items()))
     p.add_argument("--out", type=Path, default=None,
                    help="results folder (default: experiments/results for the unmodified quick preset, "
+                        "experiments/results/cpu for the unmodified cpu preset, "
                         "else experiments/runs/<preset>[-custom])")
     p.add_argument("--task", choices=("markov", "copy"), help="training task (default: the preset's, markov)")
     p.add_argument("--variants", type=lambda s: tuple(s.split(",")), help=f"comma list of {', '.join(VARIANTS)}")
@@ -597,8 +602,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is not None:
         out = args.out
-    elif sweep == PRESETS[args.preset] and args.preset == "quick":
-        out = DEFAULT_OUT  # the committed results are exactly the quick preset's
+    elif sweep == PRESETS[args.preset] and args.preset in ("quick", "cpu"):
+        # the committed results are exactly these presets' (quick's at the top, cpu's beside it)
+        out = DEFAULT_OUT if args.preset == "quick" else DEFAULT_OUT / args.preset
     else:
         custom = "" if sweep == PRESETS[args.preset] else "-custom"
         out = DEFAULT_OUT.parent / "runs" / f"{args.preset}{custom}"
