@@ -251,13 +251,21 @@ class _Stack(nnx.Module):
     The layers' parameters are stacked on a leading axis of size num_layers (created with
     nnx.vmap, applied with a jax.lax.scan over the stacked state), so compile time does not
     grow with depth. `final_norm` defaults to True for pre-LN and Peri-LN (such a stack
-    needs it), False otherwise. Params: layers (each leaf has a leading layer axis), norm."""
+    needs it), False otherwise. Params: layers (each leaf has a leading layer axis), norm.
+
+    remat: rematerialisation inside the layer scan, trading compute for memory in the
+    backward pass: None (keep every activation), "full" (keep only each layer's input and
+    recompute the rest) or the name of a `jax.checkpoint_policies` policy (e.g.
+    "dots_saveable", keep the matmul outputs). Outputs and gradients are unchanged."""
 
     block: type[_Block]
 
-    def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None, rngs: nnx.Rngs):
+    def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None,
+                 remat: str | None = None, rngs: nnx.Rngs):
         if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+        _remat_policy(remat)  # a bad name fails here, not at the first call
+        self.remat = remat
         self.cfg = cfg = cfg.resolve(num_layers)
         self.num_layers = num_layers
         block = self.block
@@ -298,7 +306,7 @@ class _Stack(nnx.Module):
         off = self.layers.dropouts[0].deterministic if deterministic is None else deterministic
         training = self.rngs is not None and not off
         keys = jax.random.split(self.rngs(), self.num_layers) if training else None
-        run = _layer_scan_body(graphdef, return_intermediates, deterministic)
+        run = _layer_scan_body(graphdef, return_intermediates, deterministic, self.remat)
         (y, _, _, _), (per_layer, caches) = jax.lax.scan(run, (x, masks, memory, index), (state, keys, cache))
         if self.final_norm is not None:
             y = self.final_norm(y)
@@ -491,8 +499,19 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
     return (*out, new) if return_intermediates else (out, new)
 
 
+def _remat_policy(remat: str | None):
+    """None (no remat), jax.checkpoint's default for "full", or the named policy."""
+    if remat is None or remat == "full":
+        return None
+    policy = getattr(jax.checkpoint_policies, remat, None) if isinstance(remat, str) else None
+    if policy is None or remat.startswith("_"):
+        names = sorted(n for n in dir(jax.checkpoint_policies) if not n.startswith("_") and n.endswith("saveable"))
+        raise ValueError(f"remat must be None, 'full' or a jax.checkpoint_policies name such as {names}, got {remat!r}")
+    return policy
+
+
 @functools.lru_cache(maxsize=64)
-def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool | None):
+def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool | None, remat: str | None = None):
     """A stack's scan body, one function object per (layer graphdef, flags): an eager call
     then reuses the compiled scan instead of compiling it afresh at every call (as a new
     closure would). Masks, memory and the cache index ride in the carry, unchanged."""
@@ -504,6 +523,8 @@ def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool |
             h, masks, key, deterministic, memory=memory, cache=cache, index=index)
         return (h, masks, memory, index), ((h, extras) if return_intermediates else None, cache)
 
+    if remat is not None:  # recompute inside each layer in the backward pass (prevent_cse off, as in a scan)
+        run = jax.checkpoint(run, policy=_remat_policy(remat), prevent_cse=False)
     return run
 
 

@@ -208,3 +208,34 @@ def test_bad_input_is_a_clear_error():
         tdec(torch.ones(B, 9, E), cache=tcache)
     with pytest.raises(ValueError, match="not causal"):
         tb.Encoder(fb.BlockConfig(E, H, d_ff=FF), num_layers=1).init_cache(B, 8)
+
+
+def test_remat_keeps_outputs_and_gradients_and_saves_memory():
+    """Rematerialisation inside the layer scan: identical gradients, less XLA temp memory
+    (measured: 24 layers d64 B32 T32, 122 -> 13 MiB with "full", 77 MiB with "dots_saveable");
+    the torch twin too."""
+    remat = "full"
+    fb.Encoder(fb.BlockConfig(E, H, d_ff=FF), num_layers=1, remat="dots_saveable", rngs=nnx.Rngs(0))  # a policy name
+    cfg = fb.BlockConfig(d_model=E, num_heads=H, d_ff=FF, norm="pre", dropout=0.0, causal=True)
+    x = jax.random.normal(jax.random.key(0), (B, T, E))
+    r = jax.random.normal(jax.random.key(1), (B, T, E))
+    out = {}
+    for name in (None, remat):
+        m = nnx.jit(lambda: fb.Encoder(cfg, num_layers=4, remat=name, rngs=nnx.Rngs(0)))()
+        g, p, rest = nnx.split(m, nnx.Param, ...)
+        f = jax.jit(jax.grad(lambda p, x: jnp.sum(nnx.merge(g, p, rest)(x) * r), argnums=(0, 1))).lower(p, x).compile()
+        out[name] = (f.memory_analysis().temp_size_in_bytes, f(p, x))
+    (mem0, (gp0, gx0)), (mem1, (gp1, gx1)) = out[None], out[remat]
+    assert mem1 < mem0, (mem0, mem1)
+    np.testing.assert_allclose(gx1, gx0, rtol=1e-6, atol=1e-7)
+    for a, b in zip(jax.tree.leaves(gp1), jax.tree.leaves(gp0)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    t, t_remat = tb.Encoder(cfg, num_layers=2), tb.Encoder(cfg, num_layers=2, remat=remat)
+    t_remat.load_state_dict(t.state_dict())
+    xt = torch.randn(B, T, E, requires_grad=True)
+    for m in (t, t_remat):
+        m(xt).sum().backward()
+    for (n, a), b in zip(t.named_parameters(), t_remat.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=n)
+    with pytest.raises(ValueError, match="remat must be None, 'full' or a jax.checkpoint_policies name"):
+        fb.Encoder(cfg, num_layers=1, remat="everything", rngs=nnx.Rngs(0))

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks import declarations
@@ -224,13 +225,16 @@ class DecoderBlock(_Block):
 
 class _Stack(nn.Module):
     """`num_layers` independently initialised blocks and an optional final norm (layers.{i}.*,
-    norm.*). `final_norm` defaults to True for pre-LN and Peri-LN, False otherwise."""
+    norm.*). `final_norm` defaults to True for pre-LN and Peri-LN, False otherwise.
+    remat: None, or any of the Flax twin's values ("full", a policy name): each layer is
+    recomputed in the backward pass (torch.utils.checkpoint; torch has no named policies)."""
 
     block: type[_Block]
 
     def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None,
-                 generator: torch.Generator | None = None):
+                 remat: str | None = None, generator: torch.Generator | None = None):
         super().__init__()
+        self.remat = remat
         if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
         self.cfg = cfg = cfg.resolve(num_layers)
@@ -252,9 +256,14 @@ class _Stack(nn.Module):
         """The layers over x (B, T, E), then the final norm -> (y, stacked intermediates, cache)."""
         per_layer: list[dict[str, Tensor]] = []
         caches = []
+        recompute = self.remat is not None and cache is None and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            x, extras, c = layer.apply_prepared(x, masks, need_weights, memory=memory, index=index,
-                                                cache=None if cache is None else cache["layers"][i])
+            if recompute:
+                x, extras, c = torch.utils.checkpoint.checkpoint(
+                    layer.apply_prepared, x, masks, need_weights, memory=memory, use_reentrant=False)
+            else:
+                x, extras, c = layer.apply_prepared(x, masks, need_weights, memory=memory, index=index,
+                                                    cache=None if cache is None else cache["layers"][i])
             caches.append(c)
             if need_weights:
                 per_layer.append({"residual": x, **extras})
