@@ -24,7 +24,7 @@ from flax_blocks.config import BlockConfig
 
 from . import reference as ref
 from .cases import CASES
-from .harness import Case, flax_twin, make_inputs, precision, rel_err, torch_twin
+from .harness import KINDS, Case, flax_twin, make_inputs, precision, rel_err, torch_twin
 
 TOL = 1e-12
 E, H, FF, B, T = 12, 2, 20, 3, 6  # heads (2) != head_dim (6)
@@ -386,3 +386,70 @@ EPS_CASES = _eps_cases()
 @pytest.mark.parametrize("case", EPS_CASES, ids=lambda c: f"eps{c.cfg.layer_norm_eps:g}/{c.name}")
 def test_case_with_non_default_eps_matches_reference(case):
     check_against_reference(case)
+
+
+# Cases beyond the parity matrix that the reference alone checks (options the matrix leaves
+# at one value).
+EXTRA_CASES = [
+    Case("TransformerBlock", replace(CASES[0].cfg, norm="post", scaling="deepnorm", deepnorm_alpha=1.7)),
+]
+
+
+@pytest.mark.parametrize("case", EXTRA_CASES, ids=lambda c: c.name)
+def test_extra_case_matches_reference(case):
+    check_against_reference(case)
+
+
+# ----------------------------------------------------------------------------------------
+# (c) Coverage: every BlockConfig field is handled, every value of it is checked
+# ----------------------------------------------------------------------------------------
+
+
+def test_reference_declares_every_config_field():
+    fields = {f.name for f in dataclasses.fields(BlockConfig)}
+    undeclared = fields - ref.HANDLED - set(ref.NOT_FORWARD)
+    assert not undeclared, (f"BlockConfig fields the numpy reference does not declare: {sorted(undeclared)}; "
+                            "implement them in parity_tests/reference.py and add them to HANDLED (or to "
+                            "NOT_FORWARD with the reason they do not change the eval forward)")
+    assert not ref.HANDLED & set(ref.NOT_FORWARD)
+
+
+def _values_needed(name: str, hint) -> list | None:
+    """The values of field `name` that reference-checked cases must reach: every Literal
+    value, both bools, None and a number for optional fields; None for plain numbers (then
+    two distinct values are needed)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Literal:
+        return list(args)
+    if hint is bool:
+        return [False, True]
+    if type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return [None, "not None"] + (["True", "False"] if inner == [bool] else [])
+    return None
+
+
+def test_every_option_value_is_checked_against_reference():
+    """Each value of each handled field (and each block kind) occurs in a case that
+    test_case_*_matches_reference runs: a new option or value needs a case."""
+    cases = CASES + EPS_CASES + EXTRA_CASES
+    hints = typing.get_type_hints(BlockConfig)
+    missing = []
+    for f in dataclasses.fields(BlockConfig):
+        if f.name not in ref.HANDLED:
+            continue
+        seen = [getattr(c.cfg, f.name) for c in cases]
+        needed = _values_needed(f.name, hints[f.name])
+        if needed is None:
+            if len(set(seen)) < 2:
+                missing.append(f"{f.name}: only {sorted(set(seen))}")
+            continue
+        for v in needed:
+            hit = (any(s is not None for s in seen) if v == "not None"
+                   else any(s is (v == "True") for s in seen) if v in ("True", "False")
+                   else any(s == v and type(s) is type(v) for s in seen))
+            if not hit:
+                missing.append(f"{f.name}={v}")
+    kinds = {c.kind for c in cases}
+    missing += [f"kind {k}" for k in KINDS if k not in kinds]
+    assert not missing, f"options with no case checked against the numpy reference: {missing}"
