@@ -320,10 +320,12 @@ def test_reference_refuses_unexplained_or_misshapen_parameters():
 # ----------------------------------------------------------------------------------------
 
 
-def twin_runs(case: Case) -> tuple[dict, dict, dict]:
+def twin_runs(case: Case):
     """Eval-mode float64 forward of both twins of `case` (weights made once in torch and
     moved with the converter, as the harness does), and the reference on the same torch
-    state dict and inputs. Each value: (y, {intermediate name: array})."""
+    state dict and inputs. Returns (torch, flax, reference, run_reference): each of the first
+    three is (y, {intermediate name: array}); run_reference(change) reruns the reference on
+    the same inputs with change(cfg, state_dict) -> (cfg, state_dict) (for diagnoses)."""
     with precision("float64"):
         tmod = torch_twin(case, "float64")
         fmod = flax_twin(case, tmod, "float64")
@@ -343,23 +345,85 @@ def twin_runs(case: Case) -> tuple[dict, dict, dict]:
         f = (np.asarray(out[0]), {k: np.asarray(v) for k, v in out[1].items()}) if intermediates else (np.asarray(out), {})
     sd = {k: v.numpy() for k, v in tmod.state_dict().items()}
     final_norm = case.final_norm if case.final_norm is not None else case.cfg.norm in ("pre", "peri")
-    r = ref.forward(case.kind, case.cfg, sd, inp.x, attn_mask=torch_masks[0], key_padding_mask=torch_masks[1],
-                    num_layers=case.num_layers if case.kind == "Encoder" else None,
-                    final_norm=final_norm if case.kind == "Encoder" else None, return_intermediates=True)
-    return t, f, r
+
+    def run_reference(change=lambda c, d: (c, d)):
+        cfg, state_dict = change(case.cfg, sd)
+        return ref.forward(case.kind, cfg, state_dict, inp.x, attn_mask=torch_masks[0],
+                           key_padding_mask=torch_masks[1],
+                           num_layers=case.num_layers if case.kind == "Encoder" else None,
+                           final_norm=final_norm if case.kind == "Encoder" else None, return_intermediates=True)
+
+    return t, f, run_reference(), run_reference
+
+
+def _q_rows_scaled(cfg, sd: dict, factor: float) -> dict:
+    """The state dict with every attention's q projection (weight rows and bias) times factor."""
+    out = dict(sd)
+    q = cfg.num_heads * cfg.head_dim
+    for k, v in sd.items():
+        if k.endswith("in_proj_weight") or k.endswith("in_proj_bias"):
+            out[k] = v.copy()
+            out[k][:q] = v[:q] * factor
+    return out
+
+
+# Classic mistakes, as a change of the reference's config or weights: when a twin misses the
+# reference, the check reruns it with each and names those that the twin matches.
+SUSPECTS = [
+    ("ignores layer_norm_eps (uses torch's 1e-5)", lambda c, sd: (replace(c, layer_norm_eps=1e-5), sd),
+     lambda c: c.layer_norm_eps != 1e-5),
+    ("ignores layer_norm_eps (uses flax's 1e-6)", lambda c, sd: (replace(c, layer_norm_eps=1e-6), sd),
+     lambda c: c.layer_norm_eps != 1e-6),
+    ("computes tanh GELU where exact GELU is asked", lambda c, sd: (replace(c, activation="gelu_tanh"), sd),
+     lambda c: c.activation == "gelu"),
+    ("computes exact GELU where tanh GELU is asked", lambda c, sd: (replace(c, activation="gelu"), sd),
+     lambda c: c.activation == "gelu_tanh"),
+    ("drops DeepNorm's alpha (skip weight 1)", lambda c, sd: (replace(c, deepnorm_alpha=1.0), sd),
+     lambda c: c.scaling == "deepnorm"),
+    ("scales attention logits by 1/head_dim instead of 1/sqrt(head_dim)",
+     lambda c, sd: (c, _q_rows_scaled(c, sd, 1 / math.sqrt(c.head_dim))), lambda c: not getattr(c, "qk_norm", False)),
+    ("ignores the causal flag", lambda c, sd: (replace(c, causal=False), sd), lambda c: c.causal),
+]
+
+
+def diagnose(case: Case, y: np.ndarray, run_reference) -> list[str]:
+    """The SUSPECTS whose reference output the twin's output `y` matches within TOL."""
+    found = []
+    for what, change, applies in SUSPECTS:
+        if applies(case.cfg):
+            err = rel_err(y, run_reference(change)[0])
+            if err <= TOL:
+                found.append(f"{what} (then within {err:.0e})")
+    return found
+
+
+def reference_errors(case: Case, diagnoses: dict | None = None) -> dict[str, dict[str, float]]:
+    """{twin: {"output" or intermediate name: rel error against the reference}}, float64.
+    Fills `diagnoses` (if given) with {twin: matching SUSPECTS} for twins that miss."""
+    t, f, r, run_reference = twin_runs(case)
+    errors = {}
+    for twin, (y, extras) in (("torch", t), ("flax", f)):
+        errors[twin] = {"output": rel_err(y, r[0])}
+        errors[twin].update({name: rel_err(v, r[1][name]) for name, v in extras.items() if name in r[1]})
+        if diagnoses is not None and max(errors[twin].values()) > TOL:
+            diagnoses[twin] = diagnose(case, y, run_reference)
+    return errors
 
 
 def check_against_reference(case: Case) -> None:
     """Assert each twin's float64 output (and attention weights / per-layer residuals where
-    the block returns them) is within TOL of the reference; the message names the twin."""
-    t, f, r = twin_runs(case)
-    for twin, (y, extras) in (("torch", t), ("flax", f)):
-        err = rel_err(y, r[0])
-        assert err <= TOL, f"{twin} twin vs numpy reference, {case.name}: output rel err {err:.2e}"
-        for name, value in extras.items():
-            if name in r[1]:
-                err = rel_err(value, r[1][name])
-                assert err <= TOL, f"{twin} twin vs numpy reference, {case.name}: {name} rel err {err:.2e}"
+    the block returns them) is within TOL of the reference; the message names the twin and,
+    where one of SUSPECTS explains the miss, the mistake."""
+    diagnoses: dict = {}
+    errors = reference_errors(case, diagnoses)
+    bad = []
+    for twin, errs in errors.items():
+        for what, err in errs.items():
+            if not err <= TOL:
+                bad.append(f"{twin} twin vs numpy reference, {case.name}: {what} rel err {err:.2e} > {TOL:.0e}")
+        if diagnoses.get(twin):
+            bad.append(f"the {twin} twin matches the reference if it {' / '.join(diagnoses[twin])}")
+    assert not bad, "; ".join(bad)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
