@@ -141,9 +141,9 @@ def test_planted_bug_is_caught_by_reference(bug, monkeypatch):
             monkeypatch.setitem(target, name, factory(target[name], hits))
         else:
             monkeypatch.setattr(target, name, factory(getattr(target, name), hits))
-    # The plants act on Python-level code that the twins' eager forward runs at every call
-    # (no Encoder here: its scan's traced body could outlive a patch); the hit counter
-    # below proves each plant ran.
+    # The plants act on Python-level code that the twins run (torch) or trace (Flax, a fresh
+    # nnx.jit per case) at every call; no Encoder here, whose cached scan body could outlive
+    # a patch. The hit counter below proves each plant ran.
     try:
         plant = PLANTS[bug]
         for case in plant.cases:
@@ -167,6 +167,7 @@ def test_planted_bug_is_caught_by_reference(bug, monkeypatch):
             tr.test_reference_matches_stock_encoder_layer(False, "gelu", True, 1e-3)
     finally:
         monkeypatch.undo()
+        jax.clear_caches()  # nothing traced under a plant outlives it
 
 
 def test_patch_points_exist():
