@@ -11,7 +11,7 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
   Norm       layernorm: (x - mean) / sqrt(var + eps) * w + b   (biased variance, two-pass)
              rmsnorm:   x / sqrt(mean(x^2) + eps) * w
   Attention  q = x Wq^T + bq, k, v from the keys' input (x, or the decoder's memory);
-             QK-norm per head over head_dim, then rotary (rotate-half), then
+             QK-norm per head over head_dim (weight only), then rotary (rotate-half), then
              softmax(q k^T / sqrt(head_dim)) v, query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
@@ -163,12 +163,13 @@ def _opt(cfg: Any, name: str, default: Any) -> Any:
     return getattr(cfg, name, default)
 
 
-def _norm(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> np.ndarray:
+def _norm(cfg: Any, p: Params, prefix: str, x: np.ndarray, bias: bool = True) -> np.ndarray:
+    """The config's norm over the last axis; a LayerNorm has a bias when cfg.bias and `bias`."""
     n = x.shape[-1]
     w = p(prefix + "weight", (n,))
     if _opt(cfg, "norm_type", "layernorm") == "rmsnorm":
         return rms_norm(x, w, cfg.layer_norm_eps)
-    return layer_norm(x, w, p(prefix + "bias", (n,)) if cfg.bias else None, cfg.layer_norm_eps)
+    return layer_norm(x, w, p(prefix + "bias", (n,)) if cfg.bias and bias else None, cfg.layer_norm_eps)
 
 
 def _linear(p: Params, prefix: str, x: np.ndarray, n_out: int, bias: bool) -> np.ndarray:
@@ -205,9 +206,9 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     q = q.reshape(b, t, h, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd)
     k = k.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)  # (B, K, S, hd)
     v = v.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)
-    if _opt(cfg, "qk_norm", False):
-        q = _norm(cfg, p, prefix + "q_norm.", q)
-        k = _norm(cfg, p, prefix + "k_norm.", k)
+    if _opt(cfg, "qk_norm", False):  # scale-only (OLMo 2, Gemma 3): no bias whatever cfg.bias says
+        q = _norm(cfg, p, prefix + "q_norm.", q, bias=False)
+        k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     theta = _opt(cfg, "rope_theta", None)
     if theta is not None and positions:
         q, k = rotary(q, theta), rotary(k, theta)

@@ -230,8 +230,6 @@ def test_reference_attention_matches_torch_functional(kv, qk_norm, theta, causal
     if qk_norm:
         for n in ("q_norm", "k_norm"):
             sd[f"{n}.weight"] = 1 + 0.3 * torch.randn(hd, generator=g, dtype=torch.float64)
-            if qk_norm == "layernorm":
-                sd[f"{n}.bias"] = 0.3 * torch.randn(hd, generator=g, dtype=torch.float64)
     x = torch.randn(2, t, e, generator=g, dtype=torch.float64)
     kpm = torch.zeros(2, t, dtype=torch.bool)
     kpm[1, -2:] = True
@@ -436,16 +434,25 @@ def test_case_matches_reference(case):
 
 
 def _eps_cases() -> list[Case]:
-    """The first case of each (kind, norm placement, norm type, QK-norm, scaling), at eps 1e-3
-    and 1e-12: every place a norm sits, without repeating the whole matrix twice more."""
-    seen, picked = set(), []
-    for c in CASES:
-        scaling = c.cfg.scaling if c.kind != "Encoder" else ""  # an Encoder's layers are blocks: one per placement
-        key = (c.kind, c.cfg.norm, getattr(c.cfg, "norm_type", ""), getattr(c.cfg, "qk_norm", False), scaling)
-        if (c.cfg.norm != "none" or key[3]) and key not in seen:
-            seen.add(key)
-            picked.append(c)
-    return [replace(c, cfg=replace(c.cfg, layer_norm_eps=eps)) for eps in (1e-3, 1e-12) for c in picked]
+    """eps 1e-3 and 1e-12 wherever a norm sits: the first block case of each (norm placement,
+    norm type, QK-norm), and one Encoder with a final norm, unless CASES already has that
+    combination at that eps (the kinds share their norm code, so blocks stand for them)."""
+    def key(c: Case, eps: float):
+        if c.kind == "Encoder":
+            return ("Encoder", eps)
+        return (c.cfg.norm, getattr(c.cfg, "norm_type", ""), getattr(c.cfg, "qk_norm", False), eps)
+
+    have = {key(c, c.cfg.layer_norm_eps) for c in CASES}
+    picked = []
+    for eps in (1e-3, 1e-12):
+        for c in CASES:
+            k = key(c, eps)
+            wanted = c.kind == "TransformerBlock" or (c.kind == "Encoder" and c.cfg.norm == "pre")
+            if wanted and (c.cfg.norm != "none" or getattr(c.cfg, "qk_norm", False)) and k not in have \
+                    and c.batch > 1 and c.seq > 1:
+                have.add(k)
+                picked.append(replace(c, cfg=replace(c.cfg, layer_norm_eps=eps)))
+    return picked
 
 
 EPS_CASES = _eps_cases()
