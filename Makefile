@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m experiments.stability --out experiments/runs/quick
+	$(PY) -m experiments.stability    # quick preset -> experiments/results/ (report.md + plots)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2

@@ -102,16 +102,25 @@ class Size:
     layers: int = 1  # 1 with block=True: a TransformerBlock; else an Encoder of `layers`
     block: bool = True
     target: bool = False  # issue-6 target size: also torch.compile and tuned XLA
+    options: tuple[tuple[str, Any], ...] = ()  # further BlockConfig fields (the LLaMA-like row)
 
     def cfg(self, dtype: str) -> BlockConfig:
-        return BlockConfig(d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff, dropout=0.0,
-                           norm="pre", dtype=dtype, param_dtype=dtype)
+        return BlockConfig(**{**dict(d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff, dropout=0.0,
+                                     norm="pre", dtype=dtype, param_dtype=dtype), **dict(self.options)})
 
     def flops(self, train: bool) -> float:
-        """Matmul FLOPs: projections 2*tokens*(4E^2 + 2EF), attention 4*B*T^2*E; x3 to train."""
+        """Matmul FLOPs: projections 2*tokens*(E*(H+2K)*hd + E^2 + (2 or 3)*E*F), attention
+        4*B*T^2*E; x3 to train."""
+        cfg = self.cfg("float32")
         e, f, b, t = self.d_model, self.d_ff, self.batch, self.seq
-        fwd = self.layers * (2 * b * t * (4 * e * e + 2 * e * f) + 4 * b * t * t * e)
+        qkv = e * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
+        mlp = (3 if cfg.gated else 2) * e * f
+        fwd = self.layers * (2 * b * t * (qkv + e * e + mlp) + 4 * b * t * t * e)
         return 3 * fwd if train else fwd
+
+
+LLAMA_LIKE = (("norm_type", "rmsnorm"), ("mlp", "swiglu"), ("activation", "silu"), ("rope_theta", 10000.0),
+              ("num_kv_heads", 4), ("bias", False), ("causal", True))
 
 
 SIZES = {
@@ -120,6 +129,7 @@ SIZES = {
         Size("block d256 T128", 256, 8, 1024, 8, 128, target=True),
         Size("block d512 T128", 512, 8, 2048, 8, 128, target=True),
         Size("block d256 T512", 256, 8, 1024, 2, 512),
+        Size("block d256 T128 llama-like", 256, 8, 1024, 8, 128, options=LLAMA_LIKE),
         Size("encoder d64 L6", 64, 4, 256, 32, 32, layers=6, block=False),
         Size("encoder d64 L24", 64, 4, 256, 32, 32, layers=24, block=False),
     ],
@@ -133,6 +143,7 @@ SIZES = {
     "quick": [
         Size("block d32 T16", 32, 4, 64, 4, 16, target=True),
         Size("encoder d16 L2", 16, 2, 32, 2, 8, layers=2, block=False),
+        Size("block d32 T16 llama-like", 32, 8, 64, 4, 16, options=LLAMA_LIKE),
     ],
 }
 
@@ -668,18 +679,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {DEFAULT_OUT}, or .../quick)")
     p.add_argument("--sizes", choices=sorted(SIZES), default=None, help="size list (default: gpu on a GPU, else cpu)")
     p.add_argument("--dtypes", default=None, help="comma list (default float32 on CPU, float32,bfloat16 on GPU)")
-    p.add_argument("--sections", default="peak,block,encoder,depth,seeds")
+    p.add_argument("--sections", default="peak,block,encoder,depth,seeds",
+                   help="comma list of what to time: peak (matmul peak), block, encoder, depth (compile time "
+                        "against depth), seeds (vmap over seeds) (default: all)")
     p.add_argument("--budget", type=float, default=None, help="seconds; lower-priority work is skipped past it")
-    p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--no-torch", action="store_true")
-    p.add_argument("--no-torch-compile", dest="torch_compile", action="store_false")
+    p.add_argument("--reps", type=int, default=None, help="timed repeats per row (default: 7; --quick: 3)")
+    p.add_argument("--no-torch", action="store_true", help="time JAX only (no torch rows)")
+    p.add_argument("--no-torch-compile", dest="torch_compile", action="store_false",
+                   help="skip the torch.compile rows (and their compile time)")
     p.add_argument("--tuned", action="store_true", help="add JAX rows compiled with the XLA_TUNED_CPU options")
     p.add_argument("--xla-defaults", action="store_true",
                    help=f"leave XLA's CPU flags at their defaults (else {CPU_DOT_FLAG} is set; see CPU_DOT_FLAG)")
     p.add_argument("--no-fwd", dest="fwd", action="store_false", help="time train steps only")
     p.add_argument("--peak-tflops", action="append", default=[], metavar="DTYPE=TFLOPS",
                    help="the chip's datasheet peak, for MFU (e.g. bfloat16=989)")
-    p.add_argument("--torch-threads", type=int, default=None)
+    p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--opt-level", type=int, default=None,
                    help="XLA CPU backend optimisation level for every JAX compile (default: XLA's; --quick: 0)")
     a = p.parse_args(argv)

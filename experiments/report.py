@@ -5,11 +5,14 @@
 Reads OUT/sweep.json (the cells of the sweep) and OUT/cells/*.json. Every verdict below is
 computed by a rule fixed in this file (the constants after the imports), not chosen after
 looking at the numbers; where a claim's data is not in the sweep, the report says what to
-run instead. Verdicts are "agrees", "partly agrees", "does not agree" or "not measured".
+run instead. Verdicts are "agrees", "partly agrees", "does not agree", "not measured", or
+"inconclusive" (an outcome-based rule whose control variants did not train at all, e.g. a run
+too short for anything to learn: failing to train then says nothing about the claim).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -98,6 +101,18 @@ class Data:
 # ------------------------------------------------------------------------------------
 # Claims. Each returns (verdict, markdown body).
 # ------------------------------------------------------------------------------------
+
+
+def _nothing_trained(groups: list[list[dict]]) -> bool:
+    """True if the groups hold runs and not one of them trained."""
+    recs = [r for g in groups for r in g]
+    return bool(recs) and not any(r["summary"]["status"] == "trained" for r in recs)
+
+
+def _inconclusive(body: str, controls: str) -> tuple[str, str]:
+    return "inconclusive", (f"No {controls} run trained in this sweep, so the rule cannot tell the variants apart "
+                            "(too few steps, or a learning rate past every variant's edge?): run longer "
+                            "(`--steps`) before reading a verdict.\n\n" + body)
 
 
 def _parts_verdict(parts: list[bool]) -> str:
@@ -218,6 +233,7 @@ def claim_warmup(d: Data) -> tuple[str, str]:
         return "not measured", "Post-LN never failed without warmup in this sweep, so warmup had nothing to fix.\n\n" \
             + "\n".join(rows)
     verdict = "agrees" if any(rescued) else "does not agree"
+    nothing = _nothing_trained([d.by[k] for k in d.by if k[0] in ("post", "pre")])
     body = (
         "Failure rate of post-LN without and with warmup at each depth and learning rate. The rule: "
         "agrees if warmup turns at least one failing post-LN setting (rate > 0.5) into a training "
@@ -225,7 +241,7 @@ def claim_warmup(d: Data) -> tuple[str, str]:
         "pre fail, no warmup | rescued |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows)
         + "\n\n![failures](failure_heatmap.png)"
     )
-    return verdict, body
+    return _inconclusive(body, "post-LN or pre-LN") if nothing else (verdict, body)
 
 
 def claim_depth(d: Data) -> tuple[str, str]:
@@ -255,6 +271,8 @@ def claim_depth(d: Data) -> tuple[str, str]:
         "|---|---|---|---|\n" + "\n".join(rows) + "\n\n![loss curves](loss_curves.png)\n\n"
         "![failures](failure_heatmap.png)"
     )
+    if _nothing_trained([d.by[k] for k in d.by if k[0] in ("post", "pre") and k[3] == 0]):
+        return _inconclusive(body, "post-LN or pre-LN")
     return verdict, body
 
 
@@ -333,6 +351,8 @@ def claim_skip(d: Data) -> tuple[str, str]:
     body = (f"Outcome by majority over seeds at lr {d.lr0:g}, warmup {d.w0} (mean final held-out loss of "
             "no-skip in brackets). The rule: no-skip fails while both skip variants train.\n\n"
             "| depth | no-skip | post | pre | holds |\n|---|---|---|---|---|\n" + "\n".join(rows))
+    if _nothing_trained([d.get(v, L) for L in depths for v in ("post", "pre")]):
+        return _inconclusive(body, "post-LN or pre-LN (the variants with a skip path)")
     return verdict, body
 
 
@@ -482,9 +502,16 @@ def write_report(out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0]) if argv else Path(__file__).resolve().parent / "results"
-    print(write_report(out))
+    p = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", nargs="?", type=Path, default=Path(__file__).resolve().parent / "results",
+                   help="a sweep's results folder, holding sweep.json and cells/ (default: experiments/results)")
+    args = p.parse_args(argv)
+    if not (args.out / "sweep.json").exists():
+        print(f"error: {args.out / 'sweep.json'} not found: pass the folder a sweep wrote "
+              "(python -m experiments.stability --out DIR)", file=sys.stderr)
+        return 1
+    print(write_report(args.out))
     return 0
 
 

@@ -376,24 +376,41 @@ def _pairs(s: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+def _describe(sweep: Sweep) -> str:
+    extra = f" + {','.join(f'{v}:{d}' for v, d in sweep.extra)}" if sweep.extra else ""
+    return (f"{','.join(sweep.variants)} at depths {','.join(map(str, sweep.depths))}{extra}, "
+            f"lrs {','.join(f'{x:g}' for x in sweep.lrs)}, warmups {','.join(map(str, sweep.warmups))}, "
+            f"{sweep.seeds} seeds, {sweep.steps} steps")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.stability", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
+                   help="the grid to start from; the options below change it (default: quick). "
+                        + "; ".join(f"{k}: {_describe(v)}" for k, v in PRESETS.items()))
     p.add_argument("--out", type=Path, default=None,
                    help="results folder (default: experiments/results for the unmodified quick preset, "
                         "else experiments/runs/<preset>[-custom])")
-    p.add_argument("--task", choices=("markov", "copy"))
+    p.add_argument("--task", choices=("markov", "copy"), help="training task (default: the preset's, markov)")
     p.add_argument("--variants", type=lambda s: tuple(s.split(",")), help=f"comma list of {', '.join(VARIANTS)}")
-    p.add_argument("--depths", type=_ints)
-    p.add_argument("--extra", type=_pairs, help="extra variant:depth groups, e.g. noskip:6 ('' for none)")
-    p.add_argument("--lrs", type=_floats)
+    p.add_argument("--depths", type=_ints, help="comma list of layer counts, e.g. 6,12")
+    p.add_argument("--extra", type=_pairs,
+                   help="extra variant:depth groups outside variants x depths, e.g. noskip:6 ('' for none). "
+                        "Default: the preset's (quick: noskip:6), dropped when --variants or --depths is given")
+    p.add_argument("--lrs", type=_floats, help="comma list of peak learning rates, e.g. 1e-3,1e-2")
     p.add_argument("--warmups", type=_ints, help="warmup steps, 0 = none, e.g. 0,100")
-    p.add_argument("--seeds", type=int)
-    for name in ("steps", "batch", "chunk", "heldout", "d_model", "num_heads", "d_ff", "seq_len", "vocab"):
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
+    p.add_argument("--seeds", type=int, help="seeds per (variant, depth, lr, warmup)")
+    sizes = {"steps": "training steps per run", "batch": "sequences per batch",
+             "chunk": "steps per compiled chunk (one lax.scan; per-layer metrics are taken at each chunk's "
+                      "first step; --steps must be a multiple)",
+             "heldout": "held-out sequences for the evaluation loss", "d_model": "model width",
+             "num_heads": "attention heads", "d_ff": "feed-forward width", "seq_len": "tokens per sequence",
+             "vocab": "vocabulary size of the task"}
+    for name, text in sizes.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name, help=f"{text} (default: the preset's)")
     p.add_argument("--no-report", action="store_true", help="skip report.md and the plots")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no per-group progress lines")
     p.add_argument("--xla-opt-level", type=int, default=1,
                    help="XLA CPU (LLVM) optimisation level; 1 compiles ~3x faster than XLA's default "
                         "3 at equal speed for these models; -1 = XLA's default. Ignored off CPU.")
@@ -409,6 +426,8 @@ def sweep_from_args(args: argparse.Namespace) -> Sweep:
     changes = {k: getattr(args, k) for k in (
         "task", "variants", "depths", "extra", "lrs", "warmups", "seeds", "steps", "batch", "chunk",
         "heldout", "d_model", "num_heads", "d_ff", "seq_len", "vocab") if getattr(args, k) is not None}
+    if args.extra is None and (args.variants is not None or args.depths is not None):
+        changes["extra"] = ()  # the preset's extra groups belong to its own grid, not to one you chose
     if args.task == "copy" and args.seq_len is None:
         changes["seq_len"] = sweep.seq_len - 1  # copy: seq_len + 1 tokens split into two halves
     sweep = replace(sweep, **changes)

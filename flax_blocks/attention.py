@@ -1,4 +1,5 @@
-"""Multi-head self-attention for Flax NNX, and the masks it takes.
+"""Multi-head attention for Flax NNX, owning every option: masks, causal, grouped-query
+heads, QK-norm, rotary positions and the attention weights. The masks it takes.
 
 Mask convention (flax's): True means "may attend". Rows in which every key is masked
 give a zero attention output (and zero attention weights) on both sides of the project,
@@ -7,12 +8,16 @@ so a residual block passes such a position through its skip path unchanged.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from .config import BlockConfig, init_spec
-from .init import initializer, sample
+from . import declarations
+from .config import BlockConfig, fully_masked_message
+from .layers import Norm, compute_dtype, create_params
 
 
 def _check_bool(name: str, mask: jax.Array, shapes: list[tuple[int, ...]]) -> None:
@@ -53,68 +58,106 @@ def build_mask(
         m = key_mask[:, None, None, :]
         mask = m if mask is None else mask & m
     rows = jnp.any(mask, axis=-1, keepdims=True)
+    _warn_if_fully_masked(rows)
     return mask | ~rows, rows
 
 
-class Attention(nnx.Module):
-    """Self-attention with one packed q/k/v projection.
+def _warn_if_fully_masked(rows: jax.Array) -> None:
+    """Eager calls only (under jit the masks are abstract and this costs nothing)."""
+    if isinstance(rows, jax.core.Tracer):
+        return
+    empty = np.flatnonzero(~np.asarray(rows).reshape(rows.shape[0], -1).any(axis=1))
+    if empty.size:
+        warnings.warn(fully_masked_message(empty, "flax"), UserWarning, stacklevel=4)
 
-    Parameters: in_kernel (d_model, 3, heads, head_dim), in_bias (3, heads, head_dim),
-    out_kernel (heads, head_dim, d_model), out_bias (d_model,). The torch twin is
-    `nn.MultiheadAttention` (in_proj_weight (3*d_model, d_model), out_proj).
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
+
+    x (B, T, ..., hd), positions (T,): dims i and i + hd/2 rotate together by the angle
+    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64)."""
+    hd = x.shape[-1]
+    dt = jnp.promote_types(x.dtype, jnp.float32)
+    inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=dt) / hd)  # (hd/2,)
+    angles = positions.astype(dt)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    angles = angles.reshape(angles.shape[0], *([1] * (x.ndim - 3)), hd)  # (T, 1.., hd)
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+class Attention(nnx.Module):
+    """Self-attention with one packed q/k/v projection (see `declarations.attention`).
+
+    Parameters: in_kernel (E, K, G+2, hd), in_bias (K, G+2, hd), out_kernel (H, hd, E),
+    out_bias (E,), q_norm / k_norm (Norm over hd); K key/value heads, G = H / K query heads
+    per key/value head. The torch twin is `torch_blocks.attention.Attention`, whose
+    in_proj_weight ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
     """
 
-    def __init__(self, cfg: BlockConfig, *, rngs: nnx.Rngs):
-        e, h, d = cfg.d_model, cfg.num_heads, cfg.head_dim
-        pdt = jnp.dtype(cfg.param_dtype)
-        keys = jax.random.split(rngs.params(), 3)
-        chunks = [sample(k, s, (e, h, d), pdt) for k, s in zip(keys, init_spec(cfg, "qkv_weight"))]
-        self.in_kernel = nnx.Param(jnp.stack(chunks, axis=1))
-        self.out_kernel = nnx.Param(initializer(init_spec(cfg, "out_weight"))(rngs.params(), (h, d, e), pdt))
-        if cfg.bias:
-            self.in_bias = nnx.Param(initializer(init_spec(cfg, "qkv_bias"))(rngs.params(), (3, h, d), pdt))
-            self.out_bias = nnx.Param(initializer(init_spec(cfg, "out_bias"))(rngs.params(), (e,), pdt))
-        else:
-            self.in_bias = self.out_bias = None
+    def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *, rngs: nnx.Rngs):
+        component = component or declarations.attention(cfg)
+        self.cfg = cfg
+        create_params(self, component, cfg, rngs)
+        for name, child in component.children:
+            setattr(self, name, Norm(cfg, child, rngs=rngs))
+        for name in ("in_bias", "out_bias", "q_norm", "k_norm"):  # options that are off
+            if not hasattr(self, name):
+                setattr(self, name, None)
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.dtype = None if cfg.dtype is None else jnp.dtype(cfg.dtype)
+        self.dtype = compute_dtype(cfg)
+
+    def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, K, G, hd),
+        k (B, T, K, hd), positions (T,)."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.cfg.rope_theta is not None:
+            q, k = rotary(q, positions, self.cfg.rope_theta), rotary(k, positions, self.cfg.rope_theta)
+        return q, k
 
     def __call__(
         self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None,
-        key: jax.Array | None = None,
-    ) -> tuple[jax.Array, jax.Array]:
+        key: jax.Array | None = None, deterministic: bool | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """x: (B, T, E); mask (B|1, 1, T, T) and rows (B|1, 1, T, 1) from `build_mask`;
-        key: dropout key (None: the module's own RNG stream).
+        key: dropout key (None: the module's own RNG stream); deterministic: dropout off
+        (True), on (False) or as the module's mode (None).
 
-        Returns (output (B, T, E), attention weights (B, H, T, T))."""
+        Returns (output (B, T, E), attention weights (B, H, T, T), the largest
+        pre-softmax logit over unmasked pairs ())."""
         x, w_in, b_in, w_out, b_out = nnx.nn.dtypes.promote_dtype(
             (x, self.in_kernel[...], None if self.in_bias is None else self.in_bias[...],
              self.out_kernel[...], None if self.out_bias is None else self.out_bias[...]),
             dtype=self.dtype,
         )
         b, t, e = x.shape
-        h, d = w_in.shape[2], w_in.shape[3]
-        # Projections as 2-D matmuls over all B*T tokens ((B*T, E) x (E, 3*H*hd) and
-        # (B*T, H*hd) x (H*hd, E)): on CPU these ran ~5-8% faster per train step than the
-        # equivalent einsums over (B, T, H, hd), forward and backward (issue 6's note).
-        qkv = jnp.dot(x.reshape(b * t, e), w_in.reshape(e, 3 * h * d))
+        _, kv, slots, d = w_in.shape
+        g, h = slots - 2, w_out.shape[0]
+        # Projections as 2-D matmuls over all B*T tokens: on CPU these ran ~5-8% faster per
+        # train step than einsums over (B, T, H, hd), forward and backward.
+        qkv = jnp.dot(x.reshape(b * t, e), w_in.reshape(e, kv * slots * d))
         if b_in is not None:
-            qkv = qkv + b_in.reshape(3 * h * d)
-        qkv = qkv.reshape(b, t, 3, h, d)
-        q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # each (B, H, T, hd)
-        logits = (q @ k.swapaxes(-1, -2)) / jnp.sqrt(jnp.asarray(d, q.dtype))  # (B, H, T, T)
-        softmax_dtype = jnp.promote_types(logits.dtype, jnp.float32)  # never softmax in bf16
-        logits = logits.astype(softmax_dtype)
+            qkv = qkv + b_in.reshape(-1)
+        qkv = qkv.reshape(b, t, kv, slots, d)
+        q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
+        q, k = self.position_qk(q, k, jnp.arange(t))
+        logits = jnp.einsum("btkgd,bskd->bkgts", q, k).reshape(b, h, t, t)  # head = kv * G + g
+        logits = logits / jnp.sqrt(jnp.asarray(d, logits.dtype))
+        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # never softmax in bf16
         if mask is not None:
             logits = jnp.where(mask, logits, -jnp.inf)
+        logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = jax.nn.softmax(logits, axis=-1)
         if rows is not None:
             weights = jnp.where(rows, weights, 0.0)
         weights = weights.astype(v.dtype)
-        out = self.dropout(weights, rngs=key) @ v  # (B, H, T, hd)
-        out = jnp.dot(out.transpose(0, 2, 1, 3).reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
+        dropped = self.dropout(weights, deterministic=deterministic, rngs=key).reshape(b, kv, g, t, t)
+        out = jnp.einsum("bkgts,bskd->btkgd", dropped, v).reshape(b * t, h * d)
+        out = jnp.dot(out, w_out.reshape(h * d, e)).reshape(b, t, e)
         if b_out is not None:
             out = out + b_out
         if rows is not None:  # a query with no key gets no attention output, bias included
             out = jnp.where(rows[:, 0], out, 0.0)
-        return out, weights
+        return out, weights, logit_max

@@ -3,6 +3,8 @@
 Each is built as `X(cfg, rngs=nnx.Rngs(0))` (the Encoder also takes `num_layers=`) and
 called on x of shape (batch, seq, d_model) or (seq, d_model), returning that shape.
 Masks follow flax's convention: True means "may attend" (see `attention.build_mask`).
+A block's modules and sublayers come from `declarations.BLOCKS`; the residual formula
+from `config.residual_update`, both shared with the torch twins.
 """
 
 from __future__ import annotations
@@ -14,43 +16,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from . import declarations
 from .attention import Attention, build_mask
-from .config import BlockConfig, check_width, init_spec, residual_update
-from .init import initializer
+from .config import BlockConfig, check_width, residual_update
+from .declarations import FINAL_NORM, Sublayer
+from .layers import Linear, Norm, create_params
 
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "silu": jax.nn.silu,
 }
-
-
-def layer_norm(cfg: BlockConfig, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    """torch-equivalent LayerNorm: torch's eps, two-pass variance."""
-    return nnx.LayerNorm(
-        cfg.d_model, epsilon=cfg.layer_norm_eps, use_bias=cfg.bias, use_fast_variance=False,
-        dtype=None if cfg.dtype is None else jnp.dtype(cfg.dtype),
-        param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs,
-    )
-
-
-def linear(cfg: BlockConfig, n_in: int, n_out: int, role: str, *, rngs: nnx.Rngs) -> nnx.Linear:
-    """Linear map with kernel (n_in, n_out), drawn from the shared init table."""
-    return nnx.Linear(
-        n_in, n_out, use_bias=cfg.bias,
-        kernel_init=initializer(init_spec(cfg, f"{role}_weight")),
-        bias_init=initializer(init_spec(cfg, f"{role}_bias")),
-        dtype=None if cfg.dtype is None else jnp.dtype(cfg.dtype),
-        param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs,
-    )
-
-
-def gate(cfg: BlockConfig, *, rngs: nnx.Rngs) -> nnx.Param | None:
-    """ReZero's scalar or LayerScale's per-channel gate; None for other schemes."""
-    if cfg.scaling not in ("rezero", "layerscale"):
-        return None
-    shape = () if cfg.scaling == "rezero" else (cfg.d_model,)
-    return nnx.Param(initializer(init_spec(cfg, "scale"))(rngs.params(), shape, jnp.dtype(cfg.param_dtype)))
+MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
 
 
 def _identity(x: jax.Array) -> jax.Array:
@@ -67,120 +45,133 @@ def _as_batched(cfg: BlockConfig, x: jax.Array) -> tuple[jax.Array, bool]:
     return (x, False) if x.ndim == 3 else (x[None], True)
 
 
-class _Residual(nnx.Module):
-    """What every block shares: config, dropout after the sublayer, and the residual update."""
+class _Block(nnx.Module):
+    """A block of residual sublayers, its modules named and built from the declarations.
 
-    cfg: BlockConfig
+    Every sublayer has a dropout on its output (`dropout_<norm>`); MLP sublayers one more
+    after the activation (`dropout_act`). Call-time dropout keys: one per block, split."""
 
-    def _update(self, x, sublayer, norm, dropout, scale):
-        s = None if scale is None else scale[...].astype(x.dtype)
-        return residual_update(self.cfg, x, sublayer, norm if norm is not None else _identity, dropout, s)
-
-    def _sa(self, x, attn, norm, dropout, scale, mask, rows):
-        return self._update(x, lambda h: attn(h, mask, rows), norm, dropout, scale)
-
-    def _ff(self, x, linear1, linear2, dropout_act, norm, dropout, scale):
-        act = ACTIVATION_FNS[self.cfg.activation]
-
-        def ffn(h):  # (B, T, E): both matmuls on the (B*T, E) token matrix, as 2-D GEMMs,
-            # which ran ~10% faster per CPU train step than on (B, T, E) (issue 6's note)
-            y = linear2(dropout_act(act(linear1(h.reshape(-1, h.shape[-1])))))
-            return y.reshape(h.shape), None
-
-        return self._update(x, ffn, norm, dropout, scale)
-
-
-class ResidualMHA(_Residual):
-    """post: LN(x + Dropout(MHA(x)));  pre: x + Dropout(MHA(LN(x))). Params: mha, norm, scale."""
+    kind: str
 
     def __init__(self, cfg: BlockConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg = cfg.resolve()
-        self.mha = Attention(cfg, rngs=rngs)
-        self.norm = layer_norm(cfg, rngs=rngs) if cfg.norm != "none" else None
-        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.scale = gate(cfg, rngs=rngs)
-
-    def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False):
-        """x: (B, T, E) or (T, E). With return_intermediates, also {"attention_weights": (B, H, T, T)}."""
-        x, unbatched = _as_batched(self.cfg, x)
-        mask, rows = build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)
-        y, w = self._sa(x, self.mha, self.norm, self.dropout, self.scale, mask, rows)
-        return _finish(y, unbatched, {"attention_weights": w}, return_intermediates)
-
-
-class FeedForward(_Residual):
-    """post: LN(x + Dropout(W2 Dropout(act(W1 x))));  pre: the same on LN(x), added to x.
-    Params: linear1, linear2, norm, scale."""
-
-    def __init__(self, cfg: BlockConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg = cfg.resolve()
-        self.linear1 = linear(cfg, cfg.d_model, cfg.d_ff, "linear1", rngs=rngs)
-        self.linear2 = linear(cfg, cfg.d_ff, cfg.d_model, "linear2", rngs=rngs)
-        self.norm = layer_norm(cfg, rngs=rngs) if cfg.norm != "none" else None
+        component = declarations.block(cfg, self.kind)
+        self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
+        create_params(self, component, cfg, rngs)
+        for name, child in component.children:
+            setattr(self, name, MODULES[child.kind](cfg, child, rngs=rngs))
+        for sub in self.sublayers:  # modules of options that are off (no norm, no gate...)
+            for name in (*sub.modules, sub.norm, sub.norm_out, sub.scale):
+                if not hasattr(self, name):
+                    setattr(self, name, None)
         self.dropout_act = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.scale = gate(cfg, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x: (B, T, E) or (T, E) -> same shape."""
-        x, unbatched = _as_batched(self.cfg, x)
-        y, _ = self._ff(x, self.linear1, self.linear2, self.dropout_act, self.norm, self.dropout, self.scale)
-        return y[0] if unbatched else y
-
-
-class TransformerBlock(_Residual):
-    """Attention sublayer then feed-forward sublayer, the twin of torch's TransformerEncoderLayer.
-
-    Params: self_attn, linear1, linear2, norm1, norm2, scale1, scale2.
-    """
-
-    def __init__(self, cfg: BlockConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg = cfg.resolve()
-        self.self_attn = Attention(cfg, rngs=rngs)
-        self.linear1 = linear(cfg, cfg.d_model, cfg.d_ff, "linear1", rngs=rngs)
-        self.linear2 = linear(cfg, cfg.d_ff, cfg.d_model, "linear2", rngs=rngs)
-        has_norm = cfg.norm != "none"
-        self.norm1 = layer_norm(cfg, rngs=rngs) if has_norm else None
-        self.norm2 = layer_norm(cfg, rngs=rngs) if has_norm else None
-        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.dropout1 = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.dropout2 = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.scale1 = gate(cfg, rngs=rngs)
-        self.scale2 = gate(cfg, rngs=rngs)
+        self.dropouts = nnx.List([nnx.Dropout(cfg.dropout, rngs=rngs) for _ in self.sublayers])
 
     def apply(
-        self, x: jax.Array, mask: jax.Array | None, rows: jax.Array | None, key: jax.Array | None = None
-    ) -> tuple[jax.Array, jax.Array]:
-        """x: (B, T, E) with a prepared mask; returns (y (B, T, E), attention weights (B, H, T, T)).
+        self, x: jax.Array, mask: jax.Array | None, rows: jax.Array | None, key: jax.Array | None = None,
+        deterministic: bool | None = None,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """x: (B, T, E) with a prepared mask -> (y (B, T, E), {"attention_weights": (B, H, T, T),
+        "attention_logits_max": ()} for a block with attention, else {}).
 
-        key: one dropout key for the whole block (the Encoder passes one per layer);
-        None uses the dropouts' own RNG streams."""
-        k = [None] * 4 if key is None else list(jax.random.split(key, 4))
-        attn = lambda h, m, r: self.self_attn(h, m, r, key=k[0])  # noqa: E731
-        x, w = self._sa(x, attn, self.norm1, _with_key(self.dropout1, k[1]), self.scale1, mask, rows)
-        x, _ = self._ff(x, self.linear1, self.linear2, _with_key(self.dropout, k[2]), self.norm2,
-                        _with_key(self.dropout2, k[3]), self.scale2)
-        return x, w
+        key: one dropout key for the whole block (the Encoder passes one per layer); None
+        uses the dropouts' own RNG streams. deterministic: True turns dropout off for this
+        call, False on; None follows the module's train / eval mode."""
+        n = len(self.sublayers)
+        keys = [None] * (2 * n) if key is None else list(jax.random.split(key, 2 * n))
+        extras: dict[str, jax.Array] = {}
+        for i, sub in enumerate(self.sublayers):
+            k_inner, k_out = keys[2 * i], keys[2 * i + 1]
+            if sub.kind == "attention":
+                attn = getattr(self, sub.modules[0])
+                fn = lambda h, attn=attn, k=k_inner: _attention(attn, h, mask, rows, k, deterministic)  # noqa: E731
+            else:
+                fn = functools.partial(self._mlp, sub, k_inner, deterministic)
+            s = getattr(self, sub.scale)
+            x, aux = residual_update(
+                self.cfg, x, fn, getattr(self, sub.norm) or _identity,
+                _with_key(self.dropouts[i], k_out, deterministic), None if s is None else s[...].astype(x.dtype),
+                getattr(self, sub.norm_out),
+            )
+            extras.update(aux)
+        return x, extras
 
-    def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False):
-        """x: (B, T, E) or (T, E). With return_intermediates, also {"attention_weights": (B, H, T, T)}."""
+    def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None, h: jax.Array) -> tuple[jax.Array, dict]:
+        """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h))).
+        Both matmuls on the (B*T, E) token matrix, as 2-D GEMMs (~10% faster per CPU train
+        step than on (B, T, E))."""
+        up, gate, down = (getattr(self, name) for name in sub.modules)
+        act = ACTIVATION_FNS[self.cfg.activation]
+        t = h.reshape(-1, h.shape[-1])
+        a = act(up(t)) if gate is None else act(gate(t)) * up(t)
+        return down(self.dropout_act(a, deterministic=deterministic, rngs=key)).reshape(h.shape), {}
+
+    def _call(self, x, attention_mask, key_mask, return_intermediates, deterministic=None):
         x, unbatched = _as_batched(self.cfg, x)
         mask, rows = build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)
-        y, w = self.apply(x, mask, rows)
-        return _finish(y, unbatched, {"attention_weights": w}, return_intermediates)
+        y, extras = self.apply(x, mask, rows, deterministic=deterministic)
+        return _finish(y, unbatched, extras, return_intermediates)
+
+
+def _attention(attn: Attention, h, mask, rows, key, deterministic):
+    out, weights, logit_max = attn(h, mask, rows, key=key, deterministic=deterministic)
+    return out, {"attention_weights": weights, "attention_logits_max": logit_max}
+
+
+class ResidualMHA(_Block):
+    """post: Norm(x + Dropout(MHA(x)));  pre: x + Dropout(MHA(Norm(x)));  peri: the pre
+    form with a second norm on MHA's output. Params: mha, norm, norm_out, scale."""
+
+    kind = "ResidualMHA"
+
+    def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
+                 deterministic: bool | None = None):
+        """x: (B, T, E) or (T, E). With return_intermediates, also {"attention_weights":
+        (B, H, T, T), "attention_logits_max": ()}. deterministic: see `TransformerBlock`."""
+        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic)
+
+
+class FeedForward(_Block):
+    """post: Norm(x + Dropout(MLP(x)));  pre: x + Dropout(MLP(Norm(x)));  MLP dense
+    W2 Dropout(act(W1 x)) or gated W2 Dropout(act(Wg x) * W1 x).
+    Params: linear1, linear_gate (gated), linear2, norm, norm_out, scale."""
+
+    kind = "FeedForward"
+
+    def __call__(self, x: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
+        """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`."""
+        return self._call(x, None, None, False, deterministic)
+
+
+class TransformerBlock(_Block):
+    """Attention sublayer then MLP sublayer, the twin of torch's TransformerEncoderLayer.
+
+    Params: self_attn, linear1, linear_gate (gated MLPs), linear2, norm1, norm2,
+    norm1_out / norm2_out (peri), scale1 / scale2 (ReZero, LayerScale).
+    """
+
+    kind = "TransformerBlock"
+
+    def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
+                 deterministic: bool | None = None):
+        """x: (B, T, E) or (T, E). With return_intermediates, also {"attention_weights":
+        (B, H, T, T), "attention_logits_max": ()}. deterministic: True turns dropout off for
+        this call (Linen's convention, forwarded by `nnx.bridge.to_linen`), False on; None
+        follows the module's train / eval mode (`.train()`, `.eval()`)."""
+        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic)
 
 
 class Encoder(nnx.Module):
-    """`num_layers` independently initialised TransformerBlocks plus an optional final LayerNorm.
+    """`num_layers` independently initialised TransformerBlocks plus an optional final norm.
 
     The layers' parameters are stacked on a leading axis of size num_layers (created with
     nnx.vmap, applied with a jax.lax.scan over the stacked state), so compile time does not grow with depth.
-    `final_norm` defaults to True for pre-LN (a pre-LN stack needs it), False otherwise.
+    `final_norm` defaults to True for pre-LN and Peri-LN (such a stack needs it), False otherwise.
     Params: layers (each leaf has a leading layer axis), norm.
     """
 
     def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None, rngs: nnx.Rngs):
-        if not isinstance(num_layers, int) or num_layers < 1:
+        if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
         self.cfg = cfg = cfg.resolve(num_layers)
         self.num_layers = num_layers
@@ -195,14 +186,21 @@ class Encoder(nnx.Module):
         # drawn outside the layer scan, so the scan never mutates RNG state.
         self.rngs = rngs["dropout"].fork() if cfg.dropout > 0 else None
         if final_norm is None:
-            final_norm = cfg.norm == "pre"
-        self.norm = layer_norm(cfg, rngs=rngs) if final_norm else None
+            final_norm = cfg.norm in ("pre", "peri")
+        norm = Norm(cfg, declarations.norm(cfg, cfg.d_model), rngs=rngs) if final_norm else None
+        setattr(self, FINAL_NORM, norm)
 
-    def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False):
-        """x: (B, T, E) or (T, E) -> same shape.
+    @property
+    def final_norm(self) -> Norm | None:
+        return getattr(self, FINAL_NORM)
+
+    def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
+                 deterministic: bool | None = None):
+        """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`.
 
         With return_intermediates, also {"residual": (L, B, T, E), the stream after each layer,
-        "attention_weights": (L, B, H, T, T)}; the default call computes neither.
+        "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}; the default call
+        computes none of them.
         """
         x, unbatched = _as_batched(self.cfg, x)
         mask, rows = build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)
@@ -210,23 +208,25 @@ class Encoder(nnx.Module):
         # A plain lax.scan over the stacked state, which it only reads: it composes with
         # any outer transform (jax.grad over split params, vmap, jit, nnx.jit).
         graphdef, state = nnx.split(self.layers)
-        training = self.rngs is not None and not self.layers.dropout.deterministic
+        off = self.layers.dropouts[0].deterministic if deterministic is None else deterministic
+        training = self.rngs is not None and not off
         keys = jax.random.split(self.rngs(), self.num_layers) if training else None
 
-        run = _layer_scan_body(graphdef, return_intermediates)
+        run = _layer_scan_body(graphdef, return_intermediates, deterministic)
         (y, _, _), per_layer = jax.lax.scan(run, (x, mask, rows), (state, keys))
-        if self.norm is not None:
-            y = self.norm(y)
+        if self.final_norm is not None:
+            y = self.final_norm(y)
         if not return_intermediates:
             return y[0] if unbatched else y
-        residual, weights = per_layer
+        residual, extras = per_layer
+        extras = {"residual": residual, **extras}
         if unbatched:
-            residual, weights = residual[:, 0], weights[:, 0]
-        return (y[0] if unbatched else y), {"residual": residual, "attention_weights": weights}
+            extras = {k: (v[:, 0] if v.ndim > 1 else v) for k, v in extras.items()}
+        return (y[0] if unbatched else y), extras
 
 
 @functools.lru_cache(maxsize=64)
-def _layer_scan_body(graphdef, return_intermediates: bool):
+def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool | None):
     """The Encoder's scan body, one function object per (layer graphdef, flag): an eager call
     then reuses the compiled scan instead of compiling it afresh at every call (as a new
     closure would). The masks ride in the carry, unchanged, rather than in a closure."""
@@ -234,18 +234,18 @@ def _layer_scan_body(graphdef, return_intermediates: bool):
     def run(carry, xs):
         h, mask, rows = carry
         layer_state, key = xs
-        h, w = nnx.merge(graphdef, layer_state).apply(h, mask, rows, key)
-        return (h, mask, rows), ((h, w) if return_intermediates else None)
+        h, extras = nnx.merge(graphdef, layer_state).apply(h, mask, rows, key, deterministic)
+        return (h, mask, rows), ((h, extras) if return_intermediates else None)
 
     return run
 
 
-def _with_key(dropout: nnx.Dropout, key: jax.Array | None):
-    return lambda h: dropout(h, rngs=key)
+def _with_key(dropout: nnx.Dropout, key: jax.Array | None, deterministic: bool | None = None):
+    return lambda h: dropout(h, deterministic=deterministic, rngs=key)
 
 
 def _finish(y: jax.Array, unbatched: bool, extras: dict[str, Any], return_intermediates: bool):
     if unbatched:
         y = y[0]
-        extras = {k: v[0] for k, v in extras.items()}
+        extras = {k: (v[0] if v.ndim else v) for k, v in extras.items()}
     return (y, extras) if return_intermediates else y

@@ -4,17 +4,23 @@ Nothing here imports a framework: `torch_blocks` and `flax_blocks` both read thi
 module, so a field means the same thing on both sides. Defaults follow
 `torch.nn.TransformerEncoderLayer` (d_ff 2048, dropout 0.1, relu, post-LN,
 eps 1e-5), so `BlockConfig(d_model=512, num_heads=8)` describes the same layer as
-`nn.TransformerEncoderLayer(512, 8, batch_first=True)`.
+`nn.TransformerEncoderLayer(512, 8, batch_first=True)`. The modern options (RMSNorm,
+Peri-LN, gated MLPs, grouped-query attention, QK-norm, rotary positions) are off by
+default; a LLaMA-like block is
+
+    BlockConfig(d_model=64, num_heads=8, num_kv_heads=2, norm="pre", norm_type="rmsnorm",
+                mlp="swiglu", activation="silu", rope_theta=10000.0, bias=False, causal=True)
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
-NORMS = ("pre", "post", "none")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+NORMS = ("pre", "post", "peri", "none")
+NORM_TYPES = ("layernorm", "rmsnorm")
+MLPS = ("dense", "swiglu", "geglu")
 RESIDUALS = ("add", "none")
 SCALINGS = ("none", "deepnorm", "rezero", "layerscale")
 INITS = ("torch", "xavier")
@@ -26,6 +32,21 @@ def _allowed(name: str, value: Any, allowed: tuple) -> None:
         raise ValueError(f"BlockConfig.{name} must be one of {allowed}, got {value!r}")
 
 
+def dtype_name(value: Any) -> Any:
+    """A dtype given as a string, a numpy / JAX / ml_dtypes type or dtype, or a torch dtype
+    -> its name ("float32", "bfloat16", ...); other values are returned unchanged (and then
+    rejected by the validation that names the allowed ones)."""
+    if value is None or isinstance(value, str):
+        return value
+    name = getattr(value, "name", None)  # np.dtype('float32').name
+    if not isinstance(name, str):
+        name = getattr(value, "__name__", None)  # np.float32, jnp.bfloat16
+    if not isinstance(name, str):
+        name = str(value)  # torch.float32 -> "torch.float32"
+    name = name.removeprefix("torch.")
+    return name if name in DTYPES else value
+
+
 @dataclass(frozen=True)
 class BlockConfig:
     """Configuration of one residual transformer block (and of an Encoder's layers).
@@ -34,10 +55,25 @@ class BlockConfig:
       d_model, num_heads, d_ff: widths; head_dim = d_model // num_heads.
       dropout: rate used after each sublayer, after the FFN activation and on the
         attention weights (as in torch's TransformerEncoderLayer).
-      activation: "relu", "gelu" (exact, erf) or "gelu_tanh" (tanh approximation).
-      layer_norm_eps: LayerNorm epsilon (torch's 1e-5, not flax's 1e-6).
+      activation: "relu", "gelu" (exact, erf), "gelu_tanh" (tanh approximation) or "silu".
+      layer_norm_eps: epsilon of every norm, LayerNorm or RMSNorm, on both sides
+        (torch's 1e-5; neither flax's 1e-6 nor torch RMSNorm's machine epsilon).
       bias: biases in the linear maps and the LayerNorms.
-      norm: "post" LN(x + F(x)), "pre" x + F(LN(x)), or "none" (no LayerNorm, as ReZero).
+      norm: where the norms sit around each sublayer F:
+        "post" Norm(x + F(x)), "pre" x + F(Norm(x)), "peri" x + Norm_out(F(Norm_in(x)))
+        (Peri-LN / sandwich norm), or "none" (no norm, as ReZero).
+      norm_type: "layernorm" (mean and variance, weight and bias) or "rmsnorm"
+        (x / sqrt(mean(x^2) + eps) * weight, no bias).
+      mlp: "dense" W2 act(W1 x), or gated "swiglu" / "geglu": W2 (act(Wg x) * W1 x),
+        with activation "silu" (swiglu) or "gelu" / "gelu_tanh" (geglu).
+      num_kv_heads: key/value heads for grouped-query attention (None: num_heads; 1:
+        multi-query); query head h uses key/value head h // (num_heads // num_kv_heads).
+      qk_norm: a norm of norm_type over head_dim on every head of q and k (before rotary),
+        with its own learned weight (OLMo 2, Gemma 3).
+      rope_theta: None (no positions) or the base of rotary position embeddings, applied
+        to q and k in the rotate-half convention of HF LLaMA / GPT-NeoX.
+      qkv_bias: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True
+        with bias=False).
       residual: "add" keeps the identity path; "none" is the skip ablation y = F(.).
       scaling: residual scaling scheme:
         "none";
@@ -52,16 +88,23 @@ class BlockConfig:
         (xavier-uniform matrices, zero biases).
       dtype: computation dtype (None: promote inputs and parameters, the flax rule).
       param_dtype: parameter dtype on both sides.
+      dtype and param_dtype take a name or a numpy / JAX / torch dtype object.
     """
 
     d_model: int
     num_heads: int
     d_ff: int = 2048
     dropout: float = 0.1
-    activation: Literal["relu", "gelu", "gelu_tanh"] = "relu"
+    activation: Literal["relu", "gelu", "gelu_tanh", "silu"] = "relu"
     layer_norm_eps: float = 1e-5
     bias: bool = True
-    norm: Literal["pre", "post", "none"] = "post"
+    norm: Literal["pre", "post", "peri", "none"] = "post"
+    norm_type: Literal["layernorm", "rmsnorm"] = "layernorm"
+    mlp: Literal["dense", "swiglu", "geglu"] = "dense"
+    num_kv_heads: int | None = None
+    qk_norm: bool = False
+    rope_theta: float | None = None
+    qkv_bias: bool | None = None
     residual: Literal["add", "none"] = "add"
     scaling: Literal["none", "deepnorm", "rezero", "layerscale"] = "none"
     deepnorm_alpha: float | None = None
@@ -73,6 +116,8 @@ class BlockConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
         for name in ("d_model", "num_heads", "d_ff"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -88,11 +133,34 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
         _allowed("activation", self.activation, ACTIVATIONS)
         _allowed("norm", self.norm, NORMS)
+        _allowed("norm_type", self.norm_type, NORM_TYPES)
+        _allowed("mlp", self.mlp, MLPS)
         _allowed("residual", self.residual, RESIDUALS)
         _allowed("scaling", self.scaling, SCALINGS)
         _allowed("init", self.init, INITS)
         _allowed("dtype", self.dtype, (None, *DTYPES))
         _allowed("param_dtype", self.param_dtype, DTYPES)
+        if not isinstance(self.qk_norm, bool):
+            raise ValueError(f"BlockConfig.qk_norm must be a bool, got {self.qk_norm!r}")
+        if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
+            raise ValueError(f"BlockConfig.qkv_bias must be None or a bool, got {self.qkv_bias!r}")
+        kv = self.num_kv_heads
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0 or self.num_heads % kv):
+            raise ValueError(
+                f"BlockConfig.num_kv_heads must be None or a positive divisor of num_heads "
+                f"({self.num_heads}), got {kv!r}"
+            )
+        if self.rope_theta is not None:
+            if not self.rope_theta > 0:
+                raise ValueError(f"BlockConfig.rope_theta must be > 0 or None, got {self.rope_theta!r}")
+            if self.head_dim % 2:
+                raise ValueError(f"BlockConfig.rope_theta needs an even head_dim, got head_dim={self.head_dim}")
+        if self.mlp == "swiglu" and self.activation != "silu":
+            raise ValueError(f"BlockConfig.mlp='swiglu' needs activation='silu', got activation={self.activation!r}")
+        if self.mlp == "geglu" and self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(
+                f"BlockConfig.mlp='geglu' needs activation='gelu' or 'gelu_tanh', got activation={self.activation!r}"
+            )
         if self.scaling == "deepnorm" and self.norm != "post":
             raise ValueError(f"BlockConfig.scaling='deepnorm' needs norm='post', got norm={self.norm!r}")
         if self.scaling != "none" and self.residual == "none":
@@ -108,6 +176,19 @@ class BlockConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: num_kv_heads, or num_heads when that is None."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def gated(self) -> bool:
+        return self.mlp != "dense"
 
     def resolve(self, num_layers: int = 1) -> "BlockConfig":
         """Fill the depth-dependent constants left as None, with the published formulas.
@@ -136,70 +217,6 @@ class BlockConfig:
 
 
 # ----------------------------------------------------------------------------------
-# Initialisation: one table of distributions, sampled by each framework.
-# Roles name parameters by what they are, independent of either framework's layout.
-# A spec is ("uniform", bound), ("normal", std) or ("const", value); iid entries.
-# ----------------------------------------------------------------------------------
-
-Spec = tuple[str, float]
-
-
-def _xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
-    return ("uniform", gain * math.sqrt(6.0 / (fan_in + fan_out)))
-
-
-def _xavier_normal(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
-    return ("normal", gain * math.sqrt(2.0 / (fan_in + fan_out)))
-
-
-def init_spec(cfg: BlockConfig, role: str) -> Spec | tuple[Spec, Spec, Spec]:
-    """Distribution of the parameter `role` under `cfg.init` (and DeepNorm's gains).
-
-    Roles: qkv_weight (returns one spec per q, k, v chunk), qkv_bias, out_weight,
-    out_bias, linear1_weight, linear1_bias, linear2_weight, linear2_bias, norm_weight,
-    norm_bias, scale (the ReZero / LayerScale gate).
-    """
-    cfg = cfg.resolve()
-    e, f = cfg.d_model, cfg.d_ff
-    zero: Spec = ("const", 0.0)
-    if role == "norm_weight":
-        return ("const", 1.0)
-    if role == "norm_bias":
-        return zero
-    if role == "scale":
-        return ("const", 0.0 if cfg.scaling == "rezero" else float(cfg.layerscale_init or 0.0))
-    if role.endswith("_bias") and (cfg.init == "xavier" or cfg.scaling == "deepnorm"):
-        return zero
-    if cfg.scaling == "deepnorm":
-        beta = float(cfg.deepnorm_beta)  # type: ignore[arg-type]
-        return {
-            "qkv_weight": (_xavier_normal(e, e), _xavier_normal(e, e), _xavier_normal(e, e, beta)),
-            "out_weight": _xavier_normal(e, e, beta),
-            "linear1_weight": _xavier_normal(e, f, beta),
-            "linear2_weight": _xavier_normal(f, e, beta),
-        }[role]
-    if cfg.init == "xavier":
-        return {
-            "qkv_weight": (_xavier_uniform(e, e),) * 3,
-            "out_weight": _xavier_uniform(e, e),
-            "linear1_weight": _xavier_uniform(e, f),
-            "linear2_weight": _xavier_uniform(f, e),
-        }[role]
-    # torch: MultiheadAttention xavier-uniform over the packed (3E, E) matrix and zero
-    # biases; nn.Linear's kaiming_uniform(a=sqrt(5)), i.e. U(+-1/sqrt(fan_in)).
-    return {
-        "qkv_weight": (_xavier_uniform(e, 3 * e),) * 3,
-        "qkv_bias": zero,
-        "out_weight": ("uniform", 1 / math.sqrt(e)),
-        "out_bias": zero,
-        "linear1_weight": ("uniform", 1 / math.sqrt(e)),
-        "linear1_bias": ("uniform", 1 / math.sqrt(e)),
-        "linear2_weight": ("uniform", 1 / math.sqrt(f)),
-        "linear2_bias": ("uniform", 1 / math.sqrt(f)),
-    }[role]
-
-
-# ----------------------------------------------------------------------------------
 # The residual update, written once for both frameworks (it only uses * and +).
 # ----------------------------------------------------------------------------------
 
@@ -211,15 +228,18 @@ def residual_update(
     norm: Callable[[Any], Any],
     dropout: Callable[[Any], Any],
     scale: Any = None,
+    norm_out: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any]:
     """One residual sublayer; returns (y, whatever `sublayer` returned beside its output).
 
-    post: y = LN(alpha * x + s * Dropout(F(x)))     pre: y = x + s * Dropout(F(LN(x)))
-    none: y = x + s * Dropout(F(x))
+    post: y = Norm(alpha * x + s * Dropout(F(x)))     pre: y = x + s * Dropout(F(Norm(x)))
+    peri: y = x + s * Dropout(Norm_out(F(Norm(x))))    none: y = x + s * Dropout(F(x))
     with alpha = DeepNorm's alpha (else 1), s = the ReZero / LayerScale gate (else 1);
     residual="none" drops the skip term (alpha * x).
     """
-    h, aux = sublayer(norm(x) if cfg.norm == "pre" else x)
+    h, aux = sublayer(norm(x) if cfg.norm in ("pre", "peri") else x)
+    if cfg.norm == "peri":
+        h = norm_out(h)
     h = dropout(h)
     if scale is not None:
         h = scale * h
@@ -236,6 +256,18 @@ def check_width(cfg: BlockConfig, shape: tuple[int, ...], what: str = "input") -
             f"{what} must have shape (batch, seq, {cfg.d_model}) or (seq, {cfg.d_model}) "
             f"(d_model={cfg.d_model}), got {tuple(shape)}"
         )
+
+
+def fully_masked_message(elements: Any, framework: str) -> str:
+    """The warning for batch elements in which no query has any key to attend to: almost
+    always a mask written in the other framework's convention."""
+    mine, other = ("True = may attend", "True = may NOT attend") if framework == "flax" else (
+        "True = may NOT attend", "True = may attend")
+    return (
+        f"every query of batch element(s) {list(map(int, elements))} has no key to attend to, so their "
+        f"attention output is zero. {framework} masks mean {mine}; a mask written in the other convention "
+        f"({other}) does this: convert it with invert_mask()."
+    )
 
 
 def invert_mask(mask: Any) -> Any:

@@ -4,9 +4,9 @@
     load_torch_state_dict(module, source, *, prefix="", strict=True)   torch -> Flax, in place
     torch_state_dict(module)                                            Flax  -> {torch name: array}
 
-Both directions read one declarative table, `RULES`: (torch name, Flax path, transform).
-Names are written for one block; an Encoder's torch `layers.{i}.` maps to index i of the
-Flax layers' leading (stacked) axis. Nothing here imports torch: a `.pt` file needs it,
+Both directions read the parameter declarations (`flax_blocks.declarations`): each
+Param's torch name, Flax path and Layout (torch tensor <-> Flax array). An Encoder's
+torch `layers.{i}.` maps to index i of the Flax layers' leading (stacked) axis. Nothing here imports torch: a `.pt` file needs it,
 a `.safetensors` file or a mapping of arrays does not.
 
 Loading is strict by default and atomic: every problem (missing or unexpected keys, shape
@@ -20,93 +20,35 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
-# ----------------------------------------------------------------------------------------
-# The table. Each transform is (to_flax, to_torch), given the block's (heads, head_dim).
-# ----------------------------------------------------------------------------------------
+from . import declarations
+from .config import BlockConfig, dtype_name
+from .declarations import FINAL_NORM, LAYERS, Param
+from .io_errors import torch_load_state_dict
 
-Transform = tuple[Callable[[np.ndarray, int, int], np.ndarray], Callable[[np.ndarray, int, int], np.ndarray]]
-
-COPY: Transform = (lambda a, h, d: a, lambda a, h, d: a)
-# nn.Linear weight (out, in) <-> flax kernel (in, out)
-TRANSPOSE: Transform = (lambda a, h, d: a.T, lambda a, h, d: a.T)
-# packed in_proj_weight (3E, E), rows [q; k; v] each (heads, head_dim) <-> (E, 3, heads, head_dim)
-QKV_WEIGHT: Transform = (
-    lambda a, h, d: a.reshape(3, h, d, a.shape[-1]).transpose(3, 0, 1, 2),
-    lambda a, h, d: a.transpose(1, 2, 3, 0).reshape(3 * h * d, a.shape[0]),
-)
-QKV_BIAS: Transform = (lambda a, h, d: a.reshape(3, h, d), lambda a, h, d: a.reshape(3 * h * d))
-# out_proj.weight (E, heads*head_dim) <-> (heads, head_dim, E)
-OUT_WEIGHT: Transform = (lambda a, h, d: a.T.reshape(h, d, a.shape[0]), lambda a, h, d: a.reshape(h * d, a.shape[-1]).T)
-
-ATTN = "(?P<attn>self_attn|mha)"
-LIN = "(?P<lin>linear1|linear2)"
-NORM = "(?P<norm>norm|norm1|norm2)"
-GATE = "(?P<gate>scale|scale1|scale2)"
-
-RULES: list[tuple[str, str, Transform]] = [
-    # torch name (within a block)         Flax path (within a block)    transform
-    (f"{ATTN}.in_proj_weight",            "{attn}.in_kernel",           QKV_WEIGHT),
-    (f"{ATTN}.in_proj_bias",              "{attn}.in_bias",             QKV_BIAS),
-    (f"{ATTN}.out_proj.weight",           "{attn}.out_kernel",          OUT_WEIGHT),
-    (f"{ATTN}.out_proj.bias",             "{attn}.out_bias",            COPY),
-    (f"{LIN}.weight",                     "{lin}.kernel",               TRANSPOSE),
-    (f"{LIN}.bias",                       "{lin}.bias",                 COPY),
-    (f"{NORM}.weight",                    "{norm}.scale",               COPY),
-    (f"{NORM}.bias",                      "{norm}.bias",                COPY),
-    (f"{GATE}",                           "{gate}",                     COPY),
-]
-LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+LAYER = re.compile(rf"{LAYERS}\.(\d+)\.(.+)")
+BLOCK_KINDS = tuple(declarations.BLOCKS)
+KINDS = (*BLOCK_KINDS, "Encoder")
 
 
-def _flax_regex(flax_template: str) -> re.Pattern:
-    names = re.findall(r"\{(\w+)\}", flax_template)
-    pattern = re.escape(flax_template)
-    for n in names:
-        pattern = pattern.replace(re.escape("{" + n + "}"), f"(?P<{n}>[\\w]+)")
-    return re.compile(pattern + "$")
-
-
-_TORCH_RULES = [(re.compile(t.replace(".", r"\.") + "$"), f, tr) for t, f, tr in RULES]
-_FLAX_RULES = [(_flax_regex(f), t, tr) for t, f, tr in RULES]
-
-
-def _torch_template(torch_regex: str, groups: dict[str, str]) -> str:
-    out = torch_regex
-    for n, v in groups.items():
-        out = re.sub(rf"\(\?P<{n}>[^)]*\)", v, out)
+def module_params(kind: str, cfg: BlockConfig, *, num_layers: int | None = None,
+                  final_norm: bool = False) -> list[tuple[str, str, Param, int | None]]:
+    """(torch name, dotted Flax path, Param, layer index or None) of every parameter of a
+    module of `kind`, derived from the declarations. An Encoder's layer i is torch's
+    `layers.{i}.` and index i of the Flax layers' leading (stacked) axis."""
+    if kind in BLOCK_KINDS:
+        return [(t, f, p, None) for t, f, p in declarations.flatten(declarations.block(cfg, kind))]
+    if kind != "Encoder":
+        raise TypeError(f"expected one of {KINDS}, got {kind!r}")
+    layer = declarations.flatten(declarations.block(cfg, "TransformerBlock"))
+    out = [(f"{LAYERS}.{i}.{t}", f"{LAYERS}.{f}", p, i) for i in range(num_layers or 0) for t, f, p in layer]
+    if final_norm:
+        out += [(t, f, p, None) for t, f, p in declarations.flatten(declarations.norm(cfg, cfg.d_model), f"{FINAL_NORM}.")]
     return out
-
-
-def flax_to_torch_name(flax_path: str) -> tuple[str, Transform]:
-    """('self_attn.in_kernel') -> ('self_attn.in_proj_weight', QKV_WEIGHT), within one block."""
-    for regex, torch_regex, transform in _FLAX_RULES:
-        m = regex.match(flax_path)
-        if m:
-            name = _torch_template(torch_regex, m.groupdict())
-            if _torch_rule(name) is not None:
-                return name, transform
-    raise KeyError(f"no conversion rule for Flax parameter {flax_path!r}")
-
-
-def _torch_rule(torch_name: str):
-    for regex, flax_template, transform in _TORCH_RULES:
-        m = regex.match(torch_name)
-        if m:
-            return flax_template.format(**m.groupdict()), transform
-    return None
-
-
-def torch_to_flax_name(torch_name: str) -> tuple[str, Transform]:
-    """('linear1.weight') -> ('linear1.kernel', TRANSPOSE), within one block."""
-    rule = _torch_rule(torch_name)
-    if rule is None:
-        raise KeyError(f"no conversion rule for torch parameter {torch_name!r}")
-    return rule
 
 
 # ----------------------------------------------------------------------------------------
@@ -159,7 +101,7 @@ def read_state_dict(source: Any) -> dict[str, np.ndarray]:
                     f"reading {path} needs PyTorch: install the 'torch' extra "
                     "(pip install 'twin-blocks[torch]'), or convert it to .safetensors"
                 ) from e
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            obj = torch_load_state_dict(path)  # one-line CheckpointReadError for a pickled module
             if not isinstance(obj, Mapping):
                 raise ConversionError([f"{path} holds a {type(obj).__name__}, expected a state dict (name -> tensor)"])
             return {k: to_numpy(v) for k, v in obj.items()}
@@ -184,12 +126,11 @@ def _flax_params(module) -> dict[str, Any]:
     return {".".join(str(p) for p in path): var for path, var in flat}
 
 
-def _layout(module) -> tuple[int, int, int | None]:
-    """(heads, head_dim, num_layers or None) of a flax_blocks module."""
-    cfg = getattr(module, "cfg", None)
-    if cfg is None:
-        raise TypeError(f"expected a flax_blocks module (ResidualMHA, FeedForward, TransformerBlock, Encoder), got {type(module).__name__}")
-    return cfg.num_heads, cfg.head_dim, getattr(module, "num_layers", None)
+def _kind(module) -> str:
+    kind = type(module).__name__
+    if getattr(module, "cfg", None) is None or kind not in KINDS:
+        raise TypeError(f"expected a flax_blocks module ({', '.join(KINDS)}), got {kind}")
+    return kind
 
 
 @dataclass
@@ -198,32 +139,36 @@ class Expected:
 
     flax_path: str
     layer: int | None
-    transform: Transform
+    param: Param
     torch_shape: tuple[int, ...]
 
 
 def expected_torch_params(module) -> dict[str, Expected]:
     """{torch name: Expected} for every parameter of `module`, in torch's naming."""
-    heads, hd, num_layers = _layout(module)
-    out: dict[str, Expected] = {}
-    for path, var in _flax_params(module).items():
-        value = var.get_value()
-        if path.startswith("layers."):
-            inner = path[len("layers."):]
-            name, tr = flax_to_torch_name(inner)
-            tshape = tr[1](np.empty(value.shape[1:], np.bool_), heads, hd).shape
-            for i in range(num_layers):
-                out[f"layers.{i}.{name}"] = Expected(path, i, tr, tuple(tshape))
-        else:
-            name, tr = flax_to_torch_name(path)
-            tshape = tr[1](np.empty(value.shape, np.bool_), heads, hd).shape
-            out[name] = Expected(path, None, tr, tuple(tshape))
-    return out
+    kind = _kind(module)
+    final = kind == "Encoder" and module.final_norm is not None
+    return {
+        t: Expected(f, layer, p, p.shape)
+        for t, f, p, layer in module_params(kind, module.cfg, num_layers=getattr(module, "num_layers", None),
+                                            final_norm=final)
+    }
 
 
 # ----------------------------------------------------------------------------------------
-# Config inference
+# Config inference, from the declarations: which parameter names exist under which option
 # ----------------------------------------------------------------------------------------
+
+_PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, norm="peri", mlp="swiglu", activation="silu",
+                     qk_norm=True, scaling="layerscale", qkv_bias=True)
+
+
+def _names(kind: str, **options: Any) -> dict[str, Param]:
+    return {t: p for t, _, p, _ in module_params(kind, replace(_PROBE, **options))}
+
+
+def _only_with(kind: str, **options: Any) -> set[str]:
+    """Names that exist with the probe config and vanish when `options` are applied."""
+    return set(_names(kind)) - set(_names(kind, **options))
 
 
 @dataclass
@@ -238,39 +183,63 @@ class ConfigReport:
         return f"inferred: {known}\ncannot be inferred (give them to BlockConfig): {', '.join(self.unknown)}"
 
 
+def _block_kind(roots: set[str]) -> str | None:
+    """The block kind whose sublayers' main modules are all among the key roots (the
+    largest such kind first)."""
+    for kind in sorted(BLOCK_KINDS, key=lambda k: -len(declarations.BLOCKS[k])):
+        if all(sub.modules[0] in roots for sub in declarations.BLOCKS[kind]):
+            return kind
+    return None
+
+
 def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
-    """Read a torch-named state dict and report what it fixes: kind, d_model, d_ff,
-    num_layers, bias, final_norm, LayerNorms present, residual scaling, dtype."""
-    sd = _strip(read_state_dict(source), prefix)
-    names = set(sd)
-    inner = {LAYER.match(n).group(2) if LAYER.match(n) else n for n in names}
-    layers = sorted({int(LAYER.match(n).group(1)) for n in names if LAYER.match(n)})
-    info: dict[str, Any] = {}
+    """Read a torch-named state dict and report what it fixes: kind, d_model, d_ff
+    (head_dim with QK-norm), num_layers, bias, qkv_bias, final_norm, norms present and
+    their placement (peri), gated MLP, QK-norm, residual scaling, dtype."""
+    sd = _strip(read_state_dict(source), _norm_prefix(prefix))
+    layers = sorted({int(m.group(1)) for n in sd if (m := LAYER.match(n))})
+    inner = {(m.group(2) if (m := LAYER.match(n)) else n): a for n, a in sd.items()}
     if layers:
-        info["kind"] = "Encoder"
-        info["num_layers"] = len(layers)
-        info["final_norm"] = "norm.weight" in names
-    elif any(n.startswith("self_attn.") for n in names):
-        info["kind"] = "TransformerBlock"
-    elif any(n.startswith("mha.") for n in names):
-        info["kind"] = "ResidualMHA"
-    elif any(n.startswith("linear1.") for n in names):
-        info["kind"] = "FeedForward"
-    for n, arr in sd.items():
-        base = LAYER.match(n).group(2) if LAYER.match(n) else n
-        if base.endswith("in_proj_weight"):
-            info["d_model"] = int(arr.shape[1])
-        if base == "linear1.weight":
-            info["d_ff"] = int(arr.shape[0])
-            info.setdefault("d_model", int(arr.shape[1]))
-    info["bias"] = any(b.endswith(("in_proj_bias", "linear1.bias", "linear2.bias")) for b in inner)
-    info["layer_norms"] = any(b.startswith(("norm1.", "norm2.", "norm.")) for b in inner if not (layers and b.startswith("norm.")))
-    gates = [sd[n] for n in names if re.search(r"(^|\.)scale[12]?$", n)]
-    if gates:
-        info["scaling"] = "rezero" if gates[0].ndim == 0 else "layerscale"
+        inner = {n: a for n, a in inner.items() if not n.startswith(f"{FINAL_NORM}.")} if layers else inner
+    info: dict[str, Any] = {}
+    kind = _block_kind({n.split(".")[0] for n in inner})
+    if layers:
+        info.update(kind="Encoder", num_layers=len(layers), final_norm=f"{FINAL_NORM}.weight" in sd)
+        kind = "TransformerBlock"
+    elif kind is not None:
+        info["kind"] = kind
+    if kind is not None:
+        declared = _names(kind)
+        for name, a in inner.items():  # each dimension that is a config field
+            p = declared.get(name)
+            if p is not None and len(p.dims) == a.ndim:
+                for dim, size in zip(p.dims, a.shape):
+                    if dim is not None:
+                        info.setdefault(dim, int(size))
+        has = lambda names: any(n in inner for n in names)  # noqa: E731
+        info["bias"] = has(_only_with(kind, bias=False, qkv_bias=True) - _only_with(kind, norm_type="rmsnorm"))
+        if has(_only_with(kind, qkv_bias=False)) != info["bias"]:
+            info["qkv_bias"] = not info["bias"]  # recorded only where it departs from `bias`
+        info["layer_norms"] = has(_only_with(kind, norm="none"))
+        if has(_only_with(kind, norm="pre")):
+            info["norm"] = "peri"
+        info["gated_mlp"] = has(_only_with(kind, mlp="dense", activation="relu"))
+        info["qk_norm"] = has(_only_with(kind, qk_norm=False))
+        if info["bias"] and info["layer_norms"]:
+            info["norm_type"] = "layernorm" if has(_only_with(kind, norm_type="rmsnorm")) else "rmsnorm"
+        gates = [a for n, a in inner.items() if n in _only_with(kind, scaling="none")]
+        if gates:
+            info["scaling"] = "rezero" if gates[0].ndim == 0 else "layerscale"
+        if "head_dim" in info and "d_model" in info:
+            rows = next((a.shape[0] for n, a in inner.items() if declared.get(n) is not None
+                         and declared[n].layout is declarations.QKV_WEIGHT), None)
+            if rows is not None:
+                info["num_heads"] = info["d_model"] // info["head_dim"]
+                info["num_kv_heads"] = (rows // info["head_dim"] - info["num_heads"]) // 2
     dtypes = sorted({str(a.dtype) for a in sd.values()})
     info["dtype"] = dtypes[0] if len(dtypes) == 1 else dtypes
-    return ConfigReport(info)
+    unknown = tuple(u for u in ConfigReport.unknown if u.split(" ")[0] not in info)
+    return ConfigReport(info, unknown)
 
 
 def _module_facts(module) -> dict[str, Any]:
@@ -280,14 +249,45 @@ def _module_facts(module) -> dict[str, Any]:
         facts["d_ff"] = cfg.d_ff
     if facts["kind"] == "Encoder":
         facts["num_layers"] = module.num_layers
-        facts["final_norm"] = module.norm is not None
+        facts["final_norm"] = module.final_norm is not None
     return facts
+
+
+def _norm_prefix(prefix: str) -> str:
+    """"encoder" and "encoder." both mean the keys under encoder."""
+    return prefix if not prefix or prefix.endswith(".") else prefix + "."
 
 
 def _strip(sd: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     if not prefix:
         return sd
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+
+
+def _suggest_prefix(raw: Mapping[str, Any], expected: Iterable[str]) -> str | None:
+    """The key root under which most expected names are found, if any (e.g. "encoder.")."""
+    expected = list(expected)
+    roots = {k.split(".")[0] for k in raw if "." in k}
+    counts = {r: sum(f"{r}.{k}" in raw for k in expected) for r in roots}
+    best = max(counts, key=counts.get, default=None)
+    return f"{best}." if best is not None and counts[best] else None
+
+
+def _np_dtype(dtype: Any):
+    """A dtype given as a name or a numpy / JAX / torch dtype object -> a numpy dtype."""
+    name = dtype_name(dtype)
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise TypeError(f"dtype must be float32, float64, bfloat16 or float16 (a name or a dtype object), got {dtype!r}") from None
+
+
+def _few(names: list[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 # ----------------------------------------------------------------------------------------
@@ -304,29 +304,36 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
     """Load torch-named weights into a flax_blocks module, in place.
 
     source: mapping of name -> array/tensor, a torch module, or a .safetensors/.pt/.pth path.
-    prefix: only names starting with it are read (e.g. "encoder." inside a bigger model).
+    prefix: only names starting with it are read (e.g. "encoder." or "encoder" inside a
+      bigger model).
     strict: missing and unexpected keys are errors; with strict=False they are reported
       in the returned LoadResult and the module keeps its own values for missing ones.
-    dtype: cast every tensor to this dtype; None keeps the checkpoint's dtypes.
+    dtype: cast every tensor to this dtype (a name or a numpy / JAX / torch dtype);
+      None keeps the checkpoint's dtypes.
     Shape, dtype and layer-count problems are always errors. On any error nothing changes.
     """
     import jax
     import jax.numpy as jnp
 
     raw = read_state_dict(source)
+    prefix = _norm_prefix(prefix)
+    cast = None if dtype is None else _np_dtype(dtype)
     problems: list[str] = []
     sd = _strip(raw, prefix)
     if prefix and not sd:
         roots = sorted({k.split(".")[0] + "." for k in raw})[:8]
         problems.append(f"prefix {prefix!r} matches no key (the checkpoint's keys start with {roots})")
     expected = expected_torch_params(module)
-    heads, hd, num_layers = _layout(module)
+    cfg = module.cfg
+    num_layers = getattr(module, "num_layers", None)
 
     report = infer_config(sd) if sd else ConfigReport()
     facts = _module_facts(module)
     for key in ("d_model", "d_ff", "bias", "final_norm"):  # num_layers: see the layer check
         if key in report.inferred and key in facts and report.inferred[key] != facts[key]:
-            problems.append(f"config mismatch: {key} is {report.inferred[key]!r} in the checkpoint, {facts[key]!r} in the module")
+            fix = " (pass final_norm=%r)" % report.inferred[key] if key == "final_norm" else ""
+            problems.append(f"config mismatch: {key} is {report.inferred[key]!r} in the checkpoint, "
+                            f"{facts[key]!r} in the module{fix}")
     ckpt_layers = sorted({int(m.group(1)) for k in sd if (m := LAYER.match(k))})
     if num_layers is not None and ckpt_layers and ckpt_layers != list(range(num_layers)):
         problems.append(
@@ -335,6 +342,10 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
 
     missing = sorted((k for k in expected if k not in sd), key=_natural)
     unexpected = sorted((k for k in sd if k not in expected), key=_natural)
+    if strict and missing and len(missing) == len(expected) and not prefix:
+        hint = _suggest_prefix(raw, expected)
+        if hint:
+            problems.append(f"no expected key at the top level; the weights seem to be under prefix={hint!r}")
     if strict:
         problems += [f"missing key {prefix}{k} (expected shape {expected[k].torch_shape})" for k in missing]
         problems += [f"unexpected key {prefix}{k} (shape {tuple(sd[k].shape)})" for k in unexpected]
@@ -343,6 +354,7 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
     if abstract and not strict:
         problems += [f"missing key {prefix}{k}: the module is abstract (nnx.eval_shape) and has no value for it" for k in abstract]
     x64 = jax.config.jax_enable_x64
+    silent64 = []
     for k, exp in expected.items():
         if k not in sd:
             continue
@@ -351,11 +363,13 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
             problems.append(f"shape mismatch for {prefix}{k}: expected {exp.torch_shape}, found {tuple(a.shape)}")
         if not np.issubdtype(a.dtype, np.floating) and str(a.dtype) != "bfloat16":
             problems.append(f"dtype of {prefix}{k}: expected a floating dtype, found {a.dtype}")
-        elif dtype is None and a.dtype == np.float64 and not x64:
-            problems.append(
-                f"dtype of {prefix}{k} is float64 but jax_enable_x64 is off (it would silently become "
-                "float32): enable it before creating arrays, or pass dtype=jnp.float32"
-            )
+        elif cast is None and a.dtype == np.float64 and not x64:
+            silent64.append(prefix + k)
+    if silent64:
+        problems.append(
+            f"{len(silent64)} tensor(s) are float64 ({_few(silent64)}) but jax_enable_x64 is off (they would "
+            "silently become float32): enable it before creating arrays, or pass dtype=jnp.float32"
+        )
     if problems:
         raise ConversionError(problems)
 
@@ -365,19 +379,25 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
     for k, exp in expected.items():
         if k not in sd:
             continue
-        a = exp.transform[0](sd[k], heads, hd)
-        if dtype is not None:
-            a = a.astype(dtype)
+        a = exp.param.layout.to_flax(sd[k], cfg)
+        if cast is not None:
+            a = a.astype(cast)
         if exp.layer is None:
             new[exp.flax_path] = a
         else:
             stacks.setdefault(exp.flax_path, [None] * num_layers)[exp.layer] = a
     for path, items in stacks.items():
-        current = np.asarray(params[path].get_value())
+        current = None if all(a is not None for a in items) else np.asarray(params[path].get_value())
         new[path] = np.stack([current[i] if a is None else a for i, a in enumerate(items)])
     for path, a in new.items():
         params[path].set_value(jnp.asarray(a))
     return LoadResult(missing, unexpected)
+
+
+def _checkpoint_has_final_norm(source: Any, prefix: str) -> tuple[Any, bool]:
+    """(the source read into a dict, whether it holds the Encoder's final norm)."""
+    sd = read_state_dict(source)
+    return sd, f"{_norm_prefix(prefix)}{FINAL_NORM}.weight" in sd
 
 
 def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str = "", dtype: Any = None, **kwargs: Any):
@@ -393,6 +413,8 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
     """
     from flax import nnx
 
+    if cls.__name__ == "Encoder" and kwargs.get("final_norm") is None:
+        source, kwargs["final_norm"] = _checkpoint_has_final_norm(source, prefix)
     module = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed), **kwargs))
     load_torch_state_dict(module, source, prefix=prefix, strict=True, dtype=dtype)
     materialize_rng_state(module, seed)
@@ -436,14 +458,13 @@ def torch_state_dict(module) -> dict[str, np.ndarray]:
     """{torch name: numpy array} of a flax_blocks module, in torch's layout and naming
     (loadable with strict=True into the torch_blocks twin, and into stock torch layers
     where the config is one torch supports). Dtypes are kept (bfloat16 as ml_dtypes)."""
-    heads, hd, _ = _layout(module)
     params = _flax_params(module)
     out: dict[str, np.ndarray] = {}
     for name, exp in expected_torch_params(module).items():
         value = np.asarray(params[exp.flax_path].get_value())
         if exp.layer is not None:
             value = value[exp.layer]
-        out[name] = np.array(exp.transform[1](value, heads, hd), order="C")  # keeps 0-d gates 0-d
+        out[name] = np.array(exp.param.layout.to_torch(value, module.cfg), order="C")  # keeps 0-d gates 0-d
     return dict(sorted(out.items(), key=lambda kv: _natural(kv[0])))
 
 

@@ -1,26 +1,108 @@
 """`python -m flax_blocks.convert SRC DST`: convert a checkpoint between the torch layout
 and a Flax-layout .safetensors file, print a summary, exit 1 listing every problem.
 
-torch -> Flax: SRC is a .pt/.pth (needs torch) or .safetensors with torch names; DST a
-.safetensors with Flax paths (stacked layers) and the config in its metadata.
-Flax -> torch: SRC is such a Flax .safetensors; DST a .safetensors (or .pt, with torch).
+torch -> Flax: SRC is a .pt/.pth (needs torch) or .safetensors with torch names; DST must be
+  a .safetensors file: Flax paths (stacked layers) and, in its metadata, the config. The
+  metadata records only what is known: what the tensors fix (d_model, d_ff, bias, layers,
+  final norm, gates) and the options you give below; the rest is listed as not recorded.
+Flax -> torch: SRC is such a Flax .safetensors; DST a .safetensors, or a .pt/.pth written
+  with torch.save (needs torch) holding a state dict with torch names.
+
+  python -m flax_blocks.convert encoder.pt encoder_flax.safetensors --num-heads 8 --norm pre --activation gelu
+  python -m flax_blocks.convert encoder_flax.safetensors back.pt
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import pickle
 import sys
-from dataclasses import asdict
+import types
+import typing
+from typing import Any
 
 import numpy as np
 
 FORMAT = "flax_blocks"
+TORCH_SUFFIXES = (".pt", ".pth")
+
+# BlockConfig fields the CLI does not take as flags: read from the tensors (d_model, d_ff,
+# bias, param_dtype), given by --num-heads, or not a property of a checkpoint.
+NOT_FLAGS = {"d_model", "num_heads", "d_ff", "bias", "dropout", "init", "dtype", "param_dtype"}
+
+HELP = {
+    "norm": "norm placement: torch's norm_first=True is 'pre', the default norm_first=False is 'post'",
+    "activation": "feed-forward activation: 'gelu' is exact (erf), as torch's activation='gelu'; "
+                  "'gelu_tanh' is the tanh approximation",
+    "layer_norm_eps": "LayerNorm / RMSNorm epsilon (torch's layer_norm_eps; its default is 1e-5)",
+    "residual": "'add' keeps the skip path; 'none' is the skip ablation",
+    "scaling": "residual scaling: DeepNorm has the same tensors as post-LN, so it cannot be read from the file",
+    "deepnorm_alpha": "DeepNorm's alpha (default: from the depth)",
+    "deepnorm_beta": "DeepNorm's init gain beta (default: from the depth)",
+    "layerscale_init": "LayerScale's initial gate value",
+    "causal": "every query attends only to keys at or before its position",
+    "norm_type": "'layernorm' or 'rmsnorm'",
+    "mlp": "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'",
+    "num_kv_heads": "key/value heads for grouped-query attention (default: as many as query heads)",
+    "qk_norm": "a norm over head_dim on each head of q and k",
+    "rope_theta": "rotary position embedding base (not given: no positions)",
+    "qkv_bias": "biases on the q/k/v projection (default: follow the biases)",
+    "final_norm": "an Encoder's final norm (default: as the checkpoint has it, norm.weight present or not)",
+}
+
+
+def _config_fields() -> list[tuple[str, Any, Any]]:
+    """(name, type hint, default) of every BlockConfig field the CLI takes as a flag."""
+    from flax_blocks.config import BlockConfig
+
+    hints = typing.get_type_hints(BlockConfig)
+    return [(f.name, hints[f.name], f.default) for f in dataclasses.fields(BlockConfig) if f.name not in NOT_FLAGS]
+
+
+def _add_config_flag(ap: argparse.ArgumentParser, name: str, hint: Any, default: Any) -> None:
+    """--name-with-dashes for one BlockConfig field; the value stays None when not given."""
+    flag = "--" + name.replace("_", "-")
+    base = hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: the flag takes an X
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        base = inner[0] if len(inner) == 1 else hint
+    text = HELP.get(name, f"BlockConfig.{name}")
+    default_note = " (not recorded unless given)"
+    if typing.get_origin(base) is typing.Literal:
+        ap.add_argument(flag, dest=name, choices=typing.get_args(base), default=None, help=text + default_note)
+    elif base is bool:
+        ap.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text + default_note)
+    elif base in (int, float, str):
+        ap.add_argument(flag, dest=name, type=base, default=None, metavar=name.upper(), help=text + default_note)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m flax_blocks.convert", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src", help="checkpoint to read: torch names (.pt/.pth/.safetensors) or a Flax .safetensors "
+                                "written by this tool")
+    ap.add_argument("dst", help="file to write: .safetensors (torch -> Flax, or Flax -> torch), or .pt/.pth "
+                                "(Flax -> torch only, needs torch)")
+    ap.add_argument("--num-heads", type=int, help="attention heads (not inferable from a torch checkpoint; "
+                                                  "required for torch -> Flax unless it is a FeedForward)")
+    ap.add_argument("--prefix", default="", help="read only torch names under this prefix, e.g. 'encoder.' "
+                                                 "inside a whole nn.Transformer")
+    cfg = ap.add_argument_group("config (torch -> Flax): written into the Flax file's metadata only when given")
+    for name, hint, default in _config_fields():
+        if name == "final_norm":
+            continue
+        _add_config_flag(cfg, name, hint, default)
+    cfg.add_argument("--final-norm", dest="final_norm", action=argparse.BooleanOptionalAction, default=None,
+                     help=HELP["final_norm"])
+    return ap
 
 
 def _build(kind: str, cfg_dict: dict, num_layers: int | None, final_norm: bool | None):
     """An abstract module (nnx.eval_shape: shapes, no values) for the loaders to fill:
-    every parameter is loaded strictly, so drawing (and compiling) an init is wasted work."""
+    every parameter is loaded strictly, so drawing (and compiling) an init is wasted work.
+    Fields missing from cfg_dict take BlockConfig's defaults (they do not change the tensors)."""
     from flax import nnx
 
     import flax_blocks as fb
@@ -47,68 +129,128 @@ def _is_flax_file(path: str) -> bool:
         return (f.metadata() or {}).get("format") == FORMAT
 
 
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    """The config flags that were given: {BlockConfig field: value}."""
+    return {name: getattr(args, name) for name, _, _ in _config_fields()
+            if name != "final_norm" and getattr(args, name, None) is not None}
+
+
+def _save_torch(sd: dict[str, np.ndarray], path: str) -> None:
+    """torch.save a {name: tensor} state dict (bfloat16 kept)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f"writing {path} needs PyTorch (pip install 'twin-blocks[torch]'); "
+                          "or name the destination *.safetensors") from e
+
+    def tensor(a: np.ndarray):
+        if str(a.dtype) == "bfloat16":
+            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+    torch.save({k: tensor(v) for k, v in sd.items()}, path)
+
+
+def _flax_to_torch(args: argparse.Namespace) -> int:
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from flax_blocks.convert import load_flax_state_dict, torch_state_dict
+
+    if not args.dst.endswith((".safetensors", *TORCH_SUFFIXES)):
+        raise ValueError(f"cannot write {args.dst}: Flax -> torch writes a .safetensors, .pt or .pth file")
+    ignored = [*_given(args), *(["num_heads"] if args.num_heads is not None else []),
+               *(["final_norm"] if args.final_norm is not None else [])]
+    if ignored:
+        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
+        print(f"note: {args.src} carries its config; ignoring {flags}", file=sys.stderr)
+    with safe_open(args.src, "np") as f:
+        meta = json.loads(f.metadata()["config"])
+    module = _build(meta["kind"], meta["cfg"], meta.get("num_layers"), meta.get("final_norm"))
+    load_flax_state_dict(module, args.src)
+    sd = torch_state_dict(module)
+    if args.dst.endswith(TORCH_SUFFIXES):
+        _save_torch(sd, args.dst)
+    else:
+        save_file(sd, args.dst)
+    print(f"Flax -> torch: {_summary(module, sd)} -> {args.dst}")
+    return 0
+
+
+def _torch_to_flax(args: argparse.Namespace) -> int:
+    from safetensors.numpy import save_file
+
+    from flax_blocks.config import BlockConfig
+    from flax_blocks.convert import (ConversionError, flax_state_dict, infer_config, load_torch_state_dict,
+                                     read_state_dict, torch_state_dict)
+
+    if not args.dst.endswith(".safetensors"):
+        raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file (its metadata carries "
+                         "the config); name the destination *.safetensors. To write torch names to a .pt, "
+                         "convert that Flax file back: python -m flax_blocks.convert FLAX.safetensors OUT.pt")
+    sd = read_state_dict(args.src)
+    report = infer_config(sd, prefix=args.prefix)
+    info = report.inferred
+    problems = []
+    if "kind" not in info or "d_model" not in info:
+        roots = sorted({k.split(".")[0] + "." for k in sd})[:8]
+        problems.append(f"{args.src}: found no transformer parameters under prefix {args.prefix!r} "
+                        f"(its keys start with {roots}; pass --prefix)")
+    if args.num_heads is None and info.get("kind") != "FeedForward":
+        problems.append("--num-heads is required: it cannot be inferred from a torch checkpoint")
+    if problems:
+        raise ConversionError(problems, header="cannot convert")
+
+    fields = {f.name for f in dataclasses.fields(BlockConfig)}
+    known: dict[str, Any] = {"d_model": info["d_model"], "bias": info["bias"]}
+    if args.num_heads is not None:
+        known["num_heads"] = args.num_heads
+    if "d_ff" in info:
+        known["d_ff"] = info["d_ff"]
+    if not info.get("layer_norms", True):
+        known["norm"] = "none"  # no norm tensors at all: that much is fixed
+    for k, v in info.items():  # whatever else the inference reads that is a config field
+        if k in fields and k not in known and k not in ("dtype", "num_layers"):
+            known[k] = v
+    if isinstance(info.get("dtype"), str) and info["dtype"] in ("float32", "float64", "bfloat16", "float16"):
+        known["param_dtype"] = info["dtype"]
+    known.update(_given(args))
+    final_norm = args.final_norm if args.final_norm is not None else info.get("final_norm")
+
+    build = dict(known)
+    build.setdefault("num_heads", 1)  # a FeedForward has no heads
+    if "norm" not in build and build.get("scaling", "none") != "none":
+        build["norm"] = "pre"  # any norm placement has the same tensors; BlockConfig's default does not fit gates
+    module = _build(info["kind"], build, info.get("num_layers"), final_norm)
+    load_torch_state_dict(module, sd, prefix=args.prefix)
+    not_recorded = sorted(fields - set(known) - {"dropout", "init", "dtype"})
+    meta = {"kind": info["kind"], "cfg": known, "num_layers": info.get("num_layers"), "final_norm": final_norm,
+            "not_recorded": not_recorded}
+    save_file(flax_state_dict(module), args.dst, metadata={"format": FORMAT, "config": json.dumps(meta)})
+    print(f"torch -> Flax: {_summary(module, torch_state_dict(module))} -> {args.dst}")
+    print("recorded: " + ", ".join(f"{k}={v!r}" for k, v in known.items())
+          + (f", final_norm={final_norm!r}" if final_norm is not None else ""))
+    if not_recorded:
+        print(f"not recorded (give them to BlockConfig, or as --flags here): {', '.join(not_recorded)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flax_blocks.convert", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("src")
-    ap.add_argument("dst")
-    ap.add_argument("--num-heads", type=int, help="attention heads (not inferable from a torch checkpoint)")
-    ap.add_argument("--prefix", default="", help="read only torch names under this prefix, e.g. 'encoder.'")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     import jax
 
     jax.config.update("jax_enable_x64", True)  # keep float64 checkpoints float64
-    from safetensors.numpy import save_file
-
-    from flax_blocks.convert import (ConversionError, flax_state_dict, infer_config, load_flax_state_dict,
-                                     load_torch_state_dict, read_state_dict, torch_state_dict)
+    from flax_blocks.convert import ConversionError
+    from flax_blocks.io_errors import describe_unpickling_error
 
     try:
         if _is_flax_file(args.src):
-            from safetensors import safe_open
-
-            with safe_open(args.src, "np") as f:
-                meta = json.loads(f.metadata()["config"])
-            module = _build(meta["kind"], meta["cfg"], meta.get("num_layers"), meta.get("final_norm"))
-            load_flax_state_dict(module, args.src)
-            sd = torch_state_dict(module)
-            if args.dst.endswith((".pt", ".pth")):
-                import torch
-
-                from torch_blocks.convert import to_tensors
-
-                torch.save(to_tensors(sd), args.dst)
-            else:
-                save_file(sd, args.dst)
-            print(f"Flax -> torch: {_summary(module, sd)} -> {args.dst}")
-            return 0
-
-        report = infer_config(args.src, prefix=args.prefix)
-        info = report.inferred
-        problems = []
-        if "kind" not in info or "d_model" not in info:
-            roots = sorted({k.split(".")[0] + "." for k in read_state_dict(args.src)})[:8]
-            problems.append(f"{args.src}: found no transformer parameters under prefix {args.prefix!r} "
-                            f"(its keys start with {roots}; pass --prefix)")
-        if args.num_heads is None and info.get("kind") != "FeedForward":
-            problems.append("--num-heads is required: it cannot be inferred from a torch checkpoint")
-        if problems:
-            raise ConversionError(problems, header="cannot convert")
-        cfg = {"d_model": info["d_model"], "num_heads": args.num_heads or 1, "d_ff": info.get("d_ff", 4 * info["d_model"]),
-               "bias": info["bias"], "norm": "post" if info["layer_norms"] else "none", "dropout": 0.0,
-               "scaling": info.get("scaling", "none")}
-        if cfg["scaling"] != "none":
-            cfg["norm"] = "pre" if info["layer_norms"] else "none"
-        module = _build(info["kind"], cfg, info.get("num_layers"), info.get("final_norm"))
-        load_torch_state_dict(module, read_state_dict(args.src), prefix=args.prefix)
-        sd = flax_state_dict(module)
-        meta = {"kind": info["kind"], "cfg": asdict(module.cfg), "num_layers": info.get("num_layers"),
-                "final_norm": info.get("final_norm")}
-        save_file(sd, args.dst, metadata={"format": FORMAT, "config": json.dumps(meta)})
-        print(f"torch -> Flax: {_summary(module, torch_state_dict(module))} -> {args.dst}")
-        print(str(report))
-        return 0
+            return _flax_to_torch(args)
+        return _torch_to_flax(args)
+    except pickle.UnpicklingError as e:  # read_state_dict before it raises CheckpointReadError itself
+        print(f"error: {describe_unpickling_error(args.src, e)}", file=sys.stderr)
+        return 1
     except (ConversionError, FileNotFoundError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

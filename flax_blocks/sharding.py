@@ -1,17 +1,18 @@
 """Sharding rules for flax_blocks: parameter paths -> named axes -> jax.sharding.PartitionSpec.
 
-One declarative table (`PARAM_AXES`) names every axis of every parameter of
-`Attention`, `ResidualMHA`, `FeedForward`, `TransformerBlock` and `Encoder` with a
-*logical* name (what the axis is: "embed", "heads", "mlp", ...). A *layout* maps
-logical names to the axes of a `jax.sharding.Mesh` (where the axis goes):
+Every parameter carries the *logical* names of its axes (what the axis is: "embed",
+"heads", "kv_heads", "mlp", ...) as `axes` metadata on its nnx.Param, set where it is
+created from its declaration (`flax_blocks.declarations`). A *layout* maps logical
+names to the axes of a `jax.sharding.Mesh` (where the axis goes):
 
-    DATA_PARALLEL   = {"batch": "data"}                      params replicated
-    TENSOR_PARALLEL = {"heads": "model", "mlp": "model"}      Megatron-style split
-    HYBRID          = DATA_PARALLEL | TENSOR_PARALLEL         2-D mesh (data, model)
+    DATA_PARALLEL   = {"batch": "data"}                                      params replicated
+    TENSOR_PARALLEL = {"heads": "model", "kv_heads": "model", "mlp": "model"}  Megatron-style split
+    HYBRID          = DATA_PARALLEL | TENSOR_PARALLEL                         2-D mesh (data, model)
 
-Tensor parallelism splits the attention heads (q/k/v kernels column-wise, the output
-kernel row-wise) and the FFN width (linear1 column-wise, linear2 row-wise); XLA's
-SPMD partitioner inserts the all-reduces after the output projection and linear2.
+Tensor parallelism splits the attention heads (the q/k/v kernel by key/value head group,
+each group with its query heads, so no head crosses devices; the output kernel row-wise)
+and the MLP width (linear1 / linear_gate column-wise, linear2 row-wise); XLA's SPMD
+partitioner inserts the all-reduces after the output projection and linear2.
 The Encoder's stacked layer axis is named "layers" (replicated unless a layout maps
 it). Non-parameter state (dropout RNG keys and counts) is replicated.
 
@@ -20,46 +21,24 @@ it). Non-parameter state (dropout RNG keys and counts) is replicated.
     x = jax.device_put(x, input_sharding(mesh, HYBRID))
     y = nnx.jit(lambda m, x: m(x))(model, x)     # XLA propagates the layout
 
-The table lives here, not in the block code, so the blocks stay layout-agnostic and
-one table serves `nnx.State`s of any nesting (a TransformerBlock, an Encoder, or a
-model that contains them). Unknown parameters raise, listing every unmatched path.
+The axes travel with the parameters, so one rule serves `nnx.State`s of any nesting (a
+TransformerBlock, an Encoder, or a model that contains them). Parameters without axes
+(a user's own embedding, say) raise, listing every such path.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping, Sequence
 
 import jax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-# ----------------------------------------------------------------------------------
-# Logical axes of every parameter, by path suffix. Rank is part of the match, so
-# ReZero's scalar gate () and LayerScale's per-channel gate (E,) are both covered.
-# ----------------------------------------------------------------------------------
-
-PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
-    # Attention (flax_blocks.attention.Attention), under self_attn (block) or mha (ResidualMHA)
-    (r"in_kernel", ("embed", "qkv", "heads", "head_dim")),  # (E, 3, H, hd)
-    (r"in_bias", ("qkv", "heads", "head_dim")),  # (3, H, hd)
-    (r"out_kernel", ("heads", "head_dim", "embed")),  # (H, hd, E)
-    (r"out_bias", ("embed",)),  # (E,)
-    # Feed-forward
-    (r"linear1/kernel", ("embed", "mlp")),  # (E, F)
-    (r"linear1/bias", ("mlp",)),  # (F,)
-    (r"linear2/kernel", ("mlp", "embed")),  # (F, E)
-    (r"linear2/bias", ("embed",)),  # (E,)
-    # LayerNorms: norm (ResidualMHA, FeedForward, Encoder's final norm), norm1, norm2
-    (r"norm[12]?/(scale|bias)", ("embed",)),  # (E,)
-    # ReZero / LayerScale gates: scale (sublayers), scale1, scale2 (block)
-    (r"scale[12]?", ()),  # ReZero: scalar
-    (r"scale[12]?", ("embed",)),  # LayerScale: (E,)
-)  # first match wins (norm1/scale is a LayerNorm scale, not a gate)
+from .declarations import LAYERS
 
 # Leading axes that transforms stack in front of a parameter, by the path key that
 # holds them: the Encoder's nnx.vmap-created layers.
-STACKED_AXES: tuple[tuple[str, str], ...] = (("layers", "layers"),)
+STACKED_AXES: tuple[tuple[str, str], ...] = ((LAYERS, "layers"),)
 
 # Activations: (batch, seq, d_model).
 ACTIVATION_AXES: tuple[str, ...] = ("batch", "seq", "embed")
@@ -68,10 +47,8 @@ ACTIVATION_AXES: tuple[str, ...] = ("batch", "seq", "embed")
 Layout = Mapping[str, str | tuple[str, ...] | None]
 REPLICATED: Layout = {}
 DATA_PARALLEL: Layout = {"batch": "data"}
-TENSOR_PARALLEL: Layout = {"heads": "model", "mlp": "model"}
+TENSOR_PARALLEL: Layout = {"heads": "model", "kv_heads": "model", "mlp": "model"}
 HYBRID: Layout = {**DATA_PARALLEL, **TENSOR_PARALLEL}
-
-_COMPILED = tuple((re.compile(rf"(^|/){pattern}$"), axes) for pattern, axes in PARAM_AXES)
 
 
 def _key_str(k: Any) -> str:
@@ -83,20 +60,16 @@ def path_str(path: Sequence[Any]) -> str:
     return "/".join(_key_str(k) for k in path)
 
 
-def param_axes(path: Sequence[Any] | str, ndim: int) -> tuple[str | None, ...]:
-    """Logical axis names of the parameter at `path` with `ndim` dimensions.
-
-    Leading dimensions beyond the table's rank are named from STACKED_AXES (one per
-    matching key in the path, outermost first). Raises KeyError if nothing matches.
-    """
+def param_axes(path: Sequence[Any] | str, ndim: int, axes: Sequence[str | None] | None) -> tuple[str | None, ...]:
+    """Logical axis names of the parameter at `path` with `ndim` dimensions, from its
+    declared `axes`. Leading dimensions beyond those are named from STACKED_AXES (one per
+    matching key in the path, outermost first). Raises KeyError if they do not fit."""
     p = path if isinstance(path, str) else path_str(path)
-    keys = p.split("/")
-    stacked = [name for key in keys for k, name in STACKED_AXES if key == k]
-    for regex, axes in _COMPILED:
-        extra = ndim - len(axes)
-        if regex.search(p) and 0 <= extra <= len(stacked):
-            return tuple(stacked[len(stacked) - extra:]) + axes
-    raise KeyError(f"no sharding rule for parameter {p!r} with {ndim} dims")
+    stacked = [name for key in p.split("/") for k, name in STACKED_AXES if key == k]
+    extra = ndim - len(axes) if axes is not None else -1
+    if axes is None or not 0 <= extra <= len(stacked):
+        raise KeyError(f"no declared axes for parameter {p!r} with {ndim} dims")
+    return tuple(stacked[len(stacked) - extra:]) + tuple(axes)
 
 
 def logical_to_spec(axes: Sequence[str | None], layout: Layout) -> PartitionSpec:
@@ -117,7 +90,7 @@ def partition_specs(state: Any, layout: Layout) -> Any:
     """`state` (an nnx.State, a pure dict or any pytree of arrays) with a PartitionSpec in
     place of every array; Variables are kept as containers (`Variable.replace(spec)`, as
     `nnx.get_partition_spec` does), so the result matches `state` for jit's in_shardings.
-    Params follow PARAM_AXES; other Variables (RNG keys, counts) are replicated. Every
+    Params follow their declared axes; other Variables (RNG keys, counts) are replicated. Every
     unmatched Param path is reported at once."""
     errors: list[str] = []
 
@@ -128,15 +101,16 @@ def partition_specs(state: Any, layout: Layout) -> Any:
         is_key = ndim is not None and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
         out = PartitionSpec()
         if is_param and ndim is not None and not is_key:
+            axes = leaf.get_metadata().get("axes") if _is_variable(leaf) else None
             try:
-                out = logical_to_spec(param_axes(path, ndim), layout)
+                out = logical_to_spec(param_axes(path, ndim, axes), layout)
             except KeyError as e:
                 errors.append(str(e.args[0]))
         return leaf.replace(out) if _is_variable(leaf) else out
 
     specs = jax.tree_util.tree_map_with_path(spec, state, is_leaf=_is_variable)
     if errors:
-        raise KeyError("sharding rules do not cover:\n  " + "\n  ".join(errors))
+        raise KeyError("sharding: parameters without declared axes:\n  " + "\n  ".join(errors))
     return specs
 
 

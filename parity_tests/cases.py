@@ -12,6 +12,12 @@ from .harness import KINDS, Case
 
 BASE = fb.BlockConfig(d_model=12, num_heads=2, d_ff=20, dropout=0.0, norm="pre", activation="gelu")
 BLOCK = Case("TransformerBlock", BASE)
+# The modern options: 4 heads of head_dim 4 over 2 KV heads (heads and KV heads differ, so
+# a wrong grouping cannot pass); a LLaMA-like block with all of them at once.
+WIDE = fb.BlockConfig(d_model=16, num_heads=4, d_ff=20, dropout=0.0, norm="pre", activation="gelu")
+LLAMA = fb.BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, d_ff=20, dropout=0.0, norm="pre",
+                       norm_type="rmsnorm", mlp="swiglu", activation="silu", rope_theta=10000.0, qk_norm=True,
+                       bias=False, causal=True)
 
 
 def _cfg(**kw) -> Case:
@@ -45,4 +51,29 @@ CASES: list[Case] = [
     Case("Encoder", replace(BASE, norm="post"), num_layers=4),
     Case("Encoder", BASE, num_layers=6, final_norm=False, attention_mask=True, key_mask=True),
     Case("Encoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
+    _cfg(layer_norm_eps=1e-3),
+    _cfg(norm="post", layer_norm_eps=1e-12),
+    # the modern options, each alone, then together
+    _cfg(norm_type="rmsnorm"),
+    _cfg(norm_type="rmsnorm", norm="post", layer_norm_eps=1e-3),
+    replace(BLOCK, cfg=replace(BASE, norm_type="rmsnorm", layer_norm_eps=1e-6), input_scale=0.05),
+    _cfg(norm="peri"),
+    _cfg(norm="peri", norm_type="rmsnorm", scaling="layerscale"),
+    _cfg(mlp="swiglu", activation="silu"),
+    _cfg(mlp="geglu", activation="gelu"),
+    _cfg(activation="silu"),
+    replace(BLOCK, cfg=replace(WIDE, num_kv_heads=2), attention_mask=True, key_mask=True),
+    replace(BLOCK, cfg=replace(WIDE, num_kv_heads=1)),
+    _cfg(qk_norm=True),
+    _cfg(qk_norm=True, norm_type="rmsnorm"),
+    replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0), seq=7),
+    replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
+    _cfg(qkv_bias=True, bias=False),
+    _cfg(qkv_bias=False),
+    *(Case(kind, replace(BASE, norm="peri", norm_type="rmsnorm", mlp="swiglu", activation="silu", qk_norm=True))
+      for kind in ("ResidualMHA", "FeedForward")),
+    replace(BLOCK, cfg=LLAMA, seq=6),
+    replace(BLOCK, cfg=replace(LLAMA, norm="peri"), seq=6, key_mask=True),
+    Case("Encoder", LLAMA, num_layers=3, seq=6, key_mask=True),
+    Case("Encoder", replace(LLAMA, norm="peri", num_kv_heads=1), num_layers=2),
 ]

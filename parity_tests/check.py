@@ -50,12 +50,17 @@ def _layer_of(name: str) -> str:
 
 def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "relu", layer_norm_eps: float = 1e-5,
           causal: bool = False, prefix: str = "", dtype: str = "float32", batch: int = 2, seq: int = 8,
-          seed: int = 0) -> CheckReport:
-    """Run the parity check; returns the figures (see CheckReport)."""
+          seed: int = 0, pad_keys: int | None = None, mask_check: bool = True) -> CheckReport:
+    """Run the parity check; returns the figures (see CheckReport).
+
+    pad_keys: padded keys at the end of the last batch element (None: seq // 2).
+    mask_check: print a warning when a batch element's every query row is fully masked."""
     import torch
 
     import torch_blocks as tb
 
+    if pad_keys is not None and not 0 <= pad_keys <= seq:
+        raise ValueError(f"pad_keys must be in [0, {seq}], got {pad_keys}")
     sd = read_state_dict(checkpoint)
     if prefix:
         sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
@@ -82,7 +87,9 @@ def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "
         fmod = flax_twin(case, tmod, dtype)
         rng = np.random.default_rng(seed)
         keys = np.ones((batch, seq), bool)
-        keys[-1, seq // 2:] = False
+        keys[-1, seq - (seq // 2 if pad_keys is None else pad_keys):] = False
+        if mask_check and case.key_mask and (elements := fully_masked_elements(keys)):
+            print(mask_warning(elements), file=sys.stderr)
         inp = Inputs(rng.normal(size=(batch, seq, cfg.d_model)), rng.normal(size=(batch, seq, cfg.d_model)),
                      key_mask=keys if case.key_mask else None)
         f, t = run_flax(case, fmod, inp, dtype), run_torch(case, tmod, inp, dtype)
@@ -102,22 +109,57 @@ def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def fully_masked_elements(key_mask: np.ndarray) -> list[int]:
+    """Batch elements in which every query row has no key to attend to.
+
+    key_mask: (B, T) in flax's convention (True = real key). Such an element is almost
+    always a mask in the other framework's convention (torch: True = padding)."""
+    return [int(b) for b in np.flatnonzero(~np.asarray(key_mask, bool).any(axis=-1))]
+
+
+def mask_warning(elements: list[int]) -> str:
+    """One line naming the fully masked batch elements and the likely cause."""
+    return (f"warning: every query row of batch element(s) {elements} is fully masked; is the mask in the other "
+            "framework's convention? (flax_blocks: True = may attend; torch_blocks / nn.MultiheadAttention: "
+            "True = padding; flax_blocks.invert_mask converts)")
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint")
-    ap.add_argument("--num-heads", type=int, required=True)
-    ap.add_argument("--norm", choices=["pre", "post"], default="post", help="torch's norm_first=True is 'pre'")
-    ap.add_argument("--activation", choices=["relu", "gelu", "gelu_tanh"], default="relu")
-    ap.add_argument("--eps", type=float, default=1e-5, help="LayerNorm eps")
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--prefix", default="")
-    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
+    ap.add_argument("checkpoint", help="torch-named checkpoint: .pt/.pth (a state dict) or .safetensors")
+    ap.add_argument("--num-heads", type=int, required=True, help="attention heads (not inferable from the tensors)")
+    ap.add_argument("--norm", choices=["pre", "post"], default="post",
+                    help="norm placement: torch's norm_first=True is 'pre' (default: post, torch's default)")
+    ap.add_argument("--activation", choices=["relu", "gelu", "gelu_tanh"], default="relu",
+                    help="feed-forward activation; 'gelu' is exact (erf) as in torch (default: relu)")
+    ap.add_argument("--eps", type=float, default=1e-5, help="LayerNorm eps (default: 1e-5, torch's)")
+    ap.add_argument("--causal", action="store_true", help="check with a causal mask")
+    ap.add_argument("--prefix", default="", help="read only names under this prefix, e.g. 'encoder.'")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                    help="dtype both twins run in (float64 tightens the tolerances)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs and cotangent")
+    ap.add_argument("--pad-keys", type=int, default=None, metavar="N",
+                    help="padded keys at the end of the last batch element (default: half the sequence)")
+    ap.add_argument("--mask-check", action=argparse.BooleanOptionalAction, default=True,
+                    help="warn when every query row of a batch element is fully masked, the mark of a mask "
+                         "in the other framework's convention (default: on)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    import pickle
+
+    from flax_blocks.io_errors import describe_unpickling_error
+
     try:
         report = check(a.checkpoint, num_heads=a.num_heads, norm=a.norm, activation=a.activation,
-                       layer_norm_eps=a.eps, causal=a.causal, prefix=a.prefix, dtype=a.dtype, seed=a.seed)
+                       layer_norm_eps=a.eps, causal=a.causal, prefix=a.prefix, dtype=a.dtype, seed=a.seed,
+                       pad_keys=a.pad_keys, mask_check=a.mask_check)
+    except pickle.UnpicklingError as e:  # until read_state_dict raises CheckpointReadError itself
+        print(f"error: {describe_unpickling_error(a.checkpoint, e)}", file=sys.stderr)
+        return 1
     except (ConversionError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -72,6 +72,7 @@ class Case:
     key_mask: bool = False
     final_norm: bool | None = None
     seed: int = 0
+    input_scale: float = 1.0  # small inputs make a norm's eps matter (RMS ~ sqrt(eps))
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -87,9 +88,17 @@ class Case:
         bits += ["no-skip"] if c.residual == "none" else []
         bits += ["no-bias"] if not c.bias else []
         bits += ["causal"] if c.causal else []
+        bits += ["rmsnorm"] if c.norm_type == "rmsnorm" else []
+        bits += [c.mlp] if c.mlp != "dense" else []
+        bits += [f"kv{c.num_kv_heads}"] if c.num_kv_heads is not None else []
+        bits += ["qk-norm"] if c.qk_norm else []
+        bits += [f"rope{c.rope_theta:g}"] if c.rope_theta is not None else []
+        bits += [f"qkv-bias-{c.qkv_bias}"] if c.qkv_bias is not None else []
+        bits += [f"eps{c.layer_norm_eps:g}"] if c.layer_norm_eps != 1e-5 else []
         bits += ["attn-mask"] if self.attention_mask else []
         bits += ["key-mask"] if self.key_mask else []
         bits += [f"B{self.batch}T{self.seq}"]
+        bits += [f"x*{self.input_scale:g}"] if self.input_scale != 1.0 else []
         return "/".join(bits)
 
 
@@ -127,7 +136,7 @@ class Inputs:
 def make_inputs(case: Case, seed: int = 1) -> Inputs:
     rng = np.random.default_rng(seed)
     b, t, e = case.batch, case.seq, case.cfg.d_model
-    x = rng.normal(size=(b, t, e))
+    x = case.input_scale * rng.normal(size=(b, t, e))
     r = rng.normal(size=(b, t, e))
     attn = keys = None
     if case.attention_mask:

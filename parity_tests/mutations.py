@@ -2,20 +2,32 @@
 
 Each entry: (case the mistake shows in, Flax config override or None, mutation or None).
 A mutation takes (case, flax module, inputs) and returns the wrong (module, inputs).
+The modern options' mistakes are made on the weights where a permutation reproduces them
+exactly (interleaved rotary = rotate-half on q/k dims permuted evens-first, as HF's LLaMA
+conversion script knows; KV heads tiled = query heads regrouped), else by a wrong subclass.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 import flax_blocks as fb
+from flax_blocks.attention import Attention, rotary
 
 from .harness import Case, Inputs
 
 BASE = fb.BlockConfig(d_model=12, num_heads=2, d_ff=20, dropout=0.0, norm="post", activation="gelu")
+MODERN = fb.BlockConfig(d_model=16, num_heads=4, d_ff=20, dropout=0.0, norm="pre", norm_type="rmsnorm",
+                        activation="silu", bias=False)
+
+
+def _attention(case: Case, module) -> Attention:
+    return module.layers.self_attn if case.kind == "Encoder" else module.self_attn
 
 
 def invert_flax_mask(case: Case, module, inp: Inputs):
@@ -24,9 +36,10 @@ def invert_flax_mask(case: Case, module, inp: Inputs):
 
 
 def swap_q_and_k(case: Case, module, inp: Inputs):
-    attn = module.layers.self_attn if case.kind == "Encoder" else module.self_attn
-    k = attn.in_kernel[...]
-    attn.in_kernel.set_value(k[..., [1, 0, 2], :, :])
+    attn = _attention(case, module)
+    k = attn.in_kernel[...]  # (E, K, G+2, hd): slots 0..G-1 q, G k
+    g = k.shape[-2] - 2
+    attn.in_kernel.set_value(k[..., [g, *range(1, g), 0, g + 1], :])
     return module, inp
 
 
@@ -38,10 +51,56 @@ def transpose_out_projection(case: Case, module, inp: Inputs):
 
 
 def layers_off_by_one(case: Case, module, inp: Inputs):
-    from flax import nnx
-
     state = nnx.state(module.layers, nnx.Param)
-    nnx.update(module.layers, __import__("jax").tree.map(lambda a: jnp.roll(a, 1, axis=0), state))
+    nnx.update(module.layers, jax.tree.map(lambda a: jnp.roll(a, 1, axis=0), state))
+    return module, inp
+
+
+def rotary_interleaved(case: Case, module, inp: Inputs):
+    """Rotary on adjacent pairs (GPT-J / Meta's LLaMA) instead of rotate-half: the same as
+    rotate-half applied to q and k whose head dims are ordered evens first, then odds."""
+    attn = _attention(case, module)
+    hd = attn.in_kernel[...].shape[-1]
+    perm = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])
+    w = np.array(attn.in_kernel[...])  # (E, K, G+2, hd), a writable copy
+    g = w.shape[-2] - 2
+    w[:, :, : g + 1] = w[:, :, : g + 1][..., perm]  # q and k slots; v keeps its dims
+    attn.in_kernel.set_value(jnp.asarray(w))
+    return module, inp
+
+
+def kv_heads_tiled(case: Case, module, inp: Inputs):
+    """Query head h paired with KV head h % K instead of h // (H / K)."""
+    attn = _attention(case, module)
+    w, wo = np.array(attn.in_kernel[...]), np.array(attn.out_kernel[...])  # (E,K,G+2,hd), (H,hd,E)
+    _, kv, slots, hd = w.shape
+    g = slots - 2
+    h = kv * g
+    # slot (j, i) holds query head j * g + i; the wrong twin puts there the heads with h % K == j
+    order = [q for j in range(kv) for q in range(h) if q % kv == j]
+    q = w[:, :, :g].reshape(w.shape[0], h, hd)[:, order].reshape(w.shape[0], kv, g, hd)
+    w[:, :, :g] = q
+    attn.in_kernel.set_value(jnp.asarray(w))
+    attn.out_kernel.set_value(jnp.asarray(wo[order]))
+    return module, inp
+
+
+def swap_gate_and_up(case: Case, module, inp: Inputs):
+    up, gate = module.linear1.kernel[...], module.linear_gate.kernel[...]
+    module.linear1.kernel.set_value(gate)
+    module.linear_gate.kernel.set_value(up)
+    return module, inp
+
+
+class _QKNormAfterRotary(Attention):
+    def position_qk(self, q, k, positions):
+        theta = self.cfg.rope_theta
+        q, k = rotary(q, positions, theta), rotary(k, positions, theta)
+        return self.q_norm(q), self.k_norm(k)
+
+
+def qk_norm_after_rotary(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _QKNormAfterRotary
     return module, inp
 
 
@@ -53,4 +112,14 @@ MUTATIONS = {
     "swapped_q_and_k": (BLOCK, None, swap_q_and_k),
     "transposed_out_projection": (BLOCK, None, transpose_out_projection),
     "layers_off_by_one": (Case("Encoder", BASE, num_layers=3), None, layers_off_by_one),
+    # the modern options
+    "rotary_interleaved": (Case("TransformerBlock", replace(MODERN, rope_theta=10000.0), seq=7), None,
+                           rotary_interleaved),
+    "kv_heads_tiled": (Case("TransformerBlock", replace(MODERN, num_kv_heads=2)), None, kv_heads_tiled),
+    "rmsnorm_eps_machine_epsilon": (  # torch.nn.RMSNorm(eps=None) in float32, where 1e-6 was meant
+        Case("TransformerBlock", replace(MODERN, layer_norm_eps=1e-6), input_scale=0.05),
+        replace(MODERN, layer_norm_eps=float(np.finfo(np.float32).eps)), None),
+    "gate_and_up_swapped": (Case("TransformerBlock", replace(MODERN, mlp="swiglu")), None, swap_gate_and_up),
+    "qk_norm_after_rotary": (Case("TransformerBlock", replace(MODERN, qk_norm=True, rope_theta=100.0), seq=7),
+                             None, qk_norm_after_rotary),
 }

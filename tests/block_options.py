@@ -29,3 +29,13 @@ OPTIONS = {
     "bfloat16": dict(param_dtype="bfloat16"),
     "float16": dict(param_dtype="float16", norm="pre"),
 }
+
+
+def init_spec(cfg, name: str):
+    """The declared init distribution of TransformerBlock parameter `name` (torch name), from
+    flax_blocks.declarations: one spec, or a tuple of one per (rows, spec) chunk (q, k, v)."""
+    from flax_blocks.declarations import block, flatten
+
+    params = {t: p for t, _, p in flatten(block(cfg.resolve(), "TransformerBlock"))}
+    chunks = params[name].init
+    return chunks[0][1] if len(chunks) == 1 else tuple(spec for _, spec in chunks)

@@ -1,5 +1,5 @@
-"""BlockConfig: validation, depth-dependent constants, the shared init table, the shared
-residual update, and the promise that the config imports no framework.
+"""BlockConfig: validation, depth-dependent constants, the declared init distributions, the
+shared residual update, and the promise that the config imports no framework.
 
 Nothing here imports jax or torch (the import checks run in subprocesses)."""
 
@@ -12,17 +12,19 @@ import sys
 
 import numpy as np
 import pytest
+from block_options import init_spec  # the declared distribution of a parameter, by torch name
 
 from flax_blocks.config import (
     ACTIVATIONS,
     DTYPES,
     INITS,
+    MLPS,
+    NORM_TYPES,
     NORMS,
     RESIDUALS,
     SCALINGS,
     BlockConfig,
     check_width,
-    init_spec,
     invert_mask,
     residual_update,
 )
@@ -43,6 +45,8 @@ ENUM_FIELDS = [
     ("activation", "GELU", ACTIVATIONS),
     ("norm", "sandwich", NORMS),
     ("norm", None, NORMS),
+    ("norm_type", "batchnorm", NORM_TYPES),
+    ("mlp", "moe", MLPS),
     ("residual", "mul", RESIDUALS),
     ("scaling", "admin", SCALINGS),
     ("init", "kaiming", INITS),
@@ -87,6 +91,15 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(scaling="deepnorm", deepnorm_alpha=0.0), ["deepnorm_alpha", "> 0"]),
         (dict(scaling="deepnorm", deepnorm_beta=-1.0), ["deepnorm_beta", "> 0"]),
         (dict(scaling="layerscale", norm="pre", layerscale_init=0.0), ["layerscale_init", "> 0"]),
+        (dict(num_kv_heads=2), ["num_kv_heads", "divisor of num_heads (3)", "2"]),
+        (dict(num_kv_heads=0), ["num_kv_heads", "divisor"]),
+        (dict(num_kv_heads=1.0), ["num_kv_heads", "1.0"]),
+        (dict(d_model=18, num_heads=2, rope_theta=1e4), ["rope_theta", "even head_dim", "head_dim=9"]),
+        (dict(rope_theta=-1.0), ["rope_theta", "> 0"]),
+        (dict(mlp="swiglu"), ["mlp='swiglu'", "activation='silu'", "activation='relu'"]),
+        (dict(mlp="geglu", activation="silu"), ["mlp='geglu'", "'gelu'", "activation='silu'"]),
+        (dict(qk_norm=1), ["qk_norm", "1"]),
+        (dict(qkv_bias="yes"), ["qkv_bias", "'yes'"]),
     ],
 )
 def test_invalid_values_raise_valueerror_saying_what_is_allowed(kw, fragments):
@@ -108,6 +121,22 @@ def test_valid_configs_construct():
     for p in DTYPES:
         make(param_dtype=p)
     make(dropout=0.0), make(dropout=0.999), make(residual="none", norm="pre"), make(bias=False, causal=True)
+    llama = BlockConfig(d_model=64, num_heads=8, num_kv_heads=2, norm="pre", norm_type="rmsnorm", mlp="swiglu",
+                        activation="silu", rope_theta=10000.0, qk_norm=True, bias=False, causal=True, dropout=0.0)
+    assert (llama.head_dim, llama.kv_heads, llama.has_qkv_bias, llama.gated) == (8, 2, False, True)
+    assert BlockConfig(8, 2, bias=False, qkv_bias=True).has_qkv_bias and BlockConfig(8, 2).kv_heads == 2
+    make(mlp="geglu", activation="gelu_tanh"), make(norm="peri", norm_type="rmsnorm")
+
+
+def test_dtype_objects_are_accepted_and_named():
+    import ml_dtypes
+
+    for obj, name in [(np.float32, "float32"), (np.dtype("float64"), "float64"), (ml_dtypes.bfloat16, "bfloat16"),
+                      (np.float16, "float16")]:
+        cfg = make(dtype=obj, param_dtype=obj)
+        assert (cfg.dtype, cfg.param_dtype) == (name, name) and cfg == make(dtype=name, param_dtype=name)
+    with pytest.raises(ValueError, match="param_dtype"):
+        make(param_dtype=np.int32)
 
 
 def test_defaults_are_torchs_encoder_layer_defaults():
@@ -156,7 +185,7 @@ def test_deepnorm_known_values_and_explicit_values_kept():
 def test_layerscale_eps_by_depth(n, eps):
     r = make(scaling="layerscale", norm="pre").resolve(n)
     assert r.layerscale_init == eps
-    assert init_spec(r, "scale") == ("const", eps)
+    assert init_spec(r, "scale1") == ("const", eps)
     assert make(scaling="layerscale", norm="pre", layerscale_init=0.5).resolve(n).layerscale_init == 0.5
 
 
@@ -172,7 +201,7 @@ def test_resolve_leaves_other_schemes_alone_and_rejects_bad_depth():
 
 
 # ------------------------------------------------------------------------------------
-# init_spec: the one table of distributions
+# The declared init distributions (flax_blocks.declarations), by torch name
 # ------------------------------------------------------------------------------------
 
 E, F = 16, 40
@@ -184,53 +213,67 @@ def spec_cfg(**kw):
 
 def test_init_spec_torch_scheme():
     cfg = spec_cfg()
-    qkv = init_spec(cfg, "qkv_weight")
+    qkv = init_spec(cfg, "self_attn.in_proj_weight")
     assert len(qkv) == 3
     for s in qkv:  # xavier-uniform over the packed (3E, E) matrix
         assert s[0] == "uniform" and s[1] == pytest.approx(math.sqrt(6 / (4 * E)))
-    assert init_spec(cfg, "qkv_bias") == ("const", 0.0)
-    assert init_spec(cfg, "out_bias") == ("const", 0.0)
+    assert init_spec(cfg, "self_attn.in_proj_bias") == ("const", 0.0)
+    assert init_spec(cfg, "self_attn.out_proj.bias") == ("const", 0.0)
     # nn.Linear: kaiming_uniform(a=sqrt(5)) == U(+-1/sqrt(fan_in)), bias too
-    assert init_spec(cfg, "out_weight") == ("uniform", pytest.approx(1 / math.sqrt(E)))
-    assert init_spec(cfg, "linear1_weight") == ("uniform", pytest.approx(1 / math.sqrt(E)))
-    assert init_spec(cfg, "linear1_bias") == ("uniform", pytest.approx(1 / math.sqrt(E)))
-    assert init_spec(cfg, "linear2_weight") == ("uniform", pytest.approx(1 / math.sqrt(F)))
-    assert init_spec(cfg, "linear2_bias") == ("uniform", pytest.approx(1 / math.sqrt(F)))
-    assert init_spec(cfg, "norm_weight") == ("const", 1.0)
-    assert init_spec(cfg, "norm_bias") == ("const", 0.0)
+    assert init_spec(cfg, "self_attn.out_proj.weight") == ("uniform", pytest.approx(1 / math.sqrt(E)))
+    assert init_spec(cfg, "linear1.weight") == ("uniform", pytest.approx(1 / math.sqrt(E)))
+    assert init_spec(cfg, "linear1.bias") == ("uniform", pytest.approx(1 / math.sqrt(E)))
+    assert init_spec(cfg, "linear2.weight") == ("uniform", pytest.approx(1 / math.sqrt(F)))
+    assert init_spec(cfg, "linear2.bias") == ("uniform", pytest.approx(1 / math.sqrt(F)))
+    assert init_spec(cfg, "norm1.weight") == ("const", 1.0)
+    assert init_spec(cfg, "norm1.bias") == ("const", 0.0)
+
+
+def test_init_spec_grouped_query_packs_fewer_rows():
+    cfg = spec_cfg(num_kv_heads=2)  # q: 4 heads x 4, k and v: 2 heads x 4 rows each
+    from flax_blocks.declarations import attention
+
+    (w,) = [p for p in attention(cfg).params if p.torch == "in_proj_weight"]
+    assert w.shape == (E + 2 * 8, E) and [rows for rows, _ in w.init] == [E, 8, 8]
+    for _, s in w.init:  # torch's scheme: xavier over the whole packed matrix
+        assert s == ("uniform", pytest.approx(math.sqrt(6 / (E + 32))))
+    x = spec_cfg(num_kv_heads=2, init="xavier")
+    (w,) = [p for p in attention(x).params if p.torch == "in_proj_weight"]
+    assert [s[1] for _, s in w.init] == pytest.approx([math.sqrt(6 / (2 * E)), math.sqrt(6 / (E + 8)), math.sqrt(6 / (E + 8))])
 
 
 def test_init_spec_xavier_scheme():
-    cfg = spec_cfg(init="xavier")
-    for s in init_spec(cfg, "qkv_weight"):  # per chunk (E, E)
+    cfg = spec_cfg(init="xavier", mlp="swiglu", activation="silu")
+    for s in init_spec(cfg, "self_attn.in_proj_weight"):  # per chunk (E, E)
         assert s == ("uniform", pytest.approx(math.sqrt(6 / (2 * E))))
-    assert init_spec(cfg, "out_weight") == ("uniform", pytest.approx(math.sqrt(6 / (2 * E))))
-    assert init_spec(cfg, "linear1_weight") == ("uniform", pytest.approx(math.sqrt(6 / (E + F))))
-    assert init_spec(cfg, "linear2_weight") == ("uniform", pytest.approx(math.sqrt(6 / (E + F))))
-    for role in ("qkv_bias", "out_bias", "linear1_bias", "linear2_bias", "norm_bias"):
-        assert init_spec(cfg, role) == ("const", 0.0)
-    assert init_spec(cfg, "norm_weight") == ("const", 1.0)
+    assert init_spec(cfg, "self_attn.out_proj.weight") == ("uniform", pytest.approx(math.sqrt(6 / (2 * E))))
+    assert init_spec(cfg, "linear1.weight") == ("uniform", pytest.approx(math.sqrt(6 / (E + F))))
+    assert init_spec(cfg, "linear_gate.weight") == ("uniform", pytest.approx(math.sqrt(6 / (E + F))))
+    assert init_spec(cfg, "linear2.weight") == ("uniform", pytest.approx(math.sqrt(6 / (E + F))))
+    for name in ("self_attn.in_proj_bias", "self_attn.out_proj.bias", "linear1.bias", "linear2.bias", "norm1.bias"):
+        assert init_spec(cfg, name) == ("const", 0.0)
+    assert init_spec(cfg, "norm1.weight") == ("const", 1.0)
 
 
 @pytest.mark.parametrize("n", [1, 12])
 def test_init_spec_deepnorm_gains(n):
     cfg = spec_cfg(scaling="deepnorm").resolve(n)
     beta = (8 * n) ** -0.25
-    q, k, v = init_spec(cfg, "qkv_weight")
+    q, k, v = init_spec(cfg, "self_attn.in_proj_weight")
     assert q == ("normal", pytest.approx(math.sqrt(2 / (2 * E))))  # q, k: gain 1
     assert k == q
     assert v == ("normal", pytest.approx(beta * math.sqrt(2 / (2 * E))))  # v, out, FFN: gain beta
-    assert init_spec(cfg, "out_weight") == ("normal", pytest.approx(beta * math.sqrt(1 / E)))
-    assert init_spec(cfg, "linear1_weight") == ("normal", pytest.approx(beta * math.sqrt(2 / (E + F))))
-    assert init_spec(cfg, "linear2_weight") == ("normal", pytest.approx(beta * math.sqrt(2 / (E + F))))
-    for role in ("qkv_bias", "out_bias", "linear1_bias", "linear2_bias"):
-        assert init_spec(cfg, role) == ("const", 0.0)
+    assert init_spec(cfg, "self_attn.out_proj.weight") == ("normal", pytest.approx(beta * math.sqrt(1 / E)))
+    assert init_spec(cfg, "linear1.weight") == ("normal", pytest.approx(beta * math.sqrt(2 / (E + F))))
+    assert init_spec(cfg, "linear2.weight") == ("normal", pytest.approx(beta * math.sqrt(2 / (E + F))))
+    for name in ("self_attn.in_proj_bias", "self_attn.out_proj.bias", "linear1.bias", "linear2.bias"):
+        assert init_spec(cfg, name) == ("const", 0.0)
 
 
 def test_init_spec_gates():
-    assert init_spec(spec_cfg(scaling="rezero", norm="none"), "scale") == ("const", 0.0)
-    assert init_spec(spec_cfg(scaling="layerscale", norm="pre"), "scale") == ("const", 0.1)
-    assert init_spec(spec_cfg(scaling="layerscale", norm="pre").resolve(30), "scale") == ("const", 1e-6)
+    assert init_spec(spec_cfg(scaling="rezero", norm="none"), "scale1") == ("const", 0.0)
+    assert init_spec(spec_cfg(scaling="layerscale", norm="pre"), "scale2") == ("const", 0.1)
+    assert init_spec(spec_cfg(scaling="layerscale", norm="pre").resolve(30), "scale1") == ("const", 1e-6)
 
 
 # ------------------------------------------------------------------------------------
@@ -261,11 +304,15 @@ def _parts():
          lambda x: x + np.array([0.1, 0.2, 0.3]) * (2 * (x / 10) + 1 - 0.5)),
         (dict(norm="post", scaling="deepnorm"), None, lambda x: (2 ** 0.25 * x + (2 * x + 1 - 0.5)) / 10),
         (dict(norm="post", scaling="deepnorm", deepnorm_alpha=3.0), None, lambda x: (3 * x + (2 * x + 1 - 0.5)) / 10),
+        (dict(norm="peri"), None, lambda x: x + ((2 * (x / 10) + 1) * 7 - 0.5)),
+        (dict(norm="peri", scaling="layerscale"), np.array([0.1, 0.2, 0.3]),
+         lambda x: x + np.array([0.1, 0.2, 0.3]) * ((2 * (x / 10) + 1) * 7 - 0.5)),
     ],
 )
 def test_residual_update_formulas(kw, scale, expected):
     sub, norm, drop = _parts()
-    y, aux = residual_update(make(**kw), X, sub, norm, drop, scale)
+    norm_out = lambda h: h * 7.0  # noqa: E731  (peri's output norm, another marker)
+    y, aux = residual_update(make(**kw), X, sub, norm, drop, scale, norm_out)
     assert aux == "aux"
     np.testing.assert_allclose(y, expected(X), rtol=1e-14)
 
@@ -309,7 +356,7 @@ def _loaded_after(code: str) -> set[str]:
     [
         "import flax_blocks.config",
         "from flax_blocks import BlockConfig, invert_mask; BlockConfig(d_model=4, num_heads=2)",
-        "from flax_blocks.config import init_spec, BlockConfig; init_spec(BlockConfig(4, 2), 'qkv_weight')",
+        "from flax_blocks.declarations import block, BlockConfig; block(BlockConfig(4, 2), 'TransformerBlock')",
     ],
 )
 def test_config_imports_no_framework(code):

@@ -104,7 +104,7 @@ def test_from_torch_equals_init_then_load_and_has_working_dropout():
     call = nnx.jit(lambda m, x: m(x))
     a, b = np.asarray(call(built, x)), np.asarray(call(built, x))
     assert np.isfinite(a).all() and not np.array_equal(a, b)
-    keys = jax.random.key_data(built.layers.dropout1.rngs.key[...])
+    keys = jax.random.key_data(built.layers.dropouts[0].rngs.key[...])
     assert keys.shape[0] == 2 and not np.array_equal(keys[0], keys[1])
     # strict: a checkpoint that lacks a tensor is an error naming it, not a half-built module
     sd = {k: v for k, v in model.state_dict().items() if k != "layers.1.linear2.bias"}

@@ -24,10 +24,12 @@ from flax_blocks import sharding as S  # noqa: E402
 from flax_blocks.blocks import Encoder, FeedForward, ResidualMHA, TransformerBlock  # noqa: E402
 
 
-@pytest.mark.parametrize("scaling", ["none", "rezero", "layerscale"])
+@pytest.mark.parametrize("options", [dict(scaling="none"), dict(scaling="rezero"), dict(scaling="layerscale"),
+                                     dict(norm="peri", norm_type="rmsnorm", mlp="swiglu", activation="silu",
+                                          num_kv_heads=2, qk_norm=True, rope_theta=1e4)])
 @pytest.mark.parametrize("module", [ResidualMHA, FeedForward, TransformerBlock, Encoder])
-def test_rules_cover_every_param(module, scaling):
-    cfg = BlockConfig(d_model=16, num_heads=4, d_ff=24, norm="pre", scaling=scaling)
+def test_rules_cover_every_param(module, options):
+    cfg = BlockConfig(d_model=16, num_heads=4, d_ff=24, **{"norm": "pre", **options})
     kw = {"num_layers": 2} if module is Encoder else {}
     m = module(cfg, rngs=nnx.Rngs(0), **kw)
     rows = S.describe(nnx.state(m), S.HYBRID)
@@ -39,14 +41,19 @@ def test_rules_cover_every_param(module, scaling):
 def test_tensor_parallel_specs_of_a_stacked_encoder():
     cfg = BlockConfig(d_model=16, num_heads=4, d_ff=24)
     specs = {p: s for p, _, s in S.describe(nnx.state(Encoder(cfg, num_layers=3, rngs=nnx.Rngs(0))), S.TENSOR_PARALLEL)}
-    assert specs["layers/self_attn/in_kernel"] == P(None, None, None, "model", None)  # (L, E, 3, H, hd)
-    assert specs["layers/self_attn/in_bias"] == P(None, None, "model", None)  # (L, 3, H, hd)
+    assert specs["layers/self_attn/in_kernel"] == P(None, None, "model", None, None)  # (L, E, K, G+2, hd)
+    assert specs["layers/self_attn/in_bias"] == P(None, "model", None, None)  # (L, K, G+2, hd)
     assert specs["layers/self_attn/out_kernel"] == P(None, "model", None, None)  # (L, H, hd, E)
     assert specs["layers/linear1/kernel"] == P(None, None, "model")  # (L, E, F)
     assert specs["layers/linear1/bias"] == P(None, "model")
     assert specs["layers/linear2/kernel"] == P(None, "model", None)  # (L, F, E)
     assert specs["layers/linear2/bias"] == P(None, None)
     assert specs["layers/norm1/scale"] == P(None, None)
+    gqa = BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, d_ff=24, mlp="swiglu", activation="silu", qk_norm=True)
+    specs = {p: s for p, _, s in S.describe(nnx.state(TransformerBlock(gqa, rngs=nnx.Rngs(0))), S.TENSOR_PARALLEL)}
+    assert specs["self_attn/in_kernel"] == P(None, "model", None, None)  # (E, K, G+2, hd): whole groups per device
+    assert specs["self_attn/out_kernel"] == P("model", None, None)  # (H, hd, E): the same heads, in group order
+    assert specs["linear_gate/kernel"] == P(None, "model") and specs["self_attn/q_norm/scale"] == P(None)
     # the layer axis can be mapped too (e.g. to stage layers over a mesh axis)
     staged = {p: s for p, _, s in S.describe(nnx.state(Encoder(cfg, num_layers=3, rngs=nnx.Rngs(0))), {"layers": "data"})}
     assert staged["layers/linear1/kernel"] == P("data", None, None)
@@ -130,8 +137,8 @@ _SCRIPT = textwrap.dedent(
         n_model, n_data = mesh.shape["model"], mesh.shape["data"]
         w1 = params["layers"]["linear1"]["kernel"][...]  # (L, E, F)
         assert w1.addressable_shards[0].data.shape == (2, 24, 64 // n_model), (lname, w1.sharding)
-        qkv = params["layers"]["self_attn"]["in_kernel"][...]  # (L, E, 3, H, hd)
-        assert qkv.addressable_shards[0].data.shape == (2, 24, 3, 8 // n_model, 3), (lname, qkv.sharding)
+        qkv = params["layers"]["self_attn"]["in_kernel"][...]  # (L, E, K, G+2, hd), K = H = 8, G = 1
+        assert qkv.addressable_shards[0].data.shape == (2, 24, 8 // n_model, 3, 3), (lname, qkv.sharding)
         assert y.addressable_shards[0].data.shape[0] == 8 // n_data and len(y.devices()) == 8
         g_w1 = gp["layers"]["linear1"]["kernel"][...]
         assert g_w1.sharding.is_equivalent_to(w1.sharding, 3), (lname, g_w1.sharding, w1.sharding)

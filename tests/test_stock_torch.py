@@ -20,7 +20,11 @@ from flax_blocks.config import BlockConfig
 torch.set_num_threads(1)
 
 E, H, FF, B, T = 24, 4, 40, 3, 7  # heads (4) != head_dim (6)
-TOL = 1e-6
+TOL = 1e-6  # relative: max |ours - stock| / max |stock| (the parity suite's measure)
+# stock's own fused fast path (eval + no_grad) differs from stock's eager path by up to 1.05e-6
+# on these cases (3-layer post-LN gelu with final norm, measured): against it the suite's
+# float32 forward tolerance applies
+FAST_TOL = 2e-6
 
 
 def stock_layer(norm_first: bool, activation: str = "relu", bias: bool = True, eps: float = 1e-5, seed: int = 0):
@@ -87,7 +91,8 @@ def fast_path_calls():
 
 
 def compare(stock, ours, x, kw, kpm, mode):
-    """Max abs difference between the stock and our module, on the non-padded positions.
+    """Max abs difference between the stock and our module relative to the stock output's
+    largest magnitude, on the non-padded positions.
     mode: "train" (dropout 0), "eval_grad" (eval, autograd on) or "fastpath" (eval + no_grad)."""
     for m in (stock, ours):
         m.train(mode == "train")
@@ -102,7 +107,7 @@ def compare(stock, ours, x, kw, kpm, mode):
     assert got.shape == want.shape == x.shape and got.dtype == torch.float32
     keep = ~kpm if any("padding" in k for k in kw) else torch.ones(x.shape[:2], dtype=torch.bool)
     assert torch.isfinite(got).all()
-    return (got - want)[keep].abs().max().item()
+    return ((got - want)[keep].abs().max() / want[keep].abs().max()).item()
 
 
 def test_state_dict_keys_are_the_stock_keys():
@@ -126,7 +131,7 @@ def test_stock_encoder_layer_loads_and_matches(norm_first, activation, bias, mas
     ours = tb.TransformerBlock(cfg_for(norm_first, activation, bias))
     ours.load_state_dict(stock.state_dict(), strict=True)
     x, kpm, causal = inputs()
-    assert compare(stock, ours, x, mask_kwargs(mask, kpm, causal), kpm, mode) <= TOL
+    assert compare(stock, ours, x, mask_kwargs(mask, kpm, causal), kpm, mode) <= (FAST_TOL if mode == "fastpath" else TOL)
 
 
 @pytest.mark.parametrize("mode", ["train", "fastpath"])
@@ -144,7 +149,7 @@ def test_stock_encoder_loads_and_matches(norm_first, activation, final_norm, mas
     ours.load_state_dict(stock.state_dict(), strict=True)
     x, kpm, causal = inputs(1)
     kw = mask_kwargs(mask, kpm, causal, names=("mask", "src_key_padding_mask"))
-    assert compare(stock, ours, x, kw, kpm, mode) <= TOL
+    assert compare(stock, ours, x, kw, kpm, mode) <= (FAST_TOL if mode == "fastpath" else TOL)
 
 
 def test_gradients_match_stock():

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import torch_blocks as tb
-from flax_blocks.config import BlockConfig, init_spec, invert_mask
+from flax_blocks.config import BlockConfig, invert_mask
 
-from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T  # shared with test_flax_blocks.py
+from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T, init_spec  # shared with test_flax_blocks.py
 
 torch.set_num_threads(1)
 
@@ -126,7 +126,7 @@ def test_residual_mha_formula(norm, residual):
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
     with torch.no_grad():
         h = m.norm(x) if norm == "pre" else x
-        inner = m.mha(h, h, h, attn_mask=causal, need_weights=False)[0]
+        inner = m.mha(h, tb.build_mask(m.cfg, B, T, causal))[0]
         pre_norm = inner + (x if residual == "add" else 0)
         want = m.norm(pre_norm) if norm == "post" else pre_norm
         torch.testing.assert_close(m(x), want, rtol=0, atol=1e-6)
@@ -201,7 +201,7 @@ def test_deepnorm_uses_alpha():
     # the Encoder's layers use the depth's alpha: reproduce layer 0's FFN sublayer
     layer = enc.layers[0]
     with torch.no_grad():
-        h = layer.norm1(12 ** 0.25 * x + layer.self_attn(x, x, x, need_weights=False)[0])
+        h = layer.norm1(12 ** 0.25 * x + layer.self_attn(x)[0])
         want = layer.norm2(12 ** 0.25 * h + ffn(layer, h))
         torch.testing.assert_close(layer(x), want, rtol=0, atol=1e-5)
 
@@ -278,7 +278,8 @@ def test_fully_masked_rows(kind):
     kpm = torch.zeros(B, T, dtype=torch.bool)
     kpm[1] = True  # batch 1: every key is padding
     x = rand(B, T, E).requires_grad_()
-    y, extra = call(m, x, attn, kpm, return_intermediates=True)
+    with pytest.warns(UserWarning, match=r"batch element\(s\) \[1\] has no key.*invert_mask"):
+        y, extra = call(m, x, attn, kpm, return_intermediates=True)
     assert torch.isfinite(y).all()
     w = extra["attention_weights"]
     w0 = w[0] if kind == "Encoder" else w
@@ -295,8 +296,9 @@ def test_fully_masked_rows(kind):
 
 @pytest.mark.parametrize("kind", MASKED_KINDS)
 def test_eval_no_grad_path_agrees(kind):
-    """eval + no_grad lets nn.MultiheadAttention take its fused kernel (even heads): same
-    results, masks and rows without keys included, as the weight-returning path."""
+    """Without attention weights asked for, the attention runs torch's fused
+    scaled_dot_product_attention: same results, masks and rows without keys included, as
+    the weight-returning path."""
     m = build(kind, make_cfg(num_heads=2, norm="pre"))
     attn = torch.zeros(T, T, dtype=torch.bool)
     attn[3] = True
@@ -306,18 +308,18 @@ def test_eval_no_grad_path_agrees(kind):
     x = rand(B, T, E)
     m.eval()
     calls = []
-    original = torch._native_multi_head_attention
+    original = torch.nn.functional.scaled_dot_product_attention
 
     def wrapped(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    torch._native_multi_head_attention = wrapped
+    torch.nn.functional.scaled_dot_product_attention = wrapped
     try:
         with torch.no_grad():
             fast = call(m, x, attn, kpm)
     finally:
-        torch._native_multi_head_attention = original
+        torch.nn.functional.scaled_dot_product_attention = original
     assert calls  # the fused kernel did run
     with torch.no_grad():
         slow, _ = call(m, x, attn, kpm, return_intermediates=True)
@@ -343,7 +345,7 @@ def test_dropout_train_and_eval(kind):
 
 def test_attention_dropout_is_on_in_train_mode():
     m = build("ResidualMHA", make_cfg(dropout=0.5))
-    m.dropout.p = 0.0  # leave only the dropout on the attention weights
+    m.dropouts[0].p = 0.0  # leave only the dropout on the attention weights
     x = rand(B, T, E)
     with torch.no_grad():
         assert (m(x) - m(x)).abs().max() > 1e-3
@@ -417,15 +419,12 @@ def test_init_distributions_follow_the_spec(scheme):
     cfg = BlockConfig(d_model=64, num_heads=4, d_ff=96, **scheme)
     m = build("TransformerBlock", cfg)
     sd = {k: v.numpy() for k, v in m.state_dict().items()}
-    for i, spec in enumerate(init_spec(m.cfg, "qkv_weight")):
+    for i, spec in enumerate(init_spec(m.cfg, "self_attn.in_proj_weight")):
         check_sample(sd["self_attn.in_proj_weight"][64 * i: 64 * (i + 1)], spec, f"qkv {i}")
-    roles = {"self_attn.in_proj_bias": "qkv_bias", "self_attn.out_proj.weight": "out_weight",
-             "self_attn.out_proj.bias": "out_bias", "linear1.weight": "linear1_weight",
-             "linear1.bias": "linear1_bias", "linear2.weight": "linear2_weight", "linear2.bias": "linear2_bias",
-             "norm1.weight": "norm_weight", "norm1.bias": "norm_bias", "norm2.weight": "norm_weight",
-             "norm2.bias": "norm_bias"}
-    for name, role in roles.items():
-        check_sample(sd[name], init_spec(m.cfg, role), name)
+    for name in ("self_attn.in_proj_bias", "self_attn.out_proj.weight", "self_attn.out_proj.bias", "linear1.weight",
+                 "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight",
+                 "norm2.bias"):
+        check_sample(sd[name], init_spec(m.cfg, name), name)
 
 
 def test_torch_scheme_in_proj_bound():
@@ -479,8 +478,8 @@ def test_unbatched_input(kind):
         if kind != "FeedForward":
             y, extra = call(m, x[0], return_intermediates=True)
             _, extra_b = call(m, x, return_intermediates=True)
-            for k, v in extra.items():
-                vb = extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0]
+            for k, v in extra.items():  # the largest logit is one number per layer
+                vb = extra_b[k] if k == "attention_logits_max" else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0]
                 torch.testing.assert_close(v, vb, rtol=0, atol=1e-6, msg=k)
 
 
@@ -507,8 +506,9 @@ def test_bad_masks(kind):
         (torch.zeros(B + 1, T, T, dtype=torch.bool), None, ValueError, ["attn_mask", f"({B + 1}, {T}, {T})"]),
         (None, torch.zeros(B, T + 1, dtype=torch.bool), ValueError, ["key_padding_mask", f"({B}, {T + 1})", f"({B}, {T})"]),
         (None, torch.zeros(T, dtype=torch.bool), ValueError, ["key_padding_mask", f"({T},)"]),
-        (torch.zeros(T, T), None, TypeError, ["attn_mask", "torch.float32", "bool"]),
+        (torch.zeros(T, T, dtype=torch.int32), None, TypeError, ["attn_mask", "torch.int32", "bool", "float"]),
         (None, torch.zeros(B, T, dtype=torch.int64), TypeError, ["key_padding_mask", "torch.int64", "bool"]),
+        (torch.zeros(T, T + 1), None, ValueError, ["attn_mask", f"({T}, {T + 1})"]),
     ]:
         with pytest.raises(exc) as e:
             call(m, x, attn, kpm)

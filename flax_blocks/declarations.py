@@ -1,0 +1,293 @@
+"""Every parameter of every block, declared once, for both frameworks.
+
+A `Param` says, for one parameter of one component: its torch name, its Flax path, its
+shape (in torch's layout), which config field each dimension is, the logical axes of
+the Flax array (for sharding), its init distribution, and the `Layout` that maps
+torch's tensor onto the Flax array. Components (a linear map, a norm, an attention) are
+lists of Params; blocks are named components arranged in residual sublayers (`BLOCKS`).
+
+Everything else is derived from these declarations, not kept beside them:
+  - both frameworks create and initialise their parameters from them
+    (flax_blocks.layers, torch_blocks.layers);
+  - the converter's torch <-> Flax rules (flax_blocks.convert), both directions;
+  - the sharding axes (flax_blocks.sharding reads the `axes` each Param carries);
+  - config inference from a checkpoint's shapes (`dims`).
+
+The block names follow torch.nn.TransformerEncoderLayer (self_attn, linear1, linear2,
+norm1, norm2) so stock state dicts load with strict=True; the new options add
+linear_gate (gated MLPs), norm1_out / norm2_out (Peri-LN), self_attn.q_norm / k_norm
+(QK-norm). Nothing here imports a framework: a layout's transforms use only the array
+methods numpy and JAX share (reshape, transpose, indexing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+from .config import BlockConfig
+
+Spec = tuple[str, float]  # ("uniform", bound) | ("normal", std) | ("const", value), iid entries
+Chunks = tuple[tuple[int, Spec], ...]  # (rows, spec) pieces along torch's dim 0
+
+# ----------------------------------------------------------------------------------
+# Layouts: torch's tensor <-> the Flax array
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a torch-layout array maps onto the Flax array, and back (numpy or JAX arrays)."""
+
+    name: str
+    to_flax: Callable[[Any, BlockConfig], Any]
+    to_torch: Callable[[Any, BlockConfig], Any]
+
+
+def _qkv_order(cfg: BlockConfig) -> np.ndarray:
+    """Head blocks of the packed torch rows [q_0..q_{H-1}, k_0..k_{K-1}, v_0..v_{K-1}]
+    reordered to the Flax grouping [q of group 0..., k_0, v_0, q of group 1..., k_1, v_1, ...]."""
+    h, k = cfg.num_heads, cfg.kv_heads
+    g = h // k
+    return np.array([i for j in range(k) for i in (*range(j * g, (j + 1) * g), h + j, h + k + j)])
+
+
+def _qkv_weight_to_flax(a, cfg: BlockConfig):  # ((H+2K)*hd, E) -> (E, K, G+2, hd)
+    k, d, e = cfg.kv_heads, cfg.head_dim, a.shape[-1]
+    return a.reshape(-1, d, e)[_qkv_order(cfg)].reshape(k, -1, d, e).transpose(3, 0, 1, 2)
+
+
+def _qkv_weight_to_torch(a, cfg: BlockConfig):  # (E, K, G+2, hd) -> ((H+2K)*hd, E)
+    d, e = cfg.head_dim, a.shape[0]
+    return a.transpose(1, 2, 3, 0).reshape(-1, d, e)[np.argsort(_qkv_order(cfg))].reshape(-1, e)
+
+
+def _qkv_bias_to_flax(a, cfg: BlockConfig):  # ((H+2K)*hd,) -> (K, G+2, hd)
+    d = cfg.head_dim
+    return a.reshape(-1, d)[_qkv_order(cfg)].reshape(cfg.kv_heads, -1, d)
+
+
+def _qkv_bias_to_torch(a, cfg: BlockConfig):  # (K, G+2, hd) -> ((H+2K)*hd,)
+    return a.reshape(-1, cfg.head_dim)[np.argsort(_qkv_order(cfg))].reshape(-1)
+
+
+COPY = Layout("copy", lambda a, cfg: a, lambda a, cfg: a)
+LINEAR = Layout("linear", lambda a, cfg: a.T, lambda a, cfg: a.T)  # nn.Linear (out, in) <-> kernel (in, out)
+QKV_WEIGHT = Layout("qkv_weight", _qkv_weight_to_flax, _qkv_weight_to_torch)
+QKV_BIAS = Layout("qkv_bias", _qkv_bias_to_flax, _qkv_bias_to_torch)
+OUT_HEADS = Layout(  # out_proj.weight (E, H*hd) <-> (H, hd, E)
+    "out_heads",
+    lambda a, cfg: a.T.reshape(cfg.num_heads, cfg.head_dim, a.shape[0]),
+    lambda a, cfg: a.reshape(cfg.num_heads * cfg.head_dim, a.shape[-1]).T,
+)
+
+
+# ----------------------------------------------------------------------------------
+# Parameters and components
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a component.
+
+    torch: name in the torch module (dots nest submodules: "out_proj.weight").
+    flax: attribute name in the Flax module.
+    shape: torch's shape; dims: the BlockConfig field each dimension equals (None where
+      it is a combination), read by config inference.
+    axes: logical axis names of the Flax array (sharding).
+    init: (rows, spec) chunks along torch's dim 0 (one chunk for most parameters).
+    layout: torch array <-> Flax array.
+    """
+
+    torch: str
+    flax: str
+    shape: tuple[int, ...]
+    dims: tuple[str | None, ...]
+    axes: tuple[str | None, ...]
+    init: Chunks
+    layout: Layout = COPY
+
+    def flax_shape(self, cfg: BlockConfig) -> tuple[int, ...]:
+        return tuple(self.layout.to_flax(np.empty(self.shape, np.bool_), cfg).shape)
+
+
+@dataclass(frozen=True)
+class Component:
+    """A module's own parameters. kind: which module class each framework builds for it."""
+
+    kind: Literal["linear", "norm", "attention", "block"]
+    params: tuple[Param, ...]
+    width: int = 0  # a norm's normalised width
+    children: tuple[tuple[str, "Component"], ...] = ()
+
+
+def _one(spec: Spec, rows: int = 1) -> Chunks:
+    return ((rows, spec),)
+
+
+def _xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
+    return ("uniform", gain * math.sqrt(6.0 / (fan_in + fan_out)))
+
+
+def _xavier_normal(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
+    return ("normal", gain * math.sqrt(2.0 / (fan_in + fan_out)))
+
+
+ZERO: Spec = ("const", 0.0)
+ONE: Spec = ("const", 1.0)
+
+# Linear roles: which weights DeepNorm scales by beta (v, out and the MLP; not q and k).
+LinearRole = Literal["up", "gate", "down"]
+_LINEAR_AXES = {"up": ("embed", "mlp"), "gate": ("embed", "mlp"), "down": ("mlp", "embed")}
+_LINEAR_DIMS = {"up": ("d_ff", "d_model"), "gate": ("d_ff", "d_model"), "down": ("d_model", "d_ff")}
+
+
+def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Component:
+    """An MLP projection: torch weight (out, in) and bias (out,); Flax kernel (in, out), bias."""
+    if cfg.scaling == "deepnorm":
+        w, b = _xavier_normal(n_in, n_out, float(cfg.resolve().deepnorm_beta)), ZERO  # type: ignore[arg-type]
+    elif cfg.init == "xavier":
+        w, b = _xavier_uniform(n_in, n_out), ZERO
+    else:  # nn.Linear: kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)), bias the same
+        w = b = ("uniform", 1 / math.sqrt(n_in))
+    axes, dims = _LINEAR_AXES[role], _LINEAR_DIMS[role]
+    params = [Param("weight", "kernel", (n_out, n_in), dims, axes, _one(w, n_out), LINEAR)]
+    if cfg.bias:
+        params.append(Param("bias", "bias", (n_out,), dims[:1], axes[1:], _one(b, n_out)))
+    return Component("linear", tuple(params))
+
+
+def norm(cfg: BlockConfig, width: int, *, dim: str = "d_model", axis: str | None = "embed",
+         bias: bool = True) -> Component:
+    """LayerNorm (weight, bias when cfg.bias and `bias`) or RMSNorm (weight) over `width`."""
+    params = [Param("weight", "scale", (width,), (dim,), (axis,), _one(ONE, width))]
+    if cfg.norm_type == "layernorm" and cfg.bias and bias:
+        params.append(Param("bias", "bias", (width,), (dim,), (axis,), _one(ZERO, width)))
+    return Component("norm", tuple(params), width=width)
+
+
+def attention(cfg: BlockConfig) -> Component:
+    """Multi-head attention with one packed q/k/v projection (torch's in_proj_weight, rows
+    [q heads; k heads; v heads]); grouped-query when kv_heads < num_heads; q_norm / k_norm
+    over head_dim when qk_norm, scale-only (as OLMo 2, Gemma 3, ViT-22B): a bias on k's
+    norm would shift every logit of a row equally, which softmax ignores (its gradient is
+    exactly zero), so neither norm has one. Flax: in_kernel (E, K, G+2, hd) groups each KV head with
+    its G = H/K query heads (slots 0..G-1 q, G k, G+1 v), out_kernel (H, hd, E)."""
+    e, h, k, d = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    rows = (h * d, k * d, k * d)
+    if cfg.scaling == "deepnorm":
+        beta = float(cfg.resolve().deepnorm_beta)  # type: ignore[arg-type]
+        w_qkv = (_xavier_normal(e, rows[0]), _xavier_normal(e, rows[1]), _xavier_normal(e, rows[2], beta))
+        w_out, b_in, b_out = _xavier_normal(h * d, e, beta), ZERO, ZERO
+    elif cfg.init == "xavier":
+        w_qkv = tuple(_xavier_uniform(e, r) for r in rows)
+        w_out, b_in, b_out = _xavier_uniform(h * d, e), ZERO, ZERO
+    else:  # nn.MultiheadAttention: xavier-uniform over the packed matrix, zero biases,
+        # out_proj with nn.Linear's U(+-1/sqrt(fan_in))
+        w_qkv = (_xavier_uniform(e, sum(rows)),) * 3
+        w_out, b_in, b_out = ("uniform", 1 / math.sqrt(h * d)), ZERO, ZERO
+    params = [
+        Param("in_proj_weight", "in_kernel", (sum(rows), e), (None, "d_model"),
+              ("embed", "kv_heads", "qkv", "head_dim"), tuple(zip(rows, w_qkv)), QKV_WEIGHT),
+        Param("out_proj.weight", "out_kernel", (e, h * d), ("d_model", None),
+              ("heads", "head_dim", "embed"), _one(w_out, e), OUT_HEADS),
+    ]
+    if cfg.has_qkv_bias:
+        params.insert(1, Param("in_proj_bias", "in_bias", (sum(rows),), (None,),
+                               ("kv_heads", "qkv", "head_dim"), _one(b_in, sum(rows)), QKV_BIAS))
+    if cfg.bias:
+        params.append(Param("out_proj.bias", "out_bias", (e,), ("d_model",), ("embed",), _one(b_out, e)))
+    children = ()
+    if cfg.qk_norm:
+        qk = norm(cfg, d, dim="head_dim", axis="head_dim", bias=False)
+        children = (("q_norm", qk), ("k_norm", qk))
+    return Component("attention", tuple(params), children=children)
+
+
+def gate(cfg: BlockConfig, name: str) -> Param | None:
+    """ReZero's scalar gate (0 at init) or LayerScale's per-channel gate (eps); else None."""
+    if cfg.scaling == "rezero":
+        return Param(name, name, (), (), (), ((1, ZERO),))
+    if cfg.scaling == "layerscale":
+        e = cfg.d_model
+        return Param(name, name, (e,), ("d_model",), ("embed",), _one(("const", float(cfg.resolve().layerscale_init)), e))
+    return None
+
+
+# ----------------------------------------------------------------------------------
+# Blocks: named components arranged in residual sublayers
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sublayer:
+    """One residual sublayer: its function's modules, its norms and its gate, by name.
+
+    kind "attention": modules = (attention,); kind "mlp": modules = (up, gate, down)."""
+
+    kind: Literal["attention", "mlp"]
+    modules: tuple[str, ...]
+    norm: str
+    norm_out: str
+    scale: str
+
+
+MLP_MODULES = ("linear1", "linear_gate", "linear2")  # up, gate, down (torch's linear1/linear2 names)
+
+BLOCKS: dict[str, tuple[Sublayer, ...]] = {
+    "ResidualMHA": (Sublayer("attention", ("mha",), "norm", "norm_out", "scale"),),
+    "FeedForward": (Sublayer("mlp", MLP_MODULES, "norm", "norm_out", "scale"),),
+    "TransformerBlock": (
+        Sublayer("attention", ("self_attn",), "norm1", "norm1_out", "scale1"),
+        Sublayer("mlp", MLP_MODULES, "norm2", "norm2_out", "scale2"),
+    ),
+}
+
+# The Encoder: a stack of TransformerBlocks under LAYERS (torch: LAYERS.{i}.; Flax: one
+# module whose parameters have a leading layer axis) and an optional final norm.
+LAYERS = "layers"
+FINAL_NORM = "norm"
+
+
+def block(cfg: BlockConfig, kind: str) -> Component:
+    """The component tree of block `kind` ("ResidualMHA", "FeedForward", "TransformerBlock"):
+    its gates as own params, every sublayer's modules and norms as named children."""
+    if kind not in BLOCKS:
+        raise ValueError(f"unknown block kind {kind!r}; expected one of {tuple(BLOCKS)}")
+    modules: list[tuple[str, Component]] = []  # torch's order: functions, then norms
+    norms: list[tuple[str, Component]] = []
+    out_norms: list[tuple[str, Component]] = []
+    params: list[Param] = []
+    e, f = cfg.d_model, cfg.d_ff
+    for sub in BLOCKS[kind]:
+        if sub.kind == "attention":
+            modules.append((sub.modules[0], attention(cfg)))
+        else:
+            up, gate_name, down = sub.modules
+            modules.append((up, linear(cfg, e, f, "up")))
+            if cfg.gated:
+                modules.append((gate_name, linear(cfg, e, f, "gate")))
+            modules.append((down, linear(cfg, f, e, "down")))
+        if cfg.norm != "none":
+            norms.append((sub.norm, norm(cfg, e)))
+        if cfg.norm == "peri":
+            out_norms.append((sub.norm_out, norm(cfg, e)))
+        g = gate(cfg, sub.scale)
+        if g is not None:
+            params.append(g)
+    children = modules + norms + out_norms
+    return Component("block", tuple(params), children=tuple(children))
+
+
+def flatten(component: Component, prefix: str = "") -> list[tuple[str, str, Param]]:
+    """(torch name, Flax path, Param) of every parameter of `component` and its children,
+    names dotted from `prefix`. The module tree is the same in both frameworks, so the
+    two names differ only in each Param's own part."""
+    out = [(prefix + p.torch, prefix + p.flax, p) for p in component.params]
+    for name, child in component.children:
+        out += flatten(child, f"{prefix}{name}.")
+    return out

@@ -1,0 +1,177 @@
+"""Multi-head attention in PyTorch, owning every option: masks, causal, grouped-query heads,
+QK-norm, rotary positions and the attention weights. Twin of `flax_blocks.attention`.
+
+Masks follow torch's convention: True means "may NOT attend"; a float mask is added to the
+logits (-inf entries masked), as stock torch takes it. Rows in which every key is
+masked give a zero attention output (bias included) and zero weights, as in flax_blocks
+(torch's own MultiheadAttention gives NaN there).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from flax_blocks import declarations
+from flax_blocks.config import BlockConfig, fully_masked_message
+
+from .layers import Norm, create_params
+
+
+class Mask(NamedTuple):
+    """A prepared attention mask. masked (B|1, T, S) bool, True = may NOT attend (rows
+    without any key opened up); rows (B|1, T, 1), True where a query has a key (None:
+    all have); bias (B|1, T, S) float added to the logits (stock torch's float masks)."""
+
+    masked: Tensor | None
+    rows: Tensor | None = None
+    bias: Tensor | None = None
+
+
+def _check_mask(name: str, mask: Tensor, shapes: list[tuple[int, ...]]) -> tuple[Tensor, Tensor | None]:
+    """(masked, bias) from a boolean mask (True = may NOT attend) or a float mask, which
+    is added to the logits as stock torch does (-inf entries are the masked ones)."""
+    if not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
+        raise TypeError(
+            f"{name} must be a boolean tensor (True = may NOT attend) or a float mask added to the "
+            f"logits (-inf = may NOT attend), got dtype {mask.dtype}"
+        )
+    if tuple(mask.shape) not in shapes:
+        raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {tuple(mask.shape)}")
+    if mask.dtype == torch.bool:
+        return mask, None
+    masked = torch.isneginf(mask)
+    return masked, mask.masked_fill(masked, 0.0)
+
+
+def build_mask(
+    cfg: BlockConfig, batch: int, seq: int, attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None, device: Any = None,
+) -> Mask | None:
+    """Combine the causal flag and the user's masks (True = may NOT attend, or float masks
+    added to the logits, as stock torch takes them).
+
+    attn_mask: (seq, seq) or (batch, seq, seq); key_padding_mask: (batch, seq), True = padding.
+    Returns None (nothing masked) or a `Mask` of (batch or 1, seq, seq) tensors.
+    """
+    masked = bias = None
+    if cfg.causal:
+        masked = torch.ones(seq, seq, dtype=torch.bool, device=device).triu(1)[None]
+    if attn_mask is None and key_padding_mask is None:
+        return None if masked is None else Mask(masked)
+    for name, m, shapes, view in (
+        ("attn_mask", attn_mask, [(seq, seq), (batch, seq, seq)], lambda t: t.reshape(-1, seq, seq)),
+        ("key_padding_mask", key_padding_mask, [(batch, seq)], lambda t: t[:, None, :]),
+    ):
+        if m is None:
+            continue
+        m_masked, m_bias = _check_mask(name, m, shapes)
+        masked = view(m_masked) if masked is None else masked | view(m_masked)
+        if m_bias is not None:
+            bias = view(m_bias) if bias is None else bias + view(m_bias)
+    masked = masked.expand(-1, seq, seq)  # a key-padding mask alone is (batch, 1, seq)
+    rows = ~masked.all(dim=-1, keepdim=True)
+    _warn_if_fully_masked(rows)
+    return Mask(masked & rows, rows, bias)
+
+
+def _warn_if_fully_masked(rows: Tensor) -> None:
+    """CPU eager calls only: elsewhere the check would cost a device sync."""
+    if rows.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    empty = torch.nonzero(~rows.reshape(rows.shape[0], -1).any(dim=1)).flatten()
+    if empty.numel():
+        warnings.warn(fully_masked_message(empty.tolist(), "torch"), UserWarning, stacklevel=4)
+
+
+def rotary(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
+
+    x (B, T, heads, hd), positions (T,): dims i and i + hd/2 rotate together by the angle
+    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64)."""
+    hd = x.shape[-1]
+    dt = torch.promote_types(x.dtype, torch.float32)
+    inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=dt, device=x.device) / hd)  # (hd/2,)
+    angles = positions.to(dt)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None, :]  # (T, 1, hd)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Self-attention with one packed q/k/v projection (see `declarations.attention`).
+
+    Params: in_proj_weight ((H+2K)*hd, E) with rows [q heads; k heads; v heads],
+    in_proj_bias, out_proj.weight (E, H*hd), out_proj.bias, q_norm / k_norm (over hd).
+    With K = H these are nn.MultiheadAttention's names and shapes, so its weights load.
+    """
+
+    def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *,
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        component = component or declarations.attention(cfg)
+        self.cfg = cfg
+        create_params(self, component, cfg, generator)
+        for name, child in component.children:
+            setattr(self, name, Norm(cfg, child, generator=generator))
+        for owner, name in ((self, "in_proj_bias"), (self.out_proj, "bias"), (self, "q_norm"), (self, "k_norm")):
+            if not hasattr(owner, name):  # options that are off
+                setattr(owner, name, None)
+
+    def forward(self, x: Tensor, mask: Mask | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, T, E); mask from `build_mask`.
+
+        Returns (out (B, T, E), weights (B, H, T, T) or None, largest pre-softmax logit
+        over unmasked pairs () or None); weights and logit only when need_weights."""
+        cfg = self.cfg
+        b, t, _ = x.shape
+        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        masked, rows, bias = mask if mask is not None else (None, None, None)
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
+        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
+        q, k, v = q.view(b, t, h, d), k.view(b, t, kv, d), v.view(b, t, kv, d)
+        q, k = self.position_qk(q, k, torch.arange(t, device=x.device))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
+        p = cfg.dropout if self.training else 0.0
+        weights = logit_max = None
+        if need_weights:
+            k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # head -> h // G
+            logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, H, T, T)
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never softmax in bf16
+            if bias is not None:
+                logits = logits + bias[:, None]
+            if masked is not None:
+                logits = logits.masked_fill(masked[:, None], float("-inf"))
+            logit_max = logits.max() if rows is None else logits.masked_fill(~rows[:, None], float("-inf")).max()
+            weights = logits.softmax(dim=-1)
+            if rows is not None:
+                weights = torch.where(rows[:, None], weights, 0.0)
+            weights = weights.to(v.dtype)
+            out = F.dropout(weights, p, self.training) @ v  # (B, H, T, hd)
+        else:  # fused kernel; masked rows were opened up by build_mask, so none is empty
+            sdpa_mask = None
+            if bias is not None:
+                sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))[:, None]
+            elif masked is not None:
+                sdpa_mask = ~masked[:, None]  # SDPA's boolean convention: True = may attend
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p, enable_gqa=kv != h)
+        out = F.linear(out.transpose(1, 2).reshape(b, t, h * d), self.out_proj.weight, self.out_proj.bias)
+        if rows is not None:  # a query with no key gets no attention output, bias included
+            out = torch.where(rows, out, 0.0)
+        return out, weights, logit_max
+
+    def position_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
+        k (B, T, K, hd), positions (T,)."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.cfg.rope_theta is not None:
+            q, k = rotary(q, positions, self.cfg.rope_theta), rotary(k, positions, self.cfg.rope_theta)
+        return q, k

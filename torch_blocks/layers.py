@@ -1,0 +1,85 @@
+"""torch parameters made from the declarations, and the two leaf layers: Linear and Norm.
+
+`create_params` registers one nn.Parameter per declared `Param` (dotted torch names nest
+plain submodules, e.g. out_proj.weight), drawn from the declared distributions with an
+optional torch.Generator. Children are built by the caller.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from flax_blocks.config import BlockConfig
+from flax_blocks.declarations import Component
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@torch.no_grad()
+def _fill(t: Tensor, spec: tuple[str, float], generator: torch.Generator | None) -> None:
+    kind, value = spec
+    if kind == "const":
+        t.fill_(value)
+    elif kind == "uniform":
+        t.uniform_(-value, value, generator=generator)
+    elif kind == "normal":
+        t.normal_(0.0, value, generator=generator)
+    else:
+        raise ValueError(f"unknown init spec {spec!r}")
+
+
+def create_params(module: nn.Module, component: Component, cfg: BlockConfig,
+                  generator: torch.Generator | None) -> None:
+    """Register every declared parameter of `component` on `module`, initialised."""
+    for p in component.params:
+        value = torch.empty(p.shape, dtype=torch.float32)
+        start = 0
+        for rows, spec in p.init:  # chunks along dim 0 (q, k, v of a packed projection)
+            _fill(value[start:start + rows] if value.dim() else value, spec, generator)
+            start += rows
+        owner = module
+        *path, name = p.torch.split(".")
+        for part in path:
+            if not hasattr(owner, part):
+                owner.add_module(part, nn.Module())
+            owner = getattr(owner, part)
+        owner.register_parameter(name, nn.Parameter(value.to(DTYPES[cfg.param_dtype])))
+
+
+class Linear(nn.Module):
+    """y = x W^T + b on the last axis. Params: weight (out, in), bias (out,)."""
+
+    def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
+        super().__init__()
+        create_params(self, component, cfg, generator)
+        if not hasattr(self, "bias"):
+            self.bias = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., in) -> (..., out)."""
+        return F.linear(x, self.weight, self.bias)
+
+
+class Norm(nn.Module):
+    """LayerNorm or RMSNorm over the last axis, with the config's eps (torch's own kernels).
+    Params: weight (width,), bias (width,) for LayerNorm with cfg.bias."""
+
+    def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
+        super().__init__()
+        self.rms = cfg.norm_type == "rmsnorm"
+        self.eps = cfg.layer_norm_eps
+        self.width = component.width
+        create_params(self, component, cfg, generator)
+        if not hasattr(self, "bias"):
+            self.bias = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., width) -> same shape."""
+        if self.rms:
+            return F.rms_norm(x, (self.width,), self.weight, self.eps)
+        return F.layer_norm(x, (self.width,), self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{'rms' if self.rms else 'layer'}norm({self.width}, eps={self.eps})"
