@@ -19,11 +19,12 @@ import jax
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import flax_blocks.attention
 import flax_blocks.blocks
+import torch_blocks.attention
 import torch_blocks.blocks
+import torch_blocks.layers
 
 from .cases import CASES
 from . import test_reference as tr
@@ -59,8 +60,10 @@ def _math_sqrt_is_identity(math_module, hits):  # q * sqrt(1 / d) -> q * (1 / d)
     return _Proxy(math_module, sqrt=_counted(lambda a: a, hits))
 
 
-def _sdpa_scale_over_d(sdpa, hits):
-    return _counted(lambda q, k, v, *a, **kw: sdpa(q, k, v, *a, **{**kw, "scale": 1.0 / q.size(-1)}), hits)
+def _functional_sdpa_over_d(functional, hits):  # torch.nn.functional as one module sees it
+    sdpa = functional.scaled_dot_product_attention
+    return _Proxy(functional, scaled_dot_product_attention=_counted(
+        lambda q, k, v, *a, **kw: sdpa(q, k, v, *a, **{**kw, "scale": 1.0 / q.size(-1)}), hits))
 
 
 def _tanh_gelu(_, hits):
@@ -68,8 +71,13 @@ def _tanh_gelu(_, hits):
                     else F.gelu(x, approximate="tanh"), hits)
 
 
-def _norm_eps_1e5(_, hits):  # torch twin's LayerNorms ignore layer_norm_eps
-    return _counted(lambda cfg: nn.LayerNorm(cfg.d_model, eps=1e-5, bias=cfg.bias) if cfg.norm != "none" else None, hits)
+def _norm_init_eps_1e5(init, hits):  # torch twin's norms ignore layer_norm_eps
+    def patched(self, *a, **kw):
+        init(self, *a, **kw)
+        hits.append(1)
+        self.eps = 1e-5
+
+    return patched
 
 
 class _NoAlpha:
@@ -87,11 +95,11 @@ def _drop_alpha(residual_update, hits):
 PATCHES = {
     "logits scaled by 1/d instead of 1/sqrt(d)": [
         (flax_blocks.attention, "jnp", _sqrt_is_identity),
-        (F, "math", _math_sqrt_is_identity),  # nn.MultiheadAttention with need_weights
-        (F, "scaled_dot_product_attention", _sdpa_scale_over_d),  # and without
+        (torch_blocks.attention, "math", _math_sqrt_is_identity),  # the path that returns weights
+        (torch_blocks.attention, "F", _functional_sdpa_over_d),  # the fused path
     ],
     "torch twin's norms at eps 1e-5 whatever layer_norm_eps says": [
-        (torch_blocks.blocks, "_layer_norm", _norm_eps_1e5),
+        (torch_blocks.layers.Norm, "__init__", _norm_init_eps_1e5),
     ],
     "exact GELU replaced by its tanh approximation": [
         (flax_blocks.blocks.ACTIVATION_FNS, "gelu", _tanh_gelu),
@@ -175,4 +183,4 @@ def test_patch_points_exist():
     for bug, patches in PATCHES.items():
         for target, name, _ in patches:
             assert (name in target) if isinstance(target, dict) else hasattr(target, name), (bug, name)
-    assert math.isclose(torch.nn.functional.math.sqrt(4.0), 2.0)
+    assert math.isclose(torch_blocks.attention.math.sqrt(4.0), 2.0)  # nothing left patched

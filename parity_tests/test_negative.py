@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import jax
 import pytest
-from flax import nnx
+
+from flax_blocks.layers import Norm
 
 from .harness import TOL, parity
 from .mutations import MUTATIONS
@@ -29,20 +30,20 @@ def test_wrong_twin_fails_forward(mutation, dtype):
         assert err.grad < TOL["grad", dtype]
 
 
-class _BackwardEpsLayerNorm(nnx.LayerNorm):
-    """A LayerNorm whose forward is exact but whose gradient is that of eps 1e-4: the shape
-    of a mistake in a hand-written backward (custom_vjp, a fused kernel)."""
+class _BackwardEpsNorm(Norm):
+    """A norm whose forward is exact but whose gradient is that of eps 1e-4: the shape of a
+    mistake in a hand-written backward (custom_vjp, a fused kernel)."""
 
-    def __call__(self, x, *, mask=None):
-        y = super().__call__(x, mask=mask)
-        mean = x.mean(-1, keepdims=True)
-        var = ((x - mean) ** 2).mean(-1, keepdims=True)
-        alt = (x - mean) * jax.lax.rsqrt(var + 1e-4) * self.scale[...] + self.bias[...]
+    def __call__(self, x):
+        y = super().__call__(x)
+        h = x if self.rms else x - x.mean(-1, keepdims=True)
+        alt = h * jax.lax.rsqrt((h * h).mean(-1, keepdims=True) + 1e-4) * self.scale[...]
+        alt = alt if self.bias is None else alt + self.bias[...]
         return jax.lax.stop_gradient(y) + (alt - jax.lax.stop_gradient(alt))
 
 
 def _backward_eps_norms(case, module, inp):
-    module.norm1.__class__ = module.norm2.__class__ = _BackwardEpsLayerNorm
+    module.norm1.__class__ = module.norm2.__class__ = _BackwardEpsNorm
     return module, inp
 
 

@@ -609,7 +609,7 @@ def test_computation_dtype(kind):
     y = jcall(m, x)
     assert y.dtype == jnp.bfloat16
     m32 = build(kind, make_cfg(norm="post"))
-    assert 0 < diff(y, call(m32, x)) < 0.04  # measured 0.008 (block), 0.013 (Encoder)
+    assert 0 < diff(y, call(m32, x)) < 0.04  # measured 0.008 (block), 0.010 (Encoder)
     if kind == "Encoder":  # dtype None: a bfloat16 input is promoted with the float32 parameters,
         assert jcall(m32, jnp.asarray(x, jnp.bfloat16)).dtype == jnp.float32  # through the scan carry
 
