@@ -100,7 +100,8 @@ def rotary(x: np.ndarray, theta: float) -> np.ndarray:
 def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None):
     """q (B, H, T, hd), k and v (B, H, S, hd), masked (B|1, T, S) True = may NOT attend.
 
-    Returns (out (B, H, T, hd), weights (B, H, T, S)); rows with no key give zeros."""
+    Returns (out (B, H, T, hd), weights (B, H, T, S), the largest scaled logit over the
+    pairs that may attend ()); rows with no key give zeros."""
     logits = np.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(q.shape[-1])
     if masked is not None:
         logits = np.where(masked[:, None], -np.inf, logits)
@@ -108,7 +109,7 @@ def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.nd
     empty = ~np.isfinite(top)  # every key masked
     e = np.exp(logits - np.where(empty, 0.0, top))
     w = e / np.where(empty, 1.0, e.sum(-1, keepdims=True))  # exp(-inf) = 0: empty rows stay 0
-    return np.einsum("bhts,bhsd->bhtd", w, v), w
+    return np.einsum("bhts,bhsd->bhtd", w, v), w, logits.max()
 
 
 def build_mask(causal: bool, batch: int, t: int, s: int, attn_mask: Any = None,
@@ -188,7 +189,7 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
 
     Params: {prefix}in_proj_weight ((H + 2K) hd, E) rows [q heads; k heads; v heads],
     in_proj_bias, out_proj.{weight, bias}, q_norm.*, k_norm.*.
-    Returns (out (B, T, E), weights (B, H, T, S))."""
+    Returns (out (B, T, E), weights (B, H, T, S), largest scaled logit over unmasked pairs ())."""
     kv = x if memory is None else memory
     b, t, e = x.shape
     s = kv.shape[1]
@@ -214,11 +215,11 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
         q, k = rotary(q, theta), rotary(k, theta)
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
-    o, w = softmax_attention(q, k, v, masked)
+    o, w, logit_max = softmax_attention(q, k, v, masked)
     out = _linear(p, prefix + "out_proj.", o.transpose(0, 2, 1, 3).reshape(b, t, h * hd), e, cfg.bias)
     if masked is not None:  # a query with no key gets no output, bias included
         out = np.where(masked.all(-1)[..., None], 0.0, out)
-    return out, w
+    return out, w, logit_max
 
 
 def mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> np.ndarray:
@@ -268,13 +269,13 @@ def _block(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked, alpha: float
     box = {}
 
     def sa(h):
-        out, box["w"] = attention(cfg, p, prefix + "self_attn.", h, masked)
+        out, box["w"], box["m"] = attention(cfg, p, prefix + "self_attn.", h, masked)
         return out
 
     x = residual(cfg, p, x, sa, prefix + "norm1.", prefix + "norm1_out.", prefix + "scale1", alpha)
     x = residual(cfg, p, x, lambda h: mlp(cfg, p, prefix, h), prefix + "norm2.", prefix + "norm2_out.",
                  prefix + "scale2", alpha)
-    return x, box["w"]
+    return x, box["w"], box["m"]
 
 
 def _decoder_block(cfg: Any, p: Params, prefix: str, x: np.ndarray, memory: np.ndarray, masked,
@@ -302,8 +303,9 @@ def forward(kind: str, cfg: Any, state_dict: dict[str, Any], x: Any, *, attn_mas
     (B, T, S) and memory_key_padding_mask (B, S). cfg.causal masks future keys of self-attention.
     num_layers: an Encoder's depth (default: counted from the state dict's layers.{i}.);
     final_norm: whether the Encoder has its final `norm.` (default: the state dict has one).
-    With return_intermediates, also {"attention_weights": (B, H, T, T) or, for an Encoder,
-    (L, B, H, T, T), and for an Encoder "residual": (L, B, T, E)}.
+    With return_intermediates, also {"attention_weights": (B, H, T, T), "attention_logits_max":
+    () (the largest scaled logit over batch, heads and unmasked pairs)}, for an Encoder with a
+    leading layer axis L and "residual": (L, B, T, E)}.
     """
     if kind not in KINDS:
         raise ValueError(f"reference: unknown block kind {kind!r}")
@@ -325,15 +327,16 @@ def forward(kind: str, cfg: Any, state_dict: dict[str, Any], x: Any, *, attn_mas
         box = {}
 
         def sa(h):
-            out, box["w"] = attention(cfg, p, "mha.", h, masked)
+            out, box["w"], box["m"] = attention(cfg, p, "mha.", h, masked)
             return out
 
         y = residual(cfg, p, x, sa, "norm.", "norm_out.", "scale", deepnorm_alpha(cfg, 1))
-        extras["attention_weights"] = box["w"]
+        extras = {"attention_weights": box["w"], "attention_logits_max": box["m"]}
     elif kind == "FeedForward":
         y = residual(cfg, p, x, lambda h: mlp(cfg, p, "", h), "norm.", "norm_out.", "scale", deepnorm_alpha(cfg, 1))
     elif kind == "TransformerBlock":
-        y, extras["attention_weights"] = _block(cfg, p, "", x, masked, deepnorm_alpha(cfg, 1))
+        y, w, m = _block(cfg, p, "", x, masked, deepnorm_alpha(cfg, 1))
+        extras = {"attention_weights": w, "attention_logits_max": m}
     elif kind == "DecoderBlock":
         mem = np.asarray(_numpy(memory), np.float64)
         mem = mem[None] if unbatched else mem
@@ -345,19 +348,22 @@ def forward(kind: str, cfg: Any, state_dict: dict[str, Any], x: Any, *, attn_mas
         if num_layers is None:
             num_layers = len({k.split(".")[1] for k in p.arrays if k.startswith("layers.")})
         alpha = deepnorm_alpha(cfg, num_layers)
-        residuals, weights = [], []
+        residuals, weights, maxima = [], [], []
         y = x
         for i in range(num_layers):
-            y, w = _block(cfg, p, f"layers.{i}.", y, masked, alpha)
+            y, w, m = _block(cfg, p, f"layers.{i}.", y, masked, alpha)
             residuals.append(y)
             weights.append(w)
+            maxima.append(m)
         if final_norm is None:
             final_norm = "norm.weight" in p.arrays
         if final_norm:
             y = _norm(cfg, p, "norm.", y)
-        extras = {"residual": np.stack(residuals), "attention_weights": np.stack(weights)}
+        extras = {"residual": np.stack(residuals), "attention_weights": np.stack(weights),
+                  "attention_logits_max": np.array(maxima)}
     p.check_all_used()
     if unbatched:
         y = y[0]
-        extras = {k: (v[:, 0] if k == "residual" or v.ndim == 5 else v[0]) for k, v in extras.items()}
+        extras = {k: v if k == "attention_logits_max" else v[:, 0] if k == "residual" or v.ndim == 5 else v[0]
+                  for k, v in extras.items()}
     return (y, extras) if return_intermediates else y

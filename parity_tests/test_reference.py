@@ -239,7 +239,7 @@ def test_reference_attention_matches_torch_functional(kv, qk_norm, theta, causal
     cfg = ns(d_model=e, num_heads=h, num_kv_heads=kv, qk_norm=qk_norm is not None, rope_theta=theta,
              norm_type=qk_norm or "layernorm", causal=causal, layer_norm_eps=1e-4)
     p = ref.Params({k: v.numpy() for k, v in sd.items()})
-    got, _ = ref.attention(cfg, p, "", x.numpy(), ref.build_mask(causal, 2, t, t, None, kpm.numpy()))
+    got, _, _ = ref.attention(cfg, p, "", x.numpy(), ref.build_mask(causal, 2, t, t, None, kpm.numpy()))
     p.check_all_used()
     assert rel_err(got, want) <= TOL
 
@@ -487,6 +487,8 @@ def test_reference_declares_every_config_field():
                             "implement them in parity_tests/reference.py and add them to HANDLED (or to "
                             "NOT_FORWARD with the reason they do not change the eval forward)")
     assert not ref.HANDLED & set(ref.NOT_FORWARD)
+    stale = (ref.HANDLED | set(ref.NOT_FORWARD)) - fields
+    assert not stale, f"the reference declares fields BlockConfig no longer has: {sorted(stale)}"
 
 
 def _values_needed(name: str, hint) -> list | None:
