@@ -530,3 +530,37 @@ def test_every_option_value_is_checked_against_reference():
     kinds = {c.kind for c in cases}
     missing += [f"kind {k}" for k in KINDS if k not in kinds]
     assert not missing, f"options with no case checked against the numpy reference: {missing}"
+
+
+# ----------------------------------------------------------------------------------------
+# Low precision against the reference: the same (rounded) weights and input in float64
+# ----------------------------------------------------------------------------------------
+
+LOW = [  # (torch param dtype or None, Flax param_dtype, Flax dtype, input dtype); measured rel err
+    ("bfloat16", "bfloat16", None, "bfloat16"),  # torch 4.1e-3, flax 4.1e-3
+    (None, "float32", "bfloat16", "float32"),  # flax 6.7e-3 (the torch twin has no computation dtype)
+    ("float16", "float16", None, "float16"),  # torch 3.0e-4, flax 4.8e-4
+]
+
+
+@pytest.mark.parametrize("torch_dtype,param_dtype,dtype,x_dtype", LOW)
+def test_low_precision_against_reference(torch_dtype, param_dtype, dtype, x_dtype):
+    """bf16 / f16 parameters, or a bf16 computation dtype: each twin within a few times the
+    error measured against the float64 reference on the same rounded weights and input, and
+    well above float32's (so the low precision is really used)."""
+    case = next(c for c in CASES if c.kind == "TransformerBlock")
+    tmod = torch_twin(case, param_dtype)
+    sd = {k: v.detach().double().numpy() for k, v in tmod.state_dict().items()}
+    x = torch.from_numpy(make_inputs(case).x).to(getattr(torch, x_dtype))
+    want = ref.forward("TransformerBlock", case.cfg, sd, x.double().numpy())
+    errs = {}
+    if torch_dtype is not None:
+        with torch.no_grad():
+            errs["torch"] = rel_err(tmod(x).double().numpy(), want)
+    fmod = flax_twin(case, tmod, param_dtype, cfg=replace(case.cfg, dtype=dtype))
+    y = nnx.jit(lambda m, x: m(x))(fmod, jnp.asarray(x.float().numpy()).astype(x_dtype))
+    assert y.dtype == jnp.dtype(dtype or x_dtype)
+    errs["flax"] = rel_err(np.asarray(y.astype(jnp.float32)), want)
+    bound = {"bfloat16": 0.02, "float16": 0.0015}[dtype or x_dtype]  # about 3x the worst measured
+    for twin, err in errs.items():
+        assert bound / 100 < err <= bound, f"{twin} twin, params {param_dtype}, dtype {dtype}: rel err {err:.1e}"
