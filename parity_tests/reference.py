@@ -260,36 +260,63 @@ def deepnorm_alpha(cfg: Any, num_layers: int) -> float:
 
 
 # ----------------------------------------------------------------------------------------
-# Blocks
+# Blocks and stacks
 # ----------------------------------------------------------------------------------------
 
-
-def _block(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked, alpha: float):
-    """A TransformerBlock (nn.TransformerEncoderLayer names) -> (y, attention weights)."""
-    box = {}
-
-    def sa(h):
-        out, box["w"], box["m"] = attention(cfg, p, prefix + "self_attn.", h, masked)
-        return out
-
-    x = residual(cfg, p, x, sa, prefix + "norm1.", prefix + "norm1_out.", prefix + "scale1", alpha)
-    x = residual(cfg, p, x, lambda h: mlp(cfg, p, prefix, h), prefix + "norm2.", prefix + "norm2_out.",
-                 prefix + "scale2", alpha)
-    return x, box["w"], box["m"]
-
-
-def _decoder_block(cfg: Any, p: Params, prefix: str, x: np.ndarray, memory: np.ndarray, masked,
-                   memory_masked, alpha: float) -> np.ndarray:
-    """nn.TransformerDecoderLayer names: self_attn, multihead_attn, linear1/2, norm1/2/3."""
-    sa = lambda h: attention(cfg, p, prefix + "self_attn.", h, masked)[0]  # noqa: E731
-    ca = lambda h: attention(cfg, p, prefix + "multihead_attn.", h, memory_masked, memory, positions=False)[0]  # noqa: E731
-    ff = lambda h: mlp(cfg, p, prefix, h)  # noqa: E731
-    for i, f in enumerate((sa, ca, ff), start=1):
-        x = residual(cfg, p, x, f, f"{prefix}norm{i}.", f"{prefix}norm{i}_out.", f"{prefix}scale{i}", alpha)
-    return x
+# Each block's residual sublayers in order: (function, module prefix, norm, output norm, gate),
+# with torch's names (nn.TransformerEncoderLayer / nn.TransformerDecoderLayer).
+SUBLAYERS = {
+    "ResidualMHA": [("attention", "mha.", "norm.", "norm_out.", "scale")],
+    "FeedForward": [("mlp", "", "norm.", "norm_out.", "scale")],
+    "TransformerBlock": [("attention", "self_attn.", "norm1.", "norm1_out.", "scale1"),
+                         ("mlp", "", "norm2.", "norm2_out.", "scale2")],
+    "DecoderBlock": [("attention", "self_attn.", "norm1.", "norm1_out.", "scale1"),
+                     ("cross_attention", "multihead_attn.", "norm2.", "norm2_out.", "scale2"),
+                     ("mlp", "", "norm3.", "norm3_out.", "scale3")],
+}
+STACKS = {"Encoder": "TransformerBlock", "Decoder": "DecoderBlock"}
+KINDS = (*SUBLAYERS, *STACKS)
 
 
-KINDS = ("ResidualMHA", "FeedForward", "TransformerBlock", "Encoder", "DecoderBlock")
+def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, alpha: float,
+          memory: np.ndarray | None = None, memory_masked=None) -> tuple[np.ndarray, dict]:
+    """One block -> (y (B, T, E), {"attention_weights", "attention_logits_max" and, with a
+    cross-attention, "cross_attention_weights", "cross_attention_logits_max"}).
+    Cross-attention: queries from the stream, keys and values from `memory`, no rotary."""
+    extras: dict[str, np.ndarray] = {}
+    for fn, module, norm, norm_out, gate in SUBLAYERS[kind]:
+        def f(h, fn=fn, module=module):
+            if fn == "mlp":
+                return mlp(cfg, p, prefix + module, h)
+            cross = fn == "cross_attention"
+            out, extras[f"{fn}_weights"], extras[f"{fn}_logits_max"] = attention(
+                cfg, p, prefix + module, h, memory_masked if cross else masked,
+                memory if cross else None, positions=not cross)
+            return out
+
+        x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha)
+    return x, extras
+
+
+def stack(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, num_layers: int | None,
+          final_norm: bool | None, memory=None, memory_masked=None) -> tuple[np.ndarray, dict]:
+    """An Encoder or Decoder: {prefix}layers.{i}.* blocks then an optional {prefix}norm.
+    num_layers None: counted from the state dict; final_norm None: the state dict has one.
+    Returns (y, {"residual": (L, B, T, E), each block intermediate stacked on L})."""
+    if num_layers is None:
+        num_layers = len({k[len(prefix):].split(".")[1] for k in p.arrays if k.startswith(prefix + "layers.")})
+    alpha = deepnorm_alpha(cfg, num_layers)
+    per_layer: dict[str, list] = {"residual": []}
+    for i in range(num_layers):
+        x, extras = block(cfg, p, STACKS[kind], f"{prefix}layers.{i}.", x, masked, alpha, memory, memory_masked)
+        per_layer["residual"].append(x)
+        for k, v in extras.items():
+            per_layer.setdefault(k, []).append(v)
+    if final_norm is None:
+        final_norm = prefix + "norm.weight" in p.arrays
+    if final_norm:
+        x = _norm(cfg, p, prefix + "norm.", x)
+    return x, {k: np.stack(v) for k, v in per_layer.items()}
 
 
 def forward(kind: str, cfg: Any, state_dict: dict[str, Any], x: Any, *, attn_mask: Any = None,
@@ -298,72 +325,73 @@ def forward(kind: str, cfg: Any, state_dict: dict[str, Any], x: Any, *, attn_mas
             return_intermediates: bool = False):
     """The eval-mode output of block `kind` with parameters `state_dict` on x (B, T, E) or (T, E).
 
-    Masks in torch's convention (True = may NOT attend): attn_mask (T, T) or (B, T, T),
-    key_padding_mask (B, T); for DecoderBlock also memory (B, S, E), memory_mask (T, S) or
-    (B, T, S) and memory_key_padding_mask (B, S). cfg.causal masks future keys of self-attention.
-    num_layers: an Encoder's depth (default: counted from the state dict's layers.{i}.);
-    final_norm: whether the Encoder has its final `norm.` (default: the state dict has one).
+    kind: ResidualMHA, FeedForward, TransformerBlock, DecoderBlock, Encoder or Decoder.
+    Masks in torch's convention (True = may NOT attend): attn_mask (T, T) or (B, T, T) and
+    key_padding_mask (B, T) on the self-attention (causal when cfg.causal); for decoders
+    memory (B, S, E) or (S, E), memory_mask (T, S) or (B, T, S) and memory_key_padding_mask (B, S).
+    num_layers: a stack's depth (default: counted from the state dict's layers.{i}.);
+    final_norm: whether a stack has its final `norm.` (default: the state dict has one).
     With return_intermediates, also {"attention_weights": (B, H, T, T), "attention_logits_max":
-    () (the largest scaled logit over batch, heads and unmasked pairs)}, for an Encoder with a
-    leading layer axis L and "residual": (L, B, T, E)}.
+    () (the largest scaled logit over batch, heads and unmasked pairs), for decoders the same
+    with "cross_" for the cross-attention (B, H, T, S)}, for a stack with a leading layer
+    axis L and "residual": (L, B, T, E)}.
     """
     if kind not in KINDS:
         raise ValueError(f"reference: unknown block kind {kind!r}")
     x = np.asarray(_numpy(x), np.float64)
     unbatched = x.ndim == 2
+    expand = lambda m: None if m is None else np.asarray(_numpy(m))[None]  # noqa: E731
     if unbatched:
-        x = x[None]
-        key_padding_mask = None if key_padding_mask is None else np.asarray(_numpy(key_padding_mask))[None]
-        if attn_mask is not None and np.ndim(attn_mask) == 3:
-            attn_mask = np.asarray(_numpy(attn_mask))[None]
+        x, key_padding_mask, memory_key_padding_mask = x[None], expand(key_padding_mask), expand(memory_key_padding_mask)
+        memory = None if memory is None else np.asarray(_numpy(memory), np.float64)[None]
+        attn_mask = attn_mask if attn_mask is None or np.ndim(attn_mask) == 2 else expand(attn_mask)
+        memory_mask = memory_mask if memory_mask is None or np.ndim(memory_mask) == 2 else expand(memory_mask)
     b, t, e = x.shape
     if e != cfg.d_model:
         raise ValueError(f"reference: input width {e} != d_model {cfg.d_model}")
     p = Params(state_dict)
-    extras: dict[str, np.ndarray] = {}
     masked = None if kind == "FeedForward" else build_mask(
         cfg.causal, b, t, t, _numpy(attn_mask), _numpy(key_padding_mask))
-    if kind == "ResidualMHA":
-        box = {}
-
-        def sa(h):
-            out, box["w"], box["m"] = attention(cfg, p, "mha.", h, masked)
-            return out
-
-        y = residual(cfg, p, x, sa, "norm.", "norm_out.", "scale", deepnorm_alpha(cfg, 1))
-        extras = {"attention_weights": box["w"], "attention_logits_max": box["m"]}
-    elif kind == "FeedForward":
-        y = residual(cfg, p, x, lambda h: mlp(cfg, p, "", h), "norm.", "norm_out.", "scale", deepnorm_alpha(cfg, 1))
-    elif kind == "TransformerBlock":
-        y, w, m = _block(cfg, p, "", x, masked, deepnorm_alpha(cfg, 1))
-        extras = {"attention_weights": w, "attention_logits_max": m}
-    elif kind == "DecoderBlock":
-        mem = np.asarray(_numpy(memory), np.float64)
-        mem = mem[None] if unbatched else mem
-        mkpm = _numpy(memory_key_padding_mask)
-        mkpm = None if mkpm is None else np.asarray(mkpm).reshape(b, -1)
-        memory_masked = build_mask(False, b, t, mem.shape[1], _numpy(memory_mask), mkpm)
-        y = _decoder_block(cfg, p, "", x, mem, masked, memory_masked, deepnorm_alpha(cfg, 1))
-    else:  # Encoder
-        if num_layers is None:
-            num_layers = len({k.split(".")[1] for k in p.arrays if k.startswith("layers.")})
-        alpha = deepnorm_alpha(cfg, num_layers)
-        residuals, weights, maxima = [], [], []
-        y = x
-        for i in range(num_layers):
-            y, w, m = _block(cfg, p, f"layers.{i}.", y, masked, alpha)
-            residuals.append(y)
-            weights.append(w)
-            maxima.append(m)
-        if final_norm is None:
-            final_norm = "norm.weight" in p.arrays
-        if final_norm:
-            y = _norm(cfg, p, "norm.", y)
-        extras = {"residual": np.stack(residuals), "attention_weights": np.stack(weights),
-                  "attention_logits_max": np.array(maxima)}
+    memory_masked = None
+    if kind in ("DecoderBlock", "Decoder"):
+        if memory is None:
+            raise ValueError(f"reference: a {kind} needs a memory")
+        memory = np.asarray(_numpy(memory), np.float64)
+        memory_masked = build_mask(False, b, t, memory.shape[1], _numpy(memory_mask), _numpy(memory_key_padding_mask))
+    if kind in STACKS:
+        y, extras = stack(cfg, p, kind, "", x, masked, num_layers, final_norm, memory, memory_masked)
+    else:
+        y, extras = block(cfg, p, kind, "", x, masked, deepnorm_alpha(cfg, 1), memory, memory_masked)
     p.check_all_used()
     if unbatched:
         y = y[0]
-        extras = {k: v if k == "attention_logits_max" else v[:, 0] if k == "residual" or v.ndim == 5 else v[0]
-                  for k, v in extras.items()}
+        extras = {k: v if k.endswith("logits_max") else v[:, 0] if kind in STACKS else v[0] for k, v in extras.items()}
     return (y, extras) if return_intermediates else y
+
+
+class _NotCausal:
+    """The config with causal=False (nn.Transformer's encoder is never causal)."""
+
+    def __init__(self, cfg: Any):
+        self._cfg = cfg
+
+    def __getattr__(self, name: str) -> Any:
+        return False if name == "causal" else getattr(self._cfg, name)
+
+
+def transformer(cfg: Any, state_dict: dict[str, Any], src: Any, tgt: Any, *, src_mask: Any = None,
+                tgt_mask: Any = None, memory_mask: Any = None, src_key_padding_mask: Any = None,
+                tgt_key_padding_mask: Any = None, memory_key_padding_mask: Any = None) -> np.ndarray:
+    """nn.Transformer (encoder.*, decoder.*): the encoder (never causal) on src (B, S, E), the
+    decoder (causal when cfg.causal) on tgt (B, T, E) over the encoder's output. Torch masks."""
+    p = Params(state_dict)
+    src, tgt = np.asarray(_numpy(src), np.float64), np.asarray(_numpy(tgt), np.float64)
+    b, s, _ = src.shape
+    t = tgt.shape[1]
+    memory, _ = stack(_NotCausal(cfg), p, "Encoder", "encoder.", src,
+                      build_mask(False, b, s, s, _numpy(src_mask), _numpy(src_key_padding_mask)), None, None)
+    y, _ = stack(cfg, p, "Decoder", "decoder.", tgt,
+                 build_mask(cfg.causal, b, t, t, _numpy(tgt_mask), _numpy(tgt_key_padding_mask)), None, None,
+                 memory, build_mask(False, b, t, s, _numpy(memory_mask), _numpy(memory_key_padding_mask)))
+    p.check_all_used()
+    return y

@@ -1,6 +1,6 @@
 """Dropout placement against stock torch: in train mode at p = 0.3, each twin's output
-distribution must match stock nn.TransformerEncoderLayer / nn.TransformerEncoder with the
-same weights (random streams differ, so statistics are compared, not samples).
+distribution must match stock nn.TransformerEncoderLayer / nn.TransformerEncoder /
+nn.TransformerDecoderLayer with the same weights (random streams differ, so statistics are compared, not samples).
 
 One call on a batch of N copies of one sequence gives N independent dropout draws (masks
 are elementwise). Compared per output position: the mean (its offset from the eval output
@@ -34,6 +34,10 @@ def _perturb(module: nn.Module, seed: int) -> None:
 
 def _stock(kind: str, norm_first: bool) -> nn.Module:
     torch.manual_seed(0)
+    if kind == "DecoderBlock":
+        layer = nn.TransformerDecoderLayer(E, H, FF, P, "relu", batch_first=True, norm_first=norm_first)
+        _perturb(layer, 1)
+        return layer
     layer = nn.TransformerEncoderLayer(E, H, FF, P, "relu", batch_first=True, norm_first=norm_first)
     if kind == "Encoder":
         layer = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(E) if norm_first else None, enable_nested_tensor=False)
@@ -41,16 +45,19 @@ def _stock(kind: str, norm_first: bool) -> nn.Module:
     return layer
 
 
+ATTENTIONS = ("self_attn", "multihead_attn")  # the attention modules, by torch's names
+
+
 def only_attention_dropout_torch(module: nn.Module) -> None:
-    """Every dropout off except the one on the attention weights (inside self_attn)."""
+    """Every dropout off except those on the attention weights (inside the attentions)."""
     for name, sub in module.named_modules():
-        if isinstance(sub, nn.Dropout) and "self_attn" not in name:
+        if isinstance(sub, nn.Dropout) and not set(name.split(".")) & set(ATTENTIONS):
             sub.p = 0.0
 
 
 def only_attention_dropout_flax(module) -> None:
     for path, sub in nnx.iter_graph(module):
-        if isinstance(sub, nnx.Dropout) and "self_attn" not in map(str, path):
+        if isinstance(sub, nnx.Dropout) and not set(map(str, path)) & set(ATTENTIONS):
             sub.rate = 0.0
 
 
@@ -75,15 +82,35 @@ def _samples(kind: str, norm_first: bool, attention_only: bool):
     pad = np.zeros((1, T), bool)
     pad[0, -1] = True  # torch convention: the last key is padding
     x, pad_n = np.repeat(x1, N, 0), np.repeat(pad, N, 0)
+    if kind == "DecoderBlock":  # a memory of S = T + 1 whose first key is padding
+        m1 = np.random.default_rng(1).normal(size=(1, T + 1, E)).astype(np.float32)
+        mpad = np.zeros((1, T + 1), bool)
+        mpad[0, 0] = True
+        mem, mpad_n = np.repeat(m1, N, 0), np.repeat(mpad, N, 0)
+
+    def run_torch(module, stock_names, x, pad, mem=None, mpad=None):
+        x, pad = torch.from_numpy(x), torch.from_numpy(pad)
+        if kind != "DecoderBlock":
+            return module(x, src_key_padding_mask=pad) if stock_names else module(x, None, pad)
+        mem, mpad = torch.from_numpy(mem), torch.from_numpy(mpad)
+        if stock_names:
+            return module(x, mem, tgt_key_padding_mask=pad, memory_key_padding_mask=mpad)
+        return module(x, mem, None, None, pad, mpad)
+
+    dec = kind == "DecoderBlock"
     torch.manual_seed(5)
     with torch.no_grad():
         stock.eval()
-        want_eval = stock(torch.from_numpy(x1), src_key_padding_mask=torch.from_numpy(pad)).numpy()[0]
+        want_eval = run_torch(stock, True, x1, pad, *((m1, mpad) if dec else ())).numpy()[0]
         stock.train()
-        s = stock(torch.from_numpy(x), src_key_padding_mask=torch.from_numpy(pad_n)).numpy()
-        t = twin.train()(torch.from_numpy(x), None, torch.from_numpy(pad_n)).numpy()
-    f = np.asarray(nnx.jit(lambda m, x, k: m(x, key_mask=k))(flax, jnp.asarray(x), jnp.asarray(~pad_n)))
-    return want_eval, {"stock": s, "torch twin": t, "flax twin": f}
+        s = run_torch(stock, True, x, pad_n, *((mem, mpad_n) if dec else ())).numpy()
+        t = run_torch(twin.train(), False, x, pad_n, *((mem, mpad_n) if dec else ())).numpy()
+    if dec:
+        call = nnx.jit(lambda m, x, k, mem, mk: m(x, mem, key_mask=k, memory_key_mask=mk))
+        f = call(flax, jnp.asarray(x), jnp.asarray(~pad_n), jnp.asarray(mem), jnp.asarray(~mpad_n))
+    else:
+        f = nnx.jit(lambda m, x, k: m(x, key_mask=k))(flax, jnp.asarray(x), jnp.asarray(~pad_n))
+    return want_eval, {"stock": s, "torch twin": t, "flax twin": np.asarray(f)}
 
 
 def assert_same_distribution(samples: dict[str, np.ndarray], what: str) -> None:
@@ -97,7 +124,8 @@ def assert_same_distribution(samples: dict[str, np.ndarray], what: str) -> None:
         assert np.abs(ratio - 1).max() < 0.1, f"{what}: {side} std / stock std in [{ratio.min():.3f}, {ratio.max():.3f}]"
 
 
-@pytest.mark.parametrize("kind,norm_first", [("TransformerBlock", True), ("TransformerBlock", False), ("Encoder", True)])
+@pytest.mark.parametrize("kind,norm_first", [("TransformerBlock", True), ("TransformerBlock", False), ("Encoder", True),
+                                             ("DecoderBlock", False)])
 def test_dropout_statistics_match_stock(kind, norm_first):
     want_eval, samples = _samples(kind, norm_first, attention_only=False)
     assert_same_distribution(samples, f"{kind} norm_first={norm_first}, p={P} everywhere")
@@ -106,8 +134,9 @@ def test_dropout_statistics_match_stock(kind, norm_first):
     assert np.abs(m_s - want_eval).max() > 10 * (sd_s / np.sqrt(N)).max()  # the mean is biased by the nonlinearities
 
 
-def test_attention_weight_dropout_matches_stock():
-    want_eval, samples = _samples("TransformerBlock", True, attention_only=True)
-    assert_same_distribution(samples, f"TransformerBlock, p={P} on the attention weights only")
+@pytest.mark.parametrize("kind", ["TransformerBlock", "DecoderBlock"])
+def test_attention_weight_dropout_matches_stock(kind):
+    want_eval, samples = _samples(kind, True, attention_only=True)
+    assert_same_distribution(samples, f"{kind}, p={P} on the attention weights only")
     m_s, sd_s = _stats(samples["stock"])
     assert sd_s.min() > 0.01  # the attention weights' dropout alone moves every output

@@ -113,7 +113,7 @@ PATCHES = {
 
 
 def _first(cases, pred, n=1):
-    picked = [c for c in cases if c.kind != "Encoder" and pred(c)][:n]
+    picked = [c for c in cases if c.kind not in ("Encoder", "Decoder") and pred(c)][:n]  # no scan
     assert picked, "no case fits this plant"
     return picked
 

@@ -25,7 +25,7 @@ from flax_blocks.config import BlockConfig
 
 from . import reference as ref
 from .cases import CASES
-from .harness import KINDS, Case, flax_twin, make_inputs, precision, rel_err, torch_twin
+from .harness import DECODERS, KINDS, STACKS, Case, flax_twin, make_inputs, precision, rel_err, torch_twin
 
 TOL = 1e-12
 E, H, FF, B, T = 12, 2, 20, 3, 6  # heads (2) != head_dim (6)
@@ -170,6 +170,30 @@ def test_reference_matches_stock_decoder_layer(norm_first):
     cfg = ns(activation="gelu", layer_norm_eps=1e-4, norm="pre" if norm_first else "post", causal=True)
     got = ref.forward("DecoderBlock", cfg, state(layer), x, memory=memory, memory_key_padding_mask=mkpm)
     assert rel_err(got, want) <= TOL
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")  # stock's note on norm_first
+def test_reference_matches_stock_transformer():
+    """nn.Transformer (encoder.*, decoder.*, final norms), its layers made distinct, with
+    key-padding masks and a causal target; and its decoder alone as an nn.TransformerDecoder."""
+    torch.manual_seed(0)
+    model = perturb(nn.Transformer(E, H, 2, 3, FF, 0.0, "gelu", batch_first=True, norm_first=True,
+                                   layer_norm_eps=1e-4, dtype=torch.float64), 11)
+    src, tgt = rand(B, T + 1, E, seed=11), rand(B, T, E, seed=12)
+    skpm = torch.zeros(B, T + 1, dtype=torch.bool)
+    skpm[2, -2:] = True
+    causal = nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.float64)
+    with torch.no_grad():
+        want = model(src, tgt, tgt_mask=causal, tgt_is_causal=True, src_key_padding_mask=skpm,
+                     memory_key_padding_mask=skpm)
+        memory = model.encoder(src, src_key_padding_mask=skpm)
+        want_dec = model.decoder(tgt, memory, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=skpm)
+    cfg = ns(activation="gelu", layer_norm_eps=1e-4, norm="pre", causal=True)
+    got = ref.transformer(cfg, state(model), src, tgt, src_key_padding_mask=skpm.numpy(),
+                          memory_key_padding_mask=skpm.numpy())
+    assert rel_err(got, want) <= TOL
+    got = ref.forward("Decoder", cfg, state(model.decoder), tgt, memory=memory, memory_key_padding_mask=skpm)
+    assert rel_err(got, want_dec) <= TOL
 
 
 def test_reference_rmsnorm_matches_torch():
@@ -329,21 +353,28 @@ def twin_runs(case: Case):
         tmod = torch_twin(case, "float64")
         fmod = flax_twin(case, tmod, "float64")
         inp = make_inputs(case)
-        torch_masks = [None if m is None else ~m for m in (inp.attention_mask, inp.key_mask)]
+        invert = lambda m: None if m is None else ~m  # noqa: E731  (torch's convention)
+        torch_masks = [invert(m) for m in (inp.attention_mask, inp.key_mask, inp.memory_key_mask)]
+        decoder = case.kind in DECODERS
         intermediates = case.kind != "FeedForward"
+        as_t = lambda a: None if a is None else torch.from_numpy(a)  # noqa: E731
         with torch.no_grad():  # train mode, dropout 0: not torch's fast path
-            args = [] if case.kind == "FeedForward" else [None if m is None else torch.from_numpy(m) for m in torch_masks]
+            if decoder:
+                args = [as_t(inp.memory), as_t(torch_masks[0]), None, as_t(torch_masks[1]), as_t(torch_masks[2])]
+            else:
+                args = [] if case.kind == "FeedForward" else [as_t(m) for m in torch_masks[:2]]
             kw = {"return_intermediates": True} if intermediates else {}
             out = tmod(torch.from_numpy(inp.x), *args, **kw)
             t = (out[0].numpy(), {k: v.numpy() for k, v in out[1].items()}) if intermediates else (out.numpy(), {})
-        fkw = {} if case.kind == "FeedForward" else {
-            "attention_mask": None if inp.attention_mask is None else jnp.asarray(inp.attention_mask),
-            "key_mask": None if inp.key_mask is None else jnp.asarray(inp.key_mask)}
+        opt = lambda m: None if m is None else jnp.asarray(m)  # noqa: E731
+        fkw = {} if case.kind == "FeedForward" else {"attention_mask": opt(inp.attention_mask), "key_mask": opt(inp.key_mask)}
+        if decoder:
+            fkw["memory_key_mask"] = opt(inp.memory_key_mask)
         fmod.eval()
         # one compiled program per case: 40% less time over CASES than op-by-op dispatch; a
         # fresh function, so it is traced anew and sees the code as it is now (test_mutations)
-        call = nnx.jit(lambda m, x, masks: m(x, **masks, **({"return_intermediates": True} if intermediates else {})))
-        out = call(fmod, jnp.asarray(inp.x), fkw)
+        call = nnx.jit(lambda m, args, masks: m(*args, **masks, **({"return_intermediates": True} if intermediates else {})))
+        out = call(fmod, (jnp.asarray(inp.x),) + ((jnp.asarray(inp.memory),) if decoder else ()), fkw)
         f = (np.asarray(out[0]), {k: np.asarray(v) for k, v in out[1].items()}) if intermediates else (np.asarray(out), {})
     sd = {k: v.numpy() for k, v in tmod.state_dict().items()}
     final_norm = case.final_norm if case.final_norm is not None else case.cfg.norm in ("pre", "peri")
@@ -351,9 +382,9 @@ def twin_runs(case: Case):
     def run_reference(change=lambda c, d: (c, d)):
         cfg, state_dict = change(case.cfg, sd)
         return ref.forward(case.kind, cfg, state_dict, inp.x, attn_mask=torch_masks[0],
-                           key_padding_mask=torch_masks[1],
-                           num_layers=case.num_layers if case.kind == "Encoder" else None,
-                           final_norm=final_norm if case.kind == "Encoder" else None, return_intermediates=True)
+                           key_padding_mask=torch_masks[1], memory=inp.memory, memory_key_padding_mask=torch_masks[2],
+                           num_layers=case.num_layers if case.kind in STACKS else None,
+                           final_norm=final_norm if case.kind in STACKS else None, return_intermediates=True)
 
     return t, f, run_reference(), run_reference
 
@@ -528,7 +559,7 @@ def test_every_option_value_is_checked_against_reference():
             if not hit:
                 missing.append(f"{f.name}={v}")
     kinds = {c.kind for c in cases}
-    missing += [f"kind {k}" for k in KINDS if k not in kinds]
+    missing += [f"kind {k}" for k in (*KINDS, *DECODERS) if k not in kinds]
     assert not missing, f"options with no case checked against the numpy reference: {missing}"
 
 
