@@ -3,7 +3,7 @@ twin-vs-twin parity cannot see, because both twins share them or share the code 
 in. Each must be caught by the numpy reference checks (test_reference.py), in the twin(s)
 it was planted in and only there.
 
-Where each bug is planted is the table PATCHES just below: when the library's layout
+Where each bug is planted is the table WHERE just below: when the library's layout
 changes, re-point it there. Every patch counts its calls, and a plant that never ran fails
 the test (so a stale patch point cannot pass as "caught").
 """
@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import jax
 import pytest
-import torch
 import torch.nn.functional as F
 
 import flax_blocks.attention
@@ -26,9 +25,21 @@ import torch_blocks.attention
 import torch_blocks.blocks
 import torch_blocks.layers
 
-from .cases import CASES
 from . import test_reference as tr
+from .cases import CASES
 from .test_reference import EPS_CASES, TOL, reference_errors
+
+# Patch points: (object or dict, attribute or key). Re-point here after a change of layout.
+WHERE = {
+    "flax logit scale": (flax_blocks.attention, "jnp"),  # jnp.sqrt(d) in Attention.__call__
+    "torch logit scale": (torch_blocks.attention, "math"),  # math.sqrt(d): the path returning weights
+    "torch fused attention": (torch_blocks.attention, "F"),  # F.scaled_dot_product_attention
+    "torch norm": (torch_blocks.layers.Norm, "__init__"),  # sets self.eps from the config
+    "flax gelu": (flax_blocks.blocks.ACTIVATION_FNS, "gelu"),
+    "torch gelu": (torch_blocks.blocks.ACTIVATION_FNS, "gelu"),
+    "flax residual update": (flax_blocks.blocks, "residual_update"),  # the shared formula, as imported
+    "torch residual update": (torch_blocks.blocks, "residual_update"),
+}
 
 
 class _Proxy:
@@ -50,7 +61,7 @@ def _counted(fn: Callable, hits: list) -> Callable:
     return wrapper
 
 
-# --- the plants: (object or dict, attribute or key, factory(original, hits) -> replacement) --
+# --- the plants: factory(original, hits) -> replacement ---------------------------------
 
 def _sqrt_is_identity(jnp_module, hits):  # logits / sqrt(d) -> logits / d
     return _Proxy(jnp_module, sqrt=_counted(lambda a: a, hits))
@@ -92,22 +103,18 @@ def _drop_alpha(residual_update, hits):
     return _counted(lambda cfg, *a, **kw: residual_update(_NoAlpha(cfg), *a, **kw), hits)
 
 
+# bug -> [(patch point, factory(original, hits) -> replacement)]
 PATCHES = {
     "logits scaled by 1/d instead of 1/sqrt(d)": [
-        (flax_blocks.attention, "jnp", _sqrt_is_identity),
-        (torch_blocks.attention, "math", _math_sqrt_is_identity),  # the path that returns weights
-        (torch_blocks.attention, "F", _functional_sdpa_over_d),  # the fused path
+        ("flax logit scale", _sqrt_is_identity),
+        ("torch logit scale", _math_sqrt_is_identity),
+        ("torch fused attention", _functional_sdpa_over_d),
     ],
-    "torch twin's norms at eps 1e-5 whatever layer_norm_eps says": [
-        (torch_blocks.layers.Norm, "__init__", _norm_init_eps_1e5),
-    ],
-    "exact GELU replaced by its tanh approximation": [
-        (flax_blocks.blocks.ACTIVATION_FNS, "gelu", _tanh_gelu),
-        (torch_blocks.blocks.ACTIVATION_FNS, "gelu", _tanh_gelu),
-    ],
+    "torch twin's norms at eps 1e-5 whatever layer_norm_eps says": [("torch norm", _norm_init_eps_1e5)],
+    "exact GELU replaced by its tanh approximation": [("flax gelu", _tanh_gelu), ("torch gelu", _tanh_gelu)],
     "DeepNorm's alpha dropped from the shared residual update": [
-        (flax_blocks.blocks, "residual_update", _drop_alpha),
-        (torch_blocks.blocks, "residual_update", _drop_alpha),
+        ("flax residual update", _drop_alpha),
+        ("torch residual update", _drop_alpha),
     ],
 }
 
@@ -144,7 +151,8 @@ PLANTS = {
 @pytest.mark.parametrize("bug", list(PATCHES))
 def test_planted_bug_is_caught_by_reference(bug, monkeypatch):
     hits: list = []
-    for target, name, factory in PATCHES[bug]:
+    for where, factory in PATCHES[bug]:
+        target, name = WHERE[where]
         if isinstance(target, dict):
             monkeypatch.setitem(target, name, factory(target[name], hits))
         else:
@@ -181,7 +189,7 @@ def test_planted_bug_is_caught_by_reference(bug, monkeypatch):
 
 def test_patch_points_exist():
     """The table points at things that exist (cheap; the slow test proves they are used)."""
-    for bug, patches in PATCHES.items():
-        for target, name, _ in patches:
-            assert (name in target) if isinstance(target, dict) else hasattr(target, name), (bug, name)
+    for where, (target, name) in WHERE.items():
+        assert (name in target) if isinstance(target, dict) else hasattr(target, name), where
+    assert {w for patches in PATCHES.values() for w, _ in patches} == set(WHERE)
     assert math.isclose(torch_blocks.attention.math.sqrt(4.0), 2.0)  # nothing left patched
