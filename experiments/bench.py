@@ -556,7 +556,7 @@ def _unrolled_train(model: Encoder, depth: int):
             for i in range(depth):
                 take = lambda a: a[i]  # noqa: E731
                 layer = nnx.merge(layer_def, jax.tree.map(take, p["layers"]), jax.tree.map(take, layer_rest))
-                h, _ = layer.apply(h, None, None)
+                h, _, _ = layer.apply(h, {})
             if norm is not None:
                 h = nnx.merge(norm[0], p["norm"], norm[2])(h)
             return jnp.sum(h * r)
