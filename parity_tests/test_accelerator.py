@@ -1,5 +1,8 @@
 """The same parity on an accelerator, at highest matmul precision with TF32 off.
-Skips cleanly where neither framework sees a GPU."""
+
+Needs CUDA builds of JAX and torch: `make test-gpu` installs them in .venv-gpu and runs
+this file. Skips, saying which framework sees no GPU, everywhere else (the CPU venv of
+`make test` has a CPU torch and a CPU jaxlib)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,19 @@ def _jax_gpu() -> bool:
         return False
 
 
-needs_gpu = pytest.mark.skipif(not (_jax_gpu() and torch.cuda.is_available()), reason="no GPU visible to both JAX and torch")
+def _no_gpu_reason() -> str:
+    """Why the accelerator tests cannot run here ("" when they can)."""
+    missing = []
+    if not _jax_gpu():
+        missing.append(f"JAX {jax.__version__} sees no GPU (backend {jax.default_backend()}; a CUDA jaxlib plugin is needed)")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build"
+        missing.append(f"torch {torch.__version__} ({build}) sees no CUDA device")
+    return "; ".join(missing) + ("; run `make test-gpu` on a machine with an NVIDIA GPU" if missing else "")
+
+
+NO_GPU = _no_gpu_reason()
+needs_gpu = pytest.mark.skipif(bool(NO_GPU), reason=NO_GPU)
 
 
 @needs_gpu

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
+import flax_blocks as fb
+import torch_blocks as tb
 from flax_blocks.convert import ConversionError
 
 from .cases import CASES
@@ -20,21 +23,39 @@ def stock_checkpoint(tmp_path_factory):
     model = torch.nn.TransformerEncoder(layer, 3, norm=torch.nn.LayerNorm(16), enable_nested_tensor=False)
     path = tmp_path_factory.mktemp("ckpt") / "stock.pt"
     torch.save(model.state_dict(), path)
-    return path, model.state_dict()
+    return path, model.state_dict(), model
 
 
 def test_check_passes_on_stock_encoder(stock_checkpoint, capsys):
-    path, _ = stock_checkpoint
+    path, sd, model = stock_checkpoint
     report = check(str(path), num_heads=4, norm="pre", activation="gelu")
     assert report.ok, report.failures
     assert [r[0] for r in report.rows] == ["layer 0", "layer 1", "layer 2", "output"]
     assert all(0 < r[2] <= 2e-6 for r in report.rows)  # real, non-zero differences: two frameworks ran
     assert main([str(path), "--num-heads", "4", "--norm", "pre", "--activation", "gelu"]) == 0
     assert "PASS" in capsys.readouterr().out
+    # The check compares the two twins with each other; that what they compute is the stock
+    # encoder itself is checked here: each twin, loaded from the checkpoint as the check
+    # loads it, against the stock model on the check's own inputs.
+    cfg = fb.BlockConfig(d_model=16, num_heads=4, d_ff=32, dropout=0.0, norm="pre", activation="gelu")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 8, 16)).astype(np.float32)
+    pad = np.zeros((2, 8), bool)
+    pad[-1, 4:] = True  # torch convention: True = padding
+    with torch.no_grad():
+        want = model.train()(torch.from_numpy(x), src_key_padding_mask=torch.from_numpy(pad)).numpy()
+        twin = tb.Encoder(cfg, num_layers=3)
+        twin.load_state_dict(sd, strict=True)
+        got_torch = twin(torch.from_numpy(x), None, torch.from_numpy(pad)).numpy()
+    flax = fb.from_torch(fb.Encoder, cfg, {k: v.numpy() for k, v in sd.items()}, num_layers=3)
+    got_flax = np.asarray(flax(jnp.asarray(x), key_mask=jnp.asarray(~pad)))
+    scale = np.abs(want).max()
+    assert np.abs(got_torch - want).max() / scale <= 2e-6
+    assert np.abs(got_flax - want).max() / scale <= 2e-6
 
 
 def test_check_names_the_corrupted_layer(stock_checkpoint, tmp_path, capsys):
-    _, sd = stock_checkpoint
+    _, sd, _ = stock_checkpoint
     sd = {k: v.clone() for k, v in sd.items()}
     sd["layers.1.linear2.weight"][0, 0] = float("nan")
     torch.save(sd, tmp_path / "nan.pt")
@@ -50,7 +71,7 @@ def test_check_names_the_corrupted_layer(stock_checkpoint, tmp_path, capsys):
 
 
 def test_check_in_float64(stock_checkpoint):
-    path, _ = stock_checkpoint
+    path, _, _ = stock_checkpoint
     report = check(str(path), num_heads=4, norm="pre", activation="gelu", dtype="float64")
     assert report.ok and all(0 < r[2] <= 1e-12 for r in report.rows)
 

@@ -133,8 +133,10 @@ assert err <= 1e-5, err
 sd = fb.torch_state_dict(enc)
 try:
     fb.load_torch_state_dict(enc, {str(tmp_path / 'missing.pt')!r})
-except FileNotFoundError:
-    pass
+except FileNotFoundError as e:  # named before any import of torch is attempted
+    assert "checkpoint not found" in str(e) and "missing.pt" in str(e), e
+else:
+    raise AssertionError("loading a missing checkpoint raised nothing")
 open({str(tmp_path / 'enc.pt')!r}, "wb").close()
 try:
     fb.load_torch_state_dict(enc, {str(tmp_path / 'enc.pt')!r})

@@ -597,7 +597,7 @@ def test_bfloat16_params(kind):
     assert y.dtype == jnp.bfloat16
     m32 = build(kind, make_cfg(norm="pre"))  # the same (rounded) parameters in float32
     nnx.update(m32, jax.tree.map(lambda a: np.asarray(a).astype(np.float32), nnx.state(m, nnx.Param)))
-    assert 0 < diff(y, call(m32, x)) < 0.1
+    assert 0 < diff(y, call(m32, x)) < 0.04  # measured 0.013 (bfloat16 keeps 8 bits of mantissa)
 
 
 @pytest.mark.parametrize("kind", ["TransformerBlock", "Encoder"])
@@ -609,7 +609,7 @@ def test_computation_dtype(kind):
     y = jcall(m, x)
     assert y.dtype == jnp.bfloat16
     m32 = build(kind, make_cfg(norm="post"))
-    assert 0 < diff(y, call(m32, x)) < 0.2
+    assert 0 < diff(y, call(m32, x)) < 0.04  # measured 0.008 (block), 0.010 (Encoder)
     if kind == "Encoder":  # dtype None: a bfloat16 input is promoted with the float32 parameters,
         assert jcall(m32, jnp.asarray(x, jnp.bfloat16)).dtype == jnp.float32  # through the scan carry
 

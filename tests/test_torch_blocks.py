@@ -359,8 +359,12 @@ def test_encoder_layers_are_independent():
     for k in ("self_attn.in_proj_weight", "self_attn.out_proj.weight", "linear1.weight", "linear1.bias",
               "linear2.weight", "linear2.bias"):
         assert not torch.equal(a[k], b[k]), k
-    for p in m.parameters():
-        assert sum(p is q for q in m.parameters()) == 1  # no shared parameters
+    # no shared parameters: parameters() deduplicates, so list every registration and
+    # compare identities and storage
+    named = list(m.named_parameters(remove_duplicate=False))
+    assert len(named) == len(m.state_dict()) == 3 * 12  # 12 parameter tensors per layer
+    assert len({id(p) for _, p in named}) == len(named)
+    assert len({p.data_ptr() for _, p in named}) == len(named)
 
 
 @pytest.mark.parametrize("norm,final", [("pre", True), ("post", False), ("none", False)])
@@ -461,8 +465,8 @@ def test_param_dtype(param_dtype):
     with torch.no_grad():
         y = m(x.to(dt))
         assert y.dtype == dt
-        tol = 1e-5 if param_dtype == "float64" else 0.1
-        assert (y.float() - m32(x)).abs().max() < tol
+        tol = 1e-5 if param_dtype == "float64" else 0.04  # measured 3.6e-7 and 0.012
+        assert 0 < (y.float() - m32(x)).abs().max() < tol
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -1,0 +1,397 @@
+"""An independent float64 reference of every residual block, in plain numpy.
+
+Written from the papers' formulas, sharing no code with `flax_blocks` or `torch_blocks`:
+it reads a torch-named state dict ({name: array}, names as torch's nn.TransformerEncoderLayer
+/ nn.TransformerEncoder / nn.TransformerDecoderLayer) and the config's fields (read as
+plain attributes, so any object with those attributes will do), and computes the eval-mode
+forward output. Every parameter shape is asserted from the config, and every parameter of
+the state dict must be used: a twin with a missing, extra or misshapen parameter fails.
+
+Semantics (torch's mask convention: a True entry means "may NOT attend"):
+  Norm       layernorm: (x - mean) / sqrt(var + eps) * w + b   (biased variance, two-pass)
+             rmsnorm:   x / sqrt(mean(x^2) + eps) * w
+  Attention  q = x Wq^T + bq, k, v from the keys' input (x, or the decoder's memory);
+             QK-norm per head over head_dim (weight only), then rotary (rotate-half), then
+             softmax(q k^T / sqrt(head_dim)) v, query head h reading kv head h // (H / K);
+             a query row with every key masked gives zero weights and a zero output.
+  MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
+  Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
+             peri: x + s Norm_out(F(Norm(x)));  none: x + s F(x);  residual "none" drops
+             the skip term; alpha is DeepNorm's (2N)^(1/4) (Wang et al. 2022) for an
+             encoder of N layers, s the ReZero / LayerScale gate read from the state dict.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+# The config fields whose forward semantics this module implements. test_reference.py
+# compares this set (with NOT_FORWARD) to dataclasses.fields(BlockConfig): a new field
+# fails that test until the reference handles it or says why it has no forward meaning.
+HANDLED = frozenset({
+    "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
+    "scaling", "deepnorm_alpha", "causal",
+    "norm_type", "mlp", "num_kv_heads", "qk_norm", "rope_theta", "qkv_bias",
+})
+NOT_FORWARD = {
+    "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
+    "deepnorm_beta": "an init gain only; the reference reads the weights, not their distribution",
+    "layerscale_init": "the gate's initial value only; the reference reads the gate itself",
+    "init": "weight distributions only; the reference reads the weights",
+    "dtype": "the reference computes in float64 (the twins' float64 runs are compared with it)",
+    "param_dtype": "the reference casts every parameter to float64",
+}
+
+
+# ----------------------------------------------------------------------------------------
+# Primitives
+# ----------------------------------------------------------------------------------------
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Elementwise erf in float64 (math.erf; numpy has none)."""
+    return np.asarray(_erf(np.asarray(x, np.float64)), np.float64)
+
+
+def activation(name: str, x: np.ndarray) -> np.ndarray:
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "gelu":  # exact: x Phi(x)
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    if name == "gelu_tanh":  # Hendrycks & Gimpel's tanh approximation
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    if name == "silu":  # x sigmoid(x), with sigmoid(x) = (1 + tanh(x / 2)) / 2 (no overflow)
+        return x * 0.5 * (1.0 + np.tanh(0.5 * x))
+    raise ValueError(f"reference: unknown activation {name!r}")
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
+    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias."""
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps) * weight
+    return y if bias is None else y + bias
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight."""
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * weight
+
+
+def rotary(x: np.ndarray, theta: float) -> np.ndarray:
+    """Rotary positions, rotate-half convention (HF LLaMA / GPT-NeoX).
+
+    x: (B, H, T, hd), positions 0..T-1; dims i and i + hd/2 rotate together by pos * theta^(-2i/hd).
+    """
+    t, hd = x.shape[-2], x.shape[-1]
+    inv_freq = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)  # (hd/2,)
+    angle = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    cos = np.concatenate([np.cos(angle)] * 2, axis=-1)  # (T, hd)
+    sin = np.concatenate([np.sin(angle)] * 2, axis=-1)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + np.concatenate([-x2, x1], axis=-1) * sin
+
+
+def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None):
+    """q (B, H, T, hd), k and v (B, H, S, hd), masked (B|1, T, S) True = may NOT attend.
+
+    Returns (out (B, H, T, hd), weights (B, H, T, S), the largest scaled logit over the
+    pairs that may attend ()); rows with no key give zeros."""
+    logits = np.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(q.shape[-1])
+    if masked is not None:
+        logits = np.where(masked[:, None], -np.inf, logits)
+    top = logits.max(-1, keepdims=True)
+    empty = ~np.isfinite(top)  # every key masked
+    e = np.exp(logits - np.where(empty, 0.0, top))
+    w = e / np.where(empty, 1.0, e.sum(-1, keepdims=True))  # exp(-inf) = 0: empty rows stay 0
+    return np.einsum("bhts,bhsd->bhtd", w, v), w, logits.max()
+
+
+def build_mask(causal: bool, batch: int, t: int, s: int, attn_mask: Any = None,
+               key_padding_mask: Any = None) -> np.ndarray | None:
+    """Combine causal, attn_mask (T, S) or (B, T, S), key_padding_mask (B, S) into (B|1, T, S);
+    True = may NOT attend."""
+    masked = np.triu(np.ones((t, s), bool), 1)[None] if causal else None
+    if attn_mask is not None:
+        m = np.asarray(attn_mask, bool).reshape(-1, t, s)
+        masked = m if masked is None else masked | m
+    if key_padding_mask is not None:
+        m = np.asarray(key_padding_mask, bool).reshape(batch, 1, s)
+        masked = m if masked is None else masked | m
+    return None if masked is None else np.broadcast_to(masked, (masked.shape[0], t, s))
+
+
+# ----------------------------------------------------------------------------------------
+# Parameters: shapes asserted from the config, every one used
+# ----------------------------------------------------------------------------------------
+
+
+class Params:
+    """A torch-named state dict as float64 arrays; records which names were read."""
+
+    def __init__(self, state_dict: dict[str, Any]):
+        self.arrays = {k: np.asarray(_numpy(v), np.float64) for k, v in state_dict.items()}
+        self.used: set[str] = set()
+
+    def __call__(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in self.arrays:
+            raise KeyError(f"reference: parameter {name!r} missing from the state dict")
+        a = self.arrays[name]
+        if a.shape != tuple(shape):
+            raise ValueError(f"reference: {name} has shape {a.shape}, expected {tuple(shape)}")
+        self.used.add(name)
+        return a
+
+    def check_all_used(self) -> None:
+        extra = sorted(set(self.arrays) - self.used)
+        if extra:
+            raise ValueError(f"reference: parameters the config does not explain: {extra}")
+
+
+def _numpy(v: Any) -> Any:
+    if hasattr(v, "detach"):  # a torch tensor
+        return v.detach().cpu().double().numpy()
+    return v
+
+
+def _opt(cfg: Any, name: str, default: Any) -> Any:
+    """A config field, or its default where the config predates the field."""
+    return getattr(cfg, name, default)
+
+
+def _norm(cfg: Any, p: Params, prefix: str, x: np.ndarray, bias: bool = True) -> np.ndarray:
+    """The config's norm over the last axis; a LayerNorm has a bias when cfg.bias and `bias`."""
+    n = x.shape[-1]
+    w = p(prefix + "weight", (n,))
+    if _opt(cfg, "norm_type", "layernorm") == "rmsnorm":
+        return rms_norm(x, w, cfg.layer_norm_eps)
+    return layer_norm(x, w, p(prefix + "bias", (n,)) if cfg.bias and bias else None, cfg.layer_norm_eps)
+
+
+def _linear(p: Params, prefix: str, x: np.ndarray, n_out: int, bias: bool) -> np.ndarray:
+    y = x @ p(prefix + "weight", (n_out, x.shape[-1])).T
+    return y + p(prefix + "bias", (n_out,)) if bias else y
+
+
+# ----------------------------------------------------------------------------------------
+# Sublayers
+# ----------------------------------------------------------------------------------------
+
+
+def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarray | None,
+              memory: np.ndarray | None = None, positions: bool = True):
+    """Multi-head attention of x (B, T, E) over itself or over `memory` (B, S, E).
+
+    Params: {prefix}in_proj_weight ((H + 2K) hd, E) rows [q heads; k heads; v heads],
+    in_proj_bias, out_proj.{weight, bias}, q_norm.*, k_norm.*.
+    Returns (out (B, T, E), weights (B, H, T, S), largest scaled logit over unmasked pairs ())."""
+    kv = x if memory is None else memory
+    b, t, e = x.shape
+    s = kv.shape[1]
+    h = cfg.num_heads
+    k_heads = _opt(cfg, "num_kv_heads", None) or h
+    hd = e // h
+    w_in = p(prefix + "in_proj_weight", ((h + 2 * k_heads) * hd, e))
+    q = x @ w_in[: h * hd].T
+    k = kv @ w_in[h * hd: (h + k_heads) * hd].T
+    v = kv @ w_in[(h + k_heads) * hd:].T
+    qkv_bias = _opt(cfg, "qkv_bias", None)
+    if (cfg.bias if qkv_bias is None else qkv_bias):
+        b_in = p(prefix + "in_proj_bias", ((h + 2 * k_heads) * hd,))
+        q, k, v = q + b_in[: h * hd], k + b_in[h * hd: (h + k_heads) * hd], v + b_in[(h + k_heads) * hd:]
+    q = q.reshape(b, t, h, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd)
+    k = k.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)  # (B, K, S, hd)
+    v = v.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)
+    if _opt(cfg, "qk_norm", False):  # scale-only (OLMo 2, Gemma 3): no bias whatever cfg.bias says
+        q = _norm(cfg, p, prefix + "q_norm.", q, bias=False)
+        k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
+    theta = _opt(cfg, "rope_theta", None)
+    if theta is not None and positions:
+        q, k = rotary(q, theta), rotary(k, theta)
+    k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
+    v = np.repeat(v, h // k_heads, axis=1)
+    o, w, logit_max = softmax_attention(q, k, v, masked)
+    out = _linear(p, prefix + "out_proj.", o.transpose(0, 2, 1, 3).reshape(b, t, h * hd), e, cfg.bias)
+    if masked is not None:  # a query with no key gets no output, bias included
+        out = np.where(masked.all(-1)[..., None], 0.0, out)
+    return out, w, logit_max
+
+
+def mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> np.ndarray:
+    """dense: linear2(act(linear1 x)); gated: linear2(act(linear_gate x) * linear1 x)."""
+    f = cfg.d_ff
+    hid = _linear(p, prefix + "linear1.", x, f, cfg.bias)
+    if _opt(cfg, "mlp", "dense") == "dense":
+        hid = activation(cfg.activation, hid)
+    else:
+        hid = activation(cfg.activation, _linear(p, prefix + "linear_gate.", x, f, cfg.bias)) * hid
+    return _linear(p, prefix + "linear2.", hid, cfg.d_model, cfg.bias)
+
+
+def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, gate: str,
+             alpha: float) -> np.ndarray:
+    """One residual sublayer around f (x -> F(x)); norm, norm_out, gate: parameter prefixes."""
+    e = x.shape[-1]
+    s = 1.0
+    if cfg.scaling == "rezero":
+        s = p(gate, ())
+    elif cfg.scaling == "layerscale":
+        s = p(gate, (e,))
+    if cfg.norm in ("pre", "peri"):
+        h = f(_norm(cfg, p, norm, x))
+        if cfg.norm == "peri":
+            h = _norm(cfg, p, norm_out, h)
+    else:
+        h = f(x)
+    y = s * h + (alpha * x if cfg.residual == "add" else 0.0)
+    return _norm(cfg, p, norm, y) if cfg.norm == "post" else y
+
+
+def deepnorm_alpha(cfg: Any, num_layers: int) -> float:
+    """The skip weight: DeepNorm's alpha = (2N)^(1/4) for N encoder layers (or the config's), else 1."""
+    if cfg.scaling != "deepnorm":
+        return 1.0
+    return cfg.deepnorm_alpha if cfg.deepnorm_alpha is not None else (2 * num_layers) ** 0.25
+
+
+# ----------------------------------------------------------------------------------------
+# Blocks and stacks
+# ----------------------------------------------------------------------------------------
+
+# Each block's residual sublayers in order: (function, module prefix, norm, output norm, gate),
+# with torch's names (nn.TransformerEncoderLayer / nn.TransformerDecoderLayer).
+SUBLAYERS = {
+    "ResidualMHA": [("attention", "mha.", "norm.", "norm_out.", "scale")],
+    "FeedForward": [("mlp", "", "norm.", "norm_out.", "scale")],
+    "TransformerBlock": [("attention", "self_attn.", "norm1.", "norm1_out.", "scale1"),
+                         ("mlp", "", "norm2.", "norm2_out.", "scale2")],
+    "DecoderBlock": [("attention", "self_attn.", "norm1.", "norm1_out.", "scale1"),
+                     ("cross_attention", "multihead_attn.", "norm2.", "norm2_out.", "scale2"),
+                     ("mlp", "", "norm3.", "norm3_out.", "scale3")],
+}
+STACKS = {"Encoder": "TransformerBlock", "Decoder": "DecoderBlock"}
+KINDS = (*SUBLAYERS, *STACKS)
+
+
+def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, alpha: float,
+          memory: np.ndarray | None = None, memory_masked=None) -> tuple[np.ndarray, dict]:
+    """One block -> (y (B, T, E), {"attention_weights", "attention_logits_max" and, with a
+    cross-attention, "cross_attention_weights", "cross_attention_logits_max"}).
+    Cross-attention: queries from the stream, keys and values from `memory`, no rotary."""
+    extras: dict[str, np.ndarray] = {}
+    for fn, module, norm, norm_out, gate in SUBLAYERS[kind]:
+        def f(h, fn=fn, module=module):
+            if fn == "mlp":
+                return mlp(cfg, p, prefix + module, h)
+            cross = fn == "cross_attention"
+            out, extras[f"{fn}_weights"], extras[f"{fn}_logits_max"] = attention(
+                cfg, p, prefix + module, h, memory_masked if cross else masked,
+                memory if cross else None, positions=not cross)
+            return out
+
+        x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha)
+    return x, extras
+
+
+def stack(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, num_layers: int | None,
+          final_norm: bool | None, memory=None, memory_masked=None) -> tuple[np.ndarray, dict]:
+    """An Encoder or Decoder: {prefix}layers.{i}.* blocks then an optional {prefix}norm.
+    num_layers None: counted from the state dict; final_norm None: the state dict has one.
+    Returns (y, {"residual": (L, B, T, E), each block intermediate stacked on L})."""
+    if num_layers is None:
+        num_layers = len({k[len(prefix):].split(".")[1] for k in p.arrays if k.startswith(prefix + "layers.")})
+    alpha = deepnorm_alpha(cfg, num_layers)
+    per_layer: dict[str, list] = {"residual": []}
+    for i in range(num_layers):
+        x, extras = block(cfg, p, STACKS[kind], f"{prefix}layers.{i}.", x, masked, alpha, memory, memory_masked)
+        per_layer["residual"].append(x)
+        for k, v in extras.items():
+            per_layer.setdefault(k, []).append(v)
+    if final_norm is None:
+        final_norm = prefix + "norm.weight" in p.arrays
+    if final_norm:
+        x = _norm(cfg, p, prefix + "norm.", x)
+    return x, {k: np.stack(v) for k, v in per_layer.items()}
+
+
+def forward(kind: str, cfg: Any, state_dict: dict[str, Any], x: Any, *, attn_mask: Any = None,
+            key_padding_mask: Any = None, num_layers: int | None = None, final_norm: bool | None = None,
+            memory: Any = None, memory_mask: Any = None, memory_key_padding_mask: Any = None,
+            return_intermediates: bool = False):
+    """The eval-mode output of block `kind` with parameters `state_dict` on x (B, T, E) or (T, E).
+
+    kind: ResidualMHA, FeedForward, TransformerBlock, DecoderBlock, Encoder or Decoder.
+    Masks in torch's convention (True = may NOT attend): attn_mask (T, T) or (B, T, T) and
+    key_padding_mask (B, T) on the self-attention (causal when cfg.causal); for decoders
+    memory (B, S, E) or (S, E), memory_mask (T, S) or (B, T, S) and memory_key_padding_mask (B, S).
+    num_layers: a stack's depth (default: counted from the state dict's layers.{i}.);
+    final_norm: whether a stack has its final `norm.` (default: the state dict has one).
+    With return_intermediates, also {"attention_weights": (B, H, T, T), "attention_logits_max":
+    () (the largest scaled logit over batch, heads and unmasked pairs), for decoders the same
+    with "cross_" for the cross-attention (B, H, T, S)}, for a stack with a leading layer
+    axis L and "residual": (L, B, T, E)}.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"reference: unknown block kind {kind!r}")
+    x = np.asarray(_numpy(x), np.float64)
+    unbatched = x.ndim == 2
+    expand = lambda m: None if m is None else np.asarray(_numpy(m))[None]  # noqa: E731
+    if unbatched:
+        x, key_padding_mask, memory_key_padding_mask = x[None], expand(key_padding_mask), expand(memory_key_padding_mask)
+        memory = None if memory is None else np.asarray(_numpy(memory), np.float64)[None]
+        attn_mask = attn_mask if attn_mask is None or np.ndim(attn_mask) == 2 else expand(attn_mask)
+        memory_mask = memory_mask if memory_mask is None or np.ndim(memory_mask) == 2 else expand(memory_mask)
+    b, t, e = x.shape
+    if e != cfg.d_model:
+        raise ValueError(f"reference: input width {e} != d_model {cfg.d_model}")
+    p = Params(state_dict)
+    masked = None if kind == "FeedForward" else build_mask(
+        cfg.causal, b, t, t, _numpy(attn_mask), _numpy(key_padding_mask))
+    memory_masked = None
+    if kind in ("DecoderBlock", "Decoder"):
+        if memory is None:
+            raise ValueError(f"reference: a {kind} needs a memory")
+        memory = np.asarray(_numpy(memory), np.float64)
+        memory_masked = build_mask(False, b, t, memory.shape[1], _numpy(memory_mask), _numpy(memory_key_padding_mask))
+    if kind in STACKS:
+        y, extras = stack(cfg, p, kind, "", x, masked, num_layers, final_norm, memory, memory_masked)
+    else:
+        y, extras = block(cfg, p, kind, "", x, masked, deepnorm_alpha(cfg, 1), memory, memory_masked)
+    p.check_all_used()
+    if unbatched:
+        y = y[0]
+        extras = {k: v if k.endswith("logits_max") else v[:, 0] if kind in STACKS else v[0] for k, v in extras.items()}
+    return (y, extras) if return_intermediates else y
+
+
+class _NotCausal:
+    """The config with causal=False (nn.Transformer's encoder is never causal)."""
+
+    def __init__(self, cfg: Any):
+        self._cfg = cfg
+
+    def __getattr__(self, name: str) -> Any:
+        return False if name == "causal" else getattr(self._cfg, name)
+
+
+def transformer(cfg: Any, state_dict: dict[str, Any], src: Any, tgt: Any, *, src_mask: Any = None,
+                tgt_mask: Any = None, memory_mask: Any = None, src_key_padding_mask: Any = None,
+                tgt_key_padding_mask: Any = None, memory_key_padding_mask: Any = None) -> np.ndarray:
+    """nn.Transformer (encoder.*, decoder.*): the encoder (never causal) on src (B, S, E), the
+    decoder (causal when cfg.causal) on tgt (B, T, E) over the encoder's output. Torch masks."""
+    p = Params(state_dict)
+    src, tgt = np.asarray(_numpy(src), np.float64), np.asarray(_numpy(tgt), np.float64)
+    b, s, _ = src.shape
+    t = tgt.shape[1]
+    memory, _ = stack(_NotCausal(cfg), p, "Encoder", "encoder.", src,
+                      build_mask(False, b, s, s, _numpy(src_mask), _numpy(src_key_padding_mask)), None, None)
+    y, _ = stack(cfg, p, "Decoder", "decoder.", tgt,
+                 build_mask(cfg.causal, b, t, t, _numpy(tgt_mask), _numpy(tgt_key_padding_mask)), None, None,
+                 memory, build_mask(False, b, t, s, _numpy(memory_mask), _numpy(memory_key_padding_mask)))
+    p.check_all_used()
+    return y
