@@ -8,7 +8,9 @@ so a residual block passes such a position through its skip path unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +68,94 @@ def build_mask(
     rows = jnp.any(mask, axis=-1, keepdims=True)
     _warn_if_fully_masked(rows)
     return mask | ~rows, rows
+
+
+class Blocked(NamedTuple):
+    """The mask of the memory-efficient path: causal from the config, key_valid (B, S) or
+    None (True = real key). The (T, S) mask is never materialised; see `blocked_attention`."""
+
+    key_valid: jax.Array | None
+
+
+# When a self-attention takes the blocked path (no weights asked for, no attention_mask, no
+# dropout on the weights, at least `min_keys` keys): keys and queries in blocks of `block`.
+BLOCKED = {"min_keys": 1024, "block": 512}
+
+
+@contextlib.contextmanager
+def blocked_attention_settings(*, min_keys: int, block: int):
+    """Temporarily change BLOCKED (read at trace time), e.g. to force the blocked path on a
+    short sequence in a test."""
+    old = dict(BLOCKED)
+    BLOCKED.update(min_keys=min_keys, block=block)
+    try:
+        yield
+    finally:
+        BLOCKED.update(old)
+
+
+def self_attention_mask(cfg: BlockConfig, batch: int, seq: int, attention_mask, key_mask, *, blocked_ok: bool):
+    """`Blocked(key_mask)` when the blocked path applies (long sequence, no explicit
+    attention_mask, `blocked_ok`), else the dense `build_mask`."""
+    if blocked_ok and attention_mask is None and seq >= BLOCKED["min_keys"]:
+        if key_mask is not None:
+            key_mask = jnp.asarray(key_mask)
+            _check_bool("key_mask", key_mask, [(batch, seq)])
+        return Blocked(key_mask)
+    return build_mask(cfg, batch, seq, attention_mask, key_mask)
+
+
+def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, key_valid: jax.Array | None,
+                      block: int) -> tuple[jax.Array, jax.Array]:
+    """softmax(q k^T / sqrt(hd)) v without the (T, S) logits: queries in blocks (lax.map),
+    keys in blocks with an online softmax (lax.scan), both rematerialised in the backward
+    pass, so memory is O(T * block) instead of O(T * S).
+
+    q (B, T, K, G, hd), k and v (B, S, K, hd); key_valid (B, S) or None. Returns (out
+    (B, T, K, G, hd), has_key (B, T)); rows without any key give 0, as the dense path."""
+    b, t, kv, g, d = q.shape
+    s = k.shape[1]
+    bq, bk = min(block, t), min(block, s)
+    nq, nk = -(-t // bq), -(-s // bk)
+    acc_dt = jnp.promote_types(q.dtype, jnp.float32)
+    valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid
+    pad = lambda a, n, axis: jnp.pad(a, [(0, n - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])  # noqa: E731
+    qb = pad(q, nq * bq, 1).reshape(b, nq, bq, kv, g, d).swapaxes(0, 1)  # (nq, B, bq, K, G, hd)
+    kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).swapaxes(0, 1)
+    vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).swapaxes(0, 1)
+    validb = pad(valid, nk * bk, 1).reshape(b, nk, bk).swapaxes(0, 1)  # padded keys are invalid
+    scale = 1.0 / jnp.sqrt(jnp.asarray(d, acc_dt))
+
+    def one_query_block(args):
+        i, qblk = args
+        qpos = i * bq + jnp.arange(bq)
+
+        def step(carry, xs):
+            m, l, acc = carry  # (B, K, G, bq), (B, K, G, bq), (B, K, G, bq, hd)
+            j, kblk, vblk, ok = xs
+            logits = jnp.einsum("bqkgd,bskd->bkgqs", qblk, kblk).astype(acc_dt) * scale
+            allowed = ok[:, None, None, None, :]
+            if causal:
+                allowed = allowed & ((j * bk + jnp.arange(bk))[None, :] <= qpos[:, None])
+            logits = jnp.where(allowed, logits, -jnp.inf)
+            m_new = jnp.maximum(m, logits.max(axis=-1))
+            shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+            p = jnp.where(allowed, jnp.exp(logits - shift[..., None]), 0.0)
+            corr = jnp.exp(jnp.where(jnp.isfinite(m), m - shift, -jnp.inf))
+            l = l * corr + p.sum(axis=-1)
+            acc = acc * corr[..., None] + jnp.einsum("bkgqs,bskd->bkgqd", p.astype(vblk.dtype), vblk).astype(acc_dt)
+            return (m_new, l, acc), None
+
+        init = (jnp.full((b, kv, g, bq), -jnp.inf, acc_dt), jnp.zeros((b, kv, g, bq), acc_dt),
+                jnp.zeros((b, kv, g, bq, d), acc_dt))
+        (m, l, acc), _ = jax.lax.scan(jax.checkpoint(step), init, (jnp.arange(nk), kb, vb, validb))
+        out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+        return out.transpose(0, 3, 1, 2, 4), (l > 0).any(axis=(1, 2))  # (B, bq, K, G, hd), (B, bq)
+
+    out, has_key = jax.lax.map(jax.checkpoint(one_query_block), (jnp.arange(nq), qb))
+    out = out.swapaxes(0, 1).reshape(b, nq * bq, kv, g, d)[:, :t]
+    has_key = has_key.swapaxes(0, 1).reshape(b, nq * bq)[:, :t]
+    return out.astype(v.dtype), has_key
 
 
 def cache_mask(index: jax.Array | int, seq: int, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -198,6 +288,14 @@ class Attention(nnx.Module):
             mem = self.memory_kv(memory) if memory is not None else cache
             k, v = mem["k"], mem["v"]
         s = k.shape[1]
+        if isinstance(mask, Blocked):  # memory-efficient path: no weights, no (T, S) logits
+            out, has_key = blocked_attention(q, k, v, causal=self.cfg.causal, key_valid=mask.key_valid,
+                                             block=BLOCKED["block"])
+            out = jnp.dot(out.reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
+            if b_out is not None:
+                out = out + b_out
+            out = jnp.where(has_key[..., None], out, 0.0)  # a query with no key gets no output
+            return out, None, None, cache
         logits = jnp.einsum("btkgd,bskd->bkgts", q, k).reshape(b, h, t, s)  # head = kv * G + g
         logits = logits / jnp.sqrt(jnp.asarray(d, logits.dtype))
         logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # never softmax in bf16

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import declarations
-from .attention import Attention, build_mask, cache_mask
+from .attention import Attention, Blocked, build_mask, cache_mask, self_attention_mask
 from .config import BlockConfig, check_width, residual_update
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params
@@ -103,7 +103,8 @@ class _Block(nnx.Module):
                 fn = functools.partial(self._mlp, sub, k_inner, deterministic)
             else:
                 part = "cross" if sub.kind == "cross_attention" else "self"
-                mask, rows = masks.get(part, (None, None))
+                spec = masks.get(part, (None, None))
+                mask, rows = (spec, None) if isinstance(spec, Blocked) else spec
                 fn = functools.partial(
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=mask, rows=rows, key=k_inner, deterministic=deterministic, cross=part == "cross",
@@ -143,13 +144,19 @@ class _Block(nnx.Module):
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, key_mask, attention_mask, memory, memory_mask,
                                 return_intermediates, deterministic, stacked=False)
-        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)}
+        masks = {"self": self_attention_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask,
+                                             blocked_ok=_blocked_ok(self.cfg, return_intermediates, deterministic))}
         if memory is not None:
             memory, _ = _as_batched(self.cfg, memory[None] if unbatched else memory, "memory")
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
                                         keys=memory.shape[1], causal=False)
         y, extras, _ = self.apply(x, masks, deterministic=deterministic, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
+
+
+def _blocked_ok(cfg: BlockConfig, return_intermediates: bool, deterministic: bool | None) -> bool:
+    """The blocked attention returns no weights and applies no dropout to them."""
+    return not return_intermediates and (cfg.dropout == 0.0 or deterministic is True)
 
 
 def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cross, memory, cache, index):
@@ -346,7 +353,8 @@ class Encoder(_Stack):
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, key_mask, attention_mask, None, None, return_intermediates,
                                 deterministic, stacked=True)
-        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)}
+        masks = {"self": self_attention_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask,
+                                             blocked_ok=_blocked_ok(self.cfg, return_intermediates, deterministic))}
         y, per_layer, _ = self._run(x, masks, deterministic, return_intermediates=return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
@@ -380,7 +388,8 @@ class Decoder(_Stack):
         memory, _ = _as_batched(self.cfg, memory[None] if unbatched else memory, "memory")
         if memory.shape[0] != x.shape[0]:
             raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
-        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask),
+        masks = {"self": self_attention_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask,
+                                             blocked_ok=_blocked_ok(self.cfg, return_intermediates, deterministic)),
                  "cross": build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
                                      keys=memory.shape[1], causal=False)}
         y, per_layer, _ = self._run(x, masks, deterministic, memory=memory, return_intermediates=return_intermediates)
@@ -535,5 +544,5 @@ def _with_key(dropout: nnx.Dropout, key: jax.Array | None, deterministic: bool |
 def _finish(y: jax.Array, unbatched: bool, extras: dict[str, Any], return_intermediates: bool):
     if unbatched:
         y = y[0]
-        extras = {k: (v[0] if v.ndim else v) for k, v in extras.items()}
+        extras = {k: (v[0] if v is not None and v.ndim else v) for k, v in extras.items()}
     return (y, extras) if return_intermediates else y

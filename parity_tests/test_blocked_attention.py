@@ -1,0 +1,68 @@
+"""The memory-efficient (blocked, online-softmax) attention path, forced at small T: the
+same parity as the dense path, against the torch twin and against the dense Flax path,
+and the memory it saves at T = 8192."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import flax_blocks as fb
+from flax_blocks.attention import BLOCKED, blocked_attention_settings
+
+from .cases import BASE, LLAMA
+from .harness import TOL, Case, parity
+
+CASES = [
+    Case("TransformerBlock", replace(BASE, causal=True), seq=7, key_mask=True),  # T not a multiple of the block
+    Case("TransformerBlock", replace(LLAMA, norm="peri"), seq=6, key_mask=True),
+    Case("DecoderBlock", LLAMA, seq=6, key_mask=True, memory_key_mask=True),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_blocked_path_keeps_parity(case, dtype):
+    with blocked_attention_settings(min_keys=1, block=2):
+        err = parity(case, dtype)
+    assert err.forward <= TOL["forward", dtype], err.forward
+    assert max(err.grad, err.dx) <= TOL["grad", dtype], (err.grad, err.dx)
+
+
+def test_blocked_equals_dense_and_is_taken_only_without_weights():
+    with jax.enable_x64(True):
+        m = fb.Encoder(replace(LLAMA, param_dtype="float64"), num_layers=2, rngs=nnx.Rngs(0))
+        x = jax.random.normal(jax.random.key(0), (2, 9, LLAMA.d_model), jnp.float64)
+        keys = np.ones((2, 9), bool)
+        keys[1, 6:] = False
+        dense = m(x, key_mask=keys)
+        with blocked_attention_settings(min_keys=1, block=4):
+            blocked = m(x, key_mask=keys)
+            _, inter = m(x, key_mask=keys, return_intermediates=True)  # weights asked for: dense path
+        assert float(jnp.abs(blocked - dense).max() / jnp.abs(dense).max()) <= 1e-12
+        assert inter["attention_weights"].shape == (2, 2, LLAMA.num_heads, 9, 9)
+        with blocked_attention_settings(min_keys=1, block=4):  # a wrong causal mask would show
+            wrong = fb.Encoder(replace(LLAMA, param_dtype="float64", causal=False), num_layers=2, rngs=nnx.Rngs(0))
+            assert float(jnp.abs(wrong(x, key_mask=keys) - dense).max()) > 1e-3
+
+
+@pytest.mark.slow
+def test_long_sequence_train_step_memory():
+    """A block forward + backward at T = 8192, B = 1 (d256, 8 heads): XLA temp memory under
+    256 MiB with the blocked path (measured 240 MiB), where the dense logits alone are 2 GiB
+    (measured 8.3 GiB in all). Compiled only, never run."""
+    cfg = fb.BlockConfig(d_model=256, num_heads=8, d_ff=1024, norm="pre", dropout=0.0)
+    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: fb.TransformerBlock(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
+    x = jax.ShapeDtypeStruct((1, 8192, 256), jnp.float32)
+
+    def loss(p, x):
+        return jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
+
+    assert BLOCKED["min_keys"] <= 8192
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < 256 * 2**20
