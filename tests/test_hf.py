@@ -1,0 +1,201 @@
+"""Parity against the real Hugging Face implementations: BERT, GPT-2, LLaMA (GQA), Mistral
+(multi-query), Qwen2 (q/k/v biases).
+
+Each tiny model (2 layers, d_model 64, 4 heads of 16, random weights, no download) is built
+from its config, saved with save_pretrained, read back with `fb.from_hf(folder)`, and both run
+on the same random hidden states fed as `inputs_embeds`, with the embeddings' own additions
+out of the way: BERT's position and token-type embeddings zeroed and its embedding LayerNorm
+replaced by the identity, GPT-2's position embeddings zeroed (LLaMA-family models add nothing
+to inputs_embeds; their rotary positions live in the layers and both sides compute them).
+The HF model's last hidden state is then exactly its layers + final norm.
+
+float64 needs three things of the HF model that are not about semantics but precision, all
+done on the test's model instances only:
+  - LLaMA-family eager attention takes its softmax in float32 (softmax(..., dtype=float32))
+    even in a float64 model: these models run with attn_implementation="sdpa" (float64
+    throughout) instead.
+  - Their RMSNorm casts the hidden states to float32 (hidden_states.to(torch.float32)) and
+    their rotary embedding computes inv_freq, the angles and cos/sin in float32 (.float(),
+    autocast off), even in a float64 model; our blocks compute both in float64 under float64.
+    Those two forwards are replaced on the instances by the same formulas without the float32
+    casts (`_float64_faithful`), so that 1e-12 measures the formulas, not float32 rounding.
+float32 runs the HF models untouched (eager attention included).
+
+Padding: tokens 1-3 of the last batch element are padding (HF attention_mask 0, our
+key_mask False). Outputs and the cotangent are compared at real (non-padded) query positions
+only: a padded query's output is meaningless on both sides and differs by construction
+(our blocks zero fully-masked rows; HF gives something else).
+"""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import flax_blocks as fb  # noqa: E402
+import torch_blocks as tb  # noqa: E402
+
+B, T, E, PAD = 2, 7, 64, 3
+TINY = dict(vocab_size=16, num_hidden_layers=2)
+
+FAMILIES = {
+    "bert": ("BertConfig", "BertModel", "eager",
+             dict(hidden_size=E, num_attention_heads=4, intermediate_size=96, max_position_embeddings=16,
+                  hidden_act="gelu", layer_norm_eps=1e-12)),
+    "gpt2": ("GPT2Config", "GPT2Model", "eager",
+             dict(n_embd=E, n_head=4, n_layer=2, n_positions=16, vocab_size=16, layer_norm_epsilon=1e-5,
+                  bos_token_id=None, eos_token_id=None)),
+    "llama": ("LlamaConfig", "LlamaModel", "sdpa",
+              dict(hidden_size=E, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                   rms_norm_eps=1e-6, max_position_embeddings=32, rope_theta=500.0)),
+    "mistral": ("MistralConfig", "MistralModel", "sdpa",
+                dict(hidden_size=E, num_attention_heads=4, num_key_value_heads=1, intermediate_size=96,
+                     rms_norm_eps=1e-5, max_position_embeddings=32, sliding_window=None)),
+    "qwen2": ("Qwen2Config", "Qwen2Model", "sdpa",
+              dict(hidden_size=E, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                   rms_norm_eps=1e-6, max_position_embeddings=32)),
+}
+
+
+def _rmsnorm64(self, x):
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _rotary64(self, x, position_ids):
+    cfg = self.config
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    theta = cfg.rope_parameters["rope_theta"]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def _float64_faithful(model):
+    """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32."""
+    for m in model.modules():
+        name = type(m).__name__
+        if name.endswith("RMSNorm"):
+            m.forward = types.MethodType(_rmsnorm64, m)
+        elif name.endswith("RotaryEmbedding"):
+            m.forward = types.MethodType(_rotary64, m)
+    return model
+
+
+def _embeddings_out_of_the_way(model):
+    with torch.no_grad():
+        if hasattr(model, "embeddings"):  # BERT: inputs_embeds + token type + position, LayerNorm
+            model.embeddings.position_embeddings.weight.zero_()
+            model.embeddings.token_type_embeddings.weight.zero_()
+            model.embeddings.LayerNorm = torch.nn.Identity()
+        if hasattr(model, "wpe"):  # GPT-2: inputs_embeds + position
+            model.wpe.weight.zero_()
+    return model
+
+
+def _build(family: str, dtype):
+    cfg_cls, model_cls, attn, kw = FAMILIES[family]
+    config = getattr(transformers, cfg_cls)(**{**TINY, **kw}, attn_implementation=attn)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).to(dtype).eval()
+    with torch.no_grad():  # HF initialises norms to 1/0 and biases to 0: make every tensor count
+        for name, p in model.named_parameters():
+            if "norm" in name.lower() or name.endswith("bias") or "ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def _inputs(dtype):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(B, T, E))
+    ct = rng.normal(size=(B, T, E))
+    keys = np.ones((B, T), bool)
+    keys[-1, 1:1 + PAD] = False  # mid-sequence: later real queries of causal models see padded keys
+    ct = ct * keys[..., None]  # cotangent zero at padded queries
+    return x.astype(dtype), ct.astype(dtype), keys
+
+
+def _hf_run(model, x, ct, keys, masked: bool):
+    xt = torch.tensor(x, requires_grad=True)
+    mask = torch.tensor(keys.astype(np.int64)) if masked else None
+    y = model(inputs_embeds=xt, attention_mask=mask).last_hidden_state
+    y.backward(torch.tensor(ct))
+    return y.detach().numpy(), xt.grad.numpy()
+
+
+def _flax_run(module, x, ct, keys, masked: bool):
+    y, vjp = jax.vjp(lambda h: module(h, key_mask=jnp.asarray(keys) if masked else None), jnp.asarray(x))
+    return np.asarray(y), np.asarray(vjp(jnp.asarray(ct))[0])
+
+
+def _rel(a, b, keys):
+    a, b = a[keys], b[keys]  # real query positions only
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_from_hf_matches_the_hf_model(family, tmp_path, x64):
+    model = _build(family, torch.float64)
+    model.save_pretrained(tmp_path)
+    flax = fb.from_hf(tmp_path)
+    assert flax.num_layers == 2 and flax.cfg.param_dtype == "float64"
+    ref = _float64_faithful(_embeddings_out_of_the_way(model))
+    x, ct, keys = _inputs(np.float64)
+    errors = {}
+    for masked in (False, True):
+        yf, gf = _flax_run(flax, x, ct, keys, masked)
+        yh, gh = _hf_run(ref, x, ct, keys, masked)
+        live = keys if masked else np.ones_like(keys)
+        errors[masked] = (_rel(yf, yh, live), _rel(gf, gh, live))
+    print(f"{family} float64 (fwd, grad) unmasked {errors[False]}, masked {errors[True]}")
+    for fwd, grad in errors.values():
+        assert fwd <= 1e-12 and grad <= 1e-12
+
+    # float32: the HF model untouched, read from the model object
+    model32 = _embeddings_out_of_the_way(_build(family, torch.float32))
+    flax32 = fb.from_hf(model32)
+    assert flax32.cfg.param_dtype == "float32"
+    x, ct, keys = _inputs(np.float32)
+    yf, gf = _flax_run(flax32, x, ct, keys, True)
+    yh, gh = _hf_run(model32, x, ct, keys, True)
+    fwd, grad = _rel(yf, yh, keys), _rel(gf, gh, keys)
+    print(f"{family} float32 masked (fwd, grad) {fwd:.2e} {grad:.2e}")
+    assert fwd <= 2e-6 and grad <= 2e-6
+
+    # to_hf round trip: Flax -> HF names -> a fresh HF model, bit for bit
+    sd = fb.to_hf(flax)
+    fresh = type(model)(model.config)
+    missing, unexpected = fresh.to(torch.float64).load_state_dict(tb.to_tensors(sd), strict=False)
+    assert unexpected == []
+    original = model.state_dict()
+    assert all(k not in sd for k in missing)  # missing: only what is outside the stack
+    assert not any(".0." in k or ".1." in k for k in missing)
+    for k, v in sd.items():
+        assert v.dtype == np.float64 and np.array_equal(v, original[k].numpy()), k
+
+
+def test_a_wrong_setting_gives_a_clear_refusal():
+    config = transformers.LlamaConfig(**{**TINY, **FAMILIES["llama"][3]}, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16}).to_dict()
+    with pytest.raises(fb.ConversionError, match="rope_type 'llama3'"):
+        fb.hf.hf_config(config)
+    gpt2 = transformers.GPT2Config(n_embd=E, n_head=4, n_layer=2, scale_attn_by_inverse_layer_idx=True).to_dict()
+    with pytest.raises(fb.ConversionError, match="scale_attn_by_inverse_layer_idx"):
+        fb.hf.hf_config(gpt2)
+    with pytest.raises(fb.ConversionError, match="model_type 't5'"):
+        fb.hf.hf_config({"model_type": "t5"})
