@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -130,9 +131,20 @@ def _hf_run(model, x, ct, keys, masked: bool):
     return y.detach().numpy(), xt.grad.numpy()
 
 
-def _flax_run(module, x, ct, keys, masked: bool):
-    y, vjp = jax.vjp(lambda h: module(h, key_mask=jnp.asarray(keys) if masked else None), jnp.asarray(x))
-    return np.asarray(y), np.asarray(vjp(jnp.asarray(ct))[0])
+def _flax_runs(module, x, ct, keys) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
+    """{masked: (output, gradient w.r.t. x)} without and with key_mask, in one jitted program."""
+    graphdef, state = nnx.split(module)
+
+    @jax.jit
+    def run(state, x, ct, keys):
+        model = nnx.merge(graphdef, state)
+        out = {}
+        for masked in (False, True):
+            y, vjp = jax.vjp(lambda h: model(h, key_mask=keys if masked else None), x)
+            out[masked] = (y, vjp(ct)[0])
+        return out
+
+    return jax.tree.map(np.asarray, run(state, jnp.asarray(x), jnp.asarray(ct), jnp.asarray(keys)))
 
 
 def _rel(a, b, keys):
@@ -155,12 +167,12 @@ def test_from_hf_matches_the_hf_model(family, tmp_path, x64):
     assert flax.num_layers == 2 and flax.cfg.param_dtype == "float64"
     ref = _float64_faithful(_embeddings_out_of_the_way(model))
     x, ct, keys = _inputs(np.float64)
-    errors = {}
+    errors, flax_out, hf_out = {}, _flax_runs(flax, x, ct, keys), {}
     for masked in (False, True):
-        yf, gf = _flax_run(flax, x, ct, keys, masked)
-        yh, gh = _hf_run(ref, x, ct, keys, masked)
+        (yf, gf), (yh, gh) = flax_out[masked], hf_out.setdefault(masked, _hf_run(ref, x, ct, keys, masked))
         live = keys if masked else np.ones_like(keys)
         errors[masked] = (_rel(yf, yh, live), _rel(gf, gh, live))
+    assert _rel(hf_out[True][0], hf_out[False][0], keys) > 1e-3  # the padding mask changes real positions
     print(f"{family} float64 (fwd, grad) unmasked {errors[False]}, masked {errors[True]}")
     for fwd, grad in errors.values():
         assert fwd <= 1e-12 and grad <= 1e-12
@@ -170,7 +182,7 @@ def test_from_hf_matches_the_hf_model(family, tmp_path, x64):
     flax32 = fb.from_hf(model32)
     assert flax32.cfg.param_dtype == "float32"
     x, ct, keys = _inputs(np.float32)
-    yf, gf = _flax_run(flax32, x, ct, keys, True)
+    yf, gf = _flax_runs(flax32, x, ct, keys)[True]
     yh, gh = _hf_run(model32, x, ct, keys, True)
     fwd, grad = _rel(yf, yh, keys), _rel(gf, gh, keys)
     print(f"{family} float32 masked (fwd, grad) {fwd:.2e} {grad:.2e}")
