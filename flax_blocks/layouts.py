@@ -374,10 +374,9 @@ def settings_of(module: Any) -> dict[str, Any]:
         if type(module).__name__ == "Encoder":
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out
-    if "torch" not in sys.modules:  # no torch module can exist; never import torch for a path
+    torch = sys.modules.get("torch")  # a torch module cannot exist without it; never import torch here
+    if torch is None or not isinstance(module, torch.nn.Module):
         return {}
-    import torch
-
     layer, out = module, {}
     if isinstance(module, torch.nn.TransformerEncoder):
         layer = module.layers[0]
