@@ -28,6 +28,7 @@ class CheckReport:
 
     kind: str
     dtype: str
+    reference: str = "the torch_blocks twin"
     rows: list[tuple[str, float, float, float]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -36,7 +37,7 @@ class CheckReport:
         return not self.failures
 
     def table(self) -> str:
-        lines = [f"{self.kind}, {self.dtype}: Flax vs torch (rel = max|diff| / max|torch|)",
+        lines = [f"{self.kind}, {self.dtype}: Flax vs {self.reference} (rel = max|diff| / max|reference|)",
                  f"{'where':<14}{'fwd max abs':>13}{'fwd rel':>11}{'grad rel':>11}"]
         lines += [f"{w:<14}{a:>13.2e}{r:>11.2e}{g:>11.2e}" for w, a, r, g in self.rows]
         lines.append("PASS" if self.ok else "FAIL\n  " + "\n  ".join(self.failures))
@@ -48,13 +49,25 @@ def _layer_of(name: str) -> str:
     return f"layer {m.group(1)}" if m else "top"
 
 
-def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "relu", layer_norm_eps: float = 1e-5,
+def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activation: str = "relu", layer_norm_eps: float = 1e-5,
           causal: bool = False, prefix: str = "", dtype: str = "float32", batch: int = 2, seq: int = 8,
           seed: int = 0, pad_keys: int | None = None, mask_check: bool = True) -> CheckReport:
     """Run the parity check; returns the figures (see CheckReport).
 
     pad_keys: padded keys at the end of the last batch element (None: seq // 2).
-    mask_check: print a warning when a batch element's every query row is fully masked."""
+    mask_check: print a warning when a batch element's every query row is fully masked.
+    A Hugging Face folder (config.json + weights) is checked against the HF model rebuilt
+    from it (`parity_tests.hf_reference.check_hf`); its settings come from its config, and
+    num_heads, when given, overrides the config's."""
+    import os
+
+    if isinstance(checkpoint, (str, os.PathLike)) and os.path.isdir(checkpoint):
+        from .hf_reference import check_hf
+
+        return check_hf(os.fspath(checkpoint), num_heads=num_heads, dtype=dtype, batch=batch, seq=seq, seed=seed,
+                        pad_keys=pad_keys)
+    if num_heads is None:
+        raise ValueError("--num-heads is required for a torch checkpoint (it cannot be read from the tensors)")
     import torch
 
     import torch_blocks as tb
@@ -127,8 +140,11 @@ def mask_warning(elements: list[int]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint", help="torch-named checkpoint: .pt/.pth (a state dict) or .safetensors")
-    ap.add_argument("--num-heads", type=int, required=True, help="attention heads (not inferable from the tensors)")
+    ap.add_argument("checkpoint", help="torch-named checkpoint: .pt/.pth (a state dict) or .safetensors; or a "
+                                       "Hugging Face save_pretrained folder (BERT, GPT-2, LLaMA, Mistral, Qwen2), "
+                                       "checked against the HF model itself with the settings of its config.json")
+    ap.add_argument("--num-heads", type=int, help="attention heads (not inferable from the tensors; required for a "
+                                                  "torch checkpoint; for an HF folder it overrides the config's)")
     ap.add_argument("--norm", choices=["pre", "post"], default="post",
                     help="norm placement: torch's norm_first=True is 'pre' (default: post, torch's default)")
     ap.add_argument("--activation", choices=["relu", "gelu", "gelu_tanh"], default="relu",

@@ -10,7 +10,7 @@ to inputs_embeds; their rotary positions live in the layers and both sides compu
 The HF model's last hidden state is then exactly its layers + final norm.
 
 float64 needs three things of the HF model that are not about semantics but precision, all
-done on the test's model instances only:
+done on the test's model instances only (parity_tests.hf_reference):
   - LLaMA-family eager attention takes its softmax in float32 (softmax(..., dtype=float32))
     even in a float64 model: these models run with attn_implementation="sdpa" (float64
     throughout) instead.
@@ -18,7 +18,7 @@ done on the test's model instances only:
     their rotary embedding computes inv_freq, the angles and cos/sin in float32 (.float(),
     autocast off), even in a float64 model; our blocks compute both in float64 under float64.
     Those two forwards are replaced on the instances by the same formulas without the float32
-    casts (`_float64_faithful`), so that 1e-12 measures the formulas, not float32 rounding.
+    casts (`float64_faithful`), so that 1e-12 measures the formulas, not float32 rounding.
 float32 runs the HF models untouched (eager attention included).
 
 Padding: tokens 1-3 of the last batch element are padding (HF attention_mask 0, our
@@ -29,19 +29,20 @@ only: a padded query's output is meaningless on both sides and differs by constr
 
 from __future__ import annotations
 
-import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
+from parity_tests.check import main as check_main  # noqa: E402
+from parity_tests.hf_reference import (embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run,  # noqa: E402
+                                       rel_at)
 
 B, T, E, PAD = 2, 7, 64, 3
 TINY = dict(vocab_size=16, num_hidden_layers=2)
@@ -63,42 +64,6 @@ FAMILIES = {
               dict(hidden_size=E, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
                    rms_norm_eps=1e-6, max_position_embeddings=32)),
 }
-
-
-def _rmsnorm64(self, x):
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
-def _rotary64(self, x, position_ids):
-    cfg = self.config
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    theta = cfg.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    freqs = position_ids[..., None].to(torch.float64) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-
-def _float64_faithful(model):
-    """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32."""
-    for m in model.modules():
-        name = type(m).__name__
-        if name.endswith("RMSNorm"):
-            m.forward = types.MethodType(_rmsnorm64, m)
-        elif name.endswith("RotaryEmbedding"):
-            m.forward = types.MethodType(_rotary64, m)
-    return model
-
-
-def _embeddings_out_of_the_way(model):
-    with torch.no_grad():
-        if hasattr(model, "embeddings"):  # BERT: inputs_embeds + token type + position, LayerNorm
-            model.embeddings.position_embeddings.weight.zero_()
-            model.embeddings.token_type_embeddings.weight.zero_()
-            model.embeddings.LayerNorm = torch.nn.Identity()
-        if hasattr(model, "wpe"):  # GPT-2: inputs_embeds + position
-            model.wpe.weight.zero_()
-    return model
 
 
 def _build(family: str, dtype):
@@ -123,35 +88,6 @@ def _inputs(dtype):
     return x.astype(dtype), ct.astype(dtype), keys
 
 
-def _hf_run(model, x, ct, keys, masked: bool):
-    xt = torch.tensor(x, requires_grad=True)
-    mask = torch.tensor(keys.astype(np.int64)) if masked else None
-    y = model(inputs_embeds=xt, attention_mask=mask).last_hidden_state
-    y.backward(torch.tensor(ct))
-    return y.detach().numpy(), xt.grad.numpy()
-
-
-def _flax_runs(module, x, ct, keys) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
-    """{masked: (output, gradient w.r.t. x)} without and with key_mask, in one jitted program."""
-    graphdef, state = nnx.split(module)
-
-    @jax.jit
-    def run(state, x, ct, keys):
-        model = nnx.merge(graphdef, state)
-        out = {}
-        for masked in (False, True):
-            y, vjp = jax.vjp(lambda h: model(h, key_mask=keys if masked else None), x)
-            out[masked] = (y, vjp(ct)[0])
-        return out
-
-    return jax.tree.map(np.asarray, run(state, jnp.asarray(x), jnp.asarray(ct), jnp.asarray(keys)))
-
-
-def _rel(a, b, keys):
-    a, b = a[keys], b[keys]  # real query positions only
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
 @pytest.fixture(scope="module")
 def x64():
     jax.config.update("jax_enable_x64", True)
@@ -165,26 +101,26 @@ def test_from_hf_matches_the_hf_model(family, tmp_path, x64):
     model.save_pretrained(tmp_path)
     flax = fb.from_hf(tmp_path)
     assert flax.num_layers == 2 and flax.cfg.param_dtype == "float64"
-    ref = _float64_faithful(_embeddings_out_of_the_way(model))
+    ref = float64_faithful(embeddings_out_of_the_way(model))
     x, ct, keys = _inputs(np.float64)
-    errors, flax_out, hf_out = {}, _flax_runs(flax, x, ct, keys), {}
+    errors, flax_out, hf_out = {}, flax_runs(flax, x, ct, keys), {}
     for masked in (False, True):
-        (yf, gf), (yh, gh) = flax_out[masked], hf_out.setdefault(masked, _hf_run(ref, x, ct, keys, masked))
+        (yf, gf), (yh, gh) = flax_out[masked], hf_out.setdefault(masked, hf_run(ref, x, ct, keys if masked else None))
         live = keys if masked else np.ones_like(keys)
-        errors[masked] = (_rel(yf, yh, live), _rel(gf, gh, live))
-    assert _rel(hf_out[True][0], hf_out[False][0], keys) > 1e-3  # the padding mask changes real positions
+        errors[masked] = (rel_at(yf, yh, live), rel_at(gf, gh, live))
+    assert rel_at(hf_out[True][0], hf_out[False][0], keys) > 1e-3  # the padding mask changes real positions
     print(f"{family} float64 (fwd, grad) unmasked {errors[False]}, masked {errors[True]}")
     for fwd, grad in errors.values():
         assert fwd <= 1e-12 and grad <= 1e-12
 
     # float32: the HF model untouched, read from the model object
-    model32 = _embeddings_out_of_the_way(_build(family, torch.float32))
+    model32 = embeddings_out_of_the_way(_build(family, torch.float32))
     flax32 = fb.from_hf(model32)
     assert flax32.cfg.param_dtype == "float32"
     x, ct, keys = _inputs(np.float32)
-    yf, gf = _flax_runs(flax32, x, ct, keys)[True]
-    yh, gh = _hf_run(model32, x, ct, keys, True)
-    fwd, grad = _rel(yf, yh, keys), _rel(gf, gh, keys)
+    yf, gf = flax_runs(flax32, x, ct, keys, (True,))[True]
+    yh, gh = hf_run(model32, x, ct, keys)
+    fwd, grad = rel_at(yf, yh, keys), rel_at(gf, gh, keys)
     print(f"{family} float32 masked (fwd, grad) {fwd:.2e} {grad:.2e}")
     assert fwd <= 2e-6 and grad <= 2e-6
 
@@ -211,3 +147,13 @@ def test_a_wrong_setting_gives_a_clear_refusal():
         fb.hf.hf_config(gpt2)
     with pytest.raises(fb.ConversionError, match="model_type 't5'"):
         fb.hf.hf_config({"model_type": "t5"})
+
+
+def test_parity_check_uses_the_hf_model_and_fails_wrong_heads(tmp_path, capsys):
+    model = _build("gpt2", torch.float32)
+    model.save_pretrained(tmp_path)
+    assert check_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Flax vs the Hugging Face GPT2Model rebuilt from" in out and "PASS" in out
+    assert check_main([str(tmp_path), "--num-heads", "2"]) == 1
+    assert "FAIL" in capsys.readouterr().out
