@@ -394,11 +394,17 @@ def settings_of(module: Any) -> dict[str, Any]:
     return out
 
 
-def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None = None) -> None:
+def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None = None, *,
+                         torch_blocks: bool = False) -> None:
     """Raise ConversionError naming each field where `cfg` (and final_norm, when given)
-    contradicts what the torch module `module` fixes about itself."""
+    contradicts what the torch module `module` fixes about itself: a stock
+    nn.TransformerEncoder / nn.TransformerEncoderLayer, and a torch_blocks module when
+    `torch_blocks` (from_torch leaves those out: the parity suite's wrong twins load a
+    torch_blocks module into a deliberately different config)."""
     from .convert import ConversionError
 
+    if not torch_blocks and isinstance(getattr(module, "cfg", None), BlockConfig):
+        return
     facts = settings_of(module)
     mine = {k: getattr(cfg, k) for k in facts if k != "final_norm"}
     if final_norm is not None and "final_norm" in facts:

@@ -126,12 +126,13 @@ def test_from_torch_refuses_a_config_contradicting_a_stock_module():
         fb.from_torch(fb.TransformerBlock, replace(STOCK_CFG, num_heads=2), model.layers[0])
 
 
-def test_from_torch_refuses_a_config_contradicting_a_torch_blocks_module():
+def test_a_torch_blocks_module_tells_its_settings():
     import torch_blocks as tb
 
     model = tb.Encoder(CFG, num_layers=2)
     fb.from_torch(fb.Encoder, CFG, model, num_layers=2)
+    layouts.check_against_source(CFG, model, True, torch_blocks=True)
     with pytest.raises(ConversionError) as info:
-        fb.from_torch(fb.Encoder, replace(CFG, num_kv_heads=4, rope_theta=None), model, num_layers=2)
+        layouts.check_against_source(replace(CFG, num_kv_heads=4, rope_theta=None), model, torch_blocks=True)
     assert "num_kv_heads=4 given, but the source module has num_kv_heads=2" in str(info.value)
     assert "rope_theta=None given" in str(info.value)
