@@ -89,6 +89,7 @@ def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activ
     case = Case(info["kind"], cfg, num_layers=info.get("num_layers", 1), batch=batch, seq=seq,
                 final_norm=info.get("final_norm"), key_mask=info["kind"] != "FeedForward", seed=seed)
     report = CheckReport(case.kind, dtype, failures=bad)
+    stock = None
     with precision(dtype):
         cls = getattr(tb, case.kind)
         tmod = cls(cfg, **case.kwargs).train()
@@ -106,6 +107,15 @@ def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activ
         inp = Inputs(rng.normal(size=(batch, seq, cfg.d_model)), rng.normal(size=(batch, seq, cfg.d_model)),
                      key_mask=keys if case.key_mask else None)
         f, t = run_flax(case, fmod, inp, dtype), run_torch(case, tmod, inp, dtype)
+        stock = _stock_reference(checkpoint, sd, info, cfg, case, dtype)
+        if stock is not None:
+            what, module = stock
+            report.failures += _contradictions(checkpoint, cfg)
+            ys, dxs = _run_stock(module, case, inp, dtype)
+            live = keys if case.key_mask else np.ones_like(keys)
+            report.reference = f"the torch_blocks twin and {what}"
+            stock_row = ("stock torch", float(np.abs(f.y - ys)[live].max()), _rel_at(f.y, ys, live),
+                         _rel_at(f.dx, dxs, live))
 
     layers = range(case.num_layers) if case.kind == "Encoder" else []
     for i in layers:
@@ -114,12 +124,80 @@ def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activ
         report.rows.append((f"layer {i}", float(np.abs(a - b).max()), rel_err(a, b), g))
     g_top = max((rel_err(f.grads[k], t.grads[k]) for k in t.grads if not k.startswith("layers.")), default=0.0)
     report.rows.append(("output", float(np.abs(f.y - t.y).max()), rel_err(f.y, t.y), max(g_top, rel_err(f.dx, t.dx))))
+    if stock is not None:
+        report.rows.append(stock_row)
     for where, _, fwd, grad in report.rows:
         if not fwd <= TOL["forward", dtype]:
             report.failures.append(f"{where}: forward rel error {fwd:.2e} > {TOL['forward', dtype]:.0e}")
         if not grad <= TOL["grad", dtype]:
             report.failures.append(f"{where}: gradient rel error {grad:.2e} > {TOL['grad', dtype]:.0e}")
     return report
+
+
+def _rel_at(a: np.ndarray, b: np.ndarray, live: np.ndarray) -> float:
+    """rel_err over the real (non-padded) query positions only."""
+    return rel_err(a[live], b[live])
+
+
+def _contradictions(checkpoint, cfg: BlockConfig) -> list[str]:
+    """A source module's own settings that the given flags contradict, one line each."""
+    from flax_blocks.layouts import settings_of
+
+    facts = settings_of(checkpoint)
+    return [f"settings: {k}={getattr(cfg, k)!r} given, but the source module has {k}={v!r}"
+            for k, v in facts.items() if k != "final_norm" and getattr(cfg, k) != v]
+
+
+def _stock_reference(checkpoint, sd: dict, info: dict, cfg: BlockConfig, case: Case, dtype: str):
+    """(description, module) of stock torch to compare with: the source module itself when
+    it is a stock nn.TransformerEncoder(Layer); else stock torch rebuilt from the state dict
+    and the flags when it can hold that config; else None."""
+    import copy
+
+    import torch
+
+    if isinstance(checkpoint, (torch.nn.TransformerEncoder, torch.nn.TransformerEncoderLayer)):
+        module = copy.deepcopy(checkpoint).to(getattr(torch, dtype))
+        for m in module.modules():  # dropout off, train mode: no fast path, gradients flow
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+            if isinstance(m, torch.nn.MultiheadAttention):
+                m.dropout = 0.0
+        return f"the source {type(checkpoint).__name__} itself", module.train()
+    stock_ok = (case.kind in ("Encoder", "TransformerBlock") and cfg.norm in ("pre", "post")
+                and cfg.activation in ("relu", "gelu") and cfg.scaling == "none" and cfg.residual == "add"
+                and not info.get("gated_mlp") and not info.get("qk_norm") and info.get("norm_type", "layernorm") == "layernorm"
+                and info.get("num_kv_heads", cfg.num_heads) == cfg.num_heads)
+    if not stock_ok:
+        return None
+    layer = torch.nn.TransformerEncoderLayer(cfg.d_model, cfg.num_heads, cfg.d_ff, 0.0, activation=cfg.activation,
+                                             layer_norm_eps=cfg.layer_norm_eps, batch_first=True,
+                                             norm_first=cfg.norm == "pre", bias=cfg.bias, dtype=getattr(torch, dtype))
+    module = layer
+    if case.kind == "Encoder":
+        norm = torch.nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps, bias=cfg.bias, dtype=getattr(torch, dtype)) \
+            if case.final_norm else None
+        module = torch.nn.TransformerEncoder(layer, case.num_layers, norm=norm, enable_nested_tensor=False)
+    module.load_state_dict({k: torch.as_tensor(np.asarray(v)).to(getattr(torch, dtype)) for k, v in sd.items()},
+                           strict=True)
+    return f"stock torch ({type(module).__name__} rebuilt from the state dict and the flags)", module.train()
+
+
+def _run_stock(module, case: Case, inp: Inputs, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(output, gradient w.r.t. x for the cotangent) of a stock torch module."""
+    import torch
+
+    x = torch.tensor(np.asarray(inp.x), dtype=getattr(torch, dtype), requires_grad=True)
+    kw = {}
+    if inp.key_mask is not None:
+        kw["src_key_padding_mask"] = torch.from_numpy(~np.asarray(inp.key_mask))
+    if case.cfg.causal:
+        t = x.shape[1]
+        kw["src_mask" if isinstance(module, torch.nn.TransformerEncoderLayer) else "mask"] = \
+            torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+    y = module(x, **kw)
+    y.backward(torch.tensor(np.asarray(inp.r), dtype=y.dtype))
+    return y.detach().numpy(), x.grad.numpy()
 
 
 def fully_masked_elements(key_mask: np.ndarray) -> list[int]:

@@ -136,3 +136,20 @@ def test_a_torch_blocks_module_tells_its_settings():
         layouts.check_against_source(replace(CFG, num_kv_heads=4, rope_theta=None), model, torch_blocks=True)
     assert "num_kv_heads=4 given, but the source module has num_kv_heads=2" in str(info.value)
     assert "rope_theta=None given" in str(info.value)
+
+
+def test_parity_check_compares_against_stock_torch_and_fails_wrong_heads(tmp_path, capsys):
+    from parity_tests.check import check, main
+
+    model = _stock()
+    good = check(model, num_heads=4, norm="pre", activation="gelu", layer_norm_eps=1e-6)
+    assert good.ok and "the source TransformerEncoder itself" in good.reference
+    assert [r[0] for r in good.rows][-1] == "stock torch"
+    bad = check(model, num_heads=2, norm="pre", activation="gelu", layer_norm_eps=1e-6)
+    assert not bad.ok
+    assert "settings: num_heads=2 given, but the source module has num_heads=4" in bad.failures
+    assert any(f.startswith("stock torch: forward rel error") for f in bad.failures)
+    path = tmp_path / "encoder.pt"
+    torch.save(model.state_dict(), path)
+    assert main([str(path), "--num-heads", "4", "--norm", "pre", "--activation", "gelu", "--eps", "1e-6"]) == 0
+    assert "Flax vs the torch_blocks twin and stock torch (TransformerEncoder rebuilt" in capsys.readouterr().out
