@@ -144,7 +144,7 @@ def test_parity_check_compares_against_stock_torch_and_fails_wrong_heads(tmp_pat
     model = _stock()
     good = check(model, num_heads=4, norm="pre", activation="gelu", layer_norm_eps=1e-6)
     assert good.ok and "the source TransformerEncoder itself" in good.reference
-    assert [r[0] for r in good.rows][-1] == "stock torch"
+    assert [r[0] for r in good.stock_rows] == ["stock torch"] and 0 < good.stock_rows[0][2] <= 2e-6
     bad = check(model, num_heads=2, norm="pre", activation="gelu", layer_norm_eps=1e-6)
     assert not bad.ok
     assert "settings: num_heads=2 given, but the source module has num_heads=4" in bad.failures
