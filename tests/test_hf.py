@@ -157,3 +157,27 @@ def test_parity_check_uses_the_hf_model_and_fails_wrong_heads(tmp_path, capsys):
     assert "Flax vs the Hugging Face GPT2Model rebuilt from" in out and "PASS" in out
     assert check_main([str(tmp_path), "--num-heads", "2"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_cli_converts_an_hf_folder_and_writes_hf_names_back(tmp_path, capsys):
+    from safetensors.numpy import load_file
+
+    from flax_blocks.convert_cli import main as convert_main
+
+    model = _build("llama", torch.float32)
+    model.save_pretrained(tmp_path / "hf")
+    assert convert_main([str(tmp_path / "hf"), str(tmp_path / "flax.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "Hugging Face llama (layout hf-llama) -> Flax: Encoder: 2 layer(s)" in out and "num_kv_heads=2" in out
+    assert convert_main([str(tmp_path / "flax.safetensors"), str(tmp_path / "back.safetensors"),
+                         "--layout", "hf-llama"]) == 0
+    back, original = load_file(str(tmp_path / "back.safetensors")), model.state_dict()
+    assert set(back) == {k for k in original if k.startswith(("layers.", "norm."))}
+    assert all(np.array_equal(v, original[k].numpy()) for k, v in back.items())
+    # the HF weights file alone: layout detected, the unknowable settings given as flags
+    weights = str(next((tmp_path / "hf").glob("*.safetensors")))
+    assert convert_main([weights, str(tmp_path / "f2.safetensors"), "--num-heads", "4", "--num-kv-heads", "2",
+                         "--norm", "pre", "--norm-type", "rmsnorm", "--mlp", "swiglu", "--activation", "silu",
+                         "--rope-theta", "500", "--causal"]) == 0
+    f2, f1 = load_file(str(tmp_path / "f2.safetensors")), load_file(str(tmp_path / "flax.safetensors"))
+    assert set(f2) == set(f1) and all(np.array_equal(f2[k], f1[k]) for k in f1)
