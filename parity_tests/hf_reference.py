@@ -125,15 +125,19 @@ def check_hf(folder: str, *, num_heads: int | None = None, dtype: str = "float32
     """The Flax stack read from an HF folder against the HF model rebuilt from it (its own
     config.json and weights). num_heads overrides the config's (to see a wrong one fail).
     Returns a parity_tests.check.CheckReport with one row, the stack's output."""
-    import jax
+    from .harness import precision
 
+    with precision(dtype):  # float64 on in JAX for this check only
+        return _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys)
+
+
+def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     import flax_blocks as fb
     from flax_blocks.hf import hf_config
 
     from .check import CheckReport
     from .harness import TOL
 
-    jax.config.update("jax_enable_x64", dtype == "float64")
     config, model = load_hf(folder, dtype)
     layout, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
     if num_heads is not None and num_heads != cfg.num_heads:

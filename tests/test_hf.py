@@ -88,11 +88,10 @@ def _inputs(dtype):
     return x.astype(dtype), ct.astype(dtype), keys
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
+    with jax.enable_x64(True):
+        yield
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
