@@ -214,7 +214,8 @@ def detect_layout(source: Any) -> str:
     layouts = "; ".join(f"{lay.name}: {lay.description}" for lay in LAYOUTS.values())
     what = "several layouts fit equally" if winners else "no layout recognises these keys"
     raise ConversionError([f"the keys' roots are {_roots(keys)}", f"layouts: {layouts}",
-                           "pass layout= (--layout) to choose one"], header=f"cannot detect the checkpoint layout ({what})")
+                           "pass layout= (--layout) to choose one"],
+                          header=f"cannot detect the checkpoint layout ({what})")
 
 
 # ----------------------------------------------------------------------------------------

@@ -5,6 +5,14 @@ a TransformerEncoderLayer or a torch_blocks module) into both torch_blocks and f
 runs both on random inputs with a padding mask, and prints max abs / rel errors of the
 output and of the gradients (random cotangent), per layer. Exits 1 past tolerance, naming
 the layer; a tensor with non-finite values or the wrong shape is reported by name too.
+
+References: the torch_blocks twin always; stock torch too where it can hold the config (the
+source module itself when `check` is given a stock nn.TransformerEncoder(Layer), whose own
+heads, norm placement, activation and eps are then checked against the flags; else stock
+torch rebuilt from the state dict and the flags, which cannot tell a wrong head count: a
+state dict does not record it). A Hugging Face save_pretrained folder is checked against the
+HF model rebuilt from it, with its config's settings (`python -m parity_tests.check FOLDER`).
+The table's header names the reference used.
 """
 
 from __future__ import annotations
@@ -50,7 +58,8 @@ def _layer_of(name: str) -> str:
     return f"layer {m.group(1)}" if m else "top"
 
 
-def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activation: str = "relu", layer_norm_eps: float = 1e-5,
+def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activation: str = "relu",
+          layer_norm_eps: float = 1e-5,
           causal: bool = False, prefix: str = "", dtype: str = "float32", batch: int = 2, seq: int = 8,
           seed: int = 0, pad_keys: int | None = None, mask_check: bool = True) -> CheckReport:
     """Run the parity check; returns the figures (see CheckReport).
@@ -167,7 +176,8 @@ def _stock_reference(checkpoint, sd: dict, info: dict, cfg: BlockConfig, case: C
         return f"the source {type(checkpoint).__name__} itself", module.train()
     stock_ok = (case.kind in ("Encoder", "TransformerBlock") and cfg.norm in ("pre", "post")
                 and cfg.activation in ("relu", "gelu") and cfg.scaling == "none" and cfg.residual == "add"
-                and not info.get("gated_mlp") and not info.get("qk_norm") and info.get("norm_type", "layernorm") == "layernorm"
+                and not info.get("gated_mlp") and not info.get("qk_norm")
+                and info.get("norm_type", "layernorm") == "layernorm"
                 and info.get("num_kv_heads", cfg.num_heads) == cfg.num_heads)
     if not stock_ok:
         return None
