@@ -77,3 +77,29 @@ def linear_fit(ys: Sequence[float]) -> tuple[float, float, float]:
     total = np.sum((y - y.mean()) ** 2)
     r2 = 1.0 - float(np.sum(resid ** 2) / total) if total > 0 else float("nan")
     return float(a), float(b), r2
+
+
+def clipped_loss(final: float | None, l0: float) -> float:
+    """min(final loss, initial loss); a diverged run (None / non-finite) counts as l0.
+
+    Wortsman et al. 2023's clipping: a run that ends worse than where it started (or never
+    ends) costs exactly as much as one that did not move."""
+    if final is None or not math.isfinite(final):
+        return float(l0)
+    return float(min(final, l0))
+
+
+def lr_sensitivity(losses: Sequence[float]) -> float:
+    """Wortsman et al. 2023's LR sensitivity from clipped losses, one per learning rate of the
+    grid: mean over the grid of [loss(lr) - min over the grid]. 0 = every LR equally good."""
+    v = np.asarray(losses, np.float64)
+    if v.size == 0 or np.any(~np.isfinite(v)):
+        return float("nan")
+    return float(np.mean(v - v.min()))
+
+
+def trajectory_max(values: Sequence) -> float:
+    """Largest finite value of a trajectory (e.g. probe points x layers), NaN if none is finite."""
+    v = np.asarray(values, np.float64)
+    finite = v[np.isfinite(v)]
+    return float(finite.max()) if finite.size else float("nan")

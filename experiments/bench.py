@@ -50,6 +50,7 @@ from flax import nnx
 
 from flax_blocks import BlockConfig
 from flax_blocks.blocks import Encoder, TransformerBlock
+from flax_blocks.convert import torch_state_dict
 
 DEFAULT_OUT = Path("experiments/results/bench")
 
@@ -452,6 +453,67 @@ class Bench:
                                   "total_s": lower_s + compile_s})
                 self.log(f"depth {mode} {depth}: trace+lower {lower_s:.2f} s, compile {compile_s:.2f} s")
 
+    # -- generation: cached vs re-running the prefix ----------------------------------
+    def run_generate(self) -> None:
+        """Greedy-style generation of `gen_tokens` positions from a LLaMA-like causal Encoder
+        (the output at the last position fed back as the next input): with the cache (one
+        jitted step, compiled once) against re-running the whole causal prefix every step
+        (JAX: one jitted full-length call on a fixed buffer; torch: the growing prefix)."""
+        a = self.args
+        n, B = a.gen_tokens, 1
+        cfg = BlockConfig(d_model=64, num_heads=4, num_kv_heads=2, d_ff=256, norm="pre", norm_type="rmsnorm",
+                          mlp="swiglu", activation="silu", rope_theta=1e4, bias=False, causal=True, dropout=0.0)
+        model = Encoder(cfg, num_layers=4, rngs=nnx.Rngs(0))
+        x0 = jax.random.normal(jax.random.key(0), (B, 1, cfg.d_model))
+        step = nnx.jit(lambda m, x, c: m(x, cache=c))
+
+        @nnx.jit
+        def prefix_step(m, buf, t):
+            y = m(buf)  # the whole causal prefix again (positions past t are masked out by causality)
+            return jax.lax.dynamic_update_slice(buf, jax.lax.dynamic_slice_in_dim(y, t, 1, axis=1), (0, t + 1, 0))
+
+        def jax_cached():
+            c, x = model.init_cache(B, n), x0
+            for _ in range(n):
+                x, c = step(model, x, c)
+            jax.block_until_ready(x)
+
+        def jax_prefix():
+            buf = jnp.zeros((B, n, cfg.d_model)).at[:, :1].set(x0)
+            for t in range(n - 1):
+                buf = prefix_step(model, buf, jnp.asarray(t))
+            jax.block_until_ready(buf)
+
+        fns = {"jax cached": jax_cached, "jax re-run prefix": jax_prefix}
+        if self.torch is not None:
+            torch, tb = self.torch.torch, self.torch.tb
+            tmodel = tb.Encoder(cfg, num_layers=4).eval()
+            tmodel.load_state_dict(tb.to_tensors(torch_state_dict(model)), strict=True)
+            tx0 = torch.from_numpy(np.asarray(x0))
+
+            def torch_cached():
+                with torch.no_grad():
+                    c, x = tmodel.init_cache(B, n), tx0
+                    for _ in range(n):
+                        x, c = tmodel(x, cache=c)
+
+            def torch_prefix():
+                with torch.no_grad():
+                    buf = tx0
+                    for _ in range(n - 1):
+                        buf = torch.cat([buf, tmodel(buf)[:, -1:]], dim=1)
+
+            fns.update({"torch cached": torch_cached, "torch re-run prefix": torch_prefix})
+        times = interleaved(fns, reps=a.gen_reps, warmup=1)
+        name = f"generate {n} positions, LLaMA-like d64 L4 B{B}"
+        for k, v in times.items():
+            self.add("generate", name, k, v, tokens_per_s=n / statistics.median(v))
+        for fw in ("jax", "torch"):
+            if f"{fw} cached" in times:
+                self.ratios.append({"section": "generate", "name": name, "mode": fw, "ratio": "re-run prefix / cached",
+                                    **paired_ratio(times[f"{fw} re-run prefix"], times[f"{fw} cached"])})
+        self.log(f"generate: " + ", ".join(f"{k} {n / statistics.median(v):.0f} tok/s" for k, v in times.items()))
+
     # -- seeds under vmap -----------------------------------------------------------
     def run_seeds(self) -> None:
         a = self.args
@@ -494,7 +556,7 @@ def _unrolled_train(model: Encoder, depth: int):
             for i in range(depth):
                 take = lambda a: a[i]  # noqa: E731
                 layer = nnx.merge(layer_def, jax.tree.map(take, p["layers"]), jax.tree.map(take, layer_rest))
-                h, _ = layer.apply(h, None, None)
+                h, _, _ = layer.apply(h, {})
             if norm is not None:
                 h = nnx.merge(norm[0], p["norm"], norm[2])(h)
             return jnp.sum(h * r)
@@ -649,6 +711,15 @@ def markdown(result: dict[str, Any]) -> str:
                   "|---|---|---:|---:|---:|"]
         lines += [f"| {r['name']} | {r['contender']} | {r['median_ms'] / 1e3:.2f} | {r['steps_per_s']:.1f} | {r['compile_s']:.1f} |" for r in seeds]
         lines.append("")
+    gen = [r for r in rows if r["section"] == "generate"]
+    if gen:
+        lines += ["## Generation: cached decoding against re-running the prefix", "",
+                  "| workload | contender | median s [IQR] | positions/s |", "|---|---|---:|---:|"]
+        lines += [f"| {r['name']} | {r['contender']} | {r['median_ms'] / 1e3:.2f} [{r['p25_ms'] / 1e3:.2f}, "
+                  f"{r['p75_ms'] / 1e3:.2f}] | {r['tokens_per_s']:.0f} |" for r in gen]
+        lines += [f"| {r['name']} | {r['mode']}: {r['ratio']} | {r['median']:.2f} [{r['p25']:.2f}, {r['p75']:.2f}] | |"
+                  for r in result["ratios"] if r["section"] == "generate"]
+        lines.append("")
     if result["targets"]:
         lines += ["## Issue 6 targets (this run)", "", "| target | value | IQR | holds |", "|---|---:|---|---|"]
         lines += [f"| {t['target']} | {t['value']:.2f} | {t['spread']} | {'yes' if t['pass'] else 'NO'} |" for t in result["targets"]]
@@ -679,9 +750,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {DEFAULT_OUT}, or .../quick)")
     p.add_argument("--sizes", choices=sorted(SIZES), default=None, help="size list (default: gpu on a GPU, else cpu)")
     p.add_argument("--dtypes", default=None, help="comma list (default float32 on CPU, float32,bfloat16 on GPU)")
-    p.add_argument("--sections", default="peak,block,encoder,depth,seeds",
+    p.add_argument("--sections", default="peak,block,encoder,depth,seeds,generate",
                    help="comma list of what to time: peak (matmul peak), block, encoder, depth (compile time "
-                        "against depth), seeds (vmap over seeds) (default: all)")
+                        "against depth), seeds (vmap over seeds), generate (cached decoding against re-running "
+                        "the prefix) (default: all)")
     p.add_argument("--budget", type=float, default=None, help="seconds; lower-priority work is skipped past it")
     p.add_argument("--reps", type=int, default=None, help="timed repeats per row (default: 7; --quick: 3)")
     p.add_argument("--no-torch", action="store_true", help="time JAX only (no torch rows)")
@@ -716,6 +788,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.seed_seq = 16 if a.quick else 32
     a.seed_batch = 4 if a.quick else 32
     a.seed_reps = 3
+    a.gen_tokens = 16 if a.quick else 256
+    a.gen_reps = 2 if a.quick else 3
     if a.quick:
         a.torch_compile = False
         a.tuned = False
@@ -772,6 +846,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 b.run_seeds() if clock.left() > 30 else b.skipped.append("seeds (time budget)")
             if "depth" in args.sections:
                 b.run_depth()
+            if "generate" in args.sections:
+                b.run_generate() if clock.left() > 20 else b.skipped.append("generate (time budget)")
             continue
         for dtype in args.dtypes:
             if clock.left() < (15 if args.quick else 25):
@@ -780,7 +856,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             b.run_size(size, dtype)
     meta["load_after"] = _load()
     meta["wall_s"] = clock.elapsed()
-    order = {"peak": 0, "block": 1, "encoder": 2, "depth": 3, "seeds": 4}
+    order = {"peak": 0, "block": 1, "encoder": 2, "depth": 3, "seeds": 4, "generate": 5}
     b.rows.sort(key=lambda r: order.get(r["section"], 9))
     result = {"meta": meta, "peak_flops": b.peak, "rows": b.rows, "ratios": b.ratios, "skipped": b.skipped}
     result["targets"] = check_targets(b)

@@ -12,6 +12,18 @@ Variants (the residual placement and scaling being compared):
     deepnorm    LN(alpha x + F(x)), F init * beta   Wang et al. 2022, alpha=(2L)^1/4, beta=(8L)^-1/4
     rezero      x + a F(x), a = 0, no LayerNorm     Bachlechner et al. 2020
     layerscale  x + diag(g) F(LN(x)), g = eps       Touvron et al. 2021 (CaiT), on pre-LN
+    peri        x + LN_out(F(LN_in(x))), final LN   Peri-LN (Kim et al. 2025) / sandwich norm (Gemma 2/3)
+    pre-rms     x + F(RMSNorm(x)), final RMSNorm    pre-LN with RMSNorm, as LLaMA
+    pre-qknorm  pre-LN + LayerNorm on each head's q and k (over head_dim) before the logits
+                                                    Dehghani et al. 2023, Wortsman et al. 2023
+Mix-LN (post-LN in the first layers, pre-LN in the rest) is not here: the Encoder scans one
+stacked layer type, so it would need two Encoders back to back.
+
+No q/k/v biases (as Wortsman et al. 2023's setup): the key bias cannot change any output
+(each query's logits all shift by q.b_k, and softmax ignores a shift), so its gradient is
+pure rounding noise, which Adam (eps 1e-9) turns into lr-sized steps: it drifts, and with
+it the raw attention logits the lab measures (seen: a 1% difference in the largest logit
+between 1 and 4 devices after two steps, where every loss agreed to 1e-6).
 
 Initialisation, the same for every variant (DESIGN notes: the scheme changes the picture):
 every block matrix xavier-uniform with zero biases (`BlockConfig(init="xavier")`); DeepNorm
@@ -31,13 +43,24 @@ from flax import nnx
 from flax_blocks import BlockConfig
 from flax_blocks.blocks import Encoder
 
-VARIANTS: dict[str, dict[str, str]] = {
+VARIANTS: dict[str, dict[str, str | bool]] = {
     "post": dict(norm="post"),
     "pre": dict(norm="pre"),
     "noskip": dict(norm="post", residual="none"),
     "deepnorm": dict(norm="post", scaling="deepnorm"),
     "rezero": dict(norm="none", scaling="rezero"),
     "layerscale": dict(norm="pre", scaling="layerscale"),
+    "peri": dict(norm="peri"),
+    "pre-rms": dict(norm="pre", norm_type="rmsnorm"),
+    "pre-qknorm": dict(norm="pre", qk_norm=True),
+}
+
+# One line per variant for reports: the residual update of each sublayer F.
+VARIANT_NOTES: dict[str, str] = {
+    "post": "LN(x + F(x))", "pre": "x + F(LN(x)), final LN", "noskip": "LN(F(x))",
+    "deepnorm": "LN(alpha x + F(x)), F's init scaled by beta", "rezero": "x + a F(x), a = 0 at init, no norm",
+    "layerscale": "x + diag(g) F(LN(x)), g small at init (CaiT)", "peri": "x + LN(F(LN(x))), final LN",
+    "pre-rms": "x + F(RMSNorm(x)), final RMSNorm", "pre-qknorm": "pre-LN with LayerNorm on each head's q and k",
 }
 
 
@@ -62,7 +85,7 @@ class ModelConfig:
         """The flax_blocks config of every layer (resolved for this depth by the Encoder)."""
         return BlockConfig(
             d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff, dropout=0.0,
-            activation=self.activation, causal=True, init="xavier", **VARIANTS[self.variant],
+            activation=self.activation, causal=True, init="xavier", qkv_bias=False, **VARIANTS[self.variant],
         )
 
 
@@ -74,7 +97,9 @@ class LanguageModel(nnx.Module):
         half = nnx.initializers.normal(stddev=math.sqrt(0.5))
         self.embed = nnx.Embed(cfg.vocab, cfg.d_model, embedding_init=half, rngs=rngs)
         self.pos = nnx.Param(half(rngs.params(), (cfg.seq_len, cfg.d_model)))
-        self.encoder = Encoder(cfg.block_config(), num_layers=cfg.num_layers, rngs=rngs)
+        block = cfg.block_config()
+        # A final norm wherever the stream itself is not normalised by the last layer (pre, Peri-LN).
+        self.encoder = Encoder(block, num_layers=cfg.num_layers, final_norm=block.norm in ("pre", "peri"), rngs=rngs)
         self.head = nnx.Linear(
             cfg.d_model, cfg.vocab, kernel_init=nnx.initializers.xavier_uniform(),
             bias_init=nnx.initializers.zeros_init(), rngs=rngs,

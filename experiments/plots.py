@@ -1,7 +1,9 @@
 """PNG plots of a finished sweep (matplotlib, Agg backend). Each function takes the run
 records (dicts read from OUT/cells/*.json) and writes one file, returning its path.
 
-Conventions: colour = variant; one panel per depth; thin lines = seeds, thick = seed mean.
+Conventions: colour, marker and line style = variant (so lines that overlap stay
+distinguishable; per-layer plots also shift each variant's points a little sideways); one
+panel per depth; thin lines = seeds, thick = seed mean.
 """
 
 from __future__ import annotations
@@ -21,8 +23,29 @@ from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 from .model import VARIANTS  # noqa: E402
 
 COLORS = {"post": "tab:red", "pre": "tab:blue", "noskip": "tab:gray", "deepnorm": "tab:orange",
-          "rezero": "tab:green", "layerscale": "tab:purple"}
+          "rezero": "tab:green", "layerscale": "tab:purple", "peri": "tab:cyan", "pre-rms": "tab:brown",
+          "pre-qknorm": "tab:pink", "mixln": "tab:olive"}
+MARKERS = {"post": "o", "pre": "s", "noskip": "x", "deepnorm": "^", "rezero": "v", "layerscale": "D",
+           "peri": "P", "pre-rms": "*", "pre-qknorm": "h", "mixln": "<"}
+LINESTYLES = {"post": "-", "pre": "-", "noskip": ":", "deepnorm": "--", "rezero": "-.", "layerscale": "--",
+              "peri": "-.", "pre-rms": ":", "pre-qknorm": "--", "mixln": ":"}
 ORDER = {v: i for i, v in enumerate(VARIANTS)}
+
+
+def style(variant: str, n_points: int | None = None) -> dict:
+    """Colour, marker and line style of a variant (markers thinned to ~12 on long curves)."""
+    kw = dict(color=COLORS.get(variant, "k"), marker=MARKERS.get(variant, "."),
+              ls=LINESTYLES.get(variant, "-"), label=variant, ms=5, mfc="none")
+    if n_points is not None and n_points > 16:
+        kw["markevery"] = max(1, n_points // 12)
+    return kw
+
+
+def offset(variant: str, variants: list[str], width: float = 0.3) -> float:
+    """Sideways shift of a variant's points in per-layer plots, so equal values do not hide each other."""
+    if len(variants) < 2:
+        return 0.0
+    return width * (variants.index(variant) / (len(variants) - 1) - 0.5)
 
 
 def _arr(x) -> np.ndarray:
@@ -55,7 +78,8 @@ def _mean_curves(ax, recs: list[dict], get: Callable[[dict], np.ndarray], x: np.
     """Thin line per seed, thick line for the mean over seeds (NaN-aware)."""
     ys = [get(r) for r in recs]
     for y in ys:
-        ax.plot(x if x is not None else np.arange(len(y)), y, lw=0.6, alpha=0.35, color=kw.get("color"))
+        ax.plot(x if x is not None else np.arange(len(y)), y, lw=0.6, alpha=0.35, color=kw.get("color"),
+                ls=kw.get("ls", "-"))
     if ys:
         with warnings.catch_warnings():  # all-NaN columns (diverged seeds) give NaN, quietly
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -64,10 +88,12 @@ def _mean_curves(ax, recs: list[dict], get: Callable[[dict], np.ndarray], x: np.
 
 
 def default_lr_warmup(records: list[dict]) -> tuple[float, int]:
-    """The (lr, warmup) shown in per-depth plots: the most common lr (smallest on ties), warmup 0 if run."""
+    """The (lr, warmup) shown in per-depth plots and used by the per-depth claims: the most
+    common lr (the lower median of those on ties, i.e. of a full grid), warmup 0 if run."""
     lrs = sorted({r["config"]["lr"] for r in records})
     counts = {lr: sum(r["config"]["lr"] == lr for r in records) for lr in lrs}
-    lr = max(lrs, key=lambda v: (counts[v], -v))
+    top = [lr for lr in lrs if counts[lr] == max(counts.values())]
+    lr = top[(len(top) - 1) // 2]  # a grid run as a whole: its (lower) median
     warmups = sorted({r["config"]["warmup"] for r in records})
     return lr, (0 if 0 in warmups else warmups[0])
 
@@ -85,7 +111,8 @@ def loss_curves(records: list[dict], path: Path) -> Path:
             ax = axes[i * len(depths) + j]
             for v in sorted({k[3] for k in by if k[:3] == (lr, warmup, depth)}, key=ORDER.get):
                 recs = by[(lr, warmup, depth, v)]
-                _mean_curves(ax, recs, lambda r: _arr(r["metrics"]["heldout_loss"]), color=COLORS[v], label=v)
+                _mean_curves(ax, recs, lambda r: _arr(r["metrics"]["heldout_loss"]),
+                             **style(v, len(recs[0]["metrics"]["heldout_loss"])))
             ax.axhline(h, color="k", ls=":", lw=1, label=f"H = {h:.2f}")
             ax.axhline(uni, color="k", ls="--", lw=0.8, label=f"unigram {uni:.2f}")
             ax.set_ylim(max(0.0, h - 0.3), uni + 1.2)
@@ -98,48 +125,53 @@ def loss_curves(records: list[dict], path: Path) -> Path:
 
 
 def failure_heatmap(records: list[dict], path: Path) -> Path:
-    """Failure rate over seeds on depth x lr, one panel per variant x warmup."""
+    """Failure rate over seeds on a variant x learning-rate grid, one panel per depth x warmup."""
     variants = sorted({r["config"]["variant"] for r in records}, key=ORDER.get)
     warmups = sorted({r["config"]["warmup"] for r in records})
     depths = sorted({r["config"]["depth"] for r in records})
     lrs = sorted({r["config"]["lr"] for r in records})
-    fig, axes = _axes(len(variants) * len(warmups), width=max(2.6, 0.9 * len(lrs) + 1.6),
-                      height=max(2.4, 0.45 * len(depths) + 1.4), rows=len(variants))
+    fig, axes = _axes(len(depths) * len(warmups), width=max(3.0, 0.7 * len(lrs) + 2.0),
+                      height=max(2.4, 0.38 * len(variants) + 1.4), rows=len(warmups))
     by = _by(records, "variant", "warmup", "depth", "lr")
-    for i, v in enumerate(variants):
-        for j, w in enumerate(warmups):
-            ax = axes[i * len(warmups) + j]
-            rate = np.full((len(depths), len(lrs)), np.nan)
-            for a, d in enumerate(depths):
+    for i, w in enumerate(warmups):
+        for j, depth in enumerate(depths):
+            ax = axes[i * len(depths) + j]
+            here = [v for v in variants if any(k[:3] == (v, w, depth) for k in by)]  # rows: variants run here
+            if not here:
+                ax.axis("off")
+                continue
+            rate = np.full((len(here), len(lrs)), np.nan)
+            for a, v in enumerate(here):
                 for b, lr in enumerate(lrs):
-                    recs = by.get((v, w, d, lr), [])
+                    recs = by.get((v, w, depth, lr), [])
                     if recs:
                         rate[a, b] = np.mean([r["summary"]["status"] != "trained" for r in recs])
                         ax.text(b, a, f"{rate[a, b]:.2f}".rstrip("0").rstrip(".") if rate[a, b] % 1 else f"{rate[a, b]:.0f}",
                                 ha="center", va="center", fontsize=8,
                                 color="white" if rate[a, b] > 0.5 else "black")
-            ax.imshow(np.ma.masked_invalid(rate), cmap="Reds", vmin=0, vmax=1, origin="lower", aspect="auto")
+            ax.imshow(np.ma.masked_invalid(rate), cmap="Reds", vmin=0, vmax=1, origin="upper", aspect="auto")
             ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
-            ax.set_yticks(range(len(depths)), [str(d) for d in depths], fontsize=7)
+            ax.set_yticks(range(len(here)), here, fontsize=7)
             ax.set_xlabel("learning rate", fontsize=8)
-            ax.set_ylabel("depth", fontsize=8)
-            ax.set_title(f"{v}, warmup {w}", fontsize=9)
+            ax.set_title(f"{depth} layers, warmup {w}", fontsize=9)
     fig.suptitle("Failure rate over seeds (NaN or plateau); blank = not run", fontsize=10)
     return _save(fig, path)
 
 
 def _init_panels(records: list[dict], path: Path, get: Callable[[dict], np.ndarray], title: str,
                  ylabel: str, log: bool, x_from: int = 1) -> Path:
+    """One panel per depth of a per-layer quantity (x: layer), at the default lr and warmup."""
     lr, warmup = default_lr_warmup(records)
     recs = [r for r in records if r["config"]["lr"] == lr and r["config"]["warmup"] == warmup]
     depths = sorted({r["config"]["depth"] for r in recs})
     fig, axes = _axes(len(depths))
     by = _by(recs, "depth", "variant")
     for ax, depth in zip(axes, depths):
-        for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
+        here = sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get)
+        for v in here:
             ys = [get(r) for r in by[(depth, v)]]
-            x = np.arange(x_from, x_from + len(ys[0]))
-            _mean_curves(ax, by[(depth, v)], get, x=x, color=COLORS[v], label=v)
+            x = np.arange(x_from, x_from + len(ys[0])) + offset(v, here)
+            _mean_curves(ax, by[(depth, v)], get, x=x, **style(v))
         if log:
             ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -174,7 +206,7 @@ def last_layer_grad(records: list[dict], path: Path) -> Path:
     for v in sorted({k[0] for k in by}, key=ORDER.get):
         depths = sorted(d for (vv, d) in by if vv == v)
         means = [np.mean([_arr(r["metrics"]["w2_grad_norm"])[0][-1] for r in by[(v, d)]]) for d in depths]
-        ax.plot(depths, means, "o-", color=COLORS[v], label=v)
+        ax.plot(depths, means, **style(v))
     ax.set_xscale("log")
     ax.set_yscale("log")
     all_depths = sorted({d for (_, d) in by})
@@ -198,7 +230,7 @@ def update_size(records: list[dict], path: Path, max_steps: int | None = None) -
         for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
             get = lambda r: _arr(r["metrics"]["update"])[:max_steps]
             n = len(get(by[(depth, v)][0]))
-            _mean_curves(ax, by[(depth, v)], get, x=np.arange(1, n + 1), color=COLORS[v], label=v)
+            _mean_curves(ax, by[(depth, v)], get, x=np.arange(1, n + 1), **style(v, n))
         ax.set_yscale("log")
         ax.set_xscale("log")
         ax.set_title(f"{depth} layers, lr {lr:g}", fontsize=9)
@@ -218,13 +250,87 @@ def grad_norm(records: list[dict], path: Path) -> Path:
     by = _by(recs, "depth", "variant")
     for ax, depth in zip(axes, depths):
         for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
-            _mean_curves(ax, by[(depth, v)], lambda r: _arr(r["metrics"]["grad_norm"]), color=COLORS[v], label=v)
+            _mean_curves(ax, by[(depth, v)], lambda r: _arr(r["metrics"]["grad_norm"]),
+                         **style(v, len(by[(depth, v)][0]["metrics"]["grad_norm"])))
         ax.set_yscale("log")
         ax.set_title(f"{depth} layers, lr {lr:g}", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel("gradient global norm")
         ax.legend(fontsize=7)
     fig.suptitle("Gradient global norm over training", fontsize=10)
+    return _save(fig, path)
+
+
+def stream_norm_trained(records: list[dict], path: Path) -> Path:
+    """||x_l||^2 / d after each layer after training (layer 0 = embedded input)."""
+    return _init_panels(records, path, lambda r: _arr(r["metrics"]["stream_norm_probe"])[-1],
+                        "Hidden-state ||x_l||^2 / d after training (0 = input)", "||x_l||^2 / d",
+                        log=True, x_from=0)
+
+
+def train_grad_norms(records: list[dict], path: Path) -> Path:
+    """Per-layer gradient norm averaged over training (NormFormer Fig. 2)."""
+    return _init_panels(records, path, lambda r: np.nanmean(_arr(r["metrics"]["layer_grad_norm_mean"]), axis=0),
+                        "Gradient norm of each layer, mean over training steps", "||grad layer||", log=True)
+
+
+def lr_sweep(records: list[dict], path: Path) -> Path:
+    """Final held-out loss (clipped at the loss at init; diverged = loss at init) vs learning
+    rate, one panel per depth; colour/marker = variant, seed mean with seeds as dots; runs with
+    warmup as thin dotted lines of the variant's colour."""
+    from .analysis import clipped_loss
+
+    h = records[0]["task"]["optimal_loss"]
+    depths = sorted({r["config"]["depth"] for r in records})
+    fig, axes = _axes(len(depths), width=4.6, height=3.6)
+    by = _by(records, "depth", "variant", "warmup", "lr")
+    for ax, depth in zip(axes, depths):
+        here = sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get)
+        for v in here:
+            shift = 2 ** offset(v, here, width=0.25)  # multiplicative: the x axis is logarithmic
+            for w in sorted({k[2] for k in by if k[:2] == (depth, v)}):
+                lrs = sorted(k[3] for k in by if k[:3] == (depth, v, w))
+                ys = [[clipped_loss(r["summary"]["final_loss"], float(r["metrics"]["heldout_loss0"]))
+                       for r in by[(depth, v, w, lr)]] for lr in lrs]
+                kw = style(v) if w == 0 else dict(style(v), ls=":", lw=1.0, ms=3, label=f"{v}, warmup {w}")
+                for lr, y in zip(lrs, ys):
+                    ax.plot([lr * shift] * len(y), y, ".", color=COLORS.get(v, "k"), alpha=0.35, ms=3)
+                ax.plot([lr * shift for lr in lrs], [np.mean(y) for y in ys], **kw)
+        ax.axhline(h, color="k", ls=":", lw=1, label=f"H = {h:.2f}")
+        ax.set_xscale("log")
+        ax.set_title(f"{depth} layers", fontsize=9)
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("min(final, initial) held-out loss")
+        ax.legend(fontsize=6)
+    fig.suptitle("Final loss vs learning rate (line: seed mean, dots: seeds; dotted: with warmup)", fontsize=10)
+    return _save(fig, path)
+
+
+def attn_logit_max(records: list[dict], path: Path) -> Path:
+    """Largest attention logit (max over layers) at init and after every chunk, at the highest
+    learning rate without warmup, one panel per depth."""
+    lr = max(r["config"]["lr"] for r in records)
+    warmup = 0 if any(r["config"]["warmup"] == 0 for r in records) else min(r["config"]["warmup"] for r in records)
+    recs = [r for r in records if r["config"]["lr"] == lr and r["config"]["warmup"] == warmup]
+    depths = sorted({r["config"]["depth"] for r in recs})
+    fig, axes = _axes(len(depths))
+    by = _by(recs, "depth", "variant")
+    for ax, depth in zip(axes, depths):
+        for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
+            def get(r: dict) -> np.ndarray:  # max over layers; all NaN if the cells hold no logits
+                a = _arr(r["metrics"]["attn_logit_max"])
+                return np.nanmax(a, axis=1) if np.any(np.isfinite(a)) else a[:, 0]
+
+            x = _arr(by[(depth, v)][0]["metrics"]["probe_steps"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                _mean_curves(ax, by[(depth, v)], get, x=x, **style(v))
+        ax.set_yscale("log")
+        ax.set_title(f"{depth} layers, lr {lr:g}, warmup {warmup}", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("largest attention logit")
+        ax.legend(fontsize=7)
+    fig.suptitle("Largest attention logit over training at the highest learning rate", fontsize=10)
     return _save(fig, path)
 
 
@@ -236,6 +342,10 @@ ALL = {
     "stream_norm.png": stream_norm,
     "update_size.png": update_size,
     "grad_norm.png": grad_norm,
+    "stream_norm_trained.png": stream_norm_trained,
+    "train_grad_norms.png": train_grad_norms,
+    "lr_sweep.png": lr_sweep,
+    "attn_logit_max.png": attn_logit_max,
 }
 
 

@@ -1,7 +1,9 @@
 """Depth-stability sweep: which residual placements train as the stack gets deeper.
 
     python -m experiments.stability                      # quick preset -> experiments/results/
-    python -m experiments.stability --preset full          # -> experiments/runs/full/
+    python -m experiments.stability --preset cpu           # ~15 min -> experiments/results/cpu/
+    python -m experiments.stability --preset full          # accelerator -> experiments/runs/full/
+    python -m experiments.stability --preset full --estimate   # its size and time estimates
     python -m experiments.stability --depths 6,24 --variants post,pre --lrs 1e-3,1e-2 \\
         --warmups 0,100 --seeds 3 --out /tmp/sweep
 
@@ -16,7 +18,9 @@ summary table on stdout, and OUT/report.md with PNG plots (experiments/report.py
 On CPU, programs are compiled at XLA/LLVM optimisation level 1 (--xla-opt-level): ~3x
 faster to compile than the default and as fast to run for these small models. Programs are
 traced up front and compiled on two worker threads while earlier groups train.
-Multi-host: pass --distributed on every host (jax.distributed).
+Several processes or hosts: start the same command in each with --coordinator HOST:PORT
+--num-processes N --process-id I (or --distributed where jax detects the cluster); each
+group's runs are sharded over every process's devices, and process 0 writes the cells.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 @dataclass(frozen=True)
 class Sweep:
     """A grid of runs. `extra` adds (variant, depth) pairs outside variants x depths
-    (the quick preset runs the no-skip ablation only at 6 layers)."""
+    (the quick preset runs the no-skip ablation only at 6 layers). `warmup_variants`: the
+    variants that run the nonzero `warmups` too (None: every variant); the others run
+    warmup 0 only (warmup is a claim about post-LN; the `cpu` preset saves its time)."""
 
     name: str
     task: str = "markov"
@@ -61,6 +67,7 @@ class Sweep:
     extra: tuple[tuple[str, int], ...] = ()
     lrs: tuple[float, ...] = (1e-3,)
     warmups: tuple[int, ...] = (0,)
+    warmup_variants: tuple[str, ...] | None = None
     seeds: int = 3
     # task and model
     vocab: int = 32
@@ -84,22 +91,83 @@ class Sweep:
         order = {v: i for i, v in enumerate(VARIANTS)}
         return sorted(seen, key=lambda p: (p[1], order[p[0]]))
 
+    def warmups_of(self, variant: str) -> tuple[int, ...]:
+        """The warmups this variant runs."""
+        if self.warmup_variants is None or variant in self.warmup_variants:
+            return self.warmups
+        return tuple(w for w in self.warmups if w == 0) or self.warmups[:1]
 
+    def runs(self) -> list[tuple[str, int, float, int, int]]:
+        """Every run as (variant, depth, lr, warmup, seed), group by group."""
+        return [(v, L, lr, w, seed) for v, L in self.pairs()
+                for lr, w, seed in itertools.product(self.lrs, self.warmups_of(v), range(self.seeds))]
+
+    def work(self) -> dict[str, float]:
+        """Size of the sweep: runs, run-layer-steps and training FLOPs (analytic, see `step_flops`)."""
+        runs = self.runs()
+        layer_steps = sum(L for _, L, *_ in runs) * self.steps
+        return {"runs": len(runs), "groups": len(self.pairs()), "run_layer_steps": layer_steps,
+                "flops": layer_steps * self.layer_step_flops()}
+
+    def layer_step_flops(self) -> float:
+        """FLOPs of one layer in one training step of one run: forward + backward (3 x forward)
+        on batch x seq_len tokens, plus the forward on the held-out batch after the update.
+        Forward multiply-adds per token: 4 E^2 (q, k, v, out) + 2 E F (FFN) + 2 T E (scores, mix)."""
+        e, f, t = self.d_model, self.d_ff, self.seq_len
+        per_token = 2 * (4 * e * e + 2 * e * f + 2 * t * e)
+        return per_token * t * (3 * self.batch + self.heldout)
+
+
+# Cost model used to size the presets (short runs of one group on this project's 2-core
+# CPU, extrapolated): training time ~ run-layer-steps x CPU_MS_PER_LAYER_STEP_D32 at the
+# quick/cpu model size (d_model 32, T 16, batch 16), plus ~5-11 s to compile each
+# (variant, depth) program on one of two threads while others train.
+# Small models are overhead-bound on CPU: ~20 GFLOP/s achieved, well below the GEMM peak.
 PRESETS: dict[str, Sweep] = {
-    # Sized for a 2-core CPU: about 1.5 minutes when the machine is otherwise idle. Seven
-    # compiled programs (post, pre and DeepNorm at 6 and 12 layers, no-skip at 6), three
-    # seeds each, vmapped. DeepNorm is here so the quick run measures DeepNet's claim too;
-    # a warmup axis (0, 50) would double the time, so warmup is left to `full`.
+    # The default of `make run`: under 2 minutes on an idle 2-core machine. Nine compiled
+    # programs (post, pre, Peri-LN and DeepNorm at 6 and 12 layers, no-skip at 6), three
+    # seeds each, vmapped; one learning rate and no warmup (the LR axis is the `cpu` preset's).
     "quick": Sweep(
-        name="quick", variants=("post", "pre", "deepnorm"), depths=(6, 12), extra=(("noskip", 6),),
+        name="quick", variants=("post", "pre", "peri", "deepnorm"), depths=(6, 12), extra=(("noskip", 6),),
         lrs=(1e-3,), warmups=(0,), seeds=3,
         seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=150, batch=16, chunk=25, heldout=8,
     ),
-    # For an accelerator or a long CPU run.
+    # A real study in at most 20 minutes on an idle 2-core CPU (`--preset cpu`). The quick
+    # model size (d_model 32, 2 heads, d_ff 128, context 16, batch 16), measured with short
+    # runs of one group on a shared machine: 1.6 ms per run-layer-step (wall) with a held-out
+    # batch of 16 at load 3; with the held-out batch of 32 used here (the final loss's
+    # sampling noise ~0.04 nats) 2.0 ms of CPU time and 2.25 ms wall at load 5.5, i.e.
+    # ~1.1-1.4 ms wall when the two cores are ours. Pre-LN at 12 layers ended 0.07-0.09 nats
+    # above H after 400 steps at lr 3e-3..1e-2 (0.12 at 1e-3 and 3e-2), inside the 0.15-nat
+    # target. LR grid 1e-3..1e-1 (100x, half-decades): pre-LN trains from 1e-3 to 3e-2 and
+    # fails at 1e-1, so the grid brackets its edge of stability; post-LN at 12 layers failed
+    # on the whole grid (300 steps), with or without a 50-step warmup.
+    # Warmup 100 steps (Xiong's warmup claim; the DESIGN prototype saw a 100-step warmup
+    # rescue 6-layer post-LN at lr 1e-2) runs for post-LN and its pre-LN control only, which
+    # keeps the work at 1,440 run-layers x 400 steps = 576k run-layer-steps: ~11-13.5 min of
+    # training at 1.1-1.4 ms, plus ~1-2 min for the 12 compiles (5-11 s each, on two threads
+    # beside the training), so ~13-16 min idle (`--estimate` prints the range from the
+    # constants below). Cross-check: a 100-step slice of this preset (post and Peri-LN at
+    # 6 and 12 layers, 60 runs, 54k run-layer-steps, 4 compiles) took 181 s of CPU time at
+    # load 5.5-6.7, i.e. ~2.6 ms of CPU per run-layer-step under contention; scaled to the
+    # whole preset ~1,600 CPU-s, 15-18 min of wall time on two otherwise idle cores.
+    # Two seeds (a third would need ~20-27 min).
+    "cpu": Sweep(
+        name="cpu", variants=("post", "pre", "peri", "pre-rms", "pre-qknorm", "deepnorm"), depths=(6, 12),
+        lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1), warmups=(0, 100), warmup_variants=("post", "pre"), seeds=2,
+        seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=400, batch=16, chunk=50, heldout=32,
+    ),
+    # For an accelerator: every variant, 6-48 layers, the model of the DESIGN prototype
+    # (d_model 64, 4 heads, d_ff 256, context 32, batch 32), 2,000 steps, six learning rates
+    # over 333x, warmup 0 / 500, three seeds: 1,296 runs in 36 programs, 58 M run-layer-steps,
+    # ~25 PFLOP (`python -m experiments.stability --preset full --estimate`). That is 2-3 weeks
+    # of this CPU (~20 GFLOP/s achieved); on one GPU an estimate of 0.5-1.5 h (5-20 TFLOP/s
+    # achieved on these small batched matmuls, plus a per-layer-step launch floor), not measured.
     "full": Sweep(
-        name="full", variants=tuple(VARIANTS), depths=(6, 12, 18, 24, 36, 48),
-        lrs=(3e-4, 1e-3, 3e-3, 1e-2), warmups=(0, 200), seeds=5,
-        d_model=64, num_heads=4, d_ff=256, steps=1000, batch=32, chunk=100, heldout=32,
+        name="full", variants=("post", "pre", "peri", "pre-rms", "pre-qknorm", "deepnorm", "noskip", "rezero",
+                               "layerscale"),
+        depths=(6, 12, 24, 48), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1), warmups=(0, 500), seeds=3,
+        d_model=64, num_heads=4, d_ff=256, steps=2000, batch=32, chunk=100, heldout=32,
     ),
 }
 
@@ -109,7 +177,7 @@ PRESETS: dict[str, Sweep] = {
 # ------------------------------------------------------------------------------------
 
 
-CELL_VERSION = 1  # bump when a code change alters results, so old cells are not reused
+CELL_VERSION = 2  # bump when a code change alters results, so old cells are not reused
 
 
 def cell_config(sweep: Sweep, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
@@ -239,20 +307,27 @@ class Group:
 
 
 def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
-    """Groups with the cells still missing on disk, and the names of every cell of the sweep."""
-    groups, all_names = [], []
-    for variant, depth in sweep.pairs():
-        g = Group(variant, depth)
-        for lr, warmup, seed in itertools.product(sweep.lrs, sweep.warmups, range(sweep.seeds)):
-            cfg = cell_config(sweep, variant, depth, lr, warmup, seed)
-            name = cell_name(cfg)
-            all_names.append(name)
-            if read_cell(cells_dir / f"{name}.json") is None:
-                g.todo.append(cfg)
-                g.names.append(name)
-        if g.todo:
-            groups.append(g)
-    return groups, all_names
+    """Groups with the cells still missing on disk, and the names of every cell of the sweep.
+
+    Multi-process: process 0's disk decides (it alone writes cells), and every process gets
+    its answer, so all of them compile and run the same groups."""
+    configs = [(variant, depth, cell_config(sweep, variant, depth, lr, warmup, seed))
+               for variant, depth, lr, warmup, seed in sweep.runs()]
+    all_names = [cell_name(c) for _, _, c in configs]
+    done = np.array([read_cell(cells_dir / f"{name}.json") is not None for name in all_names])
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        done = np.asarray(multihost_utils.broadcast_one_to_all(done))
+    groups: dict[tuple[str, int], Group] = {}
+    for (variant, depth, cfg), name, skip in zip(configs, all_names, done):
+        g = groups.setdefault((variant, depth), Group(variant, depth))
+        if not skip:
+            g.todo.append(cfg)
+            g.names.append(name)
+    return [g for g in groups.values() if g.todo], all_names
 
 
 def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int | None = None,
@@ -325,7 +400,8 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
                               task.optimal_loss)
             record = {
                 "name": name, "config": cfg, "summary": summary,
-                "task": {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss},
+                "task": {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss,
+                         "heldout_optimal_loss": task.nll(heldout)},
                 "metrics": metrics,
                 "environment": {**env, "group_seconds": round(seconds, 2), "group_runs": len(sp)},
             }
@@ -391,6 +467,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         + "; ".join(f"{k}: {_describe(v)}" for k, v in PRESETS.items()))
     p.add_argument("--out", type=Path, default=None,
                    help="results folder (default: experiments/results for the unmodified quick preset, "
+                        "experiments/results/cpu for the unmodified cpu preset, "
                         "else experiments/runs/<preset>[-custom])")
     p.add_argument("--task", choices=("markov", "copy"), help="training task (default: the preset's, markov)")
     p.add_argument("--variants", type=lambda s: tuple(s.split(",")), help=f"comma list of {', '.join(VARIANTS)}")
@@ -400,23 +477,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "Default: the preset's (quick: noskip:6), dropped when --variants or --depths is given")
     p.add_argument("--lrs", type=_floats, help="comma list of peak learning rates, e.g. 1e-3,1e-2")
     p.add_argument("--warmups", type=_ints, help="warmup steps, 0 = none, e.g. 0,100")
+    p.add_argument("--warmup-variants", metavar="LIST",
+                   help="variants that also run the nonzero warmups (default: the preset's; '' = every variant)")
     p.add_argument("--seeds", type=int, help="seeds per (variant, depth, lr, warmup)")
     sizes = {"steps": "training steps per run", "batch": "sequences per batch",
              "chunk": "steps per compiled chunk (one lax.scan; per-layer metrics are taken at each chunk's "
-                      "first step; --steps must be a multiple)",
+                      "first step and averaged over it; --steps must be a multiple)",
              "heldout": "held-out sequences for the evaluation loss", "d_model": "model width",
              "num_heads": "attention heads", "d_ff": "feed-forward width", "seq_len": "tokens per sequence",
              "vocab": "vocabulary size of the task"}
     for name, text in sizes.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name, help=f"{text} (default: the preset's)")
     p.add_argument("--no-report", action="store_true", help="skip report.md and the plots")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the sweep's size (runs, run-layer-steps, FLOPs) and time estimates, run nothing")
     p.add_argument("--no-progress", action="store_true", help="no per-group progress lines")
     p.add_argument("--xla-opt-level", type=int, default=1,
                    help="XLA CPU (LLVM) optimisation level; 1 compiles ~3x faster than XLA's default "
                         "3 at equal speed for these models; -1 = XLA's default. Ignored off CPU.")
     p.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
                    help="extra XLA compile option, e.g. xla_cpu_use_fusion_emitters=false (repeatable)")
-    p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first")
+    p.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() first (auto-detected cluster, or the three flags below)")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="multi-process: address of process 0's coordinator service (implies --distributed)")
+    p.add_argument("--num-processes", type=int, help="multi-process: number of processes (implies --distributed)")
+    p.add_argument("--process-id", type=int, help="multi-process: this process's index, 0..N-1 (implies --distributed)")
     p.add_argument("--max-groups", type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -426,12 +512,15 @@ def sweep_from_args(args: argparse.Namespace) -> Sweep:
     changes = {k: getattr(args, k) for k in (
         "task", "variants", "depths", "extra", "lrs", "warmups", "seeds", "steps", "batch", "chunk",
         "heldout", "d_model", "num_heads", "d_ff", "seq_len", "vocab") if getattr(args, k) is not None}
+    if args.warmup_variants is not None:  # '' -> None: every variant runs every warmup
+        changes["warmup_variants"] = tuple(filter(None, args.warmup_variants.split(","))) or None
     if args.extra is None and (args.variants is not None or args.depths is not None):
         changes["extra"] = ()  # the preset's extra groups belong to its own grid, not to one you chose
     if args.task == "copy" and args.seq_len is None:
         changes["seq_len"] = sweep.seq_len - 1  # copy: seq_len + 1 tokens split into two halves
     sweep = replace(sweep, **changes)
-    bad = [v for v in sweep.variants + tuple(v for v, _ in sweep.extra) if v not in VARIANTS]
+    bad = [v for v in sweep.variants + tuple(v for v, _ in sweep.extra) + (sweep.warmup_variants or ())
+           if v not in VARIANTS]
     if bad:
         raise SystemExit(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
     if sweep.steps % sweep.chunk:
@@ -463,17 +552,59 @@ def summary_table(names: list[str], cells_dir: Path) -> str:
     return "\n".join(lines)
 
 
+# Throughputs behind `--estimate` (see the comments above PRESETS). CPU: measured here.
+# GPU: assumed (small batched matmuls reach a small fraction of a GPU's peak), not measured.
+CPU_MS_PER_LAYER_STEP_D32 = (0.9, 1.6)  # ms per run-layer-step at d_model 32, T 16, batch 16, held-out 16:
+# 1.6 measured at load 3; 0.9 = 2.0 ms of CPU time at held-out 32 (scaled to 16) on two busy cores
+CPU_GFLOPS = 20.0  # achieved on this 2-core CPU by these overhead-bound programs
+GPU_TFLOPS = (5.0, 20.0)  # assumed achieved range on one recent GPU
+GPU_LAUNCH_MS_PER_LAYER_STEP = 0.2  # assumed floor: ~40 kernels of ~5 us per layer per step, whatever the runs
+
+
+def estimate(sweep: Sweep) -> str:
+    """Size of a sweep and time estimates on this CPU and on one GPU (estimates, see above)."""
+    w = sweep.work()
+    # A group's layer-steps run one after another however many runs it vmaps: the GPU floor.
+    serial = sum(L for _, L in sweep.pairs()) * sweep.steps
+    gpu = [w["flops"] / (t * 1e12) + serial * GPU_LAUNCH_MS_PER_LAYER_STEP / 1e3 for t in reversed(GPU_TFLOPS)]
+    ref = replace(sweep, d_model=32, d_ff=128, seq_len=16, batch=16, heldout=16).layer_step_flops()
+    cpu_ms = [ms * sweep.layer_step_flops() / ref for ms in CPU_MS_PER_LAYER_STEP_D32]
+    cpu = [w["run_layer_steps"] * ms / 1e3 for ms in cpu_ms]
+    def span(a: float, b: float) -> str:  # seconds -> "a-b min" or "a-b h"
+        return f"{a / 60:.1f}-{b / 60:.1f} min" if b < 7200 else f"{a / 3600:.0f}-{b / 3600:.0f} h"
+
+    return (f"sweep '{sweep.name}': {w['runs']} runs in {w['groups']} compiled groups, "
+            f"{w['run_layer_steps'] / 1e6:.3g} M run-layer-steps, {w['flops'] / 1e15:.3g} PFLOP "
+            f"({sweep.layer_step_flops() / 1e6:.3g} MFLOP per run-layer-step)\n"
+            f"estimate on this 2-core CPU: {span(*cpu)} of training "
+            f"(at {cpu_ms[0]:.2f}-{cpu_ms[1]:.2f} ms per run-layer-step, scaled by FLOPs from the measured "
+            f"d_model-32 cost; larger models run closer to {CPU_GFLOPS:.0f} GFLOP/s: "
+            f"{w['flops'] / CPU_GFLOPS / 1e9 / 3600:.2g} h), plus ~5-9 s per group to compile\n"
+            f"estimate on one GPU (not measured): {span(*gpu)} "
+            f"({GPU_TFLOPS[0]:g}-{GPU_TFLOPS[1]:g} TFLOP/s achieved, plus {GPU_LAUNCH_MS_PER_LAYER_STEP} ms of "
+            f"kernel launches per layer-step of each group: {serial * GPU_LAUNCH_MS_PER_LAYER_STEP / 60e3:.1f} min)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import jax
 
-    if args.distributed:
-        jax.distributed.initialize()
+    if args.distributed or args.coordinator or args.num_processes or args.process_id is not None:
+        # On CPU the processes exchange data with gloo collectives over TCP (jax's default
+        # CPU collectives, set here explicitly); each process brings its own local devices
+        # (XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N CPU devices).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id)
     sweep = sweep_from_args(args)
+    if args.estimate:
+        print(estimate(sweep))
+        return 0
     if args.out is not None:
         out = args.out
-    elif sweep == PRESETS[args.preset] and args.preset == "quick":
-        out = DEFAULT_OUT  # the committed results are exactly the quick preset's
+    elif sweep == PRESETS[args.preset] and args.preset in ("quick", "cpu"):
+        # the committed results are exactly these presets' (quick's at the top, cpu's beside it)
+        out = DEFAULT_OUT if args.preset == "quick" else DEFAULT_OUT / args.preset
     else:
         custom = "" if sweep == PRESETS[args.preset] else "-custom"
         out = DEFAULT_OUT.parent / "runs" / f"{args.preset}{custom}"

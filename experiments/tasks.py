@@ -59,6 +59,14 @@ class Task:
             return (jnp.arange(self.seq_len) + 1 >= start).astype(jnp.float32)
         return jnp.ones((self.seq_len,), jnp.float32)
 
+    def nll(self, tokens: np.ndarray) -> float:
+        """Mean loss of the true distribution on the scored targets of `tokens` (n, seq_len + 1):
+        what the best possible model scores on these very sequences (H up to sampling noise)."""
+        if self.name == "copy":
+            return 0.0
+        tokens = np.asarray(tokens)
+        return float(-np.mean(self.log_transition[tokens[:, :-1], tokens[:, 1:]].astype(np.float64)))
+
     def sample(self, key: jax.Array, batch: int) -> jax.Array:
         """Draw `batch` fresh sequences: int32 tokens of shape (batch, seq_len + 1). Jittable."""
         n = self.seq_len + 1

@@ -20,10 +20,18 @@ Recorded per run:
   at step 0 (initialisation) and at the first step of every chunk: per-layer gradient
     norms (whole layer, FFN W2, attention) of that step's training batch, and, on the
     held-out batch, the residual-stream norm ||x_l||^2 / d for l = 0..L and the attention
-    entropy of each layer; the held-out loss at initialisation.
+    entropy of each layer; the held-out loss at initialisation;
+  per chunk, the mean over its steps of the same per-layer gradient norms ("..._mean");
+  at initialisation and after every chunk (n_chunks + 1 probe points, "probe_steps"), on
+    the held-out batch: the largest scaled pre-softmax attention logit of each layer (max
+    over batch, heads and unmasked (query, key) pairs; the Encoder's intermediate
+    "attention_logits_max", NaN while the installed flax_blocks does not provide it), the
+    RMS and the largest |value| of the LM head's output logits, and ||x_l||^2 / d
+    ("stream_norm_probe": its last row is the stream after training).
 
 Multi-host: call `jax.distributed.initialize()` in every process before any JAX work (the
-`--distributed` flag of `experiments.stability` does); `jax.devices()` then lists every
+`--distributed` / `--coordinator --num-processes --process-id` flags of
+`experiments.stability` do; on CPU with gloo collectives); `jax.devices()` then lists every
 host's devices, `runs_mesh()` spans them, and every host passes the same inputs.
 """
 
@@ -46,8 +54,11 @@ from .tasks import Task
 Metrics = dict[str, np.ndarray]
 PER_STEP = ("loss", "grad_norm", "heldout_loss", "update")
 PER_GRAD = ("layer_grad_norm", "w2_grad_norm", "attn_grad_norm")
+PER_GRAD_MEAN = tuple(f"{k}_mean" for k in PER_GRAD)
 PER_PROBE = ("stream_norm", "attn_entropy")
-PER_CHUNK = PER_GRAD + PER_PROBE
+PER_CHUNK = PER_GRAD + PER_GRAD_MEAN + PER_PROBE
+# at init and after every chunk: (n_chunks + 1, ...)
+TRAJECTORY = ("attn_logit_max", "logit_rms", "logit_absmax", "stream_norm_probe")
 
 
 @dataclass(frozen=True)
@@ -207,12 +218,19 @@ class Trainer:
 
     def _probe(self, params: nnx.State, rest: nnx.State, heldout: jax.Array) -> dict[str, jax.Array]:
         """The held-out forward pass with its intermediates: loss, encoder output y
-        (heldout, T, E), stream norms ||x_l||^2 / d (L + 1,), attention entropy (L,)."""
+        (heldout, T, E), stream norms ||x_l||^2 / d (L + 1,), attention entropy (L,), the
+        largest attention logit of each layer (L,) (NaN if the Encoder does not report
+        it), and the RMS and max |.| of the output logits (scalars)."""
         logits, inter = self._model(params, rest)(heldout[:, :-1], return_intermediates=True)
+        num_layers = self.model_cfg.num_layers
+        logit_max = inter.get("attention_logits_max", jnp.full((num_layers,), jnp.nan))
         return {
             "loss": self._mean_ce(logits, heldout), "y": inter["output"],
             "stream_norm": stream_norms(inter["embedded"], inter["residual"]),
             "attn_entropy": attention_entropy(inter["attention_weights"]),
+            "attn_logit_max": jnp.asarray(logit_max, jnp.float32).reshape(num_layers),
+            "logit_rms": jnp.sqrt(jnp.mean(jnp.square(logits))),
+            "logit_absmax": jnp.max(jnp.abs(logits)),
         }
 
     def _chunk_one(self, state: dict, seed: jax.Array, lr: jax.Array, warmup: jax.Array,
@@ -253,9 +271,14 @@ class Trainer:
             return (params, opt, t + 1), out
 
         (params, opt, t), per_step = jax.lax.scan(step, (params, opt, t0), None, length=self.train_cfg.chunk)
+        end = self._probe(params, rest, heldout)  # after the chunk's last update
         metrics = {k: per_step[k] for k in PER_STEP}
         metrics.update({k: per_step[k][0] for k in PER_GRAD})  # at the chunk's first step
+        metrics.update({f"{k}_mean": jnp.mean(per_step[k], axis=0) for k in PER_GRAD})  # over the chunk
         metrics.update({k: start[k] for k in PER_PROBE})  # at the chunk's start
+        for k in TRAJECTORY:
+            src = "stream_norm" if k == "stream_norm_probe" else k
+            metrics[f"{k}_start"], metrics[f"{k}_end"] = start[src], end[src]
         metrics["heldout_loss_start"] = start["loss"]
         return {"params": params, "opt": opt, "step": t, "y0": y0}, metrics
 
@@ -315,10 +338,13 @@ class Trainer:
             out[k] = np.concatenate([m[k] for m in chunks], axis=1)
         for k in PER_CHUNK:  # (R, n_chunks, ...)
             out[k] = np.stack([m[k] for m in chunks], axis=1)
+        for k in TRAJECTORY:  # (R, n_chunks + 1, ...): at init, then after each chunk
+            out[k] = np.stack([chunks[0][f"{k}_start"]] + [m[f"{k}_end"] for m in chunks], axis=1)
         out["heldout_loss0"] = chunks[0]["heldout_loss_start"]  # (R,)
         results = []
         for i in range(n):
             r = {k: v[i] for k, v in out.items()}
             r["chunk_steps"] = np.arange(0, self.train_cfg.steps, self.train_cfg.chunk)
+            r["probe_steps"] = np.arange(0, self.train_cfg.steps + 1, self.train_cfg.chunk)
             results.append(r)
         yield self.train_cfg.steps, results

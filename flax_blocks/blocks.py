@@ -1,10 +1,15 @@
-"""Residual transformer blocks in Flax NNX: ResidualMHA, FeedForward, TransformerBlock, Encoder.
+"""Residual transformer blocks in Flax NNX: ResidualMHA, FeedForward, TransformerBlock,
+DecoderBlock, and the stacks Encoder, Decoder and Transformer.
 
-Each is built as `X(cfg, rngs=nnx.Rngs(0))` (the Encoder also takes `num_layers=`) and
-called on x of shape (batch, seq, d_model) or (seq, d_model), returning that shape.
-Masks follow flax's convention: True means "may attend" (see `attention.build_mask`).
-A block's modules and sublayers come from `declarations.BLOCKS`; the residual formula
-from `config.residual_update`, both shared with the torch twins.
+Each is built as `X(cfg, rngs=nnx.Rngs(0))` (the stacks also take `num_layers=`) and called
+on x of shape (batch, seq, d_model) or (seq, d_model), returning that shape. Masks follow
+flax's convention: True means "may attend" (see `attention.build_mask`). A block's modules
+and sublayers come from `declarations.BLOCKS`; the residual formula from
+`config.residual_update`, both shared with the torch twins.
+
+Causal modules decode incrementally: `cache = m.init_cache(batch, max_length)` (a decoder
+also takes the memory, whose keys and values are computed once), then
+`y, cache = m(x_chunk, cache=cache)` for each chunk of one or more new positions.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import declarations
-from .attention import Attention, build_mask
+from .attention import Attention, build_mask, cache_mask
 from .config import BlockConfig, check_width, residual_update
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params
@@ -29,27 +34,32 @@ ACTIVATION_FNS = {
     "silu": jax.nn.silu,
 }
 MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
+Cache = dict[str, Any]
 
 
 def _identity(x: jax.Array) -> jax.Array:
     return x
 
 
-def _as_batched(cfg: BlockConfig, x: jax.Array) -> tuple[jax.Array, bool]:
-    check_width(cfg, x.shape)
+def _compute_dtype(cfg: BlockConfig, x_dtype) -> Any:
+    dtype = jnp.dtype(cfg.dtype) if cfg.dtype is not None else jnp.promote_types(x_dtype, cfg.param_dtype)
+    return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def _as_batched(cfg: BlockConfig, x: jax.Array, what: str = "input") -> tuple[jax.Array, bool]:
+    check_width(cfg, x.shape, what)
     # Cast to the computation dtype (cfg.dtype, else x promoted with the parameters), as flax
     # layers cast their inputs: the residual stream then keeps one dtype, and the Encoder's
     # scan carry has the same dtype in and out.
-    dtype = jnp.dtype(cfg.dtype) if cfg.dtype is not None else jnp.promote_types(x.dtype, cfg.param_dtype)
-    x = jnp.asarray(x, jax.dtypes.canonicalize_dtype(dtype))
+    x = jnp.asarray(x, _compute_dtype(cfg, x.dtype))
     return (x, False) if x.ndim == 3 else (x[None], True)
 
 
 class _Block(nnx.Module):
     """A block of residual sublayers, its modules named and built from the declarations.
 
-    Every sublayer has a dropout on its output (`dropout_<norm>`); MLP sublayers one more
-    after the activation (`dropout_act`). Call-time dropout keys: one per block, split."""
+    Every sublayer has a dropout on its output; MLP sublayers one more after the
+    activation (`dropout_act`). Call-time dropout keys: one per block, split."""
 
     kind: str
 
@@ -68,33 +78,47 @@ class _Block(nnx.Module):
         self.dropouts = nnx.List([nnx.Dropout(cfg.dropout, rngs=rngs) for _ in self.sublayers])
 
     def apply(
-        self, x: jax.Array, mask: jax.Array | None, rows: jax.Array | None, key: jax.Array | None = None,
-        deterministic: bool | None = None,
-    ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """x: (B, T, E) with a prepared mask -> (y (B, T, E), {"attention_weights": (B, H, T, T),
-        "attention_logits_max": ()} for a block with attention, else {}).
+        self, x: jax.Array, masks: dict[str, tuple], key: jax.Array | None = None,
+        deterministic: bool | None = None, *, memory: jax.Array | None = None,
+        cache: Cache | None = None, index: jax.Array | int = 0,
+    ) -> tuple[jax.Array, dict[str, jax.Array], Cache | None]:
+        """x (B, T, E) with prepared masks {"self": (mask, rows), "cross": (mask, rows)} ->
+        (y (B, T, E), intermediates, the block's updated cache or None).
 
-        key: one dropout key for the whole block (the Encoder passes one per layer); None
+        Intermediates: "attention_weights" (B, H, T, S) and "attention_logits_max" () of the
+        self-attention; "cross_attention_weights" / "cross_attention_logits_max" of a
+        decoder's cross-attention. memory (B, S, E): what a decoder attends to (not needed
+        with a cache, which holds its keys and values). cache: {"self": {"k", "v"},
+        "cross": {"k", "v"}} of this block, index: the chunk's first position.
+        key: one dropout key for the whole block (the stacks pass one per layer); None
         uses the dropouts' own RNG streams. deterministic: True turns dropout off for this
         call, False on; None follows the module's train / eval mode."""
         n = len(self.sublayers)
         keys = [None] * (2 * n) if key is None else list(jax.random.split(key, 2 * n))
         extras: dict[str, jax.Array] = {}
+        new_cache: Cache = {}
         for i, sub in enumerate(self.sublayers):
             k_inner, k_out = keys[2 * i], keys[2 * i + 1]
-            if sub.kind == "attention":
-                attn = getattr(self, sub.modules[0])
-                fn = lambda h, attn=attn, k=k_inner: _attention(attn, h, mask, rows, k, deterministic)  # noqa: E731
-            else:
+            if sub.kind == "mlp":
                 fn = functools.partial(self._mlp, sub, k_inner, deterministic)
+            else:
+                part = "cross" if sub.kind == "cross_attention" else "self"
+                mask, rows = masks.get(part, (None, None))
+                fn = functools.partial(
+                    _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
+                    mask=mask, rows=rows, key=k_inner, deterministic=deterministic, cross=part == "cross",
+                    memory=memory, cache=None if cache is None else cache[part], index=index,
+                )
             s = getattr(self, sub.scale)
             x, aux = residual_update(
                 self.cfg, x, fn, getattr(self, sub.norm) or _identity,
                 _with_key(self.dropouts[i], k_out, deterministic), None if s is None else s[...].astype(x.dtype),
                 getattr(self, sub.norm_out),
             )
+            if "cache" in aux:
+                new_cache["cross" if sub.kind == "cross_attention" else "self"] = aux.pop("cache")
             extras.update(aux)
-        return x, extras
+        return x, extras, (new_cache if cache is not None else None)
 
     def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None, h: jax.Array) -> tuple[jax.Array, dict]:
         """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h))).
@@ -106,16 +130,35 @@ class _Block(nnx.Module):
         a = act(up(t)) if gate is None else act(gate(t)) * up(t)
         return down(self.dropout_act(a, deterministic=deterministic, rngs=key)).reshape(h.shape), {}
 
-    def _call(self, x, attention_mask, key_mask, return_intermediates, deterministic=None):
+    def _block_cache(self, batch: int, length: int, dtype) -> Cache:
+        cfg = self.cfg
+        zeros = jnp.zeros((batch, length, cfg.kv_heads, cfg.head_dim), dtype)
+        return {"self": {"k": zeros, "v": zeros}}
+
+    def _call(self, x, attention_mask, key_mask, return_intermediates, deterministic=None, *,
+              memory=None, memory_mask=None, memory_key_mask=None, cache=None):
         x, unbatched = _as_batched(self.cfg, x)
-        mask, rows = build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)
-        y, extras = self.apply(x, mask, rows, deterministic=deterministic)
+        if cache is not None:
+            if unbatched:
+                raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
+            return _cached_call(self, x, cache, key_mask, attention_mask, memory, memory_mask,
+                                return_intermediates, deterministic, stacked=False)
+        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)}
+        if memory is not None:
+            memory, _ = _as_batched(self.cfg, memory[None] if unbatched else memory, "memory")
+            masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
+                                        keys=memory.shape[1], causal=False)
+        y, extras, _ = self.apply(x, masks, deterministic=deterministic, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
 
 
-def _attention(attn: Attention, h, mask, rows, key, deterministic):
-    out, weights, logit_max = attn(h, mask, rows, key=key, deterministic=deterministic)
-    return out, {"attention_weights": weights, "attention_logits_max": logit_max}
+def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cross, memory, cache, index):
+    out, weights, logit_max, new_cache = attn(h, mask, rows, key=key, deterministic=deterministic, cross=cross,
+                                              memory=memory, cache=cache, index=index)
+    aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
+    if cache is not None:
+        aux["cache"] = new_cache if not cross else cache
+    return out, aux
 
 
 class ResidualMHA(_Block):
@@ -152,34 +195,77 @@ class TransformerBlock(_Block):
 
     kind = "TransformerBlock"
 
+    def init_cache(self, batch_size: int, max_length: int) -> Cache:
+        """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
+        return _new_cache(self, batch_size, max_length, self._block_cache)
+
     def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
-                 deterministic: bool | None = None):
+                 deterministic: bool | None = None, cache: Cache | None = None):
         """x: (B, T, E) or (T, E). With return_intermediates, also {"attention_weights":
         (B, H, T, T), "attention_logits_max": ()}. deterministic: True turns dropout off for
         this call (Linen's convention, forwarded by `nnx.bridge.to_linen`), False on; None
-        follows the module's train / eval mode (`.train()`, `.eval()`)."""
-        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic)
+        follows the module's train / eval mode (`.train()`, `.eval()`).
+        cache (from `init_cache`): x is the next chunk (B, T, E); returns (y, cache)."""
+        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic, cache=cache)
 
 
-class Encoder(nnx.Module):
-    """`num_layers` independently initialised TransformerBlocks plus an optional final norm.
+class DecoderBlock(_Block):
+    """Self-attention, cross-attention to a memory, then MLP, each a residual sublayer; the
+    twin of torch's TransformerDecoderLayer.
+
+    Params: self_attn, multihead_attn, linear1, linear_gate (gated), linear2, norm1, norm2,
+    norm3, norm1_out..norm3_out (peri), scale1..scale3 (ReZero, LayerScale).
+    """
+
+    kind = "DecoderBlock"
+
+    def _block_cache(self, batch: int, length: int, dtype, memory=None) -> Cache:
+        cache = super()._block_cache(batch, length, dtype)
+        cache["cross"] = self.multihead_attn.memory_kv(memory)
+        return cache
+
+    def init_cache(self, batch_size: int, max_length: int, memory: jax.Array,
+                   memory_key_mask: jax.Array | None = None) -> Cache:
+        """An empty self-attention cache of `max_length` positions and the cross-attention
+        keys and values of `memory` (B, S, E), computed once; memory_key_mask (B, S)."""
+        return _new_cache(self, batch_size, max_length, self._block_cache, memory, memory_key_mask)
+
+    def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, attention_mask=None, key_mask=None,
+                 memory_mask=None, memory_key_mask=None, return_intermediates: bool = False,
+                 deterministic: bool | None = None, cache: Cache | None = None):
+        """x: (B, T, E) or (T, E); memory: (B, S, E) or (S, E). attention_mask (T, T) /
+        (B, T, T) and key_mask (B, T) on the self-attention, memory_mask (T, S) / (B, T, S)
+        and memory_key_mask (B, S) on the cross-attention (True = may attend).
+        With return_intermediates, also the attention weights and largest logits of both
+        ("attention_*", "cross_attention_*"). cache (from `init_cache`, which took the
+        memory): x is the next chunk; returns (y, cache)."""
+        if cache is None and memory is None:
+            raise ValueError("DecoderBlock needs a memory (B, S, d_model), or a cache made with one")
+        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic, memory=memory,
+                          memory_mask=memory_mask, memory_key_mask=memory_key_mask, cache=cache)
+
+
+class _Stack(nnx.Module):
+    """`num_layers` independently initialised blocks plus an optional final norm.
 
     The layers' parameters are stacked on a leading axis of size num_layers (created with
-    nnx.vmap, applied with a jax.lax.scan over the stacked state), so compile time does not grow with depth.
-    `final_norm` defaults to True for pre-LN and Peri-LN (such a stack needs it), False otherwise.
-    Params: layers (each leaf has a leading layer axis), norm.
-    """
+    nnx.vmap, applied with a jax.lax.scan over the stacked state), so compile time does not
+    grow with depth. `final_norm` defaults to True for pre-LN and Peri-LN (such a stack
+    needs it), False otherwise. Params: layers (each leaf has a leading layer axis), norm."""
+
+    block: type[_Block]
 
     def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None, rngs: nnx.Rngs):
         if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
         self.cfg = cfg = cfg.resolve(num_layers)
         self.num_layers = num_layers
+        block = self.block
 
         @nnx.split_rngs(splits=num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
-        def make_layers(rngs: nnx.Rngs) -> TransformerBlock:
-            return TransformerBlock(cfg, rngs=rngs)
+        def make_layers(rngs: nnx.Rngs) -> _Block:
+            return block(cfg, rngs=rngs)
 
         self.layers = make_layers(rngs)
         # The stacked layers' dropouts get one key per layer per call from this stream,
@@ -194,28 +280,31 @@ class Encoder(nnx.Module):
     def final_norm(self) -> Norm | None:
         return getattr(self, FINAL_NORM)
 
-    def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
-                 deterministic: bool | None = None):
-        """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`.
+    def _stack_cache(self, batch: int, length: int, dtype, memory=None) -> Cache:
+        """Every layer's block cache, stacked on a leading layer axis."""
+        graphdef, state = nnx.split(self.layers)
 
-        With return_intermediates, also {"residual": (L, B, T, E), the stream after each layer,
-        "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}; the default call
-        computes none of them.
-        """
-        x, unbatched = _as_batched(self.cfg, x)
-        mask, rows = build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)
+        def one(layer_state):
+            layer = nnx.merge(graphdef, layer_state)
+            return layer._block_cache(batch, length, dtype, *(() if memory is None else (memory,)))
 
+        return jax.vmap(one)(state)
+
+    def _run(self, x, masks, deterministic, memory=None, cache=None, index=0, return_intermediates=False):
+        """Scan the layers over x (B, T, E); returns (y, per-layer intermediates, new caches)."""
         # A plain lax.scan over the stacked state, which it only reads: it composes with
         # any outer transform (jax.grad over split params, vmap, jit, nnx.jit).
         graphdef, state = nnx.split(self.layers)
         off = self.layers.dropouts[0].deterministic if deterministic is None else deterministic
         training = self.rngs is not None and not off
         keys = jax.random.split(self.rngs(), self.num_layers) if training else None
-
         run = _layer_scan_body(graphdef, return_intermediates, deterministic)
-        (y, _, _), per_layer = jax.lax.scan(run, (x, mask, rows), (state, keys))
+        (y, _, _, _), (per_layer, caches) = jax.lax.scan(run, (x, masks, memory, index), (state, keys, cache))
         if self.final_norm is not None:
             y = self.final_norm(y)
+        return y, per_layer, caches
+
+    def _finish_stack(self, y, per_layer, unbatched, return_intermediates):
         if not return_intermediates:
             return y[0] if unbatched else y
         residual, extras = per_layer
@@ -225,17 +314,195 @@ class Encoder(nnx.Module):
         return (y[0] if unbatched else y), extras
 
 
+class Encoder(_Stack):
+    """`num_layers` TransformerBlocks and an optional final norm (torch's TransformerEncoder)."""
+
+    block = TransformerBlock
+
+    def init_cache(self, batch_size: int, max_length: int) -> Cache:
+        """An empty cache for incremental decoding of up to `max_length` positions (causal only):
+        {"index": (), "valid": (B, L), "layers": {"self": {"k", "v"}} with leading layer axis}."""
+        return _new_cache(self, batch_size, max_length, self._stack_cache)
+
+    def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
+                 deterministic: bool | None = None, cache: Cache | None = None):
+        """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`.
+
+        With return_intermediates, also {"residual": (L, B, T, E), the stream after each layer,
+        "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}; the default call
+        computes none of them. cache (from `init_cache`): x is the next chunk; returns (y, cache).
+        """
+        x, unbatched = _as_batched(self.cfg, x)
+        if cache is not None:
+            if unbatched:
+                raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
+            return _cached_call(self, x, cache, key_mask, attention_mask, None, None, return_intermediates,
+                                deterministic, stacked=True)
+        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask)}
+        y, per_layer, _ = self._run(x, masks, deterministic, return_intermediates=return_intermediates)
+        return self._finish_stack(y, per_layer, unbatched, return_intermediates)
+
+
+class Decoder(_Stack):
+    """`num_layers` DecoderBlocks and an optional final norm (torch's TransformerDecoder)."""
+
+    block = DecoderBlock
+
+    def init_cache(self, batch_size: int, max_length: int, memory: jax.Array,
+                   memory_key_mask: jax.Array | None = None) -> Cache:
+        """An empty self-attention cache of `max_length` positions per layer and every layer's
+        cross-attention keys and values of `memory` (B, S, E), computed once."""
+        return _new_cache(self, batch_size, max_length, self._stack_cache, memory, memory_key_mask)
+
+    def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, attention_mask=None, key_mask=None,
+                 memory_mask=None, memory_key_mask=None, return_intermediates: bool = False,
+                 deterministic: bool | None = None, cache: Cache | None = None):
+        """x: (B, T, E) or (T, E); memory (B, S, E) or (S, E); masks as `DecoderBlock`.
+        With return_intermediates, also {"residual": (L, B, T, E), "attention_weights",
+        "attention_logits_max", "cross_attention_weights", "cross_attention_logits_max"}.
+        cache (from `init_cache`, which took the memory): x is the next chunk; returns (y, cache)."""
+        x, unbatched = _as_batched(self.cfg, x)
+        if cache is not None:
+            if unbatched:
+                raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
+            return _cached_call(self, x, cache, key_mask, attention_mask, memory, memory_mask,
+                                return_intermediates, deterministic, stacked=True)
+        if memory is None:
+            raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
+        memory, _ = _as_batched(self.cfg, memory[None] if unbatched else memory, "memory")
+        if memory.shape[0] != x.shape[0]:
+            raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
+        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask),
+                 "cross": build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
+                                     keys=memory.shape[1], causal=False)}
+        y, per_layer, _ = self._run(x, masks, deterministic, memory=memory, return_intermediates=return_intermediates)
+        return self._finish_stack(y, per_layer, unbatched, return_intermediates)
+
+
+class Transformer(nnx.Module):
+    """An Encoder and a Decoder (torch's nn.Transformer: names encoder.*, decoder.*).
+
+    `cfg` serves both; the encoder is never causal (its `causal` is turned off), the
+    decoder's self-attention is causal when cfg.causal. Both have a final norm by default,
+    as nn.Transformer. Params: encoder, decoder."""
+
+    def __init__(self, cfg: BlockConfig, *, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 final_norm: bool = True, rngs: nnx.Rngs):
+        from dataclasses import replace
+
+        self.cfg = cfg
+        self.encoder = Encoder(replace(cfg, causal=False), num_layers=num_encoder_layers, final_norm=final_norm, rngs=rngs)
+        self.decoder = Decoder(cfg, num_layers=num_decoder_layers, final_norm=final_norm, rngs=rngs)
+
+    def __call__(self, src: jax.Array, tgt: jax.Array, *, src_mask=None, tgt_mask=None, memory_mask=None,
+                 src_key_mask=None, tgt_key_mask=None, memory_key_mask=None,
+                 deterministic: bool | None = None) -> jax.Array:
+        """src (B, S, E), tgt (B, T, E) -> (B, T, E). Masks in flax's convention (True = may
+        attend): src_mask (S, S), tgt_mask (T, T), memory_mask (T, S), key masks (B, S) / (B, T);
+        memory_key_mask defaults to src_key_mask."""
+        memory = self.encoder(src, attention_mask=src_mask, key_mask=src_key_mask, deterministic=deterministic)
+        return self.decoder(tgt, memory, attention_mask=tgt_mask, key_mask=tgt_key_mask, memory_mask=memory_mask,
+                            memory_key_mask=src_key_mask if memory_key_mask is None else memory_key_mask,
+                            deterministic=deterministic)
+
+
+# ----------------------------------------------------------------------------------------
+# Cached incremental decoding
+# ----------------------------------------------------------------------------------------
+
+
+def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memory_key_mask=None) -> Cache:
+    cfg = module.cfg
+    if not cfg.causal:
+        raise ValueError(f"{type(module).__name__} is not causal (cfg.causal=False): a cache only serves "
+                         "causal decoding, where a new position never changes the past")
+    for name, v in (("batch_size", batch_size), ("max_length", max_length)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    dtype = _compute_dtype(cfg, jnp.float32)
+    cache: Cache = {"index": jnp.zeros((), jnp.int32), "valid": jnp.zeros((batch_size, max_length), jnp.bool_)}
+    if memory is not None:
+        memory, _ = _as_batched(cfg, memory, "memory")
+        if memory.shape[0] != batch_size:
+            raise ValueError(f"memory has batch {memory.shape[0]}, the cache batch_size {batch_size}")
+        cache["layers"] = make(batch_size, max_length, dtype, memory)
+        mk = jnp.ones(memory.shape[:2], jnp.bool_) if memory_key_mask is None else jnp.asarray(memory_key_mask)
+        if mk.dtype != jnp.bool_ or mk.shape != memory.shape[:2]:
+            raise ValueError(f"memory_key_mask must be a boolean (batch, memory length) = {memory.shape[:2]} array, "
+                             f"got {mk.dtype} {tuple(mk.shape)}")
+        cache["memory_valid"] = mk
+    else:
+        cache["layers"] = make(batch_size, max_length, dtype)
+    return cache
+
+
+def _check_room(index: jax.Array, chunk: int, length: int) -> None:
+    """A chunk past the cache's end is an error, not a silent wrap-around: eagerly a
+    ValueError; under jit an error raised from the compiled program (jax.debug.callback)."""
+
+    def fail(i):
+        if int(i) + chunk > length:
+            raise ValueError(f"cache overflow: a chunk of {chunk} position(s) at position {int(i)} "
+                             f"does not fit a cache of max_length {length}")
+
+    if isinstance(index, jax.core.Tracer):
+        jax.debug.callback(fail, index)
+    else:
+        fail(index)
+
+
+def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask, return_intermediates,
+                 deterministic, *, stacked: bool):
+    cfg = module.cfg
+    if not cfg.causal:
+        raise ValueError(f"{type(module).__name__} is not causal (cfg.causal=False): it takes no cache")
+    if not isinstance(cache, dict) or not {"index", "valid", "layers"} <= set(cache):
+        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers)")
+    if attention_mask is not None or memory_mask is not None:
+        raise ValueError("a cached call is causal by construction: pass key_mask (B, chunk) for padding, "
+                         "not attention_mask / memory_mask")
+    if memory is not None:
+        raise ValueError("a cached call reads the memory's keys and values from the cache (init_cache took it)")
+    b, t, _ = x.shape
+    cb, length = cache["valid"].shape
+    if b != cb:
+        raise ValueError(f"the cache was made for batch size {cb}, the input has batch {b}")
+    index = cache["index"]
+    _check_room(index, t, length)
+    km = jnp.ones((b, t), jnp.bool_) if key_mask is None else jnp.asarray(key_mask)
+    if km.dtype != jnp.bool_ or km.shape != (b, t):
+        raise ValueError(f"key_mask of a cached call must be a boolean (batch, chunk) = {(b, t)} array, "
+                         f"got {km.dtype} {tuple(km.shape)}")
+    valid = jax.lax.dynamic_update_slice(cache["valid"], km, (0 * index, index))
+    masks = {"self": cache_mask(index, t, valid)}
+    if "memory_valid" in cache:
+        mv = cache["memory_valid"]
+        m = jnp.broadcast_to(mv[:, None, None, :], (b, 1, t, mv.shape[1]))
+        rows = jnp.any(m, axis=-1, keepdims=True)
+        masks["cross"] = (m | ~rows, rows)
+    if stacked:
+        y, per_layer, layers = module._run(x, masks, deterministic, cache=cache["layers"], index=index,
+                                           return_intermediates=return_intermediates)
+        out = module._finish_stack(y, per_layer, False, return_intermediates)
+    else:
+        y, extras, layers = module.apply(x, masks, deterministic=deterministic, cache=cache["layers"], index=index)
+        out = (y, extras) if return_intermediates else y
+    new = {**cache, "index": index + t, "valid": valid, "layers": layers}
+    return (*out, new) if return_intermediates else (out, new)
+
+
 @functools.lru_cache(maxsize=64)
 def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool | None):
-    """The Encoder's scan body, one function object per (layer graphdef, flag): an eager call
+    """A stack's scan body, one function object per (layer graphdef, flags): an eager call
     then reuses the compiled scan instead of compiling it afresh at every call (as a new
-    closure would). The masks ride in the carry, unchanged, rather than in a closure."""
+    closure would). Masks, memory and the cache index ride in the carry, unchanged."""
 
     def run(carry, xs):
-        h, mask, rows = carry
-        layer_state, key = xs
-        h, extras = nnx.merge(graphdef, layer_state).apply(h, mask, rows, key, deterministic)
-        return (h, mask, rows), ((h, extras) if return_intermediates else None)
+        h, masks, memory, index = carry
+        layer_state, key, cache = xs
+        h, extras, cache = nnx.merge(graphdef, layer_state).apply(
+            h, masks, key, deterministic, memory=memory, cache=cache, index=index)
+        return (h, masks, memory, index), ((h, extras) if return_intermediates else None, cache)
 
     return run
 

@@ -32,19 +32,26 @@ from .io_errors import torch_load_state_dict
 
 LAYER = re.compile(rf"{LAYERS}\.(\d+)\.(.+)")
 BLOCK_KINDS = tuple(declarations.BLOCKS)
-KINDS = (*BLOCK_KINDS, "Encoder")
+KINDS = (*BLOCK_KINDS, *declarations.STACKS, "Transformer")
 
 
-def module_params(kind: str, cfg: BlockConfig, *, num_layers: int | None = None,
-                  final_norm: bool = False) -> list[tuple[str, str, Param, int | None]]:
+def module_params(kind: str, cfg: BlockConfig, *, num_layers: Any = None,
+                  final_norm: Any = False) -> list[tuple[str, str, Param, int | None]]:
     """(torch name, dotted Flax path, Param, layer index or None) of every parameter of a
-    module of `kind`, derived from the declarations. An Encoder's layer i is torch's
-    `layers.{i}.` and index i of the Flax layers' leading (stacked) axis."""
+    module of `kind`, derived from the declarations. A stack's layer i is torch's
+    `layers.{i}.` and index i of the Flax layers' leading (stacked) axis. A Transformer
+    takes num_layers and final_norm as (encoder, decoder) pairs; its encoder is never causal
+    (which changes no parameter)."""
     if kind in BLOCK_KINDS:
         return [(t, f, p, None) for t, f, p in declarations.flatten(declarations.block(cfg, kind))]
-    if kind != "Encoder":
+    if kind == "Transformer":
+        out = []
+        for (prefix, stack), n, fn in zip(declarations.TRANSFORMER.items(), num_layers, final_norm):
+            out += [(f"{prefix}.{t}", f"{prefix}.{f}", p, i) for t, f, p, i in module_params(stack, cfg, num_layers=n, final_norm=fn)]
+        return out
+    if kind not in declarations.STACKS:
         raise TypeError(f"expected one of {KINDS}, got {kind!r}")
-    layer = declarations.flatten(declarations.block(cfg, "TransformerBlock"))
+    layer = declarations.flatten(declarations.block(cfg, declarations.STACKS[kind]))
     out = [(f"{LAYERS}.{i}.{t}", f"{LAYERS}.{f}", p, i) for i in range(num_layers or 0) for t, f, p in layer]
     if final_norm:
         out += [(t, f, p, None) for t, f, p in declarations.flatten(declarations.norm(cfg, cfg.d_model), f"{FINAL_NORM}.")]
@@ -143,15 +150,22 @@ class Expected:
     torch_shape: tuple[int, ...]
 
 
+def _layout_of(module) -> tuple[Any, Any]:
+    """(num_layers, final_norm) of a module, as `module_params` takes them."""
+    kind = _kind(module)
+    if kind == "Transformer":
+        return ((module.encoder.num_layers, module.decoder.num_layers),
+                (module.encoder.final_norm is not None, module.decoder.final_norm is not None))
+    if kind in declarations.STACKS:
+        return module.num_layers, module.final_norm is not None
+    return None, False
+
+
 def expected_torch_params(module) -> dict[str, Expected]:
     """{torch name: Expected} for every parameter of `module`, in torch's naming."""
-    kind = _kind(module)
-    final = kind == "Encoder" and module.final_norm is not None
-    return {
-        t: Expected(f, layer, p, p.shape)
-        for t, f, p, layer in module_params(kind, module.cfg, num_layers=getattr(module, "num_layers", None),
-                                            final_norm=final)
-    }
+    num_layers, final = _layout_of(module)
+    return {t: Expected(f, layer, p, p.shape)
+            for t, f, p, layer in module_params(_kind(module), module.cfg, num_layers=num_layers, final_norm=final)}
 
 
 # ----------------------------------------------------------------------------------------
@@ -204,8 +218,9 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
     info: dict[str, Any] = {}
     kind = _block_kind({n.split(".")[0] for n in inner})
     if layers:
-        info.update(kind="Encoder", num_layers=len(layers), final_norm=f"{FINAL_NORM}.weight" in sd)
-        kind = "TransformerBlock"
+        stack = {block: name for name, block in declarations.STACKS.items()}.get(kind, "Encoder")
+        info.update(kind=stack, num_layers=len(layers), final_norm=f"{FINAL_NORM}.weight" in sd)
+        kind = declarations.STACKS[stack]
     elif kind is not None:
         info["kind"] = kind
     if kind is not None:
@@ -247,9 +262,11 @@ def _module_facts(module) -> dict[str, Any]:
     facts: dict[str, Any] = {"kind": type(module).__name__, "d_model": cfg.d_model, "bias": cfg.bias}
     if facts["kind"] != "ResidualMHA":
         facts["d_ff"] = cfg.d_ff
-    if facts["kind"] == "Encoder":
+    if facts["kind"] in declarations.STACKS:
         facts["num_layers"] = module.num_layers
         facts["final_norm"] = module.final_norm is not None
+    if facts["kind"] == "Transformer":
+        facts = {"kind": "Transformer"}  # its keys say the rest: strict loading checks every one
     return facts
 
 
@@ -388,7 +405,8 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
         if exp.layer is None:
             new[exp.flax_path] = a
         else:
-            stacks.setdefault(exp.flax_path, [None] * num_layers)[exp.layer] = a
+            depth = params[exp.flax_path].get_value().shape[0]  # the stacked layer axis
+            stacks.setdefault(exp.flax_path, [None] * depth)[exp.layer] = a
     for path, items in stacks.items():
         current = None if all(a is not None for a in items) else np.asarray(params[path].get_value())
         new[path] = np.stack([current[i] if a is None else a for i, a in enumerate(items)])
@@ -413,16 +431,17 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
     Besides saving the work of initialising, this skips compiling the random initialisers,
     which on a CPU takes seconds per new block shape. kwargs go to the constructor
     (num_layers=, final_norm= for an Encoder); source, prefix and dtype are those of
-    `load_torch_state_dict`, which raises `ConversionError` on any problem. A torch module
-    as source (stock or torch_blocks) is also checked against cfg: a field that contradicts
+    `load_torch_state_dict`, which raises `ConversionError` on any problem. A stock
+    nn.TransformerEncoder(Layer) as source is also checked against cfg: a field that contradicts
     the module's own (heads, norm placement, activation, eps, final norm) is an error.
+    layout: see `load_torch_state_dict` (None: detected from the key names).
     """
     from flax import nnx
 
     layouts.check_against_source(cfg, source, kwargs.get("final_norm"))
     source, prefix, _ = layouts.prepare(source, layout, prefix)
 
-    if cls.__name__ == "Encoder" and kwargs.get("final_norm") is None:
+    if cls.__name__ in declarations.STACKS and kwargs.get("final_norm") is None:
         source, kwargs["final_norm"] = _checkpoint_has_final_norm(source, prefix)
     module = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed), **kwargs))
     load_torch_state_dict(module, source, prefix=prefix, strict=True, dtype=dtype, layout=layout and "torch")

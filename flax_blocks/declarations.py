@@ -227,9 +227,10 @@ def gate(cfg: BlockConfig, name: str) -> Param | None:
 class Sublayer:
     """One residual sublayer: its function's modules, its norms and its gate, by name.
 
-    kind "attention": modules = (attention,); kind "mlp": modules = (up, gate, down)."""
+    kind "attention" (self-attention) or "cross_attention" (queries from the block's input,
+    keys and values from a memory): modules = (attention,); kind "mlp": modules = (up, gate, down)."""
 
-    kind: Literal["attention", "mlp"]
+    kind: Literal["attention", "cross_attention", "mlp"]
     modules: tuple[str, ...]
     norm: str
     norm_out: str
@@ -245,16 +246,23 @@ BLOCKS: dict[str, tuple[Sublayer, ...]] = {
         Sublayer("attention", ("self_attn",), "norm1", "norm1_out", "scale1"),
         Sublayer("mlp", MLP_MODULES, "norm2", "norm2_out", "scale2"),
     ),
+    "DecoderBlock": (  # torch's TransformerDecoderLayer
+        Sublayer("attention", ("self_attn",), "norm1", "norm1_out", "scale1"),
+        Sublayer("cross_attention", ("multihead_attn",), "norm2", "norm2_out", "scale2"),
+        Sublayer("mlp", MLP_MODULES, "norm3", "norm3_out", "scale3"),
+    ),
 }
 
-# The Encoder: a stack of TransformerBlocks under LAYERS (torch: LAYERS.{i}.; Flax: one
-# module whose parameters have a leading layer axis) and an optional final norm.
+# The stacks: blocks under LAYERS (torch: LAYERS.{i}.; Flax: one module whose parameters
+# have a leading layer axis) and an optional final norm; the Transformer holds one of each.
 LAYERS = "layers"
 FINAL_NORM = "norm"
+STACKS = {"Encoder": "TransformerBlock", "Decoder": "DecoderBlock"}
+TRANSFORMER = {"encoder": "Encoder", "decoder": "Decoder"}  # torch's nn.Transformer
 
 
 def block(cfg: BlockConfig, kind: str) -> Component:
-    """The component tree of block `kind` ("ResidualMHA", "FeedForward", "TransformerBlock"):
+    """The component tree of block `kind` (a key of BLOCKS):
     its gates as own params, every sublayer's modules and norms as named children."""
     if kind not in BLOCKS:
         raise ValueError(f"unknown block kind {kind!r}; expected one of {tuple(BLOCKS)}")
@@ -264,7 +272,7 @@ def block(cfg: BlockConfig, kind: str) -> Component:
     params: list[Param] = []
     e, f = cfg.d_model, cfg.d_ff
     for sub in BLOCKS[kind]:
-        if sub.kind == "attention":
+        if sub.kind in ("attention", "cross_attention"):
             modules.append((sub.modules[0], attention(cfg)))
         else:
             up, gate_name, down = sub.modules

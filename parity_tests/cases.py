@@ -76,4 +76,12 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(LLAMA, norm="peri"), seq=6, key_mask=True),
     Case("Encoder", LLAMA, num_layers=3, seq=6, key_mask=True),
     Case("Encoder", replace(LLAMA, norm="peri", num_kv_heads=1), num_layers=2),
+    # decoders: causal self-attention, cross-attention to a memory of another length
+    Case("DecoderBlock", replace(BASE, causal=True)),
+    Case("DecoderBlock", replace(BASE, norm="post", causal=True), key_mask=True, memory_key_mask=True),
+    Case("DecoderBlock", replace(BASE, norm="peri"), attention_mask=True, memory_key_mask=True),
+    Case("DecoderBlock", replace(LLAMA, norm="peri"), seq=6, memory_seq=7, key_mask=True, memory_key_mask=True),
+    Case("Decoder", replace(BASE, norm="post", causal=True), num_layers=3, key_mask=True, memory_key_mask=True),
+    Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
+    Case("Decoder", LLAMA, num_layers=2, seq=6, memory_seq=3),
 ]

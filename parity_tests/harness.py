@@ -22,6 +22,8 @@ from flax_blocks.config import invert_mask
 from flax_blocks.convert import from_torch, torch_state_dict
 
 KINDS = ("ResidualMHA", "FeedForward", "TransformerBlock", "Encoder")
+DECODERS = ("DecoderBlock", "Decoder")  # take a memory (B, S, E) besides x
+STACKS = ("Encoder", "Decoder")
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 # The tolerances of the issue; each has a negative test (a wrong twin must exceed it).
@@ -73,17 +75,19 @@ class Case:
     final_norm: bool | None = None
     seed: int = 0
     input_scale: float = 1.0  # small inputs make a norm's eps matter (RMS ~ sqrt(eps))
+    memory_seq: int = 4  # decoders: the memory's length S (!= seq, so a swapped axis cannot pass)
+    memory_key_mask: bool = False  # decoders: pad the memory of the last sequence
 
     @property
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments beyond the config (an Encoder's depth and final norm)."""
-        return {"num_layers": self.num_layers, "final_norm": self.final_norm} if self.kind == "Encoder" else {}
+        return {"num_layers": self.num_layers, "final_norm": self.final_norm} if self.kind in STACKS else {}
 
     @property
     def name(self) -> str:
         c = self.cfg
         bits = [self.kind, f"{c.norm}-LN" if c.norm != "none" else "no-LN", c.activation]
-        bits += [f"L{self.num_layers}"] if self.kind == "Encoder" else []
+        bits += [f"L{self.num_layers}"] if self.kind in STACKS else []
         bits += [c.scaling] if c.scaling != "none" else []
         bits += ["no-skip"] if c.residual == "none" else []
         bits += ["no-bias"] if not c.bias else []
@@ -97,6 +101,8 @@ class Case:
         bits += [f"eps{c.layer_norm_eps:g}"] if c.layer_norm_eps != 1e-5 else []
         bits += ["attn-mask"] if self.attention_mask else []
         bits += ["key-mask"] if self.key_mask else []
+        bits += [f"memory{self.memory_seq}"] if self.kind in DECODERS else []
+        bits += ["memory-key-mask"] if self.memory_key_mask else []
         bits += [f"B{self.batch}T{self.seq}"]
         bits += [f"x*{self.input_scale:g}"] if self.input_scale != 1.0 else []
         return "/".join(bits)
@@ -125,12 +131,15 @@ def flax_twin(case: Case, tmodule: torch.nn.Module, dtype: str, cfg: fb.BlockCon
 
 @dataclass
 class Inputs:
-    """x (B, T, E), cotangent r (B, T, E), masks in flax's convention (True = may attend)."""
+    """x (B, T, E), cotangent r (B, T, E), masks in flax's convention (True = may attend);
+    for decoders a memory (B, S, E) and its key mask (B, S)."""
 
     x: np.ndarray
     r: np.ndarray
     attention_mask: np.ndarray | None = None
     key_mask: np.ndarray | None = None
+    memory: np.ndarray | None = None
+    memory_key_mask: np.ndarray | None = None
 
 
 def make_inputs(case: Case, seed: int = 1) -> Inputs:
@@ -147,7 +156,13 @@ def make_inputs(case: Case, seed: int = 1) -> Inputs:
         keys[-1, max(1, t - 2):] = False  # the last sequence is padded
         if case.attention_mask and t > 1:
             keys[0, 0] = False  # with attn[..., 0] only, some rows of sequence 0 lose every key
-    return Inputs(x, r, attn, keys)
+    memory = memory_keys = None
+    if case.kind in DECODERS:
+        memory = case.input_scale * rng.normal(size=(b, case.memory_seq, e))
+        if case.memory_key_mask:
+            memory_keys = np.ones((b, case.memory_seq), bool)
+            memory_keys[-1, max(1, case.memory_seq - 2):] = False
+    return Inputs(x, r, attn, keys, memory, memory_keys)
 
 
 @dataclass
@@ -159,47 +174,56 @@ class Result:
     grads: dict[str, np.ndarray]
     dx: np.ndarray
     per_layer: np.ndarray | None = None
+    dmemory: np.ndarray | None = None
 
 
 def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> Result:
     tdt = TORCH_DTYPES[dtype]
     x = torch.tensor(inp.x, dtype=tdt, requires_grad=True)
-    args = []
-    if case.kind != "FeedForward":
-        to_t = lambda m: None if m is None else invert_mask(torch.from_numpy(m))  # noqa: E731
+    to_t = lambda m: None if m is None else invert_mask(torch.from_numpy(m))  # noqa: E731
+    args, kw = [], {}
+    memory = None
+    if case.kind in DECODERS:
+        memory = torch.tensor(inp.memory, dtype=tdt, requires_grad=True)
+        args = [memory, to_t(inp.attention_mask), None, to_t(inp.key_mask), to_t(inp.memory_key_mask)]
+    elif case.kind != "FeedForward":
         args = [to_t(inp.attention_mask), to_t(inp.key_mask)]
     module.zero_grad(set_to_none=True)
     per_layer = None
-    if case.kind == "Encoder":
+    if case.kind in STACKS:
         y, inter = module(x, *args, return_intermediates=True)
         per_layer = inter["residual"].detach().numpy()
     else:
-        y = module(x, *args)
+        y = module(x, *args, **kw)
     (y * torch.tensor(inp.r, dtype=tdt)).sum().backward()
     grads = {n: p.grad.numpy().copy() for n, p in module.named_parameters()}
-    return Result(y.detach().numpy(), grads, x.grad.numpy(), per_layer)
+    dmem = None if memory is None else memory.grad.numpy()
+    return Result(y.detach().numpy(), grads, x.grad.numpy(), per_layer, dmem)
 
 
 def run_flax(case: Case, module, inp: Inputs, dtype: str) -> Result:
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-    masks = {} if case.kind == "FeedForward" else {
-        "attention_mask": None if inp.attention_mask is None else jnp.asarray(inp.attention_mask),
-        "key_mask": None if inp.key_mask is None else jnp.asarray(inp.key_mask),
-    }
+    opt = lambda m: None if m is None else jnp.asarray(m)  # noqa: E731
+    masks = {} if case.kind == "FeedForward" else {"attention_mask": opt(inp.attention_mask), "key_mask": opt(inp.key_mask)}
+    if case.kind in DECODERS:
+        masks["memory_key_mask"] = opt(inp.memory_key_mask)
 
-    def loss(params, x, r, rest):
+    def loss(params, x, memory, r, rest):
         m = nnx.merge(graphdef, params, rest)
-        if case.kind == "Encoder":
-            y, inter = m(x, return_intermediates=True, **masks)
+        args = (x, memory) if case.kind in DECODERS else (x,)
+        if case.kind in STACKS:
+            y, inter = m(*args, return_intermediates=True, **masks)
             return jnp.sum(y * r), (y, inter["residual"])
-        y = m(x, **masks)
+        y = m(*args, **masks)
         return jnp.sum(y * r), (y, None)
 
-    grad_fn = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
+    grad_fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
     jdt = jnp.dtype(dtype)
-    (gp, gx), (y, per_layer) = grad_fn(params, jnp.asarray(inp.x, jdt), jnp.asarray(inp.r, jdt), rest)
+    memory = None if inp.memory is None else jnp.asarray(inp.memory, jdt)
+    (gp, gx, gm), (y, per_layer) = grad_fn(params, jnp.asarray(inp.x, jdt), memory, jnp.asarray(inp.r, jdt), rest)
     grads = torch_state_dict(nnx.merge(graphdef, gp, rest))
-    return Result(np.asarray(y), grads, np.asarray(gx), None if per_layer is None else np.asarray(per_layer))
+    return Result(np.asarray(y), grads, np.asarray(gx), None if per_layer is None else np.asarray(per_layer),
+                  None if gm is None else np.asarray(gm))
 
 
 @dataclass
@@ -218,7 +242,10 @@ def compare(a: Result, b: Result) -> Errors:
     by_param = {k: rel_err(a.grads.get(k, np.full(v.shape, np.nan)), v) for k, v in b.grads.items()}
     missing = set(a.grads) ^ set(b.grads)
     worst = float("inf") if missing else max(by_param.values(), default=0.0)
-    return Errors(rel_err(a.y, b.y), worst, rel_err(a.dx, b.dx), by_param)
+    dx = rel_err(a.dx, b.dx)
+    if b.dmemory is not None:  # a decoder's memory gradient counts with the input's
+        dx = max(dx, rel_err(a.dmemory, b.dmemory))
+    return Errors(rel_err(a.y, b.y), worst, dx, by_param)
 
 
 Mutation = Callable[[Case, Any, Inputs], tuple[Any, Inputs]]

@@ -104,6 +104,11 @@ def qk_norm_after_rotary(case: Case, module, inp: Inputs):
     return module, inp
 
 
+def memory_mask_on_self_attention(case: Case, module, inp: Inputs):
+    """The memory's padding mask handed to the decoder's self-attention (the masks swapped)."""
+    return module, replace(inp, key_mask=inp.memory_key_mask, memory_key_mask=inp.key_mask)
+
+
 BLOCK = Case("TransformerBlock", BASE)
 MUTATIONS = {
     "layer_norm_eps_1e-6": (BLOCK, replace(BASE, layer_norm_eps=1e-6), None),
@@ -120,6 +125,9 @@ MUTATIONS = {
         Case("TransformerBlock", replace(MODERN, layer_norm_eps=1e-6), input_scale=0.05),
         replace(MODERN, layer_norm_eps=float(np.finfo(np.float32).eps)), None),
     "gate_and_up_swapped": (Case("TransformerBlock", replace(MODERN, mlp="swiglu")), None, swap_gate_and_up),
+    "memory_mask_on_self_attention": (  # memory as long as the target, so the swapped masks fit
+        Case("DecoderBlock", replace(BASE, causal=True), memory_seq=5, memory_key_mask=True), None,
+        memory_mask_on_self_attention),
     "qk_norm_after_rotary": (Case("TransformerBlock", replace(MODERN, qk_norm=True, rope_theta=100.0), seq=7),
                              None, qk_norm_after_rotary),
 }

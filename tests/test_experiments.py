@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.analysis import failure, growth_factor, linear_fit, power_law_exponent
+from experiments.analysis import (clipped_loss, failure, growth_factor, linear_fit, lr_sensitivity,
+                                  power_law_exponent, trajectory_max)
+from experiments.model import VARIANTS
 from experiments.stability import PRESETS, Sweep, cell_config, cell_name, run_sweep
 from experiments.tasks import copy_task, markov_task
 from experiments.train import compiler_options, sample_pool
@@ -40,6 +42,14 @@ TINY_ARGS = ["--variants", "post,pre", "--depths", "2", "--extra", "", "--lrs", 
              "--d-ff", "16", "--steps", "4", "--batch", "4", "--chunk", "2", "--heldout", "4",
              "--no-report", "--no-progress",
              "--xla-opt-level", "0"]  # fastest compile for tiny programs, the same in every process
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _subprocess(args: list[str], cache: Path, devices: int = 1) -> subprocess.Popen:
@@ -128,6 +138,18 @@ def test_fits():
     assert (a, b, r2) == pytest.approx((1, 1, 1))
 
 
+def test_lr_sensitivity_and_clipping():
+    assert clipped_loss(2.0, 3.0) == 2.0
+    assert clipped_loss(4.0, 3.0) == 3.0  # ended worse than it started: counts as l0
+    assert clipped_loss(None, 3.0) == 3.0 and clipped_loss(float("nan"), 3.0) == 3.0  # diverged
+    # Wortsman et al.: mean over the grid of (loss - best loss over the grid).
+    assert lr_sensitivity([2.0, 1.5, 3.0]) == pytest.approx((0.5 + 0.0 + 1.5) / 3)
+    assert lr_sensitivity([1.5, 1.5]) == 0.0
+    assert math.isnan(lr_sensitivity([1.5, float("nan")]))
+    assert trajectory_max([[1.0, float("nan")], [3.0, 2.0]]) == 3.0
+    assert math.isnan(trajectory_max([float("nan")]))
+
+
 def test_cell_names_depend_on_every_setting():
     base = cell_config(TINY, "post", 2, 1e-2, 0, 0)
     assert cell_name(base) == cell_name(dict(base))
@@ -139,9 +161,145 @@ def test_presets_are_valid():
     for sweep in PRESETS.values():
         assert sweep.steps % sweep.chunk == 0
         assert sweep.pairs()
+        assert set(sweep.variants) | set(sweep.warmup_variants or ()) <= set(VARIANTS)
     quick = PRESETS["quick"]
     assert ("noskip", 6) in quick.pairs() and {"post", "pre"} <= set(quick.variants)
+    assert {("peri", d) for d in quick.depths} <= set(quick.pairs()) and len(quick.depths) == 2
 
+    cpu = PRESETS["cpu"]
+    assert set(cpu.variants) == {"post", "pre", "peri", "pre-rms", "pre-qknorm", "deepnorm"}
+    assert 2 <= len(cpu.depths) <= 3 and 2 <= cpu.seeds <= 3
+    assert len(cpu.lrs) >= 5 and 10 <= max(cpu.lrs) / min(cpu.lrs) <= 100 + 1e-9
+    assert 0 in cpu.warmups and any(w > 0 for w in cpu.warmups)
+    runs = cpu.runs()
+    # Post-LN runs every warmup at every lr (Xiong's claim); a variant outside warmup_variants runs warmup 0 only.
+    assert {(lr, w) for v, _, lr, w, _ in runs if v == "post"} == {(lr, w) for lr in cpu.lrs for w in cpu.warmups}
+    assert {w for v, _, _, w, _ in runs if v == "peri"} == {0}
+    assert len(runs) == cpu.work()["runs"] == len(set(runs))
+    # Sized for 20 minutes: even at the slow end of the measured per-step cost the training fits.
+    from experiments.stability import CPU_MS_PER_LAYER_STEP_D32
+
+    ref = Sweep(name="ref", d_model=32, d_ff=128, seq_len=16, batch=16, heldout=16)
+    slow_ms = CPU_MS_PER_LAYER_STEP_D32[1] * cpu.layer_step_flops() / ref.layer_step_flops()
+    assert cpu.work()["run_layer_steps"] * slow_ms / 1e3 < 20 * 60
+    assert PRESETS["full"].work()["flops"] > 100 * cpu.work()["flops"]  # the accelerator-sized one
+
+
+def test_layer_step_flops_counts_forward_backward_and_heldout():
+    s = Sweep(name="x", d_model=8, d_ff=16, seq_len=4, batch=2, heldout=1)
+    per_token = 2 * (4 * 64 + 2 * 8 * 16 + 2 * 4 * 8)  # q,k,v,out + FFN + scores and mix, 2 FLOPs per MAC
+    assert s.layer_step_flops() == per_token * 4 * (3 * 2 + 1)
+    small = Sweep(name="y", variants=("post",), depths=(2, 3), lrs=(1e-3,), seeds=2, steps=10)
+    assert small.work()["run_layer_steps"] == (2 + 3) * 2 * 10
+
+
+# ------------------------------------------------------------------------------------
+# Verdict rules on synthetic cells (no training)
+# ------------------------------------------------------------------------------------
+
+
+def _cell(variant: str, depth: int, lr: float, *, final: float | None, warmup: int = 0, seed: int = 0,
+          logits: tuple[float, float] = (3.0, 3.0), stream: tuple | None = None,
+          grads: tuple | None = None, l0: float = 3.5, chunks: int = 2) -> dict:
+    """A record shaped like a cell on disk; `final` None = diverged, above the threshold = plateau."""
+    h, steps = 1.0, 4
+    threshold = l0 - 0.5 * (l0 - h)
+    status = "diverged" if final is None else "trained" if final <= threshold else "plateau"
+    held = [l0] * (steps - 1) + [final if final is not None else float("nan")]
+    stream = stream or (np.arange(1.0, depth + 2), np.arange(1.0, depth + 2))
+    grads = grads or np.ones(depth)
+    per_layer = [[1.0] * depth] * chunks
+    return {
+        "config": {"variant": variant, "depth": depth, "lr": lr, "warmup": warmup, "seed": seed},
+        "summary": {"status": status, "step": None if status == "trained" else 0,
+                    "final_loss": final, "threshold": threshold},
+        "task": {"optimal_loss": h, "unigram_loss": 3.0},
+        "metrics": {
+            "loss": held, "heldout_loss": held, "grad_norm": [1.0] * steps, "update": [0.1] * steps,
+            "w2_grad_norm": per_layer, "layer_grad_norm": per_layer, "attn_grad_norm": per_layer,
+            "layer_grad_norm_mean": [list(grads)] * chunks, "w2_grad_norm_mean": per_layer,
+            "attn_grad_norm_mean": per_layer,
+            "stream_norm": [list(stream[0])] * chunks, "attn_entropy": per_layer,
+            "attn_logit_max": [[logits[0]] * depth] + [[logits[1]] * depth] * chunks,
+            "logit_rms": [1.0] * (chunks + 1), "logit_absmax": [4.0] * (chunks + 1),
+            "stream_norm_probe": [list(stream[0])] * chunks + [list(stream[1])],
+            "heldout_loss0": l0, "chunk_steps": [0, 2], "probe_steps": [0, 2, 4],
+        },
+        "environment": {"device_count": 1, "device_kind": "cpu", "platform": "cpu", "jax": "x", "flax": "x",
+                        "cpu_count": 2},
+    }
+
+
+LRS = (1e-3, 1e-2, 1e-1)
+
+
+def _wortsman_cells(qk_like_pre: bool = False, logits: bool = True) -> list[dict]:
+    nan = float("nan")
+    pre = {1e-3: (2.0, 4.0), 1e-2: (1.9, 6.0), 1e-1: (3.0, 30.0)}  # lr: (final loss, peak attention logit)
+    qk = pre if qk_like_pre else {1e-3: (2.0, 3.5), 1e-2: (1.9, 3.6), 1e-1: (2.0, 4.0)}
+    return [_cell(v, 2, lr, final=f, logits=(3.0, peak) if logits else (nan, nan))
+            for v, table in (("pre", pre), ("pre-qknorm", qk)) for lr, (f, peak) in table.items()]
+
+
+def test_wortsman_verdict_rule():
+    from experiments.report import Data, claim_wortsman
+
+    verdict, body = claim_wortsman(Data(_wortsman_cells()))
+    # pre: logit 3 -> 30 (10x) at lr 0.1, 1.33x at 0.001; clipped loss 3.0 vs best 1.9 (degrades);
+    # QK-norm: 3 -> 4 (1.33x, bounded) and sensitivity (0.1 + 0 + 0.1) / 3 < pre's (0.1 + 0 + 1.1) / 3.
+    assert verdict == "agrees", body
+    assert ("| 2 | 3.00 -> 30.00 (10.00x) | 1.33x | 1.100 | 3.00 -> 4.00 (1.33x) | 0.400 | 0.067 | "
+            "yes, yes, yes, yes |") in body
+    verdict, body = claim_wortsman(Data(_wortsman_cells(qk_like_pre=True)))
+    assert verdict == "partly agrees" and "yes, yes, no, no" in body  # QK-norm as bad as pre-LN
+    assert claim_wortsman(Data(_wortsman_cells(logits=False)))[0] == "not measured"  # no logits recorded
+    assert claim_wortsman(Data([c for c in _wortsman_cells() if c["config"]["lr"] != 1e-2]))[0] == "not measured"
+
+
+def test_peri_normformer_and_warmup_verdict_rules():
+    from experiments.report import Data, claim_normformer, claim_peri, claim_warmup
+
+    def cells(pre_after, peri_after, pre_grads):
+        return [_cell("pre", 3, 1e-3, final=2.0, stream=([1, 2, 3, 4], pre_after), grads=pre_grads),
+                _cell("peri", 3, 1e-3, final=2.0, stream=([1, 3, 5, 7], peri_after))]
+
+    # pre-LN: largest magnitude 4 -> 16 (4x), rising 2 -> 16 over the layers; Peri-LN: 7 -> 7.5, rising less.
+    good = Data(cells([1, 2, 6, 16], [1, 3, 5.5, 7.5], [4.0, 2.0, 1.0]))
+    assert claim_peri(good)[0] == "agrees"
+    assert claim_normformer(good)[0] == "agrees"  # 4 -> 1: falls toward the output
+    bad = Data(cells([1, 2, 3, 4], [1, 6, 10, 14], [1.0, 2.0, 4.0]))
+    assert claim_peri(bad)[0] == "does not agree"  # pre-LN did not grow, Peri-LN doubled
+    assert claim_normformer(bad)[0] == "does not agree"
+    half = Data(cells([1, 2, 6, 16], [1, 6, 10, 14], [1.0, 1.0, 1.0]))
+    assert claim_peri(half)[0] == "partly agrees"
+    for c in half.records:  # nothing trained: a profile "after training" says nothing
+        c["summary"]["status"] = "plateau"
+    assert claim_peri(half)[0] == claim_normformer(half)[0] == "inconclusive"
+
+    # Xiong's warmup: post-LN fails without warmup and trains with it at one lr.
+    warm = [_cell("post", 2, lr, final=f, warmup=w) for lr, w, f in
+            [(1e-3, 0, 1.5), (1e-3, 50, 1.5), (1e-2, 0, 3.4), (1e-2, 50, 1.6)]] + [_cell("pre", 2, 1e-2, final=1.5)]
+    assert claim_warmup(Data(warm))[0] == "agrees"
+    no_rescue = [c for c in warm if not (c["config"]["lr"] == 1e-2 and c["config"]["warmup"] == 50)]
+    no_rescue.append(_cell("post", 2, 1e-2, final=3.4, warmup=50))
+    assert claim_warmup(Data(no_rescue))[0] == "does not agree"
+
+
+def test_plots_of_a_grid_are_written(tmp_path):
+    from experiments import plots
+    from experiments.report import logit_table, lr_sensitivity_table, Data
+
+    cells = _wortsman_cells() + [_cell("post", 2, lr, final=None if lr == 1e-1 else 2.5, warmup=w)
+                                 for lr in LRS for w in (0, 50)]
+    written = plots.write_all(cells, tmp_path)
+    assert set(written) >= {"lr_sweep.png", "attn_logit_max.png", "stream_norm_trained.png", "failure_heatmap.png",
+                            "train_grad_norms.png"}
+    for path in written.values():
+        assert path.stat().st_size > 1000, path
+    table = lr_sensitivity_table(Data(cells))
+    assert "| pre | 2 | 0 | 2.000 | 1.900 | 3.000 | 0.01 | 0.900 | 0.400 |" in table
+    assert "| post | 2 | 0 | 2.500 | 2.500 | 3.500 |" in table  # diverged at 0.1: counts as l0
+    assert "| pre | 2 | 3.00 | 4.00 | 6.00 | 30.00 |" in logit_table(Data(cells))
 
 # ------------------------------------------------------------------------------------
 # The tiny sweep, end to end (one test, so pytest-xdist does not run the sweep twice)
@@ -155,6 +313,11 @@ def test_sweep_resume_devices_and_report(tmp_path):
     ref_dir, four = tmp_path / "ref", tmp_path / "four"
     proc_ref = _subprocess([*TINY_ARGS, "--out", str(ref_dir)], cache)
     proc_four = _subprocess([*TINY_ARGS, "--variants", "post", "--lrs", "1e-2", "--out", str(four)], cache, devices=4)
+    # The whole sweep as two processes on this machine (gloo collectives over 127.0.0.1), two
+    # simulated CPU devices each: every group's runs are sharded over the four devices of both.
+    two, port = tmp_path / "two", _free_port()
+    proc_two = [_subprocess([*TINY_ARGS, "--out", str(two), "--coordinator", f"127.0.0.1:{port}",
+                             "--num-processes", "2", "--process-id", str(i)], cache, devices=2) for i in range(2)]
 
     # 1. The uninterrupted reference run.
     _finish(proc_ref)
@@ -168,6 +331,15 @@ def test_sweep_resume_devices_and_report(tmp_path):
         assert np.shape(m["w2_grad_norm"]) == (2, 2)  # (chunks, layers)
         assert np.shape(m["stream_norm"]) == (2, 3)  # (chunks, layers + 1)
         assert np.shape(m["attn_entropy"]) == (2, 2)
+        assert np.shape(m["layer_grad_norm_mean"]) == np.shape(m["w2_grad_norm_mean"]) == (2, 2)  # chunk means
+        assert np.shape(m["attn_logit_max"]) == (3, 2)  # (init + after each chunk, layers)
+        assert np.shape(m["stream_norm_probe"]) == (3, 3) and len(m["logit_rms"]) == len(m["logit_absmax"]) == 3
+        assert m["probe_steps"] == [0, 2, 4]
+        if rec["summary"]["status"] != "diverged":
+            # The probe after chunk c sees the parameters the start of chunk c + 1 sees.
+            np.testing.assert_allclose(m["stream_norm_probe"][:2], m["stream_norm"], rtol=1e-5)
+            assert 0 < m["logit_rms"][-1] <= m["logit_absmax"][-1]
+            assert np.all(np.array(m["layer_grad_norm_mean"]) > 0)
     sane = [r for r in ref.values() if r["config"]["lr"] == 1e-2]
     assert all(r["summary"]["final_loss"] is not None for r in sane)
     absurd = [r for r in ref.values() if r["config"]["lr"] == 1e30]  # diverged runs are results
@@ -178,6 +350,9 @@ def test_sweep_resume_devices_and_report(tmp_path):
     assert by[("post", 0, 1e-2)]["loss"][0] == by[("post", 0, 1e30)]["loss"][0]
     assert by[("post", 0, 1e-2)]["w2_grad_norm"][0] == by[("post", 0, 1e30)]["w2_grad_norm"][0]
     assert by[("post", 0, 1e-2)]["loss"][0] != by[("post", 1, 1e-2)]["loss"][0]
+
+    # The probes at init equal a direct forward pass of the model built from the run's seed.
+    _check_init_probe(ref[next(n for n in ref if "_post_" in n and "lr1e-02" in n and "_s1-" in n)])
 
     # 2. A rerun skips every finished cell.
     mtimes = {p.name: p.stat().st_mtime_ns for p in (ref_dir / "cells").glob("*.json")}
@@ -214,13 +389,52 @@ def test_sweep_resume_devices_and_report(tmp_path):
         assert rec["environment"]["device_count"] == 4
         _same_results(ref[name], rec, exact=False)
 
-    # 5. The report and its plots, from the cells alone.
+    # 5. Two processes: the same cells as one process (up to float32 rounding), written once.
+    logs = [_finish(p) for p in proc_two]
+    got = _cells(two)
+    assert got.keys() == ref.keys()
+    for name, rec in got.items():
+        assert rec["environment"]["process_count"] == 2 and rec["environment"]["device_count"] == 4
+        _same_results(ref[name], rec, exact=False)
+    assert "total wall time" in logs[0] and "total wall time" not in logs[1]  # process 1 does not report
+
+    # 6. The report and its plots, from the cells alone.
     from experiments.report import CLAIMS, write_report
 
     text = write_report(ref_dir).read_text()
     for source, claim, _ in CLAIMS:
         assert source in text and claim in text
     for png in ("loss_curves.png", "failure_heatmap.png", "init_grad_norms.png", "stream_norm.png",
-                "update_size.png", "last_layer_grad.png", "grad_norm.png"):
+                "update_size.png", "last_layer_grad.png", "grad_norm.png", "lr_sweep.png", "attn_logit_max.png",
+                "stream_norm_trained.png", "train_grad_norms.png"):
         assert (ref_dir / png).stat().st_size > 1000
     assert "not measured" in text  # one depth only: the depth claims cannot be decided
+
+
+def _check_init_probe(rec: dict) -> None:
+    """Recompute a cell's probes at initialisation (probe 0) from its config alone."""
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.model import LanguageModel, ModelConfig, create_params
+    from experiments.train import TrainConfig
+
+    c = rec["config"]
+    task = markov_task(vocab=c["vocab"], seq_len=c["seq_len"], seed=c["task_seed"])
+    heldout = sample_pool(task, c["heldout"], TrainConfig().heldout_seed, compiler_options(0))
+    cfg = ModelConfig(c["variant"], c["depth"], vocab=c["vocab"], seq_len=c["seq_len"], d_model=c["d_model"],
+                      num_heads=c["num_heads"], d_ff=c["d_ff"])
+    from flax import nnx
+
+    graphdef, params, rest = create_params(cfg, jax.random.fold_in(jax.random.key(c["seed"]), 0))
+    logits, inter = nnx.merge(graphdef, params, rest)(jnp.asarray(heldout[:, :-1]), return_intermediates=True)
+    m = rec["metrics"]
+    assert m["logit_rms"][0] == pytest.approx(float(jnp.sqrt(jnp.mean(logits ** 2))), rel=1e-4)
+    assert m["logit_absmax"][0] == pytest.approx(float(jnp.max(jnp.abs(logits))), rel=1e-4)
+    x = np.concatenate([np.asarray(inter["embedded"])[None], np.asarray(inter["residual"])])
+    np.testing.assert_allclose(m["stream_norm_probe"][0], (x ** 2).sum(-1).mean((1, 2)) / c["d_model"], rtol=1e-4)
+    if "attention_logits_max" in inter:  # the catalogue's Encoder reports it: (L,)
+        np.testing.assert_allclose(m["attn_logit_max"][0], np.asarray(inter["attention_logits_max"]), rtol=1e-4)
+        assert np.all(np.isfinite(m["attn_logit_max"]))
+    else:
+        assert all(v is None for v in m["attn_logit_max"][0])  # NaN on disk, not a made-up number

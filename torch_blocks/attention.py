@@ -51,22 +51,25 @@ def _check_mask(name: str, mask: Tensor, shapes: list[tuple[int, ...]]) -> tuple
 
 def build_mask(
     cfg: BlockConfig, batch: int, seq: int, attn_mask: Tensor | None = None,
-    key_padding_mask: Tensor | None = None, device: Any = None,
+    key_padding_mask: Tensor | None = None, device: Any = None, *, keys: int | None = None,
+    causal: bool | None = None,
 ) -> Mask | None:
     """Combine the causal flag and the user's masks (True = may NOT attend, or float masks
     added to the logits, as stock torch takes them).
 
-    attn_mask: (seq, seq) or (batch, seq, seq); key_padding_mask: (batch, seq), True = padding.
-    Returns None (nothing masked) or a `Mask` of (batch or 1, seq, seq) tensors.
+    attn_mask: (seq, keys) or (batch, seq, keys); key_padding_mask: (batch, keys), True =
+    padding; keys: default seq (a cross-attention's memory length); causal: default cfg.causal.
+    Returns None (nothing masked) or a `Mask` of (batch or 1, seq, keys) tensors.
     """
+    keys = seq if keys is None else keys
     masked = bias = None
-    if cfg.causal:
-        masked = torch.ones(seq, seq, dtype=torch.bool, device=device).triu(1)[None]
+    if cfg.causal if causal is None else causal:
+        masked = torch.ones(seq, keys, dtype=torch.bool, device=device).triu(1)[None]
     if attn_mask is None and key_padding_mask is None:
         return None if masked is None else Mask(masked)
     for name, m, shapes, view in (
-        ("attn_mask", attn_mask, [(seq, seq), (batch, seq, seq)], lambda t: t.reshape(-1, seq, seq)),
-        ("key_padding_mask", key_padding_mask, [(batch, seq)], lambda t: t[:, None, :]),
+        ("attn_mask", attn_mask, [(seq, keys), (batch, seq, keys)], lambda t: t.reshape(-1, seq, keys)),
+        ("key_padding_mask", key_padding_mask, [(batch, keys)], lambda t: t[:, None, :]),
     ):
         if m is None:
             continue
@@ -74,10 +77,19 @@ def build_mask(
         masked = view(m_masked) if masked is None else masked | view(m_masked)
         if m_bias is not None:
             bias = view(m_bias) if bias is None else bias + view(m_bias)
-    masked = masked.expand(-1, seq, seq)  # a key-padding mask alone is (batch, 1, seq)
+    masked = masked.expand(-1, seq, keys)  # a key-padding mask alone is (batch, 1, keys)
     rows = ~masked.all(dim=-1, keepdim=True)
     _warn_if_fully_masked(rows)
     return Mask(masked & rows, rows, bias)
+
+
+def cache_mask(index: int, seq: int, valid: Tensor) -> Mask:
+    """The causal mask of a chunk of `seq` queries at positions index .. index+seq-1 over a
+    cache of L keys, `valid` (B, L) marking the keys written and not padding."""
+    positions = index + torch.arange(seq, device=valid.device)
+    allowed = (torch.arange(valid.shape[1], device=valid.device)[None, :] <= positions[:, None])[None] & valid[:, None, :]
+    rows = allowed.any(dim=-1, keepdim=True)
+    return Mask(~allowed & rows, rows)
 
 
 def _warn_if_fully_masked(rows: Tensor) -> None:
@@ -124,26 +136,58 @@ class Attention(nn.Module):
             if not hasattr(owner, name):  # options that are off
                 setattr(owner, name, None)
 
-    def forward(self, x: Tensor, mask: Mask | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """x (B, T, E); mask from `build_mask`.
+    def memory_kv(self, memory: Tensor) -> dict[str, Tensor]:
+        """Cross-attention keys and values of `memory` (B, S, E), computed once for cached
+        decoding: {"k": (B, S, K, hd), "v": (B, S, K, hd)} (k after k_norm, no rotary)."""
+        cfg = self.cfg
+        b, s, _ = memory.shape
+        n = cfg.num_heads * cfg.head_dim
+        bias = None if self.in_proj_bias is None else self.in_proj_bias[n:]
+        k, v = F.linear(memory, self.in_proj_weight[n:], bias).view(b, s, 2, cfg.kv_heads, cfg.head_dim).unbind(2)
+        return {"k": k if self.k_norm is None else self.k_norm(k), "v": v}
 
-        Returns (out (B, T, E), weights (B, H, T, T) or None, largest pre-softmax logit
-        over unmasked pairs () or None); weights and logit only when need_weights."""
+    def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
+                cross: bool = False, memory: Tensor | None = None, cache: dict[str, Tensor] | None = None,
+                index: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor] | None]:
+        """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E);
+        mask from `build_mask` / `cache_mask`.
+
+        cache: for self-attention {"k", "v"} (B, L, K, hd): x is the chunk at positions
+        index .. index+T-1 (rotary continues from index); its keys and values are written
+        there and the queries attend to all L cached positions. For cross-attention, the
+        memory's keys and values from `memory_kv`.
+
+        Returns (out (B, T, E), weights (B, H, T, S) or None, largest pre-softmax logit over
+        unmasked pairs () or None, the updated cache or None); weights and logit only when
+        need_weights."""
         cfg = self.cfg
         b, t, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
         masked, rows, bias = mask if mask is not None else (None, None, None)
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
-        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
-        q, k, v = q.view(b, t, h, d), k.view(b, t, kv, d), v.view(b, t, kv, d)
-        q, k = self.position_qk(q, k, torch.arange(t, device=x.device))
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hd)
+        if not cross:
+            qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
+            q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
+            q, k, v = q.view(b, t, h, d), k.view(b, t, kv, d), v.view(b, t, kv, d)
+            q, k = self.position_qk(q, k, index + torch.arange(t, device=x.device))
+            if cache is not None:
+                k_all, v_all = cache["k"].clone(), cache["v"].clone()
+                k_all[:, index:index + t], v_all[:, index:index + t] = k, v
+                cache = {"k": k_all, "v": v_all}
+                k, v = k_all, v_all
+        else:
+            n = h * d
+            q = F.linear(x, self.in_proj_weight[:n], None if self.in_proj_bias is None else self.in_proj_bias[:n])
+            q = q.view(b, t, h, d)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            mem = self.memory_kv(memory) if memory is not None else cache
+            k, v = mem["k"], mem["v"]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T or S, hd)
         p = cfg.dropout if self.training else 0.0
         weights = logit_max = None
         if need_weights:
             k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # head -> h // G
-            logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, H, T, T)
+            logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, H, T, S)
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never softmax in bf16
             if bias is not None:
                 logits = logits + bias[:, None]
@@ -165,7 +209,7 @@ class Attention(nn.Module):
         out = F.linear(out.transpose(1, 2).reshape(b, t, h * d), self.out_proj.weight, self.out_proj.bias)
         if rows is not None:  # a query with no key gets no attention output, bias included
             out = torch.where(rows, out, 0.0)
-        return out, weights, logit_max
+        return out, weights, logit_max, cache
 
     def position_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),

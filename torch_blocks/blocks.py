@@ -1,18 +1,26 @@
-"""Residual transformer blocks in PyTorch: ResidualMHA, FeedForward, TransformerBlock, Encoder.
+"""Residual transformer blocks in PyTorch: ResidualMHA, FeedForward, TransformerBlock,
+DecoderBlock, and the stacks Encoder, Decoder and Transformer.
 
 Twins of `flax_blocks`, with parameter names of torch's own modules:
 `TransformerBlock` is named like `nn.TransformerEncoderLayer` (self_attn.in_proj_weight,
-linear1, norm1, ...) and `Encoder` like `nn.TransformerEncoder` (layers.{i}., norm.), so
-stock state dicts load with strict=True, and masks are taken as stock torch takes them. A block's modules and sublayers come from
-`declarations.BLOCKS`, the residual formula from `config.residual_update`, both shared
-with the Flax twins. Masks follow torch's convention: a True entry means "may NOT attend"
-(a float mask is added, as in stock torch). Rows in which every key is masked give a zero
-attention output (flax_blocks does the same), where torch's own MultiheadAttention gives NaN.
+linear1, norm1, ...), `DecoderBlock` like `nn.TransformerDecoderLayer` (+ multihead_attn,
+norm3), `Encoder` / `Decoder` like `nn.TransformerEncoder` / `nn.TransformerDecoder`
+(layers.{i}., norm.) and `Transformer` like `nn.Transformer` (encoder., decoder.), so stock
+state dicts load with strict=True, and masks are taken as stock torch takes them. A
+block's modules and sublayers come from `declarations.BLOCKS`, the residual formula from
+`config.residual_update`, both shared with the Flax twins. Masks follow torch's
+convention: a True entry means "may NOT attend" (a float mask is added, as in stock
+torch). Rows in which every key is masked give a zero attention output (flax_blocks does
+the same), where torch's own MultiheadAttention gives NaN.
+
+Causal modules decode incrementally, as their Flax twins: `cache = m.init_cache(batch,
+max_length)` (a decoder also takes the memory), then `y, cache = m(x_chunk, cache=cache)`.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,7 +31,7 @@ from flax_blocks import declarations
 from flax_blocks.config import BlockConfig, check_width, residual_update
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
-from .attention import Attention, Mask, build_mask
+from .attention import Attention, Mask, build_mask, cache_mask
 from .layers import DTYPES, Linear, Norm, create_params
 
 ACTIVATION_FNS = {
@@ -33,10 +41,11 @@ ACTIVATION_FNS = {
     "silu": F.silu,
 }
 MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
+Cache = dict[str, Any]
 
 
-def _batched(cfg: BlockConfig, x: Tensor) -> tuple[Tensor, bool]:
-    check_width(cfg, tuple(x.shape))
+def _batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
+    check_width(cfg, tuple(x.shape), what)
     return (x, False) if x.dim() == 3 else (x[None], True)
 
 
@@ -68,20 +77,32 @@ class _Block(nn.Module):
         self.dropout_act = nn.Dropout(cfg.dropout)
         self.dropouts = nn.ModuleList(nn.Dropout(cfg.dropout) for _ in self.sublayers)
 
-    def apply_prepared(self, x: Tensor, mask: Mask | None, need_weights: bool = False):
-        """x: (B, T, E) with a prepared mask (`build_mask`) -> (y (B, T, E), {"attention_weights": (B, H, T, T),
-        "attention_logits_max": ()} (None unless need_weights) for a block with attention)."""
+    def apply_prepared(self, x: Tensor, masks: dict[str, Mask | None], need_weights: bool = False, *,
+                       memory: Tensor | None = None, cache: Cache | None = None, index: int = 0):
+        """x (B, T, E) with prepared masks {"self": Mask, "cross": Mask} -> (y (B, T, E),
+        intermediates, the block's updated cache or None). Intermediates (None unless
+        need_weights): "attention_weights" (B, H, T, S), "attention_logits_max" (), and the
+        "cross_" ones of a decoder. memory (B, S, E): what a decoder attends to (not needed
+        with a cache); cache: {"self": {"k", "v"}, "cross": {"k", "v"}}, index: the chunk's
+        first position."""
         extras: dict[str, Any] = {}
+        new_cache: Cache = {}
         for sub, dropout in zip(self.sublayers, self.dropouts):
-            if sub.kind == "attention":
-                fn = functools.partial(_attention, getattr(self, sub.modules[0]), mask=mask,
-                                       need_weights=need_weights)
-            else:
+            if sub.kind == "mlp":
                 fn = functools.partial(self._mlp, sub)
+            else:
+                part = "cross" if sub.kind == "cross_attention" else "self"
+                fn = functools.partial(
+                    _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
+                    mask=masks.get(part), need_weights=need_weights, cross=part == "cross", memory=memory,
+                    cache=None if cache is None else cache[part], index=index,
+                )
             x, aux = residual_update(self.cfg, x, fn, getattr(self, sub.norm) or nn.Identity(), dropout,
                                      getattr(self, sub.scale), getattr(self, sub.norm_out))
+            if "cache" in aux:
+                new_cache["cross" if sub.kind == "cross_attention" else "self"] = aux.pop("cache")
             extras.update(aux)
-        return x, extras
+        return x, extras, (new_cache if cache is not None else None)
 
     def _mlp(self, sub: Sublayer, h: Tensor) -> tuple[Tensor, dict]:
         """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h)))."""
@@ -90,16 +111,38 @@ class _Block(nn.Module):
         a = act(up(h)) if gate is None else act(gate(h)) * up(h)
         return down(self.dropout_act(a)), {}
 
-    def _forward(self, x, attn_mask, key_padding_mask, return_intermediates):
+    def _block_cache(self, batch: int, length: int, dtype, device, memory: Tensor | None = None) -> Cache:
+        cfg = self.cfg
+        zeros = torch.zeros(batch, length, cfg.kv_heads, cfg.head_dim, dtype=dtype, device=device)
+        cache: Cache = {"self": {"k": zeros, "v": zeros.clone()}}
+        if memory is not None:
+            cache["cross"] = self.multihead_attn.memory_kv(memory)
+        return cache
+
+    def _forward(self, x, attn_mask, key_padding_mask, return_intermediates, *, memory=None, memory_mask=None,
+                 memory_key_padding_mask=None, cache=None):
         x, unbatched = _batched(self.cfg, x)
-        mask = build_mask(self.cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)
-        y, extras = self.apply_prepared(x, mask, return_intermediates)
+        if cache is not None:
+            if unbatched:
+                raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
+            return _cached_call(self, x, cache, key_padding_mask, attn_mask, memory, memory_mask,
+                                return_intermediates, stacked=False)
+        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)}
+        if memory is not None:
+            memory, _ = _batched(self.cfg, memory[None] if unbatched else memory, "memory")
+            masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
+                                        x.device, keys=memory.shape[1], causal=False)
+        y, extras, _ = self.apply_prepared(x, masks, return_intermediates, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
 
 
-def _attention(attn: Attention, h: Tensor, *, mask, need_weights):
-    out, weights, logit_max = attn(h, mask, need_weights)
-    return out, {"attention_weights": weights, "attention_logits_max": logit_max}
+def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross, memory, cache, index):
+    out, weights, logit_max, new_cache = attn(h, mask, need_weights, cross=cross, memory=memory, cache=cache,
+                                              index=index)
+    aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
+    if cache is not None:
+        aux["cache"] = new_cache if not cross else cache
+    return out, aux
 
 
 class ResidualMHA(_Block):
@@ -137,17 +180,53 @@ class TransformerBlock(_Block):
 
     kind = "TransformerBlock"
 
+    def init_cache(self, batch_size: int, max_length: int) -> Cache:
+        """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
+        return _new_cache(self, batch_size, max_length, self._block_cache)
+
     def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
-                *, return_intermediates: bool = False):
+                *, return_intermediates: bool = False, cache: Cache | None = None):
         """src: (B, T, E) or (T, E). With return_intermediates, also {"attention_weights":
-        (B, H, T, T), "attention_logits_max": ()}."""
-        return self._forward(src, src_mask, src_key_padding_mask, return_intermediates)
+        (B, H, T, T), "attention_logits_max": ()}. cache (from `init_cache`): src is the next
+        chunk (B, T, E); returns (y, cache)."""
+        return self._forward(src, src_mask, src_key_padding_mask, return_intermediates, cache=cache)
 
 
-class Encoder(nn.Module):
-    """`num_layers` independently initialised TransformerBlocks and an optional final norm,
-    named like nn.TransformerEncoder (layers.{i}.*, norm.*). `final_norm` defaults to True
-    for pre-LN and Peri-LN, False otherwise."""
+class DecoderBlock(_Block):
+    """Self-attention, cross-attention to a memory, then MLP; names as nn.TransformerDecoderLayer.
+
+    Params: self_attn.*, multihead_attn.*, linear1.*, linear_gate.* (gated), linear2.*,
+    norm1.*, norm2.*, norm3.*, norm1_out..norm3_out (peri), scale1..scale3.
+    """
+
+    kind = "DecoderBlock"
+
+    def init_cache(self, batch_size: int, max_length: int, memory: Tensor,
+                   memory_key_padding_mask: Tensor | None = None) -> Cache:
+        """An empty self-attention cache of `max_length` positions and the cross-attention
+        keys and values of `memory` (B, S, E), computed once; memory_key_padding_mask (B, S)."""
+        return _new_cache(self, batch_size, max_length, self._block_cache, memory, memory_key_padding_mask)
+
+    def forward(self, tgt: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None, *, return_intermediates: bool = False,
+                cache: Cache | None = None):
+        """tgt: (B, T, E) or (T, E); memory: (B, S, E) or (S, E); masks as stock torch's
+        (tgt_mask (T, T), memory_mask (T, S), key padding masks (B, T) / (B, S); True = may
+        NOT attend, or float masks added). With return_intermediates, also the attention
+        weights and largest logits of both ("attention_*", "cross_attention_*"). cache (from
+        `init_cache`): tgt is the next chunk; returns (y, cache)."""
+        if cache is None and memory is None:
+            raise ValueError("DecoderBlock needs a memory (B, S, d_model), or a cache made with one")
+        return self._forward(tgt, tgt_mask, tgt_key_padding_mask, return_intermediates, memory=memory,
+                             memory_mask=memory_mask, memory_key_padding_mask=memory_key_padding_mask, cache=cache)
+
+
+class _Stack(nn.Module):
+    """`num_layers` independently initialised blocks and an optional final norm (layers.{i}.*,
+    norm.*). `final_norm` defaults to True for pre-LN and Peri-LN, False otherwise."""
+
+    block: type[_Block]
 
     def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None,
                  generator: torch.Generator | None = None):
@@ -156,7 +235,7 @@ class Encoder(nn.Module):
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
         self.cfg = cfg = cfg.resolve(num_layers)
         self.num_layers = num_layers
-        self.layers = nn.ModuleList(TransformerBlock(cfg, generator=generator) for _ in range(num_layers))
+        self.layers = nn.ModuleList(self.block(cfg, generator=generator) for _ in range(num_layers))
         if final_norm is None:
             final_norm = cfg.norm in ("pre", "peri")
         norm = Norm(cfg, declarations.norm(cfg, cfg.d_model), generator=generator) if final_norm else None
@@ -166,22 +245,175 @@ class Encoder(nn.Module):
     def final_norm(self) -> Norm | None:
         return getattr(self, FINAL_NORM)
 
-    def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
-                *, return_intermediates: bool = False):
-        """src: (B, T, E) or (T, E) -> same shape. With return_intermediates, also
-        {"residual": (L, B, T, E), "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}."""
-        x, unbatched = _batched(self.cfg, src)
-        prepared = build_mask(self.cfg, x.shape[0], x.shape[1], mask, src_key_padding_mask, x.device)
+    def _block_cache(self, batch, length, dtype, device, memory=None) -> Cache:
+        return {"layers": [layer._block_cache(batch, length, dtype, device, memory) for layer in self.layers]}
+
+    def apply_prepared(self, x, masks, need_weights=False, *, memory=None, cache=None, index=0):
+        """The layers over x (B, T, E), then the final norm -> (y, stacked intermediates, cache)."""
         per_layer: list[dict[str, Tensor]] = []
-        for layer in self.layers:
-            x, extras = layer.apply_prepared(x, prepared, return_intermediates)
-            if return_intermediates:
+        caches = []
+        for i, layer in enumerate(self.layers):
+            x, extras, c = layer.apply_prepared(x, masks, need_weights, memory=memory, index=index,
+                                                cache=None if cache is None else cache["layers"][i])
+            caches.append(c)
+            if need_weights:
                 per_layer.append({"residual": x, **extras})
         if self.final_norm is not None:
             x = self.final_norm(x)
+        stacked = {k: torch.stack([d[k] for d in per_layer]) for k in per_layer[0]} if need_weights else {}
+        return x, stacked, ({"layers": caches} if cache is not None else None)
+
+    def _finish_stack(self, y, stacked, unbatched, return_intermediates):
         if not return_intermediates:
-            return x[0] if unbatched else x
-        stacked = {k: torch.stack([d[k] for d in per_layer]) for k in per_layer[0]}
+            return y[0] if unbatched else y
         if unbatched:
             stacked = {k: (v[:, 0] if v.dim() > 1 else v) for k, v in stacked.items()}
-        return (x[0] if unbatched else x), stacked
+        return (y[0] if unbatched else y), stacked
+
+
+class Encoder(_Stack):
+    """TransformerBlocks and an optional final norm, named like nn.TransformerEncoder."""
+
+    block = TransformerBlock
+
+    def init_cache(self, batch_size: int, max_length: int) -> Cache:
+        """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
+        return _new_cache(self, batch_size, max_length, self._block_cache)
+
+    def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                *, return_intermediates: bool = False, cache: Cache | None = None):
+        """src: (B, T, E) or (T, E) -> same shape. With return_intermediates, also
+        {"residual": (L, B, T, E), "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}.
+        cache (from `init_cache`): src is the next chunk; returns (y, cache)."""
+        x, unbatched = _batched(self.cfg, src)
+        if cache is not None:
+            if unbatched:
+                raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
+            return _cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates,
+                                stacked=True)
+        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], mask, src_key_padding_mask, x.device)}
+        y, stacked, _ = self.apply_prepared(x, masks, return_intermediates)
+        return self._finish_stack(y, stacked, unbatched, return_intermediates)
+
+
+class Decoder(_Stack):
+    """DecoderBlocks and an optional final norm, named like nn.TransformerDecoder."""
+
+    block = DecoderBlock
+
+    def init_cache(self, batch_size: int, max_length: int, memory: Tensor,
+                   memory_key_padding_mask: Tensor | None = None) -> Cache:
+        """An empty self-attention cache per layer and every layer's cross-attention keys
+        and values of `memory` (B, S, E), computed once."""
+        return _new_cache(self, batch_size, max_length, self._block_cache, memory, memory_key_padding_mask)
+
+    def forward(self, tgt: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None, *, return_intermediates: bool = False,
+                cache: Cache | None = None):
+        """tgt (B, T, E) or (T, E), memory (B, S, E) or (S, E); masks as `DecoderBlock`."""
+        x, unbatched = _batched(self.cfg, tgt)
+        if cache is not None:
+            if unbatched:
+                raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
+            return _cached_call(self, x, cache, tgt_key_padding_mask, tgt_mask, memory, memory_mask,
+                                return_intermediates, stacked=True)
+        if memory is None:
+            raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
+        memory, _ = _batched(self.cfg, memory[None] if unbatched else memory, "memory")
+        if memory.shape[0] != x.shape[0]:
+            raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
+        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], tgt_mask, tgt_key_padding_mask, x.device),
+                 "cross": build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
+                                     x.device, keys=memory.shape[1], causal=False)}
+        y, stacked, _ = self.apply_prepared(x, masks, return_intermediates, memory=memory)
+        return self._finish_stack(y, stacked, unbatched, return_intermediates)
+
+
+class Transformer(nn.Module):
+    """An Encoder and a Decoder, named like nn.Transformer (encoder.*, decoder.*).
+
+    `cfg` serves both; the encoder is never causal, the decoder's self-attention is causal
+    when cfg.causal. Both have a final norm by default, as nn.Transformer."""
+
+    def __init__(self, cfg: BlockConfig, *, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 final_norm: bool = True, generator: torch.Generator | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(replace(cfg, causal=False), num_layers=num_encoder_layers, final_norm=final_norm,
+                               generator=generator)
+        self.decoder = Decoder(cfg, num_layers=num_decoder_layers, final_norm=final_norm, generator=generator)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None) -> Tensor:
+        """src (B, S, E), tgt (B, T, E) -> (B, T, E); masks as nn.Transformer's."""
+        memory = self.encoder(src, src_mask, src_key_padding_mask)
+        return self.decoder(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask)
+
+
+# ----------------------------------------------------------------------------------------
+# Cached incremental decoding
+# ----------------------------------------------------------------------------------------
+
+
+def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memory_key_padding_mask=None) -> Cache:
+    cfg = module.cfg
+    if not cfg.causal:
+        raise ValueError(f"{type(module).__name__} is not causal (cfg.causal=False): a cache only serves "
+                         "causal decoding, where a new position never changes the past")
+    for name, v in (("batch_size", batch_size), ("max_length", max_length)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    p = next(module.parameters())
+    cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device)}
+    if memory is not None:
+        memory, _ = _batched(cfg, memory, "memory")
+        if memory.shape[0] != batch_size:
+            raise ValueError(f"memory has batch {memory.shape[0]}, the cache batch_size {batch_size}")
+        with torch.no_grad():
+            cache["layers"] = make(batch_size, max_length, p.dtype, p.device, memory)
+        kpm = memory_key_padding_mask
+        if kpm is not None and (kpm.dtype != torch.bool or tuple(kpm.shape) != tuple(memory.shape[:2])):
+            raise ValueError(f"memory_key_padding_mask must be a boolean (batch, memory length) = "
+                             f"{tuple(memory.shape[:2])} tensor, got {kpm.dtype} {tuple(kpm.shape)}")
+        cache["memory_valid"] = torch.ones(memory.shape[:2], dtype=torch.bool, device=p.device) if kpm is None else ~kpm
+    else:
+        cache["layers"] = make(batch_size, max_length, p.dtype, p.device)
+    return cache
+
+
+def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates, *,
+                 stacked: bool):
+    cfg = module.cfg
+    if not cfg.causal:
+        raise ValueError(f"{type(module).__name__} is not causal (cfg.causal=False): it takes no cache")
+    if not isinstance(cache, dict) or not {"index", "valid", "layers"} <= set(cache):
+        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers)")
+    if attn_mask is not None or memory_mask is not None:
+        raise ValueError("a cached call is causal by construction: pass a key padding mask (B, chunk), "
+                         "not attention masks")
+    if memory is not None:
+        raise ValueError("a cached call reads the memory's keys and values from the cache (init_cache took it)")
+    b, t, _ = x.shape
+    cb, length = cache["valid"].shape
+    if b != cb:
+        raise ValueError(f"the cache was made for batch size {cb}, the input has batch {b}")
+    index = int(cache["index"])
+    if index + t > length:
+        raise ValueError(f"cache overflow: a chunk of {t} position(s) at position {index} does not fit a "
+                         f"cache of max_length {length}")
+    kpm = key_padding_mask
+    if kpm is not None and (kpm.dtype != torch.bool or tuple(kpm.shape) != (b, t)):
+        raise ValueError(f"the key padding mask of a cached call must be a boolean (batch, chunk) = {(b, t)} "
+                         f"tensor, got {kpm.dtype} {tuple(kpm.shape)}")
+    valid = cache["valid"].clone()
+    valid[:, index:index + t] = True if kpm is None else ~kpm
+    masks = {"self": cache_mask(index, t, valid)}
+    if "memory_valid" in cache:
+        mv = cache["memory_valid"][:, None, :].expand(b, t, -1)
+        rows = mv.any(dim=-1, keepdim=True)
+        masks["cross"] = Mask(~mv & rows, rows)
+    y, extras, layers = module.apply_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
+    new = {**cache, "index": index + t, "valid": valid, "layers": layers}
+    return (y, extras, new) if return_intermediates else (y, new)
