@@ -83,9 +83,11 @@ def test_a_config_the_family_cannot_hold_is_refused_naming_fields():
     assert "causal=False" in str(info.value)
 
 
-def test_from_torch_reads_an_hf_state_dict_with_its_layout():
+def test_from_torch_reads_an_hf_state_dict_with_its_layout(caplog):
     theirs = layouts.to_layout(_ours(GPT2), "hf-gpt2", GPT2, prefix="transformer.")
-    enc = fb.from_torch(fb.Encoder, replace(GPT2, param_dtype="float32"), theirs, num_layers=2, dtype="float32")
+    with caplog.at_level("INFO", logger="flax_blocks"):
+        enc = fb.from_torch(fb.Encoder, replace(GPT2, param_dtype="float32"), theirs, num_layers=2, dtype="float32")
+    assert "checkpoint layout hf-gpt2 (detected from the key names)" in caplog.text
     assert enc.final_norm is not None  # ln_f read as the final norm
     sd = fb.torch_state_dict(enc)
     want = _ours(GPT2)
