@@ -28,6 +28,9 @@ _LAZY = {
     "load_flax_state_dict": "convert",
     "infer_config": "convert",
     "ConversionError": "convert",
+    "detect_layout": "layouts",
+    "from_hf": "hf",
+    "to_hf": "hf",
 }
 
 __all__ = ["BlockConfig", "invert_mask", *_LAZY]

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
-from . import declarations
+from . import declarations, layouts
 from .config import BlockConfig, dtype_name
 from .declarations import FINAL_NORM, LAYERS, Param
 from .io_errors import torch_load_state_dict
@@ -317,7 +317,8 @@ class LoadResult(NamedTuple):
     unexpected_keys: list[str]
 
 
-def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool = True, dtype: Any = None) -> LoadResult:
+def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool = True, dtype: Any = None,
+                          layout: str | None = None) -> LoadResult:
     """Load torch-named weights into a flax_blocks module, in place.
 
     source: mapping of name -> array/tensor, a torch module, or a .safetensors/.pt/.pth path.
@@ -327,12 +328,14 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
       in the returned LoadResult and the module keeps its own values for missing ones.
     dtype: cast every tensor to this dtype (a name or a numpy / JAX / torch dtype);
       None keeps the checkpoint's dtypes.
+    layout: the checkpoint's naming ("torch", "hf-bert", "hf-gpt2", "hf-llama"; see
+      flax_blocks.layouts); None detects it from the key names.
     Shape, dtype and layer-count problems are always errors. On any error nothing changes.
     """
     import jax
     import jax.numpy as jnp
 
-    raw = read_state_dict(source)
+    raw, prefix, layout_hint = layouts.prepare(source, layout, prefix)
     prefix = _norm_prefix(prefix)
     cast = None if dtype is None else _np_dtype(dtype)
     problems: list[str] = []
@@ -388,7 +391,7 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
             "silently become float32): enable it before creating arrays, or pass dtype=jnp.float32"
         )
     if problems:
-        raise ConversionError(problems)
+        raise ConversionError(problems + ([layout_hint] if layout_hint else []))
 
     # Everything checks out: build the whole new state, then update once.
     new: dict[str, np.ndarray] = {}
@@ -418,7 +421,8 @@ def _checkpoint_has_final_norm(source: Any, prefix: str) -> tuple[Any, bool]:
     return sd, f"{_norm_prefix(prefix)}{FINAL_NORM}.weight" in sd
 
 
-def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str = "", dtype: Any = None, **kwargs: Any):
+def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str = "", dtype: Any = None,
+               layout: str | None = None, **kwargs: Any):
     """A new `cls(cfg, rngs=nnx.Rngs(seed), **kwargs)` whose parameters come from a torch
     checkpoint (strictly: every parameter must be there), without drawing random initial
     values that would be overwritten: the module is built with `nnx.eval_shape`, loaded,
@@ -427,14 +431,20 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
     Besides saving the work of initialising, this skips compiling the random initialisers,
     which on a CPU takes seconds per new block shape. kwargs go to the constructor
     (num_layers=, final_norm= for an Encoder); source, prefix and dtype are those of
-    `load_torch_state_dict`, which raises `ConversionError` on any problem.
+    `load_torch_state_dict`, which raises `ConversionError` on any problem. A stock
+    nn.TransformerEncoder(Layer) as source is also checked against cfg: a field that contradicts
+    the module's own (heads, norm placement, activation, eps, final norm) is an error.
+    layout: see `load_torch_state_dict` (None: detected from the key names).
     """
     from flax import nnx
+
+    layouts.check_against_source(cfg, source, kwargs.get("final_norm"))
+    source, prefix, _ = layouts.prepare(source, layout, prefix)
 
     if cls.__name__ in declarations.STACKS and kwargs.get("final_norm") is None:
         source, kwargs["final_norm"] = _checkpoint_has_final_norm(source, prefix)
     module = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed), **kwargs))
-    load_torch_state_dict(module, source, prefix=prefix, strict=True, dtype=dtype)
+    load_torch_state_dict(module, source, prefix=prefix, strict=True, dtype=dtype, layout=layout and "torch")
     materialize_rng_state(module, seed)
     return module
 

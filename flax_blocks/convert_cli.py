@@ -8,8 +8,14 @@ torch -> Flax: SRC is a .pt/.pth (needs torch) or .safetensors with torch names;
 Flax -> torch: SRC is such a Flax .safetensors; DST a .safetensors, or a .pt/.pth written
   with torch.save (needs torch) holding a state dict with torch names.
 
+Other PyTorch checkpoint dialects (--layout, detected from the key names by default): hf-bert,
+  hf-gpt2, hf-llama (LLaMA / Mistral / Qwen2); only the stack (layers, final norm) is read. A
+  Hugging Face save_pretrained folder as SRC carries its own config: no flags needed.
+  Flax -> torch with --layout hf-*: DST gets the Hugging Face names of the stack.
+
   python -m flax_blocks.convert encoder.pt encoder_flax.safetensors --num-heads 8 --norm pre --activation gelu
   python -m flax_blocks.convert encoder_flax.safetensors back.pt
+  python -m flax_blocks.convert ./tiny-llama llama_flax.safetensors
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pickle
 import sys
 import types
@@ -89,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "required for torch -> Flax unless it is a FeedForward)")
     ap.add_argument("--prefix", default="", help="read only torch names under this prefix, e.g. 'encoder.' "
                                                  "inside a whole nn.Transformer")
+    ap.add_argument("--layout", choices=["torch", "hf-bert", "hf-gpt2", "hf-llama"], default=None,
+                    help="the checkpoint's key names (torch -> Flax: detected when not given; Flax -> torch: "
+                         "torch names unless given)")
     cfg = ap.add_argument_group("config (torch -> Flax): written into the Flax file's metadata only when given")
     for name, hint, default in _config_fields():
         if name == "final_norm":
@@ -169,6 +179,10 @@ def _flax_to_torch(args: argparse.Namespace) -> int:
     module = _build(meta["kind"], meta["cfg"], meta.get("num_layers"), meta.get("final_norm"))
     load_flax_state_dict(module, args.src)
     sd = torch_state_dict(module)
+    if args.layout not in (None, "torch"):
+        from flax_blocks.hf import to_hf
+
+        sd = to_hf(module, args.layout)
     if args.dst.endswith(TORCH_SUFFIXES):
         _save_torch(sd, args.dst)
     else:
@@ -180,15 +194,18 @@ def _flax_to_torch(args: argparse.Namespace) -> int:
 def _torch_to_flax(args: argparse.Namespace) -> int:
     from safetensors.numpy import save_file
 
+    from flax_blocks import layouts
     from flax_blocks.config import BlockConfig
     from flax_blocks.convert import (ConversionError, flax_state_dict, infer_config, load_torch_state_dict,
-                                     read_state_dict, torch_state_dict)
+                                     torch_state_dict)
 
     if not args.dst.endswith(".safetensors"):
         raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file (its metadata carries "
                          "the config); name the destination *.safetensors. To write torch names to a .pt, "
                          "convert that Flax file back: python -m flax_blocks.convert FLAX.safetensors OUT.pt")
-    sd = read_state_dict(args.src)
+    if os.path.isdir(args.src):
+        return _hf_to_flax(args)
+    sd, args.prefix, _ = layouts.prepare(args.src, args.layout, args.prefix)  # our names (or as it was)
     report = infer_config(sd, prefix=args.prefix)
     info = report.inferred
     problems = []
@@ -222,7 +239,7 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
     if "norm" not in build and build.get("scaling", "none") != "none":
         build["norm"] = "pre"  # any norm placement has the same tensors; BlockConfig's default does not fit gates
     module = _build(info["kind"], build, info.get("num_layers"), final_norm)
-    load_torch_state_dict(module, sd, prefix=args.prefix)
+    load_torch_state_dict(module, sd, prefix=args.prefix, layout="torch")
     not_recorded = sorted(fields - set(known) - {"dropout", "init", "dtype"})
     meta = {"kind": info["kind"], "cfg": known, "num_layers": info.get("num_layers"), "final_norm": final_norm,
             "not_recorded": not_recorded}
@@ -232,6 +249,34 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
           + (f", final_norm={final_norm!r}" if final_norm is not None else ""))
     if not_recorded:
         print(f"not recorded (give them to BlockConfig, or as --flags here): {', '.join(not_recorded)}")
+    return 0
+
+
+def _hf_to_flax(args: argparse.Namespace) -> int:
+    """A Hugging Face save_pretrained folder -> a Flax .safetensors: every setting from its config."""
+    from safetensors.numpy import save_file
+
+    from flax_blocks.convert import flax_state_dict, torch_state_dict
+    from flax_blocks.hf import _read_folder, from_hf, hf_config
+
+    if not args.dst.endswith(".safetensors"):
+        raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file")
+    given = [*_given(args), *(["num_heads"] if args.num_heads is not None else [])]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        print(f"note: {args.src} carries its config (config.json); ignoring {flags}", file=sys.stderr)
+    config, _ = _read_folder(args.src)
+    layout, _, _, _ = hf_config(config)
+    module = from_hf(args.src)
+    known = {f.name: getattr(module.cfg, f.name) for f in dataclasses.fields(module.cfg)
+             if f.name not in ("dropout", "init", "dtype")}
+    final_norm = module.final_norm is not None
+    meta = {"kind": "Encoder", "cfg": known, "num_layers": module.num_layers, "final_norm": final_norm,
+            "not_recorded": []}
+    save_file(flax_state_dict(module), args.dst, metadata={"format": FORMAT, "config": json.dumps(meta)})
+    print(f"Hugging Face {config.get('model_type')} (layout {layout}) -> Flax: "
+          f"{_summary(module, torch_state_dict(module))} -> {args.dst}")
+    print("recorded (from config.json): " + ", ".join(f"{k}={v!r}" for k, v in known.items()))
     return 0
 
 

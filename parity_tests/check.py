@@ -5,6 +5,14 @@ a TransformerEncoderLayer or a torch_blocks module) into both torch_blocks and f
 runs both on random inputs with a padding mask, and prints max abs / rel errors of the
 output and of the gradients (random cotangent), per layer. Exits 1 past tolerance, naming
 the layer; a tensor with non-finite values or the wrong shape is reported by name too.
+
+References: the torch_blocks twin always; stock torch too where it can hold the config (the
+source module itself when `check` is given a stock nn.TransformerEncoder(Layer), whose own
+heads, norm placement, activation and eps are then checked against the flags; else stock
+torch rebuilt from the state dict and the flags, which cannot tell a wrong head count: a
+state dict does not record it). A Hugging Face save_pretrained folder is checked against the
+HF model rebuilt from it, with its config's settings (`python -m parity_tests.check FOLDER`).
+The table's header names the reference used.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ class CheckReport:
 
     kind: str
     dtype: str
+    reference: str = "the torch_blocks twin"
     rows: list[tuple[str, float, float, float]] = field(default_factory=list)
+    stock_rows: list[tuple[str, float, float, float]] = field(default_factory=list)  # vs stock torch
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -36,9 +46,9 @@ class CheckReport:
         return not self.failures
 
     def table(self) -> str:
-        lines = [f"{self.kind}, {self.dtype}: Flax vs torch (rel = max|diff| / max|torch|)",
+        lines = [f"{self.kind}, {self.dtype}: Flax vs {self.reference} (rel = max|diff| / max|reference|)",
                  f"{'where':<14}{'fwd max abs':>13}{'fwd rel':>11}{'grad rel':>11}"]
-        lines += [f"{w:<14}{a:>13.2e}{r:>11.2e}{g:>11.2e}" for w, a, r, g in self.rows]
+        lines += [f"{w:<14}{a:>13.2e}{r:>11.2e}{g:>11.2e}" for w, a, r, g in self.rows + self.stock_rows]
         lines.append("PASS" if self.ok else "FAIL\n  " + "\n  ".join(self.failures))
         return "\n".join(lines)
 
@@ -48,13 +58,26 @@ def _layer_of(name: str) -> str:
     return f"layer {m.group(1)}" if m else "top"
 
 
-def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "relu", layer_norm_eps: float = 1e-5,
+def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activation: str = "relu",
+          layer_norm_eps: float = 1e-5,
           causal: bool = False, prefix: str = "", dtype: str = "float32", batch: int = 2, seq: int = 8,
           seed: int = 0, pad_keys: int | None = None, mask_check: bool = True) -> CheckReport:
     """Run the parity check; returns the figures (see CheckReport).
 
     pad_keys: padded keys at the end of the last batch element (None: seq // 2).
-    mask_check: print a warning when a batch element's every query row is fully masked."""
+    mask_check: print a warning when a batch element's every query row is fully masked.
+    A Hugging Face folder (config.json + weights) is checked against the HF model rebuilt
+    from it (`parity_tests.hf_reference.check_hf`); its settings come from its config, and
+    num_heads, when given, overrides the config's."""
+    import os
+
+    if isinstance(checkpoint, (str, os.PathLike)) and os.path.isdir(checkpoint):
+        from .hf_reference import check_hf
+
+        return check_hf(os.fspath(checkpoint), num_heads=num_heads, dtype=dtype, batch=batch, seq=seq, seed=seed,
+                        pad_keys=pad_keys)
+    if num_heads is None:
+        raise ValueError("--num-heads is required for a torch checkpoint (it cannot be read from the tensors)")
     import torch
 
     import torch_blocks as tb
@@ -76,6 +99,7 @@ def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "
     case = Case(info["kind"], cfg, num_layers=info.get("num_layers", 1), batch=batch, seq=seq,
                 final_norm=info.get("final_norm"), key_mask=info["kind"] != "FeedForward", seed=seed)
     report = CheckReport(case.kind, dtype, failures=bad)
+    stock = None
     with precision(dtype):
         cls = getattr(tb, case.kind)
         tmod = cls(cfg, **case.kwargs).train()
@@ -93,6 +117,15 @@ def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "
         inp = Inputs(rng.normal(size=(batch, seq, cfg.d_model)), rng.normal(size=(batch, seq, cfg.d_model)),
                      key_mask=keys if case.key_mask else None)
         f, t = run_flax(case, fmod, inp, dtype), run_torch(case, tmod, inp, dtype)
+        stock = _stock_reference(checkpoint, sd, info, cfg, case, dtype)
+        if stock is not None:
+            what, module = stock
+            report.failures += _contradictions(checkpoint, cfg)
+            ys, dxs = _run_stock(module, case, inp, dtype)
+            live = keys if case.key_mask else np.ones_like(keys)
+            report.reference = f"the torch_blocks twin and {what}"
+            stock_row = ("stock torch", float(np.abs(f.y - ys)[live].max()), _rel_at(f.y, ys, live),
+                         _rel_at(f.dx, dxs, live))
 
     layers = range(case.num_layers) if case.kind == "Encoder" else []
     for i in layers:
@@ -101,12 +134,81 @@ def check(checkpoint, *, num_heads: int, norm: str = "post", activation: str = "
         report.rows.append((f"layer {i}", float(np.abs(a - b).max()), rel_err(a, b), g))
     g_top = max((rel_err(f.grads[k], t.grads[k]) for k in t.grads if not k.startswith("layers.")), default=0.0)
     report.rows.append(("output", float(np.abs(f.y - t.y).max()), rel_err(f.y, t.y), max(g_top, rel_err(f.dx, t.dx))))
-    for where, _, fwd, grad in report.rows:
+    if stock is not None:
+        report.stock_rows.append(stock_row)
+    for where, _, fwd, grad in report.rows + report.stock_rows:
         if not fwd <= TOL["forward", dtype]:
             report.failures.append(f"{where}: forward rel error {fwd:.2e} > {TOL['forward', dtype]:.0e}")
         if not grad <= TOL["grad", dtype]:
             report.failures.append(f"{where}: gradient rel error {grad:.2e} > {TOL['grad', dtype]:.0e}")
     return report
+
+
+def _rel_at(a: np.ndarray, b: np.ndarray, live: np.ndarray) -> float:
+    """rel_err over the real (non-padded) query positions only."""
+    return rel_err(a[live], b[live])
+
+
+def _contradictions(checkpoint, cfg: BlockConfig) -> list[str]:
+    """A source module's own settings that the given flags contradict, one line each."""
+    from flax_blocks.layouts import settings_of
+
+    facts = settings_of(checkpoint)
+    return [f"settings: {k}={getattr(cfg, k)!r} given, but the source module has {k}={v!r}"
+            for k, v in facts.items() if k != "final_norm" and getattr(cfg, k) != v]
+
+
+def _stock_reference(checkpoint, sd: dict, info: dict, cfg: BlockConfig, case: Case, dtype: str):
+    """(description, module) of stock torch to compare with: the source module itself when
+    it is a stock nn.TransformerEncoder(Layer); else stock torch rebuilt from the state dict
+    and the flags when it can hold that config; else None."""
+    import copy
+
+    import torch
+
+    if isinstance(checkpoint, (torch.nn.TransformerEncoder, torch.nn.TransformerEncoderLayer)):
+        module = copy.deepcopy(checkpoint).to(getattr(torch, dtype))
+        for m in module.modules():  # dropout off, train mode: no fast path, gradients flow
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+            if isinstance(m, torch.nn.MultiheadAttention):
+                m.dropout = 0.0
+        return f"the source {type(checkpoint).__name__} itself", module.train()
+    stock_ok = (case.kind in ("Encoder", "TransformerBlock") and cfg.norm in ("pre", "post")
+                and cfg.activation in ("relu", "gelu") and cfg.scaling == "none" and cfg.residual == "add"
+                and not info.get("gated_mlp") and not info.get("qk_norm")
+                and info.get("norm_type", "layernorm") == "layernorm"
+                and info.get("num_kv_heads", cfg.num_heads) == cfg.num_heads)
+    if not stock_ok:
+        return None
+    layer = torch.nn.TransformerEncoderLayer(cfg.d_model, cfg.num_heads, cfg.d_ff, 0.0, activation=cfg.activation,
+                                             layer_norm_eps=cfg.layer_norm_eps, batch_first=True,
+                                             norm_first=cfg.norm == "pre", bias=cfg.bias, dtype=getattr(torch, dtype))
+    module = layer
+    if case.kind == "Encoder":
+        norm = torch.nn.LayerNorm(cfg.d_model, cfg.layer_norm_eps, bias=cfg.bias, dtype=getattr(torch, dtype)) \
+            if case.final_norm else None
+        module = torch.nn.TransformerEncoder(layer, case.num_layers, norm=norm, enable_nested_tensor=False)
+    module.load_state_dict({k: torch.as_tensor(np.asarray(v)).to(getattr(torch, dtype)) for k, v in sd.items()},
+                           strict=True)
+    return f"stock torch ({type(module).__name__} rebuilt from the state dict and the flags)", module.train()
+
+
+def _run_stock(module, case: Case, inp: Inputs, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(output, gradient w.r.t. x for the cotangent) of a stock torch module."""
+    import torch
+
+    x = torch.tensor(np.asarray(inp.x), dtype=getattr(torch, dtype), requires_grad=True)
+    kw = {}
+    if inp.key_mask is not None:
+        kw["src_key_padding_mask"] = torch.from_numpy(~np.asarray(inp.key_mask))
+    if case.cfg.causal:
+        t = x.shape[1]
+        kw["src_mask" if isinstance(module, torch.nn.TransformerEncoderLayer) else "mask"] = \
+            torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+    y = module(x, **kw)
+    y.backward(torch.tensor(np.asarray(inp.r), dtype=y.dtype))
+    return y.detach().numpy(), x.grad.numpy()
 
 
 def fully_masked_elements(key_mask: np.ndarray) -> list[int]:
@@ -127,8 +229,11 @@ def mask_warning(elements: list[int]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint", help="torch-named checkpoint: .pt/.pth (a state dict) or .safetensors")
-    ap.add_argument("--num-heads", type=int, required=True, help="attention heads (not inferable from the tensors)")
+    ap.add_argument("checkpoint", help="torch-named checkpoint: .pt/.pth (a state dict) or .safetensors; or a "
+                                       "Hugging Face save_pretrained folder (BERT, GPT-2, LLaMA, Mistral, Qwen2), "
+                                       "checked against the HF model itself with the settings of its config.json")
+    ap.add_argument("--num-heads", type=int, help="attention heads (not inferable from the tensors; required for a "
+                                                  "torch checkpoint; for an HF folder it overrides the config's)")
     ap.add_argument("--norm", choices=["pre", "post"], default="post",
                     help="norm placement: torch's norm_first=True is 'pre' (default: post, torch's default)")
     ap.add_argument("--activation", choices=["relu", "gelu", "gelu_tanh"], default="relu",

@@ -1,0 +1,443 @@
+"""Checkpoint dialects ("layouts"): other models' key names <-> our torch names.
+
+Our torch names are those of `torch_blocks` (and of the declarations): an Encoder is
+`layers.{i}.<block name>` plus a final `norm.`. A checkpoint layout is ONE table saying how a
+family of PyTorch checkpoints names the same tensors, read in both directions:
+
+    layer:       the per-layer key pattern ("encoder.layer.{i}." for BERT), found under any
+                 model prefix ("bert.", "transformer.", "model.") which is detected;
+    final_norm:  the module name of the stack's final norm ("ln_f"), or None;
+    rules:       our name within a layer <- their name(s): a rename, a many-to-one merge
+                 (several tensors concatenated along dim 0, as BERT's query/key/value into our
+                 packed in_proj rows [q; k; v]; split back by head counts), and/or a transpose
+                 (GPT-2's Conv1D stores (in, out));
+    ignore:      per-layer buffers that are not parameters (GPT-2's attn.bias);
+    settings:    BlockConfig fields the family fixes (norm placement, norm type, MLP kind...),
+                 checked when writing a checkpoint of that family.
+
+Only the transformer stack is translated: the layers and the final norm. Embeddings, pooler,
+LM heads and rotary buffers outside the layers are left out (and named in `Translated.dropped`).
+
+    translate(sd, layout=None)            their names -> ours (auto-detected when None)
+    to_layout(sd, layout, cfg)            ours -> their names
+    detect_layout(sd)                     which layout a state dict is written in
+    settings_of(module)                   what a torch module fixes about its own config
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import declarations
+from .config import BlockConfig
+
+log = logging.getLogger("flax_blocks")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Our torch name within a layer <- their name(s) within a layer.
+
+    theirs: one name (a rename) or several, concatenated along dim 0 into ours (split back
+      with `split`: rows per part, "q" = num_heads * head_dim, "kv" = kv_heads * head_dim).
+    transpose: they store the matrix (in, out) (GPT-2's Conv1D), we (out, in).
+    """
+
+    ours: str
+    theirs: tuple[str, ...]
+    transpose: bool = False
+    split: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """One checkpoint dialect; see the module docstring. `rules` None: our own names."""
+
+    name: str
+    description: str
+    layer: str
+    final_norm: str | None
+    rules: tuple[Rule, ...] | None
+    ignore: tuple[str, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    outside: str = ""  # what the rest of such a checkpoint holds, for messages
+
+    @property
+    def layer_regex(self) -> re.Pattern:
+        """prefix, layer index and the rest of a key of this layout's layers."""
+        return re.compile("^(.*?)" + re.escape(self.layer).replace(r"\{i\}", r"(\d+)") + "(.+)$")
+
+
+def _same(*names: str) -> tuple[Rule, ...]:
+    return tuple(Rule(n, (n,)) for n in names)
+
+
+def _linear(ours: str, theirs: str, *, transpose: bool = False) -> tuple[Rule, ...]:
+    """A linear map's weight and (where the checkpoint has one) bias."""
+    return (Rule(f"{ours}.weight", (f"{theirs}.weight",), transpose), Rule(f"{ours}.bias", (f"{theirs}.bias",)))
+
+
+def _qkv(q: str, k: str, v: str) -> tuple[Rule, ...]:
+    """Separate q / k / v projections -> our packed in_proj rows [q; k; v] (weight and bias)."""
+    return (
+        Rule("self_attn.in_proj_weight", (f"{q}.weight", f"{k}.weight", f"{v}.weight"), split=("q", "kv", "kv")),
+        Rule("self_attn.in_proj_bias", (f"{q}.bias", f"{k}.bias", f"{v}.bias"), split=("q", "kv", "kv")),
+    )
+
+
+def _norm(ours: str, theirs: str) -> tuple[Rule, ...]:
+    return (Rule(f"{ours}.weight", (f"{theirs}.weight",)), Rule(f"{ours}.bias", (f"{theirs}.bias",)))
+
+
+# ----------------------------------------------------------------------------------------
+# The layouts: one table each
+# ----------------------------------------------------------------------------------------
+
+TORCH = CheckpointLayout(
+    "torch", "torch_blocks / stock nn.TransformerEncoder names (layers.{i}.self_attn.in_proj_weight, ...)",
+    layer=f"{declarations.LAYERS}.{{i}}.", final_norm=declarations.FINAL_NORM, rules=None,
+)
+
+HF_BERT = CheckpointLayout(
+    "hf-bert", "Hugging Face BERT (encoder.layer.{i}.attention.self.query.weight, ...)",
+    layer="encoder.layer.{i}.", final_norm=None,
+    rules=(
+        *_qkv("attention.self.query", "attention.self.key", "attention.self.value"),
+        *_linear("self_attn.out_proj", "attention.output.dense"),
+        *_norm("norm1", "attention.output.LayerNorm"),
+        *_linear("linear1", "intermediate.dense"),
+        *_linear("linear2", "output.dense"),
+        *_norm("norm2", "output.LayerNorm"),
+    ),
+    settings={"norm": "post", "norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False,
+              "causal": False, "scaling": "none", "residual": "add", "bias": True},
+    outside="embeddings (word, position, token type, their LayerNorm) and pooler",
+)
+
+HF_GPT2 = CheckpointLayout(
+    "hf-gpt2", "Hugging Face GPT-2 (h.{i}.attn.c_attn.weight stored (in, out), ...)",
+    layer="h.{i}.", final_norm="ln_f",
+    rules=(
+        *_norm("norm1", "ln_1"),
+        Rule("self_attn.in_proj_weight", ("attn.c_attn.weight",), transpose=True),
+        Rule("self_attn.in_proj_bias", ("attn.c_attn.bias",)),
+        *_linear("self_attn.out_proj", "attn.c_proj", transpose=True),
+        *_norm("norm2", "ln_2"),
+        *_linear("linear1", "mlp.c_fc", transpose=True),
+        *_linear("linear2", "mlp.c_proj", transpose=True),
+    ),
+    ignore=("attn.bias", "attn.masked_bias"),  # the causal-mask buffers of old GPT-2 checkpoints
+    settings={"norm": "pre", "norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False,
+              "causal": True, "scaling": "none", "residual": "add", "bias": True},
+    outside="token and position embeddings (wte, wpe) and the LM head",
+)
+
+HF_LLAMA = CheckpointLayout(
+    "hf-llama", "Hugging Face LLaMA / Mistral / Qwen2 (layers.{i}.self_attn.q_proj.weight, ...)",
+    layer="layers.{i}.", final_norm="norm",
+    rules=(
+        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        *_linear("self_attn.out_proj", "self_attn.o_proj"),
+        *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
+        *_linear("linear_gate", "mlp.gate_proj"),
+        *_linear("linear1", "mlp.up_proj"),
+        *_linear("linear2", "mlp.down_proj"),
+        *_norm("norm1", "input_layernorm"),
+        *_norm("norm2", "post_attention_layernorm"),
+    ),
+    ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
+    settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
+              "scaling": "none", "residual": "add"},
+    outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
+)
+
+LAYOUTS: dict[str, CheckpointLayout] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA)}
+
+# Every torch name a block can have under some option (probe config with all of them on).
+_PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, norm="peri", mlp="swiglu", activation="silu",
+                     qk_norm=True, scaling="layerscale", qkv_bias=True)
+_TORCH_NAMES = {
+    kind: {t for t, _, _ in declarations.flatten(declarations.block(_PROBE, kind))} for kind in declarations.BLOCKS
+}
+
+
+def _get(name: str) -> CheckpointLayout:
+    if isinstance(name, CheckpointLayout):
+        return name
+    if name not in LAYOUTS:
+        raise ValueError(f"unknown layout {name!r}; expected one of {', '.join(LAYOUTS)}")
+    return LAYOUTS[name]
+
+
+def _known_in_layer(lay: CheckpointLayout) -> set[str]:
+    if lay.rules is None:
+        return _TORCH_NAMES["TransformerBlock"]
+    return {t for r in lay.rules for t in r.theirs} | set(lay.ignore)
+
+
+def _roots(keys) -> list[str]:
+    return sorted({k.split(".")[0] + "." if "." in k else k for k in keys})[:10]
+
+
+# ----------------------------------------------------------------------------------------
+# Detection
+# ----------------------------------------------------------------------------------------
+
+
+def _stack_keys(keys: list[str], lay: CheckpointLayout) -> list[str]:
+    """The keys this layout recognises as its stack's (any model prefix)."""
+    known = _known_in_layer(lay)
+    hits = [k for k in keys if (m := lay.layer_regex.match(k)) and m.group(3) in known]
+    if lay.rules is None:  # a single block of ours has no layers.{i}.
+        blocks = set().union(*_TORCH_NAMES.values())
+        hits += [k for k in keys if k in blocks]
+    return hits
+
+
+def detect_layout(source: Any) -> str:
+    """The name of the layout whose stack keys the state dict holds (torch, hf-bert, hf-gpt2,
+    hf-llama). source: a mapping of name -> array, a module with .state_dict() or a path.
+    Raises ConversionError when no layout or several recognise the keys, listing the layouts
+    and the keys' roots."""
+    from .convert import ConversionError, read_state_dict
+
+    keys = list(source.keys()) if isinstance(source, Mapping) else list(read_state_dict(source))
+    counts = {name: len(_stack_keys(keys, lay)) for name, lay in LAYOUTS.items()}
+    best = max(counts.values(), default=0)
+    winners = [n for n, c in counts.items() if c == best and c > 0]
+    if len(winners) == 1:
+        return winners[0]
+    layouts = "; ".join(f"{lay.name}: {lay.description}" for lay in LAYOUTS.values())
+    what = "several layouts fit equally" if winners else "no layout recognises these keys"
+    raise ConversionError([f"the keys' roots are {_roots(keys)}", f"layouts: {layouts}",
+                           "pass layout= (--layout) to choose one"],
+                          header=f"cannot detect the checkpoint layout ({what})")
+
+
+# ----------------------------------------------------------------------------------------
+# Their names -> ours
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Translated:
+    """A state dict in our torch names, and what the translation did."""
+
+    state_dict: dict[str, Any]
+    layout: str
+    prefix: str  # the model prefix the stack was found under ("bert.", "model.", "")
+    dropped: list[str] = field(default_factory=list)  # keys outside the stack (embeddings, heads)
+
+
+def _cat(parts: list, transpose: bool):
+    import numpy as np
+
+    parts = [p.T if transpose else p for p in parts]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def translate(sd: Mapping[str, Any], layout: str | None = None, *, prefix: str = "") -> Translated:
+    """Their state dict (numpy arrays) -> ours: `layers.{i}.<our name>` and `norm.*`.
+
+    layout None: detected (see `detect_layout`). prefix: their keys' model prefix; detected
+    when not given (the part before the first layer key: "bert.", "transformer.", "model.").
+    The torch layout returns the dict unchanged. Raises ConversionError listing keys inside
+    the layers that the layout does not know and merges with parts missing."""
+    from .convert import ConversionError
+
+    name = detect_layout(sd) if layout is None else _get(layout).name
+    lay = LAYOUTS[name]
+    if lay.rules is None:
+        return Translated(dict(sd), name, prefix)
+    if prefix and not prefix.endswith("."):
+        prefix += "."
+    regex = lay.layer_regex
+    found = {m.group(1) for k in sd if (m := regex.match(k)) and k.startswith(prefix)}
+    if not prefix:
+        if len(found) > 1:
+            raise ConversionError([f"layer keys under several prefixes {sorted(found)}: pass prefix="],
+                                  header=f"cannot read the {name} checkpoint")
+        prefix = found.pop() if found else ""
+    layers: dict[int, dict[str, Any]] = {}
+    out: dict[str, Any] = {}
+    dropped, problems = [], []
+    final = f"{prefix}{lay.final_norm}." if lay.final_norm else None
+    for k, a in sd.items():
+        m = regex.match(k)
+        if m and m.group(1) == prefix:
+            layers.setdefault(int(m.group(2)), {})[m.group(3)] = a
+        elif final and k.startswith(final) and k[len(final):] in ("weight", "bias"):
+            out[f"{declarations.FINAL_NORM}.{k[len(final):]}"] = a
+        else:
+            dropped.append(k)
+    known = _known_in_layer(lay)
+    for i, theirs in sorted(layers.items()):
+        unknown = sorted(set(theirs) - known)
+        problems += [f"{prefix}{lay.layer.format(i=i)}{t} (shape {tuple(theirs[t].shape)}): not a parameter "
+                     f"the {name} layout knows" for t in unknown]
+        for r in lay.rules:
+            have = [t for t in r.theirs if t in theirs]
+            if not have:
+                continue
+            if len(have) < len(r.theirs):
+                gone = [f"{prefix}{lay.layer.format(i=i)}{t}" for t in r.theirs if t not in theirs]
+                problems.append(f"missing key {', '.join(gone)} (merged into {r.ours} with {', '.join(have)})")
+                continue
+            out[f"{declarations.LAYERS}.{i}.{r.ours}"] = _cat([theirs[t] for t in r.theirs], r.transpose)
+    if problems:
+        raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
+    if not layers:
+        raise ConversionError([f"no key matches {prefix}{lay.layer} (the keys' roots are {_roots(sd)})"],
+                              header=f"cannot read the {name} checkpoint")
+    return Translated(out, name, prefix, dropped)
+
+
+# ----------------------------------------------------------------------------------------
+# Ours -> their names
+# ----------------------------------------------------------------------------------------
+
+
+def _rows(part: str, cfg: BlockConfig) -> int:
+    return {"q": cfg.num_heads, "kv": cfg.kv_heads}[part] * cfg.head_dim
+
+
+def check_settings(cfg: BlockConfig, layout: str) -> None:
+    """Raise ConversionError naming every BlockConfig field that the layout's family fixes
+    to another value (a post-LN block written as GPT-2 names would load but compute
+    something else)."""
+    from .convert import ConversionError
+
+    lay = _get(layout)
+    bad = [f"{k}={getattr(cfg, k)!r}, but {lay.name} checkpoints have {k}={v!r}"
+           for k, v in lay.settings.items() if getattr(cfg, k) != v]
+    if bad:
+        raise ConversionError(bad, header=f"this config cannot be written as a {lay.name} checkpoint")
+
+
+def to_layout(sd: Mapping[str, Any], layout: str, cfg: BlockConfig, *, prefix: str = "") -> dict[str, Any]:
+    """Our torch-named state dict (an Encoder's: layers.{i}.*, norm.*) -> the layout's names,
+    under `prefix` ("" gives the names relative to the model the layers sit in). Checks the
+    config against the family's settings; an our-name the layout has no place for is an error."""
+    from .convert import ConversionError
+
+    lay = _get(layout)
+    if lay.rules is None:
+        return {prefix + k: v for k, v in sd.items()}
+    check_settings(cfg, lay.name)
+    by_ours = {r.ours: r for r in lay.rules}
+    layer = re.compile(rf"{declarations.LAYERS}\.(\d+)\.(.+)")
+    out: dict[str, Any] = {}
+    problems = []
+    for k, a in sd.items():
+        m = layer.match(k)
+        if m is None:
+            if lay.final_norm and k.startswith(f"{declarations.FINAL_NORM}."):
+                out[f"{prefix}{lay.final_norm}.{k.split('.', 1)[1]}"] = a
+            else:
+                problems.append(f"{k}: the {lay.name} layout has no place for it")
+            continue
+        r = by_ours.get(m.group(2))
+        if r is None:
+            problems.append(f"{k}: the {lay.name} layout has no place for it")
+            continue
+        base = f"{prefix}{lay.layer.format(i=m.group(1))}"
+        if len(r.theirs) == 1:
+            out[base + r.theirs[0]] = a.T if r.transpose else a
+            continue
+        start = 0
+        for t, part in zip(r.theirs, r.split):
+            n = _rows(part, cfg)
+            out[base + t] = a[start:start + n].T if r.transpose else a[start:start + n]
+            start += n
+    if problems:
+        raise ConversionError(problems, header=f"cannot write a {lay.name} checkpoint")
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# What a torch module says about its own config
+# ----------------------------------------------------------------------------------------
+
+
+def settings_of(module: Any) -> dict[str, Any]:
+    """BlockConfig fields (and final_norm) that a torch module fixes: a torch_blocks module's
+    own cfg, or a stock nn.TransformerEncoder / nn.TransformerEncoderLayer's heads, norm
+    placement, activation, eps and final norm. Empty for anything else."""
+    cfg = getattr(module, "cfg", None)
+    if isinstance(cfg, BlockConfig):
+        out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "activation",
+                                             "layer_norm_eps", "causal", "mlp", "qk_norm", "rope_theta",
+                                             "residual", "scaling")}
+        if type(module).__name__ == "Encoder":
+            out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
+        return out
+    torch = sys.modules.get("torch")  # a torch module cannot exist without it; never import torch here
+    if torch is None or not isinstance(module, torch.nn.Module):
+        return {}
+    layer, out = module, {}
+    if isinstance(module, torch.nn.TransformerEncoder):
+        layer = module.layers[0]
+        out["final_norm"] = module.norm is not None
+    if not isinstance(layer, torch.nn.TransformerEncoderLayer):
+        return {}
+    act = layer.activation
+    act_name = {torch.nn.functional.relu: "relu", torch.nn.functional.gelu: "gelu"}.get(act)
+    if act_name is None and isinstance(act, (torch.nn.ReLU, torch.nn.GELU)):
+        act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
+    out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
+               layer_norm_eps=layer.norm1.eps, norm_type="layernorm", mlp="dense")
+    if act_name is not None:
+        out["activation"] = act_name
+    return out
+
+
+def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None = None, *,
+                         torch_blocks: bool = False) -> None:
+    """Raise ConversionError naming each field where `cfg` (and final_norm, when given)
+    contradicts what the torch module `module` fixes about itself: a stock
+    nn.TransformerEncoder / nn.TransformerEncoderLayer, and a torch_blocks module when
+    `torch_blocks` (from_torch leaves those out: the parity suite's wrong twins load a
+    torch_blocks module into a deliberately different config)."""
+    from .convert import ConversionError
+
+    if not torch_blocks and isinstance(getattr(module, "cfg", None), BlockConfig):
+        return
+    facts = settings_of(module)
+    mine = {k: getattr(cfg, k) for k in facts if k != "final_norm"}
+    if final_norm is not None and "final_norm" in facts:
+        mine["final_norm"] = final_norm
+    bad = [f"{k}={mine[k]!r} given, but the source module has {k}={facts[k]!r}"
+           for k in mine if mine[k] != facts[k]
+           and not (k == "num_kv_heads" and (mine[k] or cfg.num_heads) == (facts[k] or facts.get("num_heads")))]
+    if bad:
+        raise ConversionError(bad, header=f"the config contradicts the source {type(module).__name__}")
+
+
+def prepare(source: Any, layout: str | None, prefix: str = "") -> tuple[dict[str, Any], str, str | None]:
+    """For the loaders: read `source` and translate it to our names.
+
+    Returns (state dict, prefix left to apply, hint). A torch-layout source comes back as it
+    was (with the caller's prefix); another layout's comes back in our names (prefix "").
+    With layout None and keys no layout recognises, the source comes back as it was, with a
+    hint (listing the layouts and the keys' roots) for the loader's error message."""
+    from .convert import ConversionError, read_state_dict
+
+    sd = read_state_dict(source)
+    hint = None
+    if layout is None:
+        try:
+            layout = detect_layout(sd)
+        except ConversionError as e:
+            if "no layout" not in str(e):
+                raise
+            layout, hint = "torch", f"{e.args[0].splitlines()[0]}: " + "; ".join(e.problems[:2])
+        else:
+            if layout != "torch":
+                log.info("checkpoint layout %s (detected from the key names)", layout)
+    if _get(layout).rules is None:
+        return sd, prefix, hint
+    return translate(sd, layout, prefix=prefix).state_dict, "", None

@@ -1,0 +1,163 @@
+"""The Hugging Face model itself as the parity reference for a Flax stack from `fb.from_hf`.
+
+Feeds hidden states as `inputs_embeds` with the embeddings' own additions out of the way
+(BERT: position and token-type embeddings zeroed, embedding LayerNorm replaced by the
+identity; GPT-2: position embeddings zeroed; LLaMA-family models add nothing), so the HF
+model's last hidden state is its layers + final norm.
+
+float64: HF's LLaMA-family RMSNorm casts hidden states to float32 and its rotary embedding
+computes inv_freq, angles and cos/sin in float32, and its eager attention takes the softmax
+in float32, all even in a float64 model. `float64_faithful` replaces the first two forwards
+on the given instance by the same formulas without the float32 casts, and the LLaMA family
+runs with attn_implementation="sdpa" (float64 throughout): in float64 the comparison then
+measures the formulas, not float32 rounding. float32 runs the HF model untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from dataclasses import replace
+
+import numpy as np
+
+
+def _rmsnorm64(self, x):
+    import torch
+
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _rotary64(self, x, position_ids):
+    import torch
+
+    cfg = self.config
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    theta = cfg.rope_parameters["rope_theta"]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def float64_faithful(model):
+    """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32."""
+    for m in model.modules():
+        name = type(m).__name__
+        if name.endswith("RMSNorm"):
+            m.forward = types.MethodType(_rmsnorm64, m)
+        elif name.endswith("RotaryEmbedding"):
+            m.forward = types.MethodType(_rotary64, m)
+    return model
+
+
+def embeddings_out_of_the_way(model):
+    """Make the HF base model's output on inputs_embeds that of its layers + final norm."""
+    import torch
+
+    with torch.no_grad():
+        if hasattr(model, "embeddings"):  # BERT: inputs_embeds + token type + position, LayerNorm
+            model.embeddings.position_embeddings.weight.zero_()
+            model.embeddings.token_type_embeddings.weight.zero_()
+            model.embeddings.LayerNorm = torch.nn.Identity()
+        if hasattr(model, "wpe"):  # GPT-2: inputs_embeds + position
+            model.wpe.weight.zero_()
+    return model
+
+
+def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(last hidden state, gradient of <output, ct> w.r.t. x) of an HF base model on
+    inputs_embeds x (B, T, E); keys (B, T), True = real token, or None."""
+    import torch
+
+    xt = torch.tensor(x, requires_grad=True)
+    mask = None if keys is None else torch.tensor(keys.astype(np.int64))
+    y = model(inputs_embeds=xt, attention_mask=mask).last_hidden_state
+    y.backward(torch.tensor(ct))
+    return y.detach().numpy(), xt.grad.numpy()
+
+
+def flax_runs(module, x: np.ndarray, ct: np.ndarray, keys: np.ndarray,
+              cases: tuple[bool, ...] = (False, True)) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
+    """{masked: (output, gradient w.r.t. x)} of a Flax stack without (False) and with (True)
+    key_mask=keys, as `cases` asks, in one jitted program."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, state = nnx.split(module)
+
+    @jax.jit
+    def run(state, x, ct, keys):
+        model = nnx.merge(graphdef, state)
+        out = {}
+        for masked in cases:
+            y, vjp = jax.vjp(lambda h: model(h, key_mask=keys if masked else None), x)
+            out[masked] = (y, vjp(ct)[0])
+        return out
+
+    return jax.tree.map(np.asarray, run(state, jnp.asarray(x), jnp.asarray(ct), jnp.asarray(keys)))
+
+
+def rel_at(a: np.ndarray, b: np.ndarray, keys: np.ndarray) -> float:
+    """max|a - b| / max|b| over the real (keys True) positions."""
+    a, b = a[keys], b[keys]
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def load_hf(folder: str, dtype: str):
+    """The HF base model of a save_pretrained folder, in `dtype`, attention as described above."""
+    import torch
+    import transformers
+
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    llama_like = config.get("model_type") in ("llama", "mistral", "qwen2")
+    attn = "sdpa" if llama_like and dtype == "float64" else "eager"
+    model = transformers.AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=attn)
+    model = embeddings_out_of_the_way(model.eval())
+    return config, (float64_faithful(model) if dtype == "float64" else model)
+
+
+def check_hf(folder: str, *, num_heads: int | None = None, dtype: str = "float32", batch: int = 2, seq: int = 8,
+             seed: int = 0, pad_keys: int | None = None):
+    """The Flax stack read from an HF folder against the HF model rebuilt from it (its own
+    config.json and weights). num_heads overrides the config's (to see a wrong one fail).
+    Returns a parity_tests.check.CheckReport with one row, the stack's output."""
+    from .harness import precision
+
+    with precision(dtype):  # float64 on in JAX for this check only
+        return _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys)
+
+
+def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
+    import flax_blocks as fb
+    from flax_blocks.hf import hf_config
+
+    from .check import CheckReport
+    from .harness import TOL
+
+    config, model = load_hf(folder, dtype)
+    layout, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
+    if num_heads is not None and num_heads != cfg.num_heads:
+        kv = None if cfg.num_kv_heads is None else min(cfg.num_kv_heads, num_heads)
+        cfg = replace(cfg, num_heads=num_heads, num_kv_heads=kv)
+    flax = fb.from_torch(fb.Encoder, cfg, model.state_dict(), layout=layout, num_layers=num_layers,
+                         final_norm=final_norm, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, seq, cfg.d_model)).astype(dtype)
+    keys = np.ones((batch, seq), bool)
+    keys[-1, seq - (seq // 2 if pad_keys is None else pad_keys):] = False
+    ct = (rng.normal(size=x.shape) * keys[..., None]).astype(dtype)  # real query positions only
+    yf, gf = flax_runs(flax, x, ct, keys, (True,))[True]
+    yh, gh = hf_run(model, x, ct, keys)
+    report = CheckReport(f"Encoder ({config.get('model_type')}, layout {layout})", dtype,
+                         reference=f"the Hugging Face {type(model).__name__} rebuilt from {folder}")
+    fwd, grad = rel_at(yf, yh, keys), rel_at(gf, gh, keys)
+    report.rows.append(("output", float(np.abs(yf - yh)[keys].max()), fwd, grad))
+    if not fwd <= TOL["forward", dtype]:
+        report.failures.append(f"output: forward rel error {fwd:.2e} > {TOL['forward', dtype]:.0e}")
+    if not grad <= TOL["grad", dtype]:
+        report.failures.append(f"output: gradient rel error {grad:.2e} > {TOL['grad', dtype]:.0e}")
+    return report
