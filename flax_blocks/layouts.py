@@ -372,7 +372,7 @@ def settings_of(module: Any) -> dict[str, Any]:
         out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "activation",
                                              "layer_norm_eps", "causal", "mlp", "qk_norm", "rope_theta",
                                              "residual", "scaling")}
-        if type(module).__name__ == "Encoder":
+        if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out
     torch = sys.modules.get("torch")  # a torch module cannot exist without it; never import torch here
@@ -396,12 +396,12 @@ def settings_of(module: Any) -> dict[str, Any]:
 
 
 def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None = None, *,
-                         torch_blocks: bool = False) -> None:
+                         torch_blocks: bool = True) -> None:
     """Raise ConversionError naming each field where `cfg` (and final_norm, when given)
     contradicts what the torch module `module` fixes about itself: a stock
-    nn.TransformerEncoder / nn.TransformerEncoderLayer, and a torch_blocks module when
-    `torch_blocks` (from_torch leaves those out: the parity suite's wrong twins load a
-    torch_blocks module into a deliberately different config)."""
+    nn.TransformerEncoder / nn.TransformerEncoderLayer, or a torch_blocks module (unless
+    `torch_blocks` is False). To load weights into a deliberately different config (a
+    wrong twin), pass the module's state_dict() instead of the module."""
     from .convert import ConversionError
 
     if not torch_blocks and isinstance(getattr(module, "cfg", None), BlockConfig):

@@ -124,9 +124,10 @@ def torch_twin(case: Case, dtype: str, perturb: float = 0.05) -> torch.nn.Module
 def flax_twin(case: Case, tmodule: torch.nn.Module, dtype: str, cfg: fb.BlockConfig | None = None):
     """A flax_blocks module loaded from `tmodule` with the converter.
     `cfg` overrides the Flax config (for wrong twins)."""
+    source = tmodule if cfg is None else tmodule.state_dict()  # a module object refuses a contradicting config
     cfg = replace(cfg or case.cfg, param_dtype=dtype)
     cls = getattr(fb, case.kind)
-    return from_torch(cls, cfg, tmodule, seed=case.seed + 1, **case.kwargs)
+    return from_torch(cls, cfg, source, seed=case.seed + 1, **case.kwargs)
 
 
 @dataclass

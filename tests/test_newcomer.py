@@ -225,7 +225,7 @@ def test_stability_variants_and_depths_run_only_what_was_asked():
 
     pairs = lambda argv: sweep_from_args(parse_args(argv)).pairs()  # noqa: E731
     assert pairs(["--variants", "pre,post", "--depths", "2"]) == [("post", 2), ("pre", 2)]
-    assert pairs(["--depths", "2"]) == [("post", 2), ("pre", 2), ("deepnorm", 2)]
+    assert pairs(["--depths", "2"]) == [("post", 2), ("pre", 2), ("deepnorm", 2), ("peri", 2)]  # the quick preset's variants
     assert ("noskip", 6) in pairs([]) and ("noskip", 6) in pairs(["--seeds", "1"])  # the quick preset's own grid
     assert ("noskip", 2) in pairs(["--depths", "2", "--extra", "noskip:2"])
     assert PRESETS["quick"].extra == (("noskip", 6),)
