@@ -131,6 +131,8 @@ SIZES = {
         Size("block d512 T128", 512, 8, 2048, 8, 128, target=True),
         Size("block d256 T512", 256, 8, 1024, 2, 512),
         Size("block d256 T128 llama-like", 256, 8, 1024, 8, 128, options=LLAMA_LIKE),
+        Size("block d256 T2048", 256, 8, 1024, 1, 2048),  # long sequences: the blocked attention
+        Size("block d256 T8192", 256, 8, 1024, 1, 8192),
         Size("encoder d64 L6", 64, 4, 256, 32, 32, layers=6, block=False),
         Size("encoder d64 L24", 64, 4, 256, 32, 32, layers=24, block=False),
     ],
@@ -729,6 +731,57 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+README_START, README_END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
+
+
+def readme_table(result: dict[str, Any]) -> str:
+    """README's speed table, made from a run's result: every JAX / torch ratio row (eager
+    and torch.compile, favourable or not) with its IQR and JAX's share of the matmul peak,
+    then the generation rows, then the flags and load the run had."""
+    rows, ratios, m = result["rows"], result["ratios"], result["meta"]
+    by_row = {(r["name"], r["contender"]): r for r in rows}
+    fmt = lambda r: f"{r['median']:.2f} [{r['p25']:.2f}, {r['p75']:.2f}]"  # noqa: E731
+    lines = ["| shape | step | JAX / torch eager [IQR] | JAX / torch.compile [IQR] | JAX % of matmul peak |",
+             "|---|---|---|---|---|"]
+    for r in ratios:
+        if r["ratio"] != "jax / torch" or r["section"] not in ("block", "encoder"):
+            continue
+        comp = next((c for c in ratios if c["ratio"] == "jax / torch.compile" and c["name"] == r["name"]
+                     and c["mode"] == r["mode"]), None)
+        jax_row = by_row.get((r["name"], f"jax {r['mode']}"), {})
+        shape = r["name"].rsplit(" ", 1)[0]  # without the dtype
+        lines.append(f"| {shape} | {'forward' if r['mode'] == 'fwd' else 'train'} | {fmt(r)} | "
+                     f"{fmt(comp) if comp else ''} | {jax_row.get('pct_peak', 0):.0f} % |")
+    gen = [r for r in ratios if r["section"] == "generate"]
+    if gen:
+        lines += ["", "| generation | positions/s, cached | positions/s, re-running the prefix | prefix / cached time [IQR] |",
+                  "|---|---:|---:|---|"]
+        for r in gen:
+            fw = r["mode"]
+            cached, prefix = by_row[(r["name"], f"{fw} cached")], by_row[(r["name"], f"{fw} re-run prefix")]
+            lines.append(f"| {r['name']}, {fw} | {cached['tokens_per_s']:.0f} | {prefix['tokens_per_s']:.0f} | {fmt(r)} |")
+    mem = [r for r in rows if r["section"] == "block" and r["contender"] == "jax train" and r.get("xla_temp_bytes")
+           and r.get("seq", 0) >= 2048]
+    notes = [f"XLA temp memory of the JAX train step: " + ", ".join(
+        f"{r['name'].rsplit(' ', 1)[0]} {_fmt_bytes(r['xla_temp_bytes'])}" for r in mem) + "."] if mem else []
+    notes.append(f"Run {m['date']}, {m['wall_s']:.0f} s, load average {m['load_before']} before / {m['load_after']} "
+                 f"after; XLA_FLAGS `{m['xla_flags'] or '(none: XLA defaults)'}`; torch {m.get('torch', 'n/a')} "
+                 f"with {m.get('torch_threads', '?')} threads.")
+    if result.get("skipped"):
+        notes.append("Skipped (time budget or not asked): " + "; ".join(result["skipped"]) + ".")
+    return "\n".join(lines + [""] + notes)
+
+
+def splice_readme(path: Path, table: str) -> None:
+    """Replace what lies between the bench-table markers of `path` with `table`."""
+    text = path.read_text()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{path} has no {README_START} ... {README_END} markers")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    path.write_text(f"{head}{README_START}\n{table}\n{README_END}{tail}")
+
+
 # ------------------------------------------------------------------------------------
 # Main
 # ------------------------------------------------------------------------------------
@@ -766,6 +819,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", action="append", default=[], metavar="DTYPE=TFLOPS",
                    help="the chip's datasheet peak, for MFU (e.g. bfloat16=989)")
     p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--readme", type=Path, default=None,
+                   help="after the run, write its speed table into this file between the bench-table markers")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="with --readme: take the table from this bench.json instead of running")
     p.add_argument("--opt-level", type=int, default=None,
                    help="XLA CPU backend optimisation level for every JAX compile (default: XLA's; --quick: 0)")
     a = p.parse_args(argv)
@@ -809,6 +866,13 @@ def _load() -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     configure_xla("--xla-defaults" in (sys.argv[1:] if argv is None else argv))
     args = parse_args(argv)
+    if args.from_json is not None:
+        if args.readme is None:
+            raise SystemExit("--from-json needs --readme")
+        result = json.loads(args.from_json.read_text())
+        splice_readme(args.readme, readme_table(result))
+        print(f"wrote the speed table of {args.from_json} into {args.readme}")
+        return result
     clock = Clock(args.budget)
     BASE_OPTIONS.clear()
     if args.opt_level is not None and jax.default_backend() == "cpu":
@@ -866,6 +930,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (args.out / "bench.md").write_text(md)
     print(md)
     print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.md'} in {meta['wall_s']:.0f} s")
+    if args.readme is not None:
+        splice_readme(args.readme, readme_table(result))
     return result
 
 
