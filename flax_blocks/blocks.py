@@ -23,7 +23,8 @@ from flax import nnx
 
 from . import declarations
 from .attention import Attention, Blocked, build_mask, cache_mask, self_attention_mask
-from .config import BlockConfig, check_width, residual_update
+from .config import (BlockConfig, check_cached_call, check_new_cache, check_width, overflow_message,
+                     residual_update)
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params
 
@@ -430,12 +431,7 @@ class Transformer(nnx.Module):
 
 def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memory_key_mask=None) -> Cache:
     cfg = module.cfg
-    if not cfg.causal:
-        raise ValueError(f"{type(module).__name__} is not causal (cfg.causal=False): a cache only serves "
-                         "causal decoding, where a new position never changes the past")
-    for name, v in (("batch_size", batch_size), ("max_length", max_length)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    check_new_cache(cfg, type(module).__name__, batch_size, max_length)
     dtype = _compute_dtype(cfg, jnp.float32)
     cache: Cache = {"index": jnp.zeros((), jnp.int32), "valid": jnp.zeros((batch_size, max_length), jnp.bool_)}
     if memory is not None:
@@ -458,9 +454,9 @@ def _check_room(index: jax.Array, chunk: int, length: int) -> None:
     ValueError; under jit an error raised from the compiled program (jax.debug.callback)."""
 
     def fail(i):
-        if int(i) + chunk > length:
-            raise ValueError(f"cache overflow: a chunk of {chunk} position(s) at position {int(i)} "
-                             f"does not fit a cache of max_length {length}")
+        message = overflow_message(chunk, int(i), length)
+        if message:
+            raise ValueError(message)
 
     if isinstance(index, jax.core.Tracer):
         jax.debug.callback(fail, index)
@@ -470,20 +466,9 @@ def _check_room(index: jax.Array, chunk: int, length: int) -> None:
 
 def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask, return_intermediates,
                  deterministic, *, stacked: bool):
-    cfg = module.cfg
-    if not cfg.causal:
-        raise ValueError(f"{type(module).__name__} is not causal (cfg.causal=False): it takes no cache")
-    if not isinstance(cache, dict) or not {"index", "valid", "layers"} <= set(cache):
-        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers)")
-    if attention_mask is not None or memory_mask is not None:
-        raise ValueError("a cached call is causal by construction: pass key_mask (B, chunk) for padding, "
-                         "not attention_mask / memory_mask")
-    if memory is not None:
-        raise ValueError("a cached call reads the memory's keys and values from the cache (init_cache took it)")
-    b, t, _ = x.shape
-    cb, length = cache["valid"].shape
-    if b != cb:
-        raise ValueError(f"the cache was made for batch size {cb}, the input has batch {b}")
+    b, t, length = check_cached_call(module.cfg, type(module).__name__, cache, x.shape,
+                                     masks=attention_mask is not None or memory_mask is not None,
+                                     memory=memory is not None)
     index = cache["index"]
     _check_room(index, t, length)
     km = jnp.ones((b, t), jnp.bool_) if key_mask is None else jnp.asarray(key_mask)

@@ -258,6 +258,43 @@ def check_width(cfg: BlockConfig, shape: tuple[int, ...], what: str = "input") -
         )
 
 
+def check_new_cache(cfg: BlockConfig, kind: str, batch_size: Any, max_length: Any) -> None:
+    """The checks of `init_cache`, shared by both frameworks."""
+    if not cfg.causal:
+        raise ValueError(f"{kind} is not causal (cfg.causal=False): a cache only serves causal decoding, "
+                         "where a new position never changes the past")
+    for name, v in (("batch_size", batch_size), ("max_length", max_length)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def check_cached_call(cfg: BlockConfig, kind: str, cache: Any, shape: tuple[int, ...], *, masks: bool,
+                      memory: bool) -> tuple[int, int, int]:
+    """The checks of a cached call on x of `shape` (B, T, E), shared by both frameworks;
+    returns (B, T, the cache's max_length). masks / memory: whether attention masks or a
+    memory were passed (a cached call takes neither)."""
+    if not cfg.causal:
+        raise ValueError(f"{kind} is not causal (cfg.causal=False): it takes no cache")
+    if not isinstance(cache, dict) or not {"index", "valid", "layers"} <= set(cache):
+        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers)")
+    if masks:
+        raise ValueError("a cached call is causal by construction: pass a key padding mask (batch, chunk) for "
+                         "padding, not attention masks")
+    if memory:
+        raise ValueError("a cached call reads the memory's keys and values from the cache (init_cache took it)")
+    b, t = shape[0], shape[1]
+    cb, length = tuple(cache["valid"].shape)
+    if b != cb:
+        raise ValueError(f"the cache was made for batch size {cb}, the input has batch {b}")
+    return b, t, length
+
+
+def overflow_message(chunk: int, index: int, length: int) -> str | None:
+    if index + chunk > length:
+        return f"cache overflow: a chunk of {chunk} position(s) at position {index} does not fit a cache of max_length {length}"
+    return None
+
+
 def fully_masked_message(elements: Any, framework: str) -> str:
     """The warning for batch elements in which no query has any key to attend to: almost
     always a mask written in the other framework's convention."""

@@ -29,7 +29,8 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import BlockConfig, check_width, residual_update
+from flax_blocks.config import (BlockConfig, check_cached_call, check_new_cache, check_width, overflow_message,
+                                residual_update)
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
 from .attention import Attention, Mask, build_mask, cache_mask
@@ -368,12 +369,7 @@ class Transformer(nn.Module):
 
 def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memory_key_padding_mask=None) -> Cache:
     cfg = module.cfg
-    if not cfg.causal:
-        raise ValueError(f"{type(module).__name__} is not causal (cfg.causal=False): a cache only serves "
-                         "causal decoding, where a new position never changes the past")
-    for name, v in (("batch_size", batch_size), ("max_length", max_length)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    check_new_cache(cfg, type(module).__name__, batch_size, max_length)
     p = next(module.parameters())
     cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device)}
     if memory is not None:
@@ -394,24 +390,13 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
 
 def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates, *,
                  stacked: bool):
-    cfg = module.cfg
-    if not cfg.causal:
-        raise ValueError(f"{type(module).__name__} is not causal (cfg.causal=False): it takes no cache")
-    if not isinstance(cache, dict) or not {"index", "valid", "layers"} <= set(cache):
-        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers)")
-    if attn_mask is not None or memory_mask is not None:
-        raise ValueError("a cached call is causal by construction: pass a key padding mask (B, chunk), "
-                         "not attention masks")
-    if memory is not None:
-        raise ValueError("a cached call reads the memory's keys and values from the cache (init_cache took it)")
-    b, t, _ = x.shape
-    cb, length = cache["valid"].shape
-    if b != cb:
-        raise ValueError(f"the cache was made for batch size {cb}, the input has batch {b}")
+    b, t, length = check_cached_call(module.cfg, type(module).__name__, cache, tuple(x.shape),
+                                     masks=attn_mask is not None or memory_mask is not None,
+                                     memory=memory is not None)
     index = int(cache["index"])
-    if index + t > length:
-        raise ValueError(f"cache overflow: a chunk of {t} position(s) at position {index} does not fit a "
-                         f"cache of max_length {length}")
+    message = overflow_message(t, index, length)
+    if message:
+        raise ValueError(message)
     kpm = key_padding_mask
     if kpm is not None and (kpm.dtype != torch.bool or tuple(kpm.shape) != (b, t)):
         raise ValueError(f"the key padding mask of a cached call must be a boolean (batch, chunk) = {(b, t)} "
