@@ -139,6 +139,7 @@ SIZES = {
     "gpu": [
         Size("block d512 T512", 512, 8, 2048, 16, 512),
         Size("block d1024 T1024", 1024, 16, 4096, 16, 1024, target=True),
+        Size("block d1024 T2048", 1024, 16, 4096, 8, 2048, target=True),  # the MFU target row
         Size("block d2048 T1024", 2048, 16, 8192, 8, 1024, target=True),
         Size("encoder d1024 L12", 1024, 16, 4096, 8, 1024, layers=12, block=False, target=True),
         Size("encoder d64 L6", 64, 4, 256, 32, 32, layers=6, block=False),

@@ -77,17 +77,23 @@ class Blocked(NamedTuple):
     key_valid: jax.Array | None
 
 
-# When a self-attention takes the blocked path (no weights asked for, no attention_mask, no
-# dropout on the weights, at least `min_keys` keys): keys and queries in blocks of `block`.
-BLOCKED = {"min_keys": 1024, "block": 512}
+# When a self-attention takes the memory-efficient path (no weights asked for, no
+# attention_mask, no dropout on the weights, at least `min_keys` keys; on a GPU any length):
+# keys and queries in blocks of `block`, or, with "fused" (default: on a GPU),
+# jax.nn.dot_product_attention, which takes cuDNN's fused kernel where it can.
+BLOCKED = {"min_keys": 1024, "block": 512, "fused": None}
+
+
+def _fused() -> bool:
+    return jax.default_backend() == "gpu" if BLOCKED["fused"] is None else bool(BLOCKED["fused"])
 
 
 @contextlib.contextmanager
-def blocked_attention_settings(*, min_keys: int, block: int):
+def blocked_attention_settings(*, min_keys: int, block: int = 512, fused: bool | None = None):
     """Temporarily change BLOCKED (read at trace time), e.g. to force the blocked path on a
-    short sequence in a test."""
+    short sequence in a test, or the fused path on a CPU."""
     old = dict(BLOCKED)
-    BLOCKED.update(min_keys=min_keys, block=block)
+    BLOCKED.update(min_keys=min_keys, block=block, fused=fused)
     try:
         yield
     finally:
@@ -97,7 +103,7 @@ def blocked_attention_settings(*, min_keys: int, block: int):
 def self_attention_mask(cfg: BlockConfig, batch: int, seq: int, attention_mask, key_mask, *, blocked_ok: bool):
     """`Blocked(key_mask)` when the blocked path applies (long sequence, no explicit
     attention_mask, `blocked_ok`), else the dense `build_mask`."""
-    if blocked_ok and attention_mask is None and seq >= BLOCKED["min_keys"]:
+    if blocked_ok and attention_mask is None and (seq >= BLOCKED["min_keys"] or _fused()):
         if key_mask is not None:
             key_mask = jnp.asarray(key_mask)
             _check_bool("key_mask", key_mask, [(batch, seq)])
@@ -156,6 +162,24 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     out = out.swapaxes(0, 1).reshape(b, nq * bq, kv, g, d)[:, :t]
     has_key = has_key.swapaxes(0, 1).reshape(b, nq * bq)[:, :t]
     return out.astype(v.dtype), has_key
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
+                    key_valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """The same as `blocked_attention` through jax.nn.dot_product_attention (query head
+    k * G + g uses key/value head k, its grouping too); its softmax runs in float32, so
+    float64 parity is not this path's job. Rows without keys give 0."""
+    b, t, kv, g, d = q.shape
+    mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, S)
+    out = jax.nn.dot_product_attention(q.reshape(b, t, kv * g, d), k, v, mask=mask, is_causal=causal)
+    if key_valid is None:
+        has_key = jnp.ones((b, t), jnp.bool_)
+    elif causal:
+        has_key = jnp.cumsum(key_valid, axis=1)[:, :t] > 0  # a key at or before the query
+    else:
+        has_key = jnp.broadcast_to(key_valid.any(axis=1, keepdims=True), (b, t))
+    out = jnp.where(has_key[:, :, None, None], out, 0.0)
+    return out.reshape(b, t, kv, g, d), has_key
 
 
 def cache_mask(index: jax.Array | int, seq: int, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -288,9 +312,12 @@ class Attention(nnx.Module):
             mem = self.memory_kv(memory) if memory is not None else cache
             k, v = mem["k"], mem["v"]
         s = k.shape[1]
-        if isinstance(mask, Blocked):  # memory-efficient path: no weights, no (T, S) logits
+        if isinstance(mask, Blocked) and _fused():  # the accelerator path: cuDNN's fused kernel where it can
+            out, has_key = fused_attention(q, k, v, causal=self.cfg.causal, key_valid=mask.key_valid)
+        elif isinstance(mask, Blocked):  # memory-efficient path: no weights, no (T, S) logits
             out, has_key = blocked_attention(q, k, v, causal=self.cfg.causal, key_valid=mask.key_valid,
                                              block=BLOCKED["block"])
+        if isinstance(mask, Blocked):
             out = jnp.dot(out.reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
             if b_out is not None:
                 out = out + b_out

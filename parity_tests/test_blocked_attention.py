@@ -34,6 +34,27 @@ def test_blocked_path_keeps_parity(case, dtype):
     assert max(err.grad, err.dx) <= TOL["grad", dtype], (err.grad, err.dx)
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_fused_path_keeps_float32_parity(case):
+    """The accelerator path (jax.nn.dot_product_attention, cuDNN on a GPU) forced on the CPU,
+    where XLA runs it: float32 parity (its softmax is float32, so float64 is not its job)."""
+    with blocked_attention_settings(min_keys=10**9, fused=True):
+        err = parity(case, "float32")
+    assert err.forward <= TOL["forward", "float32"] and max(err.grad, err.dx) <= TOL["grad", "float32"]
+
+
+def test_fused_path_rows_without_keys_are_zero_with_finite_gradients():
+    m = fb.TransformerBlock(replace(BASE, causal=True), rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (2, 5, BASE.d_model))
+    keys = np.ones((2, 5), bool)
+    keys[1, :2] = False  # causal: queries 0 and 1 of sequence 1 see no key
+    dense = m(x, key_mask=keys)
+    with blocked_attention_settings(min_keys=1, fused=True):
+        fused = m(x, key_mask=keys)
+        g = jax.grad(lambda x: jnp.sum(m(x, key_mask=keys) ** 2))(x)
+    assert float(jnp.abs(fused - dense).max()) < 1e-5 and bool(jnp.isfinite(g).all())
+
+
 def test_blocked_equals_dense_and_is_taken_only_without_weights():
     with jax.enable_x64(True):
         m = fb.Encoder(replace(LLAMA, param_dtype="float64"), num_layers=2, rngs=nnx.Rngs(0))
