@@ -84,4 +84,7 @@ CASES: list[Case] = [
     Case("Decoder", replace(BASE, norm="post", causal=True), num_layers=3, key_mask=True, memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
     Case("Decoder", LLAMA, num_layers=2, seq=6, memory_seq=3),
+    # rematerialised layers: the backward recomputes each layer's forward inside the scan
+    Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
+    Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
 ]

@@ -77,11 +77,14 @@ class Case:
     input_scale: float = 1.0  # small inputs make a norm's eps matter (RMS ~ sqrt(eps))
     memory_seq: int = 4  # decoders: the memory's length S (!= seq, so a swapped axis cannot pass)
     memory_key_mask: bool = False  # decoders: pad the memory of the last sequence
+    remat: str | None = None  # stacks: rematerialise each layer ("full" or a jax.checkpoint_policies name)
 
     @property
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments beyond the config (an Encoder's depth and final norm)."""
-        return {"num_layers": self.num_layers, "final_norm": self.final_norm} if self.kind in STACKS else {}
+        if self.kind not in STACKS:
+            return {}
+        return {"num_layers": self.num_layers, "final_norm": self.final_norm} | ({"remat": self.remat} if self.remat else {})
 
     @property
     def name(self) -> str:
@@ -103,6 +106,7 @@ class Case:
         bits += ["key-mask"] if self.key_mask else []
         bits += [f"memory{self.memory_seq}"] if self.kind in DECODERS else []
         bits += ["memory-key-mask"] if self.memory_key_mask else []
+        bits += [f"remat-{self.remat}"] if self.remat else []
         bits += [f"B{self.batch}T{self.seq}"]
         bits += [f"x*{self.input_scale:g}"] if self.input_scale != 1.0 else []
         return "/".join(bits)
