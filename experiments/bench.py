@@ -235,6 +235,9 @@ class Torch:
         m = self.tb.TransformerBlock(cfg) if size.block else self.tb.Encoder(cfg, num_layers=size.layers)
         return m.to(self.device)
 
+    def torch_encoder(self, size: Size, layers: int):
+        return self.tb.Encoder(size.cfg("float32"), num_layers=layers).to(self.device)
+
     def fns(self, m, x, r, compiled: bool = False):
         torch = self.torch
         run = torch.compile(m, dynamic=False) if compiled else m
@@ -264,6 +267,8 @@ def jax_model(size: Size, dtype: str, seed: int = 0):
     m = TransformerBlock(cfg, rngs=nnx.Rngs(seed)) if size.block else Encoder(cfg, num_layers=size.layers, rngs=nnx.Rngs(seed))
     return nnx.split(m, nnx.Param, ...)
 
+
+REMAT_VARIANTS = (None, "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 BASE_OPTIONS: dict[str, Any] = {}  # set by --opt-level (CPU only): applied to every JAX compile
 
@@ -518,6 +523,46 @@ class Bench:
         self.log(f"generate: " + ", ".join(f"{k} {n / statistics.median(v):.0f} tok/s" for k, v in times.items()))
 
     # -- seeds under vmap -----------------------------------------------------------
+    # -- rematerialisation: memory and time of the scanned train step ---------------
+    def run_remat(self) -> None:
+        """Encoder train step (the experiments' width) with each layer rematerialised or not:
+        XLA's temp memory and the time, interleaved with torch eager on the same stack."""
+        a = self.args
+        base = Size("remat", 16, 2, 32, 2, 8, block=False) if a.quick else Size("remat", 64, 4, 256, 32, 32, block=False)
+        rng = np.random.default_rng(2)
+        xn = rng.standard_normal((base.batch, base.seq, base.d_model)).astype(np.float32)
+        rn = rng.standard_normal((base.batch, base.seq, base.d_model)).astype(np.float32)
+        x, r = jnp.asarray(xn), jnp.asarray(rn)
+        for depth in a.remat_depths:
+            if self.clock.left() < (10 if a.quick else 40):
+                self.skipped.append(f"remat L{depth} (time budget)")
+                continue
+            name = f"encoder d{base.d_model} L{depth} B{base.batch} T{base.seq} float32"
+            fns: dict[str, Callable[[], Any]] = {}
+            meta: dict[str, dict[str, Any]] = {}
+            for remat in REMAT_VARIANTS:
+                model = Encoder(base.cfg("float32"), num_layers=depth, remat=remat, rngs=nnx.Rngs(0))
+                graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+                _, train = jax_step_fns(graphdef, rest)
+                ct, _, cs, mem = compile_jax(train, params, x, r)
+                key = f"jax remat={remat or 'none'}"
+                fns[key] = lambda ct=ct, params=params: jax.block_until_ready(ct(params, x, r))
+                meta[key] = {"compile_s": cs, "xla_temp_bytes": mem, "remat": remat or "none"}
+            if self.torch:
+                th = self.torch
+                tm = th.torch_encoder(base, depth)
+                _, fns["torch eager"] = th.fns(tm, th.torch.from_numpy(xn).to(th.device), th.torch.from_numpy(rn).to(th.device))
+            times = interleaved(fns, reps=a.reps, warmup=1, max_s=a.max_config_s)
+            for k, v in times.items():
+                self.add("remat", name, k, v, layers=depth, flops=Size("r", base.d_model, base.num_heads, base.d_ff, base.batch,
+                                                                        base.seq, layers=depth, block=False).flops(True),
+                         **meta.get(k, {}))
+                if k != "torch eager" and "torch eager" in times:
+                    self.ratios.append({"section": "remat", "name": name, "mode": "train", "ratio": f"{k} / torch eager",
+                                        "target": False, **paired_ratio(v, times["torch eager"])})
+            self.log(f"remat {name}: " + ", ".join(
+                f"{k} {1e3 * statistics.median(v):.1f} ms {_fmt_bytes(meta.get(k, {}).get('xla_temp_bytes'))}" for k, v in times.items()))
+
     def run_seeds(self) -> None:
         a = self.args
         lm = TinyLM(layers=a.seed_layers, d_model=a.seed_d_model, vocab=32, seq=a.seed_seq, heads=4, d_ff=4 * a.seed_d_model)
@@ -649,6 +694,24 @@ def check_targets(b: Bench) -> list[dict[str, Any]]:
         lo, hi = scans[0], scans[-1]
         ratio = depth[("scan", hi)] / depth[("scan", lo)]
         out.append({"target": f"compile {hi} layers / {lo} layers (scan) <= 1.5", "value": ratio, "pass": ratio <= 1.5, "spread": ""})
+    # issue 15: the experiments' small deep stacks, T 512, the T 8192 memory bound, remat memory
+    for r in b.ratios:
+        if r["ratio"] != "jax / torch" or r["mode"] != "train":
+            continue
+        limit = 1.0 if (r["section"] == "encoder" or r["d_model"] == 64) else 1.1 if "T512" in r["name"] else None
+        if limit is not None:
+            out.append({"target": f"train step jax / torch <= {limit}, {r['name']}", "value": r["median"],
+                        "pass": r["median"] <= limit, "spread": f"[{r['p25']:.2f}, {r['p75']:.2f}]"})
+    for row in b.rows:
+        if row["section"] == "block" and row.get("seq", 0) >= 8192 and row["contender"] == "jax train" and row.get("xla_temp_bytes"):
+            mib = row["xla_temp_bytes"] / 2 ** 20
+            out.append({"target": f"XLA temp MiB <= 256, train step {row['name']}", "value": mib, "pass": mib <= 256, "spread": ""})
+    temps = {(r["name"], r.get("remat")): r.get("xla_temp_bytes") for r in b.rows if r["section"] == "remat"}
+    for (name, remat), temp in temps.items():
+        ref = temps.get((name, "none"))
+        if remat == "full" and temp and ref and " L24 " in f" {name} ":
+            out.append({"target": f"XLA temp remat=full / none <= 0.33, {name}", "value": temp / ref,
+                        "pass": temp / ref <= 1 / 3, "spread": ""})
     for r in b.ratios:
         if r["section"] == "seeds":
             out.append({"target": f"{r['name']}: vmap throughput / sequential >= 2", "value": r["median"],
@@ -723,8 +786,22 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"| {r['name']} | {r['mode']}: {r['ratio']} | {r['median']:.2f} [{r['p25']:.2f}, {r['p75']:.2f}] | |"
                   for r in result["ratios"] if r["section"] == "generate"]
         lines.append("")
+    remat = [r for r in rows if r["section"] == "remat"]
+    if remat:
+        none = {r["name"]: r.get("xla_temp_bytes") for r in remat if r.get("remat") == "none"}
+        vs_torch = {(r["name"], r["ratio"].split(" / ")[0]): r for r in result["ratios"] if r["section"] == "remat"}
+        lines += ["## Rematerialisation: Encoder train step, each layer recomputed in the backward or not", "",
+                  "| config | contender | median ms [IQR] | / torch eager [IQR] | XLA temp | temp / none |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in remat:
+            q = vs_torch.get((r["name"], r["contender"]))
+            temp, ref = r.get("xla_temp_bytes"), none.get(r["name"])
+            lines.append(f"| {r['name']} | {r['contender']} | {r['median_ms']:.1f} [{r['p25_ms']:.1f}, {r['p75_ms']:.1f}] | "
+                         + (f"{q['median']:.2f} [{q['p25']:.2f}, {q['p75']:.2f}]" if q else "") + f" | {_fmt_bytes(temp)} | "
+                         + (f"{temp / ref:.2f}" if temp and ref else "") + " |")
+        lines.append("")
     if result["targets"]:
-        lines += ["## Issue 6 targets (this run)", "", "| target | value | IQR | holds |", "|---|---:|---|---|"]
+        lines += ["## Targets of issues 6 and 15 (this run)", "", "| target | value | IQR | holds |", "|---|---:|---|---|"]
         lines += [f"| {t['target']} | {t['value']:.2f} | {t['spread']} | {'yes' if t['pass'] else 'NO'} |" for t in result["targets"]]
         lines.append("")
     if result["skipped"]:
@@ -765,6 +842,14 @@ def readme_table(result: dict[str, Any]) -> str:
            and r.get("seq", 0) >= 2048]
     notes = [f"XLA temp memory of the JAX train step: " + ", ".join(
         f"{r['name'].rsplit(' ', 1)[0]} {_fmt_bytes(r['xla_temp_bytes'])}" for r in mem) + "."] if mem else []
+    remat = [r for r in rows if r["section"] == "remat" and r.get("xla_temp_bytes")]
+    if remat:
+        rq = {(r["name"], r["ratio"].split(" / ")[0]): r["median"] for r in ratios if r["section"] == "remat"}
+        for name in dict.fromkeys(r["name"] for r in remat):
+            cells = [f"{r['remat']} {_fmt_bytes(r['xla_temp_bytes'])}"
+                     + (f" ({rq[(name, r['contender'])]:.2f} x torch's time)" if (name, r["contender"]) in rq else "")
+                     for r in remat if r["name"] == name]
+            notes.append(f"Remat, {name.rsplit(' ', 1)[0]} train step, XLA temp memory: " + ", ".join(cells) + ".")
     notes.append(f"Run {m['date']}, {m['wall_s']:.0f} s, load average {m['load_before']} before / {m['load_after']} "
                  f"after; XLA_FLAGS `{m['xla_flags'] or '(none: XLA defaults)'}`; torch {m.get('torch', 'n/a')} "
                  f"with {m.get('torch_threads', '?')} threads.")
@@ -804,10 +889,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {DEFAULT_OUT}, or .../quick)")
     p.add_argument("--sizes", choices=sorted(SIZES), default=None, help="size list (default: gpu on a GPU, else cpu)")
     p.add_argument("--dtypes", default=None, help="comma list (default float32 on CPU, float32,bfloat16 on GPU)")
-    p.add_argument("--sections", default="peak,block,encoder,depth,seeds,generate",
+    p.add_argument("--sections", default="peak,block,encoder,depth,seeds,generate,remat",
                    help="comma list of what to time: peak (matmul peak), block, encoder, depth (compile time "
                         "against depth), seeds (vmap over seeds), generate (cached decoding against re-running "
-                        "the prefix) (default: all)")
+                        "the prefix), remat (the Encoder train step's memory and time with each "
+                        "layer rematerialised) (default: all)")
     p.add_argument("--budget", type=float, default=None, help="seconds; lower-priority work is skipped past it")
     p.add_argument("--reps", type=int, default=None, help="timed repeats per row (default: 7; --quick: 3)")
     p.add_argument("--no-torch", action="store_true", help="time JAX only (no torch rows)")
@@ -848,6 +934,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.seed_reps = 3
     a.gen_tokens = 16 if a.quick else 256
     a.gen_reps = 2 if a.quick else 3
+    a.remat_depths = (2,) if a.quick else (6, 24)
     if a.quick:
         a.torch_compile = False
         a.tuned = False
@@ -913,6 +1000,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 b.run_depth()
             if "generate" in args.sections:
                 b.run_generate() if clock.left() > 20 else b.skipped.append("generate (time budget)")
+            if "remat" in args.sections:
+                b.run_remat()
             continue
         for dtype in args.dtypes:
             if clock.left() < (15 if args.quick else 25):
@@ -921,7 +1010,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             b.run_size(size, dtype)
     meta["load_after"] = _load()
     meta["wall_s"] = clock.elapsed()
-    order = {"peak": 0, "block": 1, "encoder": 2, "depth": 3, "seeds": 4, "generate": 5}
+    order = {"peak": 0, "block": 1, "encoder": 2, "depth": 3, "seeds": 4, "generate": 5, "remat": 6}
     b.rows.sort(key=lambda r: order.get(r["section"], 9))
     result = {"meta": meta, "peak_flops": b.peak, "rows": b.rows, "ratios": b.ratios, "skipped": b.skipped}
     result["targets"] = check_targets(b)

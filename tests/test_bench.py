@@ -26,7 +26,7 @@ def test_quick_run_writes_json_and_table(tmp_path):
     result = json.loads((tmp_path / "bench.json").read_text())
     table = (tmp_path / "bench.md").read_text()
     sections = {r["section"] for r in result["rows"]}
-    assert {"peak", "block", "seeds", "depth"} <= sections, (sections, result["skipped"])
+    assert {"peak", "block", "seeds", "depth", "remat"} <= sections, (sections, result["skipped"])
     contenders = {r["contender"] for r in result["rows"] if r["section"] == "block"}
     assert {"jax fwd", "jax train"} <= contenders
     for row in result["rows"]:
@@ -34,7 +34,10 @@ def test_quick_run_writes_json_and_table(tmp_path):
             assert row["median_ms"] > 0 and row["p25_ms"] <= row["median_ms"] <= row["p75_ms"]
     assert result["peak_flops"]["float32"] > 0
     assert result["targets"], "no target was evaluated"
-    assert "## Block" in table and "## Issue 6 targets" in table
+    assert "## Block" in table and "## Targets of issues 6 and 15" in table and "## Rematerialisation" in table
+    temp = {r["remat"]: r["xla_temp_bytes"] for r in result["rows"] if r["section"] == "remat" and "remat" in r}
+    assert set(temp) == {"none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"}, temp
+    assert temp["full"] < temp["none"], temp  # recomputing each layer keeps fewer residuals
     assert result["meta"]["wall_s"] < 300
     assert bench.CPU_DOT_FLAG in result["meta"]["xla_flags"]  # set before JAX made its backend
 
