@@ -10,7 +10,9 @@ References: the torch_blocks twin always; stock torch too where it can hold the 
 source module itself when `check` is given a stock nn.TransformerEncoder(Layer), whose own
 heads, norm placement, activation and eps are then checked against the flags; else stock
 torch rebuilt from the state dict and the flags, which cannot tell a wrong head count: a
-state dict does not record it). A Hugging Face save_pretrained folder is checked against the
+state dict does not record it, and the table says so). A file holding a whole pickled stock
+module (`torch.save(model, path)`) is checked against that module, its own heads included,
+with `--trust-pickle` (loading it runs the file's pickle code). A Hugging Face save_pretrained folder is checked against the
 HF model rebuilt from it, with its config's settings (`python -m parity_tests.check FOLDER`).
 The table's header names the reference used.
 """
@@ -40,6 +42,7 @@ class CheckReport:
     rows: list[tuple[str, float, float, float]] = field(default_factory=list)
     stock_rows: list[tuple[str, float, float, float]] = field(default_factory=list)  # vs stock torch
     failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what this check could not verify
 
     @property
     def ok(self) -> bool:
@@ -49,6 +52,7 @@ class CheckReport:
         lines = [f"{self.kind}, {self.dtype}: Flax vs {self.reference} (rel = max|diff| / max|reference|)",
                  f"{'where':<14}{'fwd max abs':>13}{'fwd rel':>11}{'grad rel':>11}"]
         lines += [f"{w:<14}{a:>13.2e}{r:>11.2e}{g:>11.2e}" for w, a, r, g in self.rows + self.stock_rows]
+        lines += [f"note: {n}" for n in self.notes]
         lines.append("PASS" if self.ok else "FAIL\n  " + "\n  ".join(self.failures))
         return "\n".join(lines)
 
@@ -124,6 +128,11 @@ def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activ
             ys, dxs = _run_stock(module, case, inp, dtype)
             live = keys if case.key_mask else np.ones_like(keys)
             report.reference = f"the torch_blocks twin and {what}"
+            if "rebuilt from the state dict" in what:
+                report.notes.append(
+                    f"num_heads={cfg.num_heads}, norm, activation and eps come from the flags: a state dict does not "
+                    "record them, so both references share a wrong value; check the module itself to verify them "
+                    "(a torch.save(model, path) file with --trust-pickle, or check(model) from Python)")
             stock_row = ("stock torch", float(np.abs(f.y - ys)[live].max()), _rel_at(f.y, ys, live),
                          _rel_at(f.dx, dxs, live))
 
@@ -246,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs and cotangent")
     ap.add_argument("--pad-keys", type=int, default=None, metavar="N",
                     help="padded keys at the end of the last batch element (default: half the sequence)")
+    ap.add_argument("--trust-pickle", action="store_true",
+                    help="the file holds a whole pickled module (torch.save(model, path)) from a source you trust: "
+                         "load it with weights_only=False, which runs the file's pickle code, and check against "
+                         "that module itself, its own heads, norm placement, activation and eps included")
     ap.add_argument("--mask-check", action=argparse.BooleanOptionalAction, default=True,
                     help="warn when every query row of a batch element is fully masked, the mark of a mask "
                          "in the other framework's convention (default: on)")
@@ -258,15 +271,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from flax_blocks.io_errors import describe_unpickling_error
 
+    checkpoint = a.checkpoint
     try:
-        report = check(a.checkpoint, num_heads=a.num_heads, norm=a.norm, activation=a.activation,
+        if a.trust_pickle:
+            import torch
+
+            checkpoint = torch.load(a.checkpoint, map_location="cpu", weights_only=False)
+        report = check(checkpoint, num_heads=a.num_heads, norm=a.norm, activation=a.activation,
                        layer_norm_eps=a.eps, causal=a.causal, prefix=a.prefix, dtype=a.dtype, seed=a.seed,
                        pad_keys=a.pad_keys, mask_check=a.mask_check)
     except pickle.UnpicklingError as e:  # until read_state_dict raises CheckpointReadError itself
         print(f"error: {describe_unpickling_error(a.checkpoint, e)}", file=sys.stderr)
         return 1
     except (ConversionError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        hint = " (or, for a file you trust, rerun with --trust-pickle)" if "holds a pickled object" in str(e) else ""
+        print(f"error: {e}{hint}", file=sys.stderr)
         return 1
     print(report.table())
     return 0 if report.ok else 1

@@ -70,6 +70,27 @@ def test_check_names_the_corrupted_layer(stock_checkpoint, tmp_path, capsys):
     assert main([str(tmp_path / "shape.pt"), "--num-heads", "4"]) == 1
 
 
+def test_check_of_a_pickled_stock_module_catches_a_wrong_head_count(stock_checkpoint, tmp_path, capsys):
+    """A state dict does not record the head count, so the rebuilt stock reference shares a
+    wrong --num-heads (the table says so); the whole pickled module, loaded with
+    --trust-pickle, is the reference itself and refuses it by name."""
+    path, _, model = stock_checkpoint
+    flags = ["--norm", "pre", "--activation", "gelu"]
+    assert main([str(path), "--num-heads", "2", *flags]) == 0  # nothing in the file says 4
+    out = capsys.readouterr().out
+    assert "note: num_heads=2, norm, activation and eps come from the flags" in out
+    whole = tmp_path / "whole.pt"
+    torch.save(model, whole)
+    assert main([str(whole), "--num-heads", "2", *flags]) == 1  # refused without the opt-in
+    assert "rerun with --trust-pickle" in capsys.readouterr().err
+    assert main([str(whole), "--num-heads", "4", "--trust-pickle", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "the source TransformerEncoder itself" in out and "note:" not in out
+    assert main([str(whole), "--num-heads", "2", "--trust-pickle", *flags]) == 1
+    out = capsys.readouterr().out
+    assert "num_heads=2 given, but the source module has num_heads=4" in out
+
+
 def test_check_in_float64(stock_checkpoint):
     path, _, _ = stock_checkpoint
     report = check(str(path), num_heads=4, norm="pre", activation="gelu", dtype="float64")
