@@ -38,7 +38,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -554,9 +554,7 @@ class Bench:
                 _, fns["torch eager"] = th.fns(tm, th.torch.from_numpy(xn).to(th.device), th.torch.from_numpy(rn).to(th.device))
             times = interleaved(fns, reps=a.reps, warmup=1, max_s=a.max_config_s)
             for k, v in times.items():
-                self.add("remat", name, k, v, layers=depth, flops=Size("r", base.d_model, base.num_heads, base.d_ff, base.batch,
-                                                                        base.seq, layers=depth, block=False).flops(True),
-                         **meta.get(k, {}))
+                self.add("remat", name, k, v, layers=depth, flops=replace(base, layers=depth).flops(True), **meta.get(k, {}))
                 if k != "torch eager" and "torch eager" in times:
                     self.ratios.append({"section": "remat", "name": name, "mode": "train", "ratio": f"{k} / torch eager",
                                         "target": False, **paired_ratio(v, times["torch eager"])})
