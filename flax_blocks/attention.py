@@ -107,6 +107,7 @@ def self_attention_mask(cfg: BlockConfig, batch: int, seq: int, attention_mask, 
         if key_mask is not None:
             key_mask = jnp.asarray(key_mask)
             _check_bool("key_mask", key_mask, [(batch, seq)])
+            _warn_if_fully_masked(key_mask)  # an element without a real key: as build_mask warns
         return Blocked(key_mask)
     return build_mask(cfg, batch, seq, attention_mask, key_mask)
 

@@ -55,6 +55,18 @@ def test_fused_path_rows_without_keys_are_zero_with_finite_gradients():
     assert float(jnp.abs(fused - dense).max()) < 1e-5 and bool(jnp.isfinite(g).all())
 
 
+def test_blocked_path_warns_of_a_mask_in_the_other_convention():
+    """A key mask with no real key in an element (torch's True = padding handed over as is)
+    gets the dense path's warning on the blocked path too."""
+    m = fb.TransformerBlock(BASE, rngs=nnx.Rngs(0))
+    x = jnp.ones((2, 5, BASE.d_model))
+    keys = np.ones((2, 5), bool)
+    keys[1] = False
+    for settings in ({"min_keys": 10**6}, {"min_keys": 1, "block": 2}):  # dense, blocked
+        with blocked_attention_settings(**settings), pytest.warns(UserWarning, match=r"batch element\(s\) \[1\]"):
+            m(x, key_mask=keys)
+
+
 def test_blocked_equals_dense_and_is_taken_only_without_weights():
     with jax.enable_x64(True):
         m = fb.Encoder(replace(LLAMA, param_dtype="float64"), num_layers=2, rngs=nnx.Rngs(0))
