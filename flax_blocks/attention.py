@@ -101,14 +101,14 @@ def blocked_attention_settings(*, min_keys: int, block: int = 512, fused: bool |
 
 
 def self_attention_mask(cfg: BlockConfig, batch: int, seq: int, attention_mask, key_mask, *, blocked_ok: bool):
-    """`Blocked(key_mask)` when the blocked path applies (long sequence, no explicit
-    attention_mask, `blocked_ok`), else the dense `build_mask`."""
+    """(`Blocked(key_mask)`, None) when the blocked path applies (long sequence, no explicit
+    attention_mask, `blocked_ok`), else the dense `build_mask`'s (mask, rows)."""
     if blocked_ok and attention_mask is None and (seq >= BLOCKED["min_keys"] or _fused()):
         if key_mask is not None:
             key_mask = jnp.asarray(key_mask)
             _check_bool("key_mask", key_mask, [(batch, seq)])
             _warn_if_fully_masked(key_mask)  # an element without a real key: as build_mask warns
-        return Blocked(key_mask)
+        return Blocked(key_mask), None
     return build_mask(cfg, batch, seq, attention_mask, key_mask)
 
 

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import declarations
-from .attention import Attention, Blocked, build_mask, cache_mask, self_attention_mask
-from .config import (BlockConfig, check_cached_call, check_new_cache, check_width, overflow_message,
-                     residual_update)
+from .attention import Attention, build_mask, cache_mask, self_attention_mask
+from .config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
+                     overflow_message, residual_update)
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params
 
@@ -54,6 +54,14 @@ def _as_batched(cfg: BlockConfig, x: jax.Array, what: str = "input") -> tuple[ja
     # scan carry has the same dtype in and out.
     x = jnp.asarray(x, _compute_dtype(cfg, x.dtype))
     return (x, False) if x.ndim == 3 else (x[None], True)
+
+
+def _batched_memory(cfg: BlockConfig, memory: jax.Array, x: jax.Array, unbatched: bool) -> jax.Array:
+    """memory (B, S, E), or (S, E) beside an unbatched x: batched like x, and of x's batch."""
+    memory, _ = _as_batched(cfg, memory[None] if unbatched else memory, "memory")
+    if memory.shape[0] != x.shape[0]:
+        raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
+    return memory
 
 
 class _Block(nnx.Module):
@@ -100,12 +108,11 @@ class _Block(nnx.Module):
         new_cache: Cache = {}
         for i, sub in enumerate(self.sublayers):
             k_inner, k_out = keys[2 * i], keys[2 * i + 1]
+            part = "cross" if sub.kind == "cross_attention" else "self"
             if sub.kind == "mlp":
                 fn = functools.partial(self._mlp, sub, k_inner, deterministic)
             else:
-                part = "cross" if sub.kind == "cross_attention" else "self"
-                spec = masks.get(part, (None, None))
-                mask, rows = (spec, None) if isinstance(spec, Blocked) else spec
+                mask, rows = masks.get(part, (None, None))
                 fn = functools.partial(
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=mask, rows=rows, key=k_inner, deterministic=deterministic, cross=part == "cross",
@@ -118,7 +125,7 @@ class _Block(nnx.Module):
                 getattr(self, sub.norm_out),
             )
             if "cache" in aux:
-                new_cache["cross" if sub.kind == "cross_attention" else "self"] = aux.pop("cache")
+                new_cache[part] = aux.pop("cache")
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
 
@@ -148,7 +155,7 @@ class _Block(nnx.Module):
         masks = {"self": self_attention_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask,
                                              blocked_ok=_blocked_ok(self.cfg, return_intermediates, deterministic))}
         if memory is not None:
-            memory, _ = _as_batched(self.cfg, memory[None] if unbatched else memory, "memory")
+            memory = _batched_memory(self.cfg, memory, x, unbatched)
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
                                         keys=memory.shape[1], causal=False)
         y, extras, _ = self.apply(x, masks, deterministic=deterministic, memory=memory)
@@ -165,7 +172,7 @@ def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cr
                                               memory=memory, cache=cache, index=index)
     aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
-        aux["cache"] = new_cache if not cross else cache
+        aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
     return out, aux
 
 
@@ -386,9 +393,7 @@ class Decoder(_Stack):
                                 return_intermediates, deterministic, stacked=True)
         if memory is None:
             raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
-        memory, _ = _as_batched(self.cfg, memory[None] if unbatched else memory, "memory")
-        if memory.shape[0] != x.shape[0]:
-            raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
+        memory = _batched_memory(self.cfg, memory, x, unbatched)
         masks = {"self": self_attention_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask,
                                              blocked_ok=_blocked_ok(self.cfg, return_intermediates, deterministic)),
                  "cross": build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
@@ -495,13 +500,8 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
 
 def _remat_policy(remat: str | None):
     """None (no remat), jax.checkpoint's default for "full", or the named policy."""
-    if remat is None or remat == "full":
-        return None
-    policy = getattr(jax.checkpoint_policies, remat, None) if isinstance(remat, str) else None
-    if policy is None or remat.startswith("_"):
-        names = sorted(n for n in dir(jax.checkpoint_policies) if not n.startswith("_") and n.endswith("saveable"))
-        raise ValueError(f"remat must be None, 'full' or a jax.checkpoint_policies name such as {names}, got {remat!r}")
-    return policy
+    check_remat(remat)
+    return None if remat is None or remat == "full" else getattr(jax.checkpoint_policies, remat)
 
 
 @functools.lru_cache(maxsize=64)

@@ -316,3 +316,15 @@ def invert_mask(mask: Any) -> Any:
     if dtype is None or "bool" not in str(dtype):
         raise TypeError(f"mask must be a boolean array, got {type(mask).__name__} of dtype {dtype}")
     return ~mask
+
+
+# jax.checkpoint_policies that are policies themselves (the others are factories taking names)
+REMAT_POLICIES = ("checkpoint_dots", "checkpoint_dots_with_no_batch_dims", "dots_saveable",
+                  "dots_with_no_batch_dims_saveable", "everything_saveable", "nothing_saveable")
+
+
+def check_remat(remat: Any) -> None:
+    """A stack's remat: None, "full" (recompute each layer) or a name in REMAT_POLICIES."""
+    if remat is not None and remat != "full" and remat not in REMAT_POLICIES:
+        raise ValueError(f"remat must be None, 'full' or a jax.checkpoint_policies name such as "
+                         f"{list(REMAT_POLICIES)}, got {remat!r}")

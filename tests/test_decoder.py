@@ -208,6 +208,14 @@ def test_bad_input_is_a_clear_error():
         tdec(torch.ones(B, 9, E), cache=tcache)
     with pytest.raises(ValueError, match="not causal"):
         tb.Encoder(fb.BlockConfig(E, H, d_ff=FF), num_layers=1).init_cache(B, 8)
+    # a memory of another batch size, in the stacks and in a single block (which would broadcast it)
+    cfg = fb.BlockConfig(E, H, d_ff=FF, dropout=0.0)
+    for call in (lambda: dec(x, jnp.ones((1, S, E))),
+                 lambda: fb.DecoderBlock(cfg, rngs=nnx.Rngs(0))(x, jnp.ones((1, S, E))),
+                 lambda: tdec(torch.ones(B, T, E), torch.ones(1, S, E)),
+                 lambda: tb.DecoderBlock(cfg)(torch.ones(B, T, E), torch.ones(1, S, E))):
+        with pytest.raises(ValueError, match=f"memory has batch 1, the input {B}"):
+            call()
 
 
 def test_remat_keeps_outputs_and_gradients_and_saves_memory():
@@ -237,5 +245,8 @@ def test_remat_keeps_outputs_and_gradients_and_saves_memory():
         m(xt).sum().backward()
     for (n, a), b in zip(t.named_parameters(), t_remat.parameters()):
         torch.testing.assert_close(a.grad, b.grad, msg=n)
-    with pytest.raises(ValueError, match="remat must be None, 'full' or a jax.checkpoint_policies name"):
-        fb.Encoder(cfg, num_layers=1, remat="everything", rngs=nnx.Rngs(0))
+    for bad in ("everything", "ful", "save_only_these_names"):  # a typo, a policy factory: both twins refuse
+        with pytest.raises(ValueError, match="remat must be None, 'full' or a jax.checkpoint_policies name"):
+            fb.Encoder(cfg, num_layers=1, remat=bad, rngs=nnx.Rngs(0))
+        with pytest.raises(ValueError, match="remat must be None, 'full' or a jax.checkpoint_policies name"):
+            tb.Encoder(cfg, num_layers=1, remat=bad)

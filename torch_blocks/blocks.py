@@ -29,12 +29,12 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import (BlockConfig, check_cached_call, check_new_cache, check_width, overflow_message,
-                                residual_update)
+from flax_blocks.config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
+                                overflow_message, residual_update)
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
 from .attention import Attention, Mask, build_mask, cache_mask
-from .layers import DTYPES, Linear, Norm, create_params
+from .layers import Linear, Norm, create_params
 
 ACTIVATION_FNS = {
     "relu": F.relu,
@@ -49,6 +49,14 @@ Cache = dict[str, Any]
 def _batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
     check_width(cfg, tuple(x.shape), what)
     return (x, False) if x.dim() == 3 else (x[None], True)
+
+
+def _batched_memory(cfg: BlockConfig, memory: Tensor, x: Tensor, unbatched: bool) -> Tensor:
+    """memory (B, S, E), or (S, E) beside an unbatched x: batched like x, and of x's batch."""
+    memory, _ = _batched(cfg, memory[None] if unbatched else memory, "memory")
+    if memory.shape[0] != x.shape[0]:
+        raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
+    return memory
 
 
 def _finish(y: Tensor, unbatched: bool, extras: dict[str, Any], return_intermediates: bool):
@@ -128,10 +136,10 @@ class _Block(nn.Module):
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, key_padding_mask, attn_mask, memory, memory_mask,
-                                return_intermediates, stacked=False)
+                                return_intermediates)
         masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)}
         if memory is not None:
-            memory, _ = _batched(self.cfg, memory[None] if unbatched else memory, "memory")
+            memory = _batched_memory(self.cfg, memory, x, unbatched)
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
                                         x.device, keys=memory.shape[1], causal=False)
         y, extras, _ = self.apply_prepared(x, masks, return_intermediates, memory=memory)
@@ -143,7 +151,7 @@ def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross,
                                               index=index)
     aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
-        aux["cache"] = new_cache if not cross else cache
+        aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
     return out, aux
 
 
@@ -235,6 +243,7 @@ class _Stack(nn.Module):
     def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None,
                  remat: str | None = None, generator: torch.Generator | None = None):
         super().__init__()
+        check_remat(remat)
         self.remat = remat
         if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
@@ -299,8 +308,7 @@ class Encoder(_Stack):
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return _cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates,
-                                stacked=True)
+            return _cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates)
         masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], mask, src_key_padding_mask, x.device)}
         y, stacked, _ = self.apply_prepared(x, masks, return_intermediates)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
@@ -327,12 +335,10 @@ class Decoder(_Stack):
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, tgt_key_padding_mask, tgt_mask, memory, memory_mask,
-                                return_intermediates, stacked=True)
+                                return_intermediates)
         if memory is None:
             raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
-        memory, _ = _batched(self.cfg, memory[None] if unbatched else memory, "memory")
-        if memory.shape[0] != x.shape[0]:
-            raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
+        memory = _batched_memory(self.cfg, memory, x, unbatched)
         masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], tgt_mask, tgt_key_padding_mask, x.device),
                  "cross": build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
                                      x.device, keys=memory.shape[1], causal=False)}
@@ -388,8 +394,7 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     return cache
 
 
-def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates, *,
-                 stacked: bool):
+def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates):
     b, t, length = check_cached_call(module.cfg, type(module).__name__, cache, tuple(x.shape),
                                      masks=attn_mask is not None or memory_mask is not None,
                                      memory=memory is not None)
