@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import json
 import os
-import pickle
 import sys
 import types
 import typing
@@ -287,15 +286,11 @@ def main(argv: list[str] | None = None) -> int:
 
     jax.config.update("jax_enable_x64", True)  # keep float64 checkpoints float64
     from flax_blocks.convert import ConversionError
-    from flax_blocks.io_errors import describe_unpickling_error
 
     try:
         if _is_flax_file(args.src):
             return _flax_to_torch(args)
         return _torch_to_flax(args)
-    except pickle.UnpicklingError as e:  # read_state_dict before it raises CheckpointReadError itself
-        print(f"error: {describe_unpickling_error(args.src, e)}", file=sys.stderr)
-        return 1
     except (ConversionError, FileNotFoundError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

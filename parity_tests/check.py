@@ -75,6 +75,8 @@ def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activ
     num_heads, when given, overrides the config's."""
     import os
 
+    if pad_keys is not None and not 0 <= pad_keys <= seq:  # before either reference uses it
+        raise ValueError(f"pad_keys must be in [0, {seq}], got {pad_keys}")
     if isinstance(checkpoint, (str, os.PathLike)) and os.path.isdir(checkpoint):
         from .hf_reference import check_hf
 
@@ -86,8 +88,6 @@ def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activ
 
     import torch_blocks as tb
 
-    if pad_keys is not None and not 0 <= pad_keys <= seq:
-        raise ValueError(f"pad_keys must be in [0, {seq}], got {pad_keys}")
     sd = read_state_dict(checkpoint)
     if prefix:
         sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
@@ -159,12 +159,15 @@ def _rel_at(a: np.ndarray, b: np.ndarray, live: np.ndarray) -> float:
 
 
 def _contradictions(checkpoint, cfg: BlockConfig) -> list[str]:
-    """A source module's own settings that the given flags contradict, one line each."""
-    from flax_blocks.layouts import settings_of
+    """A source module's own settings that the given flags contradict, one line each (the
+    converter's own check, `check_against_source`)."""
+    from flax_blocks.layouts import check_against_source
 
-    facts = settings_of(checkpoint)
-    return [f"settings: {k}={getattr(cfg, k)!r} given, but the source module has {k}={v!r}"
-            for k, v in facts.items() if k != "final_norm" and getattr(cfg, k) != v]
+    try:
+        check_against_source(cfg, checkpoint)
+    except ConversionError as e:
+        return [f"settings: {p}" for p in e.problems]
+    return []
 
 
 def _stock_reference(checkpoint, sd: dict, info: dict, cfg: BlockConfig, case: Case, dtype: str):
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         report = check(checkpoint, num_heads=a.num_heads, norm=a.norm, activation=a.activation,
                        layer_norm_eps=a.eps, causal=a.causal, prefix=a.prefix, dtype=a.dtype, seed=a.seed,
                        pad_keys=a.pad_keys, mask_check=a.mask_check)
-    except pickle.UnpicklingError as e:  # until read_state_dict raises CheckpointReadError itself
+    except pickle.UnpicklingError as e:  # --trust-pickle's torch.load on a file that is no torch pickle
         print(f"error: {describe_unpickling_error(a.checkpoint, e)}", file=sys.stderr)
         return 1
     except (ConversionError, FileNotFoundError, ValueError) as e:

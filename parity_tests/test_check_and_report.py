@@ -91,6 +91,14 @@ def test_check_of_a_pickled_stock_module_catches_a_wrong_head_count(stock_checkp
     assert "num_heads=2 given, but the source module has num_heads=4" in out
 
 
+def test_pad_keys_out_of_range_is_refused_for_every_kind_of_checkpoint(stock_checkpoint, tmp_path):
+    path, _, _ = stock_checkpoint
+    for source in (str(path), str(tmp_path)):  # a torch file; a folder (the Hugging Face branch)
+        for bad in (-1, 9):
+            with pytest.raises(ValueError, match=rf"pad_keys must be in \[0, 8\], got {bad}"):
+                check(source, num_heads=4, pad_keys=bad)
+
+
 def test_check_in_float64(stock_checkpoint):
     path, _, _ = stock_checkpoint
     report = check(str(path), num_heads=4, norm="pre", activation="gelu", dtype="float64")
