@@ -87,11 +87,12 @@ def _is_variable(x: Any) -> bool:
 
 
 def partition_specs(state: Any, layout: Layout) -> Any:
-    """`state` (an nnx.State, a pure dict or any pytree of arrays) with a PartitionSpec in
+    """`state` (an nnx.State of Variables, e.g. `nnx.state(model)`) with a PartitionSpec in
     place of every array; Variables are kept as containers (`Variable.replace(spec)`, as
     `nnx.get_partition_spec` does), so the result matches `state` for jit's in_shardings.
-    Params follow their declared axes; other Variables (RNG keys, counts) are replicated. Every
-    unmatched Param path is reported at once."""
+    Params follow the axes declared on them (their `axes` metadata); other Variables (RNG
+    keys, counts) are replicated. A bare array (a pure dict) carries no axes and is reported
+    as such. Every unmatched Param path is reported at once."""
     errors: list[str] = []
 
     def spec(path, leaf):
@@ -101,9 +102,12 @@ def partition_specs(state: Any, layout: Layout) -> Any:
         is_key = ndim is not None and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
         out = PartitionSpec()
         if is_param and ndim is not None and not is_key:
-            axes = leaf.get_metadata().get("axes") if _is_variable(leaf) else None
+            if not _is_variable(leaf):
+                errors.append(f"{path_str(path)!r} is a bare array: pass the Variables (nnx.state(model), "
+                              "not nnx.to_pure_dict), whose metadata holds the declared axes")
+                return out
             try:
-                out = logical_to_spec(param_axes(path, ndim, axes), layout)
+                out = logical_to_spec(param_axes(path, ndim, leaf.get_metadata().get("axes")), layout)
             except KeyError as e:
                 errors.append(str(e.args[0]))
         return leaf.replace(out) if _is_variable(leaf) else out

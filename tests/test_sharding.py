@@ -71,6 +71,12 @@ def test_unknown_parameters_are_all_reported():
     assert "'embed'" in str(err.value) and "'head'" in str(err.value)
 
 
+def test_a_pure_dict_is_refused_naming_the_fix():
+    block = TransformerBlock(BlockConfig(d_model=8, num_heads=2, d_ff=8), rngs=nnx.Rngs(0))
+    with pytest.raises(KeyError, match=r"is a bare array: pass the Variables \(nnx.state\(model\)"):
+        S.partition_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), S.HYBRID)
+
+
 def test_layout_errors():
     with pytest.raises(ValueError, match="onto one mesh axis"):
         S.logical_to_spec(("heads", "mlp"), S.TENSOR_PARALLEL)
