@@ -97,9 +97,8 @@ class LanguageModel(nnx.Module):
         half = nnx.initializers.normal(stddev=math.sqrt(0.5))
         self.embed = nnx.Embed(cfg.vocab, cfg.d_model, embedding_init=half, rngs=rngs)
         self.pos = nnx.Param(half(rngs.params(), (cfg.seq_len, cfg.d_model)))
-        block = cfg.block_config()
-        # A final norm wherever the stream itself is not normalised by the last layer (pre, Peri-LN).
-        self.encoder = Encoder(block, num_layers=cfg.num_layers, final_norm=block.norm in ("pre", "peri"), rngs=rngs)
+        # the Encoder's default final norm: wherever the last layer leaves the stream unnormalised (pre, Peri-LN)
+        self.encoder = Encoder(cfg.block_config(), num_layers=cfg.num_layers, rngs=rngs)
         self.head = nnx.Linear(
             cfg.d_model, cfg.vocab, kernel_init=nnx.initializers.xavier_uniform(),
             bias_init=nnx.initializers.zeros_init(), rngs=rngs,

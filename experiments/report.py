@@ -419,8 +419,7 @@ def claim_skip(d: Data) -> tuple[str, str]:
 def _depth_verdict(holds: list[list[bool]]) -> str:
     """holds[depth][part]: agrees if every part holds at every depth, does not agree if no part
     holds at any depth, else partly agrees."""
-    flat = [x for row in holds for x in row]
-    return "agrees" if all(flat) else "does not agree" if not any(flat) else "partly agrees"
+    return _parts_verdict([x for row in holds for x in row])
 
 
 def _yn(x: bool) -> str:

@@ -364,6 +364,8 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     pool = sample_pool(task, train_cfg.pool, train_cfg.pool_seed, options)
     heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, options)
     env = {**environment(), "xla_compile_options": options}
+    task_info = {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss,
+                 "heldout_optimal_loss": task.nll(heldout)}  # the same for every cell
     print(f"{len(names)} cells ({skipped} already done) in {len(groups)} compiled groups on "
           f"{env['device_count']} x {env['device_kind']} ({env['platform']}); task {sweep.task}: "
           f"H = {task.optimal_loss:.3f}, unigram = {task.unigram_loss:.3f} nats", file=sys.stderr)
@@ -400,8 +402,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
                               task.optimal_loss)
             record = {
                 "name": name, "config": cfg, "summary": summary,
-                "task": {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss,
-                         "heldout_optimal_loss": task.nll(heldout)},
+                "task": task_info,
                 "metrics": metrics,
                 "environment": {**env, "group_seconds": round(seconds, 2), "group_runs": len(sp)},
             }

@@ -25,8 +25,8 @@ Recorded per run:
   at initialisation and after every chunk (n_chunks + 1 probe points, "probe_steps"), on
     the held-out batch: the largest scaled pre-softmax attention logit of each layer (max
     over batch, heads and unmasked (query, key) pairs; the Encoder's intermediate
-    "attention_logits_max", NaN while the installed flax_blocks does not provide it), the
-    RMS and the largest |value| of the LM head's output logits, and ||x_l||^2 / d
+    "attention_logits_max"), the RMS and the largest |value| of the LM head's output
+    logits, and ||x_l||^2 / d
     ("stream_norm_probe": its last row is the stream after training).
 
 Multi-host: call `jax.distributed.initialize()` in every process before any JAX work (the
@@ -219,16 +219,14 @@ class Trainer:
     def _probe(self, params: nnx.State, rest: nnx.State, heldout: jax.Array) -> dict[str, jax.Array]:
         """The held-out forward pass with its intermediates: loss, encoder output y
         (heldout, T, E), stream norms ||x_l||^2 / d (L + 1,), attention entropy (L,), the
-        largest attention logit of each layer (L,) (NaN if the Encoder does not report
-        it), and the RMS and max |.| of the output logits (scalars)."""
+        largest attention logit of each layer (L,), and the RMS and max |.| of the output
+        logits (scalars)."""
         logits, inter = self._model(params, rest)(heldout[:, :-1], return_intermediates=True)
-        num_layers = self.model_cfg.num_layers
-        logit_max = inter.get("attention_logits_max", jnp.full((num_layers,), jnp.nan))
         return {
             "loss": self._mean_ce(logits, heldout), "y": inter["output"],
             "stream_norm": stream_norms(inter["embedded"], inter["residual"]),
             "attn_entropy": attention_entropy(inter["attention_weights"]),
-            "attn_logit_max": jnp.asarray(logit_max, jnp.float32).reshape(num_layers),
+            "attn_logit_max": inter["attention_logits_max"].astype(jnp.float32),
             "logit_rms": jnp.sqrt(jnp.mean(jnp.square(logits))),
             "logit_absmax": jnp.max(jnp.abs(logits)),
         }

@@ -186,7 +186,7 @@ def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> R
     tdt = TORCH_DTYPES[dtype]
     x = torch.tensor(inp.x, dtype=tdt, requires_grad=True)
     to_t = lambda m: None if m is None else invert_mask(torch.from_numpy(m))  # noqa: E731
-    args, kw = [], {}
+    args = []
     memory = None
     if case.kind in DECODERS:
         memory = torch.tensor(inp.memory, dtype=tdt, requires_grad=True)
@@ -199,7 +199,7 @@ def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> R
         y, inter = module(x, *args, return_intermediates=True)
         per_layer = inter["residual"].detach().numpy()
     else:
-        y = module(x, *args, **kw)
+        y = module(x, *args)
     (y * torch.tensor(inp.r, dtype=tdt)).sum().backward()
     grads = {n: p.grad.numpy().copy() for n, p in module.named_parameters()}
     dmem = None if memory is None else memory.grad.numpy()
