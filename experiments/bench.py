@@ -235,9 +235,6 @@ class Torch:
         m = self.tb.TransformerBlock(cfg) if size.block else self.tb.Encoder(cfg, num_layers=size.layers)
         return m.to(self.device)
 
-    def torch_encoder(self, size: Size, layers: int):
-        return self.tb.Encoder(size.cfg("float32"), num_layers=layers).to(self.device)
-
     def fns(self, m, x, r, compiled: bool = False):
         torch = self.torch
         run = torch.compile(m, dynamic=False) if compiled else m
@@ -463,10 +460,11 @@ class Bench:
 
     # -- generation: cached vs re-running the prefix ----------------------------------
     def run_generate(self) -> None:
-        """Greedy-style generation of `gen_tokens` positions from a LLaMA-like causal Encoder
-        (the output at the last position fed back as the next input): with the cache (one
-        jitted step, compiled once) against re-running the whole causal prefix every step
-        (JAX: one jitted full-length call on a fixed buffer; torch: the growing prefix)."""
+        """Greedy-style generation of a `gen_tokens`-position sequence (a start position and
+        n - 1 generated, each the output at the last position fed back as the next input)
+        from a LLaMA-like causal Encoder: with the cache (one jitted step, compiled once)
+        against re-running the whole causal prefix every step (JAX: one jitted full-length
+        call on a fixed buffer; torch: the growing prefix). Rates: generated positions/s."""
         a = self.args
         n, B = a.gen_tokens, 1
         cfg = BlockConfig(d_model=64, num_heads=4, num_kv_heads=2, d_ff=256, norm="pre", norm_type="rmsnorm",
@@ -482,7 +480,7 @@ class Bench:
 
         def jax_cached():
             c, x = model.init_cache(B, n), x0
-            for _ in range(n):
+            for _ in range(n - 1):
                 x, c = step(model, x, c)
             jax.block_until_ready(x)
 
@@ -502,7 +500,7 @@ class Bench:
             def torch_cached():
                 with torch.no_grad():
                     c, x = tmodel.init_cache(B, n), tx0
-                    for _ in range(n):
+                    for _ in range(n - 1):
                         x, c = tmodel(x, cache=c)
 
             def torch_prefix():
@@ -515,14 +513,13 @@ class Bench:
         times = interleaved(fns, reps=a.gen_reps, warmup=1)
         name = f"generate {n} positions, LLaMA-like d64 L4 B{B}"
         for k, v in times.items():
-            self.add("generate", name, k, v, tokens_per_s=n / statistics.median(v))
+            self.add("generate", name, k, v, tokens_per_s=(n - 1) / statistics.median(v))
         for fw in ("jax", "torch"):
             if f"{fw} cached" in times:
                 self.ratios.append({"section": "generate", "name": name, "mode": fw, "ratio": "re-run prefix / cached",
                                     **paired_ratio(times[f"{fw} re-run prefix"], times[f"{fw} cached"])})
-        self.log(f"generate: " + ", ".join(f"{k} {n / statistics.median(v):.0f} tok/s" for k, v in times.items()))
+        self.log(f"generate: " + ", ".join(f"{k} {(n - 1) / statistics.median(v):.0f} tok/s" for k, v in times.items()))
 
-    # -- seeds under vmap -----------------------------------------------------------
     # -- rematerialisation: memory and time of the scanned train step ---------------
     def run_remat(self) -> None:
         """Encoder train step (the experiments' width) with each layer rematerialised or not:
@@ -537,11 +534,12 @@ class Bench:
             if self.clock.left() < (10 if a.quick else 40):
                 self.skipped.append(f"remat L{depth} (time budget)")
                 continue
+            size = replace(base, layers=depth)
             name = f"encoder d{base.d_model} L{depth} B{base.batch} T{base.seq} float32"
             fns: dict[str, Callable[[], Any]] = {}
             meta: dict[str, dict[str, Any]] = {}
             for remat in REMAT_VARIANTS:
-                model = Encoder(base.cfg("float32"), num_layers=depth, remat=remat, rngs=nnx.Rngs(0))
+                model = Encoder(size.cfg("float32"), num_layers=depth, remat=remat, rngs=nnx.Rngs(0))
                 graphdef, params, rest = nnx.split(model, nnx.Param, ...)
                 _, train = jax_step_fns(graphdef, rest)
                 ct, _, cs, mem = compile_jax(train, params, x, r)
@@ -550,17 +548,18 @@ class Bench:
                 meta[key] = {"compile_s": cs, "xla_temp_bytes": mem, "remat": remat or "none"}
             if self.torch:
                 th = self.torch
-                tm = th.torch_encoder(base, depth)
-                _, fns["torch eager"] = th.fns(tm, th.torch.from_numpy(xn).to(th.device), th.torch.from_numpy(rn).to(th.device))
+                _, fns["torch eager"] = th.fns(th.model(size, "float32"), th.torch.from_numpy(xn).to(th.device),
+                                               th.torch.from_numpy(rn).to(th.device))
             times = interleaved(fns, reps=a.reps, warmup=1, max_s=a.max_config_s)
             for k, v in times.items():
-                self.add("remat", name, k, v, layers=depth, flops=replace(base, layers=depth).flops(True), **meta.get(k, {}))
+                self.add("remat", name, k, v, layers=depth, flops=size.flops(True), **meta.get(k, {}))
                 if k != "torch eager" and "torch eager" in times:
                     self.ratios.append({"section": "remat", "name": name, "mode": "train", "ratio": f"{k} / torch eager",
                                         "target": False, **paired_ratio(v, times["torch eager"])})
             self.log(f"remat {name}: " + ", ".join(
                 f"{k} {1e3 * statistics.median(v):.1f} ms {_fmt_bytes(meta.get(k, {}).get('xla_temp_bytes'))}" for k, v in times.items()))
 
+    # -- seeds under vmap -----------------------------------------------------------
     def run_seeds(self) -> None:
         a = self.args
         lm = TinyLM(layers=a.seed_layers, d_model=a.seed_d_model, vocab=32, seq=a.seed_seq, heads=4, d_ff=4 * a.seed_d_model)
