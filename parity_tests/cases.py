@@ -87,4 +87,7 @@ CASES: list[Case] = [
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
+    # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
+    Case("Encoder", BASE, num_layers=3, key_mask=True, scan_layers=False),
+    Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="full", scan_layers=False),
 ]

@@ -78,6 +78,7 @@ class Case:
     memory_seq: int = 4  # decoders: the memory's length S (!= seq, so a swapped axis cannot pass)
     memory_key_mask: bool = False  # decoders: pad the memory of the last sequence
     remat: str | None = None  # stacks: rematerialise each layer ("full" or a jax.checkpoint_policies name)
+    scan_layers: bool = True  # Flax stacks: False unrolls the layers (torch has no such option)
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -107,6 +108,7 @@ class Case:
         bits += [f"memory{self.memory_seq}"] if self.kind in DECODERS else []
         bits += ["memory-key-mask"] if self.memory_key_mask else []
         bits += [f"remat-{self.remat}"] if self.remat else []
+        bits += ["unrolled"] if not self.scan_layers else []
         bits += [f"B{self.batch}T{self.seq}"]
         bits += [f"x*{self.input_scale:g}"] if self.input_scale != 1.0 else []
         return "/".join(bits)
@@ -131,7 +133,8 @@ def flax_twin(case: Case, tmodule: torch.nn.Module, dtype: str, cfg: fb.BlockCon
     source = tmodule if cfg is None else tmodule.state_dict()  # a module object refuses a contradicting config
     cfg = replace(cfg or case.cfg, param_dtype=dtype)
     cls = getattr(fb, case.kind)
-    return from_torch(cls, cfg, source, seed=case.seed + 1, **case.kwargs)
+    unrolled = {} if case.scan_layers else {"scan_layers": False}
+    return from_torch(cls, cfg, source, seed=case.seed + 1, **case.kwargs, **unrolled)
 
 
 @dataclass
