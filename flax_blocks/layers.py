@@ -43,38 +43,6 @@ def create_params(module: nnx.Module, component: Component, cfg: BlockConfig, rn
         setattr(module, p.flax, nnx.Param(sample(rngs.params(), p, cfg, dtype), axes=p.axes))
 
 
-def _row_broadcast(v: jax.Array, like: jax.Array) -> jax.Array:
-    """v (..., width) broadcast over the rows of `like` (..., width), as a matmul with ones:
-    its transpose (a parameter's gradient) is then a GEMM, not a column reduction."""
-    n, width = like.size // like.shape[-1], like.shape[-1]
-    padded = jnp.zeros((8, width), v.dtype).at[0].set(v.reshape(width))  # 8 rows: XLA keeps it a GEMM
-    return jnp.dot(jnp.ones((n, 8), v.dtype), padded, precision=jax.lax.Precision.HIGHEST).reshape(like.shape)
-
-
-@jax.custom_jvp
-def add_bias(y: jax.Array, b: jax.Array) -> jax.Array:
-    """y (..., width) + b (width,)."""
-    return y + b
-
-
-@add_bias.defjvp
-def _add_bias_jvp(primals, tangents):
-    (y, b), (dy, db) = primals, tangents
-    return y + b, dy + _row_broadcast(db, y)
-
-
-@jax.custom_jvp
-def mul_scale(h: jax.Array, s: jax.Array) -> jax.Array:
-    """h (..., width) * s (width,)."""
-    return h * s
-
-
-@mul_scale.defjvp
-def _mul_scale_jvp(primals, tangents):
-    (h, s), (dh, ds) = primals, tangents
-    return h * s, dh * s + h * _row_broadcast(ds, h)
-
-
 def compute_dtype(cfg: BlockConfig):
     return None if cfg.dtype is None else jnp.dtype(cfg.dtype)
 
@@ -93,7 +61,7 @@ class Linear(nnx.Module):
         bias = None if self.bias is None else self.bias[...]
         x, kernel, bias = nnx.nn.dtypes.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
         y = jnp.dot(x, kernel)
-        return y if bias is None else add_bias(y, bias)
+        return y if bias is None else y + bias
 
 
 class Norm(nnx.Module):
@@ -119,5 +87,5 @@ class Norm(nnx.Module):
         else:
             h = h - jnp.mean(h, axis=-1, keepdims=True)
             h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
-        y = mul_scale(h.astype(x.dtype), scale)
-        return y if bias is None else add_bias(y, bias)
+        y = h.astype(x.dtype) * scale
+        return y if bias is None else y + bias
