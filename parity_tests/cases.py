@@ -89,5 +89,5 @@ CASES: list[Case] = [
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
     Case("Encoder", BASE, num_layers=3, key_mask=True, scan_layers=False),
-    Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="full", scan_layers=False),
+    Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, scan_layers=False),
 ]
