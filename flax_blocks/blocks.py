@@ -545,11 +545,12 @@ def _unrolled_scan(run, carry, xs):
     each layer the stream passes `_layer_boundary`."""
     leaves, treedef = jax.tree.flatten(xs)
     n = leaves[0].shape[0]
-    parts = [jax.lax.split(a, (1,) * n) if jnp.issubdtype(a.dtype, jnp.inexact) else [a[i:i + 1] for i in range(n)]
-             for a in leaves]
+    per_layer = [[s[0] for s in jax.lax.split(a, (1,) * n)] if jnp.issubdtype(a.dtype, jnp.inexact)
+                 else [a[i] for i in range(n)]  # PRNG keys, integers: plain indexing (no gradient to transpose)
+                 for a in leaves]
     ys = []
     for i in range(n):
-        carry, y = run(carry, treedef.unflatten([p[i][0] for p in parts]))
+        carry, y = run(carry, treedef.unflatten([p[i] for p in per_layer]))
         carry = (_layer_boundary(carry[0]), *carry[1:])
         ys.append(y)
     return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
