@@ -56,6 +56,17 @@ def test_unrolled_equals_scan_forward_and_gradients(x64, cls, cfg):
         assert _rel(a, b) < 1e-13
 
 
+def test_the_equality_measure_catches_layers_run_in_the_wrong_order(x64):
+    """The negative twin of the 1e-13 bound above: the same stack with its layers 0 and 1
+    swapped (a loop that cut the stacked parameters wrongly) is far outside it."""
+    x = jnp.asarray(np.random.default_rng(5).normal(size=(2, 6, 16)))
+    scanned, unrolled = _pair(fb.Encoder, BASE)
+    swap = lambda a: a.at[jnp.array([0, 1])].set(a[jnp.array([1, 0])]) if a.ndim and a.shape[0] == 3 else a  # noqa: E731
+    layers = nnx.state(unrolled.layers, nnx.Param)
+    nnx.update(unrolled.layers, jax.tree.map(swap, layers))
+    assert _rel(scanned(x), unrolled(x)) > 1e-3
+
+
 def test_unrolled_intermediates_and_cached_decoding_match_scan(x64):
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 16)))
     scanned, unrolled = _pair(fb.Encoder, LLAMA)
