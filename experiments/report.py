@@ -26,6 +26,7 @@ from . import plots
 from .analysis import (PLATEAU_FRACTION, clipped_loss, growth_factor, linear_fit, lr_sensitivity,
                        power_law_exponent, trajectory_max)
 from .model import VARIANT_NOTES, VARIANTS
+from .presets import PRESETS
 
 LEVEL = 4 / 3  # a per-layer profile is "level" if its fitted end-to-end factor is in [1/LEVEL, LEVEL]
 EXPONENT_TOL = 0.25  # |fitted exponent - predicted exponent| allowed for the depth scaling claims
@@ -667,8 +668,6 @@ def write_report(out: Path) -> Path:
     env = records[0]["environment"]
     task = records[0]["task"]
     from dataclasses import asdict
-
-    from .stability import PRESETS
 
     preset = PRESETS.get(sweep["name"])
     same = preset is not None and json.loads(json.dumps(asdict(preset))) == sweep

@@ -28,7 +28,7 @@ _LAZY = {
     "load_flax_state_dict": "convert",
     "infer_config": "convert",
     "ConversionError": "convert",
-    "detect_layout": "layouts",
+    "detect_dialect": "dialects",
     "from_hf": "hf",
     "to_hf": "hf",
 }

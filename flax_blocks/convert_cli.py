@@ -1,4 +1,4 @@
-"""`python -m flax_blocks.convert SRC DST`: convert a checkpoint between the torch layout
+"""`python -m flax_blocks.convert SRC DST`: convert a checkpoint between torch names
 and a Flax-layout .safetensors file, print a summary, exit 1 listing every problem.
 
 torch -> Flax: SRC is a .pt/.pth (needs torch) or .safetensors with torch names; DST must be
@@ -8,10 +8,10 @@ torch -> Flax: SRC is a .pt/.pth (needs torch) or .safetensors with torch names;
 Flax -> torch: SRC is such a Flax .safetensors; DST a .safetensors, or a .pt/.pth written
   with torch.save (needs torch) holding a state dict with torch names.
 
-Other PyTorch checkpoint dialects (--layout, detected from the key names by default): hf-bert,
+Other PyTorch checkpoint dialects (--dialect, detected from the key names by default): hf-bert,
   hf-gpt2, hf-llama (LLaMA / Mistral / Qwen2); only the stack (layers, final norm) is read. A
   Hugging Face save_pretrained folder as SRC carries its own config: no flags needed.
-  Flax -> torch with --layout hf-*: DST gets the Hugging Face names of the stack.
+  Flax -> torch with --dialect hf-*: DST gets the Hugging Face names of the stack.
 
   python -m flax_blocks.convert encoder.pt encoder_flax.safetensors --num-heads 8 --norm pre --activation gelu
   python -m flax_blocks.convert encoder_flax.safetensors back.pt
@@ -30,6 +30,8 @@ import typing
 from typing import Any
 
 import numpy as np
+
+from flax_blocks.dialects import DIALECTS
 
 FORMAT = "flax_blocks"
 TORCH_SUFFIXES = (".pt", ".pth")
@@ -95,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "required for torch -> Flax unless it is a FeedForward)")
     ap.add_argument("--prefix", default="", help="read only torch names under this prefix, e.g. 'encoder.' "
                                                  "inside a whole nn.Transformer")
-    ap.add_argument("--layout", choices=["torch", "hf-bert", "hf-gpt2", "hf-llama"], default=None,
+    ap.add_argument("--dialect", choices=list(DIALECTS), default=None,
                     help="the checkpoint's key names (torch -> Flax: detected when not given; Flax -> torch: "
                          "torch names unless given)")
     cfg = ap.add_argument_group("config (torch -> Flax): written into the Flax file's metadata only when given")
@@ -114,10 +116,11 @@ def _build(kind: str, cfg_dict: dict, num_layers: int | None, final_norm: bool |
     Fields missing from cfg_dict take BlockConfig's defaults (they do not change the tensors)."""
     from flax import nnx
 
-    import flax_blocks as fb
+    from flax_blocks import blocks
+    from flax_blocks.config import BlockConfig
 
-    cfg = fb.BlockConfig(**cfg_dict)
-    cls = getattr(fb, kind)
+    cfg = BlockConfig(**cfg_dict)
+    cls = getattr(blocks, kind)
     kw = {"num_layers": num_layers, "final_norm": final_norm} if kind == "Encoder" else {}
     return nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0), **kw))
 
@@ -178,10 +181,10 @@ def _flax_to_torch(args: argparse.Namespace) -> int:
     module = _build(meta["kind"], meta["cfg"], meta.get("num_layers"), meta.get("final_norm"))
     load_flax_state_dict(module, args.src)
     sd = torch_state_dict(module)
-    if args.layout not in (None, "torch"):
+    if args.dialect not in (None, "torch"):
         from flax_blocks.hf import to_hf
 
-        sd = to_hf(module, args.layout)
+        sd = to_hf(module, args.dialect)
     if args.dst.endswith(TORCH_SUFFIXES):
         _save_torch(sd, args.dst)
     else:
@@ -193,7 +196,7 @@ def _flax_to_torch(args: argparse.Namespace) -> int:
 def _torch_to_flax(args: argparse.Namespace) -> int:
     from safetensors.numpy import save_file
 
-    from flax_blocks import layouts
+    from flax_blocks import dialects
     from flax_blocks.config import BlockConfig
     from flax_blocks.convert import (ConversionError, flax_state_dict, infer_config, load_torch_state_dict,
                                      torch_state_dict)
@@ -204,7 +207,7 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
                          "convert that Flax file back: python -m flax_blocks.convert FLAX.safetensors OUT.pt")
     if os.path.isdir(args.src):
         return _hf_to_flax(args)
-    sd, args.prefix, _ = layouts.prepare(args.src, args.layout, args.prefix)  # our names (or as it was)
+    sd, args.prefix, _ = dialects.prepare(args.src, args.dialect, args.prefix)  # our names (or as it was)
     report = infer_config(sd, prefix=args.prefix)
     info = report.inferred
     problems = []
@@ -238,7 +241,7 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
     if "norm" not in build and build.get("scaling", "none") != "none":
         build["norm"] = "pre"  # any norm placement has the same tensors; BlockConfig's default does not fit gates
     module = _build(info["kind"], build, info.get("num_layers"), final_norm)
-    load_torch_state_dict(module, sd, prefix=args.prefix, layout="torch")
+    load_torch_state_dict(module, sd, prefix=args.prefix, dialect="torch")
     not_recorded = sorted(fields - set(known) - {"dropout", "init", "dtype"})
     meta = {"kind": info["kind"], "cfg": known, "num_layers": info.get("num_layers"), "final_norm": final_norm,
             "not_recorded": not_recorded}
@@ -265,7 +268,7 @@ def _hf_to_flax(args: argparse.Namespace) -> int:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         print(f"note: {args.src} carries its config (config.json); ignoring {flags}", file=sys.stderr)
     config, _ = _read_folder(args.src)
-    layout, _, _, _ = hf_config(config)
+    dialect, _, _, _ = hf_config(config)
     module = from_hf(args.src)
     known = {f.name: getattr(module.cfg, f.name) for f in dataclasses.fields(module.cfg)
              if f.name not in ("dropout", "init", "dtype")}
@@ -273,7 +276,7 @@ def _hf_to_flax(args: argparse.Namespace) -> int:
     meta = {"kind": "Encoder", "cfg": known, "num_layers": module.num_layers, "final_norm": final_norm,
             "not_recorded": []}
     save_file(flax_state_dict(module), args.dst, metadata={"format": FORMAT, "config": json.dumps(meta)})
-    print(f"Hugging Face {config.get('model_type')} (layout {layout}) -> Flax: "
+    print(f"Hugging Face {config.get('model_type')} (dialect {dialect}) -> Flax: "
           f"{_summary(module, torch_state_dict(module))} -> {args.dst}")
     print("recorded (from config.json): " + ", ".join(f"{k}={v!r}" for k, v in known.items()))
     return 0

@@ -2,7 +2,7 @@
 
 A `Param` says, for one parameter of one component: its torch name, its Flax path, its
 shape (in torch's layout), which config field each dimension is, the logical axes of
-the Flax array (for sharding), its init distribution, and the `Layout` that maps
+the Flax array (for sharding), its init distribution, and the `Transform` that maps
 torch's tensor onto the Flax array. Components (a linear map, a norm, an attention) are
 lists of Params; blocks are named components arranged in residual sublayers (`BLOCKS`).
 
@@ -16,7 +16,7 @@ Everything else is derived from these declarations, not kept beside them:
 The block names follow torch.nn.TransformerEncoderLayer (self_attn, linear1, linear2,
 norm1, norm2) so stock state dicts load with strict=True; the new options add
 linear_gate (gated MLPs), norm1_out / norm2_out (Peri-LN), self_attn.q_norm / k_norm
-(QK-norm). Nothing here imports a framework: a layout's transforms use only the array
+(QK-norm). Nothing here imports a framework: the transforms use only the array
 methods numpy and JAX share (reshape, transpose, indexing).
 """
 
@@ -34,13 +34,14 @@ Spec = tuple[str, float]  # ("uniform", bound) | ("normal", std) | ("const", val
 Chunks = tuple[tuple[int, Spec], ...]  # (rows, spec) pieces along torch's dim 0
 
 # ----------------------------------------------------------------------------------
-# Layouts: torch's tensor <-> the Flax array
+# Transforms: torch's tensor <-> the Flax array
 # ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How a torch-layout array maps onto the Flax array, and back (numpy or JAX arrays)."""
+class Transform:
+    """How torch's tensor (its layout: (out, in) matrices, packed q/k/v rows) maps onto the
+    Flax array, and back (numpy or JAX arrays)."""
 
     name: str
     to_flax: Callable[[Any, BlockConfig], Any]
@@ -74,11 +75,11 @@ def _qkv_bias_to_torch(a, cfg: BlockConfig):  # (K, G+2, hd) -> ((H+2K)*hd,)
     return a.reshape(-1, cfg.head_dim)[np.argsort(_qkv_order(cfg))].reshape(-1)
 
 
-COPY = Layout("copy", lambda a, cfg: a, lambda a, cfg: a)
-LINEAR = Layout("linear", lambda a, cfg: a.T, lambda a, cfg: a.T)  # nn.Linear (out, in) <-> kernel (in, out)
-QKV_WEIGHT = Layout("qkv_weight", _qkv_weight_to_flax, _qkv_weight_to_torch)
-QKV_BIAS = Layout("qkv_bias", _qkv_bias_to_flax, _qkv_bias_to_torch)
-OUT_HEADS = Layout(  # out_proj.weight (E, H*hd) <-> (H, hd, E)
+COPY = Transform("copy", lambda a, cfg: a, lambda a, cfg: a)
+LINEAR = Transform("linear", lambda a, cfg: a.T, lambda a, cfg: a.T)  # nn.Linear (out, in) <-> kernel (in, out)
+QKV_WEIGHT = Transform("qkv_weight", _qkv_weight_to_flax, _qkv_weight_to_torch)
+QKV_BIAS = Transform("qkv_bias", _qkv_bias_to_flax, _qkv_bias_to_torch)
+OUT_HEADS = Transform(  # out_proj.weight (E, H*hd) <-> (H, hd, E)
     "out_heads",
     lambda a, cfg: a.T.reshape(cfg.num_heads, cfg.head_dim, a.shape[0]),
     lambda a, cfg: a.reshape(cfg.num_heads * cfg.head_dim, a.shape[-1]).T,
@@ -100,7 +101,7 @@ class Param:
       it is a combination), read by config inference.
     axes: logical axis names of the Flax array (sharding).
     init: (rows, spec) chunks along torch's dim 0 (one chunk for most parameters).
-    layout: torch array <-> Flax array.
+    transform: torch array <-> Flax array.
     """
 
     torch: str
@@ -109,10 +110,10 @@ class Param:
     dims: tuple[str | None, ...]
     axes: tuple[str | None, ...]
     init: Chunks
-    layout: Layout = COPY
+    transform: Transform = COPY
 
     def flax_shape(self, cfg: BlockConfig) -> tuple[int, ...]:
-        return tuple(self.layout.to_flax(np.empty(self.shape, np.bool_), cfg).shape)
+        return tuple(self.transform.to_flax(np.empty(self.shape, np.bool_), cfg).shape)
 
 
 @dataclass(frozen=True)
@@ -208,8 +209,9 @@ def attention(cfg: BlockConfig) -> Component:
     return Component("attention", tuple(params), children=children)
 
 
-def gate(cfg: BlockConfig, name: str) -> Param | None:
-    """ReZero's scalar gate (0 at init) or LayerScale's per-channel gate (eps); else None."""
+def residual_scale(cfg: BlockConfig, name: str) -> Param | None:
+    """ReZero's scalar (0 at init) or LayerScale's per-channel scale (eps) on a sublayer's
+    output; else None."""
     if cfg.scaling == "rezero":
         return Param(name, name, (), (), (), ((1, ZERO),))
     if cfg.scaling == "layerscale":
@@ -225,7 +227,7 @@ def gate(cfg: BlockConfig, name: str) -> Param | None:
 
 @dataclass(frozen=True)
 class Sublayer:
-    """One residual sublayer: its function's modules, its norms and its gate, by name.
+    """One residual sublayer: its function's modules, its norms and its residual scale, by name.
 
     kind "attention" (self-attention) or "cross_attention" (queries from the block's input,
     keys and values from a memory): modules = (attention,); kind "mlp": modules = (up, gate, down)."""
@@ -263,7 +265,7 @@ TRANSFORMER = {"encoder": "Encoder", "decoder": "Decoder"}  # torch's nn.Transfo
 
 def block(cfg: BlockConfig, kind: str) -> Component:
     """The component tree of block `kind` (a key of BLOCKS):
-    its gates as own params, every sublayer's modules and norms as named children."""
+    its residual scales as own params, every sublayer's modules and norms as named children."""
     if kind not in BLOCKS:
         raise ValueError(f"unknown block kind {kind!r}; expected one of {tuple(BLOCKS)}")
     modules: list[tuple[str, Component]] = []  # torch's order: functions, then norms
@@ -284,9 +286,9 @@ def block(cfg: BlockConfig, kind: str) -> Component:
             norms.append((sub.norm, norm(cfg, e)))
         if cfg.norm == "peri":
             out_norms.append((sub.norm_out, norm(cfg, e)))
-        g = gate(cfg, sub.scale)
-        if g is not None:
-            params.append(g)
+        scale = residual_scale(cfg, sub.scale)
+        if scale is not None:
+            params.append(scale)
     children = modules + norms + out_norms
     return Component("block", tuple(params), children=tuple(children))
 

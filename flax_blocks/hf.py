@@ -2,8 +2,8 @@
 
     from_hf(source)            an HF model (a save_pretrained folder or the model object)
                                -> a Flax Encoder computing its layers + final norm
-    to_hf(module, layout=...)  a Flax Encoder -> {HF name: array} of the stack
-    hf_config(config)          an HF config (dict) -> (layout, BlockConfig, num_layers, final_norm)
+    to_hf(module, dialect=...) a Flax Encoder -> {HF name: array} of the stack
+    hf_config(config)          an HF config (dict) -> (dialect, BlockConfig, num_layers, final_norm)
 
 Only the transformer stack is converted: hidden states (B, T, E) in, the model's last
 hidden state out. Embeddings (token, position, token type, BERT's embedding LayerNorm),
@@ -24,12 +24,13 @@ import os
 from dataclasses import replace
 from typing import Any, Mapping
 
-from . import layouts
+from . import dialects
+from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig, dtype_name
 
 log = logging.getLogger("flax_blocks")
 
-# model_type -> the layout of its keys (the settings below are read from the config)
+# model_type -> the dialect of its keys (the settings below are read from the config)
 MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama", "qwen2": "hf-llama"}
 
 ACTIVATIONS = {  # HF's activation names -> ours
@@ -57,16 +58,14 @@ def _rope_theta(config: Mapping[str, Any], problems: list[str]) -> float:
 
 
 def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, BlockConfig, int, bool]:
-    """An HF config (config.json as a dict) -> (layout, BlockConfig, num_layers, final_norm).
+    """An HF config (config.json as a dict) -> (dialect, BlockConfig, num_layers, final_norm).
 
     Raises ConversionError naming every setting the Flax blocks cannot reproduce."""
-    from .convert import ConversionError
-
     model_type = config.get("model_type")
     if model_type not in MODEL_TYPES:
         raise ConversionError([f"model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}"],
                               header="cannot read this Hugging Face model")
-    layout = MODEL_TYPES[model_type]
+    dialect = MODEL_TYPES[model_type]
     problems: list[str] = []
     d_model = _first(config, "hidden_size", "n_embd")
     heads = _first(config, "num_attention_heads", "n_head")
@@ -79,7 +78,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
         d_ff = 4 * d_model
     else:
         d_ff = _first(config, "intermediate_size", "n_inner")
-    settings = dict(layouts.LAYOUTS[layout].settings)
+    settings = dict(dialects.DIALECTS[dialect].settings)
     kw: dict[str, Any] = dict(
         d_model=d_model, num_heads=heads, d_ff=d_ff, dropout=0.0,
         layer_norm_eps=float(_first(config, "layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")),
@@ -88,7 +87,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
     if activation is not None and "activation" not in settings:
         kw["activation"] = activation
     elif activation not in (None, settings.get("activation")):
-        problems.append(f"activation {act_name!r}: {layout} layers use {settings['activation']!r}")
+        problems.append(f"activation {act_name!r}: {dialect} layers use {settings['activation']!r}")
     head_dim = config.get("head_dim")
     if head_dim is not None and head_dim * heads != d_model:
         problems.append(f"head_dim {head_dim} with {heads} heads and hidden size {d_model}: the Flax blocks "
@@ -104,7 +103,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
             problems.append("scale_attn_weights=False: the Flax blocks scale logits by 1/sqrt(head_dim)")
         if config.get("scale_attn_by_inverse_layer_idx"):
             problems.append("scale_attn_by_inverse_layer_idx=True: a per-layer logit scale the Flax blocks lack")
-    if layout == "hf-llama":
+    if dialect == "hf-llama":
         kw["rope_theta"] = _rope_theta(config, problems)
         attn_bias, mlp_bias = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
         if model_type == "qwen2":  # q/k/v biases, none elsewhere
@@ -123,14 +122,12 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
     if problems:
         raise ConversionError(problems, header=f"cannot reproduce this {model_type} model in the Flax blocks")
     num_layers = _first(config, "num_hidden_layers", "n_layer")
-    return layout, BlockConfig(**kw), int(num_layers), layouts.LAYOUTS[layout].final_norm is not None
+    return dialect, BlockConfig(**kw), int(num_layers), dialects.DIALECTS[dialect].final_norm is not None
 
 
 def _read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, state dict) of a save_pretrained folder: every *.safetensors shard, or
     pytorch_model.bin."""
-    from .convert import read_state_dict
-
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json (expected a folder written by save_pretrained)")
@@ -161,9 +158,8 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
     themselves may differ from HF's (whose values there are meaningless anyway).
     Mistral's sliding window is not applied: equal to HF for sequences up to sliding_window.
     """
-    import flax_blocks as fb
-
-    from .convert import read_state_dict
+    from .blocks import Encoder
+    from .convert import from_torch
 
     if isinstance(source, (str, os.PathLike)):
         config, sd = _read_folder(os.fspath(source))
@@ -171,8 +167,8 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
         config, sd = source.config.to_dict(), read_state_dict(source)
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
-    layout, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
-    stack = layouts.translate(sd, layout).state_dict
+    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
+    stack = dialects.translate(sd, dialect).state_dict
     if dtype is None:
         dtypes = {str(a.dtype) for a in stack.values()}
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
@@ -180,28 +176,26 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
     if config.get("sliding_window") and config.get("model_type") == "mistral":
         log.info("Mistral sliding_window=%s is not applied: equal to HF for sequences up to that length",
                  config["sliding_window"])
-    log.info("from_hf: %s model, layout %s, %d layers", config.get("model_type"), layout, num_layers)
-    return fb.from_torch(fb.Encoder, cfg, stack, layout="torch", num_layers=num_layers, final_norm=final_norm,
+    log.info("from_hf: %s model, dialect %s, %d layers", config.get("model_type"), dialect, num_layers)
+    return from_torch(Encoder, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
                          dtype=dtype, seed=seed)
 
 
-def layout_for(cfg: BlockConfig) -> str:
-    """The HF layout whose family settings `cfg` has (hf-bert, hf-gpt2, hf-llama)."""
-    from .convert import ConversionError
-
-    fits = [n for n, lay in layouts.LAYOUTS.items()
+def dialect_for(cfg: BlockConfig) -> str:
+    """The HF dialect whose family settings `cfg` has (hf-bert, hf-gpt2, hf-llama)."""
+    fits = [n for n, lay in dialects.DIALECTS.items()
             if lay.rules is not None and all(getattr(cfg, k) == v for k, v in lay.settings.items())]
     if len(fits) != 1:
         raise ConversionError([f"{n}: needs " + ", ".join(f"{k}={v!r}" for k, v in lay.settings.items())
-                               for n, lay in layouts.LAYOUTS.items() if lay.rules is not None],
-                              header="no Hugging Face layout fits this config; pass layout=")
+                               for n, lay in dialects.DIALECTS.items() if lay.rules is not None],
+                              header="no Hugging Face dialect fits this config; pass dialect=")
     return fits[0]
 
 
-def to_hf(module, layout: str | None = None, *, prefix: str = "") -> dict[str, Any]:
+def to_hf(module, dialect: str | None = None, *, prefix: str = "") -> dict[str, Any]:
     """{HF name: numpy array} of a Flax Encoder's stack: its layers and final norm.
 
-    layout: "hf-bert", "hf-gpt2" or "hf-llama" (None: the one whose family settings the
+    dialect: "hf-bert", "hf-gpt2" or "hf-llama" (None: the one whose family settings the
       module's cfg has; a config the family cannot hold is refused, naming the fields).
     prefix: put before every name, e.g. "model." for LlamaForCausalLM, "bert." for
       BertForMaskedLM; "" names them as in BertModel / GPT2Model / LlamaModel.
@@ -215,8 +209,8 @@ def to_hf(module, layout: str | None = None, *, prefix: str = "") -> dict[str, A
 
     if type(module).__name__ != "Encoder":
         raise TypeError(f"to_hf converts an Encoder (a stack), got {type(module).__name__}")
-    layout = layout or layout_for(module.cfg)
-    if layout == "torch":
-        raise ValueError("layout 'torch' is our own naming: use flax_blocks.torch_state_dict")
-    sd = layouts.to_layout(torch_state_dict(module), layout, module.cfg, prefix=prefix)
+    dialect = dialect or dialect_for(module.cfg)
+    if dialect == "torch":
+        raise ValueError("dialect 'torch' is our own naming: use flax_blocks.torch_state_dict")
+    sd = dialects.to_dialect(torch_state_dict(module), dialect, module.cfg, prefix=prefix)
     return {k: np.ascontiguousarray(v) for k, v in sd.items()}

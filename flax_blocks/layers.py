@@ -33,7 +33,7 @@ def sample(key: jax.Array, p: Param, cfg: BlockConfig, dtype) -> jax.Array:
         return _draw(key, p.init[0][1], p.flax_shape(cfg), dtype)
     keys = jax.random.split(key, len(p.init))
     parts = [_draw(k, spec, (rows, *p.shape[1:]), dtype) for k, (rows, spec) in zip(keys, p.init)]
-    return p.layout.to_flax(jnp.concatenate(parts, axis=0), cfg)
+    return p.transform.to_flax(jnp.concatenate(parts, axis=0), cfg)
 
 
 def create_params(module: nnx.Module, component: Component, cfg: BlockConfig, rngs: nnx.Rngs) -> None:

@@ -2,7 +2,7 @@
 
 Every parameter carries the *logical* names of its axes (what the axis is: "embed",
 "heads", "kv_heads", "mlp", ...) as `axes` metadata on its nnx.Param, set where it is
-created from its declaration (`flax_blocks.declarations`). A *layout* maps logical
+created from its declaration (`flax_blocks.declarations`). *Sharding rules* map logical
 names to the axes of a `jax.sharding.Mesh` (where the axis goes):
 
     DATA_PARALLEL   = {"batch": "data"}                                      params replicated
@@ -13,13 +13,13 @@ Tensor parallelism splits the attention heads (the q/k/v kernel by key/value hea
 each group with its query heads, so no head crosses devices; the output kernel row-wise)
 and the MLP width (linear1 / linear_gate column-wise, linear2 row-wise); XLA's SPMD
 partitioner inserts the all-reduces after the output projection and linear2.
-The Encoder's stacked layer axis is named "layers" (replicated unless a layout maps
+The Encoder's stacked layer axis is named "layers" (replicated unless the rules map
 it). Non-parameter state (dropout RNG keys and counts) is replicated.
 
     mesh = make_mesh(data=2, model=4)
     shard_model(model, mesh, HYBRID)            # places every Variable, in place
     x = jax.device_put(x, input_sharding(mesh, HYBRID))
-    y = nnx.jit(lambda m, x: m(x))(model, x)     # XLA propagates the layout
+    y = nnx.jit(lambda m, x: m(x))(model, x)     # XLA propagates the shardings
 
 The axes travel with the parameters, so one rule serves `nnx.State`s of any nesting (a
 TransformerBlock, an Encoder, or a model that contains them). Parameters without axes
@@ -43,12 +43,12 @@ STACKED_AXES: tuple[tuple[str, str], ...] = ((LAYERS, "layers"),)
 # Activations: (batch, seq, d_model).
 ACTIVATION_AXES: tuple[str, ...] = ("batch", "seq", "embed")
 
-# Layouts: logical axis -> mesh axis name (or None: replicated). Unlisted names replicate.
-Layout = Mapping[str, str | tuple[str, ...] | None]
-REPLICATED: Layout = {}
-DATA_PARALLEL: Layout = {"batch": "data"}
-TENSOR_PARALLEL: Layout = {"heads": "model", "kv_heads": "model", "mlp": "model"}
-HYBRID: Layout = {**DATA_PARALLEL, **TENSOR_PARALLEL}
+# Sharding rules: logical axis -> mesh axis name (or None: replicated). Unlisted names replicate.
+ShardingRules = Mapping[str, str | tuple[str, ...] | None]
+REPLICATED: ShardingRules = {}
+DATA_PARALLEL: ShardingRules = {"batch": "data"}
+TENSOR_PARALLEL: ShardingRules = {"heads": "model", "kv_heads": "model", "mlp": "model"}
+HYBRID: ShardingRules = {**DATA_PARALLEL, **TENSOR_PARALLEL}
 
 
 def _key_str(k: Any) -> str:
@@ -72,13 +72,13 @@ def param_axes(path: Sequence[Any] | str, ndim: int, axes: Sequence[str | None] 
     return tuple(stacked[len(stacked) - extra:]) + tuple(axes)
 
 
-def logical_to_spec(axes: Sequence[str | None], layout: Layout) -> PartitionSpec:
-    """Map logical axis names to a PartitionSpec through `layout`."""
-    mesh_axes = [layout.get(a) if a is not None else None for a in axes]
+def logical_to_spec(axes: Sequence[str | None], rules: ShardingRules) -> PartitionSpec:
+    """Map logical axis names to a PartitionSpec through `rules`."""
+    mesh_axes = [rules.get(a) if a is not None else None for a in axes]
     used = [m for m in mesh_axes if m is not None]
     flat = [n for m in used for n in ((m,) if isinstance(m, str) else m)]
     if len(flat) != len(set(flat)):
-        raise ValueError(f"layout maps two axes of {tuple(axes)} onto one mesh axis: {mesh_axes}")
+        raise ValueError(f"the rules map two axes of {tuple(axes)} onto one mesh axis: {mesh_axes}")
     return PartitionSpec(*mesh_axes)
 
 
@@ -86,7 +86,7 @@ def _is_variable(x: Any) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def partition_specs(state: Any, layout: Layout) -> Any:
+def partition_specs(state: Any, rules: ShardingRules) -> Any:
     """`state` (an nnx.State of Variables, e.g. `nnx.state(model)`) with a PartitionSpec in
     place of every array; Variables are kept as containers (`Variable.replace(spec)`, as
     `nnx.get_partition_spec` does), so the result matches `state` for jit's in_shardings.
@@ -107,7 +107,7 @@ def partition_specs(state: Any, layout: Layout) -> Any:
                               "not nnx.to_pure_dict), whose metadata holds the declared axes")
                 return out
             try:
-                out = logical_to_spec(param_axes(path, ndim, leaf.get_metadata().get("axes")), layout)
+                out = logical_to_spec(param_axes(path, ndim, leaf.get_metadata().get("axes")), rules)
             except KeyError as e:
                 errors.append(str(e.args[0]))
         return leaf.replace(out) if _is_variable(leaf) else out
@@ -145,17 +145,17 @@ def _check_divisible(state: Any, specs: Any, mesh: Mesh) -> None:
         raise ValueError("cannot shard on this mesh:\n  " + "\n  ".join(errors))
 
 
-def named_shardings(state: Any, mesh: Mesh, layout: Layout) -> Any:
+def named_shardings(state: Any, mesh: Mesh, rules: ShardingRules) -> Any:
     """Like `partition_specs`, with a NamedSharding on `mesh` in place of every spec
     (checked: every sharded dimension divides by its mesh axes)."""
-    specs = partition_specs(state, layout)
+    specs = partition_specs(state, rules)
     _check_divisible(state, specs, mesh)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
 
 
-def shard_state(state: Any, mesh: Mesh, layout: Layout) -> Any:
-    """`state` with every array placed on `mesh` by `layout` (jax.device_put)."""
-    shardings = named_shardings(state, mesh, layout)
+def shard_state(state: Any, mesh: Mesh, rules: ShardingRules) -> Any:
+    """`state` with every array placed on `mesh` by `rules` (jax.device_put)."""
+    shardings = named_shardings(state, mesh, rules)
 
     def put(leaf, s):
         if _is_variable(leaf):
@@ -165,15 +165,15 @@ def shard_state(state: Any, mesh: Mesh, layout: Layout) -> Any:
     return jax.tree.map(put, state, shardings, is_leaf=_is_variable)
 
 
-def shard_model(model: nnx.Module, mesh: Mesh, layout: Layout) -> nnx.Module:
-    """Place every Variable of `model` on `mesh` by `layout`, in place; returns `model`."""
-    nnx.update(model, shard_state(nnx.state(model), mesh, layout))
+def shard_model(model: nnx.Module, mesh: Mesh, rules: ShardingRules) -> nnx.Module:
+    """Place every Variable of `model` on `mesh` by `rules`, in place; returns `model`."""
+    nnx.update(model, shard_state(nnx.state(model), mesh, rules))
     return model
 
 
-def input_sharding(mesh: Mesh, layout: Layout, axes: Sequence[str | None] = ACTIVATION_AXES) -> NamedSharding:
+def input_sharding(mesh: Mesh, rules: ShardingRules, axes: Sequence[str | None] = ACTIVATION_AXES) -> NamedSharding:
     """Sharding of an input whose axes are `axes` (default (batch, seq, embed))."""
-    return NamedSharding(mesh, logical_to_spec(axes, layout))
+    return NamedSharding(mesh, logical_to_spec(axes, rules))
 
 
 def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
@@ -186,13 +186,13 @@ def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = Non
                          devices=devices[: data * model])
 
 
-def describe(state: Any, layout: Layout) -> list[tuple[str, tuple[int, ...], PartitionSpec]]:
-    """(path, shape, spec) for every Param of `state`: a readable table of a layout."""
+def describe(state: Any, rules: ShardingRules) -> list[tuple[str, tuple[int, ...], PartitionSpec]]:
+    """(path, shape, spec) for every Param of `state`: a readable table of the rules."""
     rows: list[tuple[str, tuple[int, ...], PartitionSpec]] = []
 
     def add(path, leaf, spec):
         if isinstance(leaf, nnx.Param):
             rows.append((path_str(path), tuple(leaf.get_value().shape), _unwrap(spec)))
 
-    jax.tree_util.tree_map_with_path(add, state, partition_specs(state, layout), is_leaf=_is_variable)
+    jax.tree_util.tree_map_with_path(add, state, partition_specs(state, rules), is_leaf=_is_variable)
     return rows

@@ -1,6 +1,6 @@
 """Parity check for your own checkpoint: `python -m parity_tests.check CHECKPOINT --num-heads N`.
 
-Loads a torch-layout checkpoint (.pt/.pth or .safetensors; a stock nn.TransformerEncoder,
+Loads a torch-named checkpoint (.pt/.pth or .safetensors; a stock nn.TransformerEncoder,
 a TransformerEncoderLayer or a torch_blocks module) into both torch_blocks and flax_blocks,
 runs both on random inputs with a padding mask, and prints max abs / rel errors of the
 output and of the gradients (random cotangent), per layer. Exits 1 past tolerance, naming
@@ -22,39 +22,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from flax_blocks.config import BlockConfig
 from flax_blocks.convert import ConversionError, infer_config, read_state_dict
 
+from .check_report import CheckReport
 from .harness import TOL, Case, Inputs, flax_twin, precision, rel_err, run_flax, run_torch
-
-
-@dataclass
-class CheckReport:
-    """Per-layer figures: rows of (where, forward max abs, forward rel, grad rel)."""
-
-    kind: str
-    dtype: str
-    reference: str = "the torch_blocks twin"
-    rows: list[tuple[str, float, float, float]] = field(default_factory=list)
-    stock_rows: list[tuple[str, float, float, float]] = field(default_factory=list)  # vs stock torch
-    failures: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what this check could not verify
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def table(self) -> str:
-        lines = [f"{self.kind}, {self.dtype}: Flax vs {self.reference} (rel = max|diff| / max|reference|)",
-                 f"{'where':<14}{'fwd max abs':>13}{'fwd rel':>11}{'grad rel':>11}"]
-        lines += [f"{w:<14}{a:>13.2e}{r:>11.2e}{g:>11.2e}" for w, a, r, g in self.rows + self.stock_rows]
-        lines += [f"note: {n}" for n in self.notes]
-        lines.append("PASS" if self.ok else "FAIL\n  " + "\n  ".join(self.failures))
-        return "\n".join(lines)
 
 
 def _layer_of(name: str) -> str:
@@ -161,7 +136,7 @@ def _rel_at(a: np.ndarray, b: np.ndarray, live: np.ndarray) -> float:
 def _contradictions(checkpoint, cfg: BlockConfig) -> list[str]:
     """A source module's own settings that the given flags contradict, one line each (the
     converter's own check, `check_against_source`)."""
-    from flax_blocks.layouts import check_against_source
+    from flax_blocks.dialects import check_against_source
 
     try:
         check_against_source(cfg, checkpoint)

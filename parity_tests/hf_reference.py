@@ -22,6 +22,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from .check_report import CheckReport
+
 
 def _rmsnorm64(self, x):
     import torch
@@ -124,7 +126,7 @@ def check_hf(folder: str, *, num_heads: int | None = None, dtype: str = "float32
              seed: int = 0, pad_keys: int | None = None):
     """The Flax stack read from an HF folder against the HF model rebuilt from it (its own
     config.json and weights). num_heads overrides the config's (to see a wrong one fail).
-    Returns a parity_tests.check.CheckReport with one row, the stack's output."""
+    Returns a parity_tests.check_report.CheckReport with one row, the stack's output."""
     from .harness import precision
 
     with precision(dtype):  # float64 on in JAX for this check only
@@ -135,15 +137,14 @@ def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     import flax_blocks as fb
     from flax_blocks.hf import hf_config
 
-    from .check import CheckReport
     from .harness import TOL
 
     config, model = load_hf(folder, dtype)
-    layout, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
+    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
     if num_heads is not None and num_heads != cfg.num_heads:
         kv = None if cfg.num_kv_heads is None else min(cfg.num_kv_heads, num_heads)
         cfg = replace(cfg, num_heads=num_heads, num_kv_heads=kv)
-    flax = fb.from_torch(fb.Encoder, cfg, model.state_dict(), layout=layout, num_layers=num_layers,
+    flax = fb.from_torch(fb.Encoder, cfg, model.state_dict(), dialect=dialect, num_layers=num_layers,
                          final_norm=final_norm, dtype=dtype)
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(batch, seq, cfg.d_model)).astype(dtype)
@@ -152,7 +153,7 @@ def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     ct = (rng.normal(size=x.shape) * keys[..., None]).astype(dtype)  # real query positions only
     yf, gf = flax_runs(flax, x, ct, keys, (True,))[True]
     yh, gh = hf_run(model, x, ct, keys)
-    report = CheckReport(f"Encoder ({config.get('model_type')}, layout {layout})", dtype,
+    report = CheckReport(f"Encoder ({config.get('model_type')}, dialect {dialect})", dtype,
                          reference=f"the Hugging Face {type(model).__name__} rebuilt from {folder}")
     fwd, grad = rel_at(yf, yh, keys), rel_at(gf, gh, keys)
     report.rows.append(("output", float(np.abs(yf - yh)[keys].max()), fwd, grad))

@@ -3,8 +3,8 @@ twin-vs-twin parity cannot see, because both twins share them or share the code 
 in. Each must be caught by the numpy reference checks (test_reference.py), in the twin(s)
 it was planted in and only there.
 
-Where each bug is planted is the table WHERE just below: when the library's layout
-changes, re-point it there. Every patch counts its calls, and a plant that never ran fails
+Where each bug is planted is the table WHERE just below: when the library's code
+moves, re-point it there. Every patch counts its calls, and a plant that never ran fails
 the test (so a stale patch point cannot pass as "caught").
 """
 
@@ -29,7 +29,7 @@ from . import test_reference as tr
 from .cases import CASES
 from .test_reference import EPS_CASES, TOL, reference_errors
 
-# Patch points: (object or dict, attribute or key). Re-point here after a change of layout.
+# Patch points: (object or dict, attribute or key). Re-point here after the code moves.
 WHERE = {
     "flax logit scale": (flax_blocks.attention, "jnp"),  # jnp.sqrt(d) in Attention.__call__
     "torch logit scale": (torch_blocks.attention, "math"),  # math.sqrt(d): the path returning weights

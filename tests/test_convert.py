@@ -296,7 +296,7 @@ def test_infer_config_reports_known_and_unknown():
     assert block.inferred["scaling"] == "layerscale"
 
 
-def test_flax_layout_checkpoint_round_trip(tmp_path):
+def test_flax_named_checkpoint_round_trip(tmp_path):
     enc = flax_module("Encoder", seed=8)
     path = tmp_path / "flax.safetensors"
     save_file(flax_state_dict(enc), str(path))

@@ -167,13 +167,13 @@ def test_cli_converts_an_hf_folder_and_writes_hf_names_back(tmp_path, capsys):
     model.save_pretrained(tmp_path / "hf")
     assert convert_main([str(tmp_path / "hf"), str(tmp_path / "flax.safetensors")]) == 0
     out = capsys.readouterr().out
-    assert "Hugging Face llama (layout hf-llama) -> Flax: Encoder: 2 layer(s)" in out and "num_kv_heads=2" in out
+    assert "Hugging Face llama (dialect hf-llama) -> Flax: Encoder: 2 layer(s)" in out and "num_kv_heads=2" in out
     assert convert_main([str(tmp_path / "flax.safetensors"), str(tmp_path / "back.safetensors"),
-                         "--layout", "hf-llama"]) == 0
+                         "--dialect", "hf-llama"]) == 0
     back, original = load_file(str(tmp_path / "back.safetensors")), model.state_dict()
     assert set(back) == {k for k in original if k.startswith(("layers.", "norm."))}
     assert all(np.array_equal(v, original[k].numpy()) for k, v in back.items())
-    # the HF weights file alone: layout detected, the unknowable settings given as flags
+    # the HF weights file alone: dialect detected, the unknowable settings given as flags
     weights = str(next((tmp_path / "hf").glob("*.safetensors")))
     assert convert_main([weights, str(tmp_path / "f2.safetensors"), "--num-heads", "4", "--num-kv-heads", "2",
                          "--norm", "pre", "--norm-type", "rmsnorm", "--mlp", "swiglu", "--activation", "silu",

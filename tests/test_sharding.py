@@ -1,5 +1,5 @@
 """flax_blocks.sharding: the rule table covers every parameter, and 1-device, data-parallel,
-tensor-parallel and 2-D layouts on 8 simulated CPU devices give the same outputs and
+tensor-parallel and 2-D sharding rules on 8 simulated CPU devices give the same outputs and
 gradients (float64, so a wrong all-reduce cannot hide under float32 rounding).
 
 The multi-device check runs in a subprocess: XLA's host device count is fixed when JAX
@@ -77,12 +77,12 @@ def test_a_pure_dict_is_refused_naming_the_fix():
         S.partition_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), S.HYBRID)
 
 
-def test_layout_errors():
+def test_sharding_rule_errors():
     with pytest.raises(ValueError, match="onto one mesh axis"):
         S.logical_to_spec(("heads", "mlp"), S.TENSOR_PARALLEL)
     m = TransformerBlock(BlockConfig(d_model=8, num_heads=2, d_ff=8), rngs=nnx.Rngs(0))
     mesh = S.make_mesh(data=1, model=1)
-    S.shard_model(m, mesh, S.HYBRID)  # a 1 x 1 mesh accepts every layout
+    S.shard_model(m, mesh, S.HYBRID)  # a 1 x 1 mesh accepts every rule set
 
 
 _SCRIPT = textwrap.dedent(
@@ -108,13 +108,13 @@ _SCRIPT = textwrap.dedent(
     # one model, built in one compiled program (eager init would compile every small op)
     graphdef0, state0 = nnx.split(nnx.jit(lambda: Encoder(cfg, num_layers=2, rngs=nnx.Rngs(2)))())
 
-    def run(mesh, layout):
+    def run(mesh, rules):
         model = nnx.merge(graphdef0, state0)  # fresh Variables on the same arrays
         if mesh is not None:
-            S.shard_model(model, mesh, layout)
-            xs = jax.device_put(x, S.input_sharding(mesh, layout))
-            rs = jax.device_put(r, S.input_sharding(mesh, layout))
-            km = jax.device_put(key_mask, S.input_sharding(mesh, layout, ("batch", "seq")))
+            S.shard_model(model, mesh, rules)
+            xs = jax.device_put(x, S.input_sharding(mesh, rules))
+            rs = jax.device_put(r, S.input_sharding(mesh, rules))
+            km = jax.device_put(key_mask, S.input_sharding(mesh, rules, ("batch", "seq")))
         else:
             xs, rs, km = jnp.asarray(x), jnp.asarray(r), jnp.asarray(key_mask)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -132,14 +132,14 @@ _SCRIPT = textwrap.dedent(
     _, y0, gp0, gx0 = run(None, None)
     assert len(y0.devices()) == 1
     y0, gx0, gp0 = np.asarray(y0), np.asarray(gx0), [np.asarray(a) for a in jax.tree.leaves(gp0)]
-    layouts = {
+    rule_sets = {
         "data-parallel 8x1": (S.make_mesh(data=8, model=1), S.DATA_PARALLEL),
         "tensor-parallel 1x8": (S.make_mesh(data=1, model=8), S.TENSOR_PARALLEL),
         "hybrid 2x4": (S.make_mesh(data=2, model=4), S.HYBRID),
     }
-    for lname, (mesh, layout) in layouts.items():
-        params, y, gp, gx = run(mesh, layout)
-        # the layout is really distributed: FFN width and heads split over "model", batch over "data"
+    for lname, (mesh, rules) in rule_sets.items():
+        params, y, gp, gx = run(mesh, rules)
+        # the rules really distribute: FFN width and heads split over "model", batch over "data"
         n_model, n_data = mesh.shape["model"], mesh.shape["data"]
         w1 = params["layers"]["linear1"]["kernel"][...]  # (L, E, F)
         assert w1.addressable_shards[0].data.shape == (2, 24, 64 // n_model), (lname, w1.sharding)
@@ -159,7 +159,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def test_layouts_agree_on_8_simulated_devices():
+def test_sharding_rules_agree_on_8_simulated_devices():
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     env["JAX_PLATFORMS"] = "cpu"

@@ -1,7 +1,7 @@
-"""Checkpoint dialects ("layouts"): other models' key names <-> our torch names.
+"""Checkpoint dialects: other models' key names <-> our torch names.
 
 Our torch names are those of `torch_blocks` (and of the declarations): an Encoder is
-`layers.{i}.<block name>` plus a final `norm.`. A checkpoint layout is ONE table saying how a
+`layers.{i}.<block name>` plus a final `norm.`. A dialect is ONE table saying how a
 family of PyTorch checkpoints names the same tensors, read in both directions:
 
     layer:       the per-layer key pattern ("encoder.layer.{i}." for BERT), found under any
@@ -18,9 +18,9 @@ family of PyTorch checkpoints names the same tensors, read in both directions:
 Only the transformer stack is translated: the layers and the final norm. Embeddings, pooler,
 LM heads and rotary buffers outside the layers are left out (and named in `Translated.dropped`).
 
-    translate(sd, layout=None)            their names -> ours (auto-detected when None)
-    to_layout(sd, layout, cfg)            ours -> their names
-    detect_layout(sd)                     which layout a state dict is written in
+    translate(sd, dialect=None)           their names -> ours (auto-detected when None)
+    to_dialect(sd, dialect, cfg)          ours -> their names
+    detect_dialect(sd)                    which dialect a state dict is written in
     settings_of(module)                   what a torch module fixes about its own config
 """
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from . import declarations
+from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig
 
 log = logging.getLogger("flax_blocks")
@@ -54,7 +55,7 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class CheckpointLayout:
+class Dialect:
     """One checkpoint dialect; see the module docstring. `rules` None: our own names."""
 
     name: str
@@ -68,7 +69,7 @@ class CheckpointLayout:
 
     @property
     def layer_regex(self) -> re.Pattern:
-        """prefix, layer index and the rest of a key of this layout's layers."""
+        """prefix, layer index and the rest of a key of this dialect's layers."""
         return re.compile("^(.*?)" + re.escape(self.layer).replace(r"\{i\}", r"(\d+)") + "(.+)$")
 
 
@@ -94,15 +95,15 @@ def _norm(ours: str, theirs: str) -> tuple[Rule, ...]:
 
 
 # ----------------------------------------------------------------------------------------
-# The layouts: one table each
+# The dialects: one table each
 # ----------------------------------------------------------------------------------------
 
-TORCH = CheckpointLayout(
+TORCH = Dialect(
     "torch", "torch_blocks / stock nn.TransformerEncoder names (layers.{i}.self_attn.in_proj_weight, ...)",
     layer=f"{declarations.LAYERS}.{{i}}.", final_norm=declarations.FINAL_NORM, rules=None,
 )
 
-HF_BERT = CheckpointLayout(
+HF_BERT = Dialect(
     "hf-bert", "Hugging Face BERT (encoder.layer.{i}.attention.self.query.weight, ...)",
     layer="encoder.layer.{i}.", final_norm=None,
     rules=(
@@ -118,7 +119,7 @@ HF_BERT = CheckpointLayout(
     outside="embeddings (word, position, token type, their LayerNorm) and pooler",
 )
 
-HF_GPT2 = CheckpointLayout(
+HF_GPT2 = Dialect(
     "hf-gpt2", "Hugging Face GPT-2 (h.{i}.attn.c_attn.weight stored (in, out), ...)",
     layer="h.{i}.", final_norm="ln_f",
     rules=(
@@ -136,7 +137,7 @@ HF_GPT2 = CheckpointLayout(
     outside="token and position embeddings (wte, wpe) and the LM head",
 )
 
-HF_LLAMA = CheckpointLayout(
+HF_LLAMA = Dialect(
     "hf-llama", "Hugging Face LLaMA / Mistral / Qwen2 (layers.{i}.self_attn.q_proj.weight, ...)",
     layer="layers.{i}.", final_norm="norm",
     rules=(
@@ -155,7 +156,7 @@ HF_LLAMA = CheckpointLayout(
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
 
-LAYOUTS: dict[str, CheckpointLayout] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA)}
+DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA)}
 
 # Every torch name a block can have under some option (probe config with all of them on).
 _PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, norm="peri", mlp="swiglu", activation="silu",
@@ -165,15 +166,15 @@ _TORCH_NAMES = {
 }
 
 
-def _get(name: str) -> CheckpointLayout:
-    if isinstance(name, CheckpointLayout):
+def _get(name: str) -> Dialect:
+    if isinstance(name, Dialect):
         return name
-    if name not in LAYOUTS:
-        raise ValueError(f"unknown layout {name!r}; expected one of {', '.join(LAYOUTS)}")
-    return LAYOUTS[name]
+    if name not in DIALECTS:
+        raise ValueError(f"unknown dialect {name!r}; expected one of {', '.join(DIALECTS)}")
+    return DIALECTS[name]
 
 
-def _known_in_layer(lay: CheckpointLayout) -> set[str]:
+def _known_in_layer(lay: Dialect) -> set[str]:
     if lay.rules is None:
         return _TORCH_NAMES["TransformerBlock"]
     return {t for r in lay.rules for t in r.theirs} | set(lay.ignore)
@@ -188,8 +189,8 @@ def _roots(keys) -> list[str]:
 # ----------------------------------------------------------------------------------------
 
 
-def _stack_keys(keys: list[str], lay: CheckpointLayout) -> list[str]:
-    """The keys this layout recognises as its stack's (any model prefix)."""
+def _stack_keys(keys: list[str], lay: Dialect) -> list[str]:
+    """The keys this dialect recognises as its stack's (any model prefix)."""
     known = _known_in_layer(lay)
     hits = [k for k in keys if (m := lay.layer_regex.match(k)) and m.group(3) in known]
     if lay.rules is None:  # a single block of ours has no layers.{i}.
@@ -198,24 +199,22 @@ def _stack_keys(keys: list[str], lay: CheckpointLayout) -> list[str]:
     return hits
 
 
-def detect_layout(source: Any) -> str:
-    """The name of the layout whose stack keys the state dict holds (torch, hf-bert, hf-gpt2,
+def detect_dialect(source: Any) -> str:
+    """The name of the dialect whose stack keys the state dict holds (torch, hf-bert, hf-gpt2,
     hf-llama). source: a mapping of name -> array, a module with .state_dict() or a path.
-    Raises ConversionError when no layout or several recognise the keys, listing the layouts
+    Raises ConversionError when no dialect or several recognise the keys, listing the dialects
     and the keys' roots."""
-    from .convert import ConversionError, read_state_dict
-
     keys = list(source.keys()) if isinstance(source, Mapping) else list(read_state_dict(source))
-    counts = {name: len(_stack_keys(keys, lay)) for name, lay in LAYOUTS.items()}
+    counts = {name: len(_stack_keys(keys, lay)) for name, lay in DIALECTS.items()}
     best = max(counts.values(), default=0)
     winners = [n for n, c in counts.items() if c == best and c > 0]
     if len(winners) == 1:
         return winners[0]
-    layouts = "; ".join(f"{lay.name}: {lay.description}" for lay in LAYOUTS.values())
-    what = "several layouts fit equally" if winners else "no layout recognises these keys"
-    raise ConversionError([f"the keys' roots are {_roots(keys)}", f"layouts: {layouts}",
-                           "pass layout= (--layout) to choose one"],
-                          header=f"cannot detect the checkpoint layout ({what})")
+    known = "; ".join(f"{lay.name}: {lay.description}" for lay in DIALECTS.values())
+    what = "several dialects fit equally" if winners else "no dialect recognises these keys"
+    raise ConversionError([f"the keys' roots are {_roots(keys)}", f"dialects: {known}",
+                           "pass dialect= (--dialect) to choose one"],
+                          header=f"cannot detect the checkpoint dialect ({what})")
 
 
 # ----------------------------------------------------------------------------------------
@@ -228,7 +227,7 @@ class Translated:
     """A state dict in our torch names, and what the translation did."""
 
     state_dict: dict[str, Any]
-    layout: str
+    dialect: str
     prefix: str  # the model prefix the stack was found under ("bert.", "model.", "")
     dropped: list[str] = field(default_factory=list)  # keys outside the stack (embeddings, heads)
 
@@ -240,17 +239,15 @@ def _cat(parts: list, transpose: bool):
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
-def translate(sd: Mapping[str, Any], layout: str | None = None, *, prefix: str = "") -> Translated:
+def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str = "") -> Translated:
     """Their state dict (numpy arrays) -> ours: `layers.{i}.<our name>` and `norm.*`.
 
-    layout None: detected (see `detect_layout`). prefix: their keys' model prefix; detected
+    dialect None: detected (see `detect_dialect`). prefix: their keys' model prefix; detected
     when not given (the part before the first layer key: "bert.", "transformer.", "model.").
-    The torch layout returns the dict unchanged. Raises ConversionError listing keys inside
-    the layers that the layout does not know and merges with parts missing."""
-    from .convert import ConversionError
-
-    name = detect_layout(sd) if layout is None else _get(layout).name
-    lay = LAYOUTS[name]
+    The torch dialect returns the dict unchanged. Raises ConversionError listing keys inside
+    the layers that the dialect does not know and merges with parts missing."""
+    name = detect_dialect(sd) if dialect is None else _get(dialect).name
+    lay = DIALECTS[name]
     if lay.rules is None:
         return Translated(dict(sd), name, prefix)
     if prefix and not prefix.endswith("."):
@@ -278,7 +275,7 @@ def translate(sd: Mapping[str, Any], layout: str | None = None, *, prefix: str =
     for i, theirs in sorted(layers.items()):
         unknown = sorted(set(theirs) - known)
         problems += [f"{prefix}{lay.layer.format(i=i)}{t} (shape {tuple(theirs[t].shape)}): not a parameter "
-                     f"the {name} layout knows" for t in unknown]
+                     f"the {name} dialect knows" for t in unknown]
         for r in lay.rules:
             have = [t for t in r.theirs if t in theirs]
             if not have:
@@ -305,26 +302,22 @@ def _rows(part: str, cfg: BlockConfig) -> int:
     return {"q": cfg.num_heads, "kv": cfg.kv_heads}[part] * cfg.head_dim
 
 
-def check_settings(cfg: BlockConfig, layout: str) -> None:
-    """Raise ConversionError naming every BlockConfig field that the layout's family fixes
+def check_settings(cfg: BlockConfig, dialect: str) -> None:
+    """Raise ConversionError naming every BlockConfig field that the dialect's family fixes
     to another value (a post-LN block written as GPT-2 names would load but compute
     something else)."""
-    from .convert import ConversionError
-
-    lay = _get(layout)
+    lay = _get(dialect)
     bad = [f"{k}={getattr(cfg, k)!r}, but {lay.name} checkpoints have {k}={v!r}"
            for k, v in lay.settings.items() if getattr(cfg, k) != v]
     if bad:
         raise ConversionError(bad, header=f"this config cannot be written as a {lay.name} checkpoint")
 
 
-def to_layout(sd: Mapping[str, Any], layout: str, cfg: BlockConfig, *, prefix: str = "") -> dict[str, Any]:
-    """Our torch-named state dict (an Encoder's: layers.{i}.*, norm.*) -> the layout's names,
+def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix: str = "") -> dict[str, Any]:
+    """Our torch-named state dict (an Encoder's: layers.{i}.*, norm.*) -> the dialect's names,
     under `prefix` ("" gives the names relative to the model the layers sit in). Checks the
-    config against the family's settings; an our-name the layout has no place for is an error."""
-    from .convert import ConversionError
-
-    lay = _get(layout)
+    config against the family's settings; an our-name the dialect has no place for is an error."""
+    lay = _get(dialect)
     if lay.rules is None:
         return {prefix + k: v for k, v in sd.items()}
     check_settings(cfg, lay.name)
@@ -338,11 +331,11 @@ def to_layout(sd: Mapping[str, Any], layout: str, cfg: BlockConfig, *, prefix: s
             if lay.final_norm and k.startswith(f"{declarations.FINAL_NORM}."):
                 out[f"{prefix}{lay.final_norm}.{k.split('.', 1)[1]}"] = a
             else:
-                problems.append(f"{k}: the {lay.name} layout has no place for it")
+                problems.append(f"{k}: the {lay.name} dialect has no place for it")
             continue
         r = by_ours.get(m.group(2))
         if r is None:
-            problems.append(f"{k}: the {lay.name} layout has no place for it")
+            problems.append(f"{k}: the {lay.name} dialect has no place for it")
             continue
         base = f"{prefix}{lay.layer.format(i=m.group(1))}"
         if len(r.theirs) == 1:
@@ -402,8 +395,6 @@ def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None 
     nn.TransformerEncoder / nn.TransformerEncoderLayer, or a torch_blocks module (unless
     `torch_blocks` is False). To load weights into a deliberately different config (a
     wrong twin), pass the module's state_dict() instead of the module."""
-    from .convert import ConversionError
-
     if not torch_blocks and isinstance(getattr(module, "cfg", None), BlockConfig):
         return
     facts = settings_of(module)
@@ -417,27 +408,25 @@ def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None 
         raise ConversionError(bad, header=f"the config contradicts the source {type(module).__name__}")
 
 
-def prepare(source: Any, layout: str | None, prefix: str = "") -> tuple[dict[str, Any], str, str | None]:
+def prepare(source: Any, dialect: str | None, prefix: str = "") -> tuple[dict[str, Any], str, str | None]:
     """For the loaders: read `source` and translate it to our names.
 
-    Returns (state dict, prefix left to apply, hint). A torch-layout source comes back as it
-    was (with the caller's prefix); another layout's comes back in our names (prefix "").
-    With layout None and keys no layout recognises, the source comes back as it was, with a
-    hint (listing the layouts and the keys' roots) for the loader's error message."""
-    from .convert import ConversionError, read_state_dict
-
+    Returns (state dict, prefix left to apply, hint). A torch-named source comes back as it
+    was (with the caller's prefix); another dialect's comes back in our names (prefix "").
+    With dialect None and keys no dialect recognises, the source comes back as it was, with a
+    hint (listing the dialects and the keys' roots) for the loader's error message."""
     sd = read_state_dict(source)
     hint = None
-    if layout is None:
+    if dialect is None:
         try:
-            layout = detect_layout(sd)
+            dialect = detect_dialect(sd)
         except ConversionError as e:
-            if "no layout" not in str(e):
+            if "no dialect" not in str(e):
                 raise
-            layout, hint = "torch", f"{e.args[0].splitlines()[0]}: " + "; ".join(e.problems[:2])
+            dialect, hint = "torch", f"{e.args[0].splitlines()[0]}: " + "; ".join(e.problems[:2])
         else:
-            if layout != "torch":
-                log.info("checkpoint layout %s (detected from the key names)", layout)
-    if _get(layout).rules is None:
+            if dialect != "torch":
+                log.info("checkpoint dialect %s (detected from the key names)", dialect)
+    if _get(dialect).rules is None:
         return sd, prefix, hint
-    return translate(sd, layout, prefix=prefix).state_dict, "", None
+    return translate(sd, dialect, prefix=prefix).state_dict, "", None

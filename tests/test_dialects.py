@@ -1,4 +1,4 @@
-"""Checkpoint layouts: detection, both directions, refusals; settings read from a torch module."""
+"""Checkpoint dialects: detection, both directions, refusals; settings read from a torch module."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import flax_blocks as fb
-from flax_blocks import layouts
+from flax_blocks import dialects
 from flax_blocks.convert import ConversionError
 
 torch = pytest.importorskip("torch")
@@ -35,65 +35,65 @@ CASES = {"hf-llama": (CFG, "model."), "hf-bert": (BERT, "bert."), "hf-gpt2": (GP
 def test_both_directions_are_exact_and_detected(name):
     cfg, prefix = CASES[name]
     ours = _ours(cfg, final=name != "hf-bert")
-    theirs = layouts.to_layout(ours, name, cfg, prefix=prefix)
+    theirs = dialects.to_dialect(ours, name, cfg, prefix=prefix)
     assert not set(theirs) & set(ours)  # every name changed
     extra = {f"{prefix}embed.weight": np.ones((5, 16)), "lm_head.weight": np.ones((5, 16))}
-    assert fb.detect_layout({**theirs, **extra}) == name
-    back = layouts.translate({**theirs, **extra})
-    assert back.layout == name and back.prefix == prefix and sorted(back.dropped) == sorted(extra)
+    assert fb.detect_dialect({**theirs, **extra}) == name
+    back = dialects.translate({**theirs, **extra})
+    assert back.dialect == name and back.prefix == prefix and sorted(back.dropped) == sorted(extra)
     assert set(back.state_dict) == set(ours)
     assert all(np.array_equal(back.state_dict[k], v) for k, v in ours.items())
 
 
 def test_known_names_and_shapes():
-    theirs = layouts.to_layout(_ours(CFG), "hf-llama", CFG)
+    theirs = dialects.to_dialect(_ours(CFG), "hf-llama", CFG)
     assert theirs["layers.1.self_attn.q_proj.weight"].shape == (16, 16)  # 4 heads of 4
     assert theirs["layers.1.self_attn.k_proj.bias"].shape == (8,)  # 2 KV heads
     assert theirs["layers.0.mlp.gate_proj.weight"].shape == (24, 16) and "norm.weight" in theirs
-    gpt2 = layouts.to_layout(_ours(GPT2), "hf-gpt2", GPT2)
+    gpt2 = dialects.to_dialect(_ours(GPT2), "hf-gpt2", GPT2)
     assert gpt2["h.0.attn.c_attn.weight"].shape == (16, 48) and gpt2["h.0.mlp.c_fc.weight"].shape == (16, 24)
     assert "ln_f.weight" in gpt2
 
 
-def test_torch_layout_is_the_default_and_unknown_keys_list_the_layouts():
-    assert fb.detect_layout(_ours(BERT)) == "torch"
-    assert fb.detect_layout({f"encoder.{k}": v for k, v in _ours(BERT).items()}) == "torch"
+def test_torch_dialect_is_the_default_and_unknown_keys_list_the_dialects():
+    assert fb.detect_dialect(_ours(BERT)) == "torch"
+    assert fb.detect_dialect({f"encoder.{k}": v for k, v in _ours(BERT).items()}) == "torch"
     with pytest.raises(ConversionError) as info:
-        fb.detect_layout({"decoder.blocks.0.attn.wq": np.ones(2), "tok.weight": np.ones(2)})
+        fb.detect_dialect({"decoder.blocks.0.attn.wq": np.ones(2), "tok.weight": np.ones(2)})
     text = str(info.value)
-    assert "no layout recognises" in text and "['decoder.', 'tok.']" in text
-    assert all(name in text for name in layouts.LAYOUTS)
+    assert "no dialect recognises" in text and "['decoder.', 'tok.']" in text
+    assert all(name in text for name in dialects.DIALECTS)
 
 
 def test_translation_errors_name_the_keys():
-    theirs = layouts.to_layout(_ours(BERT, final=False), "hf-bert", BERT)
+    theirs = dialects.to_dialect(_ours(BERT, final=False), "hf-bert", BERT)
     theirs.pop("encoder.layer.1.attention.self.key.weight")
     theirs["encoder.layer.0.crossattention.self.query.weight"] = np.ones((16, 16))
     with pytest.raises(ConversionError) as info:
-        layouts.translate(theirs)
+        dialects.translate(theirs)
     text = str(info.value)
     assert "missing key encoder.layer.1.attention.self.key.weight" in text
-    assert "encoder.layer.0.crossattention.self.query.weight (shape (16, 16)): not a parameter the hf-bert layout knows" in text
+    assert "encoder.layer.0.crossattention.self.query.weight (shape (16, 16)): not a parameter the hf-bert dialect knows" in text
 
 
 def test_a_config_the_family_cannot_hold_is_refused_naming_fields():
     with pytest.raises(ConversionError) as info:
-        layouts.to_layout(_ours(BERT), "hf-gpt2", BERT)
+        dialects.to_dialect(_ours(BERT), "hf-gpt2", BERT)
     assert "norm='post', but hf-gpt2 checkpoints have norm='pre'" in str(info.value)
     assert "causal=False" in str(info.value)
 
 
-def test_from_torch_reads_an_hf_state_dict_with_its_layout(caplog):
-    theirs = layouts.to_layout(_ours(GPT2), "hf-gpt2", GPT2, prefix="transformer.")
+def test_from_torch_reads_an_hf_state_dict_with_its_dialect(caplog):
+    theirs = dialects.to_dialect(_ours(GPT2), "hf-gpt2", GPT2, prefix="transformer.")
     with caplog.at_level("INFO", logger="flax_blocks"):
         enc = fb.from_torch(fb.Encoder, replace(GPT2, param_dtype="float32"), theirs, num_layers=2, dtype="float32")
-    assert "checkpoint layout hf-gpt2 (detected from the key names)" in caplog.text
+    assert "checkpoint dialect hf-gpt2 (detected from the key names)" in caplog.text
     assert enc.final_norm is not None  # ln_f read as the final norm
     sd = fb.torch_state_dict(enc)
     want = _ours(GPT2)
     assert all(np.allclose(sd[k], want[k].astype(np.float32)) for k in want)
     with pytest.raises(ConversionError, match=r"no key matches encoder\.layer\.\{i\}\. \(the keys' roots are \['transformer\.'\]\)"):
-        fb.from_torch(fb.Encoder, GPT2, theirs, num_layers=2, layout="hf-bert")
+        fb.from_torch(fb.Encoder, GPT2, theirs, num_layers=2, dialect="hf-bert")
 
 
 # ---------------------------------------------------------------------------------------
@@ -133,9 +133,9 @@ def test_a_torch_blocks_module_tells_its_settings():
 
     model = tb.Encoder(CFG, num_layers=2)
     fb.from_torch(fb.Encoder, CFG, model, num_layers=2)
-    layouts.check_against_source(CFG, model, True, torch_blocks=True)
+    dialects.check_against_source(CFG, model, True, torch_blocks=True)
     with pytest.raises(ConversionError) as info:
-        layouts.check_against_source(replace(CFG, num_kv_heads=4, rope_theta=None), model, torch_blocks=True)
+        dialects.check_against_source(replace(CFG, num_kv_heads=4, rope_theta=None), model, torch_blocks=True)
     assert "num_kv_heads=4 given, but the source module has num_kv_heads=2" in str(info.value)
     assert "rope_theta=None given" in str(info.value)
 

@@ -1,0 +1,92 @@
+"""Reading checkpoints, and the error every loader raises: shared by the converter, the
+checkpoint dialects and the Hugging Face loaders (which is why it sits apart from them).
+
+    read_state_dict(source)   a mapping, a module with .state_dict() or a .safetensors /
+                              .pt / .pth / .bin path -> {name: numpy array}
+    ConversionError           every problem found, one per line; nothing was modified
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .io_errors import torch_load_state_dict
+
+
+class ConversionError(ValueError):
+    """Raised with every problem found, one per line; the module was not modified."""
+
+    def __init__(self, problems: list[str], header: str = "cannot load state dict"):
+        self.problems = list(problems)
+        super().__init__(f"{header}: {len(problems)} problem(s)\n  " + "\n  ".join(problems))
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """Array or torch tensor -> numpy, keeping bfloat16 (as ml_dtypes.bfloat16)."""
+    if type(value).__module__.startswith("torch"):
+        t = value.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            import ml_dtypes
+
+            return t.view(dtype=_torch_int16()).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+    return np.asarray(value)
+
+
+def _torch_int16():
+    import torch
+
+    return torch.int16
+
+
+def read_state_dict(source: Any) -> dict[str, np.ndarray]:
+    """A mapping of arrays/tensors, a module with .state_dict(), or a path to a
+    .safetensors / .pt / .pth file -> {name: numpy array}."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"checkpoint not found: {path}")
+        if path.endswith(".safetensors"):
+            from safetensors.numpy import load_file
+
+            return dict(load_file(path))
+        if path.endswith((".pt", ".pth", ".bin")):
+            try:
+                import torch
+            except ImportError as e:
+                raise ImportError(
+                    f"reading {path} needs PyTorch: install the 'torch' extra "
+                    "(pip install 'twin-blocks[torch]'), or convert it to .safetensors"
+                ) from e
+            obj = torch_load_state_dict(path)  # one-line CheckpointReadError for a pickled module
+            if not isinstance(obj, Mapping):
+                raise ConversionError([f"{path} holds a {type(obj).__name__}, expected a state dict (name -> tensor)"])
+            return {k: to_numpy(v) for k, v in obj.items()}
+        raise ValueError(f"unknown checkpoint format {path!r}: expected .safetensors, .pt or .pth")
+    if hasattr(source, "state_dict") and callable(source.state_dict):
+        source = source.state_dict()
+    if not isinstance(source, Mapping):
+        raise TypeError(f"source must be a mapping of name -> array, a module or a path, got {type(source).__name__}")
+    return {str(k): to_numpy(v) for k, v in source.items()}
+
+
+def natural_key(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def ranges(xs: Iterable[int]) -> str:
+    xs = sorted(xs)
+    parts, start = [], xs[0]
+    for a, b in zip(xs, xs[1:] + [None]):
+        if b != a + 1:
+            parts.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(parts)
+
+
+def few(names: list[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")

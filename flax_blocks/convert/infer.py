@@ -1,0 +1,112 @@
+"""What a torch-named state dict says about the config that made it (`infer_config`),
+read from the declarations: which parameter names exist under which option."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .. import declarations
+from ..checkpoint_io import read_state_dict
+from ..config import BlockConfig
+from ..declarations import FINAL_NORM, Param
+from .params import BLOCK_KINDS, LAYER, module_params
+
+_PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, norm="peri", mlp="swiglu", activation="silu",
+                     qk_norm=True, scaling="layerscale", qkv_bias=True)
+
+
+def _names(kind: str, **options: Any) -> dict[str, Param]:
+    return {t: p for t, _, p, _ in module_params(kind, replace(_PROBE, **options))}
+
+
+def _only_with(kind: str, **options: Any) -> set[str]:
+    """Names that exist with the probe config and vanish when `options` are applied."""
+    return set(_names(kind)) - set(_names(kind, **options))
+
+
+@dataclass
+class ConfigReport:
+    """What a torch-named state dict says about the config that made it."""
+
+    inferred: dict[str, Any] = field(default_factory=dict)
+    unknown: tuple[str, ...] = ("num_heads", "norm (pre or post)", "activation", "layer_norm_eps", "causal", "dropout")
+
+    def __str__(self) -> str:
+        known = ", ".join(f"{k}={v!r}" for k, v in self.inferred.items())
+        return f"inferred: {known}\ncannot be inferred (give them to BlockConfig): {', '.join(self.unknown)}"
+
+
+def _block_kind(roots: set[str]) -> str | None:
+    """The block kind whose sublayers' main modules are all among the key roots (the
+    largest such kind first)."""
+    for kind in sorted(BLOCK_KINDS, key=lambda k: -len(declarations.BLOCKS[k])):
+        if all(sub.modules[0] in roots for sub in declarations.BLOCKS[kind]):
+            return kind
+    return None
+
+
+def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
+    """Read a torch-named state dict and report what it fixes: kind, d_model, d_ff
+    (head_dim with QK-norm), num_layers, bias, qkv_bias, final_norm, norms present and
+    their placement (peri), gated MLP, QK-norm, residual scaling, dtype."""
+    sd = strip_prefix(read_state_dict(source), norm_prefix(prefix))
+    layers = sorted({int(m.group(1)) for n in sd if (m := LAYER.match(n))})
+    inner = {(m.group(2) if (m := LAYER.match(n)) else n): a for n, a in sd.items()}
+    if layers:
+        inner = {n: a for n, a in inner.items() if not n.startswith(f"{FINAL_NORM}.")} if layers else inner
+    info: dict[str, Any] = {}
+    kind = _block_kind({n.split(".")[0] for n in inner})
+    if layers:
+        stack = {block: name for name, block in declarations.STACKS.items()}.get(kind, "Encoder")
+        info.update(kind=stack, num_layers=len(layers), final_norm=f"{FINAL_NORM}.weight" in sd)
+        kind = declarations.STACKS[stack]
+    elif kind is not None:
+        info["kind"] = kind
+    if kind is not None:
+        declared = _names(kind)
+        for name, a in inner.items():  # each dimension that is a config field
+            p = declared.get(name)
+            if p is not None and len(p.dims) == a.ndim:
+                for dim, size in zip(p.dims, a.shape):
+                    if dim is not None:
+                        info.setdefault(dim, int(size))
+        has = lambda names: any(n in inner for n in names)  # noqa: E731
+        info["bias"] = has(_only_with(kind, bias=False, qkv_bias=True) - _only_with(kind, norm_type="rmsnorm"))
+        if has(_only_with(kind, qkv_bias=False)) != info["bias"]:
+            info["qkv_bias"] = not info["bias"]  # recorded only where it departs from `bias`
+        info["layer_norms"] = has(_only_with(kind, norm="none"))
+        if has(_only_with(kind, norm="pre")):
+            info["norm"] = "peri"
+        info["gated_mlp"] = has(_only_with(kind, mlp="dense", activation="relu"))
+        info["qk_norm"] = has(_only_with(kind, qk_norm=False))
+        if info["bias"] and info["layer_norms"]:
+            info["norm_type"] = "layernorm" if has(_only_with(kind, norm_type="rmsnorm")) else "rmsnorm"
+        gates = [a for n, a in inner.items() if n in _only_with(kind, scaling="none")]
+        if gates:
+            info["scaling"] = "rezero" if gates[0].ndim == 0 else "layerscale"
+        if "head_dim" in info and "d_model" in info:
+            rows = next((a.shape[0] for n, a in inner.items() if declared.get(n) is not None
+                         and declared[n].transform is declarations.QKV_WEIGHT), None)
+            if rows is not None:
+                info["num_heads"] = info["d_model"] // info["head_dim"]
+                info["num_kv_heads"] = (rows // info["head_dim"] - info["num_heads"]) // 2
+    dtypes = sorted({str(a.dtype) for a in sd.values()})
+    info["dtype"] = dtypes[0] if len(dtypes) == 1 else dtypes
+    unknown = tuple(u for u in ConfigReport.unknown if u.split(" ")[0] not in info)
+    return ConfigReport(info, unknown)
+
+
+
+def norm_prefix(prefix: str) -> str:
+    """"encoder" and "encoder." both mean the keys under encoder."""
+    return prefix if not prefix or prefix.endswith(".") else prefix + "."
+
+
+def strip_prefix(sd: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    if not prefix:
+        return sd
+    return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+

@@ -1,0 +1,309 @@
+"""torch-named weights -> a flax_blocks module, in place (`load_torch_state_dict`) or as a
+new module (`from_torch`); a Flax-layout checkpoint back in (`load_flax_state_dict`).
+
+Loading runs in three steps, each one concern:
+    validate(...)  every problem (prefix, config contradictions, layer count, missing and
+                   unexpected keys, shapes, dtypes, float64 without x64, abstract modules)
+                   collected into one list;
+    plan(...)      the new value of every Flax parameter (torch tensor -> Flax layout,
+                   cast, stacked over layers), computed without touching the module;
+    apply(...)     the plan written into the module at once.
+A problem in `validate` raises one `ConversionError` before `plan` runs: nothing changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, NamedTuple
+
+import numpy as np
+
+from .. import declarations, dialects
+from ..checkpoint_io import ConversionError, few, natural_key, ranges, read_state_dict
+from ..config import dtype_name
+from ..declarations import FINAL_NORM
+from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
+from .params import LAYER, Expected, expected_torch_params, flax_params
+
+def _module_facts(module) -> dict[str, Any]:
+    cfg = module.cfg
+    facts: dict[str, Any] = {"kind": type(module).__name__, "d_model": cfg.d_model, "bias": cfg.bias}
+    if facts["kind"] != "ResidualMHA":
+        facts["d_ff"] = cfg.d_ff
+    if facts["kind"] in declarations.STACKS:
+        facts["num_layers"] = module.num_layers
+        facts["final_norm"] = module.final_norm is not None
+    if facts["kind"] == "Transformer":
+        facts = {"kind": "Transformer"}  # its keys say the rest: strict loading checks every one
+    return facts
+
+
+
+def _suggest_prefix(raw: Mapping[str, Any], expected: Iterable[str]) -> str | None:
+    """The key root under which most expected names are found, if any (e.g. "encoder.")."""
+    expected = list(expected)
+    roots = {k.split(".")[0] for k in raw if "." in k}
+    counts = {r: sum(f"{r}.{k}" in raw for k in expected) for r in roots}
+    best = max(counts, key=counts.get, default=None)
+    return f"{best}." if best is not None and counts[best] else None
+
+
+def _np_dtype(dtype: Any):
+    """A dtype given as a name or a numpy / JAX / torch dtype object -> a numpy dtype."""
+    name = dtype_name(dtype)
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise TypeError(f"dtype must be float32, float64, bfloat16 or float16 (a name or a dtype object), got {dtype!r}") from None
+
+
+
+class LoadResult(NamedTuple):
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+@dataclass
+class _Source:
+    """A checkpoint read and put in our torch names, relative to the module's root."""
+
+    raw: dict[str, np.ndarray]  # as read (after translating another dialect's names)
+    prefix: str  # normalised ("encoder." or "")
+    sd: dict[str, np.ndarray]  # the keys under prefix, prefix removed
+    hint: str | None  # why no dialect was recognised, for the error message
+
+
+def _read(source: Any, prefix: str, dialect: str | None) -> _Source:
+    raw, prefix, hint = dialects.prepare(source, dialect, prefix)
+    prefix = norm_prefix(prefix)
+    return _Source(raw, prefix, strip_prefix(raw, prefix), hint)
+
+
+def _prefix_problems(src: _Source) -> list[str]:
+    if src.prefix and not src.sd:
+        roots = sorted({k.split(".")[0] + "." for k in src.raw})[:8]
+        return [f"prefix {src.prefix!r} matches no key (the checkpoint's keys start with {roots})"]
+    return []
+
+
+def _config_problems(module, src: _Source) -> list[str]:
+    """Where what the checkpoint's tensors fix (d_model, d_ff, bias, final norm) contradicts
+    the module (num_layers: see `_layer_problems`)."""
+    report = infer_config(src.sd) if src.sd else ConfigReport()
+    facts = _module_facts(module)
+    problems = []
+    for key in ("d_model", "d_ff", "bias", "final_norm"):
+        if key in report.inferred and key in facts and report.inferred[key] != facts[key]:
+            fix = " (pass final_norm=%r)" % report.inferred[key] if key == "final_norm" else ""
+            problems.append(f"config mismatch: {key} is {report.inferred[key]!r} in the checkpoint, "
+                            f"{facts[key]!r} in the module{fix}")
+    return problems
+
+
+def _layer_problems(module, src: _Source) -> list[str]:
+    num_layers = getattr(module, "num_layers", None)
+    found = sorted({int(m.group(1)) for k in src.sd if (m := LAYER.match(k))})
+    if num_layers is not None and found and found != list(range(num_layers)):
+        return [f"layer count: checkpoint has layers {ranges(found)} ({len(found)}), "
+                f"module has {num_layers} (0-{num_layers - 1})"]
+    return []
+
+
+def _key_problems(expected: dict[str, Expected], src: _Source, strict: bool, params: dict[str, Any],
+                  missing: list[str], unexpected: list[str]) -> list[str]:
+    """Missing and unexpected keys (errors when strict), and, when not strict, missing keys
+    an abstract module has no value for."""
+    import jax
+
+    problems = []
+    if strict and missing and len(missing) == len(expected) and not src.prefix:
+        hint = _suggest_prefix(src.raw, expected)
+        if hint:
+            problems.append(f"no expected key at the top level; the weights seem to be under prefix={hint!r}")
+    if strict:
+        problems += [f"missing key {src.prefix}{k} (expected shape {expected[k].torch_shape})" for k in missing]
+        problems += [f"unexpected key {src.prefix}{k} (shape {tuple(src.sd[k].shape)})" for k in unexpected]
+    else:
+        abstract = [k for k in missing if isinstance(params[expected[k].flax_path].get_value(), jax.ShapeDtypeStruct)]
+        problems += [f"missing key {src.prefix}{k}: the module is abstract (nnx.eval_shape) and has no value for it"
+                     for k in abstract]
+    return problems
+
+
+def _tensor_problems(expected: dict[str, Expected], src: _Source, cast) -> list[str]:
+    """Shapes, non-floating dtypes, and float64 tensors that would silently become float32."""
+    import jax
+
+    problems, silent64 = [], []
+    for k, exp in expected.items():
+        if k not in src.sd:
+            continue
+        a = src.sd[k]
+        if tuple(a.shape) != exp.torch_shape:
+            problems.append(f"shape mismatch for {src.prefix}{k}: expected {exp.torch_shape}, found {tuple(a.shape)}")
+        if not np.issubdtype(a.dtype, np.floating) and str(a.dtype) != "bfloat16":
+            problems.append(f"dtype of {src.prefix}{k}: expected a floating dtype, found {a.dtype}")
+        elif cast is None and a.dtype == np.float64 and not jax.config.jax_enable_x64:
+            silent64.append(src.prefix + k)
+    if silent64:
+        problems.append(
+            f"{len(silent64)} tensor(s) are float64 ({few(silent64)}) but jax_enable_x64 is off (they would "
+            "silently become float32): enable it before creating arrays, or pass dtype=jnp.float32"
+        )
+    return problems
+
+
+def validate(module, src: _Source, expected: dict[str, Expected], *, strict: bool, cast,
+             params: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(missing, unexpected) keys; raises one ConversionError listing every problem."""
+    missing = sorted((k for k in expected if k not in src.sd), key=natural_key)
+    unexpected = sorted((k for k in src.sd if k not in expected), key=natural_key)
+    problems = (_prefix_problems(src) + _config_problems(module, src) + _layer_problems(module, src)
+                + _key_problems(expected, src, strict, params, missing, unexpected)
+                + _tensor_problems(expected, src, cast))
+    if problems:
+        raise ConversionError(problems + ([src.hint] if src.hint else []))
+    return missing, unexpected
+
+
+def plan(module, src: _Source, expected: dict[str, Expected], cast, params: dict[str, Any]) -> dict[str, np.ndarray]:
+    """{Flax path: new value} for every parameter the checkpoint holds: torch tensor -> Flax
+    layout (`Param.transform`), cast, and stacked over layers (a stacked parameter partly
+    loaded keeps the module's values for the layers the checkpoint lacks)."""
+    new: dict[str, np.ndarray] = {}
+    stacks: dict[str, list] = {}
+    for k, exp in expected.items():
+        if k not in src.sd:
+            continue
+        a = exp.param.transform.to_flax(src.sd[k], module.cfg)
+        if cast is not None:
+            a = a.astype(cast)
+        if exp.layer is None:
+            new[exp.flax_path] = a
+        else:
+            depth = params[exp.flax_path].get_value().shape[0]  # the stacked layer axis
+            stacks.setdefault(exp.flax_path, [None] * depth)[exp.layer] = a
+    for path, items in stacks.items():
+        current = None if all(a is not None for a in items) else np.asarray(params[path].get_value())
+        new[path] = np.stack([current[i] if a is None else a for i, a in enumerate(items)])
+    return new
+
+
+def apply(params: dict[str, Any], new: Mapping[str, np.ndarray]) -> None:
+    """Write the planned values into the module's parameters."""
+    import jax.numpy as jnp
+
+    for path, a in new.items():
+        params[path].set_value(jnp.asarray(a))
+
+
+def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool = True, dtype: Any = None,
+                          dialect: str | None = None) -> LoadResult:
+    """Load torch-named weights into a flax_blocks module, in place.
+
+    source: mapping of name -> array/tensor, a torch module, or a .safetensors/.pt/.pth path.
+    prefix: only names starting with it are read (e.g. "encoder." or "encoder" inside a
+      bigger model).
+    strict: missing and unexpected keys are errors; with strict=False they are reported
+      in the returned LoadResult and the module keeps its own values for missing ones.
+    dtype: cast every tensor to this dtype (a name or a numpy / JAX / torch dtype);
+      None keeps the checkpoint's dtypes.
+    dialect: the checkpoint's key names ("torch", "hf-bert", "hf-gpt2", "hf-llama"; see
+      flax_blocks.dialects); None detects it from the key names.
+    Shape, dtype and layer-count problems are always errors. On any error nothing changes.
+    """
+    src = _read(source, prefix, dialect)
+    cast = None if dtype is None else _np_dtype(dtype)
+    expected = expected_torch_params(module)
+    params = flax_params(module)
+    missing, unexpected = validate(module, src, expected, strict=strict, cast=cast, params=params)
+    apply(params, plan(module, src, expected, cast, params))
+    return LoadResult(missing, unexpected)
+
+
+def _checkpoint_has_final_norm(source: Any, prefix: str) -> tuple[Any, bool]:
+    """(the source read into a dict, whether it holds the Encoder's final norm)."""
+    sd = read_state_dict(source)
+    return sd, f"{norm_prefix(prefix)}{FINAL_NORM}.weight" in sd
+
+
+def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str = "", dtype: Any = None,
+               dialect: str | None = None, **kwargs: Any):
+    """A new `cls(cfg, rngs=nnx.Rngs(seed), **kwargs)` whose parameters come from a torch
+    checkpoint (strictly: every parameter must be there), without drawing random initial
+    values that would be overwritten: the module is built with `nnx.eval_shape`, loaded,
+    and only its dropout RNG state is made concrete (from `seed`).
+
+    Besides saving the work of initialising, this skips compiling the random initialisers,
+    which on a CPU takes seconds per new block shape. kwargs go to the constructor
+    (num_layers=, final_norm= for an Encoder); source, prefix and dtype are those of
+    `load_torch_state_dict`, which raises `ConversionError` on any problem. A stock
+    nn.TransformerEncoder(Layer) as source is also checked against cfg: a field that contradicts
+    the module's own (heads, norm placement, activation, eps, final norm) is an error.
+    dialect: see `load_torch_state_dict` (None: detected from the key names).
+    """
+    from flax import nnx
+
+    dialects.check_against_source(cfg, source, kwargs.get("final_norm"))
+    source, prefix, _ = dialects.prepare(source, dialect, prefix)
+
+    if cls.__name__ in declarations.STACKS and kwargs.get("final_norm") is None:
+        source, kwargs["final_norm"] = _checkpoint_has_final_norm(source, prefix)
+    module = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed), **kwargs))
+    load_torch_state_dict(module, source, prefix=prefix, strict=True, dtype=dtype, dialect=dialect and "torch")
+    materialize_rng_state(module, seed)
+    return module
+
+
+def materialize_rng_state(module, seed: int) -> None:
+    """Give an abstract (nnx.eval_shape) module's RNG keys and counts concrete values, in
+    place: keys derived from `seed` and the variable's path (so each dropout gets its own
+    stream, and stacked layers one key per layer), counts zero. Parameters must already be
+    concrete (loaded); a non-RNG variable left abstract raises RuntimeError."""
+    import zlib
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    root = jax.random.key(seed)
+    left = []
+    for path, node in nnx.iter_graph(module):
+        if not isinstance(node, nnx.Variable) or not isinstance(node.get_value(), jax.ShapeDtypeStruct):
+            continue
+        shape, name = node.get_value().shape, ".".join(map(str, path))
+        if isinstance(node, nnx.RngKey):
+            key = jax.random.fold_in(root, zlib.crc32(name.encode()))
+            node.set_value(jax.random.split(key, math.prod(shape)).reshape(shape))
+        elif isinstance(node, nnx.RngCount):
+            node.set_value(jnp.zeros(shape, node.get_value().dtype))
+        else:
+            left.append(f"{name} ({type(node).__name__}, shape {shape})")
+    if left:
+        raise RuntimeError("these variables are still abstract (nothing loaded them): " + ", ".join(left))
+
+
+
+def load_flax_state_dict(module, source: Any) -> None:
+    """Load a Flax-layout checkpoint ({dotted Flax path: array} or a .safetensors path),
+    strictly and atomically, into `module`."""
+    import jax.numpy as jnp
+
+    sd = read_state_dict(source)
+    params = flax_params(module)
+    problems = [f"missing key {k} (expected shape {tuple(v.get_value().shape)})" for k, v in params.items() if k not in sd]
+    problems += [f"unexpected key {k} (shape {tuple(sd[k].shape)})" for k in sd if k not in params]
+    problems += [
+        f"shape mismatch for {k}: expected {tuple(params[k].get_value().shape)}, found {tuple(a.shape)}"
+        for k, a in sd.items() if k in params and tuple(a.shape) != tuple(params[k].get_value().shape)
+    ]
+    if problems:
+        raise ConversionError(problems)
+    for k, var in params.items():
+        var.set_value(jnp.asarray(sd[k]))
+
