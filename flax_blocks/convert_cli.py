@@ -36,37 +36,17 @@ from flax_blocks.dialects import DIALECTS
 FORMAT = "flax_blocks"
 TORCH_SUFFIXES = (".pt", ".pth")
 
-# BlockConfig fields the CLI does not take as flags: read from the tensors (d_model, d_ff,
-# bias, param_dtype), given by --num-heads, or not a property of a checkpoint.
-NOT_FLAGS = {"d_model", "num_heads", "d_ff", "bias", "dropout", "init", "dtype", "param_dtype"}
-
-HELP = {
-    "norm": "norm placement: torch's norm_first=True is 'pre', the default norm_first=False is 'post'",
-    "activation": "feed-forward activation: 'gelu' is exact (erf), as torch's activation='gelu'; "
-                  "'gelu_tanh' is the tanh approximation",
-    "layer_norm_eps": "LayerNorm / RMSNorm epsilon (torch's layer_norm_eps; its default is 1e-5)",
-    "residual": "'add' keeps the skip path; 'none' is the skip ablation",
-    "scaling": "residual scaling: DeepNorm has the same tensors as post-LN, so it cannot be read from the file",
-    "deepnorm_alpha": "DeepNorm's alpha (default: from the depth)",
-    "deepnorm_beta": "DeepNorm's init gain beta (default: from the depth)",
-    "layerscale_init": "LayerScale's initial gate value",
-    "causal": "every query attends only to keys at or before its position",
-    "norm_type": "'layernorm' or 'rmsnorm'",
-    "mlp": "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'",
-    "num_kv_heads": "key/value heads for grouped-query attention (default: as many as query heads)",
-    "qk_norm": "a norm over head_dim on each head of q and k",
-    "rope_theta": "rotary position embedding base (not given: no positions)",
-    "qkv_bias": "biases on the q/k/v projection (default: follow the biases)",
-    "final_norm": "an Encoder's final norm (default: as the checkpoint has it, norm.weight present or not)",
-}
+FINAL_NORM_HELP = "an Encoder's final norm (default: as the checkpoint has it, norm.weight present or not)"
 
 
 def _config_fields() -> list[tuple[str, Any, Any]]:
-    """(name, type hint, default) of every BlockConfig field the CLI takes as a flag."""
+    """(name, type hint, default) of every BlockConfig field the CLI takes as a flag (the
+    options declared with cli=True in flax_blocks.options)."""
     from flax_blocks.config import BlockConfig
+    from flax_blocks.options import BY_NAME
 
     hints = typing.get_type_hints(BlockConfig)
-    return [(f.name, hints[f.name], f.default) for f in dataclasses.fields(BlockConfig) if f.name not in NOT_FLAGS]
+    return [(f.name, hints[f.name], f.default) for f in dataclasses.fields(BlockConfig) if BY_NAME[f.name].cli]
 
 
 def _add_config_flag(ap: argparse.ArgumentParser, name: str, hint: Any, default: Any) -> None:
@@ -76,7 +56,9 @@ def _add_config_flag(ap: argparse.ArgumentParser, name: str, hint: Any, default:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: the flag takes an X
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
         base = inner[0] if len(inner) == 1 else hint
-    text = HELP.get(name, f"BlockConfig.{name}")
+    from flax_blocks.options import BY_NAME
+
+    text = BY_NAME[name].help
     default_note = " (not recorded unless given)"
     if typing.get_origin(base) is typing.Literal:
         ap.add_argument(flag, dest=name, choices=typing.get_args(base), default=None, help=text + default_note)
@@ -102,11 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "torch names unless given)")
     cfg = ap.add_argument_group("config (torch -> Flax): written into the Flax file's metadata only when given")
     for name, hint, default in _config_fields():
-        if name == "final_norm":
-            continue
         _add_config_flag(cfg, name, hint, default)
     cfg.add_argument("--final-norm", dest="final_norm", action=argparse.BooleanOptionalAction, default=None,
-                     help=HELP["final_norm"])
+                     help=FINAL_NORM_HELP)
     return ap
 
 
@@ -143,8 +123,7 @@ def _is_flax_file(path: str) -> bool:
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
     """The config flags that were given: {BlockConfig field: value}."""
-    return {name: getattr(args, name) for name, _, _ in _config_fields()
-            if name != "final_norm" and getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name, _, _ in _config_fields() if getattr(args, name, None) is not None}
 
 
 def _save_torch(sd: dict[str, np.ndarray], path: str) -> None:
@@ -287,13 +266,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    jax.config.update("jax_enable_x64", True)  # keep float64 checkpoints float64
     from flax_blocks.convert import ConversionError
 
     try:
-        if _is_flax_file(args.src):
-            return _flax_to_torch(args)
-        return _torch_to_flax(args)
+        with jax.enable_x64(True):  # keep float64 checkpoints float64; the caller's setting is restored
+            if _is_flax_file(args.src):
+                return _flax_to_torch(args)
+            return _torch_to_flax(args)
     except (ConversionError, FileNotFoundError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

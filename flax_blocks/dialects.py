@@ -13,7 +13,10 @@ family of PyTorch checkpoints names the same tensors, read in both directions:
                  (GPT-2's Conv1D stores (in, out));
     ignore:      per-layer buffers that are not parameters (GPT-2's attn.bias);
     settings:    BlockConfig fields the family fixes (norm placement, norm type, MLP kind...),
-                 checked when writing a checkpoint of that family.
+                 checked when writing a checkpoint of that family;
+    reads:       BlockConfig fields read from the family's own config (flax_blocks.hf.hf_config).
+                 Every option that changes the computation is in one of the two (a guard test
+                 checks it), so a new option cannot be written into a family that lacks it.
 
 Only the transformer stack is translated: the layers and the final norm. Embeddings, pooler,
 LM heads and rotary buffers outside the layers are left out (and named in `Translated.dropped`).
@@ -35,6 +38,7 @@ from typing import Any, Mapping
 from . import declarations
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig
+from .options import PROBE
 
 log = logging.getLogger("flax_blocks")
 
@@ -65,6 +69,7 @@ class Dialect:
     rules: tuple[Rule, ...] | None
     ignore: tuple[str, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
+    reads: tuple[str, ...] = ()
     outside: str = ""  # what the rest of such a checkpoint holds, for messages
 
     @property
@@ -115,7 +120,8 @@ HF_BERT = Dialect(
         *_norm("norm2", "output.LayerNorm"),
     ),
     settings={"norm": "post", "norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False,
-              "causal": False, "scaling": "none", "residual": "add", "bias": True},
+              "causal": False, "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None},
+    reads=("activation", "layer_norm_eps", "num_kv_heads"),
     outside="embeddings (word, position, token type, their LayerNorm) and pooler",
 )
 
@@ -133,7 +139,8 @@ HF_GPT2 = Dialect(
     ),
     ignore=("attn.bias", "attn.masked_bias"),  # the causal-mask buffers of old GPT-2 checkpoints
     settings={"norm": "pre", "norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False,
-              "causal": True, "scaling": "none", "residual": "add", "bias": True},
+              "causal": True, "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None},
+    reads=("activation", "layer_norm_eps", "num_kv_heads"),
     outside="token and position embeddings (wte, wpe) and the LM head",
 )
 
@@ -152,17 +159,16 @@ HF_LLAMA = Dialect(
     ),
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
     settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
-              "scaling": "none", "residual": "add"},
+              "scaling": "none", "residual": "add", "qk_norm": False},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
 
 DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA)}
 
 # Every torch name a block can have under some option (probe config with all of them on).
-_PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, norm="peri", mlp="swiglu", activation="silu",
-                     qk_norm=True, scaling="layerscale", qkv_bias=True)
 _TORCH_NAMES = {
-    kind: {t for t, _, _ in declarations.flatten(declarations.block(_PROBE, kind))} for kind in declarations.BLOCKS
+    kind: {t for t, _, _ in declarations.flatten(declarations.block(PROBE, kind))} for kind in declarations.BLOCKS
 }
 
 

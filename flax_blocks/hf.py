@@ -27,6 +27,7 @@ from typing import Any, Mapping
 from . import dialects
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig, dtype_name
+from .options import BY_NAME
 
 log = logging.getLogger("flax_blocks")
 
@@ -67,21 +68,21 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
                               header="cannot read this Hugging Face model")
     dialect = MODEL_TYPES[model_type]
     problems: list[str] = []
-    d_model = _first(config, "hidden_size", "n_embd")
-    heads = _first(config, "num_attention_heads", "n_head")
-    kv = _first(config, "num_key_value_heads", default=heads)
-    act_name = _first(config, "hidden_act", "activation_function")
+    d_model = _first(config, *BY_NAME["d_model"].hf)
+    heads = _first(config, *BY_NAME["num_heads"].hf)
+    kv = _first(config, *BY_NAME["num_kv_heads"].hf, default=heads)
+    act_name = _first(config, *BY_NAME["activation"].hf)
     activation = ACTIVATIONS.get(act_name)
     if activation is None:
         problems.append(f"activation {act_name!r}: supported {', '.join(k for k, v in ACTIVATIONS.items() if v)}")
     if model_type == "gpt2" and config.get("n_inner") is None:
         d_ff = 4 * d_model
     else:
-        d_ff = _first(config, "intermediate_size", "n_inner")
+        d_ff = _first(config, *BY_NAME["d_ff"].hf)
     settings = dict(dialects.DIALECTS[dialect].settings)
     kw: dict[str, Any] = dict(
         d_model=d_model, num_heads=heads, d_ff=d_ff, dropout=0.0,
-        layer_norm_eps=float(_first(config, "layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")),
+        layer_norm_eps=float(_first(config, *BY_NAME["layer_norm_eps"].hf)),
         num_kv_heads=None if kv == heads else kv, **settings,
     )
     if activation is not None and "activation" not in settings:

@@ -155,3 +155,21 @@ def test_parity_check_compares_against_stock_torch_and_fails_wrong_heads(tmp_pat
     torch.save(model.state_dict(), path)
     assert main([str(path), "--num-heads", "4", "--norm", "pre", "--activation", "gelu", "--eps", "1e-6"]) == 0
     assert "Flax vs the torch_blocks twin and stock torch (TransformerEncoder rebuilt" in capsys.readouterr().out
+
+
+def test_the_converter_cli_leaves_the_callers_x64_setting_as_it_was(tmp_path):
+    """main() converts with x64 on (float64 checkpoints stay float64), then restores the
+    caller's setting: left on, it made later float32 tests in the same process see float64."""
+    import jax
+    from safetensors.numpy import save_file
+
+    from flax_blocks.convert_cli import main
+
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    save_file({k: v.detach().numpy().astype("float64") for k, v in layer.state_dict().items()},
+              str(tmp_path / "layer.safetensors"))
+    before = jax.config.jax_enable_x64
+    assert main([str(tmp_path / "layer.safetensors"), str(tmp_path / "flax.safetensors"), "--num-heads", "2"]) == 0
+    assert jax.config.jax_enable_x64 == before
+    from safetensors.numpy import load_file
+    assert {str(a.dtype) for a in load_file(str(tmp_path / "flax.safetensors")).values()} == {"float64"}

@@ -10,16 +10,14 @@ import numpy as np
 
 from .. import declarations
 from ..checkpoint_io import read_state_dict
-from ..config import BlockConfig
 from ..declarations import FINAL_NORM, Param
+from ..options import PROBE
 from .params import BLOCK_KINDS, LAYER, module_params
 
-_PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, norm="peri", mlp="swiglu", activation="silu",
-                     qk_norm=True, scaling="layerscale", qkv_bias=True)
 
 
 def _names(kind: str, **options: Any) -> dict[str, Param]:
-    return {t: p for t, _, p, _ in module_params(kind, replace(_PROBE, **options))}
+    return {t: p for t, _, p, _ in module_params(kind, replace(PROBE, **options))}
 
 
 def _only_with(kind: str, **options: Any) -> set[str]:

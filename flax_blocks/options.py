@@ -1,0 +1,141 @@
+"""Every BlockConfig field, declared once with what the rest of the project needs to know
+about it: its help text, whether it adds parameters, which Hugging Face config keys carry
+it, and where it is exempt from the parity matrix. Framework-free.
+
+Derived from this table, not kept beside it:
+  - the converter CLI's flags and their help (flax_blocks.convert_cli);
+  - the probe config whose parameter names cover every option (`PROBE`: config inference in
+    flax_blocks.convert.infer and the dialects' name checks);
+  - docs/options.md (`python -m flax_blocks.options > docs/options.md`, checked by the tests).
+A guard test (tests/test_options.py) fails when a field is missing here, or an option is
+missing from a place that must know it: the numpy reference, the parity matrix, each
+Hugging Face dialect's settings, the CLI. docs/adding-an-option.md is the checklist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .config import BlockConfig
+
+Kind = Literal["size", "compute", "init", "dtype"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One BlockConfig field.
+
+    kind: "size" (a width), "compute" (changes what a block computes), "init" (changes only
+      the initial weights or training noise), "dtype".
+    help: one line, for the CLI and docs/options.md.
+    adds: the value under which the option has the most parameters (None: no value adds any); the probe
+      config takes every such value, so its parameter names are all the names there are.
+    hf: the Hugging Face config keys the value is read from (first found wins), if any.
+    cli: the converter CLI takes it as a --flag (sizes are read from the tensors).
+    not_in_matrix: why the parity matrix need not reach every value ("" = it must).
+    only_with: (field, value): the option means something only when that field has that
+      value (DeepNorm's alpha with scaling="deepnorm").
+    """
+
+    name: str
+    kind: Kind
+    help: str
+    adds: Any = None
+    hf: tuple[str, ...] = ()
+    cli: bool = True
+    not_in_matrix: str = ""
+    only_with: tuple[str, Any] | None = None
+
+
+_RESOLVED = "left None in the matrix: resolve(num_layers) fills it with the published formula"
+
+OPTIONS: tuple[Option, ...] = (
+    Option("d_model", "size", "model width E", hf=("hidden_size", "n_embd"), cli=False),
+    Option("num_heads", "size", "attention (query) heads H; head_dim = d_model / num_heads",
+           hf=("num_attention_heads", "n_head"), cli=False),
+    Option("d_ff", "size", "feed-forward width", hf=("intermediate_size", "n_inner"), cli=False),
+    Option("dropout", "init", "dropout after each sublayer, after the FFN activation and on the attention weights",
+           cli=False, not_in_matrix="dropout has its own tests (masks drawn alike, statistics); the matrix runs eval"),
+    Option("activation", "compute", "feed-forward activation: 'gelu' is exact (erf), as torch's "
+           "activation='gelu'; 'gelu_tanh' is the tanh approximation",
+           hf=("hidden_act", "activation_function")),
+    Option("layer_norm_eps", "compute", "LayerNorm / RMSNorm epsilon on both sides (torch's layer_norm_eps; "
+           "its default is 1e-5)", hf=("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")),
+    Option("bias", "compute", "biases in the linear maps and the LayerNorms", adds=True,
+           hf=("attention_bias", "mlp_bias"), cli=False),
+    Option("norm", "compute", "norm placement: 'post' Norm(x + F(x)) (torch's norm_first=False), 'pre' "
+           "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'none'", adds="peri"),
+    Option("norm_type", "compute", "'layernorm' (mean, variance, weight and bias) or 'rmsnorm' (weight only)",
+           adds="layernorm"),
+    Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
+    Option("num_kv_heads", "compute", "key/value heads for grouped-query attention (default: as many as "
+           "query heads)", hf=("num_key_value_heads",)),
+    Option("qk_norm", "compute", "a scale-only norm over head_dim on each head of q and k, before rotary",
+           adds=True),
+    Option("rope_theta", "compute", "rotary position embedding base, rotate-half convention (not given: no "
+           "positions)", hf=("rope_theta", "rope_parameters.rope_theta")),
+    Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
+    Option("residual", "compute", "'add' keeps the skip path; 'none' is the skip ablation"),
+    Option("scaling", "compute", "residual scaling: 'deepnorm', 'rezero', 'layerscale' or 'none' (DeepNorm has "
+           "post-LN's tensors, so it cannot be read from a file)", adds="layerscale"),
+    Option("deepnorm_alpha", "compute", "DeepNorm's alpha (default: from the depth)", not_in_matrix=_RESOLVED,
+           only_with=("scaling", "deepnorm")),
+    Option("deepnorm_beta", "init", "DeepNorm's init gain beta (default: from the depth)", not_in_matrix=_RESOLVED),
+    Option("layerscale_init", "init", "LayerScale's initial scale (default: from the depth)",
+           not_in_matrix=_RESOLVED),
+    Option("causal", "compute", "every query attends only to keys at or before its position"),
+    Option("init", "init", "initial weights: 'torch' (torch's own layer) or 'xavier'", cli=False,
+           not_in_matrix="the matrix loads one side's weights into the other; init is tested on its own"),
+    Option("dtype", "dtype", "computation dtype (None: promote inputs and parameters, the flax rule)", cli=False,
+           not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
+    Option("param_dtype", "dtype", "parameter dtype on both sides", hf=("dtype", "torch_dtype"), cli=False,
+           not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
+)
+
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+# Every parameter name any option can add exists in a block of this config (silu: the
+# gated MLP that `mlp` adds needs a matching activation).
+PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, activation="silu",
+                    **{o.name: o.adds for o in OPTIONS if o.adds is not None})
+
+
+def values(name: str) -> str:
+    """The values a field takes, as text: Literal choices, or its type."""
+    hint = typing.get_type_hints(BlockConfig)[name]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is Literal:
+        return " / ".join(repr(a) for a in args)
+    if type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join([*(getattr(a, "__name__", str(a)) for a in inner), "None"])
+    return getattr(hint, "__name__", str(hint))
+
+
+def table() -> str:
+    """docs/options.md: one row per option, from OPTIONS and BlockConfig's defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(BlockConfig)}
+    lines = [
+        "# BlockConfig options",
+        "",
+        "Generated by `python -m flax_blocks.options > docs/options.md` from `flax_blocks/options.py`",
+        "(tests/test_options.py fails when this file is stale). Every option means the same in",
+        "`flax_blocks` and `torch_blocks`.",
+        "",
+        "| option | values | default | what | adds parameters | Hugging Face keys |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in OPTIONS:
+        default = defaults[o.name]
+        default = "required" if default is dataclasses.MISSING else f"`{default!r}`"
+        adds = f"with `{o.adds!r}`" if o.adds is not None else ""
+        hf = ", ".join(f"`{k}`" for k in o.hf)
+        lines.append(f"| `{o.name}` | {values(o.name)} | {default} | {o.help} | {adds} | {hf} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(table(), end="")
