@@ -86,7 +86,7 @@ class _Block(nnx.Module):
         self.dropout_act = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.dropouts = nnx.List([nnx.Dropout(cfg.dropout, rngs=rngs) for _ in self.sublayers])
 
-    def apply(
+    def run_prepared(
         self, x: jax.Array, masks: dict[str, Any], key: jax.Array | None = None,
         deterministic: bool | None = None, *, path: str = "dense", memory: jax.Array | None = None,
         cache: Cache | None = None, index: jax.Array | int = 0,
@@ -147,7 +147,7 @@ class _Block(nnx.Module):
         zeros = jnp.zeros((batch, length, cfg.kv_heads, cfg.head_dim), dtype)
         return {"self": {"k": zeros, "v": zeros}}
 
-    def _call(self, x, attention_mask, key_mask, return_intermediates, deterministic=None, *,
+    def _forward(self, x, attention_mask, key_mask, return_intermediates, deterministic=None, *,
                  memory=None, memory_mask=None, memory_key_mask=None, cache=None):
         x, unbatched = _as_batched(self.cfg, x)
         if cache is not None:
@@ -160,7 +160,7 @@ class _Block(nnx.Module):
             memory = _batched_memory(self.cfg, memory, x, unbatched)
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
                                         keys=memory.shape[1], causal=False)
-        y, extras, _ = self.apply(x, masks, deterministic=deterministic, path=path, memory=memory)
+        y, extras, _ = self.run_prepared(x, masks, deterministic=deterministic, path=path, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
 
 
@@ -198,7 +198,7 @@ class ResidualMHA(_Block):
                  deterministic: bool | None = None):
         """x: (B, T, E) or (T, E). With return_intermediates, also {"attention_weights":
         (B, H, T, T), "attention_logits_max": ()}. deterministic: see `TransformerBlock`."""
-        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic)
+        return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic)
 
 
 class FeedForward(_Block):
@@ -210,7 +210,7 @@ class FeedForward(_Block):
 
     def __call__(self, x: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
         """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`."""
-        return self._call(x, None, None, False, deterministic)
+        return self._forward(x, None, None, False, deterministic)
 
 
 class TransformerBlock(_Block):
@@ -233,7 +233,7 @@ class TransformerBlock(_Block):
         this call (Linen's convention, forwarded by `nnx.bridge.to_linen`), False on; None
         follows the module's train / eval mode (`.train()`, `.eval()`).
         cache (from `init_cache`): x is the next chunk (B, T, E); returns (y, cache)."""
-        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic, cache=cache)
+        return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic, cache=cache)
 
 
 class DecoderBlock(_Block):
@@ -268,7 +268,7 @@ class DecoderBlock(_Block):
         memory): x is the next chunk; returns (y, cache)."""
         if cache is None and memory is None:
             raise ValueError("DecoderBlock needs a memory (B, S, d_model), or a cache made with one")
-        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic, memory=memory,
+        return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic, memory=memory,
                              memory_mask=memory_mask, memory_key_mask=memory_key_mask, cache=cache)
 
 
@@ -340,9 +340,9 @@ class _Stack(nnx.Module):
 
         return jax.vmap(one)(state)
 
-    def _run(self, x, masks, deterministic, *, path="dense", memory=None, cache=None, index=0,
+    def run_prepared(self, x, masks, deterministic, *, path="dense", memory=None, cache=None, index=0,
                      return_intermediates=False):
-        """The layers over x (B, T, E) with prepared masks (as `_Block.apply`), then
+        """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then
         the final norm -> (y, per-layer intermediates, new caches)."""
         # A plain lax.scan (or its unrolled twin) over the stacked state, which it only reads:
         # it composes with any outer transform (jax.grad over split params, vmap, jit, nnx.jit).
@@ -392,7 +392,7 @@ class Encoder(_Stack):
             return _cached_call(self, x, cache, key_mask, attention_mask, None, None, return_intermediates,
                                 deterministic, stacked=True)
         path, masks = _prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
-        y, per_layer, _ = self._run(x, masks, deterministic, path=path,
+        y, per_layer, _ = self.run_prepared(x, masks, deterministic, path=path,
                                             return_intermediates=return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
@@ -427,7 +427,7 @@ class Decoder(_Stack):
         path, masks = _prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
         masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
                                     keys=memory.shape[1], causal=False)
-        y, per_layer, _ = self._run(x, masks, deterministic, path=path, memory=memory,
+        y, per_layer, _ = self.run_prepared(x, masks, deterministic, path=path, memory=memory,
                                             return_intermediates=return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
@@ -518,11 +518,11 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
         rows = jnp.any(m, axis=-1, keepdims=True)
         masks["cross"] = (m | ~rows, rows)
     if stacked:
-        y, per_layer, layers = module._run(x, masks, deterministic, cache=cache["layers"], index=index,
+        y, per_layer, layers = module.run_prepared(x, masks, deterministic, cache=cache["layers"], index=index,
                                                    return_intermediates=return_intermediates)
         out = module._finish_stack(y, per_layer, False, return_intermediates)
     else:
-        y, extras, layers = module.apply(x, masks, deterministic=deterministic, cache=cache["layers"],
+        y, extras, layers = module.run_prepared(x, masks, deterministic=deterministic, cache=cache["layers"],
                                                 index=index)
         out = (y, extras) if return_intermediates else y
     new = {**cache, "index": index + t, "valid": valid, "layers": layers}
@@ -545,7 +545,7 @@ def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool |
     def run(carry, xs):
         h, masks, memory, index = carry
         layer_state, key, cache = xs
-        h, extras, cache = nnx.merge(graphdef, layer_state).apply(
+        h, extras, cache = nnx.merge(graphdef, layer_state).run_prepared(
             h, masks, key, deterministic, path=path, memory=memory, cache=cache, index=index)
         return (h, masks, memory, index), ((h, extras) if return_intermediates else None, cache)
 

@@ -46,14 +46,14 @@ MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
 Cache = dict[str, Any]
 
 
-def _batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
+def _as_batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
     check_width(cfg, tuple(x.shape), what)
     return (x, False) if x.dim() == 3 else (x[None], True)
 
 
 def _batched_memory(cfg: BlockConfig, memory: Tensor, x: Tensor, unbatched: bool) -> Tensor:
     """memory (B, S, E), or (S, E) beside an unbatched x: batched like x, and of x's batch."""
-    memory, _ = _batched(cfg, memory[None] if unbatched else memory, "memory")
+    memory, _ = _as_batched(cfg, memory[None] if unbatched else memory, "memory")
     if memory.shape[0] != x.shape[0]:
         raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
     return memory
@@ -87,7 +87,7 @@ class _Block(nn.Module):
         self.dropout_act = nn.Dropout(cfg.dropout)
         self.dropouts = nn.ModuleList(nn.Dropout(cfg.dropout) for _ in self.sublayers)
 
-    def apply_prepared(self, x: Tensor, masks: dict[str, Mask | None], need_weights: bool = False, *,
+    def run_prepared(self, x: Tensor, masks: dict[str, Mask | None], need_weights: bool = False, *,
                      path: str | None = None, memory: Tensor | None = None, cache: Cache | None = None,
                      index: int = 0):
         """x (B, T, E) with prepared masks {"self": Mask, "cross": Mask} -> (y (B, T, E),
@@ -135,7 +135,7 @@ class _Block(nn.Module):
 
     def _forward(self, x, attn_mask, key_padding_mask, return_intermediates, *, memory=None, memory_mask=None,
                  memory_key_padding_mask=None, cache=None):
-        x, unbatched = _batched(self.cfg, x)
+        x, unbatched = _as_batched(self.cfg, x)
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
@@ -146,7 +146,7 @@ class _Block(nn.Module):
             memory = _batched_memory(self.cfg, memory, x, unbatched)
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
                                         x.device, keys=memory.shape[1], causal=False)
-        y, extras, _ = self.apply_prepared(x, masks, return_intermediates, path=path, memory=memory)
+        y, extras, _ = self.run_prepared(x, masks, return_intermediates, path=path, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
 
 
@@ -273,12 +273,12 @@ class _Stack(nn.Module):
     def final_norm(self) -> Norm | None:
         return getattr(self, FINAL_NORM)
 
-    def _block_cache(self, batch, length, dtype, device, memory=None) -> Cache:
+    def _stack_cache(self, batch, length, dtype, device, memory=None) -> Cache:
         """Every layer's block cache."""
         return {"layers": [layer._block_cache(batch, length, dtype, device, memory) for layer in self.layers]}
 
-    def apply_prepared(self, x, masks, need_weights=False, *, path=None, memory=None, cache=None, index=0):
-        """The layers over x (B, T, E) with prepared masks (as `_Block.apply_prepared`), then the
+    def run_prepared(self, x, masks, need_weights=False, *, path=None, memory=None, cache=None, index=0):
+        """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then the
         final norm -> (y, stacked intermediates, cache)."""
         per_layer: list[dict[str, Tensor]] = []
         caches = []
@@ -286,9 +286,9 @@ class _Stack(nn.Module):
         for i, layer in enumerate(self.layers):
             if recompute:
                 x, extras, c = torch.utils.checkpoint.checkpoint(
-                    layer.apply_prepared, x, masks, need_weights, path=path, memory=memory, use_reentrant=False)
+                    layer.run_prepared, x, masks, need_weights, path=path, memory=memory, use_reentrant=False)
             else:
-                x, extras, c = layer.apply_prepared(x, masks, need_weights, path=path, memory=memory, index=index,
+                x, extras, c = layer.run_prepared(x, masks, need_weights, path=path, memory=memory, index=index,
                                                   cache=None if cache is None else cache["layers"][i])
             caches.append(c)
             if need_weights:
@@ -313,20 +313,20 @@ class Encoder(_Stack):
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
-        return _new_cache(self, batch_size, max_length, self._block_cache)
+        return _new_cache(self, batch_size, max_length, self._stack_cache)
 
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 *, return_intermediates: bool = False, cache: Cache | None = None):
         """src: (B, T, E) or (T, E) -> same shape. With return_intermediates, also
         {"residual": (L, B, T, E), "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}.
         cache (from `init_cache`): src is the next chunk; returns (y, cache)."""
-        x, unbatched = _batched(self.cfg, src)
+        x, unbatched = _as_batched(self.cfg, src)
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates)
         path, masks = _prepare_self_attention(self, x, mask, src_key_padding_mask, return_intermediates)
-        y, stacked, _ = self.apply_prepared(x, masks, return_intermediates, path=path)
+        y, stacked, _ = self.run_prepared(x, masks, return_intermediates, path=path)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
 
@@ -339,14 +339,14 @@ class Decoder(_Stack):
                    memory_key_padding_mask: Tensor | None = None) -> Cache:
         """An empty self-attention cache per layer and every layer's cross-attention keys
         and values of `memory` (B, S, E), computed once."""
-        return _new_cache(self, batch_size, max_length, self._block_cache, memory, memory_key_padding_mask)
+        return _new_cache(self, batch_size, max_length, self._stack_cache, memory, memory_key_padding_mask)
 
     def forward(self, tgt: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None, *, return_intermediates: bool = False,
                 cache: Cache | None = None):
         """tgt (B, T, E) or (T, E), memory (B, S, E) or (S, E); masks as `DecoderBlock`."""
-        x, unbatched = _batched(self.cfg, tgt)
+        x, unbatched = _as_batched(self.cfg, tgt)
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
@@ -358,7 +358,7 @@ class Decoder(_Stack):
         path, masks = _prepare_self_attention(self, x, tgt_mask, tgt_key_padding_mask, return_intermediates)
         masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
                                     x.device, keys=memory.shape[1], causal=False)
-        y, stacked, _ = self.apply_prepared(x, masks, return_intermediates, path=path, memory=memory)
+        y, stacked, _ = self.run_prepared(x, masks, return_intermediates, path=path, memory=memory)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
 
@@ -395,7 +395,7 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     p = next(module.parameters())
     cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device)}
     if memory is not None:
-        memory, _ = _batched(cfg, memory, "memory")
+        memory, _ = _as_batched(cfg, memory, "memory")
         if memory.shape[0] != batch_size:
             raise ValueError(f"memory has batch {memory.shape[0]}, the cache batch_size {batch_size}")
         with torch.no_grad():
@@ -429,6 +429,6 @@ def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_m
         mv = cache["memory_valid"][:, None, :].expand(b, t, -1)
         rows = mv.any(dim=-1, keepdim=True)
         masks["cross"] = Mask(~mv & rows, rows)
-    y, extras, layers = module.apply_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
+    y, extras, layers = module.run_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
     new = {**cache, "index": index + t, "valid": valid, "layers": layers}
     return (y, extras, new) if return_intermediates else (y, new)
