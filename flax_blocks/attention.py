@@ -4,13 +4,16 @@ heads, QK-norm, rotary positions and the attention weights. The masks it takes.
 Mask convention (flax's): True means "may attend". Rows in which every key is masked
 give a zero attention output (and zero attention weights) on both sides of the project,
 so a residual block passes such a position through its skip path unchanged.
+
+Three implementations of the same attention (`Attention`'s `path`): "dense" (explicit
+softmax, weights, every mask), "blocked" (online softmax over key blocks, O(T * block)
+memory) and "fused" (jax.nn.dot_product_attention). BlockConfig.attention chooses, and
+`attention_path` resolves "auto" once per call from static facts (no global state).
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from . import declarations
-from .config import BlockConfig, fully_masked_message
+from .config import BlockConfig, check_attention_call, fully_masked_message
 from .layers import Norm, compute_dtype, create_params
 
 
@@ -70,46 +73,49 @@ def build_mask(
     return mask | ~rows, rows
 
 
-class Blocked(NamedTuple):
-    """The mask of the memory-efficient path: causal from the config, key_valid (B, S) or
-    None (True = real key). The (T, S) mask is never materialised; see `blocked_attention`."""
-
-    key_valid: jax.Array | None
+# "auto" takes the blocked path on a CPU (or other non-GPU platform) from this many keys on.
+AUTO_MIN_KEYS = 1024
+PATHS = ("dense", "blocked", "fused")
 
 
-# When a self-attention takes the memory-efficient path (no weights asked for, no
-# attention_mask, no dropout on the weights, at least `min_keys` keys; on a GPU any length):
-# keys and queries in blocks of `block`, or, with "fused" (default: on a GPU),
-# jax.nn.dot_product_attention, which takes cuDNN's fused kernel where it can.
-BLOCKED = {"min_keys": 1024, "block": 512, "fused": None}
+def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: bool, dropout_active: bool,
+                   platform: str | None = None) -> str:
+    """The path of an (uncached) self-attention over `seq` keys: "dense", "blocked" or "fused".
+
+    A forced cfg.attention is returned as is, after `check_attention_call` (a ValueError
+    when the call needs weights, an explicit attention mask or dropout on the weights).
+    "auto": "dense" when the call needs any of those or `seq` is not a concrete int (a
+    symbolic dimension of jax.export is never compared in Python); else "fused" on a GPU
+    and "blocked" from AUTO_MIN_KEYS keys on, "dense" below. platform: default
+    `jax.default_backend()`, read when this runs (at trace time): a program traced for
+    another platform than the process's default (jax.export(platforms=...)) gets the
+    default's choice. (lax.platform_dependent would pick at lowering time, but the dense
+    branch takes other masks, the dropout key and returns weights, and every branch would
+    be traced: not worth it for this choice, which only changes speed and memory.)"""
+    check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask, dropout_active=dropout_active)
+    if cfg.attention != "auto":
+        return cfg.attention
+    if need_weights or explicit_mask or dropout_active or not isinstance(seq, int):
+        return "dense"
+    if (jax.default_backend() if platform is None else platform) == "gpu":
+        return "fused"
+    return "blocked" if seq >= AUTO_MIN_KEYS else "dense"
 
 
-def _fused() -> bool:
-    return jax.default_backend() == "gpu" if BLOCKED["fused"] is None else bool(BLOCKED["fused"])
-
-
-@contextlib.contextmanager
-def blocked_attention_settings(*, min_keys: int, block: int = 512, fused: bool | None = None):
-    """Temporarily change BLOCKED (read at trace time), e.g. to force the blocked path on a
-    short sequence in a test, or the fused path on a CPU."""
-    old = dict(BLOCKED)
-    BLOCKED.update(min_keys=min_keys, block=block, fused=fused)
-    try:
-        yield
-    finally:
-        BLOCKED.update(old)
-
-
-def self_attention_mask(cfg: BlockConfig, batch: int, seq: int, attention_mask, key_mask, *, blocked_ok: bool):
-    """(`Blocked(key_mask)`, None) when the blocked path applies (long sequence, no explicit
-    attention_mask, `blocked_ok`), else the dense `build_mask`'s (mask, rows)."""
-    if blocked_ok and attention_mask is None and (seq >= BLOCKED["min_keys"] or _fused()):
-        if key_mask is not None:
-            key_mask = jnp.asarray(key_mask)
-            _check_bool("key_mask", key_mask, [(batch, seq)])
-            _warn_if_fully_masked(key_mask)  # an element without a real key: as build_mask warns
-        return Blocked(key_mask), None
-    return build_mask(cfg, batch, seq, attention_mask, key_mask)
+def self_attention_masks(cfg: BlockConfig, path: str, batch: int, seq: int, attention_mask, key_mask) -> dict:
+    """The prepared masks of a self-attention taking `path`: {"self": (mask, rows)} from
+    `build_mask` for "dense"; {"self": (None, None), "key_valid": key_mask (B, S) or None}
+    for "blocked" / "fused", which never materialise the (T, S) mask (and take no
+    attention_mask: `attention_path` saw to that)."""
+    if path == "dense":
+        return {"self": build_mask(cfg, batch, seq, attention_mask, key_mask)}
+    if attention_mask is not None:
+        raise ValueError(f"the {path} attention path takes no attention_mask (a key mask only)")
+    if key_mask is not None:
+        key_mask = jnp.asarray(key_mask)
+        _check_bool("key_mask", key_mask, [(batch, seq)])
+        _warn_if_fully_masked(key_mask)  # an element without a real key: as build_mask warns
+    return {"self": (None, None), "key_valid": key_mask}
 
 
 def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, key_valid: jax.Array | None,
@@ -280,7 +286,7 @@ class Attention(nnx.Module):
         self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None,
         key: jax.Array | None = None, deterministic: bool | None = None, *,
         cross: bool = False, memory: jax.Array | None = None, cache: dict[str, jax.Array] | None = None,
-        index: jax.Array | int = 0,
+        index: jax.Array | int = 0, path: str = "dense", key_valid: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E).
 
@@ -291,9 +297,19 @@ class Attention(nnx.Module):
         positions index .. index+T-1 (rotary continues from index); its keys and values are
         written there and the queries attend to all L cached positions (the mask hides the
         rest). For cross-attention, the memory's keys and values from `memory_kv`.
+        path: "dense" (the explicit softmax; every mask, weights, dropout), or, for an
+        uncached self-attention, "blocked" (`blocked_attention`, blocks of
+        cfg.attention_block) or "fused" (`fused_attention`), which take the causal flag
+        and key_valid (B, S) (True = real key) instead of mask / rows, return no weights
+        (None) and apply no dropout; `attention_path` resolves it.
 
         Returns (output (B, T, E), attention weights (B, H, T, S), the largest pre-softmax
         logit over unmasked pairs (), the updated cache or None)."""
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        if path != "dense" and (cross or cache is not None):
+            raise ValueError(f"the {path} attention path serves uncached self-attention only; cached decoding "
+                             "and cross-attention take the dense path")
         x, w_in, b_in, w_out, b_out = self._weights(x)
         b, t, e = x.shape
         _, kv, slots, d = w_in.shape
@@ -314,12 +330,12 @@ class Attention(nnx.Module):
             mem = self.memory_kv(memory) if memory is not None else cache
             k, v = mem["k"], mem["v"]
         s = k.shape[1]
-        if isinstance(mask, Blocked) and _fused():  # the accelerator path: cuDNN's fused kernel where it can
-            out, has_key = fused_attention(q, k, v, causal=self.cfg.causal, key_valid=mask.key_valid)
-        elif isinstance(mask, Blocked):  # memory-efficient path: no weights, no (T, S) logits
-            out, has_key = blocked_attention(q, k, v, causal=self.cfg.causal, key_valid=mask.key_valid,
-                                             block=BLOCKED["block"])
-        if isinstance(mask, Blocked):
+        if path == "fused":  # the accelerator path: cuDNN's fused kernel where it can
+            out, has_key = fused_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid)
+        elif path == "blocked":  # memory-efficient path: no weights, no (T, S) logits
+            out, has_key = blocked_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid,
+                                             block=self.cfg.attention_block)
+        if path != "dense":
             out = jnp.dot(out.reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
             if b_out is not None:
                 out = out + b_out

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import declarations
-from .attention import Attention, build_mask, cache_mask, self_attention_mask
+from .attention import Attention, attention_path, build_mask, cache_mask, self_attention_masks
 from .config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
                      overflow_message, residual_update)
 from .declarations import FINAL_NORM, Sublayer
@@ -86,13 +86,15 @@ class _Block(nnx.Module):
         self.dropout_act = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.dropouts = nnx.List([nnx.Dropout(cfg.dropout, rngs=rngs) for _ in self.sublayers])
 
-    def apply(
-        self, x: jax.Array, masks: dict[str, tuple], key: jax.Array | None = None,
-        deterministic: bool | None = None, *, memory: jax.Array | None = None,
+    def run_prepared(
+        self, x: jax.Array, masks: dict[str, Any], key: jax.Array | None = None,
+        deterministic: bool | None = None, *, path: str = "dense", memory: jax.Array | None = None,
         cache: Cache | None = None, index: jax.Array | int = 0,
     ) -> tuple[jax.Array, dict[str, jax.Array], Cache | None]:
-        """x (B, T, E) with prepared masks {"self": (mask, rows), "cross": (mask, rows)} ->
-        (y (B, T, E), intermediates, the block's updated cache or None).
+        """x (B, T, E) with prepared masks {"self": (mask, rows), "cross": (mask, rows),
+        "key_valid" (blocked / fused paths)} -> (y (B, T, E), intermediates, the block's
+        updated cache or None). path: the self-attention's (`attention_path`); a
+        cross-attention is always dense.
 
         Intermediates: "attention_weights" (B, H, T, S) and "attention_logits_max" () of the
         self-attention; "cross_attention_weights" / "cross_attention_logits_max" of a
@@ -117,6 +119,7 @@ class _Block(nnx.Module):
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=mask, rows=rows, key=k_inner, deterministic=deterministic, cross=part == "cross",
                     memory=memory, cache=None if cache is None else cache[part], index=index,
+                    path="dense" if part == "cross" else path, key_valid=masks.get("key_valid"),
                 )
             s = getattr(self, sub.scale)
             x, aux = residual_update(
@@ -144,32 +147,41 @@ class _Block(nnx.Module):
         zeros = jnp.zeros((batch, length, cfg.kv_heads, cfg.head_dim), dtype)
         return {"self": {"k": zeros, "v": zeros}}
 
-    def _call(self, x, attention_mask, key_mask, return_intermediates, deterministic=None, *,
-              memory=None, memory_mask=None, memory_key_mask=None, cache=None):
+    def _forward(self, x, attention_mask, key_mask, return_intermediates, deterministic=None, *,
+                 memory=None, memory_mask=None, memory_key_mask=None, cache=None):
         x, unbatched = _as_batched(self.cfg, x)
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, key_mask, attention_mask, memory, memory_mask,
                                 return_intermediates, deterministic, stacked=False)
-        masks = {"self": self_attention_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask,
-                                             blocked_ok=_blocked_ok(self.cfg, return_intermediates, deterministic))}
+        path, masks = _prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
         if memory is not None:
             memory = _batched_memory(self.cfg, memory, x, unbatched)
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
                                         keys=memory.shape[1], causal=False)
-        y, extras, _ = self.apply(x, masks, deterministic=deterministic, memory=memory)
+        y, extras, _ = self.run_prepared(x, masks, deterministic=deterministic, path=path, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
 
 
-def _blocked_ok(cfg: BlockConfig, return_intermediates: bool, deterministic: bool | None) -> bool:
-    """The blocked attention returns no weights and applies no dropout to them."""
-    return not return_intermediates and (cfg.dropout == 0.0 or deterministic is True)
+def _prepare_self_attention(module, x, attention_mask, key_mask, return_intermediates,
+                            deterministic) -> tuple[str, dict]:
+    """The self-attention's path of an uncached call on x (B, T, E) (`attention_path`, from
+    static facts of this call) and its prepared masks. Dropout on the weights is active when
+    the rate is positive and the call (deterministic) or else the module's mode turns it on
+    (a block's or a stack's layers' dropouts)."""
+    cfg = module.cfg
+    off = getattr(module, "layers", module).dropouts[0].deterministic if deterministic is None else deterministic
+    path = attention_path(cfg, x.shape[1], need_weights=return_intermediates,
+                          explicit_mask=attention_mask is not None, dropout_active=cfg.dropout > 0 and not off)
+    return path, self_attention_masks(cfg, path, x.shape[0], x.shape[1], attention_mask, key_mask)
 
 
-def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cross, memory, cache, index):
+def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cross, memory, cache, index, path,
+               key_valid):
     out, weights, logit_max, new_cache = attn(h, mask, rows, key=key, deterministic=deterministic, cross=cross,
-                                              memory=memory, cache=cache, index=index)
+                                              memory=memory, cache=cache, index=index, path=path,
+                                              key_valid=key_valid)
     aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
         aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
@@ -186,7 +198,7 @@ class ResidualMHA(_Block):
                  deterministic: bool | None = None):
         """x: (B, T, E) or (T, E). With return_intermediates, also {"attention_weights":
         (B, H, T, T), "attention_logits_max": ()}. deterministic: see `TransformerBlock`."""
-        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic)
+        return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic)
 
 
 class FeedForward(_Block):
@@ -198,7 +210,7 @@ class FeedForward(_Block):
 
     def __call__(self, x: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
         """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`."""
-        return self._call(x, None, None, False, deterministic)
+        return self._forward(x, None, None, False, deterministic)
 
 
 class TransformerBlock(_Block):
@@ -221,7 +233,7 @@ class TransformerBlock(_Block):
         this call (Linen's convention, forwarded by `nnx.bridge.to_linen`), False on; None
         follows the module's train / eval mode (`.train()`, `.eval()`).
         cache (from `init_cache`): x is the next chunk (B, T, E); returns (y, cache)."""
-        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic, cache=cache)
+        return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic, cache=cache)
 
 
 class DecoderBlock(_Block):
@@ -256,8 +268,8 @@ class DecoderBlock(_Block):
         memory): x is the next chunk; returns (y, cache)."""
         if cache is None and memory is None:
             raise ValueError("DecoderBlock needs a memory (B, S, d_model), or a cache made with one")
-        return self._call(x, attention_mask, key_mask, return_intermediates, deterministic, memory=memory,
-                          memory_mask=memory_mask, memory_key_mask=memory_key_mask, cache=cache)
+        return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic, memory=memory,
+                             memory_mask=memory_mask, memory_key_mask=memory_key_mask, cache=cache)
 
 
 class _Stack(nnx.Module):
@@ -328,15 +340,17 @@ class _Stack(nnx.Module):
 
         return jax.vmap(one)(state)
 
-    def _run(self, x, masks, deterministic, memory=None, cache=None, index=0, return_intermediates=False):
-        """Run the layers over x (B, T, E); returns (y, per-layer intermediates, new caches)."""
+    def run_prepared(self, x, masks, deterministic, *, path="dense", memory=None, cache=None, index=0,
+                     return_intermediates=False):
+        """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then
+        the final norm -> (y, per-layer intermediates, new caches)."""
         # A plain lax.scan (or its unrolled twin) over the stacked state, which it only reads:
         # it composes with any outer transform (jax.grad over split params, vmap, jit, nnx.jit).
         graphdef, state = nnx.split(self.layers)
         off = self.layers.dropouts[0].deterministic if deterministic is None else deterministic
         training = self.rngs is not None and not off
         keys = jax.random.split(self.rngs(), self.num_layers) if training else None
-        run = _layer_scan_body(graphdef, return_intermediates, deterministic, self.remat)
+        run = _layer_scan_body(graphdef, return_intermediates, deterministic, self.remat, path)
         loop = jax.lax.scan if self.scan_layers else _unrolled_scan
         (y, _, _, _), (per_layer, caches) = loop(run, (x, masks, memory, index), (state, keys, cache))
         if self.final_norm is not None:
@@ -377,9 +391,9 @@ class Encoder(_Stack):
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, key_mask, attention_mask, None, None, return_intermediates,
                                 deterministic, stacked=True)
-        masks = {"self": self_attention_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask,
-                                             blocked_ok=_blocked_ok(self.cfg, return_intermediates, deterministic))}
-        y, per_layer, _ = self._run(x, masks, deterministic, return_intermediates=return_intermediates)
+        path, masks = _prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
+        y, per_layer, _ = self.run_prepared(x, masks, deterministic, path=path,
+                                            return_intermediates=return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
 
@@ -410,11 +424,11 @@ class Decoder(_Stack):
         if memory is None:
             raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
         memory = _batched_memory(self.cfg, memory, x, unbatched)
-        masks = {"self": self_attention_mask(self.cfg, x.shape[0], x.shape[1], attention_mask, key_mask,
-                                             blocked_ok=_blocked_ok(self.cfg, return_intermediates, deterministic)),
-                 "cross": build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
-                                     keys=memory.shape[1], causal=False)}
-        y, per_layer, _ = self._run(x, masks, deterministic, memory=memory, return_intermediates=return_intermediates)
+        path, masks = _prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
+        masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
+                                    keys=memory.shape[1], causal=False)
+        y, per_layer, _ = self.run_prepared(x, masks, deterministic, path=path, memory=memory,
+                                            return_intermediates=return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
 
@@ -504,11 +518,12 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
         rows = jnp.any(m, axis=-1, keepdims=True)
         masks["cross"] = (m | ~rows, rows)
     if stacked:
-        y, per_layer, layers = module._run(x, masks, deterministic, cache=cache["layers"], index=index,
-                                           return_intermediates=return_intermediates)
+        y, per_layer, layers = module.run_prepared(x, masks, deterministic, cache=cache["layers"], index=index,
+                                                   return_intermediates=return_intermediates)
         out = module._finish_stack(y, per_layer, False, return_intermediates)
     else:
-        y, extras, layers = module.apply(x, masks, deterministic=deterministic, cache=cache["layers"], index=index)
+        y, extras, layers = module.run_prepared(x, masks, deterministic=deterministic, cache=cache["layers"],
+                                                index=index)
         out = (y, extras) if return_intermediates else y
     new = {**cache, "index": index + t, "valid": valid, "layers": layers}
     return (*out, new) if return_intermediates else (out, new)
@@ -521,16 +536,17 @@ def _remat_policy(remat: str | None):
 
 
 @functools.lru_cache(maxsize=64)
-def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool | None, remat: str | None = None):
-    """A stack's scan body, one function object per (layer graphdef, flags): an eager call
-    then reuses the compiled scan instead of compiling it afresh at every call (as a new
-    closure would). Masks, memory and the cache index ride in the carry, unchanged."""
+def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool | None, remat: str | None = None,
+                     path: str = "dense"):
+    """A stack's scan body, one function object per (layer graphdef, flags, attention path):
+    an eager call then reuses the compiled scan instead of compiling it afresh at every call
+    (as a new closure would). Masks, memory and the cache index ride in the carry, unchanged."""
 
     def run(carry, xs):
         h, masks, memory, index = carry
         layer_state, key, cache = xs
-        h, extras, cache = nnx.merge(graphdef, layer_state).apply(
-            h, masks, key, deterministic, memory=memory, cache=cache, index=index)
+        h, extras, cache = nnx.merge(graphdef, layer_state).run_prepared(
+            h, masks, key, deterministic, path=path, memory=memory, cache=cache, index=index)
         return (h, masks, memory, index), ((h, extras) if return_intermediates else None, cache)
 
     if remat is not None:  # recompute inside each layer in the backward pass (prevent_cse off, as in a scan)

@@ -25,6 +25,7 @@ RESIDUALS = ("add", "none")
 SCALINGS = ("none", "deepnorm", "rezero", "layerscale")
 INITS = ("torch", "xavier")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+ATTENTIONS = ("auto", "dense", "blocked", "fused")
 
 
 def _allowed(name: str, value: Any, allowed: tuple) -> None:
@@ -89,6 +90,21 @@ class BlockConfig:
       dtype: computation dtype (None: promote inputs and parameters, the flax rule).
       param_dtype: parameter dtype on both sides.
       dtype and param_dtype take a name or a numpy / JAX / torch dtype object.
+      attention: the self-attention's implementation, a static choice (it changes the
+        compiled program; nothing read from global state):
+        "auto" (default): Flax takes "fused" on a GPU and "blocked" from 1024 keys on where
+          the call allows it, else "dense" (`flax_blocks.attention.attention_path`); torch
+          takes SDPA unless attention weights are asked for;
+        "dense": the explicit softmax (float64 exact; returns the attention weights);
+        "blocked": Flax: queries and keys in blocks of `attention_block`, online softmax,
+          O(T * block) memory; torch: SDPA;
+        "fused": Flax: jax.nn.dot_product_attention (cuDNN on a GPU; its softmax is float32);
+          torch: SDPA.
+        "blocked" and "fused" return no attention weights, take no attention_mask (key masks
+        are fine) and apply no dropout to the weights: a call that needs one of those raises
+        (`check_attention_call`). Cached decoding and cross-attention stay dense (torch: SDPA
+        unless "dense" or weights are asked for).
+      attention_block: query and key block size of the "blocked" path (Flax only).
     """
 
     d_model: int
@@ -114,6 +130,8 @@ class BlockConfig:
     init: Literal["torch", "xavier"] = "torch"
     dtype: str | None = None
     param_dtype: str = "float32"
+    attention: Literal["auto", "dense", "blocked", "fused"] = "auto"
+    attention_block: int = 512
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
@@ -140,6 +158,10 @@ class BlockConfig:
         _allowed("init", self.init, INITS)
         _allowed("dtype", self.dtype, (None, *DTYPES))
         _allowed("param_dtype", self.param_dtype, DTYPES)
+        _allowed("attention", self.attention, ATTENTIONS)
+        block = self.attention_block
+        if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
+            raise ValueError(f"BlockConfig.attention_block must be a positive int, got {self.attention_block!r}")
         if not isinstance(self.qk_norm, bool):
             raise ValueError(f"BlockConfig.qk_norm must be a bool, got {self.qk_norm!r}")
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
@@ -247,6 +269,25 @@ def residual_update(
         alpha = cfg.residual_alpha
         h = (x * alpha if alpha != 1.0 else x) + h
     return (norm(h) if cfg.norm == "post" else h), aux
+
+
+def check_attention_call(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool, dropout_active: bool) -> None:
+    """Raise if cfg.attention forces "blocked" or "fused" on a self-attention call that such
+    a path cannot honour (shared by both frameworks, so a call fails alike on both sides).
+    need_weights: attention weights asked for (return_intermediates); explicit_mask: an
+    attention_mask / attn_mask given (a key mask is fine); dropout_active: dropout on the
+    attention weights in this call (rate > 0, training)."""
+    if cfg.attention not in ("blocked", "fused"):
+        return
+    why, fix = (("the attention weights are asked for (return_intermediates=True)", "call without return_intermediates")
+                if need_weights else
+                ("an explicit attention mask is given", "pass padding as a key mask (key_mask / key_padding_mask)")
+                if explicit_mask else
+                ("dropout on the attention weights is active", "call with deterministic=True or in eval mode")
+                if dropout_active else (None, None))
+    if why:
+        raise ValueError(f"BlockConfig.attention={cfg.attention!r} cannot serve this call: {why}. Build the module "
+                         f"with attention='auto' (it falls back to the dense path by itself) or 'dense', or {fix}")
 
 
 def check_width(cfg: BlockConfig, shape: tuple[int, ...], what: str = "input") -> None:

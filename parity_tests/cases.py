@@ -90,4 +90,19 @@ CASES: list[Case] = [
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
     Case("Encoder", BASE, num_layers=3, key_mask=True, scan_layers=False),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, scan_layers=False),
+    # attention paths forced through the config at small T (auto takes dense here): Flax's
+    # blocked online softmax in blocks that do not divide T, and torch's explicit softmax
+    # without weights asked for (torch serves blocked with SDPA)
+    Case("TransformerBlock", replace(LLAMA, norm="peri", attention="blocked", attention_block=2), seq=7, key_mask=True),
+    Case("Encoder", replace(BASE, causal=True, attention="blocked", attention_block=4), seq=9, key_mask=True),
+    Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
+         memory_key_mask=True),
+    Case("TransformerBlock", replace(BASE, attention="dense"), key_mask=True),
+]
+
+# Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax
+# in float32, so the forced "fused" path is compared in float32 only.
+FLOAT32_CASES: list[Case] = [
+    Case("TransformerBlock", replace(LLAMA, attention="fused"), seq=6, key_mask=True),
+    Case("Encoder", replace(BASE, causal=True, attention="fused"), seq=7, key_mask=True),
 ]

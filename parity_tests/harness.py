@@ -81,6 +81,12 @@ class Case:
     scan_layers: bool = True  # Flax stacks: False unrolls the layers (torch has no such option)
 
     @property
+    def intermediates(self) -> bool:
+        """Whether the run asks for a stack's intermediates (the residual stream per layer):
+        not under a forced "blocked" / "fused" attention, which returns no weights."""
+        return self.kind in STACKS and self.cfg.attention not in ("blocked", "fused")
+
+    @property
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments beyond the config (an Encoder's depth and final norm)."""
         if self.kind not in STACKS:
@@ -109,6 +115,8 @@ class Case:
         bits += ["memory-key-mask"] if self.memory_key_mask else []
         bits += [f"remat-{self.remat}"] if self.remat else []
         bits += ["unrolled"] if not self.scan_layers else []
+        bits += [f"attention-{c.attention}" + (f"{c.attention_block}" if c.attention == "blocked" else "")
+                 ] if c.attention != "auto" else []
         bits += [f"B{self.batch}T{self.seq}"]
         bits += [f"x*{self.input_scale:g}"] if self.input_scale != 1.0 else []
         return "/".join(bits)
@@ -198,7 +206,7 @@ def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> R
         args = [to_t(inp.attention_mask), to_t(inp.key_mask)]
     module.zero_grad(set_to_none=True)
     per_layer = None
-    if case.kind in STACKS:
+    if case.intermediates:
         y, inter = module(x, *args, return_intermediates=True)
         per_layer = inter["residual"].detach().numpy()
     else:
@@ -219,7 +227,7 @@ def run_flax(case: Case, module, inp: Inputs, dtype: str) -> Result:
     def loss(params, x, memory, r, rest):
         m = nnx.merge(graphdef, params, rest)
         args = (x, memory) if case.kind in DECODERS else (x,)
-        if case.kind in STACKS:
+        if case.intermediates:
             y, inter = m(*args, return_intermediates=True, **masks)
             return jnp.sum(y * r), (y, inter["residual"])
         y = m(*args, **masks)

@@ -43,6 +43,8 @@ NOT_FORWARD = {
     "init": "weight distributions only; the reference reads the weights",
     "dtype": "the reference computes in float64 (the twins' float64 runs are compared with it)",
     "param_dtype": "the reference casts every parameter to float64",
+    "attention": "which implementation computes the same softmax attention (blocked cases are checked against it)",
+    "attention_block": "the blocked path's block size: the same values in another order of summation",
 }
 
 

@@ -1,6 +1,9 @@
-"""The memory-efficient (blocked, online-softmax) attention path, forced at small T: the
-same parity as the dense path, against the torch twin and against the dense Flax path,
-and the memory it saves at T = 8192."""
+"""The attention paths, chosen statically by BlockConfig.attention ("auto", "dense",
+"blocked", "fused"): each forced path equals the dense one (blocked in float64 with small
+blocks, fused in float32), forward and gradients; "auto" resolves from static facts only
+(jit, jax.export with a symbolic length); forced paths refuse calls they cannot serve, on
+both sides alike; the memory the blocked path saves at T = 8192. Parity with the torch
+twin of each forced path runs in the matrix (cases.py, test_forward_grad.py)."""
 
 from __future__ import annotations
 
@@ -10,85 +13,266 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 from flax import nnx
 
 import flax_blocks as fb
-from flax_blocks.attention import BLOCKED, blocked_attention_settings
+import flax_blocks.attention as fa
+import torch_blocks as tb
 
 from .cases import BASE, LLAMA
-from .harness import TOL, Case, parity
+from .harness import TOL, precision
 
-CASES = [
-    Case("TransformerBlock", replace(BASE, causal=True), seq=7, key_mask=True),  # T not a multiple of the block
-    Case("TransformerBlock", replace(LLAMA, norm="peri"), seq=6, key_mask=True),
-    Case("DecoderBlock", LLAMA, seq=6, key_mask=True, memory_key_mask=True),
+T = 9  # not a multiple of the blocks below
+
+
+def _inputs(cfg, batch=2, seq=T, seed=0):
+    kx, kr = jax.random.split(jax.random.key(seed))
+    dt = jnp.dtype(cfg.param_dtype)
+    keys = np.ones((batch, seq), bool)
+    keys[1, seq - 3:] = False  # padding
+    keys[0, :2] = False  # causal: queries 0 and 1 of sequence 0 see no key
+    return (jax.random.normal(kx, (batch, seq, cfg.d_model), dt), jax.random.normal(kr, (batch, seq, cfg.d_model), dt),
+            keys)
+
+
+def _forward_and_grads(module, x, r, keys):
+    """y and the gradients of sum(y * r) with respect to the parameters and x."""
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+    def loss(params, x):
+        y = nnx.merge(graphdef, params, rest)(x, key_mask=keys)
+        return jnp.sum(y * r), y
+
+    (gp, gx), y = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+    return y, jax.tree.leaves(gp) + [gx]
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+PATH_CASES = [  # (kind, cfg, path, dtype)
+    ("TransformerBlock", replace(LLAMA, norm="peri"), "blocked", "float64"),
+    ("Encoder", replace(BASE, causal=True), "blocked", "float64"),
+    ("TransformerBlock", LLAMA, "fused", "float32"),
+    ("Encoder", replace(BASE, causal=True), "fused", "float32"),
 ]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_blocked_path_keeps_parity(case, dtype):
-    with blocked_attention_settings(min_keys=1, block=2):
-        err = parity(case, dtype)
-    assert err.forward <= TOL["forward", dtype], err.forward
-    assert max(err.grad, err.dx) <= TOL["grad", dtype], (err.grad, err.dx)
+@pytest.mark.parametrize(("kind", "cfg", "path", "dtype"), PATH_CASES,
+                         ids=[f"{k}-{p}-{d}" for k, _, p, d in PATH_CASES])
+def test_forced_path_equals_dense_forward_and_gradients(kind, cfg, path, dtype):
+    """Blocks of 2 or 4 keys (T = 9) in float64 within the parity tolerances; the fused
+    path (float32 softmax) in float32."""
+    with precision(dtype):
+        cfg = replace(cfg, param_dtype=dtype)
+        kw = {"num_layers": 2} if kind == "Encoder" else {}
+        x, r, keys = _inputs(cfg)
+        dense = getattr(fb, kind)(replace(cfg, attention="dense"), rngs=nnx.Rngs(0), **kw)
+        y0, g0 = _forward_and_grads(dense, x, r, keys)
+        for block in (((2,) if kind == "Encoder" else (4,)) if path == "blocked" else (512,)):
+            forced = getattr(fb, kind)(replace(cfg, attention=path, attention_block=block), rngs=nnx.Rngs(0), **kw)
+            y, g = _forward_and_grads(forced, x, r, keys)
+            assert _rel(y, y0) <= TOL["forward", dtype], (block, _rel(y, y0))
+            worst = max(_rel(a, b) for a, b in zip(g, g0))
+            assert worst <= TOL["grad", dtype], (block, worst)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_fused_path_keeps_float32_parity(case):
-    """The accelerator path (jax.nn.dot_product_attention, cuDNN on a GPU) forced on the CPU,
-    where XLA runs it: float32 parity (its softmax is float32, so float64 is not its job)."""
-    with blocked_attention_settings(min_keys=10**9, fused=True):
-        err = parity(case, "float32")
-    assert err.forward <= TOL["forward", "float32"] and max(err.grad, err.dx) <= TOL["grad", "float32"]
+def _softmax_attention(q, k, v, allowed):
+    """numpy float64 reference: q (B, T, K, G, hd), k / v (B, S, K, hd), allowed (T, S)."""
+    logits = np.einsum("btkgd,bskd->bkgts", q, k) / np.sqrt(q.shape[-1])
+    logits = np.where(allowed, logits, -np.inf)
+    with np.errstate(invalid="ignore"):
+        w = np.exp(logits - logits.max(-1, keepdims=True))
+        w = np.nan_to_num(w / w.sum(-1, keepdims=True))  # rows without a key: 0
+    return np.einsum("bkgts,bskd->btkgd", w, v)
+
+
+def test_a_wrong_causal_comparison_in_the_blocked_path_would_show():
+    """The negative twins: blocked_attention (blocks of 4, T = 9) matches a softmax with the
+    causal comparison key <= query within 1e-12; the tolerance tells it from key < query
+    and from no comparison at all by far. And the blocked path of a non-causal config is far
+    from the causal dense one."""
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(0)
+        q, k, v = rng.normal(size=(2, T, 2, 2, 4)), rng.normal(size=(2, T, 2, 4)), rng.normal(size=(2, T, 2, 4))
+        out, _ = fa.blocked_attention(*map(jnp.asarray, (q, k, v)), causal=True, key_valid=None, block=4)
+        i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+        assert _rel(out, _softmax_attention(q, k, v, j <= i)) <= 1e-12
+        assert _rel(out, _softmax_attention(q, k, v, j < i)) > 1e-3
+        assert _rel(out, _softmax_attention(q, k, v, np.ones((T, T), bool))) > 1e-3
+
+        cfg = replace(LLAMA, param_dtype="float64", attention_block=4)
+        x, _, keys = _inputs(cfg)
+        dense = fb.Encoder(replace(cfg, attention="dense"), num_layers=2, rngs=nnx.Rngs(0))(x, key_mask=keys)
+        wrong = fb.Encoder(replace(cfg, attention="blocked", causal=False), num_layers=2, rngs=nnx.Rngs(0))
+        assert _rel(wrong(x, key_mask=keys), dense) > 1e-3
 
 
 def test_fused_path_rows_without_keys_are_zero_with_finite_gradients():
-    m = fb.TransformerBlock(replace(BASE, causal=True), rngs=nnx.Rngs(0))
+    cfg = replace(BASE, causal=True)
     x = jax.random.normal(jax.random.key(0), (2, 5, BASE.d_model))
     keys = np.ones((2, 5), bool)
     keys[1, :2] = False  # causal: queries 0 and 1 of sequence 1 see no key
-    dense = m(x, key_mask=keys)
-    with blocked_attention_settings(min_keys=1, fused=True):
-        fused = m(x, key_mask=keys)
-        g = jax.grad(lambda x: jnp.sum(m(x, key_mask=keys) ** 2))(x)
+    dense = fb.TransformerBlock(cfg, rngs=nnx.Rngs(0))(x, key_mask=keys)
+    m = fb.TransformerBlock(replace(cfg, attention="fused"), rngs=nnx.Rngs(0))
+    fused = m(x, key_mask=keys)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(m(x, key_mask=keys) ** 2)))(x)
     assert float(jnp.abs(fused - dense).max()) < 1e-5 and bool(jnp.isfinite(g).all())
 
 
 def test_blocked_path_warns_of_a_mask_in_the_other_convention():
     """A key mask with no real key in an element (torch's True = padding handed over as is)
     gets the dense path's warning on the blocked path too."""
-    m = fb.TransformerBlock(BASE, rngs=nnx.Rngs(0))
     x = jnp.ones((2, 5, BASE.d_model))
     keys = np.ones((2, 5), bool)
     keys[1] = False
-    for settings in ({"min_keys": 10**6}, {"min_keys": 1, "block": 2}):  # dense, blocked
-        with blocked_attention_settings(**settings), pytest.warns(UserWarning, match=r"batch element\(s\) \[1\]"):
+    for attention in ("dense", "blocked"):
+        m = fb.TransformerBlock(replace(BASE, attention=attention, attention_block=2), rngs=nnx.Rngs(0))
+        with pytest.warns(UserWarning, match=r"batch element\(s\) \[1\]"):
             m(x, key_mask=keys)
 
 
-def test_blocked_equals_dense_and_is_taken_only_without_weights():
-    with jax.enable_x64(True):
-        m = fb.Encoder(replace(LLAMA, param_dtype="float64"), num_layers=2, rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(0), (2, 9, LLAMA.d_model), jnp.float64)
-        keys = np.ones((2, 9), bool)
-        keys[1, 6:] = False
-        dense = m(x, key_mask=keys)
-        with blocked_attention_settings(min_keys=1, block=4):
-            blocked = m(x, key_mask=keys)
-            _, inter = m(x, key_mask=keys, return_intermediates=True)  # weights asked for: dense path
-        assert float(jnp.abs(blocked - dense).max() / jnp.abs(dense).max()) <= 1e-12
-        assert inter["attention_weights"].shape == (2, 2, LLAMA.num_heads, 9, 9)
-        with blocked_attention_settings(min_keys=1, block=4):  # a wrong causal mask would show
-            wrong = fb.Encoder(replace(LLAMA, param_dtype="float64", causal=False), num_layers=2, rngs=nnx.Rngs(0))
-            assert float(jnp.abs(wrong(x, key_mask=keys) - dense).max()) > 1e-3
+# ----------------------------------------------------------------------------------------
+# The choice: static, explicit, refused where it cannot be honoured
+# ----------------------------------------------------------------------------------------
+
+
+def test_config_validates_the_fields():
+    with pytest.raises(ValueError, match=r"attention must be one of \('auto', 'dense', 'blocked', 'fused'\)"):
+        replace(BASE, attention="flash")
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="attention_block must be a positive int"):
+            replace(BASE, attention_block=bad)
+
+
+def _module_state() -> list[str]:
+    """Mutable module-level containers of flax_blocks.attention (once a dict of settings
+    read at trace time; now none)."""
+    return [n for n, v in vars(fa).items() if not n.startswith("__") and isinstance(v, (dict, list, set))]
+
+
+def test_attention_path_resolves_from_static_facts():
+    path = fa.attention_path
+    call = {"need_weights": False, "explicit_mask": False, "dropout_active": False}
+    auto = BASE
+    assert path(auto, fa.AUTO_MIN_KEYS - 1, **call, platform="cpu") == "dense"
+    assert path(auto, fa.AUTO_MIN_KEYS, **call, platform="cpu") == "blocked"
+    assert path(auto, 8, **call, platform="gpu") == "fused"
+    (t,) = jax.export.symbolic_shape("t")
+    assert path(auto, t, **call, platform="cpu") == "dense" and path(auto, t, **call, platform="gpu") == "dense"
+    for reason in call:  # auto falls back to dense by itself
+        assert path(auto, 4096, **{**call, reason: True}, platform="gpu") == "dense"
+    for forced in ("dense", "blocked", "fused"):
+        assert path(replace(BASE, attention=forced), 8, **call, platform="cpu") == forced
+        assert path(replace(BASE, attention=forced), t, **call, platform="cpu") == forced
+    assert not _module_state()
+
+
+REFUSALS = [  # (what the call needs, the flax call's kwargs, the torch call's kwargs, message)
+    ("weights", {"return_intermediates": True}, {"return_intermediates": True}, "attention weights are asked"),
+    ("mask", {"attention_mask": np.tril(np.ones((5, 5), bool))},
+     {"src_mask": ~torch.tril(torch.ones(5, 5, dtype=torch.bool))}, "explicit attention mask"),
+    ("dropout", {"deterministic": False}, {}, "dropout on the attention weights is active"),
+]
+
+
+@pytest.mark.parametrize("attention", ["blocked", "fused"])
+@pytest.mark.parametrize(("what", "fkw", "tkw", "message"), REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_a_forced_path_refuses_what_it_cannot_serve_on_both_sides(attention, what, fkw, tkw, message):
+    cfg = replace(BASE, attention=attention, dropout=0.1 if what == "dropout" else 0.0)
+    x = np.random.default_rng(0).normal(size=(2, 5, BASE.d_model)).astype(np.float32)
+    fm = fb.TransformerBlock(cfg, rngs=nnx.Rngs(0))
+    tm = tb.TransformerBlock(cfg).train()
+    with pytest.raises(ValueError, match=f"attention='{attention}' cannot serve this call: .*{message}"):
+        fm(jnp.asarray(x), **fkw)
+    with pytest.raises(ValueError, match=message):
+        tm(torch.from_numpy(x), **tkw)
+    if what == "dropout":  # dropout off for the call, or eval mode: served
+        fm(jnp.asarray(x), deterministic=True)
+        fm.eval()
+        fm(jnp.asarray(x))
+        tm.eval()(torch.from_numpy(x))
+    auto = fb.TransformerBlock(replace(cfg, attention="auto"), rngs=nnx.Rngs(0))
+    auto(jnp.asarray(x), **fkw)  # auto falls back to the dense path
+
+
+def test_jitted_auto_keeps_its_path_and_it_depends_on_the_length_only():
+    """No global setting is read at trace time: the jaxpr of an auto call is the dense one
+    below AUTO_MIN_KEYS keys (on a CPU) and the blocked one (a scan over key blocks) from
+    there on; forcing "blocked" through the config gives the blocked program at any length."""
+    if jax.default_backend() == "gpu":
+        pytest.skip("on a GPU auto takes the fused path at every length")
+    m = fb.TransformerBlock(BASE, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(m)
+    f = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
+    jaxpr = lambda t: str(jax.make_jaxpr(f)(state, jax.ShapeDtypeStruct((1, t, BASE.d_model), jnp.float32)))  # noqa: E731
+    assert "scan" not in jaxpr(16) and "scan" in jaxpr(fa.AUTO_MIN_KEYS)
+    x = jax.random.normal(jax.random.key(0), (2, 16, BASE.d_model))
+    y = f(state, x)
+    dense = fb.TransformerBlock(replace(BASE, attention="dense"), rngs=nnx.Rngs(0))(x)
+    assert float(jnp.abs(y - dense).max()) < 1e-6 and float(jnp.abs(f(state, x) - y).max()) == 0.0
+    assert not _module_state()  # there is no setting that could change it
+    forced = nnx.split(fb.TransformerBlock(replace(BASE, attention="blocked", attention_block=4), rngs=nnx.Rngs(0)))
+    g = jax.jit(lambda state, x: nnx.merge(forced[0], state)(x))
+    assert "scan" in str(jax.make_jaxpr(g)(forced[1], x))
+    assert float(jnp.abs(g(forced[1], x) - dense).max()) < 1e-5
+
+
+def test_export_with_a_symbolic_length_takes_the_dense_path_and_equals_jit():
+    """jax.export of an Encoder forward over x ("b, t", d_model) and its key mask ("b, t"):
+    auto never compares the symbolic t in Python; the exported function run at two lengths
+    equals the jitted one."""
+    cfg = replace(BASE, causal=True)
+    graphdef, state = nnx.split(fb.Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0)))
+
+    def forward(state, x, keys):
+        return nnx.merge(graphdef, state)(x, key_mask=keys)
+
+    b, t = jax.export.symbolic_shape("b, t")
+    specs = (jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state),
+             jax.ShapeDtypeStruct((b, t, cfg.d_model), jnp.float32), jax.ShapeDtypeStruct((b, t), jnp.bool_))
+    exported = jax.export.export(jax.jit(forward))(*specs)
+    for batch, seq in ((2, 5), (3, 11)):
+        x, _, keys = _inputs(cfg, batch, seq, seed=seq)
+        got, want = exported.call(state, x, keys), jax.jit(forward)(state, x, keys)
+        assert got.shape == (batch, seq, cfg.d_model)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("attention", "sdpa"), [("auto", True), ("dense", False), ("blocked", True), ("fused", True)])
+def test_torch_twin_reads_the_same_field(attention, sdpa):
+    """torch's dense path is its explicit softmax; "auto" (without weights), "blocked" and
+    "fused" are SDPA; all give the same output."""
+    cfg = replace(BASE, causal=True, attention=attention)
+    m = tb.Encoder(cfg, num_layers=2, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 7, BASE.d_model, generator=torch.Generator().manual_seed(1))
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 5:] = True
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = wrapped
+    try:
+        y = m(x, src_key_padding_mask=kpm)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+    assert bool(calls) == sdpa
+    ref = tb.Encoder(replace(cfg, attention="dense"), num_layers=2, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(y, ref(x, src_key_padding_mask=kpm), rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow
 def test_long_sequence_train_step_memory():
     """A block forward + backward at T = 8192, B = 1 (d256, 8 heads): XLA temp memory under
-    256 MiB with the blocked path (measured 240 MiB), where the dense logits alone are 2 GiB
-    (measured 8.3 GiB in all). Compiled only, never run."""
+    256 MiB with the blocked path that auto takes on a CPU (measured 240 MiB), where the
+    dense logits alone are 2 GiB (measured 8.3 GiB in all). Compiled only, never run."""
     cfg = fb.BlockConfig(d_model=256, num_heads=8, d_ff=1024, norm="pre", dropout=0.0)
     graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: fb.TransformerBlock(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
     x = jax.ShapeDtypeStruct((1, 8192, 256), jnp.float32)
@@ -96,6 +280,7 @@ def test_long_sequence_train_step_memory():
     def loss(p, x):
         return jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
 
-    assert BLOCKED["min_keys"] <= 8192
+    assert fa.attention_path(cfg, 8192, need_weights=False, explicit_mask=False, dropout_active=False,
+                             platform="cpu") == "blocked"
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
     assert compiled.memory_analysis().temp_size_in_bytes < 256 * 2**20

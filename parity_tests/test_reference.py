@@ -356,7 +356,8 @@ def twin_runs(case: Case):
         invert = lambda m: None if m is None else ~m  # noqa: E731  (torch's convention)
         torch_masks = [invert(m) for m in (inp.attention_mask, inp.key_mask, inp.memory_key_mask)]
         decoder = case.kind in DECODERS
-        intermediates = case.kind != "FeedForward"
+        # weights and residuals where the block returns them (a forced blocked / fused path does not)
+        intermediates = case.kind != "FeedForward" and case.cfg.attention not in ("blocked", "fused")
         as_t = lambda a: None if a is None else torch.from_numpy(a)  # noqa: E731
         with torch.no_grad():  # train mode, dropout 0: not torch's fast path
             if decoder:

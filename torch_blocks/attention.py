@@ -18,9 +18,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import BlockConfig, fully_masked_message
+from flax_blocks.config import BlockConfig, check_attention_call, fully_masked_message
 
 from .layers import Norm, create_params
+
+
+PATHS = ("dense", "fused")
+
+
+def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool = False,
+                   dropout_active: bool = False, check: bool = True) -> str:
+    """torch's path of an attention: "dense" (the explicit softmax, which returns weights)
+    or "fused" (F.scaled_dot_product_attention, no weights; masks and dropout it takes).
+
+    "dense" when cfg.attention is "dense" or weights are asked for; else "fused" ("auto",
+    and "blocked" / "fused", which torch serves with SDPA). With `check` (an uncached
+    self-attention, as the Flax twin's `attention_path`), a forced "blocked" / "fused"
+    that the call cannot honour raises the same ValueError as in Flax
+    (`check_attention_call`), so a call fails alike on both sides."""
+    if check:
+        check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask,
+                             dropout_active=dropout_active)
+    return "dense" if need_weights or cfg.attention == "dense" else "fused"
 
 
 class Mask(NamedTuple):
@@ -148,19 +167,26 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
                 cross: bool = False, memory: Tensor | None = None, cache: dict[str, Tensor] | None = None,
-                index: int = 0) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor] | None]:
+                index: int = 0, path: str | None = None,
+                ) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor] | None]:
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E);
         mask from `build_mask` / `cache_mask`.
 
         cache: for self-attention {"k", "v"} (B, L, K, hd): x is the chunk at positions
         index .. index+T-1 (rotary continues from index); its keys and values are written
         there and the queries attend to all L cached positions. For cross-attention, the
-        memory's keys and values from `memory_kv`.
+        memory's keys and values from `memory_kv`. path: "dense" (explicit softmax) or
+        "fused" (SDPA, no weights); None: `attention_path` (unchecked) from cfg and need_weights.
 
         Returns (out (B, T, E), weights (B, H, T, S) or None, largest pre-softmax logit over
         unmasked pairs () or None, the updated cache or None); weights and logit only when
         need_weights."""
         cfg = self.cfg
+        path = attention_path(cfg, need_weights=need_weights, check=False) if path is None else path
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        if path == "fused" and need_weights:
+            raise ValueError("the fused path (SDPA) returns no attention weights: take path='dense'")
         b, t, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
         masked, rows, bias = mask if mask is not None else (None, None, None)
@@ -185,7 +211,7 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T or S, hd)
         p = cfg.dropout if self.training else 0.0
         weights = logit_max = None
-        if need_weights:
+        if path == "dense":
             k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # head -> h // G
             logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, H, T, S)
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never softmax in bf16
@@ -199,6 +225,8 @@ class Attention(nn.Module):
                 weights = torch.where(rows[:, None], weights, 0.0)
             weights = weights.to(v.dtype)
             out = F.dropout(weights, p, self.training) @ v  # (B, H, T, hd)
+            if not need_weights:
+                weights = logit_max = None
         else:  # fused kernel; masked rows were opened up by build_mask, so none is empty
             sdpa_mask = None
             if bias is not None:

@@ -33,7 +33,7 @@ from flax_blocks.config import (BlockConfig, check_cached_call, check_new_cache,
                                 overflow_message, residual_update)
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
-from .attention import Attention, Mask, build_mask, cache_mask
+from .attention import Attention, Mask, attention_path, build_mask, cache_mask
 from .layers import Linear, Norm, create_params
 
 ACTIVATION_FNS = {
@@ -46,14 +46,14 @@ MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
 Cache = dict[str, Any]
 
 
-def _batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
+def _as_batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
     check_width(cfg, tuple(x.shape), what)
     return (x, False) if x.dim() == 3 else (x[None], True)
 
 
 def _batched_memory(cfg: BlockConfig, memory: Tensor, x: Tensor, unbatched: bool) -> Tensor:
     """memory (B, S, E), or (S, E) beside an unbatched x: batched like x, and of x's batch."""
-    memory, _ = _batched(cfg, memory[None] if unbatched else memory, "memory")
+    memory, _ = _as_batched(cfg, memory[None] if unbatched else memory, "memory")
     if memory.shape[0] != x.shape[0]:
         raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
     return memory
@@ -87,10 +87,13 @@ class _Block(nn.Module):
         self.dropout_act = nn.Dropout(cfg.dropout)
         self.dropouts = nn.ModuleList(nn.Dropout(cfg.dropout) for _ in self.sublayers)
 
-    def apply_prepared(self, x: Tensor, masks: dict[str, Mask | None], need_weights: bool = False, *,
-                       memory: Tensor | None = None, cache: Cache | None = None, index: int = 0):
+    def run_prepared(self, x: Tensor, masks: dict[str, Mask | None], need_weights: bool = False, *,
+                     path: str | None = None, memory: Tensor | None = None, cache: Cache | None = None,
+                     index: int = 0):
         """x (B, T, E) with prepared masks {"self": Mask, "cross": Mask} -> (y (B, T, E),
-        intermediates, the block's updated cache or None). Intermediates (None unless
+        intermediates, the block's updated cache or None). path: the self-attention's
+        (`attention_path`; None: from cfg and need_weights); a cross-attention takes
+        "dense" with weights or cfg.attention="dense", else SDPA. Intermediates (None unless
         need_weights): "attention_weights" (B, H, T, S), "attention_logits_max" (), and the
         "cross_" ones of a decoder. memory (B, S, E): what a decoder attends to (not needed
         with a cache); cache: {"self": {"k", "v"}, "cross": {"k", "v"}}, index: the chunk's
@@ -106,6 +109,7 @@ class _Block(nn.Module):
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=masks.get(part), need_weights=need_weights, cross=part == "cross", memory=memory,
                     cache=None if cache is None else cache[part], index=index,
+                    path=None if part == "cross" else path,
                 )
             x, aux = residual_update(self.cfg, x, fn, getattr(self, sub.norm) or nn.Identity(), dropout,
                                      getattr(self, sub.scale), getattr(self, sub.norm_out))
@@ -131,24 +135,34 @@ class _Block(nn.Module):
 
     def _forward(self, x, attn_mask, key_padding_mask, return_intermediates, *, memory=None, memory_mask=None,
                  memory_key_padding_mask=None, cache=None):
-        x, unbatched = _batched(self.cfg, x)
+        x, unbatched = _as_batched(self.cfg, x)
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, key_padding_mask, attn_mask, memory, memory_mask,
                                 return_intermediates)
-        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)}
+        path, masks = _prepare_self_attention(self, x, attn_mask, key_padding_mask, return_intermediates)
         if memory is not None:
             memory = _batched_memory(self.cfg, memory, x, unbatched)
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
                                         x.device, keys=memory.shape[1], causal=False)
-        y, extras, _ = self.apply_prepared(x, masks, return_intermediates, memory=memory)
+        y, extras, _ = self.run_prepared(x, masks, return_intermediates, path=path, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
 
 
-def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross, memory, cache, index):
+def _prepare_self_attention(module: nn.Module, x: Tensor, attn_mask: Tensor | None,
+                            key_padding_mask: Tensor | None, return_intermediates: bool) -> tuple[str, dict]:
+    """The self-attention's path of an uncached call on x (B, T, E) (`attention_path`,
+    checked as in Flax) and its prepared masks {"self": Mask or None}."""
+    cfg = module.cfg
+    path = attention_path(cfg, need_weights=return_intermediates, explicit_mask=attn_mask is not None,
+                          dropout_active=module.training and cfg.dropout > 0)
+    return path, {"self": build_mask(cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)}
+
+
+def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross, memory, cache, index, path):
     out, weights, logit_max, new_cache = attn(h, mask, need_weights, cross=cross, memory=memory, cache=cache,
-                                              index=index)
+                                              index=index, path=path)
     aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
         aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
@@ -259,21 +273,23 @@ class _Stack(nn.Module):
     def final_norm(self) -> Norm | None:
         return getattr(self, FINAL_NORM)
 
-    def _block_cache(self, batch, length, dtype, device, memory=None) -> Cache:
+    def _stack_cache(self, batch, length, dtype, device, memory=None) -> Cache:
+        """Every layer's block cache."""
         return {"layers": [layer._block_cache(batch, length, dtype, device, memory) for layer in self.layers]}
 
-    def apply_prepared(self, x, masks, need_weights=False, *, memory=None, cache=None, index=0):
-        """The layers over x (B, T, E), then the final norm -> (y, stacked intermediates, cache)."""
+    def run_prepared(self, x, masks, need_weights=False, *, path=None, memory=None, cache=None, index=0):
+        """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then the
+        final norm -> (y, stacked intermediates, cache)."""
         per_layer: list[dict[str, Tensor]] = []
         caches = []
         recompute = self.remat is not None and cache is None and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
             if recompute:
                 x, extras, c = torch.utils.checkpoint.checkpoint(
-                    layer.apply_prepared, x, masks, need_weights, memory=memory, use_reentrant=False)
+                    layer.run_prepared, x, masks, need_weights, path=path, memory=memory, use_reentrant=False)
             else:
-                x, extras, c = layer.apply_prepared(x, masks, need_weights, memory=memory, index=index,
-                                                    cache=None if cache is None else cache["layers"][i])
+                x, extras, c = layer.run_prepared(x, masks, need_weights, path=path, memory=memory, index=index,
+                                                  cache=None if cache is None else cache["layers"][i])
             caches.append(c)
             if need_weights:
                 per_layer.append({"residual": x, **extras})
@@ -297,20 +313,20 @@ class Encoder(_Stack):
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
-        return _new_cache(self, batch_size, max_length, self._block_cache)
+        return _new_cache(self, batch_size, max_length, self._stack_cache)
 
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 *, return_intermediates: bool = False, cache: Cache | None = None):
         """src: (B, T, E) or (T, E) -> same shape. With return_intermediates, also
         {"residual": (L, B, T, E), "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}.
         cache (from `init_cache`): src is the next chunk; returns (y, cache)."""
-        x, unbatched = _batched(self.cfg, src)
+        x, unbatched = _as_batched(self.cfg, src)
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates)
-        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], mask, src_key_padding_mask, x.device)}
-        y, stacked, _ = self.apply_prepared(x, masks, return_intermediates)
+        path, masks = _prepare_self_attention(self, x, mask, src_key_padding_mask, return_intermediates)
+        y, stacked, _ = self.run_prepared(x, masks, return_intermediates, path=path)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
 
@@ -323,14 +339,14 @@ class Decoder(_Stack):
                    memory_key_padding_mask: Tensor | None = None) -> Cache:
         """An empty self-attention cache per layer and every layer's cross-attention keys
         and values of `memory` (B, S, E), computed once."""
-        return _new_cache(self, batch_size, max_length, self._block_cache, memory, memory_key_padding_mask)
+        return _new_cache(self, batch_size, max_length, self._stack_cache, memory, memory_key_padding_mask)
 
     def forward(self, tgt: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None, *, return_intermediates: bool = False,
                 cache: Cache | None = None):
         """tgt (B, T, E) or (T, E), memory (B, S, E) or (S, E); masks as `DecoderBlock`."""
-        x, unbatched = _batched(self.cfg, tgt)
+        x, unbatched = _as_batched(self.cfg, tgt)
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
@@ -339,10 +355,10 @@ class Decoder(_Stack):
         if memory is None:
             raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
         memory = _batched_memory(self.cfg, memory, x, unbatched)
-        masks = {"self": build_mask(self.cfg, x.shape[0], x.shape[1], tgt_mask, tgt_key_padding_mask, x.device),
-                 "cross": build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
-                                     x.device, keys=memory.shape[1], causal=False)}
-        y, stacked, _ = self.apply_prepared(x, masks, return_intermediates, memory=memory)
+        path, masks = _prepare_self_attention(self, x, tgt_mask, tgt_key_padding_mask, return_intermediates)
+        masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
+                                    x.device, keys=memory.shape[1], causal=False)
+        y, stacked, _ = self.run_prepared(x, masks, return_intermediates, path=path, memory=memory)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
 
@@ -379,7 +395,7 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     p = next(module.parameters())
     cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device)}
     if memory is not None:
-        memory, _ = _batched(cfg, memory, "memory")
+        memory, _ = _as_batched(cfg, memory, "memory")
         if memory.shape[0] != batch_size:
             raise ValueError(f"memory has batch {memory.shape[0]}, the cache batch_size {batch_size}")
         with torch.no_grad():
@@ -413,6 +429,6 @@ def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_m
         mv = cache["memory_valid"][:, None, :].expand(b, t, -1)
         rows = mv.any(dim=-1, keepdim=True)
         masks["cross"] = Mask(~mv & rows, rows)
-    y, extras, layers = module.apply_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
+    y, extras, layers = module.run_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
     new = {**cache, "index": index + t, "valid": valid, "layers": layers}
     return (y, extras, new) if return_intermediates else (y, new)
