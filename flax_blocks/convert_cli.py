@@ -36,6 +36,10 @@ from flax_blocks.dialects import DIALECTS
 FORMAT = "flax_blocks"
 TORCH_SUFFIXES = (".pt", ".pth")
 
+# Not properties of a checkpoint: training noise, initialisation, computation dtype and the
+# attention implementation (options of kind "implementation").
+_NOT_RECORDED = {"dropout", "init", "dtype", "attention", "attention_block"}
+
 FINAL_NORM_HELP = "an Encoder's final norm (default: as the checkpoint has it, norm.weight present or not)"
 
 
@@ -221,7 +225,7 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
         build["norm"] = "pre"  # any norm placement has the same tensors; BlockConfig's default does not fit gates
     module = _build(info["kind"], build, info.get("num_layers"), final_norm)
     load_torch_state_dict(module, sd, prefix=args.prefix, dialect="torch")
-    not_recorded = sorted(fields - set(known) - {"dropout", "init", "dtype"})
+    not_recorded = sorted(fields - set(known) - _NOT_RECORDED)
     meta = {"kind": info["kind"], "cfg": known, "num_layers": info.get("num_layers"), "final_norm": final_norm,
             "not_recorded": not_recorded}
     save_file(flax_state_dict(module), args.dst, metadata={"format": FORMAT, "config": json.dumps(meta)})
@@ -250,7 +254,7 @@ def _hf_to_flax(args: argparse.Namespace) -> int:
     dialect, _, _, _ = hf_config(config)
     module = from_hf(args.src)
     known = {f.name: getattr(module.cfg, f.name) for f in dataclasses.fields(module.cfg)
-             if f.name not in ("dropout", "init", "dtype")}
+             if f.name not in _NOT_RECORDED}
     final_norm = module.final_norm is not None
     meta = {"kind": "Encoder", "cfg": known, "num_layers": module.num_layers, "final_norm": final_norm,
             "not_recorded": []}

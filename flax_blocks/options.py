@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from .config import BlockConfig
 
-Kind = Literal["size", "compute", "init", "dtype"]
+Kind = Literal["size", "compute", "init", "dtype", "implementation"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class Option:
     """One BlockConfig field.
 
     kind: "size" (a width), "compute" (changes what a block computes), "init" (changes only
-      the initial weights or training noise), "dtype".
+      the initial weights or training noise), "dtype", "implementation" (how, not what: the
+      attention path; the same function up to rounding, so no checkpoint records it).
     help: one line, for the CLI and docs/options.md.
     adds: the value under which the option has the most parameters (None: no value adds any); the probe
       config takes every such value, so its parameter names are all the names there are.
@@ -93,6 +94,11 @@ OPTIONS: tuple[Option, ...] = (
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
     Option("param_dtype", "dtype", "parameter dtype on both sides", hf=("dtype", "torch_dtype"), cli=False,
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
+    Option("attention", "implementation", "attention implementation: 'auto' (dense; the blocked path from 1024 keys, or "
+           "the fused kernel on a GPU, where no weights, explicit mask or attention dropout are asked for), "
+           "'dense', 'blocked' (memory-efficient, in blocks) or 'fused' (jax.nn.dot_product_attention; torch: SDPA)",
+           cli=False),
+    Option("attention_block", "implementation", "query and key block size of the blocked path (Flax)", cli=False),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

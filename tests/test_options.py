@@ -47,11 +47,11 @@ def _reached(name: str, hint, seen: list) -> list[str]:
 
 
 def test_the_parity_matrix_reaches_every_value():
-    from parity_tests.cases import CASES
+    from parity_tests.cases import CASES, FLOAT32_CASES
 
     hints = typing.get_type_hints(BlockConfig)
     missing = [f"{o.name}={v}" for o in OPTIONS if not o.not_in_matrix
-               for v in _reached(o.name, hints[o.name], [getattr(c.cfg, o.name) for c in CASES])]
+               for v in _reached(o.name, hints[o.name], [getattr(c.cfg, o.name) for c in CASES + FLOAT32_CASES])]
     assert not missing, f"option values no case of parity_tests/cases.py runs: {missing}"
 
 
@@ -92,7 +92,7 @@ def test_adds_is_true_of_the_declarations():
     hints = typing.get_type_hints(BlockConfig)
     full = names(PROBE)
     for o in OPTIONS:
-        if o.kind == "size" or o.name in ("dtype", "param_dtype"):
+        if o.kind in ("size", "dtype"):
             continue
         hint = hints[o.name]
         vals = (typing.get_args(hint) if typing.get_origin(hint) is typing.Literal
@@ -110,3 +110,9 @@ def test_adds_is_true_of_the_declarations():
         else:
             assert changed, f"{o.name} declares adds={o.adds!r} but no value changes the parameter names"
     assert BY_NAME["qk_norm"].adds is True
+
+
+def test_the_cli_records_no_implementation_choice():
+    from flax_blocks.convert_cli import _NOT_RECORDED
+
+    assert {o.name for o in OPTIONS if o.kind == "implementation"} <= _NOT_RECORDED
