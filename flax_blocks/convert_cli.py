@@ -242,7 +242,8 @@ def _hf_to_flax(args: argparse.Namespace) -> int:
     from safetensors.numpy import save_file
 
     from flax_blocks.convert import flax_state_dict, torch_state_dict
-    from flax_blocks.hf import _read_folder, from_hf, hf_config
+    from flax_blocks.hf import from_hf
+    from flax_blocks.hf_config import hf_config, read_folder
 
     if not args.dst.endswith(".safetensors"):
         raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file")
@@ -250,7 +251,7 @@ def _hf_to_flax(args: argparse.Namespace) -> int:
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         print(f"note: {args.src} carries its config (config.json); ignoring {flags}", file=sys.stderr)
-    config, _ = _read_folder(args.src)
+    config, _ = read_folder(args.src)
     dialect, _, _, _ = hf_config(config)
     module = from_hf(args.src)
     known = {f.name: getattr(module.cfg, f.name) for f in dataclasses.fields(module.cfg)

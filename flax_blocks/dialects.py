@@ -12,6 +12,8 @@ family of PyTorch checkpoints names the same tensors, read in both directions:
                  packed in_proj rows [q; k; v]; split back by head counts), and/or a transpose
                  (GPT-2's Conv1D stores (in, out));
     ignore:      per-layer buffers that are not parameters (GPT-2's attn.bias);
+    shared_by:   the families whose checkpoints use the same key names but compute something
+                 else: names alone never choose such a dialect (`detect_dialect` refuses).
     settings:    BlockConfig fields the family fixes (norm placement, norm type, MLP kind...),
                  checked when writing a checkpoint of that family;
     reads:       BlockConfig fields read from the family's own config (flax_blocks.hf.hf_config).
@@ -70,6 +72,7 @@ class Dialect:
     ignore: tuple[str, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
     reads: tuple[str, ...] = ()
+    shared_by: str = ""  # families that use the same key names and compute something else
     outside: str = ""  # what the rest of such a checkpoint holds, for messages
 
     @property
@@ -162,9 +165,16 @@ HF_LLAMA = Dialect(
               "scaling": "none", "residual": "add", "qk_norm": False},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
+    shared_by=("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
+               "Qwen3 and OLMo 2 (QK-norm, norms after the sublayers), Mistral / Qwen2 with sliding windows, "
+               "Cohere, Granite and others"),
 )
 
 DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA)}
+
+# A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
+# its config by flax_blocks.hf_config). Families not listed are refused by name.
+MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama", "qwen2": "hf-llama"}
 
 # Every torch name a block can have under some option (probe config with all of them on).
 _TORCH_NAMES = {
@@ -209,11 +219,22 @@ def detect_dialect(source: Any) -> str:
     """The name of the dialect whose stack keys the state dict holds (torch, hf-bert, hf-gpt2,
     hf-llama). source: a mapping of name -> array, a module with .state_dict() or a path.
     Raises ConversionError when no dialect or several recognise the keys, listing the dialects
-    and the keys' roots."""
+    and the keys' roots, and when the one that does is shared by families that compute
+    something else (LLaMA's names): then only an explicit dialect= (or fb.from_hf, which reads
+    the model's config) says which family the checkpoint is."""
     keys = list(source.keys()) if isinstance(source, Mapping) else list(read_state_dict(source))
     counts = {name: len(_stack_keys(keys, lay)) for name, lay in DIALECTS.items()}
     best = max(counts.values(), default=0)
     winners = [n for n, c in counts.items() if c == best and c > 0]
+    if len(winners) == 1 and DIALECTS[winners[0]].shared_by:
+        lay = DIALECTS[winners[0]]
+        families = ", ".join(sorted(t for t, n in MODEL_TYPES.items() if n == lay.name))
+        raise ConversionError([f"these keys are in {lay.name}'s naming ({lay.description}), which {lay.shared_by} "
+                               "share while computing something else",
+                               f"pass dialect={lay.name!r} (--dialect {lay.name}) if the checkpoint is one of "
+                               f"{families}, or load the Hugging Face folder or model with fb.from_hf, which "
+                               "reads its model_type"],
+                              header="cannot tell the checkpoint's family from its key names alone")
     if len(winners) == 1:
         return winners[0]
     known = "; ".join(f"{lay.name}: {lay.description}" for lay in DIALECTS.values())

@@ -135,17 +135,20 @@ def check_hf(folder: str, *, num_heads: int | None = None, dtype: str = "float32
 
 def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     import flax_blocks as fb
-    from flax_blocks.hf import hf_config
+    from flax_blocks.hf_config import hf_config
 
     from .harness import TOL
 
     config, model = load_hf(folder, dtype)
     dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
-    if num_heads is not None and num_heads != cfg.num_heads:
+    if num_heads is None or num_heads == cfg.num_heads:  # the user's own path: the folder through from_hf
+        flax, loaded = fb.from_hf(folder, dtype=dtype), "fb.from_hf(folder)"
+    else:  # a deliberately different head count, to see the check fail: the weights with the flags' config
         kv = None if cfg.num_kv_heads is None else min(cfg.num_kv_heads, num_heads)
         cfg = replace(cfg, num_heads=num_heads, num_kv_heads=kv)
-    flax = fb.from_torch(fb.Encoder, cfg, model.state_dict(), dialect=dialect, num_layers=num_layers,
-                         final_norm=final_norm, dtype=dtype)
+        flax = fb.from_torch(fb.Encoder, cfg, model.state_dict(), dialect=dialect, num_layers=num_layers,
+                             final_norm=final_norm, dtype=dtype)
+        loaded = f"fb.from_torch with num_heads={num_heads}"
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(batch, seq, cfg.d_model)).astype(dtype)
     keys = np.ones((batch, seq), bool)
@@ -153,7 +156,7 @@ def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     ct = (rng.normal(size=x.shape) * keys[..., None]).astype(dtype)  # real query positions only
     yf, gf = flax_runs(flax, x, ct, keys, (True,))[True]
     yh, gh = hf_run(model, x, ct, keys)
-    report = CheckReport(f"Encoder ({config.get('model_type')}, dialect {dialect})", dtype,
+    report = CheckReport(f"Encoder ({config.get('model_type')}, dialect {dialect}, loaded with {loaded})", dtype,
                          reference=f"the Hugging Face {type(model).__name__} rebuilt from {folder}")
     fwd, grad = rel_at(yf, yh, keys), rel_at(gf, gh, keys)
     report.rows.append(("output", float(np.abs(yf - yh)[keys].max()), fwd, grad))

@@ -38,8 +38,13 @@ def test_both_directions_are_exact_and_detected(name):
     theirs = dialects.to_dialect(ours, name, cfg, prefix=prefix)
     assert not set(theirs) & set(ours)  # every name changed
     extra = {f"{prefix}embed.weight": np.ones((5, 16)), "lm_head.weight": np.ones((5, 16))}
-    assert fb.detect_dialect({**theirs, **extra}) == name
-    back = dialects.translate({**theirs, **extra})
+    if dialects.DIALECTS[name].shared_by:  # LLaMA's names fit many families: only an explicit dialect loads them
+        with pytest.raises(ConversionError, match="cannot tell the checkpoint's family from its key names"):
+            fb.detect_dialect({**theirs, **extra})
+        back = dialects.translate({**theirs, **extra}, name)
+    else:
+        assert fb.detect_dialect({**theirs, **extra}) == name
+        back = dialects.translate({**theirs, **extra})
     assert back.dialect == name and back.prefix == prefix and sorted(back.dropped) == sorted(extra)
     assert set(back.state_dict) == set(ours)
     assert all(np.array_equal(back.state_dict[k], v) for k, v in ours.items())

@@ -30,6 +30,8 @@ only: a padded query's output is meaningless on both sides and differs by constr
 from __future__ import annotations
 
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,7 +41,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
+import flax_blocks.dialects  # noqa: E402,F401  (fb.dialects below)
 import torch_blocks as tb  # noqa: E402
+from flax_blocks.hf_config import hf_config  # noqa: E402
 from parity_tests.check import main as check_main  # noqa: E402
 from parity_tests.hf_reference import (embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run,  # noqa: E402
                                        rel_at)
@@ -140,12 +144,12 @@ def test_a_wrong_setting_gives_a_clear_refusal():
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16}).to_dict()
     with pytest.raises(fb.ConversionError, match="rope_type 'llama3'"):
-        fb.hf.hf_config(config)
+        hf_config(config)
     gpt2 = transformers.GPT2Config(n_embd=E, n_head=4, n_layer=2, scale_attn_by_inverse_layer_idx=True).to_dict()
     with pytest.raises(fb.ConversionError, match="scale_attn_by_inverse_layer_idx"):
-        fb.hf.hf_config(gpt2)
+        hf_config(gpt2)
     with pytest.raises(fb.ConversionError, match="model_type 't5'"):
-        fb.hf.hf_config({"model_type": "t5"})
+        hf_config({"model_type": "t5"})
 
 
 def test_parity_check_uses_the_hf_model_and_fails_wrong_heads(tmp_path, capsys):
@@ -173,10 +177,96 @@ def test_cli_converts_an_hf_folder_and_writes_hf_names_back(tmp_path, capsys):
     back, original = load_file(str(tmp_path / "back.safetensors")), model.state_dict()
     assert set(back) == {k for k in original if k.startswith(("layers.", "norm."))}
     assert all(np.array_equal(v, original[k].numpy()) for k, v in back.items())
-    # the HF weights file alone: dialect detected, the unknowable settings given as flags
+    # the HF weights file alone: LLaMA's names fit many families, so the dialect is given, and
+    # the unknowable settings as flags
     weights = str(next((tmp_path / "hf").glob("*.safetensors")))
-    assert convert_main([weights, str(tmp_path / "f2.safetensors"), "--num-heads", "4", "--num-kv-heads", "2",
-                         "--norm", "pre", "--norm-type", "rmsnorm", "--mlp", "swiglu", "--activation", "silu",
-                         "--rope-theta", "500", "--causal"]) == 0
+    flags = ["--num-heads", "4", "--num-kv-heads", "2", "--norm", "pre", "--norm-type", "rmsnorm", "--mlp", "swiglu",
+             "--activation", "silu", "--rope-theta", "500", "--causal"]
+    capsys.readouterr()
+    assert convert_main([weights, str(tmp_path / "f2.safetensors"), *flags]) == 1
+    assert "pass dialect='hf-llama' (--dialect hf-llama)" in capsys.readouterr().err
+    assert convert_main([weights, str(tmp_path / "f2.safetensors"), *flags, "--dialect", "hf-llama"]) == 0
     f2, f1 = load_file(str(tmp_path / "f2.safetensors")), load_file(str(tmp_path / "flax.safetensors"))
     assert set(f2) == set(f1) and all(np.array_equal(f2[k], f1[k]) for k in f1)
+
+
+# ----------------------------------------------------------------------------------------
+# Nothing loads silently wrong: a family is told by the model's config, never by key names
+# ----------------------------------------------------------------------------------------
+
+
+def test_a_mistral_with_a_sliding_window_is_refused_by_name():
+    config = transformers.MistralConfig(**{**TINY, **{**FAMILIES["mistral"][3], "sliding_window": 4}}).to_dict()
+    with pytest.raises(fb.ConversionError, match=r"sliding_window=4: each query of a Mistral attends only"):
+        hf_config(config)
+    assert hf_config({**config, "sliding_window": None})[0] == "hf-llama"
+
+
+def test_families_the_blocks_do_not_compute_are_refused_naming_the_reason():
+    for model_type, reason in [("mixtral", "mixture of experts"), ("t5", "relative position bias"),
+                               ("gemma", r"\(1 \+ w\)")]:
+        with pytest.raises(fb.ConversionError, match=rf"model_type '{model_type}': .*{reason}"):
+            hf_config({"model_type": model_type})
+
+
+def test_a_gemma_handed_to_from_torch_with_a_llama_config_is_refused():
+    """Gemma shares LLaMA's key names and multiplies its norms by (1 + w): the model object
+    says what it is, so from_torch refuses it by name instead of loading it 1.0 off."""
+    gemma = transformers.GemmaModel(transformers.GemmaConfig(
+        vocab_size=16, hidden_size=E, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16)).eval()
+    llama_cfg = fb.BlockConfig(d_model=E, num_heads=4, num_kv_heads=2, d_ff=96, norm="pre", norm_type="rmsnorm",
+                               mlp="swiglu", activation="silu", rope_theta=10000.0, bias=False, causal=True,
+                               dropout=0.0)
+    with pytest.raises(fb.ConversionError, match="model_type 'gemma': RMSNorm multiplying by"):
+        fb.from_torch(fb.Encoder, llama_cfg, gemma, num_layers=2)
+    with pytest.raises(fb.ConversionError, match="cannot tell the checkpoint's family from its key names"):
+        fb.from_torch(fb.Encoder, llama_cfg, gemma.state_dict(), num_layers=2)  # a bare state dict: names only
+
+
+def test_an_hf_model_object_checks_the_config_it_is_given():
+    llama = _build("llama", torch.float32)
+    cfg, num_layers, final = hf_config(llama.config.to_dict())[1:]
+    enc = fb.from_torch(fb.Encoder, cfg, llama, num_layers=num_layers, final_norm=final)  # its dialect from the model
+    assert enc.num_layers == 2
+    with pytest.raises(fb.ConversionError, match=r"rope_theta=10000.0 given, but the llama model has rope_theta=500.0"):
+        fb.from_torch(fb.Encoder, replace(cfg, rope_theta=10000.0), llama, num_layers=2, final_norm=final)
+    with pytest.raises(fb.ConversionError, match="dialect='hf-gpt2' given, but a llama model is written in hf-llama"):
+        fb.from_torch(fb.Encoder, cfg, llama, num_layers=2, final_norm=final, dialect="hf-gpt2")
+
+
+def test_llama_names_alone_need_an_explicit_dialect():
+    sd = _build("llama", torch.float32).state_dict()
+    with pytest.raises(fb.ConversionError, match=r"(?s)which Gemma.*pass dialect='hf-llama' \(--dialect hf-llama\) "
+                                                 r"if the checkpoint is one of llama, mistral, qwen2"):
+        fb.detect_dialect(sd)
+    assert fb.dialects.translate(sd, "hf-llama").dialect == "hf-llama"
+
+
+def test_folders_as_hf_writes_them(tmp_path):
+    """An index file decides which files are read: a stray consolidated.safetensors beside the
+    shards is ignored, and a sharded pytorch_model.bin folder loads."""
+    import json
+
+    from safetensors.torch import save_file
+
+    model = _build("llama", torch.float32)
+    model.save_pretrained(tmp_path / "st", max_shard_size="60KB")
+    assert (tmp_path / "st" / "model.safetensors.index.json").exists()
+    save_file({"tok_embeddings.weight": torch.zeros(3, 3)}, tmp_path / "st" / "consolidated.safetensors")
+    ref = fb.from_hf(tmp_path / "st")
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    names = sorted(sd)
+    (tmp_path / "bin").mkdir()
+    shards = {f"pytorch_model-0000{i + 1}-of-00002.bin": names[i::2] for i in range(2)}
+    for file, keys in shards.items():
+        torch.save({k: sd[k] for k in keys}, tmp_path / "bin" / file)
+    (tmp_path / "bin" / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"weight_map": {k: f for f, keys in shards.items() for k in keys}}))
+    (tmp_path / "bin" / "config.json").write_text((tmp_path / "st" / "config.json").read_text())
+    from_bin = fb.from_hf(tmp_path / "bin")
+    a, b = fb.torch_state_dict(ref), fb.torch_state_dict(from_bin)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    (tmp_path / "bin" / "pytorch_model-00002-of-00002.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="names shards that are not in the folder"):
+        fb.from_hf(tmp_path / "bin")

@@ -23,6 +23,7 @@ from .. import declarations, dialects
 from ..checkpoint_io import ConversionError, few, natural_key, ranges, read_state_dict
 from ..config import dtype_name
 from ..declarations import FINAL_NORM
+from ..hf_config import check_hf_source
 from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
 from .params import LAYER, Expected, expected_torch_params, flax_params
 
@@ -217,7 +218,7 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
       flax_blocks.dialects); None detects it from the key names.
     Shape, dtype and layer-count problems are always errors. On any error nothing changes.
     """
-    src = _read(source, prefix, dialect)
+    src = _read(source, prefix, check_hf_source(module.cfg, source, dialect))
     cast = None if dtype is None else _np_dtype(dtype)
     expected = expected_torch_params(module)
     params = flax_params(module)
@@ -249,6 +250,7 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
     """
     from flax import nnx
 
+    dialect = check_hf_source(cfg, source, dialect)
     dialects.check_against_source(cfg, source, kwargs.get("final_norm"))
     source, prefix, _ = dialects.prepare(source, dialect, prefix)
 
