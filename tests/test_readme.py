@@ -223,6 +223,50 @@ def test_every_example_runs(tmp_path):
     assert sorted(back) == sorted(ref) and all(torch.equal(back[k], ref[k]) for k in ref)
 
 
+NUMBER = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+)(?!\w|\.\d)")  # 0.96, 7.2e-7, 1e-12
+
+
+GENERATED = re.compile(r"<!-- (?:parity-report|bench-table):start.*?<!-- (?:parity-report|bench-table):end -->", re.S)
+
+
+def test_readme_figures_are_in_the_pages_they_link():
+    """Each decimal figure of README's "What is measured" bullets is printed by the code: in
+    the generated table of the docs page the bullet links (between its markers), or, for a
+    page without one, in the generated reports it links (the lab's report.md files)."""
+    text = README.read_text()
+    section = text[text.index("## What is measured"):text.index("\n## ", text.index("## What is measured") + 1)]
+    bullets = re.split(r"\n(?=- )", section)[1:]
+    assert len(bullets) >= 3
+    for bullet in bullets:
+        page = DOCS / re.search(r"\]\(docs/([\w-]+\.md)\)", bullet).group(1)
+        sources = GENERATED.findall(page.read_text())
+        for target in LINK.findall(page.read_text()) if not sources else []:
+            linked = (page.parent / target.split("#")[0]).resolve()
+            if linked.suffix == ".md" and "experiments" in linked.parts and linked.exists():
+                sources.append(linked.read_text())
+        printed = {float(n) for s in sources for n in NUMBER.findall(s)}
+        figures = NUMBER.findall(" ".join(bullet.split()))
+        missing = [n for n in figures if float(n) not in printed]
+        assert not missing, f"README's figures {missing} are not printed in {page.name} (or the reports it links)"
+
+
+def test_readme_parity_figures_are_the_worst_of_the_table():
+    """README's parity bullet quotes the table's worst errors (float32 forward, float64
+    forward and gradient) and the float64 trajectory's, not some row's."""
+    text = README.read_text()
+    bullet = " ".join(text[text.index("- **Parity**"):text.index("- **The lab**")].split())
+    quoted = {float(n) for n in NUMBER.findall(bullet)}
+    table = GENERATED.findall((DOCS / "parity.md").read_text())[0]
+    num = r"(\d\.\de-\d\d)"
+    rows = [[float(x) for x in m] for m in re.findall(rf"^\| [^|]+ \| {num} \| {num} \| {num} \| {num} \|$", table, re.M)]
+    assert len(rows) > 10
+    worst = {max(r[i] for r in rows) for i in (0, 2, 3)}  # f32 forward, f64 forward, f64 gradient
+    traj = re.search(r"^\| float64 \| (\S+) \| (\S+) \|", table, re.M)
+    worst |= {float(traj.group(1)), float(traj.group(2))}
+    assert worst <= quoted, f"the table's worst figures {sorted(worst - quoted)} are not the README's"
+    assert f"over {len(rows)} cases" in bullet
+
+
 def test_broken_readme_copy_fails(tmp_path):
     """The test has teeth: a README whose first example misspells a function fails, naming the line."""
     text = README.read_text()
