@@ -268,7 +268,7 @@ def jax_model(size: Size, dtype: str, seed: int = 0, scan_layers: bool = True):
 
 
 REMAT_VARIANTS = (None, "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
-JAX_VS_TORCH_EAGER = ("jax / torch", "jax unrolled / torch")  # the ratios the targets and README's table take
+JAX_VS_TORCH_EAGER = ("jax / torch", "jax unrolled / torch")  # the ratios the targets and docs/speed.md's table take
 
 BASE_OPTIONS: dict[str, Any] = {}  # set by --opt-level (CPU only): applied to every JAX compile
 
@@ -787,11 +787,12 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-README_START, README_END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
+DOC = Path("docs/speed.md")  # the page holding the committed speed table
+DOC_START, DOC_END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
 
-def readme_table(result: dict[str, Any]) -> str:
-    """README's speed table, made from a run's result: every JAX / torch ratio row (eager
+def doc_table(result: dict[str, Any]) -> str:
+    """The speed table of docs/speed.md, made from a run's result: every JAX / torch ratio row (eager
     and torch.compile, favourable or not) with its IQR and JAX's share of the matmul peak,
     then the generation rows, then the flags and load the run had."""
     rows, ratios, m = result["rows"], result["ratios"], result["meta"]
@@ -837,14 +838,14 @@ def readme_table(result: dict[str, Any]) -> str:
     return "\n".join(lines + [""] + notes)
 
 
-def splice_readme(path: Path, table: str) -> None:
-    """Replace what lies between the bench-table markers of `path` with `table`."""
+def splice_doc(path: Path, table: str) -> None:
+    """Replace what lies between the bench-table markers of `path` (docs/speed.md) with `table`."""
     text = path.read_text()
-    if README_START not in text or README_END not in text:
-        raise SystemExit(f"{path} has no {README_START} ... {README_END} markers")
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    path.write_text(f"{head}{README_START}\n{table}\n{README_END}{tail}")
+    if DOC_START not in text or DOC_END not in text:
+        raise SystemExit(f"{path} has no {DOC_START} ... {DOC_END} markers")
+    head, rest = text.split(DOC_START, 1)
+    _, tail = rest.split(DOC_END, 1)
+    path.write_text(f"{head}{DOC_START}\n{table}\n{DOC_END}{tail}")
 
 
 # ------------------------------------------------------------------------------------
@@ -885,10 +886,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", action="append", default=[], metavar="DTYPE=TFLOPS",
                    help="the chip's datasheet peak, for MFU (e.g. bfloat16=989)")
     p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--readme", type=Path, default=None,
-                   help="after the run, write its speed table into this file between the bench-table markers")
+    p.add_argument("--doc", type=Path, default=None, metavar="FILE",
+                   help=f"after the run, write its speed table into this file between the bench-table markers "
+                        f"(the committed one: {DOC})")
     p.add_argument("--from-json", type=Path, default=None,
-                   help="with --readme: take the table from this bench.json instead of running")
+                   help="with --doc: take the table from this bench.json instead of running")
     p.add_argument("--opt-level", type=int, default=None,
                    help="XLA CPU backend optimisation level for every JAX compile (default: XLA's; --quick: 0)")
     a = p.parse_args(argv)
@@ -934,11 +936,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     configure_xla("--xla-defaults" in (sys.argv[1:] if argv is None else argv))
     args = parse_args(argv)
     if args.from_json is not None:
-        if args.readme is None:
-            raise SystemExit("--from-json needs --readme")
+        if args.doc is None:
+            raise SystemExit("--from-json needs --doc")
         result = json.loads(args.from_json.read_text())
-        splice_readme(args.readme, readme_table(result))
-        print(f"wrote the speed table of {args.from_json} into {args.readme}")
+        splice_doc(args.doc, doc_table(result))
+        print(f"wrote the speed table of {args.from_json} into {args.doc}")
         return result
     clock = Clock(args.budget)
     BASE_OPTIONS.clear()
@@ -999,8 +1001,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (args.out / "bench.md").write_text(md)
     print(md)
     print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.md'} in {meta['wall_s']:.0f} s")
-    if args.readme is not None:
-        splice_readme(args.readme, readme_table(result))
+    if args.doc is not None:
+        splice_doc(args.doc, doc_table(result))
     return result
 
 

@@ -1,5 +1,5 @@
-"""`python -m parity_tests.report [--out FILE] [--readme README.md]`: the parity figures as a
-markdown table; --readme replaces the table between the README's parity-report markers.
+"""`python -m parity_tests.report [--out FILE] [--doc docs/parity.md]`: the parity figures as a
+markdown table; --doc replaces the table between that page's parity-report markers.
 
 Every row is measured now, by the same code as the test suite: forward and gradient
 errors (Flax vs torch, relative to the torch value's scale) for each case of the option
@@ -44,7 +44,8 @@ def build(cases=CASES, trajectories: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-START, END = "<!-- parity-report:start (python -m parity_tests.report --readme README.md) -->", "<!-- parity-report:end -->"
+DOC = "docs/parity.md"  # where the committed table lives
+START, END = f"<!-- parity-report:start (python -m parity_tests.report --doc {DOC}) -->", "<!-- parity-report:end -->"
 
 
 def splice(document: str, table: str) -> str:
@@ -59,20 +60,21 @@ def splice(document: str, table: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.report", description=__doc__)
     ap.add_argument("--out", help="also write the table to this file")
-    ap.add_argument("--readme", help="replace the table between this markdown file's parity-report markers")
+    ap.add_argument("--doc", metavar="FILE",
+                    help=f"replace the table between this markdown file's parity-report markers (the committed one: {DOC})")
     args = ap.parse_args(argv)
-    if args.readme:  # fail before the minutes of measuring, not after
-        with open(args.readme) as f:
+    if args.doc:  # fail before the minutes of measuring, not after
+        with open(args.doc) as f:
             splice(f.read(), "")
     text = build()
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
-    if args.readme:
-        with open(args.readme) as f:
+    if args.doc:
+        with open(args.doc) as f:
             doc = f.read()
-        with open(args.readme, "w") as f:
+        with open(args.doc, "w") as f:
             f.write(splice(doc, text))
     return 0
 

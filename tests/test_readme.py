@@ -1,12 +1,17 @@
-"""README.md runs as written: every ```python block and every shell command in it.
+"""README.md and docs/*.md run as written: every ```python block and every shell command.
 
-The Python blocks run in order in one fresh interpreter and one namespace, as a reader pastes
-them into one session; each is compiled under the file name README.md with its own line
-numbers, so a traceback points at the README line that broke. Shell commands (```bash / sh /
-console / shell blocks, one command a line) run in order with `python` meaning this
-interpreter. Both run in a folder holding `encoder.pt` (the fixture the README names), with
-`XLA_FLAGS=--xla_force_host_platform_device_count=8` as the README's sharding section says.
-Only the two top-level make targets are skipped (SKIP, with the reason).
+Each page's Python blocks run in order in one fresh interpreter and one namespace, as a
+reader pastes them into one session; each block is compiled under the page's name
+(README.md, docs/usage.md, ...) with its own line numbers, so a traceback points at the
+line that broke. Then the page's shell commands (```bash / sh / console / shell blocks, one
+command a line, indented ones in lists too) run in order with `python` meaning this
+interpreter. The pages run two at a time in one work folder holding `encoder.pt` (the
+fixture the README names) and a copy of docs/ (for the commands that regenerate a page),
+with `XLA_FLAGS=--xla_force_host_platform_device_count=8` as the sharding example says.
+Only the two top-level make targets are skipped (SKIP, with the reason). The README stays
+short and every relative link resolves. The generated tables stay where their writers put
+them: docs/speed.md's is what the benchmark writes from its committed run, and
+docs/parity.md holds the parity report's markers.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,13 +30,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in DOCS.glob("*.md"))]  # paths relative to ROOT
+MAX_README_LINES = 250
 BENCH = ROOT / "experiments" / "results" / "bench" / "bench.md"
+BENCH_JSON = BENCH.with_suffix(".json")
+SPEED = DOCS / "speed.md"
 SHELL = ("bash", "sh", "shell", "console")
 SKIP = {
     "make run": "creates .venv and runs the ~2-minute quick experiment; its code is tested in test_experiments.py",
     "make test": "runs the whole suite, this test included",
 }
-FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^([ \t]*)```([\w-]*)[^\n]*\n(.*?)^\1```", re.S | re.M)  # indented too (in a list)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
 @dataclass
@@ -47,8 +60,9 @@ def extract(markdown: str) -> list[Snippet]:
     leading "$ " prompt stripped (console blocks show no output lines here)."""
     out: list[Snippet] = []
     for m in FENCE.finditer(markdown):
-        lang, body = m.group(1).lower(), m.group(2)
-        line = markdown.count("\n", 0, m.start(2)) + 1
+        indent, lang = m.group(1), m.group(2).lower()
+        body = "".join(ln[len(indent):] if ln.startswith(indent) else ln for ln in m.group(3).splitlines(True))
+        line = markdown.count("\n", 0, m.start(3)) + 1
         if lang == "python":
             out.append(Snippet("python", line, body))
         elif lang in SHELL:
@@ -109,7 +123,8 @@ def _env(bin_dir: Path) -> dict[str, str]:
 
 
 def _workdir(tmp: Path) -> tuple[Path, dict[str, str]]:
-    """A folder with the README's files, and an environment whose `python` is this interpreter."""
+    """A folder with the files the examples read (encoder.pt, a copy of docs/ for the
+    commands that regenerate a page), and an environment whose `python` is this interpreter."""
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "python"  # a script, not a symlink: a venv's python finds its venv by its own path
@@ -118,6 +133,7 @@ def _workdir(tmp: Path) -> tuple[Path, dict[str, str]]:
     work = tmp / "work"
     work.mkdir()
     stock_encoder_pt(work)
+    shutil.copytree(DOCS, work / "docs")
     return work, _env(bin_dir)
 
 
@@ -131,52 +147,124 @@ def run_shell(cmd: str, cwd: Path, env: dict[str, str]):
     return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def readme_run(tmp_path_factory):
-    """(snippets, work folder, env) for README.md; the python blocks have run there once."""
-    snippets = extract(README.read_text())
-    work, env = _workdir(tmp_path_factory.mktemp("readme"))
-    return snippets, work, env
-
-
 def test_extract_reads_python_and_shell_blocks():
     md = ("text\n```python\nx = 1\n```\n\n```bash\n# a comment\nmake run   # skipped\n"
-          "python -m a \\\n  --b 1\n```\n```console\n$ python -m c --help\n```\n```text\nnot code\n```\n")
+          "python -m a \\\n  --b 1\n```\n```console\n$ python -m c --help\n```\n```text\nnot code\n```\n"
+          "1. a step\n\n   ```python\n   if x:\n       y = 2\n   ```\n")
     got = [(s.kind, s.line, s.text) for s in extract(md)]
     assert got == [("python", 3, "x = 1\n"), ("shell", 8, "make run   # skipped"),
-                   ("shell", 9, "python -m a  --b 1"), ("shell", 13, "python -m c --help")]
+                   ("shell", 9, "python -m a  --b 1"), ("shell", 13, "python -m c --help"),
+                   ("python", 21, "if x:\n    y = 2\n")]
     assert skip_reason("make run   # skipped") and skip_reason("python -m a") is None
 
 
-def test_readme_has_examples_and_only_make_is_skipped(readme_run):
-    snippets, _, _ = readme_run
+def test_readme_has_examples_and_only_make_is_skipped():
+    snippets = extract(README.read_text())
     shell = [s.text for s in snippets if s.kind == "shell"]
     assert sum(s.kind == "python" for s in snippets) >= 4 and len(shell) >= 4
     skipped = {s.split("#")[0].strip() for s in shell if skip_reason(s)}
     assert skipped == set(SKIP)  # each skip-list entry is still in the README, nothing else is skipped
 
 
-def test_readme_python_blocks_run(readme_run):
-    snippets, work, env = readme_run
-    out = run_python_blocks(snippets, work, env)
-    assert out.returncode == 0 and "ALL BLOCKS RAN" in out.stdout, out.stderr[-4000:]
+def test_readme_is_short_and_docs_pages_exist():
+    lines = README.read_text().count("\n")
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines; the long parts belong in docs/"
+    for page in ("options", "usage", "dialects", "parity", "lab", "speed", "adding-an-option"):
+        assert f"](docs/{page}.md)" in README.read_text(), f"README.md does not link docs/{page}.md"
 
 
-def test_readme_shell_commands_run(readme_run):
-    snippets, work, env = readme_run
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_point_to_files(page):
+    path = ROOT / page
+    broken = []
+    for m in LINK.finditer(path.read_text()):
+        target = m.group(1).split("#")[0]
+        if not target or re.match(r"^[a-z][a-z0-9+.-]*:", target):  # an anchor, or http:, mailto:, ...
+            continue
+        if not (path.parent / target).exists():
+            broken.append(f"{page}:{path.read_text().count(chr(10), 0, m.start()) + 1}: {target}")
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def run_page(page: str, folder: Path, env: dict[str, str]) -> list[str]:
+    """Run one page's examples: its python blocks in one fresh interpreter, then its shell
+    commands in order (they may read what its blocks wrote). Returns its failures."""
+    snippets = extract((ROOT / page).read_text())
+    if any(s.kind == "python" for s in snippets):
+        out = run_python_blocks(snippets, folder, env, name=page)
+        if out.returncode != 0 or "ALL BLOCKS RAN" not in out.stdout:
+            return [f"{page}: its python blocks failed (exit {out.returncode}):\n{out.stderr[-4000:]}"]
     failures = []
     for s in snippets:
-        if s.kind != "shell" or skip_reason(s.text):
+        if s.kind != "shell":
             continue
-        out = run_shell(s.text, work, env)
+        if skip_reason(s.text):
+            continue
+        out = run_shell(s.text, folder, env)
         if out.returncode != 0:
-            failures.append(f"README.md:{s.line}: {s.text}\n  exit {out.returncode}: {out.stderr.strip()[-1500:]}")
-    assert not failures, "\n".join(failures)
+            failures.append(f"{page}:{s.line}: {s.text}\n  exit {out.returncode}: {out.stderr.strip()[-1500:]}")
+    return failures
+
+
+def test_every_example_runs(tmp_path):
+    """Every page's examples, in one shared work folder. The pages run two at a time (each in
+    its own interpreter, so none can lean on another's state; a page is self-contained but
+    for the fixture): one page's compiles overlap another's imports and subprocess starts."""
+    folder, env = _workdir(tmp_path)
+    pages = [p for p in PAGES if extract((ROOT / p).read_text())]
+    assert "README.md" in pages and "docs/usage.md" in pages and "docs/dialects.md" in pages
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: more would only oversubscribe 2 cores
+        failures = [f for fs in pool.map(lambda page: run_page(page, folder, env), pages) for f in fs]
+    assert not failures, "\n\n".join(failures)
     import torch
 
-    back = torch.load(work / "back.pt", weights_only=True)  # the round trip the README promises
-    ref = torch.load(work / "encoder.pt", weights_only=True)
+    back = torch.load(folder / "back.pt", weights_only=True)  # the round trip the README promises
+    ref = torch.load(folder / "encoder.pt", weights_only=True)
     assert sorted(back) == sorted(ref) and all(torch.equal(back[k], ref[k]) for k in ref)
+
+
+NUMBER = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+)(?!\w|\.\d)")  # 0.96, 7.2e-7, 1e-12
+
+
+GENERATED = re.compile(r"<!-- (?:parity-report|bench-table):start.*?<!-- (?:parity-report|bench-table):end -->", re.S)
+
+
+def test_readme_figures_are_in_the_pages_they_link():
+    """Each decimal figure of README's "What is measured" bullets is printed by the code: in
+    the generated table of the docs page the bullet links (between its markers), or, for a
+    page without one, in the generated reports it links (the lab's report.md files)."""
+    text = README.read_text()
+    section = text[text.index("## What is measured"):text.index("\n## ", text.index("## What is measured") + 1)]
+    bullets = re.split(r"\n(?=- )", section)[1:]
+    assert len(bullets) >= 3
+    for bullet in bullets:
+        page = DOCS / re.search(r"\]\(docs/([\w-]+\.md)\)", bullet).group(1)
+        sources = GENERATED.findall(page.read_text())
+        for target in LINK.findall(page.read_text()) if not sources else []:
+            linked = (page.parent / target.split("#")[0]).resolve()
+            if linked.suffix == ".md" and "experiments" in linked.parts and linked.exists():
+                sources.append(linked.read_text())
+        printed = {float(n) for s in sources for n in NUMBER.findall(s)}
+        figures = NUMBER.findall(" ".join(bullet.split()))
+        missing = [n for n in figures if float(n) not in printed]
+        assert not missing, f"README's figures {missing} are not printed in {page.name} (or the reports it links)"
+
+
+def test_readme_parity_figures_are_the_worst_of_the_table():
+    """README's parity bullet quotes the table's worst errors (float32 forward, float64
+    forward and gradient) and the float64 trajectory's, not some row's."""
+    text = README.read_text()
+    bullet = " ".join(text[text.index("- **Parity**"):text.index("- **The lab**")].split())
+    quoted = {float(n) for n in NUMBER.findall(bullet)}
+    table = GENERATED.findall((DOCS / "parity.md").read_text())[0]
+    num = r"(\d\.\de-\d\d)"
+    rows = [[float(x) for x in m] for m in re.findall(rf"^\| [^|]+ \| {num} \| {num} \| {num} \| {num} \|$", table, re.M)]
+    assert len(rows) > 10
+    worst = {max(r[i] for r in rows) for i in (0, 2, 3)}  # f32 forward, f64 forward, f64 gradient
+    traj = re.search(r"^\| float64 \| (\S+) \| (\S+) \|", table, re.M)
+    worst |= {float(traj.group(1)), float(traj.group(2))}
+    assert worst <= quoted, f"the table's worst figures {sorted(worst - quoted)} are not the README's"
+    assert f"over {len(rows)} cases" in bullet
 
 
 def test_broken_readme_copy_fails(tmp_path):
@@ -198,12 +286,24 @@ def test_broken_readme_copy_fails(tmp_path):
     assert out.returncode != 0 and "--num-heds" in out.stderr
 
 
-def test_readme_speed_rows_are_the_committed_benchmark():
-    """Every ratio in README's speed table is one of bench.md's, and every JAX / torch ratio
-    row of bench.md is in the README (unfavourable ones included)."""
-    readme, bench = README.read_text(), BENCH.read_text()
+def test_a_docs_page_error_names_its_file_and_line(tmp_path):
+    md = "# page\n\n```python\nx = 1\n```\n\ntext\n\n```python\ny = x +\n```\n"
+    out = run_python_blocks(extract(md), tmp_path, dict(os.environ), name="docs/page.md")
+    assert out.returncode != 0 and 'File "docs/page.md", line 10' in out.stderr, out.stderr[-2000:]
+
+
+def _speed_table() -> str:
+    text = SPEED.read_text()
+    start, end = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
+    assert text.count(start) == 1 and text.count(end) == 1, f"{SPEED} needs one pair of bench-table markers"
+    return text[text.index(start):text.index(end)]
+
+
+def test_speed_rows_are_the_committed_benchmark():
+    """Every ratio in docs/speed.md's table is one of bench.md's, and every JAX / torch ratio
+    row of bench.md is in the table (unfavourable ones included)."""
+    section, bench = _speed_table(), BENCH.read_text()
     ratio = re.compile(r"\d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]")
-    section = readme[readme.index("**Speed**"):readme.index("An Encoder's compile time")]
     table = "\n".join(line for line in section.splitlines() if re.match(r"\| (block|encoder) ", line))
     shown = ratio.findall(table)
     measured = re.findall(r"\| jax(?: unrolled)? / torch(?:\.compile)? \| (\d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]) \|", bench)
@@ -211,10 +311,35 @@ def test_readme_speed_rows_are_the_committed_benchmark():
     assert set(shown) <= set(measured), set(shown) - set(measured)
     assert sorted(shown) == sorted(measured)
     rows = re.findall(r"^\| ((?:block|encoder) [^|]+) \| (forward|train) \|.*\| (\d+) % \|$", section, re.M)
-    assert len(rows) == len(re.findall(r"\| jax(?: unrolled)? / torch \|", bench))  # one README row per JAX / torch ratio
+    assert len(rows) == len(re.findall(r"\| jax(?: unrolled)? / torch \|", bench))  # one row per JAX / torch ratio
     for shape, step, peak in rows:  # JAX's % of peak, from the same row of bench.md
         mode = "fwd" if step == "forward" else "train"
         shape, unrolled, _ = shape.partition(", unrolled (scan_layers=False)")
         jax = "jax unrolled" if unrolled else "jax"
         row = re.search(rf"^\| {re.escape(shape)} float32 \| {jax} {mode} \|[^|]*\|[^|]*\| (\d+) \|", bench, re.M)
         assert row and row.group(1) == peak, (shape, step, peak)
+
+
+def test_speed_table_is_what_the_bench_writes(tmp_path):
+    """docs/speed.md's table is exactly what `experiments.bench --from-json ... --doc` writes
+    from the committed bench.json: regenerated, not edited."""
+    copy = tmp_path / "speed.md"
+    copy.write_text(SPEED.read_text())
+    out = subprocess.run([sys.executable, "-m", "experiments.bench", "--from-json", str(BENCH_JSON), "--doc", str(copy)],
+                         cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert copy.read_text() == SPEED.read_text(), "docs/speed.md's table differs from the committed bench.json's"
+
+
+def test_parity_table_lives_between_the_report_markers():
+    """`python -m parity_tests.report --doc docs/parity.md` finds its markers there (and only there)."""
+    from parity_tests.report import DOC, END, START, splice
+
+    assert ROOT / DOC == DOCS / "parity.md"
+    text = (ROOT / DOC).read_text()
+    assert text.count(START) == 1 and text.count(END) == 1 and text.index(START) < text.index(END)
+    table = text[text.index(START) + len(START):text.index(END)].lstrip("\n")
+    assert splice(text, table) == text  # what the writer would put back is what is there
+    assert re.search(r"^\| case \| f32 forward \| f32 grad \| f64 forward \| f64 grad \|$", table, re.M)
+    assert re.search(r"^\| float64 \| \d\.\de-\d\d \|", table, re.M)  # the trajectories
+    assert "parity-report:start" not in README.read_text()
