@@ -145,7 +145,9 @@ def param_metadata(axes: Sequence[str | None]) -> dict[str, Any]:
     and then needs a mesh; the library's parameters are sharded so only inside a mesh
     context (`jax.set_mesh`), where the logical names must resolve through the rules in
     Flax's context (`nn.logical_axis_rules(rules.as_flax_rules())`). Elsewhere they are
-    created unplaced and `shard_model` (or Flax's recipe) places them."""
+    created unplaced and `shard_model` (or Flax's recipe) places them. (A parameter made
+    inside a mesh keeps Flax's eager flag, which nnx.Optimizer copies onto its moments: make
+    the optimizer inside the same context too.)"""
     mesh = jax.sharding.get_abstract_mesh()
     eager = nnx.using_eager_sharding() and not mesh.empty
     if eager:
