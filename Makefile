@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[torch,experiments,dev,hf]"
+	$(PY) -m pip install -q -e ".[torch,experiments,dev,hf,orbax]"
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -313,11 +313,14 @@ class _Stack(nnx.Module):
         block = self.block
 
         @nnx.split_rngs(splits=num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: declarations.LAYER_AXIS})
         def make_layers(rngs: nnx.Rngs) -> _Block:
             return block(cfg, rngs=rngs)
 
         self.layers = make_layers(rngs)
+        for _, v in nnx.iter_graph(self.layers):  # nnx.vmap adds "layers" only to non-empty annotations
+            if isinstance(v, nnx.Variable) and v.get_metadata().get("out_sharding") == ():
+                v.set_metadata(out_sharding=(declarations.LAYER_AXIS,))
         # The stacked layers' dropouts get one key per layer per call from this stream,
         # drawn outside the layer scan, so the scan never mutates RNG state.
         self.rngs = rngs["dropout"].fork() if cfg.dropout > 0 else None

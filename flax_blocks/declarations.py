@@ -10,7 +10,7 @@ Everything else is derived from these declarations, not kept beside them:
   - both frameworks create and initialise their parameters from them
     (flax_blocks.layers, torch_blocks.layers);
   - the converter's torch <-> Flax rules (flax_blocks.convert), both directions;
-  - the sharding axes (flax_blocks.sharding reads the `axes` each Param carries);
+  - the sharding annotations (each Flax Param carries its `axes` as `out_sharding`);
   - config inference from a checkpoint's shapes (`dims`).
 
 The block names follow torch.nn.TransformerEncoderLayer (self_attn, linear1, linear2,
@@ -258,6 +258,7 @@ BLOCKS: dict[str, tuple[Sublayer, ...]] = {
 # The stacks: blocks under LAYERS (torch: LAYERS.{i}.; Flax: one module whose parameters
 # have a leading layer axis) and an optional final norm; the Transformer holds one of each.
 LAYERS = "layers"
+LAYER_AXIS = "layers"  # the logical name of that leading axis (sharding annotations)
 FINAL_NORM = "norm"
 STACKS = {"Encoder": "TransformerBlock", "Decoder": "DecoderBlock"}
 TRANSFORMER = {"encoder": "Encoder", "decoder": "Decoder"}  # torch's nn.Transformer

@@ -1,8 +1,9 @@
 """Flax parameters made from the declarations, and the two leaf layers: Linear and Norm.
 
 `create_params` turns a component's declared `Param`s into `nnx.Param` attributes (each
-carrying its logical `axes` as metadata, which `flax_blocks.sharding` reads), drawn from
-the declared distributions. Children are built by the caller.
+carrying its logical axes as Flax's sharding annotation, `out_sharding` metadata, which
+`nnx.get_partition_spec` and `flax_blocks.sharding` read), drawn from the declared
+distributions. Children are built by the caller.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from flax import nnx
 
 from .config import BlockConfig
 from .declarations import Component, Param
+from .sharding import param_metadata
 
 
 def _draw(key: jax.Array, spec: tuple[str, float], shape: tuple[int, ...], dtype) -> jax.Array:
@@ -40,7 +42,7 @@ def create_params(module: nnx.Module, component: Component, cfg: BlockConfig, rn
     """Set one nnx.Param attribute per declared parameter of `component` on `module`."""
     dtype = jnp.dtype(cfg.param_dtype)
     for p in component.params:
-        setattr(module, p.flax, nnx.Param(sample(rngs.params(), p, cfg, dtype), axes=p.axes))
+        setattr(module, p.flax, nnx.Param(sample(rngs.params(), p, cfg, dtype), **param_metadata(p.axes)))
 
 
 def compute_dtype(cfg: BlockConfig):

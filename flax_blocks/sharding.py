@@ -1,54 +1,165 @@
-"""Sharding rules for flax_blocks: parameter paths -> named axes -> jax.sharding.PartitionSpec.
+"""Sharding rules for flax_blocks: logical axis names -> mesh axes -> jax.sharding.PartitionSpec.
 
-Every parameter carries the *logical* names of its axes (what the axis is: "embed",
-"heads", "kv_heads", "mlp", ...) as `axes` metadata on its nnx.Param, set where it is
-created from its declaration (`flax_blocks.declarations`). *Sharding rules* map logical
-names to the axes of a `jax.sharding.Mesh` (where the axis goes):
+Every parameter carries Flax's standard sharding annotation, `out_sharding` metadata (what
+`nnx.with_partitioning` sets), holding the *logical* names of its axes (what the axis is:
+"embed", "heads", "kv_heads", "mlp", ...), set where it is created from its declaration
+(`flax_blocks.declarations`). The Encoder / Decoder stack their layers with nnx.vmap, which
+puts "layers" in front (`transform_metadata={nnx.PARTITION_NAME: "layers"}`). That
+annotation is the one source of truth: `nnx.get_partition_spec`, `nnx.get_named_sharding`,
+nnx.Optimizer (whose moments copy their parameter's metadata) and this module all read it.
+
+*Sharding rules* map logical names to the axes of a `jax.sharding.Mesh` (where the axis goes):
 
     DATA_PARALLEL   = {"batch": "data"}                                      params replicated
     TENSOR_PARALLEL = {"heads": "model", "kv_heads": "model", "mlp": "model"}  Megatron-style split
     HYBRID          = DATA_PARALLEL | TENSOR_PARALLEL                         2-D mesh (data, model)
+    FSDP            = DATA_PARALLEL | {"embed": "data"}                       params and optimizer
+                                                                              state split over "data"
 
 Tensor parallelism splits the attention heads (the q/k/v kernel by key/value head group,
 each group with its query heads, so no head crosses devices; the output kernel row-wise)
 and the MLP width (linear1 / linear_gate column-wise, linear2 row-wise); XLA's SPMD
-partitioner inserts the all-reduces after the output projection and linear2.
-The Encoder's stacked layer axis is named "layers" (replicated unless the rules map
-it). Non-parameter state (dropout RNG keys and counts) is replicated.
+partitioner inserts the all-reduces after the output projection and linear2. FSDP splits
+every parameter with a d_model axis over "data" (XLA all-gathers it where it is used);
+`FSDP | TENSOR_PARALLEL` does both on a 2-D mesh. Unlisted logical names replicate.
+
+The rules are a `ShardingRules` mapping; `.as_flax_rules()` is the same rules in Flax's form
+(a tuple of (logical, mesh) pairs naming every logical axis of the library), for
+`flax.linen.logical_axis_rules`. Both routes give the same specs:
 
     mesh = make_mesh(data=2, model=4)
     shard_model(model, mesh, HYBRID)            # places every Variable, in place
-    x = jax.device_put(x, input_sharding(mesh, HYBRID))
-    y = nnx.jit(lambda m, x: m(x))(model, x)     # XLA propagates the shardings
+    shard_model(optimizer, mesh, HYBRID)        # Adam's moments follow their parameters
 
-The axes travel with the parameters, so one rule serves `nnx.State`s of any nesting (a
-TransformerBlock, an Encoder, or a model that contains them). Parameters without axes
-(a user's own embedding, say) raise, listing every such path.
+    with nn.logical_axis_rules(HYBRID.as_flax_rules()):   # Flax's recipe
+        specs = nnx.get_partition_spec(nnx.state(model))
+
+What `shard_model` / `partition_specs` do with each Variable:
+  - annotated (`out_sharding`, ours or a user's `nnx.with_partitioning`): each name is
+    looked up in the rules, else taken as a mesh axis name (Flax's convention), else (a
+    logical name of this library the rules leave out) replicated; a name that is none of
+    these is refused;
+  - a Param without annotation, or an array of optimizer state (nnx.OptState) with more
+    than one element and no annotation: refused, every such path listed at once (it would
+    otherwise be replicated silently);
+  - anything else (RNG keys and counts, the optimizer's step and Adam's count): replicated.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import jax
 from flax import nnx
+from flax.core import spmd as core_spmd
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .declarations import LAYERS
+from .declarations import LAYER_AXIS
 
-# Leading axes that transforms stack in front of a parameter, by the path key that
-# holds them: the Encoder's nnx.vmap-created layers.
-STACKED_AXES: tuple[tuple[str, str], ...] = ((LAYERS, "layers"),)
+# The library's logical axis names: parameters' (from flax_blocks.declarations; a test
+# checks that they cover every declared axis), the stacked layer axis, and activations'.
+PARAM_AXES: tuple[str, ...] = ("embed", "heads", "kv_heads", "qkv", "head_dim", "mlp")
+# Activations: (batch, seq, d_model). Their width axis has its own name, so FSDP can split
+# the parameters' "embed" over "data" while the batch takes "data" too.
+ACTIVATION_AXES: tuple[str, ...] = ("batch", "seq", "activation_embed")
+LOGICAL_AXES: tuple[str, ...] = (LAYER_AXIS, *PARAM_AXES, *ACTIVATION_AXES)
 
-# Activations: (batch, seq, d_model).
-ACTIVATION_AXES: tuple[str, ...] = ("batch", "seq", "embed")
+MeshAxes = str | tuple[str, ...] | None
 
-# Sharding rules: logical axis -> mesh axis name (or None: replicated). Unlisted names replicate.
-ShardingRules = Mapping[str, str | tuple[str, ...] | None]
-REPLICATED: ShardingRules = {}
-DATA_PARALLEL: ShardingRules = {"batch": "data"}
-TENSOR_PARALLEL: ShardingRules = {"heads": "model", "kv_heads": "model", "mlp": "model"}
-HYBRID: ShardingRules = {**DATA_PARALLEL, **TENSOR_PARALLEL}
+
+def _mesh_axes(name: str, value: Any) -> MeshAxes:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise TypeError(f"rule {name!r}: expected a mesh axis name, a tuple of them or None, got {value!r}")
+
+
+class ShardingRules(Mapping[str, MeshAxes]):
+    """Sharding rules: logical axis name -> mesh axis name, tuple of mesh axis names, or
+    None (replicated). Logical names it does not list replicate.
+
+    Built from a mapping or from Flax's (logical, mesh) pairs; `a | b` merges (b wins);
+    `as_flax_rules()` gives the pairs for `flax.linen.logical_axis_rules`."""
+
+    __slots__ = ("_rules",)
+
+    def __init__(self, rules: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), /):
+        items = rules.items() if isinstance(rules, Mapping) else rules
+        out: dict[str, MeshAxes] = {}
+        for name, value in items:
+            if not isinstance(name, str):
+                raise TypeError(f"a rule's logical name must be a str, got {name!r}")
+            value = _mesh_axes(name, value)
+            if name in out and out[name] != value:
+                raise ValueError(f"two rules for {name!r}: {out[name]!r} and {value!r}")
+            out[name] = value
+        self._rules = out
+
+    def __getitem__(self, name: str) -> MeshAxes:
+        return self._rules[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rules)
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._rules.items()))
+
+    def __or__(self, other: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> ShardingRules:
+        return ShardingRules({**self._rules, **as_rules(other)._rules})
+
+    def __ror__(self, other: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> ShardingRules:
+        return as_rules(other) | self
+
+    def __repr__(self) -> str:
+        return f"ShardingRules({self._rules!r})"
+
+    def as_flax_rules(self) -> tuple[tuple[str, MeshAxes], ...]:
+        """The same rules in Flax's form, for `flax.linen.logical_axis_rules` (and so
+        `nnx.get_partition_spec`): every listed pair, then (name, None) for each logical
+        name of the library the rules leave out (Flax would otherwise read it as a mesh axis)."""
+        return tuple(self._rules.items()) + tuple((n, None) for n in LOGICAL_AXES if n not in self._rules)
+
+
+def as_rules(rules: ShardingRules | Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> ShardingRules:
+    """`rules` as ShardingRules (None: no rules, everything logical replicated)."""
+    if isinstance(rules, ShardingRules):
+        return rules
+    return ShardingRules(() if rules is None else rules)
+
+
+REPLICATED = ShardingRules()
+DATA_PARALLEL = ShardingRules({"batch": "data"})
+TENSOR_PARALLEL = ShardingRules({"heads": "model", "kv_heads": "model", "mlp": "model"})
+HYBRID = DATA_PARALLEL | TENSOR_PARALLEL
+FSDP = DATA_PARALLEL | {"embed": "data"}
+
+
+def param_metadata(axes: Sequence[str | None]) -> dict[str, Any]:
+    """The metadata of a library parameter with logical `axes`: Flax's sharding annotation.
+
+    Flax shards an annotated Variable when it is created (eager sharding, on by default)
+    and then needs a mesh; the library's parameters are sharded so only inside a mesh
+    context (`jax.set_mesh`), where the logical names must resolve through the rules in
+    Flax's context (`nn.logical_axis_rules(rules.as_flax_rules())`). Elsewhere they are
+    created unplaced and `shard_model` (or Flax's recipe) places them. (A parameter made
+    inside a mesh keeps Flax's eager flag, which nnx.Optimizer copies onto its moments: make
+    the optimizer inside the same context too.)"""
+    mesh = jax.sharding.get_abstract_mesh()
+    eager = nnx.using_eager_sharding() and not mesh.empty
+    if eager:
+        for name in core_spmd.apply_rules(tuple(axes), None):
+            for n in (name,) if isinstance(name, str) or name is None else name:
+                if n is not None and n not in mesh.axis_names:
+                    raise ValueError(
+                        f"a parameter with logical axes {tuple(axes)} is created inside a mesh context with "
+                        f"axes {mesh.axis_names}, where Flax shards it at once, and {n!r} is no mesh axis: create "
+                        "it under `flax.linen.logical_axis_rules(RULES.as_flax_rules())` as well, or outside the "
+                        "mesh context (then place it with flax_blocks.sharding.shard_model)")
+    return {"out_sharding": tuple(axes), "eager_sharding": eager}
 
 
 def _key_str(k: Any) -> str:
@@ -60,24 +171,40 @@ def path_str(path: Sequence[Any]) -> str:
     return "/".join(_key_str(k) for k in path)
 
 
-def param_axes(path: Sequence[Any] | str, ndim: int, axes: Sequence[str | None] | None) -> tuple[str | None, ...]:
-    """Logical axis names of the parameter at `path` with `ndim` dimensions, from its
-    declared `axes`. Leading dimensions beyond those are named from STACKED_AXES (one per
-    matching key in the path, outermost first). Raises KeyError if they do not fit."""
-    p = path if isinstance(path, str) else path_str(path)
-    stacked = [name for key in p.split("/") for k, name in STACKED_AXES if key == k]
-    extra = ndim - len(axes) if axes is not None else -1
-    if axes is None or not 0 <= extra <= len(stacked):
-        raise KeyError(f"no declared axes for parameter {p!r} with {ndim} dims")
-    return tuple(stacked[len(stacked) - extra:]) + tuple(axes)
+def logical_to_spec(axes: Sequence[Any], rules: Any, mesh: Mesh | None = None) -> PartitionSpec:
+    """Map axis names to a PartitionSpec through `rules`: a name the rules list takes its
+    mesh axes; else a mesh axis name stays (on `mesh`, when given; without a mesh, any
+    name but the library's logical ones); else a library logical name replicates.
+    Raises ValueError for any other name, or when two axes land on one mesh axis."""
+    rules = as_rules(rules)
+    mesh_names = None if mesh is None else set(mesh.axis_names)
 
+    def one(name: str) -> tuple[str, ...]:
+        if name in rules:
+            m = rules[name]
+            return () if m is None else (m,) if isinstance(m, str) else m
+        if mesh_names is not None and name in mesh_names:
+            return (name,)
+        if name in LOGICAL_AXES:
+            return ()
+        if mesh_names is None:
+            return (name,)
+        raise ValueError(f"axis name {name!r} of {tuple(axes)} is neither a logical name the rules map "
+                         f"({sorted(rules)}) nor a mesh axis {tuple(mesh.axis_names)}; add a rule for it "
+                         "(None replicates)")
 
-def logical_to_spec(axes: Sequence[str | None], rules: ShardingRules) -> PartitionSpec:
-    """Map logical axis names to a PartitionSpec through `rules`."""
-    mesh_axes = [rules.get(a) if a is not None else None for a in axes]
-    used = [m for m in mesh_axes if m is not None]
-    flat = [n for m in used for n in ((m,) if isinstance(m, str) else m)]
-    if len(flat) != len(set(flat)):
+    mesh_axes: list[MeshAxes] = []
+    for a in axes:
+        if a is None:
+            mesh_axes.append(None)
+            continue
+        names = (a,) if isinstance(a, str) else tuple(a)
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError(f"axis {a!r} of {tuple(axes)}: expected a name, a tuple of names or None")
+        flat = tuple(m for n in names for m in one(n))
+        mesh_axes.append(None if not flat else flat[0] if len(flat) == 1 else flat)
+    used = [n for m in mesh_axes if m is not None for n in ((m,) if isinstance(m, str) else m)]
+    if len(used) != len(set(used)):
         raise ValueError(f"the rules map two axes of {tuple(axes)} onto one mesh axis: {mesh_axes}")
     return PartitionSpec(*mesh_axes)
 
@@ -86,35 +213,64 @@ def _is_variable(x: Any) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def partition_specs(state: Any, rules: ShardingRules) -> Any:
-    """`state` (an nnx.State of Variables, e.g. `nnx.state(model)`) with a PartitionSpec in
-    place of every array; Variables are kept as containers (`Variable.replace(spec)`, as
-    `nnx.get_partition_spec` does), so the result matches `state` for jit's in_shardings.
-    Params follow the axes declared on them (their `axes` metadata); other Variables (RNG
-    keys, counts) are replicated. A bare array (a pure dict) carries no axes and is reported
-    as such. Every unmatched Param path is reported at once."""
+def annotation(var: nnx.Variable) -> tuple[Any, ...] | None:
+    """A Variable's sharding annotation (`out_sharding` metadata) as a tuple, or None."""
+    meta = var.get_metadata()
+    if "out_sharding" not in meta or meta["out_sharding"] is None:
+        return None
+    a = meta["out_sharding"]
+    if isinstance(a, NamedSharding):
+        a = a.spec
+    return tuple(a)
+
+
+def _variable_spec(path: Sequence[Any], leaf: Any, rules: ShardingRules, mesh: Mesh | None) -> PartitionSpec:
+    """The spec of one leaf of a state; raises KeyError for a leaf that must be annotated."""
+    value = leaf.get_value() if _is_variable(leaf) else leaf
+    shape = getattr(value, "shape", None)
+    if shape is None or jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        return PartitionSpec()
+    p = path_str(path)
+    if not _is_variable(leaf):
+        raise KeyError(f"{p!r} is a bare array: pass the Variables (nnx.state(model), "
+                       "not nnx.to_pure_dict), whose metadata holds the sharding annotation")
+    axes = annotation(leaf)
+    if axes is None:
+        if isinstance(leaf, nnx.Param):
+            raise KeyError(f"{p!r}: a Param of shape {tuple(shape)} without a sharding annotation "
+                           "(create it with nnx.with_partitioning / out_sharding=...)")
+        if isinstance(leaf, nnx.OptState) and value.size > 1:
+            raise KeyError(f"{p!r}: optimizer state of shape {tuple(shape)} without a sharding annotation "
+                           "(its parameter has none, or the optimizer does not keep its parameters' tree)")
+        return PartitionSpec()
+    if len(axes) > len(shape):
+        raise KeyError(f"{p!r}: annotation {axes} has more axes than its shape {tuple(shape)}")
+    try:
+        return logical_to_spec(axes, rules, mesh)
+    except ValueError as e:
+        raise KeyError(f"{p!r}: {e}") from None
+
+
+def partition_specs(state: Any, rules: Any, *, mesh: Mesh | None = None) -> Any:
+    """`state` (an nnx.State of Variables: `nnx.state(model)`, `nnx.state(optimizer)`) with a
+    PartitionSpec in place of every array; Variables are kept as containers
+    (`Variable.replace(spec)`, as `nnx.get_partition_spec` does), so the result matches
+    `state` for jit's in_shardings. Each spec comes from the Variable's annotation through
+    `rules` (see the module docstring); every leaf that is refused is reported at once."""
+    rules = as_rules(rules)
     errors: list[str] = []
 
     def spec(path, leaf):
-        value = leaf.get_value() if _is_variable(leaf) else leaf
-        ndim = getattr(value, "ndim", None)
-        is_param = isinstance(leaf, nnx.Param) or not _is_variable(leaf)
-        is_key = ndim is not None and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
-        out = PartitionSpec()
-        if is_param and ndim is not None and not is_key:
-            if not _is_variable(leaf):
-                errors.append(f"{path_str(path)!r} is a bare array: pass the Variables (nnx.state(model), "
-                              "not nnx.to_pure_dict), whose metadata holds the declared axes")
-                return out
-            try:
-                out = logical_to_spec(param_axes(path, ndim, leaf.get_metadata().get("axes")), rules)
-            except KeyError as e:
-                errors.append(str(e.args[0]))
+        try:
+            out = _variable_spec(path, leaf, rules, mesh)
+        except KeyError as e:
+            errors.append(str(e.args[0]))
+            out = PartitionSpec()
         return leaf.replace(out) if _is_variable(leaf) else out
 
     specs = jax.tree_util.tree_map_with_path(spec, state, is_leaf=_is_variable)
     if errors:
-        raise KeyError("sharding: parameters without declared axes:\n  " + "\n  ".join(errors))
+        raise KeyError("sharding: these leaves cannot be placed:\n  " + "\n  ".join(errors))
     return specs
 
 
@@ -145,15 +301,15 @@ def _check_divisible(state: Any, specs: Any, mesh: Mesh) -> None:
         raise ValueError("cannot shard on this mesh:\n  " + "\n  ".join(errors))
 
 
-def named_shardings(state: Any, mesh: Mesh, rules: ShardingRules) -> Any:
+def named_shardings(state: Any, mesh: Mesh, rules: Any) -> Any:
     """Like `partition_specs`, with a NamedSharding on `mesh` in place of every spec
     (checked: every sharded dimension divides by its mesh axes)."""
-    specs = partition_specs(state, rules)
+    specs = partition_specs(state, rules, mesh=mesh)
     _check_divisible(state, specs, mesh)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
 
 
-def shard_state(state: Any, mesh: Mesh, rules: ShardingRules) -> Any:
+def shard_state(state: Any, mesh: Mesh, rules: Any) -> Any:
     """`state` with every array placed on `mesh` by `rules` (jax.device_put)."""
     shardings = named_shardings(state, mesh, rules)
 
@@ -165,15 +321,54 @@ def shard_state(state: Any, mesh: Mesh, rules: ShardingRules) -> Any:
     return jax.tree.map(put, state, shardings, is_leaf=_is_variable)
 
 
-def shard_model(model: nnx.Module, mesh: Mesh, rules: ShardingRules) -> nnx.Module:
-    """Place every Variable of `model` on `mesh` by `rules`, in place; returns `model`."""
+def shard_model(model: Any, mesh: Mesh, rules: Any) -> Any:
+    """Place every Variable of `model` (an nnx.Module, an nnx.Optimizer: any graph node) on
+    `mesh` by `rules`, in place; returns `model`."""
     nnx.update(model, shard_state(nnx.state(model), mesh, rules))
     return model
 
 
-def input_sharding(mesh: Mesh, rules: ShardingRules, axes: Sequence[str | None] = ACTIVATION_AXES) -> NamedSharding:
-    """Sharding of an input whose axes are `axes` (default (batch, seq, embed))."""
-    return NamedSharding(mesh, logical_to_spec(axes, rules))
+def _placement(spec: Any, ndim: int, mesh: Mesh) -> tuple[tuple[str, ...], ...]:
+    """A spec as one tuple of mesh axes per dimension, mesh axes of size 1 left out
+    (they place nothing), padded to `ndim`."""
+    entries = list(spec) + [None] * (ndim - len(spec))
+    out = []
+    for e in entries:
+        names = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        out.append(tuple(n for n in names if mesh.shape[n] > 1))
+    return tuple(out)
+
+
+def misplaced(state: Any, mesh: Mesh, rules: Any) -> list[str]:
+    """Every array of `state` whose actual sharding (`.sharding.spec`) is not the one its
+    annotation and `rules` give on `mesh`, as 'path: declared ..., actual ...' (empty: all
+    placed as declared)."""
+    specs = partition_specs(state, rules, mesh=mesh)
+    out: list[str] = []
+
+    def check(path, leaf, spec):
+        value, spec = _unwrap(leaf), _unwrap(spec)
+        if not isinstance(value, jax.Array):
+            return
+        s = value.sharding
+        ndim = value.ndim
+        if isinstance(s, NamedSharding) and s.mesh.axis_names == mesh.axis_names and \
+                s.mesh.devices.shape == mesh.devices.shape and (s.mesh.devices == mesh.devices).all():
+            ok = _placement(s.spec, ndim, mesh) == _placement(spec, ndim, mesh)
+            actual = s.spec
+        else:
+            ok = s.is_equivalent_to(NamedSharding(mesh, spec), ndim)
+            actual = s
+        if not ok:
+            out.append(f"{path_str(path)}: declared {spec}, actual {actual}")
+
+    jax.tree_util.tree_map_with_path(check, state, specs, is_leaf=_is_variable)
+    return out
+
+
+def input_sharding(mesh: Mesh, rules: Any, axes: Sequence[str | None] = ACTIVATION_AXES) -> NamedSharding:
+    """Sharding of an input whose axes are `axes` (default (batch, seq, activation_embed))."""
+    return NamedSharding(mesh, logical_to_spec(axes, rules, mesh))
 
 
 def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
@@ -186,7 +381,7 @@ def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = Non
                          devices=devices[: data * model])
 
 
-def describe(state: Any, rules: ShardingRules) -> list[tuple[str, tuple[int, ...], PartitionSpec]]:
+def describe(state: Any, rules: Any) -> list[tuple[str, tuple[int, ...], PartitionSpec]]:
     """(path, shape, spec) for every Param of `state`: a readable table of the rules."""
     rows: list[tuple[str, tuple[int, ...], PartitionSpec]] = []
 

@@ -1,6 +1,10 @@
-"""flax_blocks.sharding: the rule table covers every parameter, and 1-device, data-parallel,
-tensor-parallel and 2-D sharding rules on 8 simulated CPU devices give the same outputs and
-gradients (float64, so a wrong all-reduce cannot hide under float32 rounding).
+"""flax_blocks.sharding: every parameter carries Flax's sharding annotation (logical names,
+"layers" in front of stacked ones), the rules work through `shard_model` and through Flax's
+own `nn.logical_axis_rules` alike, user annotations and optimizer state are placed (or refused
+by name); 1-device, data-parallel, tensor-parallel and 2-D sharding rules on 8 simulated CPU
+devices give the same outputs and gradients (float64, so a wrong all-reduce cannot hide under
+float32 rounding), and a full sharded AdamW train step (FSDP x tensor-parallel, dropout on)
+equals the unsharded one, with every parameter and optimizer-state array placed as declared.
 
 The multi-device check runs in a subprocess: XLA's host device count is fixed when JAX
 initialises its CPU backend, which the pytest process may already have done with 1 device.
@@ -16,26 +20,83 @@ import textwrap
 import pytest
 
 jax = pytest.importorskip("jax")
+import flax.linen as nn  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from flax_blocks import BlockConfig  # noqa: E402
 from flax_blocks import sharding as S  # noqa: E402
-from flax_blocks.blocks import Encoder, FeedForward, ResidualMHA, TransformerBlock  # noqa: E402
+from flax_blocks.blocks import Decoder, Encoder, FeedForward, ResidualMHA, TransformerBlock  # noqa: E402
 
 
 @pytest.mark.parametrize("options", [dict(scaling="none"), dict(scaling="rezero"), dict(scaling="layerscale"),
                                      dict(norm="peri", norm_type="rmsnorm", mlp="swiglu", activation="silu",
                                           num_kv_heads=2, qk_norm=True, rope_theta=1e4)])
-@pytest.mark.parametrize("module", [ResidualMHA, FeedForward, TransformerBlock, Encoder])
+@pytest.mark.parametrize("module", [ResidualMHA, FeedForward, TransformerBlock, Encoder, Decoder])
 def test_rules_cover_every_param(module, options):
     cfg = BlockConfig(d_model=16, num_heads=4, d_ff=24, **{"norm": "pre", **options})
-    kw = {"num_layers": 2} if module is Encoder else {}
-    m = module(cfg, rngs=nnx.Rngs(0), **kw)
-    rows = S.describe(nnx.state(m), S.HYBRID)
-    assert len(rows) == len(jax.tree.leaves(nnx.state(m, nnx.Param)))
-    for path, shape, spec in rows:
-        assert len(spec) == len(shape), (path, shape, spec)
+    stacked = module in (Encoder, Decoder)
+    m = module(cfg, rngs=nnx.Rngs(0), **({"num_layers": 2} if stacked else {}))
+    params = nnx.state(m, nnx.Param)
+    for path, v in jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        names = S.annotation(v)  # one annotation per dimension, stacked ones led by "layers"
+        assert names is not None and len(names) == v.get_value().ndim, (path, names, v.get_value().shape)
+        assert set(names) <= set(S.LOGICAL_AXES), (path, names)  # the library's names are all known
+        assert (names[:1] == ("layers",)) == (stacked and S.path_str(path).startswith("layers/")), (path, names)
+        assert "axes" not in v.get_metadata()  # one source of truth: out_sharding
+    for rules in (S.HYBRID, S.FSDP | S.TENSOR_PARALLEL):
+        rows = S.describe(nnx.state(m), rules)
+        assert len(rows) == len(jax.tree.leaves(params))
+        for path, shape, spec in rows:
+            assert len(spec) == len(shape), (path, shape, spec)
+
+
+def test_flax_get_partition_spec_names_the_axes():
+    """What the issue asked: Flax's own reader sees the logical names."""
+    cfg = BlockConfig(d_model=16, num_heads=4, d_ff=24, num_kv_heads=2, norm="pre", scaling="rezero")
+    enc = Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0))
+    specs = nnx.get_partition_spec(nnx.state(enc))
+    layer = specs["layers"]
+    assert layer["self_attn"]["in_kernel"].get_value() == P("layers", "embed", "kv_heads", "qkv", "head_dim")
+    assert layer["self_attn"]["out_kernel"].get_value() == P("layers", "heads", "head_dim", "embed")
+    assert layer["linear1"]["kernel"].get_value() == P("layers", "embed", "mlp")
+    assert layer["linear2"]["kernel"].get_value() == P("layers", "mlp", "embed")
+    assert layer["linear1"]["bias"].get_value() == P("layers", "mlp")
+    assert layer["scale1"].get_value() == P("layers")  # a stacked scalar (ReZero) too
+    assert specs["norm"]["scale"].get_value() == P("embed")  # the final norm is not stacked
+
+
+def test_flax_logical_axis_rules_and_shard_model_agree():
+    cfg = BlockConfig(d_model=16, num_heads=4, d_ff=24, mlp="swiglu", activation="silu", qk_norm=True)
+    state = nnx.state(Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0)))
+    leaves = lambda t: jax.tree.leaves(t, is_leaf=lambda x: isinstance(x, P))  # noqa: E731
+    for rules in (S.DATA_PARALLEL, S.TENSOR_PARALLEL, S.HYBRID, S.FSDP, S.FSDP | S.TENSOR_PARALLEL,
+                  S.ShardingRules({"layers": "data"})):
+        with nn.logical_axis_rules(rules.as_flax_rules()):
+            flax_specs = nnx.get_partition_spec(state)
+        ours = leaves(S.partition_specs(state, rules))
+        assert leaves(flax_specs) == ours, rules
+        assert any(any(a is not None for a in s) for s in ours) == (rules != S.DATA_PARALLEL), rules
+
+
+def test_sharding_rules_forms():
+    assert S.HYBRID == {"batch": "data", "heads": "model", "kv_heads": "model", "mlp": "model"}
+    assert S.FSDP == {"batch": "data", "embed": "data"}
+    pairs = (S.FSDP | S.TENSOR_PARALLEL).as_flax_rules()
+    assert pairs[:2] == (("batch", "data"), ("embed", "data")) and ("mlp", "model") in pairs
+    assert ("layers", None) in pairs and ("qkv", None) in pairs  # unlisted library names replicate
+    assert {name for name, _ in pairs} == set(S.LOGICAL_AXES)
+    pairs = S.ShardingRules([("mlp", "model"), ("embed", ["data", "model"])])
+    assert pairs == {"mlp": "model", "embed": ("data", "model")}
+    assert {"mlp": None} | S.TENSOR_PARALLEL == S.TENSOR_PARALLEL  # the right side wins
+    assert (S.TENSOR_PARALLEL | {"mlp": None})["mlp"] is None
+    assert hash(S.ShardingRules({"a": "data"})) == hash(S.ShardingRules([("a", "data")]))
+    with pytest.raises(ValueError, match="two rules for 'mlp'"):
+        S.ShardingRules([("mlp", "model"), ("mlp", "data")])
+    with pytest.raises(TypeError, match="rule 'mlp'"):
+        S.ShardingRules({"mlp": 3})
 
 
 def test_tensor_parallel_specs_of_a_stacked_encoder():
@@ -69,6 +130,81 @@ def test_unknown_parameters_are_all_reported():
     with pytest.raises(KeyError) as err:
         S.partition_specs(nnx.state(Extra()), S.HYBRID)
     assert "'embed'" in str(err.value) and "'head'" in str(err.value)
+    assert "'block/" not in str(err.value)
+
+
+def test_user_parameters_annotated_the_flax_way():
+    """nnx.with_partitioning with logical names (mapped by a rule) or mesh axis names."""
+    init = nnx.initializers.zeros_init()
+
+    class LM(nnx.Module):
+        def __init__(self):
+            key = jax.random.key(0)
+            self.block = TransformerBlock(BlockConfig(d_model=8, num_heads=2, d_ff=8), rngs=nnx.Rngs(0))
+            self.embed = nnx.Param(nnx.with_partitioning(init, ("vocab", "embed"))(key, (6, 8)))
+            self.head = nnx.Param(nnx.with_partitioning(init, (None, "model"))(key, (8, 6)))  # a mesh axis
+
+    with nnx.use_eager_sharding(False):  # no mesh here: Flax would shard them at creation
+        lm = LM()
+    mesh = S.make_mesh(data=1, model=1)
+    rules = S.FSDP | {"vocab": "model"}
+    specs = S.partition_specs(nnx.state(lm), rules, mesh=mesh)
+    assert specs["embed"].get_value() == P("model", "data") and specs["head"].get_value() == P(None, "model")
+    assert specs["block"]["linear1"]["kernel"].get_value() == P("data", None)
+    S.shard_model(lm, mesh, rules)
+    assert lm.head[...].sharding.spec == P(None, "model")
+    with pytest.raises(KeyError, match=r"'embed': axis name 'vocab' of \('vocab', 'embed'\) is neither"):
+        S.shard_model(lm, mesh, S.FSDP)  # a logical name without a rule, not a mesh axis either
+
+
+def _adamw():
+    return optax.adamw(learning_rate=1e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
+
+
+def test_optimizer_state_follows_its_parameters():
+    block = TransformerBlock(BlockConfig(d_model=8, num_heads=2, d_ff=8, mlp="swiglu", activation="silu"),
+                             rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(block, _adamw(), wrt=nnx.Param)
+    rules = S.FSDP | S.TENSOR_PARALLEL
+    specs = S.partition_specs(nnx.state(opt), rules)
+    params = S.partition_specs(nnx.state(block, nnx.Param), rules)
+    adam = specs["opt_state"][0]
+    for moment in ("mu", "nu"):
+        assert jax.tree.leaves(adam[moment]) == jax.tree.leaves(params)
+    assert adam[moment]["linear_gate"]["kernel"].get_value() == P("data", "model")
+    assert adam["count"].get_value() == P() and specs["step"].get_value() == P()
+    S.shard_model(opt, S.make_mesh(1, 1), rules)  # places the optimizer (a graph node) in place
+
+
+def test_optimizer_state_without_annotations_is_refused_by_name():
+    class Extra(nnx.Module):
+        def __init__(self):
+            self.block = TransformerBlock(BlockConfig(d_model=8, num_heads=2, d_ff=8), rngs=nnx.Rngs(0))
+            self.embed = nnx.Param(jnp.zeros((5, 8)))
+
+    opt = nnx.Optimizer(Extra(), _adamw(), wrt=nnx.Param)
+    with pytest.raises(KeyError) as err:
+        S.partition_specs(nnx.state(opt), S.FSDP)
+    assert "'opt_state/0/mu/embed': optimizer state of shape (5, 8) without a sharding annotation" in str(err.value)
+    assert "'opt_state/0/nu/embed'" in str(err.value) and "block" not in str(err.value)
+
+    flat = optax.GradientTransformation(lambda p: jnp.zeros(7), lambda g, s, p=None: (g, s))  # not a tree of params
+    opt = nnx.Optimizer(TransformerBlock(BlockConfig(d_model=8, num_heads=2, d_ff=8), rngs=nnx.Rngs(0)), flat,
+                        wrt=nnx.Param)
+    with pytest.raises(KeyError, match="'opt_state': optimizer state of shape \\(7,\\)"):
+        S.shard_model(opt, S.make_mesh(1, 1), S.FSDP)
+
+
+def test_created_inside_a_mesh_flax_shards_eagerly():
+    cfg = BlockConfig(d_model=8, num_heads=2, d_ff=8, scaling="rezero")
+    mesh = S.make_mesh(data=1, model=1)
+    with jax.set_mesh(mesh), pytest.raises(ValueError, match="'embed' is no mesh axis: create it under"):
+        Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(S.HYBRID.as_flax_rules()):
+        enc = nnx.jit(lambda: Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0)))()  # one program, not one per op
+        opt = nnx.Optimizer(enc, _adamw(), wrt=nnx.Param)
+    assert enc.layers.linear1.kernel[...].sharding.mesh.axis_names == ("data", "model")
+    assert S.misplaced(nnx.state(enc), mesh, S.HYBRID) == [] and S.misplaced(nnx.state(opt), mesh, S.HYBRID) == []
 
 
 def test_a_pure_dict_is_refused_naming_the_fix():
@@ -80,6 +216,7 @@ def test_a_pure_dict_is_refused_naming_the_fix():
 def test_sharding_rule_errors():
     with pytest.raises(ValueError, match="onto one mesh axis"):
         S.logical_to_spec(("heads", "mlp"), S.TENSOR_PARALLEL)
+    assert S.logical_to_spec(("batch", "seq", "activation_embed"), S.FSDP) == P("data", None, None)
     m = TransformerBlock(BlockConfig(d_model=8, num_heads=2, d_ff=8), rngs=nnx.Rngs(0))
     mesh = S.make_mesh(data=1, model=1)
     S.shard_model(m, mesh, S.HYBRID)  # a 1 x 1 mesh accepts every rule set
@@ -109,7 +246,7 @@ _SCRIPT = textwrap.dedent(
     graphdef0, state0 = nnx.split(nnx.jit(lambda: Encoder(cfg, num_layers=2, rngs=nnx.Rngs(2)))())
 
     def run(mesh, rules):
-        model = nnx.merge(graphdef0, state0)  # fresh Variables on the same arrays
+        model = nnx.merge(graphdef0, state0, copy=True)  # fresh Variables on the same arrays
         if mesh is not None:
             S.shard_model(model, mesh, rules)
             xs = jax.device_put(x, S.input_sharding(mesh, rules))
@@ -159,9 +296,117 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def test_sharding_rules_agree_on_8_simulated_devices():
+def _run_on_8_devices(script: str) -> str:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_sharding_rules_agree_on_8_simulated_devices():
+    _run_on_8_devices(_SCRIPT)
+
+
+_TRAIN_SCRIPT = textwrap.dedent(
+    """
+    import jax
+    import numpy as np, jax.numpy as jnp, optax
+    import flax.linen as nn
+    from flax import nnx
+    from jax.sharding import PartitionSpec as P
+    from flax_blocks import BlockConfig
+    from flax_blocks import sharding as S
+    from flax_blocks.blocks import Encoder
+
+    assert jax.device_count() == 8, jax.devices()
+    # float32, dropout on (train mode, an explicit dropout stream). No q/k/v biases: the key
+    # bias's gradient is zero in exact arithmetic (softmax ignores a shift), so Adam would
+    # turn its rounding noise into +-lr steps that differ between any two programs.
+    cfg = BlockConfig(d_model=32, num_heads=8, d_ff=64, dropout=0.1, norm="pre", causal=True,
+                      scaling="layerscale", qkv_bias=False)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 6, 32), np.float32)
+    r = rng.standard_normal((8, 6, 32), np.float32)  # a random cotangent: loss sum(y * r)
+    O0 = {"xla_backend_optimization_level": 0}  # compiles faster; the same float32 results here
+    graphdef0, state0 = nnx.split(nnx.jit(lambda: Encoder(cfg, num_layers=2, rngs=nnx.Rngs(params=0, dropout=1)))())
+
+    def train_step(model, optimizer, x, r):  # nnx.jit's work, spelled out to pass compiler options
+        graphdef, state = nnx.split((model, optimizer))
+
+        def step(state, x, r):
+            model, optimizer = nnx.merge(graphdef, state)
+            loss, grads = nnx.value_and_grad(lambda m: jnp.sum(m(x) * r))(model)
+            optimizer.update(model, grads)
+            return loss, nnx.state((model, optimizer))
+
+        loss, state = jax.jit(step).lower(state, x, r).compile(O0)(state, x, r)
+        nnx.update((model, optimizer), state)
+        return loss
+
+    def run(mesh, rules):
+        model = nnx.merge(graphdef0, state0, copy=True)
+        # every hyperparameter explicit (optax's weight_decay default is 1e-4, torch's 1e-2)
+        optimizer = nnx.Optimizer(model, optax.adamw(learning_rate=1e-3, b1=0.9, b2=0.95, eps=1e-8,
+                                                     weight_decay=0.1), wrt=nnx.Param)
+        xs, rs = jnp.asarray(x), jnp.asarray(r)
+        if mesh is not None:
+            # the model by Flax's recipe, the optimizer (made before, so unplaced) by shard_model
+            with nn.logical_axis_rules(rules.as_flax_rules()):
+                shardings = nnx.get_named_sharding(nnx.state(model), mesh)
+            nnx.update(model, jax.device_put(nnx.state(model), shardings))
+            S.shard_model(optimizer, mesh, rules)
+            assert S.misplaced(nnx.state(model), mesh, rules) == []
+            assert S.misplaced(nnx.state(optimizer), mesh, rules) == []
+            xs, rs = (jax.device_put(a, S.input_sharding(mesh, rules)) for a in (x, r))
+        count = int(model.rngs.count[...])
+        loss = train_step(model, optimizer, xs, rs)
+        assert int(model.rngs.count[...]) == count + 1  # the dropout stream was drawn
+        return model, optimizer, loss
+
+    def arrays(model, optimizer):
+        tree = (nnx.state(model, nnx.Param), nnx.state(optimizer))
+        return {jax.tree_util.keystr(p): np.asarray(a) for p, a in jax.tree_util.tree_leaves_with_path(tree)}
+
+    model0, opt0, loss0 = run(None, None)
+    ref = arrays(model0, opt0)
+    mesh, rules = S.make_mesh(data=2, model=4), S.FSDP | S.TENSOR_PARALLEL
+    model, optimizer, loss = run(mesh, rules)
+    got = arrays(model, optimizer)
+    assert got.keys() == ref.keys() and len(ref) > 40
+    err = {k: float(np.max(np.abs(got[k] - ref[k])) / (np.max(np.abs(ref[k])) + 1e-30)) for k in ref}
+    worst = max(err, key=err.get)
+    assert err[worst] < 1e-5 and abs(float(loss) - float(loss0)) < 1e-5 * abs(float(loss0)), (worst, err[worst])
+
+    # every parameter and optimizer-state array, after the step, placed as declared
+    assert S.misplaced(nnx.state(model), mesh, rules) == []
+    assert S.misplaced(nnx.state(optimizer), mesh, rules) == []
+    adam = optimizer.opt_state[0]
+    for name, spec, shard in [("linear1", P(None, "data", "model"), (2, 16, 16)),
+                              ("linear2", P(None, "model", "data"), (2, 16, 16))]:
+        for arr in (getattr(model.layers, name).kernel[...], adam.mu["layers"][name]["kernel"][...],
+                    adam.nu["layers"][name]["kernel"][...]):
+            assert arr.sharding.spec == spec and arr.addressable_shards[0].data.shape == shard, (name, arr.sharding)
+    for arr in (model.layers.self_attn.in_kernel[...], adam.nu["layers"]["self_attn"]["in_kernel"][...]):
+        spec = tuple(arr.sharding.spec)  # (L, E, K, G+2, hd); XLA may drop trailing Nones
+        assert spec + (None,) * (5 - len(spec)) == (None, "data", "model", None, None), arr.sharding
+    assert adam.count[...].sharding.is_fully_replicated and optimizer.step[...].sharding.is_fully_replicated
+
+    # negative: the check sees a changed declaration, of one Param or of the rules
+    kernel = model.layers.linear1.kernel
+    kernel.set_metadata(out_sharding=("layers", "mlp", "embed"))
+    bad = S.misplaced(nnx.state(model), mesh, rules)
+    assert bad == ["layers/linear1/kernel: declared P(None, 'model', 'data'), actual P(None, 'data', 'model')"], bad
+    kernel.set_metadata(out_sharding=("layers", "embed", "mlp"))
+    bad = S.misplaced(nnx.state(optimizer), mesh, rules | {"mlp": None})
+    assert "opt_state/0/mu/layers/linear1/kernel" in "".join(bad) and len(bad) == 2 * 3, bad  # mu, nu: 2 kernels + bias
+    print(f"worst {worst} {err[worst]:.1e}")
+    print("OK")
+    """
+)
+
+
+def test_sharded_train_step_on_8_simulated_devices():
+    """FSDP x tensor-parallel AdamW step with dropout: the numbers and the placements."""
+    _run_on_8_devices(_TRAIN_SCRIPT)
