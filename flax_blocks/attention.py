@@ -22,7 +22,7 @@ from flax import nnx
 
 from . import declarations
 from .config import BlockConfig, check_attention_call, fully_masked_message
-from .layers import Norm, compute_dtype, create_params
+from .layers import Norm, compute_dtype, create_params, dropout, initial_values
 
 
 def _check_bool(name: str, mask: jax.Array, shapes: list[tuple[int, ...]]) -> None:
@@ -234,16 +234,19 @@ class Attention(nnx.Module):
     in_proj_weight ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
     """
 
-    def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *, rngs: nnx.Rngs,
+                 values: dict | None = None):
         component = component or declarations.attention(cfg)
         self.cfg = cfg
-        create_params(self, component, cfg, rngs)
+        if values is None:  # built alone: draw the whole tree (norms included) at once
+            values = initial_values(rngs.params(), component, cfg)
+        create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
-            setattr(self, name, Norm(cfg, child, rngs=rngs))
+            setattr(self, name, Norm(cfg, child, rngs=rngs, values=values[name]))
         for name in ("in_bias", "out_bias", "q_norm", "k_norm"):  # options that are off
             if not hasattr(self, name):
                 setattr(self, name, None)
-        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.dropout = dropout(cfg, rngs)
         self.dtype = compute_dtype(cfg)
 
     def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:

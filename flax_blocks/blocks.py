@@ -26,7 +26,7 @@ from .attention import Attention, attention_path, build_mask, cache_mask, self_a
 from .config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
                      overflow_message, residual_update)
 from .declarations import FINAL_NORM, Sublayer
-from .layers import Linear, Norm, create_params
+from .layers import Linear, Norm, create_params, dropout, initial_values
 
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,
@@ -76,15 +76,16 @@ class _Block(nnx.Module):
         self.cfg = cfg = cfg.resolve()
         component = declarations.block(cfg, self.kind)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
-        create_params(self, component, cfg, rngs)
+        values = initial_values(rngs.params(), component, cfg)  # the whole block in one jitted draw
+        create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
-            setattr(self, name, MODULES[child.kind](cfg, child, rngs=rngs))
+            setattr(self, name, MODULES[child.kind](cfg, child, rngs=rngs, values=values[name]))
         for sub in self.sublayers:  # modules of options that are off (no norm, no gate...)
             for name in (*sub.modules, sub.norm, sub.norm_out, sub.scale):
                 if not hasattr(self, name):
                     setattr(self, name, None)
-        self.dropout_act = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.dropouts = nnx.List([nnx.Dropout(cfg.dropout, rngs=rngs) for _ in self.sublayers])
+        self.dropout_act = dropout(cfg, rngs)
+        self.dropouts = nnx.List([dropout(cfg, rngs) for _ in self.sublayers])
 
     def run_prepared(
         self, x: jax.Array, masks: dict[str, Any], key: jax.Array | None = None,
