@@ -316,8 +316,8 @@ def check_cached_call(cfg: BlockConfig, kind: str, cache: Any, shape: tuple[int,
     memory were passed (a cached call takes neither)."""
     if not cfg.causal:
         raise ValueError(f"{kind} is not causal (cfg.causal=False): it takes no cache")
-    if not isinstance(cache, dict) or not {"index", "valid", "layers"} <= set(cache):
-        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers)")
+    if not isinstance(cache, dict) or not {"index", "valid", "layers", "overflow"} <= set(cache):
+        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers, overflow)")
     if masks:
         raise ValueError("a cached call is causal by construction: pass a key padding mask (batch, chunk) for "
                          "padding, not attention masks")

@@ -393,7 +393,9 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     cfg = module.cfg
     check_new_cache(cfg, type(module).__name__, batch_size, max_length)
     p = next(module.parameters())
-    cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device)}
+    # "overflow": the Flax twin's flag for traced calls; here an overflow always raises, so it stays False
+    cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device),
+                    "overflow": False}
     if memory is not None:
         memory, _ = _as_batched(cfg, memory, "memory")
         if memory.shape[0] != batch_size:

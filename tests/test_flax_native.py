@@ -1,0 +1,94 @@
+"""The Flax blocks used as an experienced JAX user uses Flax: jax.export with symbolic
+batch and sequence dimensions (forward and cached decode step; no host callback, a cache
+overflow under jit sets the cache's flag), Linen through nnx.bridge.to_linen with one key
+at dropout 0 (no RNG state; parameter counts equal the torch twin's), Flax's own mask
+helpers (nnx.make_attention_mask / make_causal_mask, (B, 1 | H, T, S), 0/1 floats), the
+fully-masked warning (once per cause, worded by what was seen, FullyMaskedWarning to
+filter), and construction drawing each block's parameters in one jitted draw.
+
+The modules are small and built once per module (construction and compiles dominate)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from flax.nnx import bridge
+
+import flax_blocks as fb
+from flax_blocks.config import BlockConfig
+
+E, H, FF, B, T, L = 12, 3, 20, 3, 5, 8
+CFG = BlockConfig(d_model=E, num_heads=H, num_kv_heads=1, d_ff=FF, dropout=0.0, norm="pre", causal=True,
+                  rope_theta=1e4)
+
+
+@functools.cache
+def encoder() -> fb.Encoder:
+    return fb.Encoder(CFG, num_layers=2, rngs=nnx.Rngs(0))
+
+
+@functools.cache
+def block() -> fb.TransformerBlock:
+    return fb.TransformerBlock(CFG, rngs=nnx.Rngs(0))
+
+
+def rand(*shape, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def diff(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
+
+
+# ----------------------------------------------------------------------------------------
+# jax.export
+# ----------------------------------------------------------------------------------------
+
+
+def test_forward_exports_with_symbolic_batch_and_length():
+    graphdef, state = nnx.split(block())
+
+    def forward(state, x, key_mask):
+        return nnx.merge(graphdef, state)(x, key_mask=key_mask)
+
+    b, t = jax.export.symbolic_shape("b, t")
+    exported = jax.export.export(jax.jit(forward))(
+        state, jax.ShapeDtypeStruct((b, t, E), jnp.float32), jax.ShapeDtypeStruct((b, t), jnp.bool_))
+    for batch, length in ((2, 4), (3, 7)):
+        x, key_mask = rand(batch, length, E, seed=length), np.ones((batch, length), bool)
+        key_mask[0, -1] = False
+        assert diff(exported.call(state, x, key_mask), jax.jit(forward)(state, x, key_mask)) <= 1e-6
+
+
+def test_cached_step_exports_with_symbolic_batch_and_overflow_sets_the_flag():
+    """The cache length is concrete, the batch symbolic. A chunk past max_length: eagerly
+    the ValueError; jitted or exported (no host callback) the cache's "overflow" flag."""
+    enc = encoder()
+    graphdef, state = nnx.split(enc)
+
+    def step(state, cache, x):
+        return nnx.merge(graphdef, state)(x, cache=cache)
+
+    (b,) = jax.export.symbolic_shape("b")
+    cache = enc.init_cache(B, L)  # B = 3: no other dimension of the cache is 3
+    spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(tuple(b if d == B else d for d in a.shape), a.dtype), cache)
+    exported = jax.export.export(jax.jit(step))(state, spec, jax.ShapeDtypeStruct((b, 1, E), jnp.float32))
+    assert "callback" not in exported.mlir_module()
+    jitted = jax.jit(step)
+    x = rand(B, 2, E)
+    y1, c1 = exported.call(state, cache, x[:, :1])
+    y2, c2 = exported.call(state, c1, x[:, 1:])
+    j1, k1 = jitted(state, cache, x[:, :1])
+    assert diff(y1, j1) <= 1e-6 and diff(y2, jitted(state, k1, x[:, 1:])[0]) <= 1e-6
+    assert int(c2["index"]) == 2 and not bool(c2["overflow"])
+    full = {**cache, "index": jnp.asarray(L, jnp.int32)}
+    assert bool(exported.call(state, full, x[:, :1])[1]["overflow"])
+    assert bool(jitted(state, full, x[:, :1])[1]["overflow"])
+    with pytest.raises(ValueError, match=f"cache overflow: a chunk of 1 position.*at position {L}"):
+        enc(x[:, :1], cache=full)  # eager: the clear error
