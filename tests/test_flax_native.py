@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import linen, nnx
 from flax.nnx import bridge
 
 import flax_blocks as fb
@@ -92,3 +93,39 @@ def test_cached_step_exports_with_symbolic_batch_and_overflow_sets_the_flag():
     assert bool(jitted(state, full, x[:, :1])[1]["overflow"])
     with pytest.raises(ValueError, match=f"cache overflow: a chunk of 1 position.*at position {L}"):
         enc(x[:, :1], cache=full)  # eager: the clear error
+
+
+# ----------------------------------------------------------------------------------------
+# No RNG state without dropout: Linen's bridge, parameter counts, from_torch
+# ----------------------------------------------------------------------------------------
+
+
+def n_params(module) -> int:
+    return sum(a.size for a in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def test_dropout_free_modules_hold_no_rng_state_and_count_torch_parameters():
+    import torch_blocks as tb
+
+    enc = encoder()
+    assert not jax.tree.leaves(nnx.state(enc, nnx.RngState)) and not jax.tree.leaves(nnx.state(block(), nnx.RngState))
+    assert n_params(enc) == sum(p.numel() for p in tb.Encoder(CFG, num_layers=2).parameters())
+    torch_count = sum(p.numel() for p in tb.TransformerBlock(CFG).parameters())
+    assert f"Total Parameters: {torch_count:,}" in nnx.tabulate(block(), rand(1, 2, E), depth=1)
+    # with dropout, the RNG streams are there (and the parameters the same)
+    with_dropout = fb.TransformerBlock(replace(CFG, dropout=0.1), rngs=nnx.Rngs(0))
+    assert jax.tree.leaves(nnx.state(with_dropout, nnx.RngState)) and n_params(with_dropout) == torch_count
+
+
+def test_to_linen_inits_with_one_key_at_dropout_0():
+    x = rand(2, T, E)
+    linen_block = bridge.to_linen(fb.TransformerBlock, CFG)
+    variables = linen_block.init(jax.random.key(0), x)
+    assert set(variables) == {"params"}
+    y = linen_block.apply(variables, x)
+    assert y.shape == (2, T, E) and np.isfinite(np.asarray(y)).all()
+    # the same parameters in the NNX block give the same output
+    graphdef, params, rest = nnx.split(block(), nnx.Param, ...)
+    params = nnx.clone(params)
+    nnx.replace_by_pure_dict(params, linen.meta.unbox(variables["params"]))
+    assert diff(nnx.merge(graphdef, params, rest)(x), y) <= 1e-6
