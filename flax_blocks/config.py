@@ -14,6 +14,9 @@ default; a LLaMA-like block is
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
@@ -336,16 +339,57 @@ def overflow_message(chunk: int, index: int, length: int) -> str | None:
     return None
 
 
-def fully_masked_message(elements: Any, framework: str) -> str:
-    """The warning for batch elements in which no query has any key to attend to: almost
-    always a mask written in the other framework's convention."""
+class FullyMaskedWarning(UserWarning):
+    """Attention masks left a batch element with no key to attend to at all (its attention
+    output is zero). Issued by both frameworks, once per cause (a padded element, or every
+    element empty: a mask in the other framework's convention), where the masks' values
+    are known in Python: eager calls, and masks that are constants under jit or grad
+    (traced masks are not checked: that would need a host callback). Silence it with
+    `warnings.filterwarnings("ignore", category=FullyMaskedWarning)`; see it at every
+    call with `warnings.simplefilter("always", FullyMaskedWarning)`."""
+
+
+# once per message (each cause has one fixed text), wherever raised; filters the user adds
+# later go in front of this one (and one added before is not overridden: append=True)
+warnings.filterwarnings("once", category=FullyMaskedWarning, append=True)
+
+
+def fully_masked_message(every: bool, framework: str) -> str:
+    """The warning's text for batch elements with no key to attend to at all: some of them
+    (every=False; a padded element holding no tokens does this) or every element of the
+    batch (almost always a mask written in the other framework's convention)."""
     mine, other = ("True = may attend", "True = may NOT attend") if framework == "flax" else (
         "True = may NOT attend", "True = may attend")
-    return (
-        f"every query of batch element(s) {list(map(int, elements))} has no key to attend to, so their "
-        f"attention output is zero. {framework} masks mean {mine}; a mask written in the other convention "
-        f"({other}) does this: convert it with invert_mask()."
-    )
+    if not every:
+        return (f"{framework}: some batch elements have no key to attend to at all (every key masked), so their "
+                f"attention output is zero and each block passes them through its residual. Expected for a padded "
+                f"element that holds no tokens. If they do hold tokens, the mask is in the other framework's "
+                f"convention ({other}; {framework}: {mine}): convert it with invert_mask(). "
+                f"(Shown once; FullyMaskedWarning.)")
+    return (f"{framework}: no batch element has any key to attend to, so every attention output is zero. "
+            f"{framework} masks mean {mine}; a mask written in the other framework's convention ({other}) "
+            f"does this: convert it with invert_mask(). (Shown once; FullyMaskedWarning.)")
+
+
+def warn_fully_masked(empty: Any, batch: int, framework: str) -> None:
+    """Issue the FullyMaskedWarning for `empty`, the batch elements (indices) that have no
+    key at all, out of `batch`; nothing when there are none. Points at the first frame
+    outside this library and the frameworks (the user's call)."""
+    empty = list(empty)
+    if empty:
+        warnings.warn(fully_masked_message(len(empty) >= batch, framework), FullyMaskedWarning,
+                      stacklevel=_outside_stacklevel())
+
+
+def _outside_stacklevel() -> int:
+    """warnings.warn's stacklevel of the first caller outside flax_blocks, torch_blocks,
+    jax, flax and torch (as Python 3.12's skip_file_prefixes)."""
+    prefixes = tuple(os.path.dirname(m.__file__) + os.sep for name in ("flax_blocks", "torch_blocks", "jax", "flax", "torch")
+                     if (m := sys.modules.get(name)) is not None and getattr(m, "__file__", None))
+    frame, level = sys._getframe(2), 2  # level 1: warn_fully_masked's caller's frame
+    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def invert_mask(mask: Any) -> Any:

@@ -129,3 +129,36 @@ def test_to_linen_inits_with_one_key_at_dropout_0():
     params = nnx.clone(params)
     nnx.replace_by_pure_dict(params, linen.meta.unbox(variables["params"]))
     assert diff(nnx.merge(graphdef, params, rest)(x), y) <= 1e-6
+
+
+# ----------------------------------------------------------------------------------------
+# Flax's own masks
+# ----------------------------------------------------------------------------------------
+
+
+def test_flax_mask_helpers_are_taken_as_they_come():
+    """nnx.make_attention_mask(query_ok, key_ok): (B, 1, T, S) of 0 / 1 floats; on the
+    queries that are real it equals the key mask alone (the padded queries have no key:
+    zero attention output, the residual passes them through)."""
+    m = block()
+    x = rand(2, T, E, seed=1)
+    key_ok = np.ones((2, T), bool)
+    key_ok[1, 3:] = False
+    query_ok = key_ok
+    flax_mask = nnx.make_attention_mask(query_ok, key_ok)
+    assert flax_mask.shape == (2, 1, T, T) and flax_mask.dtype == jnp.float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every element keeps a key: no warning
+        y = m(x, attention_mask=flax_mask)
+        y_keys = m(x, key_mask=key_ok)
+    assert diff(np.asarray(y)[query_ok], np.asarray(y_keys)[query_ok]) <= 1e-6
+    # make_causal_mask on a causal block: the causal mask again; combined with the padding
+    causal = nnx.make_causal_mask(jnp.ones((2, T)))
+    assert diff(m(x, attention_mask=causal), m(x)) <= 1e-6
+    both = nnx.combine_masks(causal, flax_mask)
+    assert diff(np.asarray(m(x, attention_mask=both))[query_ok], np.asarray(y_keys)[query_ok]) <= 1e-6
+    # a per-head mask: the same mask for every head is the broadcast one
+    per_head = jnp.broadcast_to(flax_mask, (2, H, T, T)) > 0
+    assert diff(m(x, attention_mask=per_head), y) <= 1e-6
+    with pytest.raises(ValueError, match=rf"attention_mask must have shape .*\(2, {H}, {T}, {T}\).*got \(2, 2, {T}, {T}\)"):
+        m(x, attention_mask=per_head[:, :2])

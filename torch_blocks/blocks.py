@@ -428,7 +428,7 @@ def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_m
     valid[:, index:index + t] = True if kpm is None else ~kpm
     masks = {"self": cache_mask(index, t, valid)}
     if "memory_valid" in cache:
-        mv = cache["memory_valid"][:, None, :].expand(b, t, -1)
+        mv = cache["memory_valid"][:, None, None, :].expand(b, 1, t, -1)
         rows = mv.any(dim=-1, keepdim=True)
         masks["cross"] = Mask(~mv & rows, rows)
     y, extras, layers = module.run_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
