@@ -341,17 +341,19 @@ def overflow_message(chunk: int, index: int, length: int) -> str | None:
 
 class FullyMaskedWarning(UserWarning):
     """Attention masks left a batch element with no key to attend to at all (its attention
-    output is zero). Issued by both frameworks, once per cause (a padded element, or every
-    element empty: a mask in the other framework's convention), where the masks' values
-    are known in Python: eager calls, and masks that are constants under jit or grad
-    (traced masks are not checked: that would need a host callback). Silence it with
-    `warnings.filterwarnings("ignore", category=FullyMaskedWarning)`; see it at every
-    call with `warnings.simplefilter("always", FullyMaskedWarning)`."""
+    output is zero). Issued by both frameworks where the masks' values are known in Python
+    (eager calls, and masks that are constants under jit or grad; traced masks are not
+    checked: that would need a host callback), worded by what was seen: some elements
+    empty (a padded element holding no tokens) or every element (a mask in the other
+    framework's convention).
+
+    Shown once per cause per process, unless a warnings filter of yours matches it, which
+    then decides as usual: silence it with
+    `warnings.filterwarnings("ignore", category=FullyMaskedWarning)`, see it at every call
+    with `warnings.simplefilter("always", FullyMaskedWarning)`, or make it an error."""
 
 
-# once per message (each cause has one fixed text), wherever raised; filters the user adds
-# later go in front of this one (and one added before is not overridden: append=True)
-warnings.filterwarnings("once", category=FullyMaskedWarning, append=True)
+_SHOWN: set[str] = set()  # the texts already shown (one per cause and framework)
 
 
 def fully_masked_message(every: bool, framework: str) -> str:
@@ -373,23 +375,43 @@ def fully_masked_message(every: bool, framework: str) -> str:
 
 def warn_fully_masked(empty: Any, batch: int, framework: str) -> None:
     """Issue the FullyMaskedWarning for `empty`, the batch elements (indices) that have no
-    key at all, out of `batch`; nothing when there are none. Points at the first frame
-    outside this library and the frameworks (the user's call)."""
-    empty = list(empty)
-    if empty:
-        warnings.warn(fully_masked_message(len(empty) >= batch, framework), FullyMaskedWarning,
-                      stacklevel=_outside_stacklevel())
+    key at all, out of `batch`; nothing when there are none. It points at the first frame
+    outside this library and the frameworks (the user's call). Once per text, unless a
+    warnings filter matches it (its action then rules: Python's own "default" registry
+    would repeat it, as every warnings.catch_warnings resets that registry)."""
+    if not len(empty):
+        return
+    text = fully_masked_message(len(empty) >= batch, framework)
+    level, frame = _outside_caller()
+    if _filter_action(text, frame) in (None, "default"):
+        if text in _SHOWN:
+            return
+        _SHOWN.add(text)
+    warnings.warn(text, FullyMaskedWarning, stacklevel=level)
 
 
-def _outside_stacklevel() -> int:
-    """warnings.warn's stacklevel of the first caller outside flax_blocks, torch_blocks,
-    jax, flax and torch (as Python 3.12's skip_file_prefixes)."""
-    prefixes = tuple(os.path.dirname(m.__file__) + os.sep for name in ("flax_blocks", "torch_blocks", "jax", "flax", "torch")
+def _outside_caller() -> tuple[int, Any]:
+    """(warnings.warn's stacklevel as called in warn_fully_masked, frame) of the first
+    caller outside flax_blocks, torch_blocks, jax, flax and torch (as Python 3.12's
+    skip_file_prefixes)."""
+    prefixes = tuple(os.path.dirname(m.__file__) + os.sep for name in ("flax_blocks", "torch_blocks", "jax", "flax",
+                                                                        "torch")
                      if (m := sys.modules.get(name)) is not None and getattr(m, "__file__", None))
-    frame, level = sys._getframe(2), 2  # level 1: warn_fully_masked's caller's frame
-    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
+    frame, level = sys._getframe(2), 2  # warn_fully_masked's caller
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(prefixes):
         frame, level = frame.f_back, level + 1
-    return level
+    return level, frame
+
+
+def _filter_action(text: str, frame: Any) -> str | None:
+    """The action of the first warnings filter matching a FullyMaskedWarning of `text`
+    raised at `frame`, or None."""
+    module, lineno = frame.f_globals.get("__name__", "<string>"), frame.f_lineno
+    for action, message, category, mod, line in warnings.filters:
+        if ((message is None or message.match(text)) and issubclass(FullyMaskedWarning, category)
+                and (mod is None or mod.match(module)) and (line == 0 or line == lineno)):
+            return action
+    return None
 
 
 def invert_mask(mask: Any) -> Any:
