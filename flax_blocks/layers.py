@@ -50,8 +50,10 @@ def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str,
     sizes = {kind: sum(math.prod(shape) for *_, chunks in entries for shape, spec in chunks if spec[0] == kind)
              for kind in ("uniform", "normal")}
     k_uniform, k_normal = jax.random.split(key)
-    pools = {"uniform": jax.random.uniform(k_uniform, (sizes["uniform"],), dtype, -1.0, 1.0) if sizes["uniform"] else None,
-             "normal": jax.random.normal(k_normal, (sizes["normal"],), dtype) if sizes["normal"] else None}
+    pools = {  # (a kind that is not used is not drawn: each random kernel costs compile time)
+        "uniform": jax.random.uniform(k_uniform, (sizes["uniform"],), dtype, -1.0, 1.0) if sizes["uniform"] else None,
+        "normal": jax.random.normal(k_normal, (sizes["normal"],), dtype) if sizes["normal"] else None,
+    }
     used = {"uniform": 0, "normal": 0}
 
     def draw(shape: tuple[int, ...], spec: tuple[str, float]) -> jax.Array:

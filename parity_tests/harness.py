@@ -198,7 +198,7 @@ def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> R
     tdt = TORCH_DTYPES[dtype]
     x = torch.tensor(inp.x, dtype=tdt, requires_grad=True)
     # torch's convention; a per-head mask (B, H, T, S) as nn.MultiheadAttention takes it, (B * H, T, S)
-    to_t = lambda m: None if m is None else invert_mask(torch.from_numpy(m)).flatten(0, max(m.ndim - 3, 0))  # noqa: E731
+    to_t = lambda m: None if m is None else invert_mask(torch.from_numpy(m)).flatten(0, max(m.ndim - 3, 0))  # noqa
     args = []
     memory = None
     if case.kind in DECODERS:

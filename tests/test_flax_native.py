@@ -161,7 +161,8 @@ def test_flax_mask_helpers_are_taken_as_they_come():
     # a per-head mask: the same mask for every head is the broadcast one
     per_head = jnp.broadcast_to(flax_mask, (2, H, T, T)) > 0
     assert diff(m(x, attention_mask=per_head), y) <= 1e-6
-    with pytest.raises(ValueError, match=rf"attention_mask must have shape .*\(2, {H}, {T}, {T}\).*got \(2, 2, {T}, {T}\)"):
+    shape = rf"attention_mask must have shape .*\(2, {H}, {T}, {T}\).*got \(2, 2, {T}, {T}\)"
+    with pytest.raises(ValueError, match=shape):
         m(x, attention_mask=per_head[:, :2])
 
 
