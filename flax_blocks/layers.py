@@ -3,28 +3,22 @@
 `create_params` turns a component's declared `Param`s into `nnx.Param` attributes (each
 carrying its logical `axes` as metadata, which `flax_blocks.sharding` reads), drawn from
 the declared distributions. Children are built by the caller.
-
-`initial_values` draws every parameter of a component tree (a whole block) in one jitted
-function, from one uniform and one normal draw: a block's first construction compiles one
-small program instead of one random-number kernel per parameter shape (which dominated
-construction time on a CPU: threefry kernels take ~0.5 s each to compile). A block draws
-its tree once and hands each child its part (`values=`); a module built alone draws its own.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from .config import BlockConfig
-from .declarations import Component
+from .declarations import Component, Param
 
 
-def _walk(comp: Component, path: tuple[str, ...] = ()):
+def _walk(comp: Component, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Param]]:
     """(path of the owning module, Param) of every parameter of `comp` and its children."""
     for p in comp.params:
         yield path, p
@@ -74,6 +68,12 @@ def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str,
     return out
 
 
+# Every parameter of a component tree (a whole block) in one jitted function, from one
+# uniform and one normal draw: a block's first construction compiles one small program
+# instead of one random-number kernel per parameter shape, which dominated construction
+# time on a CPU (a threefry kernel takes ~0.5 s to compile; a 2-layer d64 Encoder took
+# 5-7 s to build, now ~1 s). A block draws its tree once and hands each child its part
+# (`values=`); a module built alone draws its own.
 initial_values = jax.jit(_values, static_argnums=(1, 2))
 initial_values.__doc__ = _values.__doc__
 
