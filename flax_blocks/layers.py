@@ -89,16 +89,16 @@ def create_params(module: nnx.Module, component: Component, cfg: BlockConfig, rn
         setattr(module, p.flax, nnx.Param(values[p.flax], axes=p.axes))
 
 
+def compute_dtype(cfg: BlockConfig):
+    return None if cfg.dtype is None else jnp.dtype(cfg.dtype)
+
+
 def dropout(cfg: BlockConfig, rngs: nnx.Rngs) -> nnx.Dropout:
     """An nnx.Dropout of rate cfg.dropout. At rate 0 it holds no RNG stream: a dropout-free
     module carries no RNG state (nnx.state(m, nnx.RngState) is empty, parameter counts
     match the torch twin's, and Linen's init through nnx.bridge.to_linen needs only a
     params key), yet still follows .train() / .eval() and `deterministic`."""
     return nnx.Dropout(cfg.dropout, rngs=rngs if cfg.dropout > 0 else None)
-
-
-def compute_dtype(cfg: BlockConfig):
-    return None if cfg.dtype is None else jnp.dtype(cfg.dtype)
 
 
 class Linear(nnx.Module):
