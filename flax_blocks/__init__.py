@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import BlockConfig, invert_mask
+from .config import BlockConfig, FullyMaskedWarning, invert_mask
 
 _LAZY = {
     "ResidualMHA": "blocks",
@@ -33,7 +33,7 @@ _LAZY = {
     "to_hf": "hf",
 }
 
-__all__ = ["BlockConfig", "invert_mask", *_LAZY]
+__all__ = ["BlockConfig", "FullyMaskedWarning", "invert_mask", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

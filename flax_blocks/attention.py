@@ -1,9 +1,11 @@
 """Multi-head attention for Flax NNX, owning every option: masks, causal, grouped-query
 heads, QK-norm, rotary positions and the attention weights. The masks it takes.
 
-Mask convention (flax's): True means "may attend". Rows in which every key is masked
-give a zero attention output (and zero attention weights) on both sides of the project,
-so a residual block passes such a position through its skip path unchanged.
+Mask convention (flax's): True means "may attend"; Flax's own mask helpers are taken as
+they come (nnx.make_attention_mask / make_causal_mask: (B, 1, T, S) of 0 / 1 floats),
+and per-head masks (B, H, T, S). Rows in which every key is masked give a zero attention
+output (and zero attention weights) on both sides of the project, so a residual block
+passes such a position through its skip path unchanged.
 
 Three implementations of the same attention (`Attention`'s `path`): "dense" (explicit
 softmax, weights, every mask), "blocked" (online softmax over key blocks, O(T * block)
@@ -13,23 +15,47 @@ memory) and "fused" (jax.nn.dot_product_attention). BlockConfig.attention choose
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from . import declarations
-from .config import BlockConfig, check_attention_call, fully_masked_message
-from .layers import Norm, compute_dtype, create_params
+from .config import BlockConfig, check_attention_call, warn_fully_masked
+from .layers import Norm, compute_dtype, create_params, dropout, initial_values
 
 
-def _check_bool(name: str, mask: jax.Array, shapes: list[tuple[int, ...]]) -> None:
-    if mask.dtype != jnp.bool_:
-        raise TypeError(f"{name} must be a boolean array (True = may attend), got dtype {mask.dtype}")
-    if tuple(mask.shape) not in shapes:
-        raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {tuple(mask.shape)}")
+def _concrete(a) -> np.ndarray | None:
+    """a's values when Python can read them (numpy, an eager or constant jax array), else
+    None (a tracer: jit's or export's arguments)."""
+    return None if a is None or isinstance(a, jax.core.Tracer) else np.asarray(a)
+
+
+def as_bool_mask(name: str, mask, shapes: list[tuple[int, ...]]) -> jax.Array:
+    """`mask` as a boolean array (True = may attend), checked against `shapes`.
+
+    Flax's conventions are taken: booleans, and numbers 0 / 1 (1 = may attend) as
+    nnx.make_attention_mask / make_causal_mask make them (float32 by default). A numeric
+    mask holding other values (torch's additive masks: 0 = may attend, -inf = may not)
+    is refused where its values can be read (eagerly, or a constant under jit); a traced
+    one is read as mask > 0 (an additive mask then masks every key)."""
+    dtype = jnp.result_type(mask)
+    if dtype != jnp.bool_ and not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        raise TypeError(f"{name} must be a boolean array (True = may attend) or 0 / 1 numbers as "
+                        f"nnx.make_attention_mask makes them (1 = may attend), got dtype {dtype}")
+    if tuple(jnp.shape(mask)) not in shapes:
+        raise ValueError(f"{name} must have shape {' or '.join(map(str, dict.fromkeys(shapes)))}, "
+                         f"got {tuple(jnp.shape(mask))}")
+    if dtype == jnp.bool_:
+        return jnp.asarray(mask)
+    values = _concrete(mask)
+    if values is not None and not np.isin(values, (0, 1)).all():
+        odd = np.unique(values[~np.isin(values, (0, 1))])[:3].tolist()
+        raise ValueError(
+            f"{name} of dtype {dtype} holds {odd}: a numeric mask must hold 1 (may attend) and 0 (may not), as "
+            f"Flax's nnx.make_attention_mask / make_causal_mask make it. An additive mask (0 = may attend, -inf = "
+            f"may not: torch's float convention) is not Flax's; pass `mask == 0` (a boolean, True = may attend)")
+    return jnp.asarray(mask) > 0
 
 
 def build_mask(
@@ -44,32 +70,36 @@ def build_mask(
 ) -> tuple[jax.Array | None, jax.Array | None]:
     """Combine the causal flag and the user's masks into one boolean mask.
 
-    attention_mask: (seq, keys) or (batch, seq, keys), True = query may attend to key.
-    key_mask: (batch, keys), True = real key (False = padding).
+    attention_mask: (seq, keys), (batch, seq, keys), or Flax's 4-D (batch, 1, seq, keys)
+    and per-head (batch, heads, seq, keys) (a leading 1 broadcasts over the batch);
+    True (or 1, as nnx.make_attention_mask makes it) = query may attend to key.
+    key_mask: (batch, keys), True (or 1) = real key (False = padding).
     keys: the number of keys (default seq; a cross-attention's memory length);
     causal: default cfg.causal (cross-attention passes False).
-    Returns (mask of shape (batch or 1, 1, seq, keys) or None,
-             rows of shape (batch or 1, 1, seq, 1) that have at least one key, or None).
+    Returns (mask of shape (batch or 1, heads or 1, seq, keys) or None,
+             rows of shape (batch or 1, heads or 1, seq, 1) that have at least one key, or None).
     Masked-out rows are opened up in `mask` and zeroed after attention with `rows`.
+    Batch elements left without any key warn (`FullyMaskedWarning`) where the masks'
+    values are known in Python.
     """
     keys = seq if keys is None else keys
+    causal = cfg.causal if causal is None else causal
+    h = cfg.num_heads
     mask = None
-    if cfg.causal if causal is None else causal:
+    if causal:
         mask = jnp.tril(jnp.ones((seq, keys), jnp.bool_))[None, None]
     if attention_mask is None and key_mask is None:
         return mask, None
     if attention_mask is not None:
-        attention_mask = jnp.asarray(attention_mask)
-        _check_bool("attention_mask", attention_mask, [(seq, keys), (batch, seq, keys)])
-        m = attention_mask.reshape((-1, 1, seq, keys))
-        mask = m if mask is None else mask & m
+        shapes = [(seq, keys), (batch, seq, keys)] + [(n, m, seq, keys) for n in (batch, 1) for m in (1, h)]
+        am = as_bool_mask("attention_mask", attention_mask, shapes)
+        am = am if am.ndim == 4 else am.reshape((-1, 1, seq, keys))
+        mask = am if mask is None else mask & am
     if key_mask is not None:
-        key_mask = jnp.asarray(key_mask)
-        _check_bool("key_mask", key_mask, [(batch, keys)])
-        m = key_mask[:, None, None, :]
-        mask = m if mask is None else mask & m
+        km = as_bool_mask("key_mask", key_mask, [(batch, keys)])[:, None, None, :]
+        mask = km if mask is None else mask & km
+    _warn_if_fully_masked(batch, seq, keys, causal, attention_mask, key_mask)
     rows = jnp.any(mask, axis=-1, keepdims=True)
-    _warn_if_fully_masked(rows)
     return mask | ~rows, rows
 
 
@@ -112,9 +142,9 @@ def self_attention_masks(cfg: BlockConfig, path: str, batch: int, seq: int, atte
     if attention_mask is not None:
         raise ValueError(f"the {path} attention path takes no attention_mask (a key mask only)")
     if key_mask is not None:
-        key_mask = jnp.asarray(key_mask)
-        _check_bool("key_mask", key_mask, [(batch, seq)])
-        _warn_if_fully_masked(key_mask)  # an element without a real key: as build_mask warns
+        checked = as_bool_mask("key_mask", key_mask, [(batch, seq)])
+        _warn_if_fully_masked(batch, seq, seq, cfg.causal, None, key_mask)  # as build_mask warns
+        key_mask = checked
     return {"self": (None, None), "key_valid": key_mask}
 
 
@@ -200,13 +230,26 @@ def cache_mask(index: jax.Array | int, seq: int, valid: jax.Array) -> tuple[jax.
     return mask | ~rows, rows
 
 
-def _warn_if_fully_masked(rows: jax.Array) -> None:
-    """Eager calls only (under jit the masks are abstract and this costs nothing)."""
-    if isinstance(rows, jax.core.Tracer):
+def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attention_mask, key_mask) -> None:
+    """The FullyMaskedWarning for batch elements that the user's masks leave without any
+    key, read in numpy where the masks' values are known in Python (eager calls, constants
+    under jit or grad); traced masks are not checked. (A causal mask alone leaves every
+    query its own position.)"""
+    am, km = _concrete(attention_mask), _concrete(key_mask)
+    if (attention_mask is not None and am is None) or (key_mask is not None and km is None):
         return
-    empty = np.flatnonzero(~np.asarray(rows).reshape(rows.shape[0], -1).any(axis=1))
-    if empty.size:
-        warnings.warn(fully_masked_message(empty, "flax"), UserWarning, stacklevel=4)
+    if not all(isinstance(n, int) for n in (batch, seq, keys)):
+        return  # symbolic shapes (jax.export)
+    if am is None:  # a key mask alone: an element has a key if one it may see is real
+        has_key = (km[:, :min(seq, keys)] if causal else km).any(axis=1)
+    else:  # (booleans, or 0 / 1 numbers that as_bool_mask checked)
+        allowed = (am > 0) if am.ndim == 4 else (am > 0).reshape(-1, 1, seq, keys)
+        if causal:
+            allowed = allowed & np.tri(seq, keys, dtype=bool)
+        if km is not None:
+            allowed = allowed & (km > 0)[:, None, None, :]
+        has_key = np.broadcast_to(allowed.reshape(allowed.shape[0], -1).any(axis=1), (batch,))
+    warn_fully_masked(np.flatnonzero(~has_key), batch, "flax")
 
 
 def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -234,16 +277,19 @@ class Attention(nnx.Module):
     in_proj_weight ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
     """
 
-    def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *, rngs: nnx.Rngs,
+                 values: dict | None = None):
         component = component or declarations.attention(cfg)
         self.cfg = cfg
-        create_params(self, component, cfg, rngs)
+        if values is None:  # built alone: draw the whole tree (norms included) at once
+            values = initial_values(rngs.params(), component, cfg)
+        create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
-            setattr(self, name, Norm(cfg, child, rngs=rngs))
+            setattr(self, name, Norm(cfg, child, rngs=rngs, values=values[name]))
         for name in ("in_bias", "out_bias", "q_norm", "k_norm"):  # options that are off
             if not hasattr(self, name):
                 setattr(self, name, None)
-        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.dropout = dropout(cfg, rngs)
         self.dtype = compute_dtype(cfg)
 
     def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -290,7 +336,8 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E).
 
-        mask (B|1, 1, T, S) and rows (B|1, 1, T, 1) from `build_mask` / `cache_mask`; key:
+        mask (B|1, H|1, T, S) and rows (B|1, H|1, T, 1) from `build_mask` / `cache_mask` (a
+        head with no key gives no output; a query with none in any head none at all); key:
         dropout key (None: the module's own RNG stream); deterministic: dropout off (True),
         on (False) or as the module's mode (None).
         cache: for self-attention {"k", "v"} of shape (B, L, K, hd): x is the chunk at
@@ -359,6 +406,6 @@ class Attention(nnx.Module):
         out = jnp.dot(out, w_out.reshape(h * d, e)).reshape(b, t, e)
         if b_out is not None:
             out = out + b_out
-        if rows is not None:  # a query with no key gets no attention output, bias included
-            out = jnp.where(rows[:, 0], out, 0.0)
+        if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
+            out = jnp.where(jnp.any(rows, axis=1), out, 0.0)
         return out, weights, logit_max, cache

@@ -10,6 +10,10 @@ and sublayers come from `declarations.BLOCKS`; the residual formula from
 Causal modules decode incrementally: `cache = m.init_cache(batch, max_length)` (a decoder
 also takes the memory, whose keys and values are computed once), then
 `y, cache = m(x_chunk, cache=cache)` for each chunk of one or more new positions.
+A chunk that passes max_length is an error: eagerly a ValueError; in traced code (jit,
+jax.export, where raising would need a host callback, which an exported program cannot
+hold) it sets the cache's sticky flag `cache["overflow"]` (a bool array), and the
+outputs from then on are meaningless: check the flag, e.g. once after a generation loop.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from .attention import Attention, attention_path, build_mask, cache_mask, self_a
 from .config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
                      overflow_message, residual_update)
 from .declarations import FINAL_NORM, Sublayer
-from .layers import Linear, Norm, create_params
+from .layers import Linear, Norm, create_params, dropout, initial_values
 
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,
@@ -76,15 +80,16 @@ class _Block(nnx.Module):
         self.cfg = cfg = cfg.resolve()
         component = declarations.block(cfg, self.kind)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
-        create_params(self, component, cfg, rngs)
+        values = initial_values(rngs.params(), component, cfg)  # the whole block in one jitted draw
+        create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
-            setattr(self, name, MODULES[child.kind](cfg, child, rngs=rngs))
+            setattr(self, name, MODULES[child.kind](cfg, child, rngs=rngs, values=values[name]))
         for sub in self.sublayers:  # modules of options that are off (no norm, no gate...)
             for name in (*sub.modules, sub.norm, sub.norm_out, sub.scale):
                 if not hasattr(self, name):
                     setattr(self, name, None)
-        self.dropout_act = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.dropouts = nnx.List([nnx.Dropout(cfg.dropout, rngs=rngs) for _ in self.sublayers])
+        self.dropout_act = dropout(cfg, rngs)
+        self.dropouts = nnx.List([dropout(cfg, rngs) for _ in self.sublayers])
 
     def run_prepared(
         self, x: jax.Array, masks: dict[str, Any], key: jax.Array | None = None,
@@ -377,7 +382,8 @@ class Encoder(_Stack):
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """An empty cache for incremental decoding of up to `max_length` positions (causal only):
-        {"index": (), "valid": (B, L), "layers": {"self": {"k", "v"}} with leading layer axis}."""
+        {"index": (), "valid": (B, L), "overflow": () bool (see the module's notes),
+        "layers": {"self": {"k", "v"}} with leading layer axis}."""
         return _new_cache(self, batch_size, max_length, self._stack_cache)
 
     def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
@@ -471,7 +477,8 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     cfg = module.cfg
     check_new_cache(cfg, type(module).__name__, batch_size, max_length)
     dtype = _compute_dtype(cfg, jnp.float32)
-    cache: Cache = {"index": jnp.zeros((), jnp.int32), "valid": jnp.zeros((batch_size, max_length), jnp.bool_)}
+    cache: Cache = {"index": jnp.zeros((), jnp.int32), "valid": jnp.zeros((batch_size, max_length), jnp.bool_),
+                    "overflow": jnp.zeros((), jnp.bool_)}
     if memory is not None:
         memory, _ = _as_batched(cfg, memory, "memory")
         if memory.shape[0] != batch_size:
@@ -487,19 +494,16 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     return cache
 
 
-def _check_room(index: jax.Array, chunk: int, length: int) -> None:
-    """A chunk past the cache's end is an error, not a silent wrap-around: eagerly a
-    ValueError; under jit an error raised from the compiled program (jax.debug.callback)."""
-
-    def fail(i):
-        message = overflow_message(chunk, int(i), length)
+def _overflows(index: jax.Array, chunk: int, length: int) -> jax.Array:
+    """Whether a chunk of `chunk` positions at `index` passes the cache's end: a bool ().
+    Eagerly (a concrete index) an overflow is a ValueError. Traced (jit, export) it cannot
+    raise without a host callback, which jax.export cannot serialise: the caller sets the
+    cache's "overflow" flag instead."""
+    if not isinstance(index, jax.core.Tracer):
+        message = overflow_message(chunk, int(index), length)
         if message:
             raise ValueError(message)
-
-    if isinstance(index, jax.core.Tracer):
-        jax.debug.callback(fail, index)
-    else:
-        fail(index)
+    return index + chunk > length
 
 
 def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask, return_intermediates,
@@ -508,7 +512,7 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
                                      masks=attention_mask is not None or memory_mask is not None,
                                      memory=memory is not None)
     index = cache["index"]
-    _check_room(index, t, length)
+    overflow = cache["overflow"] | _overflows(index, t, length)
     km = jnp.ones((b, t), jnp.bool_) if key_mask is None else jnp.asarray(key_mask)
     if km.dtype != jnp.bool_ or km.shape != (b, t):
         raise ValueError(f"key_mask of a cached call must be a boolean (batch, chunk) = {(b, t)} array, "
@@ -528,7 +532,7 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
         y, extras, layers = module.run_prepared(x, masks, deterministic=deterministic, cache=cache["layers"],
                                                 index=index)
         out = (y, extras) if return_intermediates else y
-    new = {**cache, "index": index + t, "valid": valid, "layers": layers}
+    new = {**cache, "index": index + t, "valid": valid, "layers": layers, "overflow": overflow}
     return (*out, new) if return_intermediates else (out, new)
 
 

@@ -14,6 +14,9 @@ default; a LLaMA-like block is
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
@@ -316,8 +319,8 @@ def check_cached_call(cfg: BlockConfig, kind: str, cache: Any, shape: tuple[int,
     memory were passed (a cached call takes neither)."""
     if not cfg.causal:
         raise ValueError(f"{kind} is not causal (cfg.causal=False): it takes no cache")
-    if not isinstance(cache, dict) or not {"index", "valid", "layers"} <= set(cache):
-        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers)")
+    if not isinstance(cache, dict) or not {"index", "valid", "layers", "overflow"} <= set(cache):
+        raise TypeError("cache must be what init_cache returned (a dict with index, valid, layers, overflow)")
     if masks:
         raise ValueError("a cached call is causal by construction: pass a key padding mask (batch, chunk) for "
                          "padding, not attention masks")
@@ -336,16 +339,79 @@ def overflow_message(chunk: int, index: int, length: int) -> str | None:
     return None
 
 
-def fully_masked_message(elements: Any, framework: str) -> str:
-    """The warning for batch elements in which no query has any key to attend to: almost
-    always a mask written in the other framework's convention."""
+class FullyMaskedWarning(UserWarning):
+    """Attention masks left a batch element with no key to attend to at all (its attention
+    output is zero). Issued by both frameworks where the masks' values are known in Python
+    (eager calls, and masks that are constants under jit or grad; traced masks are not
+    checked: that would need a host callback), worded by what was seen: some elements
+    empty (a padded element holding no tokens) or every element (a mask in the other
+    framework's convention).
+
+    Shown once per cause per process, unless a warnings filter of yours matches it, which
+    then decides as usual: silence it with
+    `warnings.filterwarnings("ignore", category=FullyMaskedWarning)`, see it at every call
+    with `warnings.simplefilter("always", FullyMaskedWarning)`, or make it an error."""
+
+
+_SHOWN: set[str] = set()  # the texts already shown (one per cause and framework)
+
+
+def fully_masked_message(every: bool, framework: str) -> str:
+    """The warning's text for batch elements with no key to attend to at all: some of them
+    (every=False; a padded element holding no tokens does this) or every element of the
+    batch (almost always a mask written in the other framework's convention)."""
     mine, other = ("True = may attend", "True = may NOT attend") if framework == "flax" else (
         "True = may NOT attend", "True = may attend")
-    return (
-        f"every query of batch element(s) {list(map(int, elements))} has no key to attend to, so their "
-        f"attention output is zero. {framework} masks mean {mine}; a mask written in the other convention "
-        f"({other}) does this: convert it with invert_mask()."
-    )
+    if not every:
+        return (f"{framework}: some batch elements have no key to attend to at all (every key masked), so their "
+                f"attention output is zero and each block passes them through its residual. Expected for a padded "
+                f"element that holds no tokens. If they do hold tokens, the mask is in the other framework's "
+                f"convention ({other}; {framework}: {mine}): convert it with invert_mask(). "
+                f"(Shown once; FullyMaskedWarning.)")
+    return (f"{framework}: no batch element has any key to attend to, so every attention output is zero. "
+            f"{framework} masks mean {mine}; a mask written in the other framework's convention ({other}) "
+            f"does this: convert it with invert_mask(). (Shown once; FullyMaskedWarning.)")
+
+
+def warn_fully_masked(empty: Any, batch: int, framework: str) -> None:
+    """Issue the FullyMaskedWarning for `empty`, the batch elements (indices) that have no
+    key at all, out of `batch`; nothing when there are none. It points at the first frame
+    outside this library and the frameworks (the user's call). Once per text, unless a
+    warnings filter matches it (its action then rules: Python's own "default" registry
+    would repeat it, as every warnings.catch_warnings resets that registry)."""
+    if not len(empty):
+        return
+    text = fully_masked_message(len(empty) >= batch, framework)
+    level, frame = _outside_caller()
+    if _filter_action(text, frame) in (None, "default"):
+        if text in _SHOWN:
+            return
+        _SHOWN.add(text)
+    warnings.warn(text, FullyMaskedWarning, stacklevel=level)
+
+
+def _outside_caller() -> tuple[int, Any]:
+    """(warnings.warn's stacklevel as called in warn_fully_masked, frame) of the first
+    caller outside flax_blocks, torch_blocks, jax, flax and torch (as Python 3.12's
+    skip_file_prefixes)."""
+    prefixes = tuple(os.path.dirname(m.__file__) + os.sep for name in ("flax_blocks", "torch_blocks", "jax", "flax",
+                                                                        "torch")
+                     if (m := sys.modules.get(name)) is not None and getattr(m, "__file__", None))
+    frame, level = sys._getframe(2), 2  # warn_fully_masked's caller
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(prefixes):
+        frame, level = frame.f_back, level + 1
+    return level, frame
+
+
+def _filter_action(text: str, frame: Any) -> str | None:
+    """The action of the first warnings filter matching a FullyMaskedWarning of `text`
+    raised at `frame`, or None."""
+    module, lineno = frame.f_globals.get("__name__", "<string>"), frame.f_lineno
+    for action, message, category, mod, line in warnings.filters:
+        if ((message is None or message.match(text)) and issubclass(FullyMaskedWarning, category)
+                and (mod is None or mod.match(module)) and (line == 0 or line == lineno)):
+            return action
+    return None
 
 
 def invert_mask(mask: Any) -> Any:

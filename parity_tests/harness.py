@@ -147,8 +147,9 @@ def flax_twin(case: Case, tmodule: torch.nn.Module, dtype: str, cfg: fb.BlockCon
 
 @dataclass
 class Inputs:
-    """x (B, T, E), cotangent r (B, T, E), masks in flax's convention (True = may attend);
-    for decoders a memory (B, S, E) and its key mask (B, S)."""
+    """x (B, T, E), cotangent r (B, T, E), masks in flax's convention (True = may attend;
+    attention_mask (B, T, T), or per head (B, H, T, T)); for decoders a memory (B, S, E)
+    and its key mask (B, S)."""
 
     x: np.ndarray
     r: np.ndarray
@@ -196,7 +197,8 @@ class Result:
 def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> Result:
     tdt = TORCH_DTYPES[dtype]
     x = torch.tensor(inp.x, dtype=tdt, requires_grad=True)
-    to_t = lambda m: None if m is None else invert_mask(torch.from_numpy(m))  # noqa: E731
+    # torch's convention; a per-head mask (B, H, T, S) as nn.MultiheadAttention takes it, (B * H, T, S)
+    to_t = lambda m: None if m is None else invert_mask(torch.from_numpy(m)).flatten(0, max(m.ndim - 3, 0))  # noqa
     args = []
     memory = None
     if case.kind in DECODERS:

@@ -18,6 +18,7 @@ from flax import nnx
 
 import flax_blocks as fb
 import flax_blocks.attention as fa
+from flax_blocks.config import FullyMaskedWarning
 import torch_blocks as tb
 
 from .cases import BASE, LLAMA
@@ -131,7 +132,7 @@ def test_blocked_path_warns_of_a_mask_in_the_other_convention():
     keys[1] = False
     for attention in ("dense", "blocked"):
         m = fb.TransformerBlock(replace(BASE, attention=attention, attention_block=2), rngs=nnx.Rngs(0))
-        with pytest.warns(UserWarning, match=r"batch element\(s\) \[1\]"):
+        with pytest.warns(FullyMaskedWarning, match=r"some batch elements have no key"):
             m(x, key_mask=keys)
 
 

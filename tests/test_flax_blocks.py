@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 import flax_blocks as fb
-from flax_blocks.config import BlockConfig, invert_mask
+from flax_blocks.config import BlockConfig, FullyMaskedWarning, invert_mask
 
 from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T, init_spec  # shared with test_torch_blocks.py
 
@@ -384,7 +384,7 @@ def test_fully_masked_rows(kind):
     key_mask = np.ones((B, T), bool)
     key_mask[1] = False  # batch 1: every key is padding
     x = rand(B, T, E)
-    with pytest.warns(UserWarning, match=r"batch element\(s\) \[1\] has no key.*invert_mask"):
+    with pytest.warns(FullyMaskedWarning, match=r"some batch elements have no key.*padded element.*invert_mask"):
         y, extra = call(m, x, attn, key_mask, return_intermediates=True)  # eager: the convention check warns
     y = npy(y)
     assert np.isfinite(y).all()
@@ -669,15 +669,22 @@ def test_trace_helper_traces_good_input():
 def test_bad_masks(kind):
     m = build(kind, make_cfg())
     x = np.zeros((B, T, E), np.float32)
+    additive = np.where(np.tril(np.ones((T, T), bool)), 0.0, -np.inf).astype(np.float32)  # torch's float mask
     for attn, key_mask, exc, fragments in [
         (np.ones((T, T + 1), bool), None, ValueError, ["attention_mask", f"({T}, {T + 1})", f"({T}, {T})"]),
         (np.ones((B + 1, T, T), bool), None, ValueError, ["attention_mask", f"({B + 1}, {T}, {T})"]),
         (None, np.ones((B, T + 1), bool), ValueError, ["key_mask", f"({B}, {T + 1})", f"({B}, {T})"]),
         (None, np.ones((T,), bool), ValueError, ["key_mask", f"({T},)"]),
-        (np.ones((T, T), np.float32), None, TypeError, ["attention_mask", "float32", "bool"]),
-        (None, np.ones((B, T), np.int32), TypeError, ["key_mask", "int32", "bool"]),
+        (np.ones((T, T), np.complex64), None, TypeError, ["attention_mask", "complex64", "bool", "0 / 1"]),
+        (None, np.ones((B, T), np.complex64), TypeError, ["key_mask", "complex64", "bool"]),
+        # numbers other than 0 / 1: refused where the values are known (eagerly; traced: read as mask > 0)
+        (additive, None, ValueError, ["attention_mask", "float32", "-inf", "additive", "mask == 0"]),
+        (None, np.full((B, T), 2, np.int32), ValueError, ["key_mask", "int32", "[2]", "1 (may attend) and 0"]),
     ]:
-        for run in (lambda: call(m, x, attn, key_mask), lambda: traced(m, x, attn, key_mask)):
+        runs = [lambda: call(m, x, attn, key_mask)]
+        if "additive" not in fragments and "[2]" not in fragments:  # shapes and dtypes: traced too
+            runs.append(lambda: traced(m, x, attn, key_mask))
+        for run in runs:
             with pytest.raises(exc) as e:
                 run()
             for f in fragments:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_blocks as tb
-from flax_blocks.config import BlockConfig, invert_mask
+from flax_blocks.config import BlockConfig, FullyMaskedWarning, invert_mask
 
 from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T, init_spec  # shared with test_flax_blocks.py
 
@@ -278,7 +278,7 @@ def test_fully_masked_rows(kind):
     kpm = torch.zeros(B, T, dtype=torch.bool)
     kpm[1] = True  # batch 1: every key is padding
     x = rand(B, T, E).requires_grad_()
-    with pytest.warns(UserWarning, match=r"batch element\(s\) \[1\] has no key.*invert_mask"):
+    with pytest.warns(FullyMaskedWarning, match=r"some batch elements have no key.*padded element.*invert_mask"):
         y, extra = call(m, x, attn, kpm, return_intermediates=True)
     assert torch.isfinite(y).all()
     w = extra["attention_weights"]

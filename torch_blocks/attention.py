@@ -10,7 +10,6 @@ masked give a zero attention output (bias included) and zero weights, as in flax
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, NamedTuple
 
 import torch
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import BlockConfig, check_attention_call, fully_masked_message
+from flax_blocks.config import BlockConfig, check_attention_call, warn_fully_masked
 
 from .layers import Norm, create_params
 
@@ -43,9 +42,10 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
 
 
 class Mask(NamedTuple):
-    """A prepared attention mask. masked (B|1, T, S) bool, True = may NOT attend (rows
-    without any key opened up); rows (B|1, T, 1), True where a query has a key (None:
-    all have); bias (B|1, T, S) float added to the logits (stock torch's float masks)."""
+    """A prepared attention mask. masked (B|1, H|1, T, S) bool, True = may NOT attend (rows
+    without any key opened up); rows (B|1, H|1, T, 1), True where a query has a key in that
+    head (None: all have); bias (B|1, H|1, T, S) float added to the logits (stock torch's
+    float masks)."""
 
     masked: Tensor | None
     rows: Tensor | None = None
@@ -61,7 +61,8 @@ def _check_mask(name: str, mask: Tensor, shapes: list[tuple[int, ...]]) -> tuple
             f"logits (-inf = may NOT attend), got dtype {mask.dtype}"
         )
     if tuple(mask.shape) not in shapes:
-        raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got {tuple(mask.shape)}")
+        raise ValueError(f"{name} must have shape {' or '.join(map(str, dict.fromkeys(shapes)))}, "
+                         f"got {tuple(mask.shape)}")
     if mask.dtype == torch.bool:
         return mask, None
     masked = torch.isneginf(mask)
@@ -76,19 +77,28 @@ def build_mask(
     """Combine the causal flag and the user's masks (True = may NOT attend, or float masks
     added to the logits, as stock torch takes them).
 
-    attn_mask: (seq, keys) or (batch, seq, keys); key_padding_mask: (batch, keys), True =
-    padding; keys: default seq (a cross-attention's memory length); causal: default cfg.causal.
-    Returns None (nothing masked) or a `Mask` of (batch or 1, seq, keys) tensors.
+    attn_mask: (seq, keys), (batch, seq, keys), or per head (batch * heads, seq, keys) as
+    nn.MultiheadAttention takes it (row b * heads + h: element b, head h);
+    key_padding_mask: (batch, keys), True = padding; keys: default seq (a
+    cross-attention's memory length); causal: default cfg.causal.
+    Returns None (nothing masked) or a `Mask` of (batch or 1, heads or 1, seq, keys) tensors.
+    Batch elements left without any key warn (`FullyMaskedWarning`; CPU eager calls).
     """
     keys = seq if keys is None else keys
+    h = cfg.num_heads
     masked = bias = None
     if cfg.causal if causal is None else causal:
-        masked = torch.ones(seq, keys, dtype=torch.bool, device=device).triu(1)[None]
+        masked = torch.ones(seq, keys, dtype=torch.bool, device=device).triu(1)[None, None]
     if attn_mask is None and key_padding_mask is None:
         return None if masked is None else Mask(masked)
+
+    def attn_view(t: Tensor) -> Tensor:
+        n = t.shape[0] if t.dim() == 3 else 1
+        return t.reshape(n // h, h, seq, keys) if n == batch * h and h > 1 else t.reshape(-1, 1, seq, keys)
+
     for name, m, shapes, view in (
-        ("attn_mask", attn_mask, [(seq, keys), (batch, seq, keys)], lambda t: t.reshape(-1, seq, keys)),
-        ("key_padding_mask", key_padding_mask, [(batch, keys)], lambda t: t[:, None, :]),
+        ("attn_mask", attn_mask, [(seq, keys), (batch, seq, keys), (batch * h, seq, keys)], attn_view),
+        ("key_padding_mask", key_padding_mask, [(batch, keys)], lambda t: t[:, None, None, :]),
     ):
         if m is None:
             continue
@@ -96,9 +106,9 @@ def build_mask(
         masked = view(m_masked) if masked is None else masked | view(m_masked)
         if m_bias is not None:
             bias = view(m_bias) if bias is None else bias + view(m_bias)
-    masked = masked.expand(-1, seq, keys)  # a key-padding mask alone is (batch, 1, keys)
+    masked = masked.expand(-1, -1, seq, keys)  # a key-padding mask alone is (batch, 1, 1, keys)
     rows = ~masked.all(dim=-1, keepdim=True)
-    _warn_if_fully_masked(rows)
+    _warn_if_fully_masked(rows, batch)
     return Mask(masked & rows, rows, bias)
 
 
@@ -107,17 +117,17 @@ def cache_mask(index: int, seq: int, valid: Tensor) -> Mask:
     cache of L keys, `valid` (B, L) marking the keys written and not padding."""
     positions = index + torch.arange(seq, device=valid.device)
     allowed = (torch.arange(valid.shape[1], device=valid.device)[None, :] <= positions[:, None])[None] & valid[:, None, :]
+    allowed = allowed[:, None]  # (B, 1, seq, L)
     rows = allowed.any(dim=-1, keepdim=True)
     return Mask(~allowed & rows, rows)
 
 
-def _warn_if_fully_masked(rows: Tensor) -> None:
+def _warn_if_fully_masked(rows: Tensor, batch: int) -> None:
     """CPU eager calls only: elsewhere the check would cost a device sync."""
     if rows.device.type != "cpu" or torch.compiler.is_compiling():
         return
-    empty = torch.nonzero(~rows.reshape(rows.shape[0], -1).any(dim=1)).flatten()
-    if empty.numel():
-        warnings.warn(fully_masked_message(empty.tolist(), "torch"), UserWarning, stacklevel=4)
+    has_key = rows.reshape(rows.shape[0], -1).any(dim=1).expand(batch)
+    warn_fully_masked(torch.nonzero(~has_key).flatten().tolist(), batch, "torch")
 
 
 def rotary(x: Tensor, positions: Tensor, theta: float) -> Tensor:
@@ -216,13 +226,13 @@ class Attention(nn.Module):
             logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, H, T, S)
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never softmax in bf16
             if bias is not None:
-                logits = logits + bias[:, None]
+                logits = logits + bias
             if masked is not None:
-                logits = logits.masked_fill(masked[:, None], float("-inf"))
-            logit_max = logits.max() if rows is None else logits.masked_fill(~rows[:, None], float("-inf")).max()
+                logits = logits.masked_fill(masked, float("-inf"))
+            logit_max = logits.max() if rows is None else logits.masked_fill(~rows, float("-inf")).max()
             weights = logits.softmax(dim=-1)
             if rows is not None:
-                weights = torch.where(rows[:, None], weights, 0.0)
+                weights = torch.where(rows, weights, 0.0)
             weights = weights.to(v.dtype)
             out = F.dropout(weights, p, self.training) @ v  # (B, H, T, hd)
             if not need_weights:
@@ -230,13 +240,15 @@ class Attention(nn.Module):
         else:  # fused kernel; masked rows were opened up by build_mask, so none is empty
             sdpa_mask = None
             if bias is not None:
-                sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))[:, None]
+                sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
             elif masked is not None:
-                sdpa_mask = ~masked[:, None]  # SDPA's boolean convention: True = may attend
+                sdpa_mask = ~masked  # SDPA's boolean convention: True = may attend
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p, enable_gqa=kv != h)
+            if rows is not None and rows.shape[1] > 1:  # a head with no key (per-head masks) gives no output
+                out = torch.where(rows, out, 0.0)
         out = F.linear(out.transpose(1, 2).reshape(b, t, h * d), self.out_proj.weight, self.out_proj.bias)
-        if rows is not None:  # a query with no key gets no attention output, bias included
-            out = torch.where(rows, out, 0.0)
+        if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
+            out = torch.where(rows.any(dim=1), out, 0.0)
         return out, weights, logit_max, cache
 
     def position_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:

@@ -393,7 +393,9 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     cfg = module.cfg
     check_new_cache(cfg, type(module).__name__, batch_size, max_length)
     p = next(module.parameters())
-    cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device)}
+    # "overflow": the Flax twin's flag for traced calls; here an overflow always raises, so it stays False
+    cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device),
+                    "overflow": False}
     if memory is not None:
         memory, _ = _as_batched(cfg, memory, "memory")
         if memory.shape[0] != batch_size:
@@ -426,7 +428,7 @@ def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_m
     valid[:, index:index + t] = True if kpm is None else ~kpm
     masks = {"self": cache_mask(index, t, valid)}
     if "memory_valid" in cache:
-        mv = cache["memory_valid"][:, None, :].expand(b, t, -1)
+        mv = cache["memory_valid"][:, None, None, :].expand(b, 1, t, -1)
         rows = mv.any(dim=-1, keepdim=True)
         masks["cross"] = Mask(~mv & rows, rows)
     y, extras, layers = module.run_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
