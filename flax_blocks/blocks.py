@@ -139,8 +139,8 @@ class _Block(nnx.Module):
 
     def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None, h: jax.Array) -> tuple[jax.Array, dict]:
         """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h))).
-        Both matmuls on the (B*T, E) token matrix, as 2-D GEMMs (~10% faster per CPU train
-        step than on (B, T, E))."""
+        Both matmuls on the (B*T, E) token matrix, as 2-D GEMMs (faster on XLA:CPU than on
+        (B, T, E))."""
         up, gate, down = (getattr(self, name) for name in sub.modules)
         act = ACTIVATION_FNS[self.cfg.activation]
         t = h.reshape(-1, h.shape[-1])
@@ -293,11 +293,10 @@ class _Stack(nnx.Module):
     scan_layers: True (default) runs the layers as one jax.lax.scan: compile time flat in
     depth. False unrolls them into one program (parameters stay stacked, so checkpoints,
     conversion and sharding are unchanged): compile time grows with depth, but the backward
-    pass skips the scan's bookkeeping of stacked activations. On a CPU the unrolled 6-layer
-    d64 train step took 14% less time than the scanned one (experiments/results/bench); on
-    an accelerator, measure. Outputs and gradients are the same up to rounding. Not with
-    remat: unrolled, XLA merges the recomputation back into the forward (measured: the same
-    temp memory with and without), so the pair is refused."""
+    pass skips the scan's bookkeeping of stacked activations (docs/speed.md has the
+    measured step times). Outputs and gradients are the same up to rounding. Not with
+    remat: unrolled, XLA merges the recomputation back into the forward (the same temp
+    memory with and without), so the pair is refused."""
 
     block: type[_Block]
 
@@ -583,8 +582,8 @@ def _unrolled_scan(run, carry, xs):
 def _layer_boundary(h: jax.Array) -> jax.Array:
     """The identity on the stream after each unrolled layer; its derivative is a fusion
     barrier. Without one, XLA fuses the stream's cotangent (a sum over every later layer)
-    into each layer's gradient fusions, recomputing it there: O(L^2) work, which made a
-    24-layer unrolled train step 1.9 x torch's time against the scan's 1.3 (measured).
+    into each layer's gradient fusions, recomputing it there: O(L^2) work in depth (the
+    depth-linearity test in tests/test_unrolled_layers.py measures it).
     XLA:CPU drops optimization barriers before fusing, so there the tangent goes through a
     matmul with the identity matrix (exact for finite values: an inf becomes NaNs across
     its row; ~3% of a layer's train FLOPs at d64); on other platforms through an
