@@ -72,7 +72,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("norm_type", "compute", "'layernorm' (mean, variance, weight and bias), 'rmsnorm' (weight only) or "
            "'dyt', Dynamic Tanh weight * tanh(alpha * x) + bias (Zhu et al. 2025; not with qk_norm)", adds="dyt"),
     Option("dyt_alpha_init", "init", "DyT's initial alpha (the paper's default 0.5)", cli=False,
-           not_in_matrix="an initial value: the matrix loads one side's weights into the other"),
+           not_in_matrix="an initial value: the matrix loads one side's weights into the other",
+           only_with=("norm_type", "dyt")),
     Option("layernorm_scaling", "compute", "LayerNorm Scaling (Sun et al. 2025): layer l's pre-norm outputs times "
            "1 / sqrt(l), l from 1 (needs norm='pre'; a block alone is layer 1)"),
     Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
