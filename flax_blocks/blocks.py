@@ -94,7 +94,7 @@ class _Block(nnx.Module):
     def run_prepared(
         self, x: jax.Array, masks: dict[str, Any], key: jax.Array | None = None,
         deterministic: bool | None = None, *, path: str = "dense", memory: jax.Array | None = None,
-        cache: Cache | None = None, index: jax.Array | int = 0,
+        cache: Cache | None = None, index: jax.Array | int = 0, layer: jax.Array | int = 1,
     ) -> tuple[jax.Array, dict[str, jax.Array], Cache | None]:
         """x (B, T, E) with prepared masks {"self": (mask, rows), "cross": (mask, rows),
         "key_valid" (blocked / fused paths)} -> (y (B, T, E), intermediates, the block's
@@ -108,7 +108,9 @@ class _Block(nnx.Module):
         "cross": {"k", "v"}} of this block, index: the chunk's first position.
         key: one dropout key for the whole block (the stacks pass one per layer); None
         uses the dropouts' own RNG streams. deterministic: True turns dropout off for this
-        call, False on; None follows the module's train / eval mode."""
+        call, False on; None follows the module's train / eval mode. layer: this block's
+        index in its stack, from 1 (an int or a traced integer; the stacks scan it), read
+        by layernorm_scaling; a block called alone is layer 1."""
         n = len(self.sublayers)
         keys = [None] * (2 * n) if key is None else list(jax.random.split(key, 2 * n))
         extras: dict[str, jax.Array] = {}
@@ -130,7 +132,7 @@ class _Block(nnx.Module):
             x, aux = residual_update(
                 self.cfg, x, fn, getattr(self, sub.norm) or _identity,
                 _with_key(self.dropouts[i], k_out, deterministic), None if s is None else s[...].astype(x.dtype),
-                getattr(self, sub.norm_out),
+                getattr(self, sub.norm_out), layer=layer,
             )
             if "cache" in aux:
                 new_cache[part] = aux.pop("cache")
@@ -359,7 +361,8 @@ class _Stack(nnx.Module):
         keys = jax.random.split(self.rngs(), self.num_layers) if training else None
         run = _layer_scan_body(graphdef, return_intermediates, deterministic, self.remat, path)
         loop = jax.lax.scan if self.scan_layers else _unrolled_scan
-        (y, _, _, _), (per_layer, caches) = loop(run, (x, masks, memory, index), (state, keys, cache))
+        layer = jnp.arange(1, self.num_layers + 1, dtype=jnp.int32)  # each layer's index, scanned with its state
+        (y, _, _, _), (per_layer, caches) = loop(run, (x, masks, memory, index), (state, keys, cache, layer))
         if self.final_norm is not None:
             y = self.final_norm(y)
         return y, per_layer, caches
@@ -550,9 +553,9 @@ def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool |
 
     def run(carry, xs):
         h, masks, memory, index = carry
-        layer_state, key, cache = xs
+        layer_state, key, cache, layer = xs
         h, extras, cache = nnx.merge(graphdef, layer_state).run_prepared(
-            h, masks, key, deterministic, path=path, memory=memory, cache=cache, index=index)
+            h, masks, key, deterministic, path=path, memory=memory, cache=cache, index=index, layer=layer)
         return (h, masks, memory, index), ((h, extras) if return_intermediates else None, cache)
 
     if remat is not None:  # recompute inside each layer in the backward pass (prevent_cse off, as in a scan)

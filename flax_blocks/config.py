@@ -22,7 +22,7 @@ from typing import Any, Callable, Literal
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 NORMS = ("pre", "post", "peri", "none")
-NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_TYPES = ("layernorm", "rmsnorm", "dyt")
 MLPS = ("dense", "swiglu", "geglu")
 RESIDUALS = ("add", "none")
 SCALINGS = ("none", "deepnorm", "rezero", "layerscale")
@@ -66,8 +66,20 @@ class BlockConfig:
       norm: where the norms sit around each sublayer F:
         "post" Norm(x + F(x)), "pre" x + F(Norm(x)), "peri" x + Norm_out(F(Norm_in(x)))
         (Peri-LN / sandwich norm), or "none" (no norm, as ReZero).
-      norm_type: "layernorm" (mean and variance, weight and bias) or "rmsnorm"
-        (x / sqrt(mean(x^2) + eps) * weight, no bias).
+      norm_type: "layernorm" (mean and variance, weight and bias), "rmsnorm"
+        (x / sqrt(mean(x^2) + eps) * weight, no bias) or "dyt", Dynamic Tanh (Zhu, Chen, He,
+        LeCun, Liu 2025, "Transformers without Normalization"): weight * tanh(alpha * x) + bias,
+        no statistics, alpha a learned scalar per norm (initialised to dyt_alpha_init), weight
+        ones, bias zeros (with `bias`, as LayerNorm's). It replaces every norm of the blocks
+        and the stacks' final norm; layer_norm_eps is unused. QK-norm has no DyT form here
+        (which normalisation it would keep is ambiguous): dyt with qk_norm=True is refused.
+      dyt_alpha_init: DyT's initial alpha, the paper's default 0.5 (it tunes alpha0 only
+        for LLMs, smaller for wider models).
+      layernorm_scaling: LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large
+        Language Models"): in layer l of a stack (counted from 1) each pre-norm's output is
+        multiplied by 1 / sqrt(l), so deep layers' sublayers stay off the identity. No
+        parameter; needs norm="pre" (the paper's placement). A block called alone is layer 1
+        (scale 1); the stacks pass each layer its index.
       mlp: "dense" W2 act(W1 x), or gated "swiglu" / "geglu": W2 (act(Wg x) * W1 x),
         with activation "silu" (swiglu) or "gelu" / "gelu_tanh" (geglu).
       num_kv_heads: key/value heads for grouped-query attention (None: num_heads; 1:
@@ -118,7 +130,9 @@ class BlockConfig:
     layer_norm_eps: float = 1e-5
     bias: bool = True
     norm: Literal["pre", "post", "peri", "none"] = "post"
-    norm_type: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_type: Literal["layernorm", "rmsnorm", "dyt"] = "layernorm"
+    dyt_alpha_init: float = 0.5
+    layernorm_scaling: bool = False
     mlp: Literal["dense", "swiglu", "geglu"] = "dense"
     num_kv_heads: int | None = None
     qk_norm: bool = False
@@ -167,6 +181,22 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.attention_block must be a positive int, got {self.attention_block!r}")
         if not isinstance(self.qk_norm, bool):
             raise ValueError(f"BlockConfig.qk_norm must be a bool, got {self.qk_norm!r}")
+        if not isinstance(self.layernorm_scaling, bool):
+            raise ValueError(f"BlockConfig.layernorm_scaling must be a bool, got {self.layernorm_scaling!r}")
+        if self.layernorm_scaling and self.norm != "pre":
+            raise ValueError(
+                f"BlockConfig.layernorm_scaling=True scales the output of each pre-norm (Sun et al. 2025 define it "
+                f"for pre-LN) and needs norm='pre', got norm={self.norm!r}"
+                + (": Peri-LN's output norm would re-normalise the scaled branch" if self.norm == "peri" else "")
+            )
+        if not self.dyt_alpha_init > 0:
+            raise ValueError(f"BlockConfig.dyt_alpha_init must be > 0, got {self.dyt_alpha_init!r}")
+        if self.norm_type == "dyt" and self.qk_norm:
+            raise ValueError(
+                "BlockConfig.norm_type='dyt' with qk_norm=True is ambiguous: QK-norm is a scale-only "
+                "LayerNorm or RMSNorm of its own (following norm_type), and DyT says neither. "
+                "Use qk_norm=False with DyT, or norm_type 'layernorm' / 'rmsnorm'"
+            )
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
             raise ValueError(f"BlockConfig.qkv_bias must be None or a bool, got {self.qkv_bias!r}")
         kv = self.num_kv_heads
@@ -254,15 +284,21 @@ def residual_update(
     dropout: Callable[[Any], Any],
     scale: Any = None,
     norm_out: Callable[[Any], Any] | None = None,
+    layer: Any = 1,
 ) -> tuple[Any, Any]:
-    """One residual sublayer; returns (y, whatever `sublayer` returned beside its output).
+    """One residual sublayer of layer `layer` (counted from 1); returns (y, whatever
+    `sublayer` returned beside its output).
 
-    post: y = Norm(alpha * x + s * Dropout(F(x)))     pre: y = x + s * Dropout(F(Norm(x)))
+    post: y = Norm(alpha * x + s * Dropout(F(x)))     pre: y = x + s * Dropout(F(c * Norm(x)))
     peri: y = x + s * Dropout(Norm_out(F(Norm(x))))    none: y = x + s * Dropout(F(x))
-    with alpha = DeepNorm's alpha (else 1), s = the ReZero / LayerScale gate (else 1);
-    residual="none" drops the skip term (alpha * x).
+    with alpha = DeepNorm's alpha (else 1), s = the ReZero / LayerScale gate (else 1),
+    c = 1 / sqrt(layer) with layernorm_scaling (Sun et al. 2025), else 1;
+    residual="none" drops the skip term (alpha * x). `layer` may be a traced integer.
     """
-    h, aux = sublayer(norm(x) if cfg.norm in ("pre", "peri") else x)
+    h = norm(x) if cfg.norm in ("pre", "peri") else x
+    if cfg.layernorm_scaling:
+        h = h * layer_scale(layer, h)
+    h, aux = sublayer(h)
     if cfg.norm == "peri":
         h = norm_out(h)
     h = dropout(h)
@@ -272,6 +308,14 @@ def residual_update(
         alpha = cfg.residual_alpha
         h = (x * alpha if alpha != 1.0 else x) + h
     return (norm(h) if cfg.norm == "post" else h), aux
+
+
+def layer_scale(layer: Any, like: Any) -> Any:
+    """LayerNorm Scaling's factor 1 / sqrt(layer) in the dtype of `like` (a Python int: a
+    Python float; a JAX or torch integer: an array of like's dtype)."""
+    if isinstance(layer, int):
+        return layer ** -0.5
+    return (layer.astype(like.dtype) if hasattr(layer, "astype") else layer.to(like.dtype)) ** -0.5
 
 
 def check_attention_call(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool, dropout_active: bool) -> None:

@@ -16,7 +16,7 @@ Everything else is derived from these declarations, not kept beside them:
 The block names follow torch.nn.TransformerEncoderLayer (self_attn, linear1, linear2,
 norm1, norm2) so stock state dicts load with strict=True; the new options add
 linear_gate (gated MLPs), norm1_out / norm2_out (Peri-LN), self_attn.q_norm / k_norm
-(QK-norm). Nothing here imports a framework: the transforms use only the array
+(QK-norm), alpha in a norm (DyT). Nothing here imports a framework: the transforms use only the array
 methods numpy and JAX share (reshape, transpose, indexing).
 """
 
@@ -164,10 +164,13 @@ def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Compone
 
 def norm(cfg: BlockConfig, width: int, *, dim: str = "d_model", axis: str | None = "embed",
          bias: bool = True) -> Component:
-    """LayerNorm (weight, bias when cfg.bias and `bias`) or RMSNorm (weight) over `width`."""
+    """LayerNorm (weight, bias when cfg.bias and `bias`), RMSNorm (weight) or DyT (weight,
+    bias as LayerNorm's, and the scalar alpha, initialised to cfg.dyt_alpha_init) over `width`."""
     params = [Param("weight", "scale", (width,), (dim,), (axis,), _one(ONE, width))]
-    if cfg.norm_type == "layernorm" and cfg.bias and bias:
+    if cfg.norm_type in ("layernorm", "dyt") and cfg.bias and bias:
         params.append(Param("bias", "bias", (width,), (dim,), (axis,), _one(ZERO, width)))
+    if cfg.norm_type == "dyt":
+        params.append(Param("alpha", "alpha", (), (), (), ((1, ("const", float(cfg.dyt_alpha_init))),)))
     return Component("norm", tuple(params), width=width)
 
 

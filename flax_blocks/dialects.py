@@ -40,7 +40,7 @@ from typing import Any, Mapping
 from . import declarations
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig
-from .options import PROBE
+from .options import PROBES
 
 log = logging.getLogger("flax_blocks")
 
@@ -123,7 +123,8 @@ HF_BERT = Dialect(
         *_norm("norm2", "output.LayerNorm"),
     ),
     settings={"norm": "post", "norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False,
-              "causal": False, "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None},
+              "causal": False, "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None,
+              "layernorm_scaling": False},
     reads=("activation", "layer_norm_eps", "num_kv_heads"),
     outside="embeddings (word, position, token type, their LayerNorm) and pooler",
 )
@@ -142,7 +143,8 @@ HF_GPT2 = Dialect(
     ),
     ignore=("attn.bias", "attn.masked_bias"),  # the causal-mask buffers of old GPT-2 checkpoints
     settings={"norm": "pre", "norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False,
-              "causal": True, "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None},
+              "causal": True, "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None,
+              "layernorm_scaling": False},
     reads=("activation", "layer_norm_eps", "num_kv_heads"),
     outside="token and position embeddings (wte, wpe) and the LM head",
 )
@@ -162,7 +164,7 @@ HF_LLAMA = Dialect(
     ),
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
     settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
-              "scaling": "none", "residual": "add", "qk_norm": False},
+              "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
     shared_by=("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
@@ -176,9 +178,10 @@ DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT
 # its config by flax_blocks.hf_config). Families not listed are refused by name.
 MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama", "qwen2": "hf-llama"}
 
-# Every torch name a block can have under some option (probe config with all of them on).
+# Every torch name a block can have under some option (the probe configs, every option on).
 _TORCH_NAMES = {
-    kind: {t for t, _, _ in declarations.flatten(declarations.block(PROBE, kind))} for kind in declarations.BLOCKS
+    kind: {t for probe in PROBES for t, _, _ in declarations.flatten(declarations.block(probe, kind))}
+    for kind in declarations.BLOCKS
 }
 
 
@@ -391,7 +394,7 @@ def settings_of(module: Any) -> dict[str, Any]:
     if isinstance(cfg, BlockConfig):
         out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "activation",
                                              "layer_norm_eps", "causal", "mlp", "qk_norm", "rope_theta",
-                                             "residual", "scaling")}
+                                             "residual", "scaling", "layernorm_scaling")}
         if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out
@@ -409,7 +412,7 @@ def settings_of(module: Any) -> dict[str, Any]:
     if act_name is None and isinstance(act, (torch.nn.ReLU, torch.nn.GELU)):
         act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
     out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
-               layer_norm_eps=layer.norm1.eps, norm_type="layernorm", mlp="dense")
+               layer_norm_eps=layer.norm1.eps, norm_type="layernorm", mlp="dense", layernorm_scaling=False)
     if act_name is not None:
         out["activation"] = act_name
     return out

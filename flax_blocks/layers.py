@@ -122,13 +122,15 @@ class Linear(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """LayerNorm (two-pass variance) or RMSNorm over the last axis, with the config's eps.
-    Statistics in float32 at least. Params: scale (width,), bias (width,) for LayerNorm
-    with cfg.bias."""
+    """LayerNorm (two-pass variance) or RMSNorm over the last axis, with the config's eps,
+    statistics in float32 at least; or DyT (Zhu et al. 2025), scale * tanh(alpha * x) + bias,
+    in the compute dtype. Params: scale (width,), bias (width,) for LayerNorm and DyT with
+    cfg.bias, alpha () for DyT."""
 
     def __init__(self, cfg: BlockConfig, component: Component, *, rngs: nnx.Rngs,
                  values: dict[str, Any] | None = None):
         self.rms = cfg.norm_type == "rmsnorm"
+        self.dyt = cfg.norm_type == "dyt"
         self.eps = cfg.layer_norm_eps
         self.dtype = compute_dtype(cfg)
         create_params(self, component, cfg, rngs, values)
@@ -138,6 +140,11 @@ class Norm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x (..., width) -> same shape."""
         bias = None if self.bias is None else self.bias[...]
+        if self.dyt:
+            x, scale, alpha, bias = nnx.nn.dtypes.promote_dtype(
+                (x, self.scale[...], self.alpha[...], bias), dtype=self.dtype)
+            y = jnp.tanh(alpha * x) * scale
+            return y if bias is None else y + bias
         x, scale, bias = nnx.nn.dtypes.promote_dtype((x, self.scale[...], bias), dtype=self.dtype)
         h = x.astype(jnp.promote_types(x.dtype, jnp.float32))
         if self.rms:

@@ -4,8 +4,8 @@ it, and where it is exempt from the parity matrix. Framework-free.
 
 Derived from this table, not kept beside it:
   - the converter CLI's flags and their help (flax_blocks.convert_cli);
-  - the probe config whose parameter names cover every option (`PROBE`: config inference in
-    flax_blocks.convert.infer and the dialects' name checks);
+  - the probe configs whose parameter names cover every option (`PROBE`, `PROBES`: config
+    inference in flax_blocks.convert.infer and the dialects' name checks);
   - docs/options.md (`python -m flax_blocks.options > docs/options.md`, checked by the tests).
 A guard test (tests/test_options.py) fails when a field is missing here, or an option is
 missing from a place that must know it: the numpy reference, the parity matrix, each
@@ -69,8 +69,13 @@ OPTIONS: tuple[Option, ...] = (
            hf=("attention_bias", "mlp_bias"), cli=False),
     Option("norm", "compute", "norm placement: 'post' Norm(x + F(x)) (torch's norm_first=False), 'pre' "
            "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'none'", adds="peri"),
-    Option("norm_type", "compute", "'layernorm' (mean, variance, weight and bias) or 'rmsnorm' (weight only)",
-           adds="layernorm"),
+    Option("norm_type", "compute", "'layernorm' (mean, variance, weight and bias), 'rmsnorm' (weight only) or "
+           "'dyt', Dynamic Tanh weight * tanh(alpha * x) + bias (Zhu et al. 2025; not with qk_norm)", adds="dyt"),
+    Option("dyt_alpha_init", "init", "DyT's initial alpha (the paper's default 0.5)", cli=False,
+           not_in_matrix="an initial value: the matrix loads one side's weights into the other",
+           only_with=("norm_type", "dyt")),
+    Option("layernorm_scaling", "compute", "LayerNorm Scaling (Sun et al. 2025): layer l's pre-norm outputs times "
+           "1 / sqrt(l), l from 1 (needs norm='pre'; a block alone is layer 1)"),
     Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
     Option("num_kv_heads", "compute", "key/value heads for grouped-query attention (default: as many as "
            "query heads)", hf=("num_key_value_heads",)),
@@ -103,10 +108,17 @@ OPTIONS: tuple[Option, ...] = (
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
-# Every parameter name any option can add exists in a block of this config (silu: the
-# gated MLP that `mlp` adds needs a matching activation).
+# Every parameter name any option can add exists in a block of one of PROBES (silu: the
+# gated MLP that `mlp` adds needs a matching activation). PROBE takes every option's `adds`
+# value that BlockConfig allows together; an `adds` value refused beside another's
+# (norm_type="dyt" with qk_norm=True) is in a second probe, the first with the option at
+# that value and what refuses it switched off (PROBE_EXCLUDED). Code that needs every name
+# reads the union over PROBES; set differences against PROBE (config inference) stay within one.
+PROBE_EXCLUDED = {"norm_type": ("layernorm", {"qk_norm": False})}  # option: (value in PROBE, what its adds refuses)
 PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, activation="silu",
-                    **{o.name: o.adds for o in OPTIONS if o.adds is not None})
+                    **{o.name: PROBE_EXCLUDED.get(o.name, (o.adds,))[0] for o in OPTIONS if o.adds is not None})
+PROBES = (PROBE, *(dataclasses.replace(PROBE, **{name: BY_NAME[name].adds}, **off)
+                   for name, (_, off) in PROBE_EXCLUDED.items()))
 
 
 def values(name: str) -> str:

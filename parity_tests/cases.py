@@ -76,6 +76,12 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(LLAMA, norm="peri"), seq=6, key_mask=True),
     Case("Encoder", LLAMA, num_layers=3, seq=6, key_mask=True),
     Case("Encoder", replace(LLAMA, norm="peri", num_kv_heads=1), num_layers=2),
+    # DyT (Zhu et al. 2025) for every norm, final norm included; LayerNorm Scaling (Sun et al.
+    # 2025): 3 layers, so 1/sqrt(l) differs per layer (scanned index; unrolled with DyT, no bias)
+    Case("Encoder", replace(BASE, norm_type="dyt"), num_layers=2, key_mask=True),
+    Case("Encoder", replace(BASE, layernorm_scaling=True), num_layers=3),
+    Case("Encoder", replace(LLAMA, norm_type="dyt", qk_norm=False, layernorm_scaling=True), num_layers=3, seq=6,
+         scan_layers=False),
     # decoders: causal self-attention, cross-attention to a memory of another length
     Case("DecoderBlock", replace(BASE, causal=True)),
     Case("DecoderBlock", replace(BASE, norm="post", causal=True), key_mask=True, memory_key_mask=True),

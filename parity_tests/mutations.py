@@ -18,6 +18,8 @@ from flax import nnx
 
 import flax_blocks as fb
 from flax_blocks.attention import Attention, rotary
+from flax_blocks.blocks import TransformerBlock
+from flax_blocks.layers import Norm
 
 from .harness import Case, Inputs
 
@@ -109,7 +111,56 @@ def memory_mask_on_self_attention(case: Case, module, inp: Inputs):
     return module, replace(inp, key_mask=inp.memory_key_mask, memory_key_mask=inp.key_mask)
 
 
+class _DyTAlphaAfterTanh(Norm):
+    """DyT as weight * alpha * tanh(x) + bias (alpha outside the tanh)."""
+
+    def __call__(self, x):
+        y = self.alpha[...] * jnp.tanh(x) * self.scale[...]
+        return y if self.bias is None else y + self.bias[...]
+
+
+class _DyTWithoutAlpha(Norm):
+    """DyT as weight * tanh(x) + bias (the learned alpha left out)."""
+
+    def __call__(self, x):
+        y = jnp.tanh(x) * self.scale[...]
+        return y if self.bias is None else y + self.bias[...]
+
+
+def _dyt_as(cls):
+    def mutate(case: Case, module, inp: Inputs):
+        for name in ("norm1", "norm2"):
+            getattr(module, name).__class__ = cls
+        return module, inp
+
+    return mutate
+
+
+class _LayersFromZero(TransformerBlock):
+    """LayerNorm Scaling with the layer index counted from 0: layer 0's scale is 1 / sqrt(0)."""
+
+    def run_prepared(self, *a, layer=1, **kw):
+        return super().run_prepared(*a, layer=layer - 1, **kw)
+
+
+class _ScaledByOneOverL(TransformerBlock):
+    """LayerNorm Scaling by 1 / l instead of 1 / sqrt(l) (the index squared under the square root)."""
+
+    def run_prepared(self, *a, layer=1, **kw):
+        return super().run_prepared(*a, layer=layer * layer, **kw)
+
+
+def _stack_layers_as(cls):
+    def mutate(case: Case, module, inp: Inputs):
+        module.layers.__class__ = cls  # the stacked layers' graphdef, hence the scan body, change with it
+        return module, inp
+
+    return mutate
+
+
 BLOCK = Case("TransformerBlock", BASE)
+DYT = Case("TransformerBlock", replace(BASE, norm="pre", norm_type="dyt"))
+LN_SCALING = Case("Encoder", replace(BASE, norm="pre", layernorm_scaling=True), num_layers=3)
 MUTATIONS = {
     "layer_norm_eps_1e-6": (BLOCK, replace(BASE, layer_norm_eps=1e-6), None),
     "tanh_gelu_for_exact": (BLOCK, replace(BASE, activation="gelu_tanh"), None),
@@ -130,4 +181,8 @@ MUTATIONS = {
         memory_mask_on_self_attention),
     "qk_norm_after_rotary": (Case("TransformerBlock", replace(MODERN, qk_norm=True, rope_theta=100.0), seq=7),
                              None, qk_norm_after_rotary),
+    "dyt_alpha_after_tanh": (DYT, None, _dyt_as(_DyTAlphaAfterTanh)),
+    "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
+    "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),
+    "layernorm_scaling_from_0": (LN_SCALING, None, _stack_layers_as(_LayersFromZero)),
 }

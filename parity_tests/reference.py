@@ -34,12 +34,13 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "mlp", "num_kv_heads", "qk_norm", "rope_theta", "qkv_bias",
+    "norm_type", "mlp", "num_kv_heads", "qk_norm", "rope_theta", "qkv_bias", "layernorm_scaling",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
     "deepnorm_beta": "an init gain only; the reference reads the weights, not their distribution",
     "layerscale_init": "the gate's initial value only; the reference reads the gate itself",
+    "dyt_alpha_init": "DyT's initial alpha only; the reference reads each norm's alpha",
     "init": "weight distributions only; the reference reads the weights",
     "dtype": "the reference computes in float64 (the twins' float64 runs are compared with it)",
     "param_dtype": "the reference casts every parameter to float64",
@@ -170,8 +171,12 @@ def _norm(cfg: Any, p: Params, prefix: str, x: np.ndarray, bias: bool = True) ->
     """The config's norm over the last axis; a LayerNorm has a bias when cfg.bias and `bias`."""
     n = x.shape[-1]
     w = p(prefix + "weight", (n,))
-    if _opt(cfg, "norm_type", "layernorm") == "rmsnorm":
+    kind = _opt(cfg, "norm_type", "layernorm")
+    if kind == "rmsnorm":
         return rms_norm(x, w, cfg.layer_norm_eps)
+    if kind == "dyt":  # Zhu et al. 2025: weight * tanh(alpha * x) + bias, no statistics
+        y = w * np.tanh(p(prefix + "alpha", ()) * x)
+        return y + p(prefix + "bias", (n,)) if cfg.bias and bias else y
     return layer_norm(x, w, p(prefix + "bias", (n,)) if cfg.bias and bias else None, cfg.layer_norm_eps)
 
 
@@ -236,8 +241,10 @@ def mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> np.ndarray:
 
 
 def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, gate: str,
-             alpha: float) -> np.ndarray:
-    """One residual sublayer around f (x -> F(x)); norm, norm_out, gate: parameter prefixes."""
+             alpha: float, layer: int = 1) -> np.ndarray:
+    """One residual sublayer around f (x -> F(x)) in layer `layer` (from 1) of a stack; norm,
+    norm_out, gate: parameter prefixes. LayerNorm Scaling (Sun et al. 2025): the pre-norm's
+    output times 1 / sqrt(layer)."""
     e = x.shape[-1]
     s = 1.0
     if cfg.scaling == "rezero":
@@ -245,7 +252,10 @@ def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, ga
     elif cfg.scaling == "layerscale":
         s = p(gate, (e,))
     if cfg.norm in ("pre", "peri"):
-        h = f(_norm(cfg, p, norm, x))
+        h = _norm(cfg, p, norm, x)
+        if _opt(cfg, "layernorm_scaling", False):
+            h = h / math.sqrt(layer)
+        h = f(h)
         if cfg.norm == "peri":
             h = _norm(cfg, p, norm_out, h)
     else:
@@ -281,7 +291,7 @@ KINDS = (*SUBLAYERS, *STACKS)
 
 
 def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, alpha: float,
-          memory: np.ndarray | None = None, memory_masked=None) -> tuple[np.ndarray, dict]:
+          memory: np.ndarray | None = None, memory_masked=None, layer: int = 1) -> tuple[np.ndarray, dict]:
     """One block -> (y (B, T, E), {"attention_weights", "attention_logits_max" and, with a
     cross-attention, "cross_attention_weights", "cross_attention_logits_max"}).
     Cross-attention: queries from the stream, keys and values from `memory`, no rotary."""
@@ -296,7 +306,7 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
                 memory if cross else None, positions=not cross)
             return out
 
-        x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha)
+        x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha, layer)
     return x, extras
 
 
@@ -310,7 +320,8 @@ def stack(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, nu
     alpha = deepnorm_alpha(cfg, num_layers)
     per_layer: dict[str, list] = {"residual": []}
     for i in range(num_layers):
-        x, extras = block(cfg, p, STACKS[kind], f"{prefix}layers.{i}.", x, masked, alpha, memory, memory_masked)
+        x, extras = block(cfg, p, STACKS[kind], f"{prefix}layers.{i}.", x, masked, alpha, memory, memory_masked,
+                          layer=i + 1)
         per_layer["residual"].append(x)
         for k, v in extras.items():
             per_layer.setdefault(k, []).append(v)

@@ -103,6 +103,14 @@ def _drop_alpha(residual_update, hits):
     return _counted(lambda cfg, *a, **kw: residual_update(_NoAlpha(cfg), *a, **kw), hits)
 
 
+def _layer_squared(residual_update, hits):  # LayerNorm Scaling by 1/l: 1/sqrt(l^2)
+    def patched(*a, layer=1, **kw):
+        hits.append(1)
+        return residual_update(*a, layer=layer * layer, **kw)
+
+    return patched
+
+
 # bug -> [(patch point, factory(original, hits) -> replacement)]
 PATCHES = {
     "logits scaled by 1/d instead of 1/sqrt(d)": [
@@ -115,6 +123,10 @@ PATCHES = {
     "DeepNorm's alpha dropped from the shared residual update": [
         ("flax residual update", _drop_alpha),
         ("torch residual update", _drop_alpha),
+    ],
+    "LayerNorm Scaling by 1/l in the shared residual update": [
+        ("flax residual update", _layer_squared),
+        ("torch residual update", _layer_squared),
     ],
 }
 
@@ -144,6 +156,10 @@ PLANTS = {
         ("torch", "flax"), "computes tanh GELU where exact GELU is asked"),
     "DeepNorm's alpha dropped from the shared residual update": Plant(
         _first(CASES, lambda c: c.cfg.scaling == "deepnorm"), ("torch", "flax"), "drops DeepNorm's alpha"),
+    # a stack (LayerNorm Scaling is the identity in a block alone), unrolled: no cached scan body
+    "LayerNorm Scaling by 1/l in the shared residual update": Plant(
+        [c for c in CASES if c.cfg.layernorm_scaling and not c.scan_layers][:1], ("torch", "flax"),
+        "scales layer l's pre-norms by 1/l"),
 }
 
 
@@ -159,7 +175,8 @@ def test_planted_bug_is_caught_by_reference(bug, monkeypatch):
             monkeypatch.setattr(target, name, factory(getattr(target, name), hits))
     # The plants act on Python-level code that the twins run (torch) or trace (Flax, a fresh
     # nnx.jit per case) at every call; no Encoder here, whose cached scan body could outlive
-    # a patch. The hit counter below proves each plant ran.
+    # a patch (LayerNorm Scaling's plant takes an unrolled Encoder: a Python loop over the
+    # layers, traced afresh). The hit counter below proves each plant ran.
     try:
         plant = PLANTS[bug]
         for case in plant.cases:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import replace
 from types import SimpleNamespace
@@ -401,6 +402,18 @@ def _q_rows_scaled(cfg, sd: dict, factor: float) -> dict:
     return out
 
 
+def _pre_norms_scaled(cfg, sd: dict) -> dict:
+    """The state dict with layer l's (from 1) norm1 / norm2 / norm3 weight and bias times
+    1 / sqrt(l): each pre-norm's output then carries 1 / l under LayerNorm Scaling (exactly, for
+    LayerNorm, RMSNorm and DyT, all linear in their weight and bias)."""
+    out = dict(sd)
+    for k, v in sd.items():
+        m = re.search(r"(?:^|\.)layers\.(\d+)\.norm\d\.(weight|bias)$", k)
+        if m:
+            out[k] = v / math.sqrt(int(m.group(1)) + 1)
+    return out
+
+
 # Classic mistakes, as a change of the reference's config or weights: when a twin misses the
 # reference, the check reruns it with each and names those that the twin matches.
 SUSPECTS = [
@@ -417,6 +430,8 @@ SUSPECTS = [
     ("scales attention logits by 1/head_dim instead of 1/sqrt(head_dim)",
      lambda c, sd: (c, _q_rows_scaled(c, sd, 1 / math.sqrt(c.head_dim))), lambda c: not getattr(c, "qk_norm", False)),
     ("ignores the causal flag", lambda c, sd: (replace(c, causal=False), sd), lambda c: c.causal),
+    ("scales layer l's pre-norms by 1/l instead of 1/sqrt(l)", lambda c, sd: (c, _pre_norms_scaled(c, sd)),
+     lambda c: getattr(c, "layernorm_scaling", False)),
 ]
 
 

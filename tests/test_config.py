@@ -100,6 +100,12 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(mlp="geglu", activation="silu"), ["mlp='geglu'", "'gelu'", "activation='silu'"]),
         (dict(qk_norm=1), ["qk_norm", "1"]),
         (dict(qkv_bias="yes"), ["qkv_bias", "'yes'"]),
+        (dict(norm_type="dyt", qk_norm=True), ["norm_type='dyt'", "qk_norm=True", "ambiguous"]),
+        (dict(norm_type="dyt", dyt_alpha_init=0.0), ["dyt_alpha_init", "> 0"]),
+        (dict(layernorm_scaling=True), ["layernorm_scaling", "norm='pre'", "norm='post'"]),
+        (dict(layernorm_scaling=True, norm="peri"), ["layernorm_scaling", "norm='pre'", "Peri-LN's output norm"]),
+        (dict(layernorm_scaling=True, norm="none"), ["layernorm_scaling", "norm='none'"]),
+        (dict(layernorm_scaling=1, norm="pre"), ["layernorm_scaling", "bool"]),
     ],
 )
 def test_invalid_values_raise_valueerror_saying_what_is_allowed(kw, fragments):
@@ -315,6 +321,16 @@ def test_residual_update_formulas(kw, scale, expected):
     y, aux = residual_update(make(**kw), X, sub, norm, drop, scale, norm_out)
     assert aux == "aux"
     np.testing.assert_allclose(y, expected(X), rtol=1e-14)
+
+
+@pytest.mark.parametrize("layer", [1, 3, np.int32(4)])
+def test_residual_update_layernorm_scaling(layer):
+    """LayerNorm Scaling (Sun et al. 2025): layer l's pre-norm output times 1 / sqrt(l)."""
+    sub, norm, drop = _parts()
+    y, _ = residual_update(make(norm="pre", layernorm_scaling=True), X, sub, norm, drop, layer=layer)
+    np.testing.assert_allclose(y, X + (2 * (X / 10) / math.sqrt(int(layer)) + 1 - 0.5), rtol=1e-14)
+    y1, _ = residual_update(make(norm="pre"), X, sub, norm, drop, layer=layer)  # off: the index is ignored
+    np.testing.assert_allclose(y1, X + (2 * (X / 10) + 1 - 0.5), rtol=1e-14)
 
 
 def test_check_width():

@@ -33,6 +33,7 @@ CONFIGS = {
     "rezero": replace(CFG, norm="none", scaling="rezero"),
     "layerscale": replace(CFG, scaling="layerscale"),
     "deepnorm": replace(CFG, norm="post", scaling="deepnorm"),
+    "dyt": replace(CFG, norm_type="dyt"),
 }
 
 
@@ -294,6 +295,10 @@ def test_infer_config_reports_known_and_unknown():
     block = infer_config(torch_module("TransformerBlock", replace(CFG, bias=False, scaling="layerscale")))
     assert block.inferred["kind"] == "TransformerBlock" and block.inferred["bias"] is False
     assert block.inferred["scaling"] == "layerscale"
+    for bias in (True, False):  # DyT is read from its alpha, with or without its bias
+        dyt = infer_config(torch_module("Encoder", replace(CFG, norm_type="dyt", bias=bias)))
+        assert dyt.inferred["norm_type"] == "dyt" and dyt.inferred["bias"] is bias and dyt.inferred["final_norm"]
+    assert "norm_type" not in infer_config(torch_module("Encoder", replace(CFG, bias=False))).inferred
 
 
 def test_flax_named_checkpoint_round_trip(tmp_path):

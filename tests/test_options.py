@@ -13,7 +13,7 @@ import pytest
 from flax_blocks import declarations
 from flax_blocks.config import BlockConfig
 from flax_blocks.dialects import DIALECTS
-from flax_blocks.options import BY_NAME, OPTIONS, PROBE, table
+from flax_blocks.options import BY_NAME, OPTIONS, PROBE, PROBES, table
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = [f.name for f in dataclasses.fields(BlockConfig)]
@@ -110,6 +110,26 @@ def test_adds_is_true_of_the_declarations():
         else:
             assert changed, f"{o.name} declares adds={o.adds!r} but no value changes the parameter names"
     assert BY_NAME["qk_norm"].adds is True
+
+
+def test_the_probes_have_every_name_an_adds_value_brings():
+    """Each option at its `adds` value, on top of whichever probe allows it, has no parameter
+    name the probes lack (an `adds` refused beside another option's needs PROBE_EXCLUDED)."""
+    def names(cfg):
+        return {t for t, _, _ in declarations.flatten(declarations.block(cfg, "DecoderBlock"))}
+
+    every = set().union(*(names(p) for p in PROBES))
+    for o in OPTIONS:
+        if o.adds is None:
+            continue
+        allowed = []
+        for probe in PROBES:
+            try:
+                allowed.append(dataclasses.replace(probe, **{o.name: o.adds}))
+            except ValueError:
+                pass
+        assert allowed, f"{o.name}={o.adds!r} fits no probe: add it to PROBE_EXCLUDED in flax_blocks/options.py"
+        assert all(names(cfg) <= every for cfg in allowed), o.name
 
 
 def test_the_cli_records_no_implementation_choice():

@@ -89,7 +89,7 @@ class _Block(nn.Module):
 
     def run_prepared(self, x: Tensor, masks: dict[str, Mask | None], need_weights: bool = False, *,
                      path: str | None = None, memory: Tensor | None = None, cache: Cache | None = None,
-                     index: int = 0):
+                     index: int = 0, layer: int = 1):
         """x (B, T, E) with prepared masks {"self": Mask, "cross": Mask} -> (y (B, T, E),
         intermediates, the block's updated cache or None). path: the self-attention's
         (`attention_path`; None: from cfg and need_weights); a cross-attention takes
@@ -97,7 +97,8 @@ class _Block(nn.Module):
         need_weights): "attention_weights" (B, H, T, S), "attention_logits_max" (), and the
         "cross_" ones of a decoder. memory (B, S, E): what a decoder attends to (not needed
         with a cache); cache: {"self": {"k", "v"}, "cross": {"k", "v"}}, index: the chunk's
-        first position."""
+        first position. layer: this block's index in its stack, from 1, read by
+        layernorm_scaling; a block called alone is layer 1."""
         extras: dict[str, Any] = {}
         new_cache: Cache = {}
         for sub, dropout in zip(self.sublayers, self.dropouts):
@@ -112,7 +113,7 @@ class _Block(nn.Module):
                     path=None if part == "cross" else path,
                 )
             x, aux = residual_update(self.cfg, x, fn, getattr(self, sub.norm) or nn.Identity(), dropout,
-                                     getattr(self, sub.scale), getattr(self, sub.norm_out))
+                                     getattr(self, sub.scale), getattr(self, sub.norm_out), layer=layer)
             if "cache" in aux:
                 new_cache["cross" if sub.kind == "cross_attention" else "self"] = aux.pop("cache")
             extras.update(aux)
@@ -286,10 +287,11 @@ class _Stack(nn.Module):
         for i, layer in enumerate(self.layers):
             if recompute:
                 x, extras, c = torch.utils.checkpoint.checkpoint(
-                    layer.run_prepared, x, masks, need_weights, path=path, memory=memory, use_reentrant=False)
+                    layer.run_prepared, x, masks, need_weights, path=path, memory=memory, layer=i + 1,
+                    use_reentrant=False)
             else:
                 x, extras, c = layer.run_prepared(x, masks, need_weights, path=path, memory=memory, index=index,
-                                                  cache=None if cache is None else cache["layers"][i])
+                                                  cache=None if cache is None else cache["layers"][i], layer=i + 1)
             caches.append(c)
             if need_weights:
                 per_layer.append({"residual": x, **extras})

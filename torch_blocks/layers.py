@@ -63,12 +63,14 @@ class Linear(nn.Module):
 
 
 class Norm(nn.Module):
-    """LayerNorm or RMSNorm over the last axis, with the config's eps (torch's own kernels).
-    Params: weight (width,), bias (width,) for LayerNorm with cfg.bias."""
+    """LayerNorm or RMSNorm over the last axis, with the config's eps (torch's own kernels),
+    or DyT (Zhu et al. 2025), weight * tanh(alpha * x) + bias. Params: weight (width,), bias
+    (width,) for LayerNorm and DyT with cfg.bias, alpha () for DyT."""
 
     def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
         super().__init__()
         self.rms = cfg.norm_type == "rmsnorm"
+        self.dyt = cfg.norm_type == "dyt"
         self.eps = cfg.layer_norm_eps
         self.width = component.width
         create_params(self, component, cfg, generator)
@@ -77,9 +79,14 @@ class Norm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., width) -> same shape."""
+        if self.dyt:
+            y = torch.tanh(self.alpha * x) * self.weight
+            return y if self.bias is None else y + self.bias
         if self.rms:
             return F.rms_norm(x, (self.width,), self.weight, self.eps)
         return F.layer_norm(x, (self.width,), self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
+        if self.dyt:
+            return f"dyt({self.width})"
         return f"{'rms' if self.rms else 'layer'}norm({self.width}, eps={self.eps})"

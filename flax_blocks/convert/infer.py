@@ -11,7 +11,7 @@ import numpy as np
 from .. import declarations
 from ..checkpoint_io import read_state_dict
 from ..declarations import FINAL_NORM, Param
-from ..options import PROBE
+from ..options import PROBE, PROBES
 from .params import BLOCK_KINDS, LAYER, module_params
 
 
@@ -23,6 +23,11 @@ def _names(kind: str, **options: Any) -> dict[str, Param]:
 def _only_with(kind: str, **options: Any) -> set[str]:
     """Names that exist with the probe config and vanish when `options` are applied."""
     return set(_names(kind)) - set(_names(kind, **options))
+
+
+def _only_in_probes(kind: str) -> set[str]:
+    """Names of the other probes (values refused beside PROBE's, as DyT's alpha) that PROBE lacks."""
+    return {t for probe in PROBES[1:] for t, _, _, _ in module_params(kind, probe)} - set(_names(kind))
 
 
 @dataclass
@@ -49,7 +54,8 @@ def _block_kind(roots: set[str]) -> str | None:
 def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
     """Read a torch-named state dict and report what it fixes: kind, d_model, d_ff
     (head_dim with QK-norm), num_layers, bias, qkv_bias, final_norm, norms present and
-    their placement (peri), gated MLP, QK-norm, residual scaling, dtype."""
+    their placement (peri) and type (DyT from its alpha), gated MLP, QK-norm, residual
+    scaling, dtype."""
     sd = strip_prefix(read_state_dict(source), norm_prefix(prefix))
     layers = sorted({int(m.group(1)) for n in sd if (m := LAYER.match(n))})
     inner = {(m.group(2) if (m := LAYER.match(n)) else n): a for n, a in sd.items()}
@@ -80,7 +86,9 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
             info["norm"] = "peri"
         info["gated_mlp"] = has(_only_with(kind, mlp="dense", activation="relu"))
         info["qk_norm"] = has(_only_with(kind, qk_norm=False))
-        if info["bias"] and info["layer_norms"]:
+        if has(_only_in_probes(kind)):  # DyT's alpha (its bias and weight are LayerNorm's names)
+            info["norm_type"] = "dyt"
+        elif info["bias"] and info["layer_norms"]:
             info["norm_type"] = "layernorm" if has(_only_with(kind, norm_type="rmsnorm")) else "rmsnorm"
         gates = [a for n, a in inner.items() if n in _only_with(kind, scaling="none")]
         if gates:
