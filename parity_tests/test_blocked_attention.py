@@ -359,3 +359,30 @@ def test_long_sequence_train_step_memory():
                              platform="cpu") == "blocked"
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
     assert compiled.memory_analysis().temp_size_in_bytes < 256 * 2**20
+
+
+@pytest.mark.parametrize("key_mask", [False, True])
+def test_torch_fused_causal_takes_sdpa_is_causal_without_other_masks(key_mask):
+    """A causal mask alone reaches SDPA as is_causal=True (no (T, S) mask: torch at its
+    best); with a key-padding mask, an explicit boolean mask. Both equal the dense path."""
+    cfg = replace(BASE, causal=True, attention="fused")
+    m = tb.TransformerBlock(cfg, generator=torch.Generator().manual_seed(0)).double()
+    x = torch.randn(2, 7, BASE.d_model, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 5:] = True
+    kw = {"src_key_padding_mask": kpm} if key_mask else {}
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def wrapped(*args, **kwargs):
+        calls.append((kwargs.get("is_causal"), kwargs.get("attn_mask") is not None))
+        return original(*args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = wrapped
+    try:
+        y = m(x, **kw)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+    assert calls == [(not key_mask, key_mask)]
+    ref = tb.TransformerBlock(replace(cfg, attention="dense"), generator=torch.Generator().manual_seed(0)).double()
+    torch.testing.assert_close(y, ref(x, **kw), rtol=0, atol=1e-12)
