@@ -159,14 +159,15 @@ def _block_pairs(nq: int, nk: int, bq: int, bk: int, causal: bool) -> tuple[np.n
     return i, j
 
 
-def _pair_probs(qi, kj, oki, i, j, bq, bk, causal, scale, acc_dt):
-    """Scaled logits of query block i against key block j and the allowed pairs:
-    qi (B, K, G, bq, hd), kj (B, K, bk, hd), oki (B, bk) -> (B, K, G, bq, bk) x2."""
-    logits = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj).astype(acc_dt) * scale
-    allowed = oki[:, None, None, None, :]
+def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt):
+    """Scaled logits of query block i against key block j, -inf where a pair is not
+    allowed (a padded or masked key, or one after the query): qi (B, K, G, bq, hd), kj
+    (B, K, bk, hd), bias_j (B, bk) of 0 / -inf -> (B, K, G, bq, bk). (One fused pass over
+    the logits: no separate boolean masks.)"""
+    logits = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj).astype(acc_dt) * scale + bias_j[:, None, None, None, :]
     if causal:
-        allowed = allowed & ((j * bk + jnp.arange(bk))[None, :] <= (i * bq + jnp.arange(bq))[:, None])
-    return logits, allowed
+        logits = jnp.where((j * bk + jnp.arange(bk))[None, :] <= (i * bq + jnp.arange(bq))[:, None], logits, -jnp.inf)
+    return logits
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -183,17 +184,17 @@ def _flash_fwd(qb, kb, vb, validb, causal, bq):
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
     scale = 1.0 / jnp.sqrt(jnp.asarray(d, acc_dt))
     pi, pj = _block_pairs(nq, nk, bq, bk, causal)
+    bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
     def step(carry, ij):
         m, l, acc = carry  # (nq, B, K, G, bq), (nq, B, K, G, bq), (nq, B, K, G, bq, hd)
         i, j = ij
-        logits, allowed = _pair_probs(qb[i], kb[j], validb[j], i, j, bq, bk, causal, scale, acc_dt)
-        logits = jnp.where(allowed, logits, -jnp.inf)
+        logits = _pair_logits(qb[i], kb[j], bias[j], i, j, bq, bk, causal, scale, acc_dt)
         mi = m[i]
         m_new = jnp.maximum(mi, logits.max(axis=-1))
-        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-        p = jnp.where(allowed, jnp.exp(logits - shift[..., None]), 0.0)
-        corr = jnp.exp(jnp.where(jnp.isfinite(mi), mi - shift, -jnp.inf))
+        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # a row without a key so far: exp(-inf) = 0
+        p = jnp.exp(logits - shift[..., None])
+        corr = jnp.exp(mi - shift)
         li = l[i] * corr + p.sum(axis=-1)
         ai = acc[i] * corr[..., None] + jnp.einsum("bkgqs,bksd->bkgqd", p.astype(vb.dtype), vb[j]).astype(acc_dt)
         return (m.at[i].set(m_new), l.at[i].set(li), acc.at[i].set(ai)), None
@@ -217,13 +218,13 @@ def _flash_bwd(causal, bq, res, dout):
     scale = 1.0 / jnp.sqrt(jnp.asarray(d, acc_dt))
     pi, pj = _block_pairs(nq, nk, bq, bk, causal)
     delta = (dout.astype(acc_dt) * out.astype(acc_dt)).sum(axis=-1)  # (nq, B, K, G, bq)
+    bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
     def step(carry, ij):
         dq, dk, dv = carry
         i, j = ij
         qi, kj, vj, doi = qb[i], kb[j], vb[j], dout[i]
-        logits, allowed = _pair_probs(qi, kj, validb[j], i, j, bq, bk, causal, scale, acc_dt)
-        p = jnp.where(allowed, jnp.exp(jnp.where(allowed, logits, 0.0) - lse[i][..., None]), 0.0)
+        p = jnp.exp(_pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt) - lse[i][..., None])
         dv = dv.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi).astype(acc_dt))
         dp = jnp.einsum("bkgqd,bksd->bkgqs", doi, vj).astype(acc_dt)
         ds = (p * (dp - delta[i][..., None]) * scale).astype(qi.dtype)
