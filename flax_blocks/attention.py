@@ -15,6 +15,8 @@ memory) and "fused" (jax.nn.dot_product_attention). BlockConfig.attention choose
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,58 +150,126 @@ def self_attention_masks(cfg: BlockConfig, path: str, batch: int, seq: int, atte
     return {"self": (None, None), "key_valid": key_mask}
 
 
+def _block_pairs(nq: int, nk: int, bq: int, bk: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The (query block i, key block j) pairs that hold an allowed pair of positions,
+    i-major: every pair without causal; with it, the key blocks whose first key is at or
+    before query block i's last query (blocks wholly above the diagonal are not visited)."""
+    pairs = [(i, j) for i in range(nq) for j in range(nk) if not causal or j * bk <= i * bq + bq - 1]
+    i, j = np.asarray(pairs, np.int32).T
+    return i, j
+
+
+def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt):
+    """Scaled logits of query block i against key block j, -inf where a pair is not
+    allowed (a padded or masked key, or one after the query): qi (B, K, G, bq, hd), kj
+    (B, K, bk, hd), bias_j (B, bk) of 0 / -inf -> (B, K, G, bq, bk). (One fused pass over
+    the logits: no separate boolean masks.)"""
+    logits = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj).astype(acc_dt) * scale + bias_j[:, None, None, None, :]
+    if causal:
+        logits = jnp.where((j * bk + jnp.arange(bk))[None, :] <= (i * bq + jnp.arange(bq))[:, None], logits, -jnp.inf)
+    return logits
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash(qb, kb, vb, validb, causal: bool, bq: int):
+    return _flash_fwd(qb, kb, vb, validb, causal, bq)[0]
+
+
+def _flash_fwd(qb, kb, vb, validb, causal, bq):
+    """qb (nq, B, K, G, bq, hd), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk) ->
+    out (nq, B, K, G, bq, hd) (0 for rows without keys), and the residuals (the inputs,
+    out, each row's log-sum-exp, 0 where a row has no key)."""
+    nq, b, kv, g, _, d = qb.shape
+    nk, bk = kb.shape[0], kb.shape[3]
+    acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
+    scale = 1.0 / jnp.sqrt(jnp.asarray(d, acc_dt))
+    pi, pj = _block_pairs(nq, nk, bq, bk, causal)
+    bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
+
+    def step(carry, ij):
+        m, l, acc = carry  # (nq, B, K, G, bq), (nq, B, K, G, bq), (nq, B, K, G, bq, hd)
+        i, j = ij
+        logits = _pair_logits(qb[i], kb[j], bias[j], i, j, bq, bk, causal, scale, acc_dt)
+        mi = m[i]
+        m_new = jnp.maximum(mi, logits.max(axis=-1))
+        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # a row without a key so far: exp(-inf) = 0
+        p = jnp.exp(logits - shift[..., None])
+        corr = jnp.exp(mi - shift)
+        li = l[i] * corr + p.sum(axis=-1)
+        ai = acc[i] * corr[..., None] + jnp.einsum("bkgqs,bksd->bkgqd", p.astype(vb.dtype), vb[j]).astype(acc_dt)
+        return (m.at[i].set(m_new), l.at[i].set(li), acc.at[i].set(ai)), None
+
+    init = (jnp.full((nq, b, kv, g, bq), -jnp.inf, acc_dt), jnp.zeros((nq, b, kv, g, bq), acc_dt),
+            jnp.zeros((nq, b, kv, g, bq, d), acc_dt))
+    (m, l, acc), _ = jax.lax.scan(step, init, (jnp.asarray(pi), jnp.asarray(pj)))
+    has = l > 0
+    out = (acc / jnp.where(has, l, 1.0)[..., None]).astype(vb.dtype)
+    lse = jnp.where(has, m + jnp.log(jnp.where(has, l, 1.0)), 0.0)
+    return out, (qb, kb, vb, validb, out, lse)
+
+
+def _flash_bwd(causal, bq, res, dout):
+    """FlashAttention-2's backward: the probabilities recomputed pair by pair from the
+    log-sum-exp, D = rowsum(dO * O); dQ, dK, dV accumulated over the same pairs."""
+    qb, kb, vb, validb, out, lse = res
+    nq, b, kv, g, _, d = qb.shape
+    nk, bk = kb.shape[0], kb.shape[3]
+    acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
+    scale = 1.0 / jnp.sqrt(jnp.asarray(d, acc_dt))
+    pi, pj = _block_pairs(nq, nk, bq, bk, causal)
+    delta = (dout.astype(acc_dt) * out.astype(acc_dt)).sum(axis=-1)  # (nq, B, K, G, bq)
+    bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
+
+    def step(carry, ij):
+        dq, dk, dv = carry
+        i, j = ij
+        qi, kj, vj, doi = qb[i], kb[j], vb[j], dout[i]
+        p = jnp.exp(_pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt) - lse[i][..., None])
+        dv = dv.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi).astype(acc_dt))
+        dp = jnp.einsum("bkgqd,bksd->bkgqs", doi, vj).astype(acc_dt)
+        ds = (p * (dp - delta[i][..., None]) * scale).astype(qi.dtype)
+        dq = dq.at[i].add(jnp.einsum("bkgqs,bksd->bkgqd", ds, kj).astype(acc_dt))
+        dk = dk.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", ds, qi).astype(acc_dt))
+        return (dq, dk, dv), None
+
+    init = (jnp.zeros(qb.shape, acc_dt), jnp.zeros(kb.shape, acc_dt), jnp.zeros(vb.shape, acc_dt))
+    (dq, dk, dv), _ = jax.lax.scan(step, init, (jnp.asarray(pi), jnp.asarray(pj)))
+    return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
 def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, key_valid: jax.Array | None,
                       block: int) -> tuple[jax.Array, jax.Array]:
-    """softmax(q k^T / sqrt(hd)) v without the (T, S) logits: queries in blocks (lax.map),
-    keys in blocks with an online softmax (lax.scan), both rematerialised in the backward
-    pass, so memory is O(T * block) instead of O(T * S).
+    """softmax(q k^T / sqrt(hd)) v without the (T, S) logits, FlashAttention-2 style: one
+    lax.scan over the (query block, key block) pairs that hold an allowed pair (for causal,
+    query block i visits key blocks 0..i only), an online softmax forward that keeps the
+    output and each row's log-sum-exp, and a custom VJP that recomputes the probabilities
+    pair by pair (no stored per-block carries). Memory O(T * hd + block^2); grouped-query
+    heads without repeating k and v.
 
     q (B, T, K, G, hd), k and v (B, S, K, hd); key_valid (B, S) or None. Returns (out
-    (B, T, K, G, hd), has_key (B, T)); rows without any key give 0, as the dense path."""
+    (B, T, K, G, hd), has_key (B, T)); rows without any key give 0 (and zero gradients),
+    as the dense path."""
     b, t, kv, g, d = q.shape
     s = k.shape[1]
     bq, bk = min(block, t), min(block, s)
     nq, nk = -(-t // bq), -(-s // bk)
-    acc_dt = jnp.promote_types(q.dtype, jnp.float32)
-    valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid
+    valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid.astype(jnp.bool_)
     pad = lambda a, n, axis: jnp.pad(a, [(0, n - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])  # noqa: E731
-    # blocks laid out for batched matmuls over (B, K, G) (faster on CPU than einsums)
     qb = pad(q, nq * bq, 1).reshape(b, nq, bq, kv, g, d).transpose(1, 0, 3, 4, 2, 5)  # (nq, B, K, G, bq, hd)
-    kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 4, 2)[:, :, :, None]  # (nk, B, K, 1, hd, bk)
-    vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)[:, :, :, None]  # (nk, B, K, 1, bk, hd)
+    kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
+    vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     validb = pad(valid, nk * bk, 1).reshape(b, nk, bk).swapaxes(0, 1)  # padded keys are invalid
-    scale = 1.0 / jnp.sqrt(jnp.asarray(d, acc_dt))
-
-    def one_query_block(args):
-        i, qblk = args
-        qpos = i * bq + jnp.arange(bq)
-
-        def step(carry, xs):
-            m, l, acc = carry  # (B, K, G, bq), (B, K, G, bq), (B, K, G, bq, hd)
-            j, kblk, vblk, ok = xs
-            logits = (qblk @ kblk).astype(acc_dt) * scale  # (B, K, G, bq, bk)
-            allowed = ok[:, None, None, None, :]
-            if causal:
-                allowed = allowed & ((j * bk + jnp.arange(bk))[None, :] <= qpos[:, None])
-            logits = jnp.where(allowed, logits, -jnp.inf)
-            m_new = jnp.maximum(m, logits.max(axis=-1))
-            shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-            p = jnp.where(allowed, jnp.exp(logits - shift[..., None]), 0.0)
-            corr = jnp.exp(jnp.where(jnp.isfinite(m), m - shift, -jnp.inf))
-            l = l * corr + p.sum(axis=-1)
-            acc = acc * corr[..., None] + (p.astype(vblk.dtype) @ vblk).astype(acc_dt)
-            return (m_new, l, acc), None
-
-        init = (jnp.full((b, kv, g, bq), -jnp.inf, acc_dt), jnp.zeros((b, kv, g, bq), acc_dt),
-                jnp.zeros((b, kv, g, bq, d), acc_dt))
-        (m, l, acc), _ = jax.lax.scan(jax.checkpoint(step), init, (jnp.arange(nk), kb, vb, validb))
-        out = acc / jnp.where(l > 0, l, 1.0)[..., None]
-        return out.transpose(0, 3, 1, 2, 4), (l > 0).any(axis=(1, 2))  # (B, bq, K, G, hd), (B, bq)
-
-    out, has_key = jax.lax.map(jax.checkpoint(one_query_block), (jnp.arange(nq), qb))
-    out = out.swapaxes(0, 1).reshape(b, nq * bq, kv, g, d)[:, :t]
-    has_key = has_key.swapaxes(0, 1).reshape(b, nq * bq)[:, :t]
-    return out.astype(v.dtype), has_key
+    out = _flash(qb, kb, vb, validb, causal, bq)
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
+    if causal:  # a real key at or before the query
+        seen = jnp.cumsum(valid, axis=1) > 0
+        has_key = seen[:, jnp.minimum(jnp.arange(t), s - 1)]
+    else:
+        has_key = jnp.broadcast_to(valid.any(axis=1, keepdims=True), (b, t))
+    return out, has_key
 
 
 def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,

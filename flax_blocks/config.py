@@ -111,8 +111,9 @@ class BlockConfig:
           the call allows it, else "dense" (`flax_blocks.attention.attention_path`); torch
           takes SDPA unless attention weights are asked for;
         "dense": the explicit softmax (float64 exact; returns the attention weights);
-        "blocked": Flax: queries and keys in blocks of `attention_block`, online softmax,
-          O(T * block) memory; torch: SDPA;
+        "blocked": Flax: queries and keys in blocks of `attention_block`, online softmax
+          with a FlashAttention-2 backward (custom VJP; causal skips the blocks above the
+          diagonal), O(T * hd + block^2) memory; torch: SDPA;
         "fused": Flax: jax.nn.dot_product_attention (cuDNN on a GPU; its softmax is float32);
           torch: SDPA.
         "blocked" and "fused" return no attention weights, take no attention_mask (key masks

@@ -91,6 +91,80 @@ def _softmax_attention(q, k, v, allowed):
     return np.einsum("bkgts,bskd->btkgd", w, v)
 
 
+def _dense_attention_jax(q, k, v, allowed):
+    """jax float64 reference with finite gradients: allowed (B, T, S); rows without a key give 0."""
+    logits = jnp.einsum("btkgd,bskd->bkgts", q, k) / np.sqrt(q.shape[-1])
+    mask = allowed[:, None, None]
+    w = jax.nn.softmax(jnp.where(mask, logits, -1e300), axis=-1)
+    w = jnp.where(mask.any(-1, keepdims=True), w, 0.0)
+    return jnp.einsum("bkgts,bskd->btkgd", w, v)
+
+
+def _flash_inputs(rng, seq=T):
+    q, r = rng.normal(size=(2, 2, seq, 2, 2, 4))  # (B, T, K, G=2, hd): grouped-query heads
+    k, v = rng.normal(size=(2, 2, seq, 2, 4))
+    keys = np.ones((2, seq), bool)
+    keys[0, :2] = False  # causal: queries 0 and 1 of sequence 0 see no key
+    keys[1, seq - 3:] = False  # padding
+    return tuple(map(jnp.asarray, (q, k, v, r))), jnp.asarray(keys)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_gradients_equal_the_dense_softmax(causal):
+    """blocked_attention's custom VJP (blocks of 4, T = 9, GQA with G = 2, a key mask that
+    leaves two causal rows without any key) against autodiff through the dense softmax in
+    float64: the output and dq, dk, dv within 1e-12, all finite."""
+    with jax.enable_x64(True):
+        (q, k, v, r), keys = _flash_inputs(np.random.default_rng(1))
+        allowed = keys[:, None, :] & (np.tri(T, dtype=bool) if causal else np.ones((T, T), bool))
+
+        def loss(f):
+            return lambda q, k, v: jnp.sum(f(q, k, v) * r)
+
+        flash = lambda q, k, v: fa.blocked_attention(q, k, v, causal=causal, key_valid=keys, block=4)[0]  # noqa: E731
+        dense = lambda q, k, v: _dense_attention_jax(q, k, v, allowed)  # noqa: E731
+        assert _rel(flash(q, k, v), dense(q, k, v)) <= 1e-12
+        got = jax.jit(jax.grad(loss(flash), argnums=(0, 1, 2)))(q, k, v)
+        want = jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)
+        for a, b in zip(got, want):
+            assert np.isfinite(np.asarray(a)).all()
+            assert _rel(a, b) <= 1e-12
+        _, has_key = fa.blocked_attention(q, k, v, causal=causal, key_valid=keys, block=4)
+        np.testing.assert_array_equal(has_key, np.asarray(allowed).any(-1))
+
+
+def test_flash_negative_twins_would_show():
+    """The tolerance above tells the FlashAttention-2 backward from one without its
+    D = rowsum(dO * O) term, and the causal pair list from one that skips the diagonal
+    block; and the causal pair list visits no block wholly above the diagonal."""
+    with jax.enable_x64(True):
+        (q, k, v, r), keys = _flash_inputs(np.random.default_rng(2), seq=8)
+        allowed = keys[:, None, :] & np.tri(8, dtype=bool)
+        dq_dense = jax.grad(lambda q: jnp.sum(_dense_attention_jax(q, k, v, allowed) * r))(q)
+        # in the blocked layout of blocked_attention (T = 8, blocks of 4: no padding)
+        qb = q.reshape(2, 2, 4, 2, 2, 4).transpose(1, 0, 3, 4, 2, 5)
+        kb, vb = (a.reshape(2, 2, 4, 2, 4).transpose(1, 0, 3, 2, 4) for a in (k, v))
+        validb = keys.reshape(2, 2, 4).swapaxes(0, 1)
+        rb = r.reshape(2, 2, 4, 2, 2, 4).transpose(1, 0, 3, 4, 2, 5)
+        out, res = fa._flash_fwd(qb, kb, vb, validb, True, 4)
+        unblock = lambda a: a.transpose(1, 0, 4, 2, 3, 5).reshape(q.shape)  # noqa: E731
+        dq = unblock(fa._flash_bwd(True, 4, res, rb)[0])
+        assert _rel(dq, dq_dense) <= 1e-12
+        no_d = unblock(fa._flash_bwd(True, 4, res[:4] + (jnp.zeros_like(out), res[5]), rb)[0])  # D = 0
+        assert _rel(no_d, dq_dense) > 1e-3
+
+        i, j = fa._block_pairs(4, 4, 4, 4, causal=True)
+        assert (j <= i).all() and len(i) == 4 * 5 // 2  # blocks above the diagonal: never visited
+        off_by_one = lambda *a, **kw: tuple(x[j < i] for x in (i, j))  # noqa: E731, ARG005
+        real = fa._block_pairs
+        try:
+            fa._block_pairs = off_by_one
+            skipped = fa.blocked_attention(q, k, v, causal=True, key_valid=keys, block=4)[0]
+        finally:
+            fa._block_pairs = real
+        assert _rel(skipped, _dense_attention_jax(q, k, v, allowed)) > 1e-3
+
+
 def test_a_wrong_causal_comparison_in_the_blocked_path_would_show():
     """The negative twins: blocked_attention (blocks of 4, T = 9) matches a softmax with the
     causal comparison key <= query within 1e-12; the tolerance tells it from key < query
@@ -285,3 +359,30 @@ def test_long_sequence_train_step_memory():
                              platform="cpu") == "blocked"
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
     assert compiled.memory_analysis().temp_size_in_bytes < 256 * 2**20
+
+
+@pytest.mark.parametrize("key_mask", [False, True])
+def test_torch_fused_causal_takes_sdpa_is_causal_without_other_masks(key_mask):
+    """A causal mask alone reaches SDPA as is_causal=True (no (T, S) mask: torch at its
+    best); with a key-padding mask, an explicit boolean mask. Both equal the dense path."""
+    cfg = replace(BASE, causal=True, attention="fused")
+    m = tb.TransformerBlock(cfg, generator=torch.Generator().manual_seed(0)).double()
+    x = torch.randn(2, 7, BASE.d_model, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[1, 5:] = True
+    kw = {"src_key_padding_mask": kpm} if key_mask else {}
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def wrapped(*args, **kwargs):
+        calls.append((kwargs.get("is_causal"), kwargs.get("attn_mask") is not None))
+        return original(*args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = wrapped
+    try:
+        y = m(x, **kw)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+    assert calls == [(not key_mask, key_mask)]
+    ref = tb.TransformerBlock(replace(cfg, attention="dense"), generator=torch.Generator().manual_seed(0)).double()
+    torch.testing.assert_close(y, ref(x, **kw), rtol=0, atol=1e-12)

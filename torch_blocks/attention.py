@@ -50,6 +50,7 @@ class Mask(NamedTuple):
     masked: Tensor | None
     rows: Tensor | None = None
     bias: Tensor | None = None
+    causal: bool = False  # masked is exactly the causal mask (the fused path hands SDPA is_causal instead)
 
 
 def _check_mask(name: str, mask: Tensor, shapes: list[tuple[int, ...]]) -> tuple[Tensor, Tensor | None]:
@@ -90,7 +91,7 @@ def build_mask(
     if cfg.causal if causal is None else causal:
         masked = torch.ones(seq, keys, dtype=torch.bool, device=device).triu(1)[None, None]
     if attn_mask is None and key_padding_mask is None:
-        return None if masked is None else Mask(masked)
+        return None if masked is None else Mask(masked, causal=True)
 
     def attn_view(t: Tensor) -> Tensor:
         n = t.shape[0] if t.dim() == 3 else 1
@@ -199,7 +200,7 @@ class Attention(nn.Module):
             raise ValueError("the fused path (SDPA) returns no attention weights: take path='dense'")
         b, t, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
-        masked, rows, bias = mask if mask is not None else (None, None, None)
+        masked, rows, bias, causal_only = mask if mask is not None else (None, None, None, False)
         if not cross:
             qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
             q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
@@ -238,12 +239,15 @@ class Attention(nn.Module):
             if not need_weights:
                 weights = logit_max = None
         else:  # fused kernel; masked rows were opened up by build_mask, so none is empty
-            sdpa_mask = None
-            if bias is not None:
+            sdpa_mask, is_causal = None, False
+            if causal_only and q.shape[2] == k.shape[2]:  # SDPA's own causal kernel: no (T, S) mask
+                is_causal = True
+            elif bias is not None:
                 sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
             elif masked is not None:
                 sdpa_mask = ~masked  # SDPA's boolean convention: True = may attend
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p, enable_gqa=kv != h)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p,
+                                                 is_causal=is_causal, enable_gqa=kv != h)
             if rows is not None and rows.shape[1] > 1:  # a head with no key (per-head masks) gives no output
                 out = torch.where(rows, out, 0.0)
         out = F.linear(out.transpose(1, 2).reshape(b, t, h * d), self.out_proj.weight, self.out_proj.bias)
