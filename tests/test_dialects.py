@@ -178,3 +178,8 @@ def test_the_converter_cli_leaves_the_callers_x64_setting_as_it_was(tmp_path):
     assert jax.config.jax_enable_x64 == before
     from safetensors.numpy import load_file
     assert {str(a.dtype) for a in load_file(str(tmp_path / "flax.safetensors")).values()} == {"float64"}
+
+
+def test_the_old_layout_keyword_names_its_new_name():
+    with pytest.raises(TypeError, match=r"takes dialect= .*layout= was its old name"):
+        fb.from_torch(fb.Encoder, CFG, _ours(CFG), num_layers=2, layout="hf-llama")

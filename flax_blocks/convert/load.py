@@ -250,6 +250,9 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
     """
     from flax import nnx
 
+    if "layout" in kwargs:  # the old name: say so instead of letting the constructor reject it
+        raise TypeError("from_torch() takes dialect= (the checkpoint's key names; layout= was its old name), "
+                        f"got layout={kwargs['layout']!r}")
     dialect = check_hf_source(cfg, source, dialect)
     dialects.check_against_source(cfg, source, kwargs.get("final_norm"))
     source, prefix, _ = dialects.prepare(source, dialect, prefix)
