@@ -7,6 +7,8 @@ twin of each forced path runs in the matrix (cases.py, test_forward_grad.py)."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 from dataclasses import replace
 
 import jax
@@ -326,19 +328,10 @@ def test_torch_twin_reads_the_same_field(attention, sdpa):
     x = torch.randn(2, 7, BASE.d_model, generator=torch.Generator().manual_seed(1))
     kpm = torch.zeros(2, 7, dtype=torch.bool)
     kpm[1, 5:] = True
-    calls = []
-    original = torch.nn.functional.scaled_dot_product_attention
-
-    def wrapped(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    torch.nn.functional.scaled_dot_product_attention = wrapped
-    try:
+    F = torch.nn.functional
+    with mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as kernel:
         y = m(x, src_key_padding_mask=kpm)
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = original
-    assert bool(calls) == sdpa
+    assert kernel.called == sdpa
     ref = tb.Encoder(replace(cfg, attention="dense"), num_layers=2, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(y, ref(x, src_key_padding_mask=kpm), rtol=0, atol=1e-6)
 

@@ -3,6 +3,8 @@ True = may NOT attend), dropout modes, initialisation, dtypes and bad input."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import math
 
 import numpy as np
@@ -307,20 +309,11 @@ def test_eval_no_grad_path_agrees(kind):
     kpm[0, 5] = True
     x = rand(B, T, E)
     m.eval()
-    calls = []
-    original = torch.nn.functional.scaled_dot_product_attention
-
-    def wrapped(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    torch.nn.functional.scaled_dot_product_attention = wrapped
-    try:
+    F = torch.nn.functional
+    with mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as kernel:
         with torch.no_grad():
             fast = call(m, x, attn, kpm)
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = original
-    assert calls  # the fused kernel did run
+    assert kernel.called  # the fused kernel did run
     with torch.no_grad():
         slow, _ = call(m, x, attn, kpm, return_intermediates=True)
     assert torch.isfinite(fast).all()
