@@ -24,7 +24,7 @@ from typing import Any
 from . import dialects
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig
-from .hf_config import hf_config, read_folder
+from .hf_config import hf_config, hf_model_config, read_folder
 
 log = logging.getLogger("flax_blocks")
 
@@ -49,8 +49,8 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
 
     if isinstance(source, (str, os.PathLike)):
         config, sd = read_folder(os.fspath(source))
-    elif hasattr(source, "config") and hasattr(source, "state_dict"):
-        config, sd = source.config.to_dict(), read_state_dict(source)
+    elif (config := hf_model_config(source)) is not None:
+        sd = read_state_dict(source)
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
     dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
@@ -61,7 +61,7 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
             cfg = replace(cfg, param_dtype=dtypes.pop())
     log.info("from_hf: %s model, dialect %s, %d layers", config.get("model_type"), dialect, num_layers)
     return from_torch(Encoder, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
-                         dtype=dtype, seed=seed)
+                      dtype=dtype, seed=seed)
 
 
 def dialect_for(cfg: BlockConfig) -> str:
