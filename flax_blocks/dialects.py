@@ -111,6 +111,12 @@ TORCH = Dialect(
     layer=f"{declarations.LAYERS}.{{i}}.", final_norm=declarations.FINAL_NORM, rules=None,
 )
 
+# What BERT and GPT-2 share: LayerNorm, a dense MLP with biases, no positions inside the
+# layers, no QK-norm or residual scaling; they differ in norm placement and causality.
+_CLASSIC = {"norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False, "scaling": "none",
+            "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False}
+_CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
+
 HF_BERT = Dialect(
     "hf-bert", "Hugging Face BERT (encoder.layer.{i}.attention.self.query.weight, ...)",
     layer="encoder.layer.{i}.", final_norm=None,
@@ -122,10 +128,8 @@ HF_BERT = Dialect(
         *_linear("linear2", "output.dense"),
         *_norm("norm2", "output.LayerNorm"),
     ),
-    settings={"norm": "post", "norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False,
-              "causal": False, "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None,
-              "layernorm_scaling": False},
-    reads=("activation", "layer_norm_eps", "num_kv_heads"),
+    settings={**_CLASSIC, "norm": "post", "causal": False},
+    reads=_CLASSIC_READS,
     outside="embeddings (word, position, token type, their LayerNorm) and pooler",
 )
 
@@ -142,10 +146,8 @@ HF_GPT2 = Dialect(
         *_linear("linear2", "mlp.c_proj", transpose=True),
     ),
     ignore=("attn.bias", "attn.masked_bias"),  # the causal-mask buffers of old GPT-2 checkpoints
-    settings={"norm": "pre", "norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False,
-              "causal": True, "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None,
-              "layernorm_scaling": False},
-    reads=("activation", "layer_norm_eps", "num_kv_heads"),
+    settings={**_CLASSIC, "norm": "pre", "causal": True},
+    reads=_CLASSIC_READS,
     outside="token and position embeddings (wte, wpe) and the LM head",
 )
 
