@@ -16,6 +16,11 @@ Variants (the residual placement and scaling being compared):
     pre-rms     x + F(RMSNorm(x)), final RMSNorm    pre-LN with RMSNorm, as LLaMA
     pre-qknorm  pre-LN + LayerNorm on each head's q and k (over head_dim) before the logits
                                                     Dehghani et al. 2023, Wortsman et al. 2023
+    pre-dyt     x + F(DyT(x)), final DyT            DyT(x) = w tanh(alpha x) + b in place of every
+                                                    norm (Zhu et al. 2025, "Transformers without
+                                                    Normalization"), alpha = 0.5 at init
+    pre-lns     x + F(LN(x) / sqrt(l)), final LN    LayerNorm Scaling, l the layer index from 1
+                                                    (Sun et al. 2025, "The Curse of Depth")
 Mix-LN (post-LN in the first layers, pre-LN in the rest) is not here: the Encoder scans one
 stacked layer type, so it would need two Encoders back to back.
 
@@ -53,6 +58,8 @@ VARIANTS: dict[str, dict[str, str | bool]] = {
     "peri": dict(norm="peri"),
     "pre-rms": dict(norm="pre", norm_type="rmsnorm"),
     "pre-qknorm": dict(norm="pre", qk_norm=True),
+    "pre-dyt": dict(norm="pre", norm_type="dyt"),
+    "pre-lns": dict(norm="pre", layernorm_scaling=True),
 }
 
 # One line per variant for reports: the residual update of each sublayer F.
@@ -61,6 +68,7 @@ VARIANT_NOTES: dict[str, str] = {
     "deepnorm": "LN(alpha x + F(x)), F's init scaled by beta", "rezero": "x + a F(x), a = 0 at init, no norm",
     "layerscale": "x + diag(g) F(LN(x)), g small at init (CaiT)", "peri": "x + LN(F(LN(x))), final LN",
     "pre-rms": "x + F(RMSNorm(x)), final RMSNorm", "pre-qknorm": "pre-LN with LayerNorm on each head's q and k",
+    "pre-dyt": "x + F(DyT(x)), DyT = w tanh(alpha x) + b, final DyT", "pre-lns": "x + F(LN(x) / sqrt(l)), final LN",
 }
 
 

@@ -24,11 +24,12 @@ from .model import VARIANTS  # noqa: E402
 
 COLORS = {"post": "tab:red", "pre": "tab:blue", "noskip": "tab:gray", "deepnorm": "tab:orange",
           "rezero": "tab:green", "layerscale": "tab:purple", "peri": "tab:cyan", "pre-rms": "tab:brown",
-          "pre-qknorm": "tab:pink", "mixln": "tab:olive"}
+          "pre-qknorm": "tab:pink", "mixln": "tab:olive",
+          "pre-dyt": "olivedrab", "pre-lns": "navy"}
 MARKERS = {"post": "o", "pre": "s", "noskip": "x", "deepnorm": "^", "rezero": "v", "layerscale": "D",
-           "peri": "P", "pre-rms": "*", "pre-qknorm": "h", "mixln": "<"}
+           "peri": "P", "pre-rms": "*", "pre-qknorm": "h", "mixln": "<", "pre-dyt": ">", "pre-lns": "d"}
 LINESTYLES = {"post": "-", "pre": "-", "noskip": ":", "deepnorm": "--", "rezero": "-.", "layerscale": "--",
-              "peri": "-.", "pre-rms": ":", "pre-qknorm": "--", "mixln": ":"}
+              "peri": "-.", "pre-rms": ":", "pre-qknorm": "--", "mixln": ":", "pre-dyt": "-", "pre-lns": "-."}
 ORDER = {v: i for i, v in enumerate(VARIANTS)}
 
 

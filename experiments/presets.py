@@ -114,6 +114,18 @@ PRESETS: dict[str, Sweep] = {
         lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1), warmups=(0, 100), warmup_variants=("post", "pre"), seeds=2,
         seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=400, batch=16, chunk=50, heldout=32,
     ),
+    # The depth study (issue 25): the six placements the question is about -- post-LN, pre-LN,
+    # DeepNorm, Peri-LN and the two 2025 answers, pre-LN with DyT and with LayerNorm Scaling --
+    # at 6, 12, 24 and 48 layers, three learning rates (half-decades around where the `cpu`
+    # preset saw pre-LN train and post-LN fail at 12 layers), two seeds, no warmup. The quick
+    # model size; 200 steps so that the whole grid (3,240 run-layers, 648k run-layer-steps)
+    # fits in 30 minutes of this 2-core CPU with room to spare: ~12-15 min of training at
+    # 1.1-1.4 ms per run-layer-step plus 24 compiles (`--estimate`). Sized before it was run.
+    "depth": Sweep(
+        name="depth", variants=("post", "pre", "deepnorm", "peri", "pre-dyt", "pre-lns"), depths=(6, 12, 24, 48),
+        lrs=(1e-3, 3e-3, 1e-2), warmups=(0,), seeds=2,
+        seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=200, batch=16, chunk=25, heldout=32,
+    ),
     # For an accelerator: every variant, 6-48 layers, the model of the DESIGN prototype
     # (d_model 64, 4 heads, d_ff 256, context 32, batch 32), 2,000 steps, six learning rates
     # over 333x, warmup 0 / 500, three seeds: 1,296 runs in 36 programs, 58 M run-layer-steps,
@@ -122,7 +134,7 @@ PRESETS: dict[str, Sweep] = {
     # achieved on these small batched matmuls, plus a per-layer-step launch floor), not measured.
     "full": Sweep(
         name="full", variants=("post", "pre", "peri", "pre-rms", "pre-qknorm", "deepnorm", "noskip", "rezero",
-                               "layerscale"),
+                               "layerscale", "pre-dyt", "pre-lns"),
         depths=(6, 12, 24, 48), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1), warmups=(0, 500), seeds=3,
         d_model=64, num_heads=4, d_ff=256, steps=2000, batch=32, chunk=100, heldout=32,
     ),
