@@ -307,6 +307,41 @@ def lr_sweep(records: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def depth_loss(records: list[dict], path: Path) -> Path:
+    """Final held-out loss (clipped at the loss at init) against depth, one line per variant,
+    each point at the variant's best learning rate at that depth (no warmup; seed mean, seeds
+    as dots): the first plot of the report."""
+    from .analysis import clipped_loss
+
+    h = records[0]["task"]["optimal_loss"]
+    recs = [r for r in records if r["config"]["warmup"] == 0] or records
+    by = _by(recs, "variant", "depth", "lr")
+    fig, axes = _axes(1, width=6.0, height=4.2)
+    ax = axes[0]
+    variants = sorted({k[0] for k in by}, key=ORDER.get)
+    for v in variants:
+        depths = sorted({k[1] for k in by if k[0] == v})
+        best = []
+        for depth in depths:
+            per_lr = {k[2]: [clipped_loss(r["summary"]["final_loss"], float(r["metrics"]["heldout_loss0"]))
+                             for r in by[k]] for k in by if k[:2] == (v, depth)}
+            lr = min(per_lr, key=lambda x: np.mean(per_lr[x]))
+            best.append(per_lr[lr])
+        shift = 2 ** offset(v, variants, width=0.15)
+        for depth, y in zip(depths, best):
+            ax.plot([depth * shift] * len(y), y, ".", color=COLORS.get(v, "k"), alpha=0.35, ms=3)
+        ax.plot([d * shift for d in depths], [np.mean(y) for y in best], **style(v))
+    ax.axhline(h, color="k", ls=":", lw=1, label=f"H = {h:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({k[1] for k in by}), [str(x) for x in sorted({k[1] for k in by})])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("layers")
+    ax.set_ylabel("min(final, initial) held-out loss")
+    ax.legend(fontsize=7)
+    fig.suptitle("Final loss against depth, each variant at its best learning rate (no warmup)", fontsize=10)
+    return _save(fig, path)
+
+
 def attn_logit_max(records: list[dict], path: Path) -> Path:
     """Largest attention logit (max over layers) at init and after every chunk, at the highest
     learning rate without warmup, one panel per depth."""
@@ -336,6 +371,7 @@ def attn_logit_max(records: list[dict], path: Path) -> Path:
 
 
 ALL = {
+    "depth_loss.png": depth_loss,
     "loss_curves.png": loss_curves,
     "failure_heatmap.png": failure_heatmap,
     "init_grad_norms.png": init_grad_norms,

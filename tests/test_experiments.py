@@ -285,6 +285,30 @@ def test_peri_normformer_and_warmup_verdict_rules():
     assert claim_warmup(Data(no_rescue))[0] == "does not agree"
 
 
+def test_dyt_lns_verdict_rules_and_the_answer():
+    from experiments.report import MATCH, Data, answer, claim_dyt, claim_lns
+
+    def cells(dyt: dict, lns: dict) -> list[dict]:  # {depth: best final loss}; pre-LN ends at 2.0 everywhere
+        out = []
+        for L in (2, 8):
+            out += [_cell("pre", L, 1e-3, final=2.0), _cell("pre", L, 1e-2, final=2.2),
+                    _cell("pre-dyt", L, 1e-3, final=dyt[L]), _cell("pre-dyt", L, 1e-2, final=3.4),
+                    _cell("pre-lns", L, 1e-3, final=lns[L]), _cell("pre-lns", L, 1e-2, final=2.5)]
+        return out
+
+    good = Data(cells({2: 2.0 + MATCH / 2, 8: 1.9}, {2: 2.0, 8: 2.0 - 2 * MATCH}))
+    assert claim_dyt(good)[0] == "agrees" and claim_lns(good)[0] == "agrees"
+    # DyT worse by more than MATCH at the deep end; LNS only as good as pre-LN at depth
+    bad = Data(cells({2: 2.0, 8: 2.0 + 2 * MATCH}, {2: 1.9, 8: 2.0}))
+    assert claim_dyt(bad)[0] == "partly agrees"
+    assert claim_lns(bad)[0] == "does not agree"
+    assert claim_lns(Data([c for c in good.records if c["config"]["depth"] == 2]))[0] == "not measured"
+    text = answer(good, [("Zhu et al. 2025 (DyT)", "", "agrees", ""), ("Xiong", "", "does not agree", "")])
+    assert "`pre` (2: 0.001, 0.01; 8: 0.001, 0.01)" in text
+    assert "`pre-dyt` 1.900 (lr 0.001), `pre-lns` 1.900 (lr 0.001), `pre` 2.000 (lr 0.001)" in text
+    assert "**Agrees**: Zhu et al. 2025 (DyT). **Does not agree**: Xiong." in text
+
+
 def test_plots_of_a_grid_are_written(tmp_path):
     from experiments import plots
     from experiments.report import logit_table, lr_sensitivity_table, Data
@@ -292,7 +316,7 @@ def test_plots_of_a_grid_are_written(tmp_path):
     cells = _wortsman_cells() + [_cell("post", 2, lr, final=None if lr == 1e-1 else 2.5, warmup=w)
                                  for lr in LRS for w in (0, 50)]
     written = plots.write_all(cells, tmp_path)
-    assert set(written) >= {"lr_sweep.png", "attn_logit_max.png", "stream_norm_trained.png", "failure_heatmap.png",
+    assert set(written) >= {"depth_loss.png", "lr_sweep.png", "attn_logit_max.png", "stream_norm_trained.png", "failure_heatmap.png",
                             "train_grad_norms.png"}
     for path in written.values():
         assert path.stat().st_size > 1000, path
