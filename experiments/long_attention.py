@@ -7,6 +7,14 @@ in one process, interleaved. Not a test; prints one
 table row per (T, causal) and writes nothing.
 
     python -m experiments.long_attention --seqs 2048,8192 --reps 5 [--impl before]
+
+`--vs-library cudnn` (for a GPU: experiments/gpu_check.sh) times the attention alone instead:
+the blocked (flash) path against `jax.nn.dot_product_attention(implementation=...)` on
+(1, T, 8 heads, 128) in `--dtype`, forward and forward + backward, with the achieved TFLOP/s
+and MFU against `--peak-tflops` (useful FLOPs: 4 T^2 H hd forward, halved when causal; 2.5x
+that for the backward, the FlashAttention-2 convention).
+
+    python -m experiments.long_attention --vs-library cudnn --dtype bfloat16 --seqs 2048,4096,8192
 """
 
 from __future__ import annotations
@@ -93,6 +101,39 @@ def run(seq: int, causal: bool, reps: int, attention: str, before=None) -> dict:
     return row
 
 
+def attention_vs_library(seq: int, causal: bool, reps: int, implementation: str | None, dtype: str,
+                         block: int, peak_tflops: float | None, heads: int = 8, head_dim: int = 128) -> dict:
+    """One row: our blocked attention against jax.nn.dot_product_attention, same inputs."""
+    rng = np.random.default_rng(0)
+    q, k, v, r = (jnp.asarray(rng.standard_normal((1, seq, heads, head_dim)), dtype) for _ in range(4))
+
+    def ours(q, k, v):  # (B, T, H, hd) with one query per kv head group
+        return fa.blocked_attention(q[:, :, :, None], k, v, causal=causal, key_valid=None, block=block)[0][:, :, :, 0]
+
+    def library(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+
+    def train(f):
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * r), argnums=(0, 1, 2)))
+
+    progs = {"ours fwd": jax.jit(ours), "library fwd": jax.jit(library), "ours train": train(ours),
+             "library train": train(library)}
+    for f in progs.values():
+        jax.block_until_ready(f(q, k, v))
+    times = interleaved({name: (lambda f=f: jax.block_until_ready(f(q, k, v))) for name, f in progs.items()}, reps)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    fwd_flops = 4 * seq * seq * heads * head_dim * (0.5 if causal else 1.0)
+    row = {"seq": seq, "causal": causal}
+    for name, t in med.items():
+        flops = fwd_flops * (1.0 if "fwd" in name else 3.5)
+        row[name + " ms"] = 1e3 * t
+        row[name + " TFLOP/s"] = flops / t / 1e12
+        row[name + " MFU"] = flops / t / (peak_tflops * 1e12) if peak_tflops else float("nan")
+    row["fwd ratio"] = med["ours fwd"] / med["library fwd"]
+    row["train ratio"] = med["ours train"] / med["library train"]
+    return row
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m experiments.long_attention", description=__doc__.split("\n\n")[0])
     p.add_argument("--seqs", default="2048,8192", help="comma list of sequence lengths")
@@ -102,7 +143,27 @@ def main(argv=None) -> None:
     p.add_argument("--impl", default="after", choices=["after", "before", "both"],
                    help="both: the JAX programs of before and after interleaved with torch in one process")
     p.add_argument("--rev", default="dc5acd9", help="the git revision of --impl before")
+    p.add_argument("--vs-library", metavar="IMPL", default=None,
+                   help="time the attention alone against jax.nn.dot_product_attention(implementation=IMPL): "
+                        "cudnn (GPU), xla, or default (JAX's choice)")
+    p.add_argument("--dtype", default="bfloat16", help="with --vs-library: float32 or bfloat16")
+    p.add_argument("--block", type=int, default=512, help="with --vs-library: the blocked path's block size")
+    p.add_argument("--peak-tflops", type=float, default=None, help="with --vs-library: the chip's peak, for MFU")
     args = p.parse_args(argv)
+    if args.vs_library is not None:
+        impl = None if args.vs_library == "default" else args.vs_library
+        cols = ["seq", "causal", "ours fwd ms", "library fwd ms", "fwd ratio", "ours train ms", "library train ms",
+                "train ratio", "ours fwd MFU", "library fwd MFU", "ours train MFU", "library train MFU",
+                "ours train TFLOP/s", "library train TFLOP/s"]
+        print(f"attention alone vs jax.nn.dot_product_attention(implementation={impl!r}), {args.dtype}, "
+              f"block {args.block}, on {jax.devices()[0].device_kind}")
+        print(" | ".join(cols), flush=True)
+        for seq in map(int, args.seqs.split(",")):
+            for causal in (c == "1" for c in args.causal.split(",")):
+                row = attention_vs_library(seq, causal, args.reps, impl, args.dtype, args.block, args.peak_tflops)
+                print(" | ".join(f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c]) for c in cols),
+                      flush=True)
+        return
     before = old_blocked_attention(args.rev) if args.impl != "after" else None
     if args.impl == "before":
         fa.blocked_attention, before = before, None
