@@ -152,7 +152,7 @@ def check_hf(folder: str, *, num_heads: int | None = None, dtype: str = "float32
 
 def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     import flax_blocks as fb
-    from flax_blocks.hf_config import hf_config
+    from flax_blocks.hf_config import hf_config, hf_state_dict
 
     from .harness import TOL
 
@@ -163,7 +163,7 @@ def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     else:  # a deliberately different head count, to see the check fail: the weights with the flags' config
         kv = None if cfg.num_kv_heads is None else min(cfg.num_kv_heads, num_heads)
         cfg = replace(cfg, num_heads=num_heads, num_kv_heads=kv)
-        flax = fb.from_torch(fb.Encoder, cfg, model.state_dict(), dialect=dialect, num_layers=num_layers,
+        flax = fb.from_torch(fb.Encoder, cfg, hf_state_dict(model), dialect=dialect, num_layers=num_layers,
                              final_norm=final_norm, dtype=dtype)
         loaded = f"fb.from_torch with num_heads={num_heads}"
     rng = np.random.default_rng(seed)
