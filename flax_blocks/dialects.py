@@ -9,8 +9,9 @@ family of PyTorch checkpoints names the same tensors, read in both directions:
     final_norm:  the module name of the stack's final norm ("ln_f"), or None;
     rules:       our name within a layer <- their name(s): a rename, a many-to-one merge
                  (several tensors concatenated along dim 0, as BERT's query/key/value into our
-                 packed in_proj rows [q; k; v]; split back by head counts), and/or a transpose
-                 (GPT-2's Conv1D stores (in, out));
+                 packed in_proj rows [q; k; v]; split back by head counts), a one-to-many split
+                 (`chunk`: Phi-3's fused gate_up_proj rows [gate; up] into our linear_gate and
+                 linear1; concatenated back), and/or a transpose (GPT-2's Conv1D stores (in, out));
     ignore:      per-layer buffers that are not parameters (GPT-2's attn.bias);
     shared_by:   the families whose checkpoints use the same key names but compute something
                  else: names alone never choose such a dialect (`detect_dialect` refuses).
@@ -52,12 +53,20 @@ class Rule:
     theirs: one name (a rename) or several, concatenated along dim 0 into ours (split back
       with `split`: rows per part, "q" = num_heads * head_dim, "kv" = kv_heads * head_dim).
     transpose: they store the matrix (in, out) (GPT-2's Conv1D), we (out, in).
+    chunk: (index, count): ours is the index-th of `count` equal row blocks of their one
+      tensor (Phi-3's gate_up_proj: gate = block 0, up = block 1); the rules sharing that
+      tensor are concatenated back in index order. Slicing and concatenating are exact.
     """
 
     ours: str
     theirs: tuple[str, ...]
     transpose: bool = False
     split: tuple[str, ...] = ()
+    chunk: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        if self.chunk is not None and (len(self.theirs) != 1 or self.transpose or self.split):
+            raise ValueError(f"{self.ours}: a chunk rule takes one tensor of theirs, untransposed and unsplit")
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,11 @@ def _norm(ours: str, theirs: str) -> tuple[Rule, ...]:
     return (Rule(f"{ours}.weight", (f"{theirs}.weight",)), Rule(f"{ours}.bias", (f"{theirs}.bias",)))
 
 
+def _fused(theirs: str, *ours: str) -> tuple[Rule, ...]:
+    """One fused tensor of theirs whose equal row blocks are our `ours`, in order."""
+    return tuple(Rule(o, (theirs,), chunk=(i, len(ours))) for i, o in enumerate(ours))
+
+
 # ----------------------------------------------------------------------------------------
 # The dialects: one table each
 # ----------------------------------------------------------------------------------------
@@ -117,8 +131,13 @@ _CLASSIC = {"norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_no
             "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False}
 _CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
 
+# RoBERTa's stack IS BERT's: the same layer code and key names in transformers (RobertaLayer is
+# generated from BertLayer), so "roberta" is read with this one table. What differs lies outside
+# the stack: RoBERTa's position ids start at padding_idx + 1 and skip padding, in its embeddings.
+# BERT with is_decoder=True (no cross-attention) is causal under the same names: causal is read
+# from the config, not fixed.
 HF_BERT = Dialect(
-    "hf-bert", "Hugging Face BERT (encoder.layer.{i}.attention.self.query.weight, ...)",
+    "hf-bert", "Hugging Face BERT / RoBERTa (encoder.layer.{i}.attention.self.query.weight, ...)",
     layer="encoder.layer.{i}.", final_norm=None,
     rules=(
         *_qkv("attention.self.query", "attention.self.key", "attention.self.value"),
@@ -128,8 +147,8 @@ HF_BERT = Dialect(
         *_linear("linear2", "output.dense"),
         *_norm("norm2", "output.LayerNorm"),
     ),
-    settings={**_CLASSIC, "norm": "post", "causal": False},
-    reads=_CLASSIC_READS,
+    settings={**_CLASSIC, "norm": "post"},
+    reads=(*_CLASSIC_READS, "causal"),
     outside="embeddings (word, position, token type, their LayerNorm) and pooler",
 )
 
@@ -174,11 +193,91 @@ HF_LLAMA = Dialect(
                "Cohere, Granite and others"),
 )
 
-DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA)}
+HF_DISTILBERT = Dialect(
+    "hf-distilbert", "Hugging Face DistilBERT (transformer.layer.{i}.attention.q_lin.weight, ...)",
+    layer="transformer.layer.{i}.", final_norm=None,
+    rules=(
+        *_qkv("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+        *_linear("self_attn.out_proj", "attention.out_lin"),
+        *_norm("norm1", "sa_layer_norm"),
+        *_linear("linear1", "ffn.lin1"),
+        *_linear("linear2", "ffn.lin2"),
+        *_norm("norm2", "output_layer_norm"),
+    ),
+    # post-LN, its LayerNorms' eps fixed to 1e-12 in the code (not in the config)
+    settings={**_CLASSIC, "norm": "post", "causal": False, "layer_norm_eps": 1e-12},
+    reads=("activation", "num_kv_heads"),
+    outside="embeddings (word, position, their LayerNorm); DistilBERT has no pooler",
+)
+
+HF_OPT = Dialect(
+    "hf-opt", "Hugging Face OPT (decoder.layers.{i}.self_attn.q_proj.weight, fc1, final_layer_norm, ...)",
+    layer="decoder.layers.{i}.", final_norm="decoder.final_layer_norm",
+    rules=(
+        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        *_linear("self_attn.out_proj", "self_attn.out_proj"),
+        *_norm("norm1", "self_attn_layer_norm"),
+        *_linear("linear1", "fc1"),
+        *_linear("linear2", "fc2"),
+        *_norm("norm2", "final_layer_norm"),
+    ),
+    # causal; torch's LayerNorm default eps 1e-5 (not in the config); the norm placement is read
+    # (do_layer_norm_before: OPT-350m is post-LN, the others pre-LN)
+    settings={**_CLASSIC, "causal": True, "layer_norm_eps": 1e-5},
+    reads=("activation", "num_kv_heads", "norm"),
+    outside=("token and position embeddings (embed_tokens; embed_positions, offset by 2), project_in / "
+             "project_out (word_embed_proj_dim != hidden_size: applied to the token embeddings before the "
+             "positions are added, and after the final norm) and the LM head"),
+    shared_by=("OPT itself in both norm placements (OPT-350m is post-LN, the other sizes pre-LN: the names do "
+               "not say which)"),
+)
+
+# ViT: the names of the checkpoint files (save_pretrained writes them still); transformers 5's
+# own ViTModel names its modules layers.{i}.attention.q_proj, ... and converts when loading. A
+# model object is read as save_pretrained writes it (flax_blocks.hf_config.hf_state_dict).
+HF_VIT = Dialect(
+    "hf-vit", "Hugging Face ViT checkpoints (encoder.layer.{i}.attention.attention.query.weight, ...)",
+    layer="encoder.layer.{i}.", final_norm="layernorm",
+    rules=(
+        *_qkv("attention.attention.query", "attention.attention.key", "attention.attention.value"),
+        *_linear("self_attn.out_proj", "attention.output.dense"),
+        *_norm("norm1", "layernorm_before"),
+        *_linear("linear1", "intermediate.dense"),
+        *_linear("linear2", "output.dense"),
+        *_norm("norm2", "layernorm_after"),
+    ),
+    settings={**{k: v for k, v in _CLASSIC.items() if k != "qkv_bias"}, "norm": "pre", "causal": False},
+    reads=(*_CLASSIC_READS, "qkv_bias"),
+    outside="patch and position embeddings, the CLS token and the pooler",
+)
+
+# Phi-3: LLaMA's layers with q/k/v fused into qkv_proj (rows [q; k; v], our in_proj layout: a
+# rename) and gate/up fused into gate_up_proj (rows [gate; up]: split into linear_gate, linear1).
+HF_PHI3 = Dialect(
+    "hf-phi3", "Hugging Face Phi-3 (layers.{i}.self_attn.qkv_proj.weight, mlp.gate_up_proj.weight, ...)",
+    layer="layers.{i}.", final_norm="norm",
+    rules=(
+        Rule("self_attn.in_proj_weight", ("self_attn.qkv_proj.weight",)),
+        *_linear("self_attn.out_proj", "self_attn.o_proj"),
+        *_fused("mlp.gate_up_proj.weight", "linear_gate.weight", "linear1.weight"),
+        *_linear("linear2", "mlp.down_proj"),
+        *_norm("norm1", "input_layernorm"),
+        *_norm("norm2", "post_attention_layernorm"),
+    ),
+    settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
+              "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False, "bias": False,
+              "qkv_bias": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta"),
+    outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
+)
+
+DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA, HF_DISTILBERT, HF_OPT,
+                                                          HF_VIT, HF_PHI3)}
 
 # A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
 # its config by flax_blocks.hf_config). Families not listed are refused by name.
-MODEL_TYPES = {"bert": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama", "qwen2": "hf-llama"}
+MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama",
+               "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3"}
 
 # Every torch name a block can have under some option (the probe configs, every option on).
 _TORCH_NAMES = {
@@ -221,11 +320,10 @@ def _stack_keys(keys: list[str], lay: Dialect) -> list[str]:
 
 
 def detect_dialect(source: Any) -> str:
-    """The name of the dialect whose stack keys the state dict holds (torch, hf-bert, hf-gpt2,
-    hf-llama). source: a mapping of name -> array, a module with .state_dict() or a path.
+    """The name of the dialect whose stack keys the state dict holds (one of DIALECTS). source: a mapping of name -> array, a module with .state_dict() or a path.
     Raises ConversionError when no dialect or several recognise the keys, listing the dialects
     and the keys' roots, and when the one that does is shared by families that compute
-    something else (LLaMA's names): then only an explicit dialect= (or fb.from_hf, which reads
+    something else (LLaMA's names; OPT's, whose norm placement they do not say): then only an explicit dialect= (or fb.from_hf, which reads
     the model's config) says which family the checkpoint is."""
     keys = list(source.keys()) if isinstance(source, Mapping) else list(read_state_dict(source))
     counts = {name: len(_stack_keys(keys, lay)) for name, lay in DIALECTS.items()}
@@ -316,7 +414,15 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                 gone = [f"{prefix}{lay.layer.format(i=i)}{t}" for t in r.theirs if t not in theirs]
                 problems.append(f"missing key {', '.join(gone)} (merged into {r.ours} with {', '.join(have)})")
                 continue
-            out[f"{declarations.LAYERS}.{i}.{r.ours}"] = _cat([theirs[t] for t in r.theirs], r.transpose)
+            a = _cat([theirs[t] for t in r.theirs], r.transpose)
+            if r.chunk is not None:
+                (index, count), rows = r.chunk, a.shape[0]
+                if rows % count:
+                    problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]} (shape {tuple(a.shape)}): {rows} "
+                                    f"rows do not split into {count} equal blocks")
+                    continue
+                a = a[index * rows // count:(index + 1) * rows // count]
+            out[f"{declarations.LAYERS}.{i}.{r.ours}"] = a
     if problems:
         raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
     if not layers:
@@ -356,6 +462,8 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
     by_ours = {r.ours: r for r in lay.rules}
     layer = re.compile(rf"{declarations.LAYERS}\.(\d+)\.(.+)")
     out: dict[str, Any] = {}
+    fused: dict[str, dict[int, Any]] = {}  # their fused name -> {block index: our tensor}
+    blocks: dict[str, int] = {}  # their fused name -> how many blocks it has
     problems = []
     for k, a in sd.items():
         m = layer.match(k)
@@ -370,6 +478,10 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
             problems.append(f"{k}: the {lay.name} dialect has no place for it")
             continue
         base = f"{prefix}{lay.layer.format(i=m.group(1))}"
+        if r.chunk is not None:  # one block of a fused tensor of theirs: joined below
+            fused.setdefault(base + r.theirs[0], {})[r.chunk[0]] = a
+            blocks[base + r.theirs[0]] = r.chunk[1]
+            continue
         if len(r.theirs) == 1:
             out[base + r.theirs[0]] = a.T if r.transpose else a
             continue
@@ -378,6 +490,12 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
             n = _rows(part, cfg)
             out[base + t] = a[start:start + n].T if r.transpose else a[start:start + n]
             start += n
+    for name, parts in fused.items():
+        count = blocks[name]
+        if sorted(parts) != list(range(count)):
+            problems.append(f"{name}: {count} blocks fused, only {sorted(parts)} given")
+        else:
+            out[name] = _cat([parts[i] for i in range(count)], False)
     if problems:
         raise ConversionError(problems, header=f"cannot write a {lay.name} checkpoint")
     return out

@@ -1,4 +1,5 @@
-"""Hugging Face transformer stacks in and out: BERT, GPT-2, LLaMA / Mistral / Qwen2.
+"""Hugging Face transformer stacks in and out: BERT / RoBERTa, DistilBERT, GPT-2, OPT, ViT,
+LLaMA / Mistral / Qwen2, Phi-3.
 
     from_hf(source)             an HF model (a save_pretrained folder or the model object)
                                 -> a Flax Encoder computing its layers + final norm
@@ -6,10 +7,12 @@
 
 Only the transformer stack is converted: hidden states (B, T, E) in, the model's last
 hidden state out. Embeddings (token, position, token type, BERT's embedding LayerNorm),
-poolers and LM heads stay on the HF side. Rotary positions are part of the LLaMA-family
-layers and are computed by the Flax stack (positions 0..T-1). The settings come from the
-model's own config (`flax_blocks.hf_config`: heads, KV heads, eps, activation, rotary base,
-causal, biases, final norm); what the Flax blocks cannot compute (scaled rotary variants
+poolers and LM heads stay on the HF side, as do OPT's project_in / project_out (an OPT with
+word_embed_proj_dim != hidden_size projects the token embeddings before the stack and the
+final hidden state after it: the Flax stack's output is the one before project_out). Rotary
+positions are part of the LLaMA-family and Phi-3 layers and are computed by the Flax stack
+(positions 0..T-1). The settings come from the model's own config (`flax_blocks.hf_config`:
+heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm); what the Flax blocks cannot compute (scaled rotary variants
 such as LLaMA 3's, layer-dependent attention scaling, a sliding window) is refused by name,
 never silently approximated. The stack is built for inference: dropout 0.
 """
@@ -24,7 +27,7 @@ from typing import Any
 from . import dialects
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig
-from .hf_config import hf_config, hf_model_config, read_folder
+from .hf_config import hf_config, hf_model_config, hf_state_dict, read_folder
 
 log = logging.getLogger("flax_blocks")
 
@@ -35,7 +38,8 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
 
     source: a folder written by `save_pretrained` (config.json and *.safetensors, or
       pytorch_model.bin) or a transformers model object (BertModel, GPT2LMHeadModel,
-      LlamaForCausalLM, ...). Only the stack is read: layers and final norm.
+      LlamaForCausalLM, ViTModel, ...; read as its save_pretrained would write it). Only
+      the stack is read: layers and final norm.
     dtype: cast the weights (and param_dtype) to it; None keeps the checkpoint's dtype
       (float64 needs jax_enable_x64).
     Returns an Encoder (with .cfg and .num_layers) mapping hidden states (B, T, E) to the
@@ -43,6 +47,7 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
     `key_mask=` (B, T), True = real token, for padding. Query positions that are padding
     themselves may differ from HF's (whose values there are meaningless anyway).
     A Mistral with a sliding window is refused (the blocks attend to every earlier key).
+    The stack remembers its family's dialect (`hf_dialect`), which `to_hf` writes back.
     """
     from .blocks import Encoder
     from .convert import from_torch
@@ -50,7 +55,7 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
     if isinstance(source, (str, os.PathLike)):
         config, sd = read_folder(os.fspath(source))
     elif (config := hf_model_config(source)) is not None:
-        sd = read_state_dict(source)
+        sd = read_state_dict(hf_state_dict(source))
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
     dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
@@ -60,17 +65,26 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
             cfg = replace(cfg, param_dtype=dtypes.pop())
     log.info("from_hf: %s model, dialect %s, %d layers", config.get("model_type"), dialect, num_layers)
-    return from_torch(Encoder, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
-                      dtype=dtype, seed=seed)
+    module = from_torch(Encoder, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
+                        dtype=dtype, seed=seed)
+    module.hf_dialect = dialect  # a plain attribute (static in nnx.split): to_hf's default
+    return module
 
 
 def dialect_for(cfg: BlockConfig) -> str:
-    """The HF dialect whose family settings `cfg` has (hf-bert, hf-gpt2, hf-llama)."""
-    fits = [n for n, lay in dialects.DIALECTS.items()
-            if lay.rules is not None and all(getattr(cfg, k) == v for k, v in lay.settings.items())]
-    if len(fits) != 1:
+    """The HF dialect whose family settings `cfg` has. Several families hold some configs
+    (a post-LN BERT-like stack is also a DistilBERT's with eps 1e-12, a pre-LN causal one a
+    GPT-2's or an OPT's, a LLaMA-like one a Phi-3's): then none is chosen, the error lists
+    them, and dialect= says which."""
+    hf = {n: lay for n, lay in dialects.DIALECTS.items() if lay.rules is not None}
+    fits = [n for n, lay in hf.items() if all(getattr(cfg, k) == v for k, v in lay.settings.items())]
+    if len(fits) > 1:
+        raise ConversionError([f"{n}: {hf[n].description}" for n in fits],
+                              header=f"several Hugging Face dialects hold this config ({', '.join(fits)}); pass "
+                                     "dialect=")
+    if not fits:
         raise ConversionError([f"{n}: needs " + ", ".join(f"{k}={v!r}" for k, v in lay.settings.items())
-                               for n, lay in dialects.DIALECTS.items() if lay.rules is not None],
+                               for n, lay in hf.items()],
                               header="no Hugging Face dialect fits this config; pass dialect=")
     return fits[0]
 
@@ -78,10 +92,12 @@ def dialect_for(cfg: BlockConfig) -> str:
 def to_hf(module, dialect: str | None = None, *, prefix: str = "") -> dict[str, Any]:
     """{HF name: numpy array} of a Flax Encoder's stack: its layers and final norm.
 
-    dialect: "hf-bert", "hf-gpt2" or "hf-llama" (None: the one whose family settings the
-      module's cfg has; a config the family cannot hold is refused, naming the fields).
+    dialect: one of flax_blocks.dialects.DIALECTS' hf-* names (None: the one the module was
+      read from by from_hf, else the one whose family settings the module's cfg has; a
+      config the family cannot hold is refused, naming the fields).
     prefix: put before every name, e.g. "model." for LlamaForCausalLM, "bert." for
-      BertForMaskedLM; "" names them as in BertModel / GPT2Model / LlamaModel.
+      BertForMaskedLM, "model." for OPTForCausalLM; "" names them as in BertModel /
+      GPT2Model / LlamaModel / OPTModel / ViTModel's checkpoint files.
     The arrays keep the module's dtype. Load them with
       missing, unexpected = hf_model.load_state_dict(tb.to_tensors(sd), strict=False)
     where `unexpected` is empty and `missing` lists only what lies outside the stack
@@ -92,7 +108,7 @@ def to_hf(module, dialect: str | None = None, *, prefix: str = "") -> dict[str, 
 
     if type(module).__name__ != "Encoder":
         raise TypeError(f"to_hf converts an Encoder (a stack), got {type(module).__name__}")
-    dialect = dialect or dialect_for(module.cfg)
+    dialect = dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg)
     if dialect == "torch":
         raise ValueError("dialect 'torch' is our own naming: use flax_blocks.torch_state_dict")
     sd = dialects.to_dialect(torch_state_dict(module), dialect, module.cfg, prefix=prefix)

@@ -37,8 +37,8 @@ def _rope_theta(config: Mapping[str, Any], problems: list[str]) -> float:
     scaling = config.get("rope_scaling") or {}
     kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if kind != "default":
-        problems.append(f"rope_type {kind!r} (scaled rotary, as LLaMA 3's): the Flax blocks compute plain rotary "
-                        "positions only (rope_theta)")
+        problems.append(f"rope_type {kind!r} (scaled rotary, as LLaMA 3's llama3 or Phi-3's longrope / su): the "
+                        "Flax blocks compute plain rotary positions only (rope_theta)")
     return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
 
 
@@ -53,40 +53,93 @@ NOT_COMPUTED = {
     "gemma3_text": "Gemma's norms plus QK-norm, sliding-window layers and a separate rotary base for them",
     "qwen3": "QK-norm per head with an explicit head_dim", "olmo2": "norms after each sublayer (x + Norm(F(x))) "
              "and a QK-norm over the whole projection width",
-    "phi3": "fused qkv_proj and gate_up_proj, partial rotary variants", "gpt_neox": "parallel residual, partial "
-             "rotary and a fused per-head query_key_value", "stablelm": "partial rotary (and optional parallel residual)",
+    "gpt_neox": "parallel residual, partial rotary and a fused per-head query_key_value",
+    "stablelm": "partial rotary (and optional parallel residual)",
     "starcoder2": "sliding-window attention", "cohere": "parallel residual with a shared LayerNorm and logit scale",
 }
+
+# Config keys a family names otherwise than the options' `hf=` keys (flax_blocks.options), tried
+# first: DistilBERT's dim / n_heads / hidden_dim / activation, OPT's ffn_dim.
+FAMILY_KEYS = {
+    "distilbert": {"d_model": ("dim",), "num_heads": ("n_heads",), "d_ff": ("hidden_dim",),
+                   "activation": ("activation",)},
+    "opt": {"d_ff": ("ffn_dim",)},
+}
+
+
+def _read(config: Mapping[str, Any], model_type: str, field: str, default: Any = None) -> Any:
+    return _first(config, *FAMILY_KEYS.get(model_type, {}).get(field, ()), *BY_NAME[field].hf, default=default)
+
+
+def _bert(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
+    """BERT and RoBERTa: is_decoder makes the self-attention causal (transformers 5.24:
+    BertLayer's attention is_causal=config.is_decoder, and the model builds a causal mask);
+    cross-attention and relative positions are refused."""
+    kw["causal"] = bool(config.get("is_decoder", False))
+    if config.get("add_cross_attention"):
+        problems.append("add_cross_attention=True (a decoder with cross-attention): only self-attention stacks "
+                        "are converted")
+
+
+def _opt(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> bool:
+    """OPT: the norm placement from do_layer_norm_before (post-LN is x <- Norm(x + F(x)), as the
+    blocks' post-LN; OPT then has no final norm); returns whether there is a final norm."""
+    pre = bool(config.get("do_layer_norm_before", True))
+    kw["norm"] = "pre" if pre else "post"
+    if not config.get("enable_bias", True):
+        problems.append("enable_bias=False: OPT's linear maps lose their biases but its LayerNorms keep theirs; the "
+                        "Flax blocks have biases in both or in neither")
+    if not config.get("layer_norm_elementwise_affine", True):
+        problems.append("layer_norm_elementwise_affine=False: LayerNorms without weight and bias are not computed "
+                        "by the Flax blocks")
+    return pre and not config.get("_remove_final_layer_norm", False)
+
+
+def _phi3(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
+    """Phi-3: rotary as LLaMA's (scaled variants, longrope / su / yarn, refused by _rope_theta),
+    no biases; partial rotary and sliding windows refused."""
+    params = config.get("rope_parameters") or {}
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial is not None and float(partial) != 1.0:
+        problems.append(f"partial_rotary_factor={partial}: rotary on part of head_dim only (Phi-4-mini) is not "
+                        "computed by the Flax blocks (they rotate all of it)")
+    window = config.get("sliding_window")
+    if window is not None:
+        problems.append(f"sliding_window={window}: each query of this Phi-3 attends only to the last {window} keys, "
+                        "which the Flax blocks do not compute (they attend to every earlier key)")
 
 
 def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, BlockConfig, int, bool]:
     """An HF config (config.json as a dict) -> (dialect, BlockConfig, num_layers, final_norm).
 
-    Raises ConversionError naming every setting the Flax blocks cannot reproduce."""
+    Settings a family fixes in its code come from its dialect's `settings`, the rest from the
+    config (`FAMILY_KEYS`, then the options' `hf=` keys). Raises ConversionError naming every
+    setting the Flax blocks cannot reproduce."""
     model_type = config.get("model_type")
     if model_type not in MODEL_TYPES:
         why = f": {NOT_COMPUTED[model_type]}" if model_type in NOT_COMPUTED else ""
         raise ConversionError([f"model_type {model_type!r}{why}; supported: {', '.join(MODEL_TYPES)}"],
                               header="cannot read this Hugging Face model")
     dialect = MODEL_TYPES[model_type]
+    lay = dialects.DIALECTS[dialect]
     problems: list[str] = []
-    d_model = _first(config, *BY_NAME["d_model"].hf)
-    heads = _first(config, *BY_NAME["num_heads"].hf)
-    kv = _first(config, *BY_NAME["num_kv_heads"].hf, default=heads)
-    act_name = _first(config, *BY_NAME["activation"].hf)
+    d_model = _read(config, model_type, "d_model")
+    heads = _read(config, model_type, "num_heads")
+    kv = _read(config, model_type, "num_kv_heads", default=heads)
+    act_name = _read(config, model_type, "activation")
     activation = ACTIVATIONS.get(act_name)
     if activation is None:
         problems.append(f"activation {act_name!r}: supported {', '.join(k for k, v in ACTIVATIONS.items() if v)}")
     if model_type == "gpt2" and config.get("n_inner") is None:
         d_ff = 4 * d_model
     else:
-        d_ff = _first(config, *BY_NAME["d_ff"].hf)
-    settings = dict(dialects.DIALECTS[dialect].settings)
-    kw: dict[str, Any] = dict(
-        d_model=d_model, num_heads=heads, d_ff=d_ff, dropout=0.0,
-        layer_norm_eps=float(_first(config, *BY_NAME["layer_norm_eps"].hf)),
-        num_kv_heads=None if kv == heads else kv, **settings,
-    )
+        d_ff = _read(config, model_type, "d_ff")
+    settings = dict(lay.settings)
+    kw: dict[str, Any] = dict(d_model=d_model, num_heads=heads, d_ff=d_ff, dropout=0.0,
+                              num_kv_heads=None if kv == heads else kv)
+    if "layer_norm_eps" not in settings:
+        kw["layer_norm_eps"] = float(_read(config, model_type, "layer_norm_eps"))
+    kw.update(settings)
     if activation is not None and "activation" not in settings:
         kw["activation"] = activation
     elif activation not in (None, settings.get("activation")):
@@ -95,19 +148,31 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
     if head_dim is not None and head_dim * heads != d_model:
         problems.append(f"head_dim {head_dim} with {heads} heads and hidden size {d_model}: the Flax blocks "
                         "have head_dim = hidden size / heads")
-    if config.get("is_decoder") or config.get("add_cross_attention"):
+    final_norm = lay.final_norm is not None
+    if dialect == "hf-bert":
+        _bert(config, kw, problems)
+    elif config.get("is_decoder") or config.get("add_cross_attention"):
         problems.append("a decoder with cross-attention (is_decoder / add_cross_attention): only self-attention "
                         "stacks are converted")
     if config.get("position_embedding_type", "absolute") != "absolute":
-        problems.append(f"position_embedding_type {config['position_embedding_type']!r}: relative position terms "
-                        "inside attention are not computed by the Flax blocks")
+        problems.append(f"position_embedding_type {config['position_embedding_type']!r}: a checkpoint trained with "
+                        "it holds relative position terms inside attention (distance_embedding), which the Flax "
+                        "blocks do not compute and transformers 5 no longer does either (its BERT ignores the "
+                        "setting and computes absolute positions only): refused rather than silently dropped")
     if model_type == "gpt2":
         if not config.get("scale_attn_weights", True):
             problems.append("scale_attn_weights=False: the Flax blocks scale logits by 1/sqrt(head_dim)")
         if config.get("scale_attn_by_inverse_layer_idx"):
             problems.append("scale_attn_by_inverse_layer_idx=True: a per-layer logit scale the Flax blocks lack")
-    if dialect == "hf-llama":
+    if model_type == "opt":
+        final_norm = _opt(config, kw, problems)
+    if model_type == "vit":
+        kw["qkv_bias"] = bool(config.get("qkv_bias", True))
+    if dialect in ("hf-llama", "hf-phi3"):
         kw["rope_theta"] = _rope_theta(config, problems)
+    if model_type == "phi3":
+        _phi3(config, kw, problems)
+    if dialect == "hf-llama":
         attn_bias, mlp_bias = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
         if model_type == "qwen2":  # q/k/v biases, none elsewhere
             kw.update(bias=False, qkv_bias=True)
@@ -130,8 +195,8 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
         kw["param_dtype"] = dtype_name(config.get("dtype") or config.get("torch_dtype"))
     if problems:
         raise ConversionError(problems, header=f"cannot reproduce this {model_type} model in the Flax blocks")
-    num_layers = _first(config, "num_hidden_layers", "n_layer")
-    return dialect, BlockConfig(**kw), int(num_layers), dialects.DIALECTS[dialect].final_norm is not None
+    num_layers = _first(config, "num_hidden_layers", "n_layer", "n_layers")
+    return dialect, BlockConfig(**kw), int(num_layers), final_norm
 
 
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -180,6 +245,19 @@ def hf_model_config(source: Any) -> dict[str, Any] | None:
     if config is None or not hasattr(source, "state_dict") or not isinstance(getattr(config, "model_type", None), str):
         return None
     return config.to_dict()
+
+
+def hf_state_dict(source: Any) -> Any:
+    """A transformers model object's weights named as its save_pretrained writes them (the
+    checkpoint files' names: transformers 5 renames some modules in the library, ViT's among
+    them, and converts back when saving); any other source is returned as it is."""
+    if hf_model_config(source) is None:
+        return source
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers without load-time renaming: the module's names are the files'
+        return source.state_dict()
+    return revert_weight_conversion(source, source.state_dict())
 
 
 # Fields a caller may set freely when loading an HF model: not what its weights compute.

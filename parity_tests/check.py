@@ -217,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="torch-named checkpoint: .pt/.pth (a state dict) or .safetensors; or a "
-                                       "Hugging Face save_pretrained folder (BERT, GPT-2, LLaMA, Mistral, Qwen2), "
+                                       "Hugging Face save_pretrained folder (BERT, RoBERTa, DistilBERT, GPT-2, OPT, ViT, "
+                                       "LLaMA, Mistral, Qwen2, Phi-3), "
                                        "checked against the HF model itself with the settings of its config.json")
     ap.add_argument("--num-heads", type=int, help="attention heads (not inferable from the tensors; required for a "
                                                   "torch checkpoint; for an HF folder it overrides the config's)")

@@ -1,16 +1,19 @@
 """The Hugging Face model itself as the parity reference for a Flax stack from `fb.from_hf`.
 
-Feeds hidden states as `inputs_embeds` with the embeddings' own additions out of the way
-(BERT: position and token-type embeddings zeroed, embedding LayerNorm replaced by the
-identity; GPT-2: position embeddings zeroed; LLaMA-family models add nothing), so the HF
+Feeds hidden states as `inputs_embeds` (ViT: as `pixel_values`, its embeddings replaced by the
+identity) with the embeddings' own additions out of the way (BERT / RoBERTa: position and
+token-type embeddings zeroed, embedding LayerNorm replaced by the identity; DistilBERT: the
+same without token types; GPT-2: position embeddings zeroed; OPT: position embeddings zeroed
+and project_in / project_out removed; LLaMA-family and Phi-3 models add nothing), so the HF
 model's last hidden state is its layers + final norm.
 
-float64: HF's LLaMA-family RMSNorm casts hidden states to float32 and its rotary embedding
-computes inv_freq, angles and cos/sin in float32, and its eager attention takes the softmax
-in float32, all even in a float64 model. `float64_faithful` replaces the first two forwards
-on the given instance by the same formulas without the float32 casts, and the LLaMA family
-runs with attn_implementation="sdpa" (float64 throughout): in float64 the comparison then
-measures the formulas, not float32 rounding. float32 runs the HF model untouched.
+float64: HF's LLaMA-family (and Phi-3) RMSNorm casts hidden states to float32 and its rotary
+embedding computes inv_freq, angles and cos/sin in float32, and the eager attention of those
+families, OPT and ViT takes the softmax in float32, all even in a float64 model.
+`float64_faithful` replaces the first two forwards on the given instance by the same formulas
+without the float32 casts, and those families run with attn_implementation="sdpa" (float64
+throughout): in float64 the comparison then measures the formulas, not float32 rounding.
+float32 runs the HF model untouched.
 """
 
 from __future__ import annotations
@@ -55,17 +58,31 @@ def float64_faithful(model):
 
 
 def embeddings_out_of_the_way(model):
-    """Make the HF base model's output on inputs_embeds that of its layers + final norm."""
+    """Make the HF base model's output on inputs_embeds (ViT: pixel_values) that of its layers +
+    final norm."""
     import torch
 
     with torch.no_grad():
-        if hasattr(model, "embeddings"):  # BERT: inputs_embeds + token type + position, LayerNorm
-            model.embeddings.position_embeddings.weight.zero_()
-            model.embeddings.token_type_embeddings.weight.zero_()
-            model.embeddings.LayerNorm = torch.nn.Identity()
+        emb = getattr(model, "embeddings", None)
+        if emb is not None and hasattr(emb, "patch_embeddings"):  # ViT: the hidden states pass as they are
+            emb.forward = types.MethodType(lambda self, pixel_values, **kwargs: pixel_values, emb)
+        elif emb is not None:  # BERT, RoBERTa, DistilBERT: inputs_embeds + (token type) + position, LayerNorm
+            emb.position_embeddings.weight.zero_()
+            if hasattr(emb, "token_type_embeddings"):
+                emb.token_type_embeddings.weight.zero_()
+            emb.LayerNorm = torch.nn.Identity()
         if hasattr(model, "wpe"):  # GPT-2: inputs_embeds + position
             model.wpe.weight.zero_()
+        decoder = getattr(model, "decoder", None)
+        if decoder is not None and hasattr(decoder, "embed_positions"):  # OPT: project_in(x) + position, project_out
+            decoder.embed_positions.weight.zero_()
+            decoder.project_in = decoder.project_out = None
     return model
+
+
+# Families whose eager attention takes its softmax in float32 (or whose norms and rotary cast
+# to float32): float64 checks run them with SDPA and float64_faithful.
+FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit")
 
 
 def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +92,8 @@ def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tup
 
     xt = torch.tensor(x, requires_grad=True)
     mask = None if keys is None else torch.tensor(keys.astype(np.int64))
-    y = model(inputs_embeds=xt, attention_mask=mask).last_hidden_state
+    name = "pixel_values" if getattr(model, "main_input_name", None) == "pixel_values" else "inputs_embeds"
+    y = model(**{name: xt}, attention_mask=mask).last_hidden_state
     y.backward(torch.tensor(ct))
     return y.detach().numpy(), xt.grad.numpy()
 
@@ -115,8 +133,7 @@ def load_hf(folder: str, dtype: str):
 
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    llama_like = config.get("model_type") in ("llama", "mistral", "qwen2")
-    attn = "sdpa" if llama_like and dtype == "float64" else "eager"
+    attn = "sdpa" if config.get("model_type") in FLOAT32_INSIDE and dtype == "float64" else "eager"
     model = transformers.AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=attn)
     model = embeddings_out_of_the_way(model.eval())
     return config, (float64_faithful(model) if dtype == "float64" else model)
@@ -135,7 +152,7 @@ def check_hf(folder: str, *, num_heads: int | None = None, dtype: str = "float32
 
 def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     import flax_blocks as fb
-    from flax_blocks.hf_config import hf_config
+    from flax_blocks.hf_config import hf_config, hf_state_dict
 
     from .harness import TOL
 
@@ -146,7 +163,7 @@ def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     else:  # a deliberately different head count, to see the check fail: the weights with the flags' config
         kv = None if cfg.num_kv_heads is None else min(cfg.num_kv_heads, num_heads)
         cfg = replace(cfg, num_heads=num_heads, num_kv_heads=kv)
-        flax = fb.from_torch(fb.Encoder, cfg, model.state_dict(), dialect=dialect, num_layers=num_layers,
+        flax = fb.from_torch(fb.Encoder, cfg, hf_state_dict(model), dialect=dialect, num_layers=num_layers,
                              final_norm=final_norm, dtype=dtype)
         loaded = f"fb.from_torch with num_heads={num_heads}"
     rng = np.random.default_rng(seed)

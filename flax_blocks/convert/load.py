@@ -23,7 +23,7 @@ from .. import declarations, dialects
 from ..checkpoint_io import ConversionError, few, natural_key, ranges, read_state_dict
 from ..config import dtype_name
 from ..declarations import FINAL_NORM
-from ..hf_config import check_hf_source
+from ..hf_config import check_hf_source, hf_state_dict
 from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
 from .params import LAYER, Expected, expected_torch_params, flax_params
 
@@ -214,11 +214,12 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
       in the returned LoadResult and the module keeps its own values for missing ones.
     dtype: cast every tensor to this dtype (a name or a numpy / JAX / torch dtype);
       None keeps the checkpoint's dtypes.
-    dialect: the checkpoint's key names ("torch", "hf-bert", "hf-gpt2", "hf-llama"; see
-      flax_blocks.dialects); None detects it from the key names.
+    dialect: the checkpoint's key names ("torch", "hf-bert", "hf-gpt2", "hf-llama", ...; see
+      flax_blocks.dialects.DIALECTS); None detects it from the key names. A transformers model
+      object says its own family and is read as its save_pretrained writes it.
     Shape, dtype and layer-count problems are always errors. On any error nothing changes.
     """
-    src = _read(source, prefix, check_hf_source(module.cfg, source, dialect))
+    src = _read(hf_state_dict(source), prefix, check_hf_source(module.cfg, source, dialect))
     cast = None if dtype is None else _np_dtype(dtype)
     expected = expected_torch_params(module)
     params = flax_params(module)
@@ -255,7 +256,7 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
                         f"got layout={kwargs['layout']!r}")
     dialect = check_hf_source(cfg, source, dialect)
     dialects.check_against_source(cfg, source, kwargs.get("final_norm"))
-    source, prefix, _ = dialects.prepare(source, dialect, prefix)
+    source, prefix, _ = dialects.prepare(hf_state_dict(source), dialect, prefix)
 
     if cls.__name__ in declarations.STACKS and kwargs.get("final_norm") is None:
         source, kwargs["final_norm"] = _checkpoint_has_final_norm(source, prefix)

@@ -1,0 +1,248 @@
+"""`python -m parity_tests.families [--doc docs/families.md]`: the Hugging Face families read
+without new block options (RoBERTa, DistilBERT, OPT pre- and post-LN, ViT, Phi-3), each a tiny
+random model measured against HF itself, as a markdown table; --doc replaces the table between
+that page's markers. tests/test_hf_families.py asserts on the same builds (`measure`).
+
+Each model: 3 layers, d_model 24, 3 heads of 8 (Phi-3: 4 heads of 6, 2 KV heads), every weight
+scaled up (std 0.1) and every norm and bias perturbed, so unit norms and zero biases hide
+nothing; saved with save_pretrained and read back with `fb.from_hf(folder)` (float64), and read
+from the model object (float32). Inputs: B 2, T 9, tokens 2-4 of the last element padding
+(`parity_tests.hf_reference` moves the embeddings out of the way and, in float64, removes HF's
+float32 casts). Errors are max|flax - HF| / max|HF| over real positions, for the output and
+the gradient of <output, cotangent> with respect to the input hidden states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+B, T, LAYERS = 2, 9, 3
+PADDED = slice(2, 5)  # tokens of the last batch element that are padding
+
+_TEXT = dict(vocab_size=16, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+# name -> (config class, model class, config, what the build shows)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
+    "roberta": ("RobertaConfig", "RobertaModel",
+                dict(**_TEXT, hidden_size=24, num_attention_heads=3, intermediate_size=40, num_hidden_layers=LAYERS,
+                     max_position_embeddings=20, hidden_act="gelu", layer_norm_eps=1e-12, is_decoder=True),
+                "BERT's stack; is_decoder=True (causal)"),
+    "distilbert": ("DistilBertConfig", "DistilBertModel",
+                   dict(**_TEXT, dim=24, n_heads=3, hidden_dim=40, n_layers=LAYERS, max_position_embeddings=20,
+                        activation="gelu"), "post-LN, eps 1e-12 in the code"),
+    "opt": ("OPTConfig", "OPTModel",
+            dict(**_TEXT, hidden_size=24, num_attention_heads=3, ffn_dim=40, num_hidden_layers=LAYERS,
+                 max_position_embeddings=20, word_embed_proj_dim=24, do_layer_norm_before=True,
+                 activation_function="relu"), "pre-LN, final_layer_norm"),
+    "opt-350m": ("OPTConfig", "OPTModel",
+                 dict(**_TEXT, hidden_size=24, num_attention_heads=3, ffn_dim=40, num_hidden_layers=LAYERS,
+                      max_position_embeddings=20, word_embed_proj_dim=16, do_layer_norm_before=False,
+                      activation_function="relu"), "post-LN, project_in / project_out (outside the stack)"),
+    "vit": ("ViTConfig", "ViTModel",
+            dict(hidden_size=24, num_attention_heads=3, intermediate_size=40, num_hidden_layers=LAYERS, image_size=8,
+                 patch_size=4, hidden_act="gelu", layer_norm_eps=1e-6, qkv_bias=True), "pre-LN, final layernorm"),
+    "phi3": ("Phi3Config", "Phi3Model",
+             dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
+                  num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-5, rope_theta=500.0,
+                  sliding_window=None), "fused qkv_proj and gate_up_proj split and joined"),
+}
+
+# What each family computes that the blocks do not: (config change, the refusal's words). The
+# tests assert each; the docs table lists them.
+REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
+    "roberta": [(dict(add_cross_attention=True), "add_cross_attention=True"),
+                (dict(position_embedding_type="relative_key"), "position_embedding_type 'relative_key'")],
+    "distilbert": [(dict(activation="gelu_fast"), "activation 'gelu_fast'")],
+    "opt": [(dict(enable_bias=False), "enable_bias=False"),
+            (dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine=False")],
+    "opt-350m": [],
+    "vit": [(dict(hidden_act="gelu_fast"), "activation 'gelu_fast'")],
+    "phi3": [(dict(partial_rotary_factor=0.75), "partial_rotary_factor=0.75"),
+             (dict(sliding_window=8), "sliding_window=8"),
+             (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 3,
+                                    "long_factor": [1.0] * 3}, original_max_position_embeddings=16),
+              "rope_type 'longrope'")],
+}
+
+# Settings read from family-specific config keys (beyond the sizes, eps and activation).
+EXTRA_READS = {"roberta": "is_decoder -> causal", "opt": "do_layer_norm_before -> norm and final norm, "
+               "_remove_final_layer_norm", "opt-350m": "do_layer_norm_before -> norm and final norm",
+               "vit": "qkv_bias", "phi3": "rope_parameters.rope_theta, num_key_value_heads"}
+
+
+def config(name: str, **changes: Any) -> dict[str, Any]:
+    """The family's tiny config (with changes) as a dict, as config.json holds it."""
+    import transformers
+
+    cls, _, kw, _ = FAMILIES[name]
+    return getattr(transformers, cls)(**{**kw, **changes}).to_dict()
+
+
+def build(name: str, dtype: str):
+    """The family's tiny HF base model in `dtype` (eval mode), weights made to count. float64
+    models of families computing in float32 inside run with SDPA (hf_reference.FLOAT32_INSIDE)."""
+    import torch
+    import transformers
+
+    from .hf_reference import FLOAT32_INSIDE
+
+    cls, model_cls, kw, _ = FAMILIES[name]
+    config_cls = getattr(transformers, cls)
+    attn = "sdpa" if dtype == "float64" and config_cls.model_type in FLOAT32_INSIDE else "eager"
+    cfg = config_cls(**kw, attn_implementation=attn)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).to(getattr(torch, dtype)).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname.lower() or pname.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+            elif p.ndim == 2:
+                p.mul_(5.0)
+    return model
+
+
+def inputs(dtype: str, d_model: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(hidden states, cotangent, keys) with padding mid-sequence in the last element."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(B, T, d_model))
+    keys = np.ones((B, T), bool)
+    keys[-1, PADDED] = False
+    ct = rng.normal(size=(B, T, d_model)) * keys[..., None]
+    return x.astype(dtype), ct.astype(dtype), keys
+
+
+def forward(module, x: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The Flax stack's output with key_mask=keys."""
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(module)
+    return np.asarray(jax.jit(lambda s, h, k: nnx.merge(graphdef, s)(h, key_mask=k))(state, x, keys))
+
+
+@dataclass
+class Measured:
+    name: str
+    folder: Any  # the save_pretrained folder (float64)
+    dialect: str
+    flax: Any  # fb.from_hf(folder), float64 (use under jax.enable_x64)
+    model32: Any  # the float32 HF model, embeddings out of the way
+    x: np.ndarray
+    keys: np.ndarray
+    hf_y: np.ndarray  # HF's float64 output, masked
+    float64: tuple[float, float]  # (forward, gradient) rel errors
+    float32: tuple[float, float]
+    mask_matters: float  # how much the padding changes HF's real positions
+    num_layers: int
+
+
+def measure(name: str, folder) -> Measured:
+    """Build, save, read and compare one family (float64 from the folder, float32 from the object)."""
+    import jax
+
+    import flax_blocks as fb
+
+    from .hf_reference import embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run, rel_at
+
+    model = build(name, "float64")
+    model.save_pretrained(folder)
+    with jax.enable_x64(True):
+        flax = fb.from_hf(folder)
+        d = flax.cfg.d_model
+        ref = float64_faithful(embeddings_out_of_the_way(model))
+        x, ct, keys = inputs("float64", d)
+        yf, gf = flax_runs(flax, x, ct, keys, (True,))[True]
+    yh, gh = hf_run(ref, x, ct, keys)
+    y_open, _ = hf_run(ref, x, ct, None)
+    f64 = (rel_at(yf, yh, keys), rel_at(gf, gh, keys))
+    model32 = embeddings_out_of_the_way(build(name, "float32"))
+    flax32 = fb.from_hf(model32)
+    x32, ct32, _ = inputs("float32", d)
+    yf, gf = flax_runs(flax32, x32, ct32, keys, (True,))[True]
+    yh32, gh32 = hf_run(model32, x32, ct32, keys)
+    f32 = (rel_at(yf, yh32, keys), rel_at(gf, gh32, keys))
+    return Measured(name, folder, flax.hf_dialect, flax, model32, x, keys, yh, f64, f32, rel_at(y_open, yh, keys),
+                    flax.num_layers)
+
+
+# ----------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------
+
+DOC = "docs/families.md"
+START = f"<!-- families-table:start (python -m parity_tests.families --doc {DOC}) -->"
+END = "<!-- families-table:end -->"
+
+
+def describe(name: str) -> dict[str, str]:
+    """The table's words for one family, from the dialect table, the config reader and REFUSALS."""
+    from flax_blocks import dialects
+    from flax_blocks.hf_config import FAMILY_KEYS
+    from flax_blocks.options import BY_NAME
+
+    cfg = config(name)
+    model_type = cfg["model_type"]
+    dialect = dialects.MODEL_TYPES[model_type]
+    lay = dialects.DIALECTS[dialect]
+    keys = FAMILY_KEYS.get(model_type, {})
+
+    def key(field):
+        return next(k for k in (*keys.get(field, ()), *BY_NAME[field].hf) if k in cfg)
+
+    reads = [key(f) for f in ("d_model", "num_heads", "d_ff", *lay.reads) if f in ("d_model", "num_heads", "d_ff",
+                                                                                   "activation", "layer_norm_eps")]
+    fixed = ", ".join(f"{k}={v!r}" for k, v in lay.settings.items()
+                      if k in ("norm", "norm_type", "mlp", "activation", "causal", "bias", "layer_norm_eps"))
+    refused = "; ".join(words for _, words in REFUSALS[name])
+    return {"family": f"{name} ({model_type} -> {dialect})", "model": FAMILIES[name][1] + ": " + FAMILIES[name][3],
+            "reads": ", ".join(reads + ([EXTRA_READS[name]] if name in EXTRA_READS else [])),
+            "fixed": fixed, "refused": refused or "-"}
+
+
+def table(measured: dict[str, Measured]) -> str:
+    lines = ["| family | built | read from the config | fixed by the family | refused by name | "
+             "float64 fwd / grad | float32 fwd / grad |", "|---|---|---|---|---|---|---|"]
+    for name in FAMILIES:
+        d, m = describe(name), measured[name]
+        lines.append(f"| {d['family']} | {d['model']} | {d['reads']} | {d['fixed']} | {d['refused']} | "
+                     f"{m.float64[0]:.0e} / {m.float64[1]:.0e} | {m.float32[0]:.0e} / {m.float32[1]:.0e} |")
+    return "\n".join(lines) + "\n"
+
+
+def splice(document: str, text: str) -> str:
+    if START not in document or END not in document:
+        raise ValueError(f"the document has no families-table markers; add these two lines where the table goes:\n"
+                         f"{START}\n{END}")
+    head, rest = document.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{text}{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.families", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--doc", metavar="FILE", help=f"replace the table between this file's markers (the committed "
+                                                  f"one: {DOC})")
+    args = ap.parse_args(argv)
+    if args.doc:
+        with open(args.doc) as f:
+            splice(f.read(), "")
+    with tempfile.TemporaryDirectory() as tmp:
+        text = table({n: measure(n, os.path.join(tmp, n)) for n in FAMILIES})
+    print(text)
+    if args.doc:
+        with open(args.doc) as f:
+            doc = f.read()
+        with open(args.doc, "w") as f:
+            f.write(splice(doc, text))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
