@@ -128,9 +128,9 @@ PRESETS: dict[str, Sweep] = {
     ),
     # For an accelerator: every variant, 6-48 layers, the model of the DESIGN prototype
     # (d_model 64, 4 heads, d_ff 256, context 32, batch 32), 2,000 steps, six learning rates
-    # over 333x, warmup 0 / 500, three seeds: 1,296 runs in 36 programs, 58 M run-layer-steps,
-    # ~25 PFLOP (`python -m experiments.stability --preset full --estimate`). That is 2-3 weeks
-    # of this CPU (~20 GFLOP/s achieved); on one GPU an estimate of 0.5-1.5 h (5-20 TFLOP/s
+    # over 333x, warmup 0 / 500, three seeds: 1,584 runs in 44 programs, 71 M run-layer-steps,
+    # ~31 PFLOP (`python -m experiments.stability --preset full --estimate`). That is 2-3 weeks
+    # of this CPU (~20 GFLOP/s achieved); on one GPU an estimate of 0.5-1.8 h (5-20 TFLOP/s
     # achieved on these small batched matmuls, plus a per-layer-step launch floor), not measured.
     "full": Sweep(
         name="full", variants=("post", "pre", "peri", "pre-rms", "pre-qknorm", "deepnorm", "noskip", "rezero",
