@@ -56,7 +56,8 @@ class BlockConfig:
     """Configuration of one residual transformer block (and of an Encoder's layers).
 
     Fields:
-      d_model, num_heads, d_ff: widths; head_dim = d_model // num_heads.
+      d_model, num_heads, d_ff: widths; each head's width is head_dim, or d_model // num_heads
+        (`head_width`, the width every part of the blocks uses).
       dropout: rate used after each sublayer, after the FFN activation and on the
         attention weights (as in torch's TransformerEncoderLayer).
       activation: "relu", "gelu" (exact, erf), "gelu_tanh" (tanh approximation) or "silu".
@@ -84,6 +85,10 @@ class BlockConfig:
         with activation "silu" (swiglu) or "gelu" / "gelu_tanh" (geglu).
       num_kv_heads: key/value heads for grouped-query attention (None: num_heads; 1:
         multi-query); query head h uses key/value head h // (num_heads // num_kv_heads).
+      head_dim: each attention head's width, given explicitly (Qwen3, Gemma: HF's `head_dim`):
+        q, k and v project d_model to num_heads * head_dim (k and v: num_kv_heads *
+        head_dim), the output projection maps num_heads * head_dim back to d_model; d_model
+        need not be divisible by num_heads then. None: d_model // num_heads.
       qk_norm: a norm of norm_type over head_dim on every head of q and k (before rotary),
         with its own learned weight (OLMo 2, Gemma 3).
       rope_theta: None (no positions) or the base of rotary position embeddings, applied
@@ -136,6 +141,7 @@ class BlockConfig:
     layernorm_scaling: bool = False
     mlp: Literal["dense", "swiglu", "geglu"] = "dense"
     num_kv_heads: int | None = None
+    head_dim: int | None = None
     qk_norm: bool = False
     rope_theta: float | None = None
     qkv_bias: bool | None = None
@@ -158,10 +164,13 @@ class BlockConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"BlockConfig.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.num_heads:
+        hd = self.head_dim
+        if hd is not None and (not isinstance(hd, int) or isinstance(hd, bool) or hd <= 0):
+            raise ValueError(f"BlockConfig.head_dim must be None or a positive int, got {hd!r}")
+        if hd is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"BlockConfig.d_model ({self.d_model}) must be divisible by "
-                f"num_heads ({self.num_heads})"
+                f"num_heads ({self.num_heads}), or head_dim given"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"BlockConfig.dropout must be in [0, 1), got {self.dropout!r}")
@@ -209,8 +218,8 @@ class BlockConfig:
         if self.rope_theta is not None:
             if not self.rope_theta > 0:
                 raise ValueError(f"BlockConfig.rope_theta must be > 0 or None, got {self.rope_theta!r}")
-            if self.head_dim % 2:
-                raise ValueError(f"BlockConfig.rope_theta needs an even head_dim, got head_dim={self.head_dim}")
+            if self.head_width % 2:
+                raise ValueError(f"BlockConfig.rope_theta needs an even head_dim, got head_dim={self.head_width}")
         if self.mlp == "swiglu" and self.activation != "silu":
             raise ValueError(f"BlockConfig.mlp='swiglu' needs activation='silu', got activation={self.activation!r}")
         if self.mlp == "geglu" and self.activation not in ("gelu", "gelu_tanh"):
@@ -230,8 +239,9 @@ class BlockConfig:
                 raise ValueError(f"BlockConfig.{name} must be > 0 or None, got {value!r}")
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+    def head_width(self) -> int:
+        """Each head's width: head_dim, or d_model // num_heads when that is None."""
+        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
 
     @property
     def kv_heads(self) -> int:

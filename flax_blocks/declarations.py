@@ -57,22 +57,22 @@ def _qkv_order(cfg: BlockConfig) -> np.ndarray:
 
 
 def _qkv_weight_to_flax(a, cfg: BlockConfig):  # ((H+2K)*hd, E) -> (E, K, G+2, hd)
-    k, d, e = cfg.kv_heads, cfg.head_dim, a.shape[-1]
+    k, d, e = cfg.kv_heads, cfg.head_width, a.shape[-1]
     return a.reshape(-1, d, e)[_qkv_order(cfg)].reshape(k, -1, d, e).transpose(3, 0, 1, 2)
 
 
 def _qkv_weight_to_torch(a, cfg: BlockConfig):  # (E, K, G+2, hd) -> ((H+2K)*hd, E)
-    d, e = cfg.head_dim, a.shape[0]
+    d, e = cfg.head_width, a.shape[0]
     return a.transpose(1, 2, 3, 0).reshape(-1, d, e)[np.argsort(_qkv_order(cfg))].reshape(-1, e)
 
 
 def _qkv_bias_to_flax(a, cfg: BlockConfig):  # ((H+2K)*hd,) -> (K, G+2, hd)
-    d = cfg.head_dim
+    d = cfg.head_width
     return a.reshape(-1, d)[_qkv_order(cfg)].reshape(cfg.kv_heads, -1, d)
 
 
 def _qkv_bias_to_torch(a, cfg: BlockConfig):  # (K, G+2, hd) -> ((H+2K)*hd,)
-    return a.reshape(-1, cfg.head_dim)[np.argsort(_qkv_order(cfg))].reshape(-1)
+    return a.reshape(-1, cfg.head_width)[np.argsort(_qkv_order(cfg))].reshape(-1)
 
 
 COPY = Transform("copy", lambda a, cfg: a, lambda a, cfg: a)
@@ -81,8 +81,8 @@ QKV_WEIGHT = Transform("qkv_weight", _qkv_weight_to_flax, _qkv_weight_to_torch)
 QKV_BIAS = Transform("qkv_bias", _qkv_bias_to_flax, _qkv_bias_to_torch)
 OUT_HEADS = Transform(  # out_proj.weight (E, H*hd) <-> (H, hd, E)
     "out_heads",
-    lambda a, cfg: a.T.reshape(cfg.num_heads, cfg.head_dim, a.shape[0]),
-    lambda a, cfg: a.reshape(cfg.num_heads * cfg.head_dim, a.shape[-1]).T,
+    lambda a, cfg: a.T.reshape(cfg.num_heads, cfg.head_width, a.shape[0]),
+    lambda a, cfg: a.reshape(cfg.num_heads * cfg.head_width, a.shape[-1]).T,
 )
 
 
@@ -181,7 +181,7 @@ def attention(cfg: BlockConfig) -> Component:
     norm would shift every logit of a row equally, which softmax ignores (its gradient is
     exactly zero), so neither norm has one. Flax: in_kernel (E, K, G+2, hd) groups each KV head with
     its G = H/K query heads (slots 0..G-1 q, G k, G+1 v), out_kernel (H, hd, E)."""
-    e, h, k, d = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    e, h, k, d = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_width
     rows = (h * d, k * d, k * d)
     if cfg.scaling == "deepnorm":
         beta = float(cfg.resolve().deepnorm_beta)  # type: ignore[arg-type]

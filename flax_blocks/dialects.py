@@ -331,7 +331,7 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
 
 
 def _rows(part: str, cfg: BlockConfig) -> int:
-    return {"q": cfg.num_heads, "kv": cfg.kv_heads}[part] * cfg.head_dim
+    return {"q": cfg.num_heads, "kv": cfg.kv_heads}[part] * cfg.head_width
 
 
 def check_settings(cfg: BlockConfig, dialect: str) -> None:

@@ -55,7 +55,7 @@ _RESOLVED = "left None in the matrix: resolve(num_layers) fills it with the publ
 
 OPTIONS: tuple[Option, ...] = (
     Option("d_model", "size", "model width E", hf=("hidden_size", "n_embd"), cli=False),
-    Option("num_heads", "size", "attention (query) heads H; head_dim = d_model / num_heads",
+    Option("num_heads", "size", "attention (query) heads H; head_dim = d_model / num_heads unless given",
            hf=("num_attention_heads", "n_head"), cli=False),
     Option("d_ff", "size", "feed-forward width", hf=("intermediate_size", "n_inner"), cli=False),
     Option("dropout", "init", "dropout after each sublayer, after the FFN activation and on the attention weights",
@@ -79,6 +79,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
     Option("num_kv_heads", "compute", "key/value heads for grouped-query attention (default: as many as "
            "query heads)", hf=("num_key_value_heads",)),
+    Option("head_dim", "size", "each attention head's width when not d_model / num_heads (Qwen3, Gemma): q/k/v "
+           "project to num_heads * head_dim, the output projection back to d_model", hf=("head_dim",), cli=False),
     Option("qk_norm", "compute", "a scale-only norm over head_dim on each head of q and k, before rotary",
            adds=True),
     Option("rope_theta", "compute", "rotary position embedding base, rotate-half convention (not given: no "

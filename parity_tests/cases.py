@@ -66,7 +66,7 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=1)),
     _cfg(qk_norm=True),
     _cfg(qk_norm=True, norm_type="rmsnorm"),
-    replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0), seq=7),
+    replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=6), seq=7),  # 4 heads x 6 != d_model 16
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
     _cfg(qkv_bias=True, bias=False),
     _cfg(qkv_bias=False),
@@ -86,7 +86,8 @@ CASES: list[Case] = [
     Case("DecoderBlock", replace(BASE, causal=True)),
     Case("DecoderBlock", replace(BASE, norm="post", causal=True), key_mask=True, memory_key_mask=True),
     Case("DecoderBlock", replace(BASE, norm="peri"), attention_mask=True, memory_key_mask=True),
-    Case("DecoderBlock", replace(LLAMA, norm="peri"), seq=6, memory_seq=7, key_mask=True, memory_key_mask=True),
+    Case("DecoderBlock", replace(LLAMA, norm="peri", head_dim=6), seq=6, memory_seq=7, key_mask=True,
+         memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", causal=True), num_layers=3, key_mask=True, memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
     Case("Decoder", LLAMA, num_layers=2, seq=6, memory_seq=3),
@@ -99,7 +100,8 @@ CASES: list[Case] = [
     # attention paths forced through the config at small T (auto takes dense here): Flax's
     # blocked online softmax in blocks that do not divide T, and torch's explicit softmax
     # without weights asked for (torch serves blocked with SDPA)
-    Case("TransformerBlock", replace(LLAMA, norm="peri", attention="blocked", attention_block=2), seq=7, key_mask=True),
+    Case("TransformerBlock", replace(LLAMA, norm="peri", head_dim=6, attention="blocked", attention_block=2), seq=7,
+         key_mask=True),
     Case("Encoder", replace(BASE, causal=True, attention="blocked", attention_block=4), seq=9, key_mask=True),
     Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
          memory_key_mask=True),

@@ -10,7 +10,8 @@ the state dict must be used: a twin with a missing, extra or misshapen parameter
 Semantics (torch's mask convention: a True entry means "may NOT attend"):
   Norm       layernorm: (x - mean) / sqrt(var + eps) * w + b   (biased variance, two-pass)
              rmsnorm:   x / sqrt(mean(x^2) + eps) * w
-  Attention  q = x Wq^T + bq, k, v from the keys' input (x, or the decoder's memory);
+  Attention  q = x Wq^T + bq, k, v from the keys' input (x, or the decoder's memory), each head
+             head_dim wide (d_model / heads unless given), the output map (E, H head_dim);
              QK-norm per head over head_dim (weight only), then rotary (rotate-half), then
              softmax(q k^T / sqrt(head_dim)) v, query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
@@ -34,7 +35,7 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "mlp", "num_kv_heads", "qk_norm", "rope_theta", "qkv_bias", "layernorm_scaling",
+    "norm_type", "mlp", "num_kv_heads", "head_dim", "qk_norm", "rope_theta", "qkv_bias", "layernorm_scaling",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -202,7 +203,7 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     s = kv.shape[1]
     h = cfg.num_heads
     k_heads = _opt(cfg, "num_kv_heads", None) or h
-    hd = e // h
+    hd = _opt(cfg, "head_dim", None) or e // h  # Qwen3 / Gemma give it explicitly
     w_in = p(prefix + "in_proj_weight", ((h + 2 * k_heads) * hd, e))
     q = x @ w_in[: h * hd].T
     k = kv @ w_in[h * hd: (h + k_heads) * hd].T

@@ -394,7 +394,7 @@ def twin_runs(case: Case):
 def _q_rows_scaled(cfg, sd: dict, factor: float) -> dict:
     """The state dict with every attention's q projection (weight rows and bias) times factor."""
     out = dict(sd)
-    q = cfg.num_heads * cfg.head_dim
+    q = cfg.num_heads * cfg.head_width
     for k, v in sd.items():
         if k.endswith("in_proj_weight") or k.endswith("in_proj_bias"):
             out[k] = v.copy()
@@ -428,7 +428,7 @@ SUSPECTS = [
     ("drops DeepNorm's alpha (skip weight 1)", lambda c, sd: (replace(c, deepnorm_alpha=1.0), sd),
      lambda c: c.scaling == "deepnorm"),
     ("scales attention logits by 1/head_dim instead of 1/sqrt(head_dim)",
-     lambda c, sd: (c, _q_rows_scaled(c, sd, 1 / math.sqrt(c.head_dim))), lambda c: not getattr(c, "qk_norm", False)),
+     lambda c, sd: (c, _q_rows_scaled(c, sd, 1 / math.sqrt(c.head_width))), lambda c: not getattr(c, "qk_norm", False)),
     ("ignores the causal flag", lambda c, sd: (replace(c, causal=False), sd), lambda c: c.causal),
     ("scales layer l's pre-norms by 1/l instead of 1/sqrt(l)", lambda c, sd: (c, _pre_norms_scaled(c, sd)),
      lambda c: getattr(c, "layernorm_scaling", False)),

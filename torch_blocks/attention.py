@@ -171,9 +171,9 @@ class Attention(nn.Module):
         decoding: {"k": (B, S, K, hd), "v": (B, S, K, hd)} (k after k_norm, no rotary)."""
         cfg = self.cfg
         b, s, _ = memory.shape
-        n = cfg.num_heads * cfg.head_dim
+        n = cfg.num_heads * cfg.head_width
         bias = None if self.in_proj_bias is None else self.in_proj_bias[n:]
-        k, v = F.linear(memory, self.in_proj_weight[n:], bias).view(b, s, 2, cfg.kv_heads, cfg.head_dim).unbind(2)
+        k, v = F.linear(memory, self.in_proj_weight[n:], bias).view(b, s, 2, cfg.kv_heads, cfg.head_width).unbind(2)
         return {"k": k if self.k_norm is None else self.k_norm(k), "v": v}
 
     def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
@@ -199,7 +199,7 @@ class Attention(nn.Module):
         if path == "fused" and need_weights:
             raise ValueError("the fused path (SDPA) returns no attention weights: take path='dense'")
         b, t, _ = x.shape
-        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_width
         masked, rows, bias, causal_only = mask if mask is not None else (None, None, None, False)
         if not cross:
             qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
