@@ -14,6 +14,7 @@ default; a LLaMA-like block is
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -74,6 +75,12 @@ class BlockConfig:
         ones, bias zeros (with `bias`, as LayerNorm's). It replaces every norm of the blocks
         and the stacks' final norm; layer_norm_eps is unused. QK-norm has no DyT form here
         (which normalisation it would keep is ambiguous): dyt with qk_norm=True is refused.
+      norm_weight_offset: every norm multiplies by (norm_weight_offset + w) where it would by
+        w, and w starts at 1 - norm_weight_offset (so a fresh norm still scales by 1). Gemma's
+        RMSNorm (Gemma 1/2/3, HF GemmaRMSNorm) is 1.0: x.float() normalised, times (1 +
+        w.float()), then cast to the input dtype; the parameters hold w (zeros at init), as
+        Gemma's checkpoints do, so conversions stay bit-exact. It holds for every norm of a
+        block and a stack: QK-norm and the final norm included. 0.0 (default): times w.
       dyt_alpha_init: DyT's initial alpha, the paper's default 0.5 (it tunes alpha0 only
         for LLMs, smaller for wider models).
       layernorm_scaling: LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large
@@ -137,6 +144,7 @@ class BlockConfig:
     bias: bool = True
     norm: Literal["pre", "post", "peri", "none"] = "post"
     norm_type: Literal["layernorm", "rmsnorm", "dyt"] = "layernorm"
+    norm_weight_offset: float = 0.0
     dyt_alpha_init: float = 0.5
     layernorm_scaling: bool = False
     mlp: Literal["dense", "swiglu", "geglu"] = "dense"
@@ -199,6 +207,10 @@ class BlockConfig:
                 f"for pre-LN) and needs norm='pre', got norm={self.norm!r}"
                 + (": Peri-LN's output norm would re-normalise the scaled branch" if self.norm == "peri" else "")
             )
+        if isinstance(self.norm_weight_offset, bool) or not isinstance(self.norm_weight_offset, (int, float)) \
+                or not math.isfinite(self.norm_weight_offset):
+            raise ValueError(f"BlockConfig.norm_weight_offset must be a finite number (Gemma: 1.0), "
+                             f"got {self.norm_weight_offset!r}")
         if not self.dyt_alpha_init > 0:
             raise ValueError(f"BlockConfig.dyt_alpha_init must be > 0, got {self.dyt_alpha_init!r}")
         if self.norm_type == "dyt" and self.qk_norm:

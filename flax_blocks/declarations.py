@@ -165,8 +165,10 @@ def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Compone
 def norm(cfg: BlockConfig, width: int, *, dim: str = "d_model", axis: str | None = "embed",
          bias: bool = True) -> Component:
     """LayerNorm (weight, bias when cfg.bias and `bias`), RMSNorm (weight) or DyT (weight,
-    bias as LayerNorm's, and the scalar alpha, initialised to cfg.dyt_alpha_init) over `width`."""
-    params = [Param("weight", "scale", (width,), (dim,), (axis,), _one(ONE, width))]
+    bias as LayerNorm's, and the scalar alpha, initialised to cfg.dyt_alpha_init) over `width`.
+    The weight w starts at 1 - cfg.norm_weight_offset (Gemma's norms, which scale by 1 + w, at 0)."""
+    w0 = ("const", 1.0 - cfg.norm_weight_offset) if cfg.norm_weight_offset else ONE
+    params = [Param("weight", "scale", (width,), (dim,), (axis,), _one(w0, width))]
     if cfg.norm_type in ("layernorm", "dyt") and cfg.bias and bias:
         params.append(Param("bias", "bias", (width,), (dim,), (axis,), _one(ZERO, width)))
     if cfg.norm_type == "dyt":

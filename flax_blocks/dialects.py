@@ -113,7 +113,7 @@ TORCH = Dialect(
 
 # What BERT and GPT-2 share: LayerNorm, a dense MLP with biases, no positions inside the
 # layers, no QK-norm or residual scaling; they differ in norm placement and causality.
-_CLASSIC = {"norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False, "scaling": "none",
+_CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None, "qk_norm": False, "scaling": "none",
             "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False}
 _CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
 
@@ -165,7 +165,7 @@ HF_LLAMA = Dialect(
         *_norm("norm2", "post_attention_layernorm"),
     ),
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
-    settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
+    settings={"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu", "activation": "silu", "causal": True,
               "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
@@ -394,7 +394,8 @@ def settings_of(module: Any) -> dict[str, Any]:
     placement, activation, eps and final norm. Empty for anything else."""
     cfg = getattr(module, "cfg", None)
     if isinstance(cfg, BlockConfig):
-        out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "activation",
+        out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "norm_weight_offset",
+                                             "activation",
                                              "layer_norm_eps", "causal", "mlp", "qk_norm", "rope_theta",
                                              "residual", "scaling", "layernorm_scaling")}
         if type(module).__name__ in declarations.STACKS:
@@ -414,7 +415,7 @@ def settings_of(module: Any) -> dict[str, Any]:
     if act_name is None and isinstance(act, (torch.nn.ReLU, torch.nn.GELU)):
         act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
     out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
-               layer_norm_eps=layer.norm1.eps, norm_type="layernorm", mlp="dense", layernorm_scaling=False)
+               layer_norm_eps=layer.norm1.eps, norm_type="layernorm", norm_weight_offset=0.0, mlp="dense", layernorm_scaling=False)
     if act_name is not None:
         out["activation"] = act_name
     return out

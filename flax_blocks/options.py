@@ -71,6 +71,8 @@ OPTIONS: tuple[Option, ...] = (
            "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'none'", adds="peri"),
     Option("norm_type", "compute", "'layernorm' (mean, variance, weight and bias), 'rmsnorm' (weight only) or "
            "'dyt', Dynamic Tanh weight * tanh(alpha * x) + bias (Zhu et al. 2025; not with qk_norm)", adds="dyt"),
+    Option("norm_weight_offset", "compute", "every norm (QK-norm and final norm too) scales by offset + w, w "
+           "starting at 1 - offset: Gemma's RMSNorm (1 + w) is 1.0"),
     Option("dyt_alpha_init", "init", "DyT's initial alpha (the paper's default 0.5)", cli=False,
            not_in_matrix="an initial value: the matrix loads one side's weights into the other",
            only_with=("norm_type", "dyt")),

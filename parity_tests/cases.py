@@ -65,7 +65,7 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=2), attention_mask=True, key_mask=True),
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=1)),
     _cfg(qk_norm=True),
-    _cfg(qk_norm=True, norm_type="rmsnorm"),
+    _cfg(qk_norm=True, norm_type="rmsnorm", norm_weight_offset=1.0),  # Gemma's (1 + w), QK-norm's too
     replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=6), seq=7),  # 4 heads x 6 != d_model 16
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
     _cfg(qkv_bias=True, bias=False),
@@ -75,7 +75,7 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=LLAMA, seq=6),
     replace(BLOCK, cfg=replace(LLAMA, norm="peri"), seq=6, key_mask=True),
     Case("Encoder", LLAMA, num_layers=3, seq=6, key_mask=True),
-    Case("Encoder", replace(LLAMA, norm="peri", num_kv_heads=1), num_layers=2),
+    Case("Encoder", replace(LLAMA, norm="peri", num_kv_heads=1, norm_weight_offset=1.0), num_layers=2),  # final norm
     # DyT (Zhu et al. 2025) for every norm, final norm included; LayerNorm Scaling (Sun et al.
     # 2025): 3 layers, so 1/sqrt(l) differs per layer (scanned index; unrolled with DyT, no bias)
     Case("Encoder", replace(BASE, norm_type="dyt"), num_layers=2, key_mask=True),

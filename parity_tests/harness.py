@@ -103,6 +103,7 @@ class Case:
         bits += ["no-bias"] if not c.bias else []
         bits += ["causal"] if c.causal else []
         bits += [c.norm_type] if c.norm_type != "layernorm" else []
+        bits += [f"norm-w+{c.norm_weight_offset:g}"] if c.norm_weight_offset else []
         bits += ["ln-scaling"] if c.layernorm_scaling else []
         bits += [c.mlp] if c.mlp != "dense" else []
         bits += [f"kv{c.num_kv_heads}"] if c.num_kv_heads is not None else []

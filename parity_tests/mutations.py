@@ -181,6 +181,9 @@ MUTATIONS = {
         memory_mask_on_self_attention),
     "qk_norm_after_rotary": (Case("TransformerBlock", replace(MODERN, qk_norm=True, rope_theta=100.0), seq=7),
                              None, qk_norm_after_rotary),
+    # Gemma's RMSNorm read as LLaMA's: w where 1 + w was meant (every norm: QK-norm and block norms)
+    "norm_w_for_1_plus_w": (Case("TransformerBlock", replace(MODERN, norm_weight_offset=1.0, qk_norm=True)),
+                            replace(MODERN, qk_norm=True), None),
     "dyt_alpha_after_tanh": (DYT, None, _dyt_as(_DyTAlphaAfterTanh)),
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),

@@ -10,6 +10,7 @@ the state dict must be used: a twin with a missing, extra or misshapen parameter
 Semantics (torch's mask convention: a True entry means "may NOT attend"):
   Norm       layernorm: (x - mean) / sqrt(var + eps) * w + b   (biased variance, two-pass)
              rmsnorm:   x / sqrt(mean(x^2) + eps) * w
+             every w above is (offset + w) with norm_weight_offset (Gemma: x / rms(x) * (1 + w))
   Attention  q = x Wq^T + bq, k, v from the keys' input (x, or the decoder's memory), each head
              head_dim wide (d_model / heads unless given), the output map (E, H head_dim);
              QK-norm per head over head_dim (weight only), then rotary (rotate-half), then
@@ -35,7 +36,7 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "mlp", "num_kv_heads", "head_dim", "qk_norm", "rope_theta", "qkv_bias", "layernorm_scaling",
+    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "rope_theta", "qkv_bias", "layernorm_scaling",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -171,7 +172,7 @@ def _opt(cfg: Any, name: str, default: Any) -> Any:
 def _norm(cfg: Any, p: Params, prefix: str, x: np.ndarray, bias: bool = True) -> np.ndarray:
     """The config's norm over the last axis; a LayerNorm has a bias when cfg.bias and `bias`."""
     n = x.shape[-1]
-    w = p(prefix + "weight", (n,))
+    w = p(prefix + "weight", (n,)) + _opt(cfg, "norm_weight_offset", 0.0)  # Gemma's RMSNorm: times (1 + w)
     kind = _opt(cfg, "norm_type", "layernorm")
     if kind == "rmsnorm":
         return rms_norm(x, w, cfg.layer_norm_eps)

@@ -210,6 +210,22 @@ def test_reference_rmsnorm_matches_torch():
         assert rel_err(ref.forward("TransformerBlock", cfg, state(layer), x), layer(x)) <= TOL
 
 
+def test_reference_gemma_norm_matches_hf():
+    """norm_weight_offset=1: HF's GemmaRMSNorm (x.float() normalised, times 1 + w.float()),
+    its weight w stored as is. HF computes it in float32 whatever the dtype (x.float()), so the
+    check is to float32 rounding (w in place of 1 + w misses by ~0.3)."""
+    gemma = pytest.importorskip("transformers.models.gemma.modeling_gemma")
+    norm = gemma.GemmaRMSNorm(E, eps=1e-6).double()
+    with torch.no_grad():
+        norm.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(3))
+    x = rand(B, T, E, seed=9)
+    cfg = ns(norm_type="rmsnorm", norm_weight_offset=1.0, layer_norm_eps=1e-6)
+    p = ref.Params(state(norm))
+    with torch.no_grad():
+        assert rel_err(ref._norm(cfg, p, "", x.numpy()), norm(x)) <= 1e-6
+    p.check_all_used()
+
+
 def _torch_attention(sd: dict[str, torch.Tensor], x: torch.Tensor, h: int, k: int, *, qk_norm: str | None,
                      theta: float | None, bias: bool, eps: float, mask: torch.Tensor | None) -> torch.Tensor:
     """Attention with GQA, QK-norm and rotary from torch's functional pieces: F.rms_norm /
@@ -429,6 +445,8 @@ SUSPECTS = [
      lambda c: c.scaling == "deepnorm"),
     ("scales attention logits by 1/head_dim instead of 1/sqrt(head_dim)",
      lambda c, sd: (c, _q_rows_scaled(c, sd, 1 / math.sqrt(c.head_width))), lambda c: not getattr(c, "qk_norm", False)),
+    ("multiplies by w where Gemma's (1 + w) is meant", lambda c, sd: (replace(c, norm_weight_offset=0.0), sd),
+     lambda c: getattr(c, "norm_weight_offset", 0.0) != 0.0),
     ("ignores the causal flag", lambda c, sd: (replace(c, causal=False), sd), lambda c: c.causal),
     ("scales layer l's pre-norms by 1/l instead of 1/sqrt(l)", lambda c, sd: (c, _pre_norms_scaled(c, sd)),
      lambda c: getattr(c, "layernorm_scaling", False)),
