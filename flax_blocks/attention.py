@@ -322,11 +322,15 @@ def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attenti
     warn_fully_masked(np.flatnonzero(~has_key), batch, "flax")
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rotary(x: jax.Array, positions: jax.Array, theta: float, dim: int | None = None) -> jax.Array:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, ..., hd), positions (T,): dims i and i + hd/2 rotate together by the angle
-    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64)."""
+    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64).
+    dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
+    (partial rotary, HF GPT-NeoX); None: all."""
+    if dim is not None and dim < x.shape[-1]:
+        return jnp.concatenate([rotary(x[..., :dim], positions, theta), x[..., dim:]], axis=-1)
     hd = x.shape[-1]
     dt = jnp.promote_types(x.dtype, jnp.float32)
     inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=dt) / hd)  # (hd/2,)
@@ -368,7 +372,8 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.cfg.rope_theta is not None:
-            q, k = rotary(q, positions, self.cfg.rope_theta), rotary(k, positions, self.cfg.rope_theta)
+            theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
+            q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
         return q, k
 
     def _weights(self, x: jax.Array):

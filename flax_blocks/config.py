@@ -100,6 +100,11 @@ class BlockConfig:
         with its own learned weight (OLMo 2, Gemma 3).
       rope_theta: None (no positions) or the base of rotary position embeddings, applied
         to q and k in the rotate-half convention of HF LLaMA / GPT-NeoX.
+      partial_rotary_factor: the fraction of each head's dims that rotary rotates (GPT-NeoX
+        `rotary_pct`, StableLM / Phi `partial_rotary_factor`): rotary_dim = int(head_width *
+        factor) first dims of every q and k head rotate in the rotate-half convention within
+        them (dims i and i + rotary_dim/2, angle pos * theta^(-2i/rotary_dim)), the rest pass
+        unchanged (HF GPT-NeoX's apply_rotary_pos_emb). 1.0: every dim (LLaMA).
       qkv_bias: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True
         with bias=False).
       residual: "add" keeps the identity path; "none" is the skip ablation y = F(.).
@@ -152,6 +157,7 @@ class BlockConfig:
     head_dim: int | None = None
     qk_norm: bool = False
     rope_theta: float | None = None
+    partial_rotary_factor: float = 1.0
     qkv_bias: bool | None = None
     residual: Literal["add", "none"] = "add"
     scaling: Literal["none", "deepnorm", "rezero", "layerscale"] = "none"
@@ -232,6 +238,12 @@ class BlockConfig:
                 raise ValueError(f"BlockConfig.rope_theta must be > 0 or None, got {self.rope_theta!r}")
             if self.head_width % 2:
                 raise ValueError(f"BlockConfig.rope_theta needs an even head_dim, got head_dim={self.head_width}")
+        f = self.partial_rotary_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
+            raise ValueError(f"BlockConfig.partial_rotary_factor must be in (0, 1], got {f!r}")
+        if self.rope_theta is not None and f != 1.0 and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ValueError(f"BlockConfig.partial_rotary_factor={f!r} gives rotary_dim = int({self.head_width} * "
+                             f"{f!r}) = {self.rotary_dim}: it must be even and at least 2")
         if self.mlp == "swiglu" and self.activation != "silu":
             raise ValueError(f"BlockConfig.mlp='swiglu' needs activation='silu', got activation={self.activation!r}")
         if self.mlp == "geglu" and self.activation not in ("gelu", "gelu_tanh"):
@@ -254,6 +266,11 @@ class BlockConfig:
     def head_width(self) -> int:
         """Each head's width: head_dim, or d_model // num_heads when that is None."""
         return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """The head dims rotary rotates: int(head_width * partial_rotary_factor), as HF computes it."""
+        return int(self.head_width * self.partial_rotary_factor)
 
     @property
     def kv_heads(self) -> int:

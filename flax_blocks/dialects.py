@@ -113,7 +113,8 @@ TORCH = Dialect(
 
 # What BERT and GPT-2 share: LayerNorm, a dense MLP with biases, no positions inside the
 # layers, no QK-norm or residual scaling; they differ in norm placement and causality.
-_CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None, "qk_norm": False, "scaling": "none",
+_CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None,
+            "partial_rotary_factor": 1.0, "qk_norm": False, "scaling": "none",
             "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False}
 _CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
 
@@ -166,7 +167,8 @@ HF_LLAMA = Dialect(
     ),
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
     settings={"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu", "activation": "silu", "causal": True,
-              "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False},
+              "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False,
+              "partial_rotary_factor": 1.0},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
     shared_by=("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
@@ -397,7 +399,7 @@ def settings_of(module: Any) -> dict[str, Any]:
         out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "norm_weight_offset",
                                              "activation",
                                              "layer_norm_eps", "causal", "mlp", "qk_norm", "rope_theta",
-                                             "residual", "scaling", "layernorm_scaling")}
+                                             "partial_rotary_factor", "residual", "scaling", "layernorm_scaling")}
         if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out

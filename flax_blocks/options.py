@@ -87,6 +87,9 @@ OPTIONS: tuple[Option, ...] = (
            adds=True),
     Option("rope_theta", "compute", "rotary position embedding base, rotate-half convention (not given: no "
            "positions)", hf=("rope_theta", "rope_parameters.rope_theta")),
+    Option("partial_rotary_factor", "compute", "rotary on the first int(head_dim * factor) dims of each head, "
+           "the rest passed through (GPT-NeoX rotary_pct, StableLM 0.25)",
+           hf=("partial_rotary_factor", "rope_parameters.partial_rotary_factor", "rotary_pct")),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("residual", "compute", "'add' keeps the skip path; 'none' is the skip ablation"),
     Option("scaling", "compute", "residual scaling: 'deepnorm', 'rezero', 'layerscale' or 'none' (DeepNorm has "

@@ -66,7 +66,8 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=1)),
     _cfg(qk_norm=True),
     _cfg(qk_norm=True, norm_type="rmsnorm", norm_weight_offset=1.0),  # Gemma's (1 + w), QK-norm's too
-    replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=6), seq=7),  # 4 heads x 6 != d_model 16
+    # 4 heads x 8 != d_model 16; rotary on the first 4 of 8 dims (GPT-NeoX rotary_pct)
+    replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
     _cfg(qkv_bias=True, bias=False),
     _cfg(qkv_bias=False),
@@ -90,7 +91,7 @@ CASES: list[Case] = [
          memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", causal=True), num_layers=3, key_mask=True, memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
-    Case("Decoder", LLAMA, num_layers=2, seq=6, memory_seq=3),
+    Case("Decoder", replace(LLAMA, partial_rotary_factor=0.5), num_layers=2, seq=6, memory_seq=3),
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),

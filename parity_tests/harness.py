@@ -110,6 +110,7 @@ class Case:
         bits += [f"hd{c.head_dim}"] if c.head_dim is not None else []
         bits += ["qk-norm"] if c.qk_norm else []
         bits += [f"rope{c.rope_theta:g}"] if c.rope_theta is not None else []
+        bits += [f"rotary{c.rotary_dim}of{c.head_width}"] if c.partial_rotary_factor != 1.0 else []
         bits += [f"qkv-bias-{c.qkv_bias}"] if c.qkv_bias is not None else []
         bits += [f"eps{c.layer_norm_eps:g}"] if c.layer_norm_eps != 1e-5 else []
         bits += ["attn-mask"] if self.attention_mask else []

@@ -101,6 +101,20 @@ class _QKNormAfterRotary(Attention):
         return self.q_norm(q), self.k_norm(k)
 
 
+class _RotaryOnLastDims(Attention):
+    """Partial rotary on the last rotary_dim dims of each head instead of the first."""
+
+    def position_qk(self, q, k, positions):
+        theta, r = self.cfg.rope_theta, self.cfg.rotary_dim
+        rot = lambda a: jnp.concatenate([a[..., :-r], rotary(a[..., -r:], positions, theta)], axis=-1)  # noqa: E731
+        return rot(q), rot(k)
+
+
+def rotary_on_last_dims(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _RotaryOnLastDims
+    return module, inp
+
+
 def qk_norm_after_rotary(case: Case, module, inp: Inputs):
     _attention(case, module).__class__ = _QKNormAfterRotary
     return module, inp
@@ -184,6 +198,9 @@ MUTATIONS = {
     # Gemma's RMSNorm read as LLaMA's: w where 1 + w was meant (every norm: QK-norm and block norms)
     "norm_w_for_1_plus_w": (Case("TransformerBlock", replace(MODERN, norm_weight_offset=1.0, qk_norm=True)),
                             replace(MODERN, qk_norm=True), None),
+    "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
+                                                                  partial_rotary_factor=0.5), seq=7),
+                                 None, rotary_on_last_dims),
     "dyt_alpha_after_tanh": (DYT, None, _dyt_as(_DyTAlphaAfterTanh)),
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),

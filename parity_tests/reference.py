@@ -36,7 +36,7 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "rope_theta", "qkv_bias", "layernorm_scaling",
+    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "rope_theta", "partial_rotary_factor", "qkv_bias", "layernorm_scaling",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -88,11 +88,16 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * weight
 
 
-def rotary(x: np.ndarray, theta: float) -> np.ndarray:
+def rotary(x: np.ndarray, theta: float, fraction: float = 1.0) -> np.ndarray:
     """Rotary positions, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x: (B, H, T, hd), positions 0..T-1; dims i and i + hd/2 rotate together by pos * theta^(-2i/hd).
+    fraction < 1 (GPT-NeoX rotary_pct, StableLM partial_rotary_factor): only the first
+    r = int(hd * fraction) dims rotate, as above with r for hd; the others pass unchanged.
     """
+    r = int(x.shape[-1] * fraction)
+    if r < x.shape[-1]:
+        return np.concatenate([rotary(x[..., :r], theta), x[..., r:]], axis=-1)
     t, hd = x.shape[-2], x.shape[-1]
     inv_freq = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)  # (hd/2,)
     angle = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, hd/2)
@@ -221,7 +226,8 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
         k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     theta = _opt(cfg, "rope_theta", None)
     if theta is not None and positions:
-        q, k = rotary(q, theta), rotary(k, theta)
+        fraction = _opt(cfg, "partial_rotary_factor", 1.0)
+        q, k = rotary(q, theta, fraction), rotary(k, theta, fraction)
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
     o, w, logit_max = softmax_attention(q, k, v, masked)

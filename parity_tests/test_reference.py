@@ -298,6 +298,22 @@ def test_reference_rotary_relative_positions():
     assert abs(dots[0] - q.ravel() @ k.ravel()) > 1e-3  # and the rotation does change it
 
 
+def test_reference_partial_rotary_matches_hf_gpt_neox():
+    """partial_rotary_factor 0.5 of head_dim 8: HF GPT-NeoX's rotary embedding and
+    apply_rotary_pos_emb (angles in float32 there, so to float32 rounding)."""
+    neox = pytest.importorskip("transformers.models.gpt_neox.modeling_gpt_neox")
+    from transformers import GPTNeoXConfig
+
+    config = GPTNeoXConfig(hidden_size=32, num_attention_heads=4, rope_parameters={
+        "rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5})
+    q, k = rand(2, 4, T, 8, seed=10), rand(2, 4, T, 8, seed=11)  # (B, H, T, hd)
+    cos, sin = neox.GPTNeoXRotaryEmbedding(config)(q, torch.arange(T)[None])
+    want_q, want_k = neox.apply_rotary_pos_emb(q, k, cos, sin)
+    assert rel_err(ref.rotary(q.numpy(), 100.0, 0.5), want_q) <= 1e-6
+    assert rel_err(ref.rotary(k.numpy(), 100.0, 0.5), want_k) <= 1e-6
+    assert rel_err(ref.rotary(q.numpy(), 100.0), want_q) > 1e-2  # (the full rotary differs)
+
+
 @pytest.mark.parametrize("mlp,act", [("swiglu", "silu"), ("geglu", "gelu"), ("geglu", "gelu_tanh")])
 def test_reference_gated_mlp_matches_torch(mlp, act):
     lin1, gate, lin2 = (nn.Linear(E, FF, dtype=torch.float64), nn.Linear(E, FF, dtype=torch.float64),

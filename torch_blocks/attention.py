@@ -131,11 +131,15 @@ def _warn_if_fully_masked(rows: Tensor, batch: int) -> None:
     warn_fully_masked(torch.nonzero(~has_key).flatten().tolist(), batch, "torch")
 
 
-def rotary(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None) -> Tensor:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, heads, hd), positions (T,): dims i and i + hd/2 rotate together by the angle
-    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64)."""
+    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64).
+    dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
+    (partial rotary, HF GPT-NeoX); None: all."""
+    if dim is not None and dim < x.shape[-1]:
+        return torch.cat([rotary(x[..., :dim], positions, theta), x[..., dim:]], dim=-1)
     hd = x.shape[-1]
     dt = torch.promote_types(x.dtype, torch.float32)
     inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=dt, device=x.device) / hd)  # (hd/2,)
@@ -261,5 +265,6 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.cfg.rope_theta is not None:
-            q, k = rotary(q, positions, self.cfg.rope_theta), rotary(k, positions, self.cfg.rope_theta)
+            theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
+            q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
         return q, k
