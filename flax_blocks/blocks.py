@@ -27,8 +27,8 @@ from flax import nnx
 
 from . import declarations
 from .attention import Attention, attention_path, build_mask, cache_mask, self_attention_masks
-from .config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
-                     overflow_message, residual_update)
+from .config import (BlockConfig, check_cached_call, check_new_cache, check_parallel, check_remat, check_width,
+                     overflow_message, parallel_update, residual_update)
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params, dropout, initial_values
 
@@ -80,6 +80,7 @@ class _Block(nnx.Module):
         self.cfg = cfg = cfg.resolve()
         component = declarations.block(cfg, self.kind)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
+        check_parallel(cfg, self.kind, self.sublayers)
         values = initial_values(rngs.params(), component, cfg)  # the whole block in one jitted draw
         create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
@@ -115,6 +116,7 @@ class _Block(nnx.Module):
         keys = [None] * (2 * n) if key is None else list(jax.random.split(key, 2 * n))
         extras: dict[str, jax.Array] = {}
         new_cache: Cache = {}
+        branches = []  # a parallel residual's (sublayer, norm, dropout, scale), summed after the loop
         for i, sub in enumerate(self.sublayers):
             k_inner, k_out = keys[2 * i], keys[2 * i + 1]
             part = "cross" if sub.kind == "cross_attention" else "self"
@@ -129,13 +131,19 @@ class _Block(nnx.Module):
                     path="dense" if part == "cross" else path, key_valid=masks.get("key_valid"),
                 )
             s = getattr(self, sub.scale)
-            x, aux = residual_update(
-                self.cfg, x, fn, getattr(self, sub.norm) or _identity,
-                _with_key(self.dropouts[i], k_out, deterministic), None if s is None else s[...].astype(x.dtype),
-                getattr(self, sub.norm_out), layer=layer,
-            )
+            norm, drop = getattr(self, sub.norm) or _identity, _with_key(self.dropouts[i], k_out, deterministic)
+            s = None if s is None else s[...].astype(x.dtype)
+            if self.cfg.parallel_residual != "none":
+                branches.append((fn, norm, drop, s))
+                continue
+            x, aux = residual_update(self.cfg, x, fn, norm, drop, s, getattr(self, sub.norm_out), layer=layer)
             if "cache" in aux:
                 new_cache[part] = aux.pop("cache")
+            extras.update(aux)
+        if branches:  # (a parallel block's one attention is a self-attention: its cache is "self")
+            x, aux = parallel_update(self.cfg, x, branches, layer=layer)
+            if "cache" in aux:
+                new_cache["self"] = aux.pop("cache")
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
 

@@ -26,6 +26,7 @@ NORMS = ("pre", "post", "peri", "none")
 NORM_TYPES = ("layernorm", "rmsnorm", "dyt")
 MLPS = ("dense", "swiglu", "geglu")
 RESIDUALS = ("add", "none")
+PARALLELS = ("none", "two_norms", "shared_norm")
 SCALINGS = ("none", "deepnorm", "rezero", "layerscale")
 INITS = ("torch", "xavier")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -107,6 +108,13 @@ class BlockConfig:
         unchanged (HF GPT-NeoX's apply_rotary_pos_emb). 1.0: every dim (LLaMA).
       qkv_bias: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True
         with bias=False).
+      parallel_residual: "none" (each sublayer reads the previous one's output), or the
+        parallel form y = x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-J, GPT-NeoX
+        `use_parallel_residual`, PaLM): "two_norms" with a norm per branch (GPT-NeoX) or
+        "shared_norm" with one norm for both, y = x + Attn(Norm1(x)) + MLP(Norm1(x)) (StableLM
+        `use_parallel_residual`, GPT-J, Phi-2; no norm2). Needs norm="pre" and residual="add";
+        a TransformerBlock's (and an Encoder's) two sublayers only (`check_parallel`); ReZero /
+        LayerScale gates and LayerNorm Scaling apply per branch.
       residual: "add" keeps the identity path; "none" is the skip ablation y = F(.).
       scaling: residual scaling scheme:
         "none";
@@ -159,6 +167,7 @@ class BlockConfig:
     rope_theta: float | None = None
     partial_rotary_factor: float = 1.0
     qkv_bias: bool | None = None
+    parallel_residual: Literal["none", "two_norms", "shared_norm"] = "none"
     residual: Literal["add", "none"] = "add"
     scaling: Literal["none", "deepnorm", "rezero", "layerscale"] = "none"
     deepnorm_alpha: float | None = None
@@ -195,6 +204,11 @@ class BlockConfig:
         _allowed("norm_type", self.norm_type, NORM_TYPES)
         _allowed("mlp", self.mlp, MLPS)
         _allowed("residual", self.residual, RESIDUALS)
+        _allowed("parallel_residual", self.parallel_residual, PARALLELS)
+        if self.parallel_residual != "none" and (self.norm != "pre" or self.residual != "add"):
+            raise ValueError(f"BlockConfig.parallel_residual={self.parallel_residual!r} is the pre-norm form x + "
+                             f"Attn(Norm(x)) + MLP(Norm(x)) (GPT-NeoX, StableLM) and needs norm='pre' and "
+                             f"residual='add', got norm={self.norm!r}, residual={self.residual!r}")
         _allowed("scaling", self.scaling, SCALINGS)
         _allowed("init", self.init, INITS)
         _allowed("dtype", self.dtype, (None, *DTYPES))
@@ -348,6 +362,32 @@ def residual_update(
         alpha = cfg.residual_alpha
         h = (x * alpha if alpha != 1.0 else x) + h
     return (norm(h) if cfg.norm == "post" else h), aux
+
+
+def check_parallel(cfg: BlockConfig, kind: str, sublayers: tuple) -> None:
+    """Raise unless a parallel residual has what it needs: a block of one attention and one
+    MLP sublayer (TransformerBlock; an Encoder's layers), as GPT-NeoX's and StableLM's layers."""
+    if cfg.parallel_residual != "none" and [s.kind for s in sublayers] != ["attention", "mlp"]:
+        raise ValueError(f"BlockConfig.parallel_residual={cfg.parallel_residual!r} runs an attention and an MLP "
+                         f"side by side: a TransformerBlock or Encoder has them, a {kind} does not")
+
+
+def parallel_update(cfg: BlockConfig, x: Any, branches: list, layer: Any = 1) -> tuple[Any, dict]:
+    """The parallel residual (GPT-J, GPT-NeoX, StableLM; Wang & Komatsuzaki 2021, PaLM):
+    y = x + s1 * Dropout(F1(c * Norm1(x))) + s2 * Dropout(F2(c * Norm2(x))), with Norm2 = Norm1
+    under "shared_norm" (computed once); s, c as in `residual_update`. branches: (sublayer,
+    norm, dropout, scale) per sublayer, in order. Returns (y, the sublayers' aux merged)."""
+    y, aux, shared = x, {}, None
+    for i, (sublayer, norm, dropout, scale) in enumerate(branches):
+        if shared is None or cfg.parallel_residual == "two_norms":
+            shared = h = norm(x)
+            if cfg.layernorm_scaling:
+                shared = h = h * layer_scale(layer, h)
+        h, a = sublayer(shared)
+        h = dropout(h)
+        y = y + (h if scale is None else scale * h)
+        aux.update(a)
+    return y, aux
 
 
 def layer_scale(layer: Any, like: Any) -> Any:

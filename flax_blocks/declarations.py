@@ -288,8 +288,8 @@ def block(cfg: BlockConfig, kind: str) -> Component:
             if cfg.gated:
                 modules.append((gate_name, linear(cfg, e, f, "gate")))
             modules.append((down, linear(cfg, f, e, "down")))
-        if cfg.norm != "none":
-            norms.append((sub.norm, norm(cfg, e)))
+        if cfg.norm != "none" and not (cfg.parallel_residual == "shared_norm" and norms):
+            norms.append((sub.norm, norm(cfg, e)))  # a shared-norm parallel block: norm1 alone
         if cfg.norm == "peri":
             out_norms.append((sub.norm_out, norm(cfg, e)))
         scale = residual_scale(cfg, sub.scale)

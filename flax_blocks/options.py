@@ -91,6 +91,8 @@ OPTIONS: tuple[Option, ...] = (
            "the rest passed through (GPT-NeoX rotary_pct, StableLM 0.25)",
            hf=("partial_rotary_factor", "rope_parameters.partial_rotary_factor", "rotary_pct")),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
+    Option("parallel_residual", "compute", "'two_norms' x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-NeoX), "
+           "'shared_norm' one norm for both (StableLM, GPT-J), 'none' sequential (needs norm='pre')"),
     Option("residual", "compute", "'add' keeps the skip path; 'none' is the skip ablation"),
     Option("scaling", "compute", "residual scaling: 'deepnorm', 'rezero', 'layerscale' or 'none' (DeepNorm has "
            "post-LN's tensors, so it cannot be read from a file)", adds="layerscale"),

@@ -34,7 +34,7 @@ CASES: list[Case] = [
     _cfg(norm="post", scaling="deepnorm"),
     _cfg(norm="none", scaling="rezero"),
     _cfg(scaling="rezero"),
-    _cfg(scaling="layerscale"),
+    _cfg(scaling="layerscale", parallel_residual="two_norms"),  # GPT-NeoX's parallel residual, gated per branch
     _cfg(activation="relu"),
     _cfg(activation="gelu_tanh"),
     _cfg(bias=False),
@@ -96,7 +96,8 @@ CASES: list[Case] = [
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
-    Case("Encoder", BASE, num_layers=3, key_mask=True, scan_layers=False),
+    Case("Encoder", replace(BASE, parallel_residual="shared_norm"), num_layers=3, key_mask=True,  # StableLM's
+         scan_layers=False),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, scan_layers=False),
     # attention paths forced through the config at small T (auto takes dense here): Flax's
     # blocked online softmax in blocks that do not divide T, and torch's explicit softmax

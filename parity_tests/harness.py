@@ -100,6 +100,7 @@ class Case:
         bits += [f"L{self.num_layers}"] if self.kind in STACKS else []
         bits += [c.scaling] if c.scaling != "none" else []
         bits += ["no-skip"] if c.residual == "none" else []
+        bits += [f"parallel-{c.parallel_residual}"] if c.parallel_residual != "none" else []
         bits += ["no-bias"] if not c.bias else []
         bits += ["causal"] if c.causal else []
         bits += [c.norm_type] if c.norm_type != "layernorm" else []

@@ -17,6 +17,7 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              softmax(q k^T / sqrt(head_dim)) v, query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
+  Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
   Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
              peri: x + s Norm_out(F(Norm(x)));  none: x + s F(x);  residual "none" drops
              the skip term; alpha is DeepNorm's (2N)^(1/4) (Wang et al. 2022) for an
@@ -36,7 +37,7 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "rope_theta", "partial_rotary_factor", "qkv_bias", "layernorm_scaling",
+    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "rope_theta", "partial_rotary_factor", "qkv_bias", "layernorm_scaling", "parallel_residual",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -253,12 +254,7 @@ def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, ga
     """One residual sublayer around f (x -> F(x)) in layer `layer` (from 1) of a stack; norm,
     norm_out, gate: parameter prefixes. LayerNorm Scaling (Sun et al. 2025): the pre-norm's
     output times 1 / sqrt(layer)."""
-    e = x.shape[-1]
-    s = 1.0
-    if cfg.scaling == "rezero":
-        s = p(gate, ())
-    elif cfg.scaling == "layerscale":
-        s = p(gate, (e,))
+    s = _gate(cfg, p, gate, x.shape[-1])
     if cfg.norm in ("pre", "peri"):
         h = _norm(cfg, p, norm, x)
         if _opt(cfg, "layernorm_scaling", False):
@@ -270,6 +266,15 @@ def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, ga
         h = f(x)
     y = s * h + (alpha * x if cfg.residual == "add" else 0.0)
     return _norm(cfg, p, norm, y) if cfg.norm == "post" else y
+
+
+def _gate(cfg: Any, p: Params, gate: str, e: int):
+    """The ReZero scalar or LayerScale vector of a sublayer, else 1."""
+    if cfg.scaling == "rezero":
+        return p(gate, ())
+    if cfg.scaling == "layerscale":
+        return p(gate, (e,))
+    return 1.0
 
 
 def deepnorm_alpha(cfg: Any, num_layers: int) -> float:
@@ -304,6 +309,7 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
     cross-attention, "cross_attention_weights", "cross_attention_logits_max"}).
     Cross-attention: queries from the stream, keys and values from `memory`, no rotary."""
     extras: dict[str, np.ndarray] = {}
+    branches = []  # a parallel residual's sublayers: (F, norm prefix, gate)
     for fn, module, norm, norm_out, gate in SUBLAYERS[kind]:
         def f(h, fn=fn, module=module):
             if fn == "mlp":
@@ -314,7 +320,19 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
                 memory if cross else None, positions=not cross)
             return out
 
+        if _opt(cfg, "parallel_residual", "none") != "none":
+            branches.append((f, prefix + norm, prefix + gate))
+            continue
         x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha, layer)
+    if branches:  # GPT-NeoX: x + Attn(LN1(x)) + MLP(LN2(x)); StableLM / GPT-J: LN1 for both
+        shared = _opt(cfg, "parallel_residual", "none") == "shared_norm"
+        y = x
+        for f, norm, gate in branches:
+            h = _norm(cfg, p, branches[0][1] if shared else norm, x)
+            if _opt(cfg, "layernorm_scaling", False):
+                h = h / math.sqrt(layer)
+            y = y + _gate(cfg, p, gate, x.shape[-1]) * f(h)
+        x = y
     return x, extras
 
 

@@ -96,6 +96,8 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(num_kv_heads=1.0), ["num_kv_heads", "1.0"]),
         (dict(d_model=18, num_heads=2, rope_theta=1e4), ["rope_theta", "even head_dim", "head_dim=9"]),
         (dict(head_dim=0), ["head_dim", "positive int"]),
+        (dict(parallel_residual="two_norms"), ["parallel_residual", "norm='pre'", "norm='post'"]),
+        (dict(parallel_residual=True, norm="pre"), ["parallel_residual", "shared_norm"]),
         (dict(d_model=18, num_heads=4), ["divisible", "head_dim given"]),
         (dict(num_heads=2, head_dim=5, rope_theta=1e4), ["rope_theta", "even head_dim", "head_dim=5"]),
         (dict(rope_theta=-1.0), ["rope_theta", "> 0"]),

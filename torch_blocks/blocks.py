@@ -29,8 +29,8 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
-                                overflow_message, residual_update)
+from flax_blocks.config import (BlockConfig, check_cached_call, check_new_cache, check_parallel, check_remat,
+                                check_width, overflow_message, parallel_update, residual_update)
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
 from .attention import Attention, Mask, attention_path, build_mask, cache_mask
@@ -77,6 +77,7 @@ class _Block(nn.Module):
         self.cfg = cfg = cfg.resolve()
         component = declarations.block(cfg, self.kind)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
+        check_parallel(cfg, self.kind, self.sublayers)
         create_params(self, component, cfg, generator)
         for name, child in component.children:
             setattr(self, name, MODULES[child.kind](cfg, child, generator=generator))
@@ -101,6 +102,7 @@ class _Block(nn.Module):
         layernorm_scaling; a block called alone is layer 1."""
         extras: dict[str, Any] = {}
         new_cache: Cache = {}
+        branches = []  # a parallel residual's (sublayer, norm, dropout, scale), summed after the loop
         for sub, dropout in zip(self.sublayers, self.dropouts):
             if sub.kind == "mlp":
                 fn = functools.partial(self._mlp, sub)
@@ -112,10 +114,19 @@ class _Block(nn.Module):
                     cache=None if cache is None else cache[part], index=index,
                     path=None if part == "cross" else path,
                 )
-            x, aux = residual_update(self.cfg, x, fn, getattr(self, sub.norm) or nn.Identity(), dropout,
-                                     getattr(self, sub.scale), getattr(self, sub.norm_out), layer=layer)
+            norm = getattr(self, sub.norm) or nn.Identity()
+            if self.cfg.parallel_residual != "none":
+                branches.append((fn, norm, dropout, getattr(self, sub.scale)))
+                continue
+            x, aux = residual_update(self.cfg, x, fn, norm, dropout, getattr(self, sub.scale),
+                                     getattr(self, sub.norm_out), layer=layer)
             if "cache" in aux:
                 new_cache["cross" if sub.kind == "cross_attention" else "self"] = aux.pop("cache")
+            extras.update(aux)
+        if branches:  # (a parallel block's one attention is a self-attention: its cache is "self")
+            x, aux = parallel_update(self.cfg, x, branches, layer=layer)
+            if "cache" in aux:
+                new_cache["self"] = aux.pop("cache")
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
 
