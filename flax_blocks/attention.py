@@ -366,11 +366,18 @@ class Attention(nnx.Module):
         self.dropout = dropout(cfg, rngs)
         self.dtype = compute_dtype(cfg)
 
+    def qk_normed(self, norm: Norm, a: jax.Array) -> jax.Array:
+        """QK-norm of a (B, T, heads..., hd): over each head, or (qk_norm_over="projection",
+        OLMo 2) over all of a token's heads at once, in torch's order of the projection rows."""
+        if self.cfg.qk_norm_over == "projection":
+            return norm(a.reshape(*a.shape[:2], -1)).reshape(a.shape)
+        return norm(a)
+
     def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, K, G, hd),
         k (B, T, K, hd), positions (T,)."""
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
             theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
             q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
@@ -401,7 +408,7 @@ class Attention(nnx.Module):
         g = w_in.shape[2] - 2
         kv = self._project(memory, w_in[:, :, g:], None if b_in is None else b_in[:, g:])
         k, v = kv[:, :, :, 0], kv[:, :, :, 1]
-        return {"k": k if self.k_norm is None else self.k_norm(k), "v": v}
+        return {"k": k if self.k_norm is None else self.qk_normed(self.k_norm, k), "v": v}
 
     def __call__(
         self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None,
@@ -448,7 +455,7 @@ class Attention(nnx.Module):
         else:  # cross-attention: queries from x, keys and values from the memory (or its cache)
             q = self._project(x, w_in[:, :, :g], None if b_in is None else b_in[:, :g])
             if self.q_norm is not None:
-                q = self.q_norm(q)
+                q = self.qk_normed(self.q_norm, q)
             mem = self.memory_kv(memory) if memory is not None else cache
             k, v = mem["k"], mem["v"]
         s = k.shape[1]

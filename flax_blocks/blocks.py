@@ -27,8 +27,8 @@ from flax import nnx
 
 from . import declarations
 from .attention import Attention, attention_path, build_mask, cache_mask, self_attention_masks
-from .config import (BlockConfig, check_cached_call, check_new_cache, check_parallel, check_remat, check_width,
-                     overflow_message, parallel_update, residual_update)
+from .config import (FINAL_NORM_BY_DEFAULT, BlockConfig, check_cached_call, check_new_cache, check_parallel,
+                     check_remat, check_width, overflow_message, parallel_update, residual_update)
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params, dropout, initial_values
 
@@ -292,8 +292,8 @@ class _Stack(nnx.Module):
 
     The layers' parameters are stacked on a leading axis of size num_layers (created with
     nnx.vmap, applied with a jax.lax.scan over the stacked state), so compile time does not
-    grow with depth. `final_norm` defaults to True for pre-LN and Peri-LN (such a stack
-    needs it), False otherwise. Params: layers (each leaf has a leading layer axis), norm.
+    grow with depth. `final_norm` defaults to True for pre-LN, Peri-LN and "out" (OLMo 2)
+    (such a stack needs it), False otherwise. Params: layers (each leaf has a leading layer axis), norm.
 
     remat: rematerialisation inside each layer, trading compute for memory in the
     backward pass: None (keep every activation), "full" (keep only each layer's input and
@@ -339,7 +339,7 @@ class _Stack(nnx.Module):
         # drawn outside the layer scan, so the scan never mutates RNG state.
         self.rngs = rngs["dropout"].fork() if cfg.dropout > 0 else None
         if final_norm is None:
-            final_norm = cfg.norm in ("pre", "peri")
+            final_norm = cfg.norm in FINAL_NORM_BY_DEFAULT
         norm = Norm(cfg, declarations.norm(cfg, cfg.d_model), rngs=rngs) if final_norm else None
         setattr(self, FINAL_NORM, norm)
 

@@ -22,11 +22,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-NORMS = ("pre", "post", "peri", "none")
+NORMS = ("pre", "post", "peri", "out", "none")
+FINAL_NORM_BY_DEFAULT = ("pre", "peri", "out")  # placements whose stacks end with a norm unless told
 NORM_TYPES = ("layernorm", "rmsnorm", "dyt")
 MLPS = ("dense", "swiglu", "geglu")
 RESIDUALS = ("add", "none")
 PARALLELS = ("none", "two_norms", "shared_norm")
+QK_NORM_OVER = ("head", "projection")
 SCALINGS = ("none", "deepnorm", "rezero", "layerscale")
 INITS = ("torch", "xavier")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -68,7 +70,9 @@ class BlockConfig:
       bias: biases in the linear maps and the LayerNorms.
       norm: where the norms sit around each sublayer F:
         "post" Norm(x + F(x)), "pre" x + F(Norm(x)), "peri" x + Norm_out(F(Norm_in(x)))
-        (Peri-LN / sandwich norm), or "none" (no norm, as ReZero).
+        (Peri-LN / sandwich norm), "out" x + Norm(F(x)): a norm on the sublayer's output and none
+        on its input (OLMo 2, HF Olmo2's post_attention / post_feedforward_layernorm; the Swin V2
+        "res-post-norm"; Peri-LN's output norm alone), or "none" (no norm, as ReZero).
       norm_type: "layernorm" (mean and variance, weight and bias), "rmsnorm"
         (x / sqrt(mean(x^2) + eps) * weight, no bias) or "dyt", Dynamic Tanh (Zhu, Chen, He,
         LeCun, Liu 2025, "Transformers without Normalization"): weight * tanh(alpha * x) + bias,
@@ -97,8 +101,11 @@ class BlockConfig:
         q, k and v project d_model to num_heads * head_dim (k and v: num_kv_heads *
         head_dim), the output projection maps num_heads * head_dim back to d_model; d_model
         need not be divisible by num_heads then. None: d_model // num_heads.
-      qk_norm: a norm of norm_type over head_dim on every head of q and k (before rotary),
-        with its own learned weight (OLMo 2, Gemma 3).
+      qk_norm: a norm of norm_type on q and k (before rotary), with its own learned weight.
+      qk_norm_over: what QK-norm normalises: "head", each head of q and k over head_dim (Qwen3,
+        Gemma 3, HF's q_norm / k_norm of width head_dim), or "projection", the whole q
+        projection over num_heads * head_dim and k over num_kv_heads * head_dim, before the
+        split into heads (OLMo 2: weights of those widths).
       rope_theta: None (no positions) or the base of rotary position embeddings, applied
         to q and k in the rotate-half convention of HF LLaMA / GPT-NeoX.
       partial_rotary_factor: the fraction of each head's dims that rotary rotates (GPT-NeoX
@@ -155,7 +162,7 @@ class BlockConfig:
     activation: Literal["relu", "gelu", "gelu_tanh", "silu"] = "relu"
     layer_norm_eps: float = 1e-5
     bias: bool = True
-    norm: Literal["pre", "post", "peri", "none"] = "post"
+    norm: Literal["pre", "post", "peri", "out", "none"] = "post"
     norm_type: Literal["layernorm", "rmsnorm", "dyt"] = "layernorm"
     norm_weight_offset: float = 0.0
     dyt_alpha_init: float = 0.5
@@ -164,6 +171,7 @@ class BlockConfig:
     num_kv_heads: int | None = None
     head_dim: int | None = None
     qk_norm: bool = False
+    qk_norm_over: Literal["head", "projection"] = "head"
     rope_theta: float | None = None
     partial_rotary_factor: float = 1.0
     qkv_bias: bool | None = None
@@ -205,6 +213,7 @@ class BlockConfig:
         _allowed("mlp", self.mlp, MLPS)
         _allowed("residual", self.residual, RESIDUALS)
         _allowed("parallel_residual", self.parallel_residual, PARALLELS)
+        _allowed("qk_norm_over", self.qk_norm_over, QK_NORM_OVER)
         if self.parallel_residual != "none" and (self.norm != "pre" or self.residual != "add"):
             raise ValueError(f"BlockConfig.parallel_residual={self.parallel_residual!r} is the pre-norm form x + "
                              f"Attn(Norm(x)) + MLP(Norm(x)) (GPT-NeoX, StableLM) and needs norm='pre' and "
@@ -345,6 +354,7 @@ def residual_update(
 
     post: y = Norm(alpha * x + s * Dropout(F(x)))     pre: y = x + s * Dropout(F(c * Norm(x)))
     peri: y = x + s * Dropout(Norm_out(F(Norm(x))))    none: y = x + s * Dropout(F(x))
+    out:  y = x + s * Dropout(Norm(F(x)))  (OLMo 2)
     with alpha = DeepNorm's alpha (else 1), s = the ReZero / LayerScale gate (else 1),
     c = 1 / sqrt(layer) with layernorm_scaling (Sun et al. 2025), else 1;
     residual="none" drops the skip term (alpha * x). `layer` may be a traced integer.
@@ -355,6 +365,8 @@ def residual_update(
     h, aux = sublayer(h)
     if cfg.norm == "peri":
         h = norm_out(h)
+    elif cfg.norm == "out":
+        h = norm(h)
     h = dropout(h)
     if scale is not None:
         h = scale * h

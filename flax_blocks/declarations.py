@@ -162,7 +162,7 @@ def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Compone
     return Component("linear", tuple(params))
 
 
-def norm(cfg: BlockConfig, width: int, *, dim: str = "d_model", axis: str | None = "embed",
+def norm(cfg: BlockConfig, width: int, *, dim: str | None = "d_model", axis: str | None = "embed",
          bias: bool = True) -> Component:
     """LayerNorm (weight, bias when cfg.bias and `bias`), RMSNorm (weight) or DyT (weight,
     bias as LayerNorm's, and the scalar alpha, initialised to cfg.dyt_alpha_init) over `width`.
@@ -179,7 +179,8 @@ def norm(cfg: BlockConfig, width: int, *, dim: str = "d_model", axis: str | None
 def attention(cfg: BlockConfig) -> Component:
     """Multi-head attention with one packed q/k/v projection (torch's in_proj_weight, rows
     [q heads; k heads; v heads]); grouped-query when kv_heads < num_heads; q_norm / k_norm
-    over head_dim when qk_norm, scale-only (as OLMo 2, Gemma 3, ViT-22B): a bias on k's
+    over head_dim when qk_norm (over num_heads * head_dim and num_kv_heads * head_dim with
+    qk_norm_over="projection", OLMo 2), scale-only (as OLMo 2, Gemma 3, ViT-22B): a bias on k's
     norm would shift every logit of a row equally, which softmax ignores (its gradient is
     exactly zero), so neither norm has one. Flax: in_kernel (E, K, G+2, hd) groups each KV head with
     its G = H/K query heads (slots 0..G-1 q, G k, G+1 v), out_kernel (H, hd, E)."""
@@ -208,7 +209,10 @@ def attention(cfg: BlockConfig) -> Component:
     if cfg.bias:
         params.append(Param("out_proj.bias", "out_bias", (e,), ("d_model",), ("embed",), _one(b_out, e)))
     children = ()
-    if cfg.qk_norm:
+    if cfg.qk_norm and cfg.qk_norm_over == "projection":  # OLMo 2: over H * hd and K * hd
+        children = (("q_norm", norm(cfg, h * d, dim=None, axis=None, bias=False)),
+                    ("k_norm", norm(cfg, k * d, dim=None, axis=None, bias=False)))
+    elif cfg.qk_norm:
         qk = norm(cfg, d, dim="head_dim", axis="head_dim", bias=False)
         children = (("q_norm", qk), ("k_norm", qk))
     return Component("attention", tuple(params), children=children)

@@ -397,9 +397,9 @@ def settings_of(module: Any) -> dict[str, Any]:
     cfg = getattr(module, "cfg", None)
     if isinstance(cfg, BlockConfig):
         out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "norm_weight_offset",
-                                             "activation",
-                                             "layer_norm_eps", "causal", "mlp", "qk_norm", "rope_theta",
-                                             "partial_rotary_factor", "parallel_residual", "residual", "scaling", "layernorm_scaling")}
+                                             "activation", "layer_norm_eps", "causal", "mlp", "qk_norm",
+                                             "qk_norm_over", "rope_theta", "partial_rotary_factor",
+                                             "parallel_residual", "residual", "scaling", "layernorm_scaling")}
         if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out

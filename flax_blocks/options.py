@@ -68,7 +68,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("bias", "compute", "biases in the linear maps and the LayerNorms", adds=True,
            hf=("attention_bias", "mlp_bias"), cli=False),
     Option("norm", "compute", "norm placement: 'post' Norm(x + F(x)) (torch's norm_first=False), 'pre' "
-           "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'none'", adds="peri"),
+           "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'out' x + Norm(F(x)) (OLMo 2), 'none'",
+           adds="peri"),
     Option("norm_type", "compute", "'layernorm' (mean, variance, weight and bias), 'rmsnorm' (weight only) or "
            "'dyt', Dynamic Tanh weight * tanh(alpha * x) + bias (Zhu et al. 2025; not with qk_norm)", adds="dyt"),
     Option("norm_weight_offset", "compute", "every norm (QK-norm and final norm too) scales by offset + w, w "
@@ -85,6 +86,8 @@ OPTIONS: tuple[Option, ...] = (
            "project to num_heads * head_dim, the output projection back to d_model", hf=("head_dim",), cli=False),
     Option("qk_norm", "compute", "a scale-only norm over head_dim on each head of q and k, before rotary",
            adds=True),
+    Option("qk_norm_over", "compute", "QK-norm over each head ('head': Qwen3, Gemma 3) or over the whole q / k "
+           "projection before the split into heads ('projection': OLMo 2)", only_with=("qk_norm", True)),
     Option("rope_theta", "compute", "rotary position embedding base, rotate-half convention (not given: no "
            "positions)", hf=("rope_theta", "rope_parameters.rope_theta")),
     Option("partial_rotary_factor", "compute", "rotary on the first int(head_dim * factor) dims of each head, "

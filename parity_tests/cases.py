@@ -75,7 +75,8 @@ CASES: list[Case] = [
       for kind in ("ResidualMHA", "FeedForward")),
     replace(BLOCK, cfg=LLAMA, seq=6),
     replace(BLOCK, cfg=replace(LLAMA, norm="peri"), seq=6, key_mask=True),
-    Case("Encoder", LLAMA, num_layers=3, seq=6, key_mask=True),
+    # OLMo 2: x + Norm(F(x)), QK-norm over the whole q / k projection
+    Case("Encoder", replace(LLAMA, norm="out", qk_norm_over="projection"), num_layers=3, seq=6, key_mask=True),
     Case("Encoder", replace(LLAMA, norm="peri", num_kv_heads=1, norm_weight_offset=1.0), num_layers=2),  # final norm
     # DyT (Zhu et al. 2025) for every norm, final norm included; LayerNorm Scaling (Sun et al.
     # 2025): 3 layers, so 1/sqrt(l) differs per layer (scanned index; unrolled with DyT, no bias)

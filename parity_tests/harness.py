@@ -109,7 +109,7 @@ class Case:
         bits += [c.mlp] if c.mlp != "dense" else []
         bits += [f"kv{c.num_kv_heads}"] if c.num_kv_heads is not None else []
         bits += [f"hd{c.head_dim}"] if c.head_dim is not None else []
-        bits += ["qk-norm"] if c.qk_norm else []
+        bits += [("qk-norm" if c.qk_norm_over == "head" else "qk-norm-projection")] if c.qk_norm else []
         bits += [f"rope{c.rope_theta:g}"] if c.rope_theta is not None else []
         bits += [f"rotary{c.rotary_dim}of{c.head_width}"] if c.partial_rotary_factor != 1.0 else []
         bits += [f"qkv-bias-{c.qkv_bias}"] if c.qkv_bias is not None else []

@@ -115,6 +115,20 @@ def rotary_on_last_dims(case: Case, module, inp: Inputs):
     return module, inp
 
 
+class _QKNormPerHeadForProjection(Attention):
+    """OLMo 2's QK-norm (RMSNorm over the whole projection) computed per head: each head's own
+    mean square, times the full-width weight cut into heads."""
+
+    def qk_normed(self, norm, a):
+        h = a * jax.lax.rsqrt(jnp.mean(a * a, axis=-1, keepdims=True) + norm.eps)
+        return h * norm.scale[...].reshape(a.shape[2:])
+
+
+def qk_norm_per_head(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _QKNormPerHeadForProjection
+    return module, inp
+
+
 def qk_norm_after_rotary(case: Case, module, inp: Inputs):
     _attention(case, module).__class__ = _QKNormAfterRotary
     return module, inp
@@ -203,6 +217,10 @@ MUTATIONS = {
                                  None, rotary_on_last_dims),
     "sequential_for_parallel_residual": (Case("TransformerBlock", replace(MODERN, parallel_residual="two_norms")),
                                          replace(MODERN), None),
+    "per_head_for_projection_qk_norm": (Case("TransformerBlock", replace(MODERN, num_kv_heads=2, qk_norm=True,
+                                                                         qk_norm_over="projection")),
+                                        None, qk_norm_per_head),
+    "pre_norm_for_out_norm": (Case("TransformerBlock", replace(MODERN, norm="out")), replace(MODERN, norm="pre"), None),
     "dyt_alpha_after_tanh": (DYT, None, _dyt_as(_DyTAlphaAfterTanh)),
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),

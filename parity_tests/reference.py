@@ -13,13 +13,14 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              every w above is (offset + w) with norm_weight_offset (Gemma: x / rms(x) * (1 + w))
   Attention  q = x Wq^T + bq, k, v from the keys' input (x, or the decoder's memory), each head
              head_dim wide (d_model / heads unless given), the output map (E, H head_dim);
-             QK-norm per head over head_dim (weight only), then rotary (rotate-half), then
+             QK-norm per head over head_dim (weight only; OLMo 2: over the whole projection
+             before the split into heads), then rotary (rotate-half), then
              softmax(q k^T / sqrt(head_dim)) v, query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
   Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
   Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
-             peri: x + s Norm_out(F(Norm(x)));  none: x + s F(x);  residual "none" drops
+             peri: x + s Norm_out(F(Norm(x)));  out: x + s Norm(F(x)) (OLMo 2);  none: x + s F(x);  residual "none" drops
              the skip term; alpha is DeepNorm's (2N)^(1/4) (Wang et al. 2022) for an
              encoder of N layers, s the ReZero / LayerScale gate read from the state dict.
 """
@@ -37,7 +38,7 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "rope_theta", "partial_rotary_factor", "qkv_bias", "layernorm_scaling", "parallel_residual",
+    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta", "partial_rotary_factor", "qkv_bias", "layernorm_scaling", "parallel_residual",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -219,10 +220,13 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     if (cfg.bias if qkv_bias is None else qkv_bias):
         b_in = p(prefix + "in_proj_bias", ((h + 2 * k_heads) * hd,))
         q, k, v = q + b_in[: h * hd], k + b_in[h * hd: (h + k_heads) * hd], v + b_in[(h + k_heads) * hd:]
+    if _opt(cfg, "qk_norm", False) and _opt(cfg, "qk_norm_over", "head") == "projection":
+        q = _norm(cfg, p, prefix + "q_norm.", q, bias=False)  # OLMo 2: over all H * hd (K * hd) at once
+        k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     q = q.reshape(b, t, h, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd)
     k = k.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)  # (B, K, S, hd)
     v = v.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)
-    if _opt(cfg, "qk_norm", False):  # scale-only (OLMo 2, Gemma 3): no bias whatever cfg.bias says
+    if _opt(cfg, "qk_norm", False) and _opt(cfg, "qk_norm_over", "head") == "head":  # scale-only (OLMo 2, Gemma 3): no bias whatever cfg.bias says
         q = _norm(cfg, p, prefix + "q_norm.", q, bias=False)
         k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     theta = _opt(cfg, "rope_theta", None)
@@ -262,6 +266,8 @@ def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, ga
         h = f(h)
         if cfg.norm == "peri":
             h = _norm(cfg, p, norm_out, h)
+    elif cfg.norm == "out":  # OLMo 2: x + Norm(F(x))
+        h = _norm(cfg, p, norm, f(x))
     else:
         h = f(x)
     y = s * h + (alpha * x if cfg.residual == "add" else 0.0)

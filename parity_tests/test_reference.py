@@ -411,7 +411,7 @@ def twin_runs(case: Case):
         out = call(fmod, (jnp.asarray(inp.x),) + ((jnp.asarray(inp.memory),) if decoder else ()), fkw)
         f = (np.asarray(out[0]), {k: np.asarray(v) for k, v in out[1].items()}) if intermediates else (np.asarray(out), {})
     sd = {k: v.numpy() for k, v in tmod.state_dict().items()}
-    final_norm = case.final_norm if case.final_norm is not None else case.cfg.norm in ("pre", "peri")
+    final_norm = case.final_norm if case.final_norm is not None else case.cfg.norm in ("pre", "peri", "out")
 
     def run_reference(change=lambda c, d: (c, d)):
         cfg, state_dict = change(case.cfg, sd)

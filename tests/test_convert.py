@@ -34,8 +34,8 @@ CONFIGS = {
     "layerscale": replace(CFG, scaling="layerscale"),
     "deepnorm": replace(CFG, norm="post", scaling="deepnorm"),
     "dyt": replace(CFG, norm_type="dyt"),
-    "families": replace(CFG, num_heads=3, num_kv_heads=1, head_dim=6, qk_norm=True, norm_type="rmsnorm",
-                        norm_weight_offset=1.0),  # issue 22's block options
+    "families": replace(CFG, num_heads=3, num_kv_heads=1, head_dim=6, qk_norm=True, qk_norm_over="projection",
+                        norm="out", norm_type="rmsnorm", norm_weight_offset=1.0),  # issue 22's block options
 }
 
 

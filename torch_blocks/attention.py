@@ -178,7 +178,7 @@ class Attention(nn.Module):
         n = cfg.num_heads * cfg.head_width
         bias = None if self.in_proj_bias is None else self.in_proj_bias[n:]
         k, v = F.linear(memory, self.in_proj_weight[n:], bias).view(b, s, 2, cfg.kv_heads, cfg.head_width).unbind(2)
-        return {"k": k if self.k_norm is None else self.k_norm(k), "v": v}
+        return {"k": k if self.k_norm is None else self.qk_normed(self.k_norm, k), "v": v}
 
     def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
                 cross: bool = False, memory: Tensor | None = None, cache: dict[str, Tensor] | None = None,
@@ -220,7 +220,7 @@ class Attention(nn.Module):
             q = F.linear(x, self.in_proj_weight[:n], None if self.in_proj_bias is None else self.in_proj_bias[:n])
             q = q.view(b, t, h, d)
             if self.q_norm is not None:
-                q = self.q_norm(q)
+                q = self.qk_normed(self.q_norm, q)
             mem = self.memory_kv(memory) if memory is not None else cache
             k, v = mem["k"], mem["v"]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T or S, hd)
@@ -259,11 +259,18 @@ class Attention(nn.Module):
             out = torch.where(rows.any(dim=1), out, 0.0)
         return out, weights, logit_max, cache
 
+    def qk_normed(self, norm: Norm, a: Tensor) -> Tensor:
+        """QK-norm of a (B, T, heads, hd): over each head, or (qk_norm_over="projection",
+        OLMo 2) over all of a token's heads at once, the projection's rows in order."""
+        if self.cfg.qk_norm_over == "projection":
+            return norm(a.flatten(2)).view(a.shape)
+        return norm(a)
+
     def position_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
         k (B, T, K, hd), positions (T,)."""
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
             theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
             q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)

@@ -29,8 +29,9 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import (BlockConfig, check_cached_call, check_new_cache, check_parallel, check_remat,
-                                check_width, overflow_message, parallel_update, residual_update)
+from flax_blocks.config import (FINAL_NORM_BY_DEFAULT, BlockConfig, check_cached_call, check_new_cache,
+                                check_parallel, check_remat, check_width, overflow_message, parallel_update,
+                                residual_update)
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
 from .attention import Attention, Mask, attention_path, build_mask, cache_mask
@@ -260,7 +261,8 @@ class DecoderBlock(_Block):
 
 class _Stack(nn.Module):
     """`num_layers` independently initialised blocks and an optional final norm (layers.{i}.*,
-    norm.*). `final_norm` defaults to True for pre-LN and Peri-LN, False otherwise.
+    norm.*). `final_norm` defaults to True for pre-LN, Peri-LN and "out" (OLMo 2), False
+    otherwise.
     remat: None, or any of the Flax twin's values ("full", a policy name): each layer is
     recomputed in the backward pass (torch.utils.checkpoint; torch has no named policies)."""
 
@@ -277,7 +279,7 @@ class _Stack(nn.Module):
         self.num_layers = num_layers
         self.layers = nn.ModuleList(self.block(cfg, generator=generator) for _ in range(num_layers))
         if final_norm is None:
-            final_norm = cfg.norm in ("pre", "peri")
+            final_norm = cfg.norm in FINAL_NORM_BY_DEFAULT
         norm = Norm(cfg, declarations.norm(cfg, cfg.d_model), generator=generator) if final_norm else None
         setattr(self, FINAL_NORM, norm)
 
