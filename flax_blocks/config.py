@@ -113,6 +113,13 @@ class BlockConfig:
         factor) first dims of every q and k head rotate in the rotate-half convention within
         them (dims i and i + rotary_dim/2, angle pos * theta^(-2i/rotary_dim)), the rest pass
         unchanged (HF GPT-NeoX's apply_rotary_pos_emb). 1.0: every dim (LLaMA).
+      attn_logit_softcapping: None, or c: every attention logit s (already scaled) becomes
+        c * tanh(s / c) before the mask is applied and before the softmax (Gemma 2
+        `attn_logit_softcapping`, c = 50; HF Gemma2's eager attention). Every attention path
+        computes it but "fused" (jax.nn.dot_product_attention and SDPA have no soft-cap): that
+        choice is refused, and "auto" never takes it (torch serves it with the explicit softmax).
+      query_pre_attn_scalar: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim)
+        (Gemma 2 / 3 `query_pre_attn_scalar`).
       qkv_bias: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True
         with bias=False).
       parallel_residual: "none" (each sublayer reads the previous one's output), or the
@@ -174,6 +181,8 @@ class BlockConfig:
     qk_norm_over: Literal["head", "projection"] = "head"
     rope_theta: float | None = None
     partial_rotary_factor: float = 1.0
+    attn_logit_softcapping: float | None = None
+    query_pre_attn_scalar: float | None = None
     qkv_bias: bool | None = None
     parallel_residual: Literal["none", "two_norms", "shared_norm"] = "none"
     residual: Literal["add", "none"] = "add"
@@ -267,6 +276,14 @@ class BlockConfig:
         if self.rope_theta is not None and f != 1.0 and (self.rotary_dim < 2 or self.rotary_dim % 2):
             raise ValueError(f"BlockConfig.partial_rotary_factor={f!r} gives rotary_dim = int({self.head_width} * "
                              f"{f!r}) = {self.rotary_dim}: it must be even and at least 2")
+        for name in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"BlockConfig.{name} must be None or a number > 0, got {value!r}")
+        if self.attn_logit_softcapping is not None and self.attention == "fused":
+            raise ValueError("BlockConfig.attention='fused' cannot soft-cap the logits (attn_logit_softcapping): "
+                             "jax.nn.dot_product_attention and SDPA have no soft-cap. Use attention='auto', "
+                             "'dense' or 'blocked'")
         if self.mlp == "swiglu" and self.activation != "silu":
             raise ValueError(f"BlockConfig.mlp='swiglu' needs activation='silu', got activation={self.activation!r}")
         if self.mlp == "geglu" and self.activation not in ("gelu", "gelu_tanh"):
@@ -294,6 +311,12 @@ class BlockConfig:
     def rotary_dim(self) -> int:
         """The head dims rotary rotates: int(head_width * partial_rotary_factor), as HF computes it."""
         return int(self.head_width * self.partial_rotary_factor)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of q.k in the logits: query_pre_attn_scalar ** -0.5 (Gemma), else head_width ** -0.5."""
+        a = self.head_width if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+        return float(a) ** -0.5
 
     @property
     def kv_heads(self) -> int:

@@ -93,6 +93,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("partial_rotary_factor", "compute", "rotary on the first int(head_dim * factor) dims of each head, "
            "the rest passed through (GPT-NeoX rotary_pct, StableLM 0.25)",
            hf=("partial_rotary_factor", "rope_parameters.partial_rotary_factor", "rotary_pct")),
+    Option("attn_logit_softcapping", "compute", "attention logits s become c * tanh(s / c) before the mask "
+           "(Gemma 2: 50); not on the fused path", hf=("attn_logit_softcapping",)),
+    Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 (Gemma 2 / 3)",
+           hf=("query_pre_attn_scalar",)),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("parallel_residual", "compute", "'two_norms' x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-NeoX), "
            "'shared_norm' one norm for both (StableLM, GPT-J), 'none' sequential (needs norm='pre')"),

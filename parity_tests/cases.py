@@ -65,7 +65,10 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=2), attention_mask=True, key_mask=True),
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=1)),
     _cfg(qk_norm=True),
-    _cfg(qk_norm=True, norm_type="rmsnorm", norm_weight_offset=1.0),  # Gemma's (1 + w), QK-norm's too
+    # Gemma's (1 + w) (QK-norm's too), Gemma 2's soft-capped logits (a cap small enough to bend these) over a
+    # causal mask, the query scale query_pre_attn_scalar ** -0.5
+    replace(BLOCK, cfg=replace(BASE, qk_norm=True, norm_type="rmsnorm", norm_weight_offset=1.0, causal=True,
+                               attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), key_mask=True),
     # 4 heads x 8 != d_model 16; rotary on the first 4 of 8 dims (GPT-NeoX rotary_pct)
     replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
@@ -103,8 +106,8 @@ CASES: list[Case] = [
     # attention paths forced through the config at small T (auto takes dense here): Flax's
     # blocked online softmax in blocks that do not divide T, and torch's explicit softmax
     # without weights asked for (torch serves blocked with SDPA)
-    Case("TransformerBlock", replace(LLAMA, norm="peri", head_dim=6, attention="blocked", attention_block=2), seq=7,
-         key_mask=True),
+    Case("TransformerBlock", replace(LLAMA, norm="peri", head_dim=6, attention="blocked", attention_block=2,
+                                     attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), seq=7, key_mask=True),
     Case("Encoder", replace(BASE, causal=True, attention="blocked", attention_block=4), seq=9, key_mask=True),
     Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
          memory_key_mask=True),

@@ -112,6 +112,8 @@ class Case:
         bits += [("qk-norm" if c.qk_norm_over == "head" else "qk-norm-projection")] if c.qk_norm else []
         bits += [f"rope{c.rope_theta:g}"] if c.rope_theta is not None else []
         bits += [f"rotary{c.rotary_dim}of{c.head_width}"] if c.partial_rotary_factor != 1.0 else []
+        bits += [f"softcap{c.attn_logit_softcapping:g}"] if c.attn_logit_softcapping is not None else []
+        bits += [f"qscale{c.query_pre_attn_scalar:g}"] if c.query_pre_attn_scalar is not None else []
         bits += [f"qkv-bias-{c.qkv_bias}"] if c.qkv_bias is not None else []
         bits += [f"eps{c.layer_norm_eps:g}"] if c.layer_norm_eps != 1e-5 else []
         bits += ["attn-mask"] if self.attention_mask else []

@@ -129,6 +129,22 @@ def qk_norm_per_head(case: Case, module, inp: Inputs):
     return module, inp
 
 
+class _SoftcapAfterMask(Attention):
+    """Gemma 2's soft-cap applied to the masked logits: a masked pair's -inf becomes -c, so it
+    keeps a weight of exp(-c) relative to a zero logit."""
+
+    def logits(self, qk, mask):
+        c = self.cfg.attn_logit_softcapping
+        masked = super().logits(qk, None)  # scaled and capped ...
+        masked = jnp.where(mask, c * jnp.arctanh(masked / c), -jnp.inf) if mask is not None else masked  # ... uncapped
+        return c * jnp.tanh(masked / c)  # masked, then capped
+
+
+def softcap_after_mask(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _SoftcapAfterMask
+    return module, inp
+
+
 def qk_norm_after_rotary(case: Case, module, inp: Inputs):
     _attention(case, module).__class__ = _QKNormAfterRotary
     return module, inp
@@ -221,6 +237,8 @@ MUTATIONS = {
                                                                          qk_norm_over="projection")),
                                         None, qk_norm_per_head),
     "pre_norm_for_out_norm": (Case("TransformerBlock", replace(MODERN, norm="out")), replace(MODERN, norm="pre"), None),
+    "softcap_after_the_mask": (Case("TransformerBlock", replace(MODERN, causal=True, attn_logit_softcapping=1.0)),
+                               None, softcap_after_mask),
     "dyt_alpha_after_tanh": (DYT, None, _dyt_as(_DyTAlphaAfterTanh)),
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),

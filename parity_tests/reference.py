@@ -15,7 +15,8 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              head_dim wide (d_model / heads unless given), the output map (E, H head_dim);
              QK-norm per head over head_dim (weight only; OLMo 2: over the whole projection
              before the split into heads), then rotary (rotate-half), then
-             softmax(q k^T / sqrt(head_dim)) v, query head h reading kv head h // (H / K);
+             softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
+             soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
   Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
@@ -38,7 +39,7 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta", "partial_rotary_factor", "qkv_bias", "layernorm_scaling", "parallel_residual",
+    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta", "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "qkv_bias", "layernorm_scaling", "parallel_residual",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -109,12 +110,17 @@ def rotary(x: np.ndarray, theta: float, fraction: float = 1.0) -> np.ndarray:
     return x * cos + np.concatenate([-x2, x1], axis=-1) * sin
 
 
-def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None):
+def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None,
+                      scale: float | None = None, softcap: float | None = None):
     """q (B, H, T, hd), k and v (B, H, S, hd), masked (B|1, T, S) True = may NOT attend.
+    Logits q.k * scale (default 1 / sqrt(hd)); with softcap c (Gemma 2) c * tanh(logit / c),
+    before the mask.
 
     Returns (out (B, H, T, hd), weights (B, H, T, S), the largest scaled logit over the
     pairs that may attend ()); rows with no key give zeros."""
-    logits = np.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(q.shape[-1])
+    logits = np.einsum("bhtd,bhsd->bhts", q, k) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap is not None:
+        logits = softcap * np.tanh(logits / softcap)
     if masked is not None:
         logits = np.where(masked[:, None], -np.inf, logits)
     top = logits.max(-1, keepdims=True)
@@ -235,7 +241,9 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
         q, k = rotary(q, theta, fraction), rotary(k, theta, fraction)
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
-    o, w, logit_max = softmax_attention(q, k, v, masked)
+    a = _opt(cfg, "query_pre_attn_scalar", None)  # Gemma: q.k / sqrt(a)
+    o, w, logit_max = softmax_attention(q, k, v, masked, None if a is None else 1 / math.sqrt(a),
+                                        _opt(cfg, "attn_logit_softcapping", None))
     out = _linear(p, prefix + "out_proj.", o.transpose(0, 2, 1, 3).reshape(b, t, h * hd), e, cfg.bias)
     if masked is not None:  # a query with no key gets no output, bias included
         out = np.where(masked.all(-1)[..., None], 0.0, out)

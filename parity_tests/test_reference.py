@@ -226,6 +226,21 @@ def test_reference_gemma_norm_matches_hf():
     p.check_all_used()
 
 
+def test_reference_softcap_and_query_scale_match_hf_gemma2():
+    """attn_logit_softcapping and query_pre_attn_scalar: HF Gemma 2's eager attention (soft-cap
+    of the scaled logits, then the additive mask), causal; its softmax runs in float32."""
+    gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
+    q, k, v = (rand(2, 4, T, 6, seed=s) * 2 for s in (12, 13, 14))  # (B, H, T, hd): logits of a few units
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    additive = torch.zeros(T, T, dtype=torch.float64).masked_fill(causal, float("-inf"))
+    module = SimpleNamespace(num_key_value_groups=1, training=False, head_dim=6)
+    want, _ = gemma2.eager_attention_forward(module, q, k, v, additive, scaling=3.0 ** -0.5, softcap=2.0)
+    got, _, _ = ref.softmax_attention(q.numpy(), k.numpy(), v.numpy(), causal.numpy()[None], 3.0 ** -0.5, 2.0)
+    assert rel_err(got.transpose(0, 2, 1, 3), want) <= 1e-6
+    uncapped, _, _ = ref.softmax_attention(q.numpy(), k.numpy(), v.numpy(), causal.numpy()[None], 3.0 ** -0.5)
+    assert rel_err(uncapped.transpose(0, 2, 1, 3), want) > 1e-2  # (the cap bends these logits)
+
+
 def _torch_attention(sd: dict[str, torch.Tensor], x: torch.Tensor, h: int, k: int, *, qk_norm: str | None,
                      theta: float | None, bias: bool, eps: float, mask: torch.Tensor | None) -> torch.Tensor:
     """Attention with GQA, QK-norm and rotary from torch's functional pieces: F.rms_norm /

@@ -30,7 +30,8 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
     """torch's path of an attention: "dense" (the explicit softmax, which returns weights)
     or "fused" (F.scaled_dot_product_attention, no weights; masks and dropout it takes).
 
-    "dense" when cfg.attention is "dense" or weights are asked for; else "fused" ("auto",
+    "dense" when cfg.attention is "dense", weights are asked for or the logits are soft-capped
+    (attn_logit_softcapping); else "fused" ("auto",
     and "blocked" / "fused", which torch serves with SDPA). With `check` (an uncached
     self-attention, as the Flax twin's `attention_path`), a forced "blocked" / "fused"
     that the call cannot honour raises the same ValueError as in Flax
@@ -38,7 +39,8 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
     if check:
         check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask,
                              dropout_active=dropout_active)
-    return "dense" if need_weights or cfg.attention == "dense" else "fused"
+    soft_capped = cfg.attn_logit_softcapping is not None  # (SDPA has no soft-cap)
+    return "dense" if need_weights or cfg.attention == "dense" or soft_capped else "fused"
 
 
 class Mask(NamedTuple):
@@ -228,12 +230,7 @@ class Attention(nn.Module):
         weights = logit_max = None
         if path == "dense":
             k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # head -> h // G
-            logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, H, T, S)
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never softmax in bf16
-            if bias is not None:
-                logits = logits + bias
-            if masked is not None:
-                logits = logits.masked_fill(masked, float("-inf"))
+            logits = self.logits(q @ k.transpose(-1, -2), masked, bias)  # (B, H, T, S)
             logit_max = logits.max() if rows is None else logits.masked_fill(~rows, float("-inf")).max()
             weights = logits.softmax(dim=-1)
             if rows is not None:
@@ -250,8 +247,8 @@ class Attention(nn.Module):
                 sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
             elif masked is not None:
                 sdpa_mask = ~masked  # SDPA's boolean convention: True = may attend
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p,
-                                                 is_causal=is_causal, enable_gqa=kv != h)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p, is_causal=is_causal,
+                                                 enable_gqa=kv != h, scale=cfg.attention_scale)
             if rows is not None and rows.shape[1] > 1:  # a head with no key (per-head masks) gives no output
                 out = torch.where(rows, out, 0.0)
         out = F.linear(out.transpose(1, 2).reshape(b, t, h * d), self.out_proj.weight, self.out_proj.bias)
@@ -265,6 +262,20 @@ class Attention(nn.Module):
         if self.cfg.qk_norm_over == "projection":
             return norm(a.flatten(2)).view(a.shape)
         return norm(a)
+
+    def logits(self, qk: Tensor, masked: Tensor | None, bias: Tensor | None) -> Tensor:
+        """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
+        query_pre_attn_scalar ** -0.5, Gemma), in float32 at least, soft-capped c tanh(s / c)
+        (attn_logit_softcapping, Gemma 2), then a float mask added and the masked pairs -inf."""
+        a = self.cfg.query_pre_attn_scalar
+        logits = qk / math.sqrt(self.cfg.head_width) if a is None else qk * float(a) ** -0.5
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never softmax in bf16
+        c = self.cfg.attn_logit_softcapping
+        if c is not None:
+            logits = c * torch.tanh(logits / c)
+        if bias is not None:
+            logits = logits + bias
+        return logits if masked is None else logits.masked_fill(masked, float("-inf"))
 
     def position_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
