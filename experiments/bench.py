@@ -115,7 +115,7 @@ class Size:
         4*B*T^2*E; x3 to train."""
         cfg = self.cfg("float32")
         e, f, b, t = self.d_model, self.d_ff, self.batch, self.seq
-        qkv = e * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
+        qkv = e * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_width
         mlp = (3 if cfg.gated else 2) * e * f
         fwd = self.layers * (2 * b * t * (qkv + e * e + mlp) + 4 * b * t * t * e)
         return 3 * fwd if train else fwd

@@ -129,7 +129,8 @@ def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: 
         return cfg.attention
     if need_weights or explicit_mask or dropout_active or not isinstance(seq, int):
         return "dense"
-    if (jax.default_backend() if platform is None else platform) == "gpu":
+    gpu = (jax.default_backend() if platform is None else platform) == "gpu"
+    if gpu and cfg.attn_logit_softcapping is None:  # (the fused kernel has no soft-cap)
         return "fused"
     return "blocked" if seq >= AUTO_MIN_KEYS else "dense"
 
@@ -159,37 +160,43 @@ def _block_pairs(nq: int, nk: int, bq: int, bk: int, causal: bool) -> tuple[np.n
     return i, j
 
 
-def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt):
-    """Scaled logits of query block i against key block j, -inf where a pair is not
-    allowed (a padded or masked key, or one after the query): qi (B, K, G, bq, hd), kj
-    (B, K, bk, hd), bias_j (B, bk) of 0 / -inf -> (B, K, G, bq, bk). (One fused pass over
-    the logits: no separate boolean masks.)"""
-    logits = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj).astype(acc_dt) * scale + bias_j[:, None, None, None, :]
+def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt, softcap=None):
+    """Scaled logits of query block i against key block j (soft-capped, c tanh(s / c), before
+    the masks), -inf where a pair is not allowed (a padded or masked key, or one after the
+    query): qi (B, K, G, bq, hd), kj (B, K, bk, hd), bias_j (B, bk) of 0 / -inf ->
+    (logits (B, K, G, bq, bk), d logits / d s: 1 - tanh^2 with a soft-cap, else None). (One
+    fused pass over the logits: no separate boolean masks.)"""
+    s = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj).astype(acc_dt) * scale
+    slope = None
+    if softcap is not None:
+        t = jnp.tanh(s / softcap)
+        s, slope = softcap * t, 1.0 - t * t
+    logits = s + bias_j[:, None, None, None, :]
     if causal:
         logits = jnp.where((j * bk + jnp.arange(bk))[None, :] <= (i * bq + jnp.arange(bq))[:, None], logits, -jnp.inf)
-    return logits
+    return logits, slope
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _flash(qb, kb, vb, validb, causal: bool, bq: int):
-    return _flash_fwd(qb, kb, vb, validb, causal, bq)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _flash(qb, kb, vb, validb, causal: bool, bq: int, scale: float, softcap: float | None):
+    return _flash_fwd(qb, kb, vb, validb, causal, bq, scale, softcap)[0]
 
 
-def _flash_fwd(qb, kb, vb, validb, causal, bq):
+def _flash_fwd(qb, kb, vb, validb, causal, bq, scale, softcap):
     """qb (nq, B, K, G, bq, hd), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk) ->
     out (nq, B, K, G, bq, hd) (0 for rows without keys), and the residuals (the inputs,
     out, each row's log-sum-exp, 0 where a row has no key)."""
     nq, b, kv, g, _, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
-    scale = 1.0 / jnp.sqrt(jnp.asarray(d, acc_dt))
+    scale = jnp.asarray(scale, acc_dt)
     pi, pj = _block_pairs(nq, nk, bq, bk, causal)
     bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
     def step(carry, ij):
         m, l, acc = carry  # (nq, B, K, G, bq), (nq, B, K, G, bq), (nq, B, K, G, bq, hd)
         i, j = ij
-        logits = _pair_logits(qb[i], kb[j], bias[j], i, j, bq, bk, causal, scale, acc_dt)
+        logits, _ = _pair_logits(qb[i], kb[j], bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap)
         mi = m[i]
         m_new = jnp.maximum(mi, logits.max(axis=-1))
         shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # a row without a key so far: exp(-inf) = 0
@@ -208,14 +215,15 @@ def _flash_fwd(qb, kb, vb, validb, causal, bq):
     return out, (qb, kb, vb, validb, out, lse)
 
 
-def _flash_bwd(causal, bq, res, dout):
+def _flash_bwd(causal, bq, scale, softcap, res, dout):
     """FlashAttention-2's backward: the probabilities recomputed pair by pair from the
-    log-sum-exp, D = rowsum(dO * O); dQ, dK, dV accumulated over the same pairs."""
+    log-sum-exp, D = rowsum(dO * O); dQ, dK, dV accumulated over the same pairs (through
+    the soft-cap's slope 1 - tanh^2 when there is one)."""
     qb, kb, vb, validb, out, lse = res
     nq, b, kv, g, _, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
-    scale = 1.0 / jnp.sqrt(jnp.asarray(d, acc_dt))
+    scale = jnp.asarray(scale, acc_dt)
     pi, pj = _block_pairs(nq, nk, bq, bk, causal)
     delta = (dout.astype(acc_dt) * out.astype(acc_dt)).sum(axis=-1)  # (nq, B, K, G, bq)
     bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
@@ -224,10 +232,12 @@ def _flash_bwd(causal, bq, res, dout):
         dq, dk, dv = carry
         i, j = ij
         qi, kj, vj, doi = qb[i], kb[j], vb[j], dout[i]
-        p = jnp.exp(_pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt) - lse[i][..., None])
+        logits, slope = _pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap)
+        p = jnp.exp(logits - lse[i][..., None])
         dv = dv.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi).astype(acc_dt))
         dp = jnp.einsum("bkgqd,bksd->bkgqs", doi, vj).astype(acc_dt)
-        ds = (p * (dp - delta[i][..., None]) * scale).astype(qi.dtype)
+        ds = p * (dp - delta[i][..., None]) * scale
+        ds = (ds if slope is None else ds * slope).astype(qi.dtype)
         dq = dq.at[i].add(jnp.einsum("bkgqs,bksd->bkgqd", ds, kj).astype(acc_dt))
         dk = dk.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", ds, qi).astype(acc_dt))
         return (dq, dk, dv), None
@@ -241,8 +251,10 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, key_valid: jax.Array | None,
-                      block: int) -> tuple[jax.Array, jax.Array]:
-    """softmax(q k^T / sqrt(hd)) v without the (T, S) logits, FlashAttention-2 style: one
+                      block: int, scale: float | None = None,
+                      softcap: float | None = None) -> tuple[jax.Array, jax.Array]:
+    """softmax(q k^T * scale) v (scale default 1 / sqrt(hd); soft-capped logits c tanh(s / c)
+    with softcap c, Gemma 2) without the (T, S) logits, FlashAttention-2 style: one
     lax.scan over the (query block, key block) pairs that hold an allowed pair (for causal,
     query block i visits key blocks 0..i only), an online softmax forward that keeps the
     output and each row's log-sum-exp, and a custom VJP that recomputes the probabilities
@@ -262,7 +274,8 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     validb = pad(valid, nk * bk, 1).reshape(b, nk, bk).swapaxes(0, 1)  # padded keys are invalid
-    out = _flash(qb, kb, vb, validb, causal, bq)
+    out = _flash(qb, kb, vb, validb, causal, bq, d ** -0.5 if scale is None else float(scale),
+                 None if softcap is None else float(softcap))
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
     if causal:  # a real key at or before the query
         seen = jnp.cumsum(valid, axis=1) > 0
@@ -273,13 +286,13 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
 
 
 def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
-                    key_valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+                    key_valid: jax.Array | None, scale: float | None = None) -> tuple[jax.Array, jax.Array]:
     """The same as `blocked_attention` through jax.nn.dot_product_attention (query head
     k * G + g uses key/value head k, its grouping too); its softmax runs in float32, so
     float64 parity is not this path's job. Rows without keys give 0."""
     b, t, kv, g, d = q.shape
     mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, S)
-    out = jax.nn.dot_product_attention(q.reshape(b, t, kv * g, d), k, v, mask=mask, is_causal=causal)
+    out = jax.nn.dot_product_attention(q.reshape(b, t, kv * g, d), k, v, mask=mask, is_causal=causal, scale=scale)
     if key_valid is None:
         has_key = jnp.ones((b, t), jnp.bool_)
     elif causal:
@@ -322,11 +335,15 @@ def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attenti
     warn_fully_masked(np.flatnonzero(~has_key), batch, "flax")
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rotary(x: jax.Array, positions: jax.Array, theta: float, dim: int | None = None) -> jax.Array:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, ..., hd), positions (T,): dims i and i + hd/2 rotate together by the angle
-    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64)."""
+    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64).
+    dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
+    (partial rotary, HF GPT-NeoX); None: all."""
+    if dim is not None and dim < x.shape[-1]:
+        return jnp.concatenate([rotary(x[..., :dim], positions, theta), x[..., dim:]], axis=-1)
     hd = x.shape[-1]
     dt = jnp.promote_types(x.dtype, jnp.float32)
     inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=dt) / hd)  # (hd/2,)
@@ -362,14 +379,34 @@ class Attention(nnx.Module):
         self.dropout = dropout(cfg, rngs)
         self.dtype = compute_dtype(cfg)
 
+    def qk_normed(self, norm: Norm, a: jax.Array) -> jax.Array:
+        """QK-norm of a (B, T, heads..., hd): over each head, or (qk_norm_over="projection",
+        OLMo 2) over all of a token's heads at once, in torch's order of the projection rows."""
+        if self.cfg.qk_norm_over == "projection":
+            return norm(a.reshape(*a.shape[:2], -1)).reshape(a.shape)
+        return norm(a)
+
     def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, K, G, hd),
         k (B, T, K, hd), positions (T,)."""
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
-            q, k = rotary(q, positions, self.cfg.rope_theta), rotary(k, positions, self.cfg.rope_theta)
+            theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
+            q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
         return q, k
+
+    def logits(self, qk: jax.Array, mask: jax.Array | None) -> jax.Array:
+        """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
+        query_pre_attn_scalar ** -0.5, Gemma), in float32 at least, soft-capped c tanh(s / c)
+        (attn_logit_softcapping, Gemma 2) and then masked (-inf where mask is False)."""
+        a = self.cfg.query_pre_attn_scalar
+        logits = qk / jnp.sqrt(jnp.asarray(self.cfg.head_width, qk.dtype)) if a is None else qk * float(a) ** -0.5
+        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # never softmax in bf16
+        c = self.cfg.attn_logit_softcapping
+        if c is not None:
+            logits = c * jnp.tanh(logits / c)
+        return logits if mask is None else jnp.where(mask, logits, -jnp.inf)
 
     def _weights(self, x: jax.Array):
         """x and the parameters promoted to the computation dtype."""
@@ -396,7 +433,7 @@ class Attention(nnx.Module):
         g = w_in.shape[2] - 2
         kv = self._project(memory, w_in[:, :, g:], None if b_in is None else b_in[:, g:])
         k, v = kv[:, :, :, 0], kv[:, :, :, 1]
-        return {"k": k if self.k_norm is None else self.k_norm(k), "v": v}
+        return {"k": k if self.k_norm is None else self.qk_normed(self.k_norm, k), "v": v}
 
     def __call__(
         self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None,
@@ -443,15 +480,17 @@ class Attention(nnx.Module):
         else:  # cross-attention: queries from x, keys and values from the memory (or its cache)
             q = self._project(x, w_in[:, :, :g], None if b_in is None else b_in[:, :g])
             if self.q_norm is not None:
-                q = self.q_norm(q)
+                q = self.qk_normed(self.q_norm, q)
             mem = self.memory_kv(memory) if memory is not None else cache
             k, v = mem["k"], mem["v"]
         s = k.shape[1]
         if path == "fused":  # the accelerator path: cuDNN's fused kernel where it can
-            out, has_key = fused_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid)
+            out, has_key = fused_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid,
+                                           scale=self.cfg.attention_scale)
         elif path == "blocked":  # memory-efficient path: no weights, no (T, S) logits
             out, has_key = blocked_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid,
-                                             block=self.cfg.attention_block)
+                                             block=self.cfg.attention_block, scale=self.cfg.attention_scale,
+                                             softcap=self.cfg.attn_logit_softcapping)
         if path != "dense":
             out = jnp.dot(out.reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
             if b_out is not None:
@@ -461,11 +500,7 @@ class Attention(nnx.Module):
         # Batched matmuls over (B, K, G): XLA:CPU runs them faster than the equivalent einsums
         # ("btkgd,bskd->bkgts"), forward and backward.
         qh, kh = q.transpose(0, 2, 3, 1, 4), k.transpose(0, 2, 3, 1)[:, :, None]  # (B,K,G,T,hd), (B,K,1,hd,S)
-        logits = (qh @ kh).reshape(b, h, t, s)  # head = kv * G + g
-        logits = logits / jnp.sqrt(jnp.asarray(d, logits.dtype))
-        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # never softmax in bf16
-        if mask is not None:
-            logits = jnp.where(mask, logits, -jnp.inf)
+        logits = self.logits((qh @ kh).reshape(b, h, t, s), mask)  # head = kv * G + g
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = jax.nn.softmax(logits, axis=-1)
         if rows is not None:

@@ -27,8 +27,8 @@ from flax import nnx
 
 from . import declarations
 from .attention import Attention, attention_path, build_mask, cache_mask, self_attention_masks
-from .config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
-                     overflow_message, residual_update)
+from .config import (FINAL_NORM_BY_DEFAULT, BlockConfig, check_cached_call, check_new_cache, check_parallel,
+                     check_remat, check_width, overflow_message, parallel_update, residual_update)
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params, dropout, initial_values
 
@@ -80,6 +80,7 @@ class _Block(nnx.Module):
         self.cfg = cfg = cfg.resolve()
         component = declarations.block(cfg, self.kind)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
+        check_parallel(cfg, self.kind, self.sublayers)
         values = initial_values(rngs.params(), component, cfg)  # the whole block in one jitted draw
         create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
@@ -115,6 +116,7 @@ class _Block(nnx.Module):
         keys = [None] * (2 * n) if key is None else list(jax.random.split(key, 2 * n))
         extras: dict[str, jax.Array] = {}
         new_cache: Cache = {}
+        branches = []  # a parallel residual's (sublayer, norm, dropout, scale), summed after the loop
         for i, sub in enumerate(self.sublayers):
             k_inner, k_out = keys[2 * i], keys[2 * i + 1]
             part = "cross" if sub.kind == "cross_attention" else "self"
@@ -129,13 +131,19 @@ class _Block(nnx.Module):
                     path="dense" if part == "cross" else path, key_valid=masks.get("key_valid"),
                 )
             s = getattr(self, sub.scale)
-            x, aux = residual_update(
-                self.cfg, x, fn, getattr(self, sub.norm) or _identity,
-                _with_key(self.dropouts[i], k_out, deterministic), None if s is None else s[...].astype(x.dtype),
-                getattr(self, sub.norm_out), layer=layer,
-            )
+            norm, drop = getattr(self, sub.norm) or _identity, _with_key(self.dropouts[i], k_out, deterministic)
+            s = None if s is None else s[...].astype(x.dtype)
+            if self.cfg.parallel_residual != "none":
+                branches.append((fn, norm, drop, s))
+                continue
+            x, aux = residual_update(self.cfg, x, fn, norm, drop, s, getattr(self, sub.norm_out), layer=layer)
             if "cache" in aux:
                 new_cache[part] = aux.pop("cache")
+            extras.update(aux)
+        if branches:  # (a parallel block's one attention is a self-attention: its cache is "self")
+            x, aux = parallel_update(self.cfg, x, branches, layer=layer)
+            if "cache" in aux:
+                new_cache["self"] = aux.pop("cache")
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
 
@@ -151,7 +159,7 @@ class _Block(nnx.Module):
 
     def _block_cache(self, batch: int, length: int, dtype) -> Cache:
         cfg = self.cfg
-        zeros = jnp.zeros((batch, length, cfg.kv_heads, cfg.head_dim), dtype)
+        zeros = jnp.zeros((batch, length, cfg.kv_heads, cfg.head_width), dtype)
         return {"self": {"k": zeros, "v": zeros}}
 
     def _forward(self, x, attention_mask, key_mask, return_intermediates, deterministic=None, *,
@@ -284,8 +292,8 @@ class _Stack(nnx.Module):
 
     The layers' parameters are stacked on a leading axis of size num_layers (created with
     nnx.vmap, applied with a jax.lax.scan over the stacked state), so compile time does not
-    grow with depth. `final_norm` defaults to True for pre-LN and Peri-LN (such a stack
-    needs it), False otherwise. Params: layers (each leaf has a leading layer axis), norm.
+    grow with depth. `final_norm` defaults to True for pre-LN, Peri-LN and "out" (OLMo 2)
+    (such a stack needs it), False otherwise. Params: layers (each leaf has a leading layer axis), norm.
 
     remat: rematerialisation inside each layer, trading compute for memory in the
     backward pass: None (keep every activation), "full" (keep only each layer's input and
@@ -331,7 +339,7 @@ class _Stack(nnx.Module):
         # drawn outside the layer scan, so the scan never mutates RNG state.
         self.rngs = rngs["dropout"].fork() if cfg.dropout > 0 else None
         if final_norm is None:
-            final_norm = cfg.norm in ("pre", "peri")
+            final_norm = cfg.norm in FINAL_NORM_BY_DEFAULT
         norm = Norm(cfg, declarations.norm(cfg, cfg.d_model), rngs=rngs) if final_norm else None
         setattr(self, FINAL_NORM, norm)
 

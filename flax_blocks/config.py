@@ -14,6 +14,7 @@ default; a LLaMA-like block is
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -21,10 +22,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-NORMS = ("pre", "post", "peri", "none")
+NORMS = ("pre", "post", "peri", "out", "none")
+FINAL_NORM_BY_DEFAULT = ("pre", "peri", "out")  # placements whose stacks end with a norm unless told
 NORM_TYPES = ("layernorm", "rmsnorm", "dyt")
 MLPS = ("dense", "swiglu", "geglu")
 RESIDUALS = ("add", "none")
+PARALLELS = ("none", "two_norms", "shared_norm")
+QK_NORM_OVER = ("head", "projection")
 SCALINGS = ("none", "deepnorm", "rezero", "layerscale")
 INITS = ("torch", "xavier")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -56,7 +60,8 @@ class BlockConfig:
     """Configuration of one residual transformer block (and of an Encoder's layers).
 
     Fields:
-      d_model, num_heads, d_ff: widths; head_dim = d_model // num_heads.
+      d_model, num_heads, d_ff: widths; each head's width is head_dim, or d_model // num_heads
+        (`head_width`, the width every part of the blocks uses).
       dropout: rate used after each sublayer, after the FFN activation and on the
         attention weights (as in torch's TransformerEncoderLayer).
       activation: "relu", "gelu" (exact, erf), "gelu_tanh" (tanh approximation) or "silu".
@@ -65,7 +70,9 @@ class BlockConfig:
       bias: biases in the linear maps and the LayerNorms.
       norm: where the norms sit around each sublayer F:
         "post" Norm(x + F(x)), "pre" x + F(Norm(x)), "peri" x + Norm_out(F(Norm_in(x)))
-        (Peri-LN / sandwich norm), or "none" (no norm, as ReZero).
+        (Peri-LN / sandwich norm), "out" x + Norm(F(x)): a norm on the sublayer's output and none
+        on its input (OLMo 2, HF Olmo2's post_attention / post_feedforward_layernorm; the Swin V2
+        "res-post-norm"; Peri-LN's output norm alone), or "none" (no norm, as ReZero).
       norm_type: "layernorm" (mean and variance, weight and bias), "rmsnorm"
         (x / sqrt(mean(x^2) + eps) * weight, no bias) or "dyt", Dynamic Tanh (Zhu, Chen, He,
         LeCun, Liu 2025, "Transformers without Normalization"): weight * tanh(alpha * x) + bias,
@@ -73,6 +80,12 @@ class BlockConfig:
         ones, bias zeros (with `bias`, as LayerNorm's). It replaces every norm of the blocks
         and the stacks' final norm; layer_norm_eps is unused. QK-norm has no DyT form here
         (which normalisation it would keep is ambiguous): dyt with qk_norm=True is refused.
+      norm_weight_offset: every norm multiplies by (norm_weight_offset + w) where it would by
+        w, and w starts at 1 - norm_weight_offset (so a fresh norm still scales by 1). Gemma's
+        RMSNorm (Gemma 1/2/3, HF GemmaRMSNorm) is 1.0: x.float() normalised, times (1 +
+        w.float()), then cast to the input dtype; the parameters hold w (zeros at init), as
+        Gemma's checkpoints do, so conversions stay bit-exact. It holds for every norm of a
+        block and a stack: QK-norm and the final norm included. 0.0 (default): times w.
       dyt_alpha_init: DyT's initial alpha, the paper's default 0.5 (it tunes alpha0 only
         for LLMs, smaller for wider models).
       layernorm_scaling: LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large
@@ -84,12 +97,38 @@ class BlockConfig:
         with activation "silu" (swiglu) or "gelu" / "gelu_tanh" (geglu).
       num_kv_heads: key/value heads for grouped-query attention (None: num_heads; 1:
         multi-query); query head h uses key/value head h // (num_heads // num_kv_heads).
-      qk_norm: a norm of norm_type over head_dim on every head of q and k (before rotary),
-        with its own learned weight (OLMo 2, Gemma 3).
+      head_dim: each attention head's width, given explicitly (Qwen3, Gemma: HF's `head_dim`):
+        q, k and v project d_model to num_heads * head_dim (k and v: num_kv_heads *
+        head_dim), the output projection maps num_heads * head_dim back to d_model; d_model
+        need not be divisible by num_heads then. None: d_model // num_heads.
+      qk_norm: a norm of norm_type on q and k (before rotary), with its own learned weight.
+      qk_norm_over: what QK-norm normalises: "head", each head of q and k over head_dim (Qwen3,
+        Gemma 3, HF's q_norm / k_norm of width head_dim), or "projection", the whole q
+        projection over num_heads * head_dim and k over num_kv_heads * head_dim, before the
+        split into heads (OLMo 2: weights of those widths).
       rope_theta: None (no positions) or the base of rotary position embeddings, applied
         to q and k in the rotate-half convention of HF LLaMA / GPT-NeoX.
+      partial_rotary_factor: the fraction of each head's dims that rotary rotates (GPT-NeoX
+        `rotary_pct`, StableLM / Phi `partial_rotary_factor`): rotary_dim = int(head_width *
+        factor) first dims of every q and k head rotate in the rotate-half convention within
+        them (dims i and i + rotary_dim/2, angle pos * theta^(-2i/rotary_dim)), the rest pass
+        unchanged (HF GPT-NeoX's apply_rotary_pos_emb). 1.0: every dim (LLaMA).
+      attn_logit_softcapping: None, or c: every attention logit s (already scaled) becomes
+        c * tanh(s / c) before the mask is applied and before the softmax (Gemma 2
+        `attn_logit_softcapping`, c = 50; HF Gemma2's eager attention). Every attention path
+        computes it but "fused" (jax.nn.dot_product_attention and SDPA have no soft-cap): that
+        choice is refused, and "auto" never takes it (torch serves it with the explicit softmax).
+      query_pre_attn_scalar: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim)
+        (Gemma 2 / 3 `query_pre_attn_scalar`).
       qkv_bias: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True
         with bias=False).
+      parallel_residual: "none" (each sublayer reads the previous one's output), or the
+        parallel form y = x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-J, GPT-NeoX
+        `use_parallel_residual`, PaLM): "two_norms" with a norm per branch (GPT-NeoX) or
+        "shared_norm" with one norm for both, y = x + Attn(Norm1(x)) + MLP(Norm1(x)) (StableLM
+        `use_parallel_residual`, GPT-J, Phi-2; no norm2). Needs norm="pre" and residual="add";
+        a TransformerBlock's (and an Encoder's) two sublayers only (`check_parallel`); ReZero /
+        LayerScale gates and LayerNorm Scaling apply per branch.
       residual: "add" keeps the identity path; "none" is the skip ablation y = F(.).
       scaling: residual scaling scheme:
         "none";
@@ -130,15 +169,22 @@ class BlockConfig:
     activation: Literal["relu", "gelu", "gelu_tanh", "silu"] = "relu"
     layer_norm_eps: float = 1e-5
     bias: bool = True
-    norm: Literal["pre", "post", "peri", "none"] = "post"
+    norm: Literal["pre", "post", "peri", "out", "none"] = "post"
     norm_type: Literal["layernorm", "rmsnorm", "dyt"] = "layernorm"
+    norm_weight_offset: float = 0.0
     dyt_alpha_init: float = 0.5
     layernorm_scaling: bool = False
     mlp: Literal["dense", "swiglu", "geglu"] = "dense"
     num_kv_heads: int | None = None
+    head_dim: int | None = None
     qk_norm: bool = False
+    qk_norm_over: Literal["head", "projection"] = "head"
     rope_theta: float | None = None
+    partial_rotary_factor: float = 1.0
+    attn_logit_softcapping: float | None = None
+    query_pre_attn_scalar: float | None = None
     qkv_bias: bool | None = None
+    parallel_residual: Literal["none", "two_norms", "shared_norm"] = "none"
     residual: Literal["add", "none"] = "add"
     scaling: Literal["none", "deepnorm", "rezero", "layerscale"] = "none"
     deepnorm_alpha: float | None = None
@@ -158,10 +204,13 @@ class BlockConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"BlockConfig.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.num_heads:
+        hd = self.head_dim
+        if hd is not None and (not isinstance(hd, int) or isinstance(hd, bool) or hd <= 0):
+            raise ValueError(f"BlockConfig.head_dim must be None or a positive int, got {hd!r}")
+        if hd is None and self.d_model % self.num_heads:
             raise ValueError(
                 f"BlockConfig.d_model ({self.d_model}) must be divisible by "
-                f"num_heads ({self.num_heads})"
+                f"num_heads ({self.num_heads}), or head_dim given"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"BlockConfig.dropout must be in [0, 1), got {self.dropout!r}")
@@ -172,6 +221,12 @@ class BlockConfig:
         _allowed("norm_type", self.norm_type, NORM_TYPES)
         _allowed("mlp", self.mlp, MLPS)
         _allowed("residual", self.residual, RESIDUALS)
+        _allowed("parallel_residual", self.parallel_residual, PARALLELS)
+        _allowed("qk_norm_over", self.qk_norm_over, QK_NORM_OVER)
+        if self.parallel_residual != "none" and (self.norm != "pre" or self.residual != "add"):
+            raise ValueError(f"BlockConfig.parallel_residual={self.parallel_residual!r} is the pre-norm form x + "
+                             f"Attn(Norm(x)) + MLP(Norm(x)) (GPT-NeoX, StableLM) and needs norm='pre' and "
+                             f"residual='add', got norm={self.norm!r}, residual={self.residual!r}")
         _allowed("scaling", self.scaling, SCALINGS)
         _allowed("init", self.init, INITS)
         _allowed("dtype", self.dtype, (None, *DTYPES))
@@ -190,6 +245,10 @@ class BlockConfig:
                 f"for pre-LN) and needs norm='pre', got norm={self.norm!r}"
                 + (": Peri-LN's output norm would re-normalise the scaled branch" if self.norm == "peri" else "")
             )
+        if isinstance(self.norm_weight_offset, bool) or not isinstance(self.norm_weight_offset, (int, float)) \
+                or not math.isfinite(self.norm_weight_offset):
+            raise ValueError(f"BlockConfig.norm_weight_offset must be a finite number (Gemma: 1.0), "
+                             f"got {self.norm_weight_offset!r}")
         if not self.dyt_alpha_init > 0:
             raise ValueError(f"BlockConfig.dyt_alpha_init must be > 0, got {self.dyt_alpha_init!r}")
         if self.norm_type == "dyt" and self.qk_norm:
@@ -209,8 +268,22 @@ class BlockConfig:
         if self.rope_theta is not None:
             if not self.rope_theta > 0:
                 raise ValueError(f"BlockConfig.rope_theta must be > 0 or None, got {self.rope_theta!r}")
-            if self.head_dim % 2:
-                raise ValueError(f"BlockConfig.rope_theta needs an even head_dim, got head_dim={self.head_dim}")
+            if self.head_width % 2:
+                raise ValueError(f"BlockConfig.rope_theta needs an even head_dim, got head_dim={self.head_width}")
+        f = self.partial_rotary_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
+            raise ValueError(f"BlockConfig.partial_rotary_factor must be in (0, 1], got {f!r}")
+        if self.rope_theta is not None and f != 1.0 and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ValueError(f"BlockConfig.partial_rotary_factor={f!r} gives rotary_dim = int({self.head_width} * "
+                             f"{f!r}) = {self.rotary_dim}: it must be even and at least 2")
+        for name in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"BlockConfig.{name} must be None or a number > 0, got {value!r}")
+        if self.attn_logit_softcapping is not None and self.attention == "fused":
+            raise ValueError("BlockConfig.attention='fused' cannot soft-cap the logits (attn_logit_softcapping): "
+                             "jax.nn.dot_product_attention and SDPA have no soft-cap. Use attention='auto', "
+                             "'dense' or 'blocked'")
         if self.mlp == "swiglu" and self.activation != "silu":
             raise ValueError(f"BlockConfig.mlp='swiglu' needs activation='silu', got activation={self.activation!r}")
         if self.mlp == "geglu" and self.activation not in ("gelu", "gelu_tanh"):
@@ -230,8 +303,20 @@ class BlockConfig:
                 raise ValueError(f"BlockConfig.{name} must be > 0 or None, got {value!r}")
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+    def head_width(self) -> int:
+        """Each head's width: head_dim, or d_model // num_heads when that is None."""
+        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """The head dims rotary rotates: int(head_width * partial_rotary_factor), as HF computes it."""
+        return int(self.head_width * self.partial_rotary_factor)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of q.k in the logits: query_pre_attn_scalar ** -0.5 (Gemma), else head_width ** -0.5."""
+        a = self.head_width if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+        return float(a) ** -0.5
 
     @property
     def kv_heads(self) -> int:
@@ -292,6 +377,7 @@ def residual_update(
 
     post: y = Norm(alpha * x + s * Dropout(F(x)))     pre: y = x + s * Dropout(F(c * Norm(x)))
     peri: y = x + s * Dropout(Norm_out(F(Norm(x))))    none: y = x + s * Dropout(F(x))
+    out:  y = x + s * Dropout(Norm(F(x)))  (OLMo 2)
     with alpha = DeepNorm's alpha (else 1), s = the ReZero / LayerScale gate (else 1),
     c = 1 / sqrt(layer) with layernorm_scaling (Sun et al. 2025), else 1;
     residual="none" drops the skip term (alpha * x). `layer` may be a traced integer.
@@ -302,6 +388,8 @@ def residual_update(
     h, aux = sublayer(h)
     if cfg.norm == "peri":
         h = norm_out(h)
+    elif cfg.norm == "out":
+        h = norm(h)
     h = dropout(h)
     if scale is not None:
         h = scale * h
@@ -309,6 +397,32 @@ def residual_update(
         alpha = cfg.residual_alpha
         h = (x * alpha if alpha != 1.0 else x) + h
     return (norm(h) if cfg.norm == "post" else h), aux
+
+
+def check_parallel(cfg: BlockConfig, kind: str, sublayers: tuple) -> None:
+    """Raise unless a parallel residual has what it needs: a block of one attention and one
+    MLP sublayer (TransformerBlock; an Encoder's layers), as GPT-NeoX's and StableLM's layers."""
+    if cfg.parallel_residual != "none" and [s.kind for s in sublayers] != ["attention", "mlp"]:
+        raise ValueError(f"BlockConfig.parallel_residual={cfg.parallel_residual!r} runs an attention and an MLP "
+                         f"side by side: a TransformerBlock or Encoder has them, a {kind} does not")
+
+
+def parallel_update(cfg: BlockConfig, x: Any, branches: list, layer: Any = 1) -> tuple[Any, dict]:
+    """The parallel residual (GPT-J, GPT-NeoX, StableLM; Wang & Komatsuzaki 2021, PaLM):
+    y = x + s1 * Dropout(F1(c * Norm1(x))) + s2 * Dropout(F2(c * Norm2(x))), with Norm2 = Norm1
+    under "shared_norm" (computed once); s, c as in `residual_update`. branches: (sublayer,
+    norm, dropout, scale) per sublayer, in order. Returns (y, the sublayers' aux merged)."""
+    y, aux, shared = x, {}, None
+    for i, (sublayer, norm, dropout, scale) in enumerate(branches):
+        if shared is None or cfg.parallel_residual == "two_norms":
+            shared = h = norm(x)
+            if cfg.layernorm_scaling:
+                shared = h = h * layer_scale(layer, h)
+        h, a = sublayer(shared)
+        h = dropout(h)
+        y = y + (h if scale is None else scale * h)
+        aux.update(a)
+    return y, aux
 
 
 def layer_scale(layer: Any, like: Any) -> Any:

@@ -57,22 +57,22 @@ def _qkv_order(cfg: BlockConfig) -> np.ndarray:
 
 
 def _qkv_weight_to_flax(a, cfg: BlockConfig):  # ((H+2K)*hd, E) -> (E, K, G+2, hd)
-    k, d, e = cfg.kv_heads, cfg.head_dim, a.shape[-1]
+    k, d, e = cfg.kv_heads, cfg.head_width, a.shape[-1]
     return a.reshape(-1, d, e)[_qkv_order(cfg)].reshape(k, -1, d, e).transpose(3, 0, 1, 2)
 
 
 def _qkv_weight_to_torch(a, cfg: BlockConfig):  # (E, K, G+2, hd) -> ((H+2K)*hd, E)
-    d, e = cfg.head_dim, a.shape[0]
+    d, e = cfg.head_width, a.shape[0]
     return a.transpose(1, 2, 3, 0).reshape(-1, d, e)[np.argsort(_qkv_order(cfg))].reshape(-1, e)
 
 
 def _qkv_bias_to_flax(a, cfg: BlockConfig):  # ((H+2K)*hd,) -> (K, G+2, hd)
-    d = cfg.head_dim
+    d = cfg.head_width
     return a.reshape(-1, d)[_qkv_order(cfg)].reshape(cfg.kv_heads, -1, d)
 
 
 def _qkv_bias_to_torch(a, cfg: BlockConfig):  # (K, G+2, hd) -> ((H+2K)*hd,)
-    return a.reshape(-1, cfg.head_dim)[np.argsort(_qkv_order(cfg))].reshape(-1)
+    return a.reshape(-1, cfg.head_width)[np.argsort(_qkv_order(cfg))].reshape(-1)
 
 
 COPY = Transform("copy", lambda a, cfg: a, lambda a, cfg: a)
@@ -81,8 +81,8 @@ QKV_WEIGHT = Transform("qkv_weight", _qkv_weight_to_flax, _qkv_weight_to_torch)
 QKV_BIAS = Transform("qkv_bias", _qkv_bias_to_flax, _qkv_bias_to_torch)
 OUT_HEADS = Transform(  # out_proj.weight (E, H*hd) <-> (H, hd, E)
     "out_heads",
-    lambda a, cfg: a.T.reshape(cfg.num_heads, cfg.head_dim, a.shape[0]),
-    lambda a, cfg: a.reshape(cfg.num_heads * cfg.head_dim, a.shape[-1]).T,
+    lambda a, cfg: a.T.reshape(cfg.num_heads, cfg.head_width, a.shape[0]),
+    lambda a, cfg: a.reshape(cfg.num_heads * cfg.head_width, a.shape[-1]).T,
 )
 
 
@@ -162,11 +162,13 @@ def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Compone
     return Component("linear", tuple(params))
 
 
-def norm(cfg: BlockConfig, width: int, *, dim: str = "d_model", axis: str | None = "embed",
+def norm(cfg: BlockConfig, width: int, *, dim: str | None = "d_model", axis: str | None = "embed",
          bias: bool = True) -> Component:
     """LayerNorm (weight, bias when cfg.bias and `bias`), RMSNorm (weight) or DyT (weight,
-    bias as LayerNorm's, and the scalar alpha, initialised to cfg.dyt_alpha_init) over `width`."""
-    params = [Param("weight", "scale", (width,), (dim,), (axis,), _one(ONE, width))]
+    bias as LayerNorm's, and the scalar alpha, initialised to cfg.dyt_alpha_init) over `width`.
+    The weight w starts at 1 - cfg.norm_weight_offset (Gemma's norms, which scale by 1 + w, at 0)."""
+    w0 = ("const", 1.0 - cfg.norm_weight_offset) if cfg.norm_weight_offset else ONE
+    params = [Param("weight", "scale", (width,), (dim,), (axis,), _one(w0, width))]
     if cfg.norm_type in ("layernorm", "dyt") and cfg.bias and bias:
         params.append(Param("bias", "bias", (width,), (dim,), (axis,), _one(ZERO, width)))
     if cfg.norm_type == "dyt":
@@ -177,11 +179,12 @@ def norm(cfg: BlockConfig, width: int, *, dim: str = "d_model", axis: str | None
 def attention(cfg: BlockConfig) -> Component:
     """Multi-head attention with one packed q/k/v projection (torch's in_proj_weight, rows
     [q heads; k heads; v heads]); grouped-query when kv_heads < num_heads; q_norm / k_norm
-    over head_dim when qk_norm, scale-only (as OLMo 2, Gemma 3, ViT-22B): a bias on k's
+    over head_dim when qk_norm (over num_heads * head_dim and num_kv_heads * head_dim with
+    qk_norm_over="projection", OLMo 2), scale-only (as OLMo 2, Gemma 3, ViT-22B): a bias on k's
     norm would shift every logit of a row equally, which softmax ignores (its gradient is
     exactly zero), so neither norm has one. Flax: in_kernel (E, K, G+2, hd) groups each KV head with
     its G = H/K query heads (slots 0..G-1 q, G k, G+1 v), out_kernel (H, hd, E)."""
-    e, h, k, d = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    e, h, k, d = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_width
     rows = (h * d, k * d, k * d)
     if cfg.scaling == "deepnorm":
         beta = float(cfg.resolve().deepnorm_beta)  # type: ignore[arg-type]
@@ -206,7 +209,10 @@ def attention(cfg: BlockConfig) -> Component:
     if cfg.bias:
         params.append(Param("out_proj.bias", "out_bias", (e,), ("d_model",), ("embed",), _one(b_out, e)))
     children = ()
-    if cfg.qk_norm:
+    if cfg.qk_norm and cfg.qk_norm_over == "projection":  # OLMo 2: over H * hd and K * hd
+        children = (("q_norm", norm(cfg, h * d, dim=None, axis=None, bias=False)),
+                    ("k_norm", norm(cfg, k * d, dim=None, axis=None, bias=False)))
+    elif cfg.qk_norm:
         qk = norm(cfg, d, dim="head_dim", axis="head_dim", bias=False)
         children = (("q_norm", qk), ("k_norm", qk))
     return Component("attention", tuple(params), children=children)
@@ -286,8 +292,8 @@ def block(cfg: BlockConfig, kind: str) -> Component:
             if cfg.gated:
                 modules.append((gate_name, linear(cfg, e, f, "gate")))
             modules.append((down, linear(cfg, f, e, "down")))
-        if cfg.norm != "none":
-            norms.append((sub.norm, norm(cfg, e)))
+        if cfg.norm != "none" and not (cfg.parallel_residual == "shared_norm" and norms):
+            norms.append((sub.norm, norm(cfg, e)))  # a shared-norm parallel block: norm1 alone
         if cfg.norm == "peri":
             out_norms.append((sub.norm_out, norm(cfg, e)))
         scale = residual_scale(cfg, sub.scale)

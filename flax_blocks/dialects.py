@@ -127,8 +127,10 @@ TORCH = Dialect(
 
 # What BERT and GPT-2 share: LayerNorm, a dense MLP with biases, no positions inside the
 # layers, no QK-norm or residual scaling; they differ in norm placement and causality.
-_CLASSIC = {"norm_type": "layernorm", "mlp": "dense", "rope_theta": None, "qk_norm": False, "scaling": "none",
-            "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False}
+_CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None,
+            "partial_rotary_factor": 1.0, "attn_logit_softcapping": None, "query_pre_attn_scalar": None,
+            "qk_norm": False, "scaling": "none",
+            "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False, "parallel_residual": "none"}
 _CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
 
 # RoBERTa's stack IS BERT's: the same layer code and key names in transformers (RobertaLayer is
@@ -184,8 +186,10 @@ HF_LLAMA = Dialect(
         *_norm("norm2", "post_attention_layernorm"),
     ),
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
-    settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
-              "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False},
+    settings={"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu", "activation": "silu", "causal": True,
+              "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False,
+              "partial_rotary_factor": 1.0, "parallel_residual": "none", "attn_logit_softcapping": None,
+              "query_pre_attn_scalar": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
     shared_by=("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
@@ -437,7 +441,7 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
 
 
 def _rows(part: str, cfg: BlockConfig) -> int:
-    return {"q": cfg.num_heads, "kv": cfg.kv_heads}[part] * cfg.head_dim
+    return {"q": cfg.num_heads, "kv": cfg.kv_heads}[part] * cfg.head_width
 
 
 def check_settings(cfg: BlockConfig, dialect: str) -> None:
@@ -512,9 +516,11 @@ def settings_of(module: Any) -> dict[str, Any]:
     placement, activation, eps and final norm. Empty for anything else."""
     cfg = getattr(module, "cfg", None)
     if isinstance(cfg, BlockConfig):
-        out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "activation",
-                                             "layer_norm_eps", "causal", "mlp", "qk_norm", "rope_theta",
-                                             "residual", "scaling", "layernorm_scaling")}
+        out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "norm_weight_offset",
+                                             "activation", "layer_norm_eps", "causal", "mlp", "qk_norm",
+                                             "qk_norm_over", "rope_theta", "partial_rotary_factor",
+                                             "attn_logit_softcapping", "query_pre_attn_scalar",
+                                             "parallel_residual", "residual", "scaling", "layernorm_scaling")}
         if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out
@@ -532,7 +538,8 @@ def settings_of(module: Any) -> dict[str, Any]:
     if act_name is None and isinstance(act, (torch.nn.ReLU, torch.nn.GELU)):
         act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
     out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
-               layer_norm_eps=layer.norm1.eps, norm_type="layernorm", mlp="dense", layernorm_scaling=False)
+               layer_norm_eps=layer.norm1.eps, norm_type="layernorm", norm_weight_offset=0.0, mlp="dense",
+               parallel_residual="none", layernorm_scaling=False)
     if act_name is not None:
         out["activation"] = act_name
     return out

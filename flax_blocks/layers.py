@@ -123,7 +123,8 @@ class Linear(nnx.Module):
 
 class Norm(nnx.Module):
     """LayerNorm (two-pass variance) or RMSNorm over the last axis, with the config's eps,
-    statistics in float32 at least; or DyT (Zhu et al. 2025), scale * tanh(alpha * x) + bias,
+    statistics in float32 at least, times scale (or offset + scale, cfg.norm_weight_offset:
+    Gemma's RMSNorm); or DyT (Zhu et al. 2025), scale * tanh(alpha * x) + bias,
     in the compute dtype. Params: scale (width,), bias (width,) for LayerNorm and DyT with
     cfg.bias, alpha () for DyT."""
 
@@ -132,6 +133,7 @@ class Norm(nnx.Module):
         self.rms = cfg.norm_type == "rmsnorm"
         self.dyt = cfg.norm_type == "dyt"
         self.eps = cfg.layer_norm_eps
+        self.offset = float(cfg.norm_weight_offset)
         self.dtype = compute_dtype(cfg)
         create_params(self, component, cfg, rngs, values)
         if not hasattr(self, "bias"):
@@ -143,7 +145,7 @@ class Norm(nnx.Module):
         if self.dyt:
             x, scale, alpha, bias = nnx.nn.dtypes.promote_dtype(
                 (x, self.scale[...], self.alpha[...], bias), dtype=self.dtype)
-            y = jnp.tanh(alpha * x) * scale
+            y = jnp.tanh(alpha * x) * (scale + self.offset if self.offset else scale)
             return y if bias is None else y + bias
         x, scale, bias = nnx.nn.dtypes.promote_dtype((x, self.scale[...], bias), dtype=self.dtype)
         h = x.astype(jnp.promote_types(x.dtype, jnp.float32))
@@ -152,5 +154,8 @@ class Norm(nnx.Module):
         else:
             h = h - jnp.mean(h, axis=-1, keepdims=True)
             h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
-        y = h.astype(x.dtype) * scale
+        if self.offset:  # Gemma: times (offset + w) in the statistics' dtype, then cast
+            y = (h * (self.offset + scale.astype(h.dtype))).astype(x.dtype)
+        else:
+            y = h.astype(x.dtype) * scale
         return y if bias is None else y + bias

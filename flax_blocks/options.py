@@ -55,7 +55,7 @@ _RESOLVED = "left None in the matrix: resolve(num_layers) fills it with the publ
 
 OPTIONS: tuple[Option, ...] = (
     Option("d_model", "size", "model width E", hf=("hidden_size", "n_embd"), cli=False),
-    Option("num_heads", "size", "attention (query) heads H; head_dim = d_model / num_heads",
+    Option("num_heads", "size", "attention (query) heads H; head_dim = d_model / num_heads unless given",
            hf=("num_attention_heads", "n_head"), cli=False),
     Option("d_ff", "size", "feed-forward width", hf=("intermediate_size", "n_inner"), cli=False),
     Option("dropout", "init", "dropout after each sublayer, after the FFN activation and on the attention weights",
@@ -68,9 +68,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("bias", "compute", "biases in the linear maps and the LayerNorms", adds=True,
            hf=("attention_bias", "mlp_bias"), cli=False),
     Option("norm", "compute", "norm placement: 'post' Norm(x + F(x)) (torch's norm_first=False), 'pre' "
-           "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'none'", adds="peri"),
+           "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'out' x + Norm(F(x)) (OLMo 2), 'none'",
+           adds="peri"),
     Option("norm_type", "compute", "'layernorm' (mean, variance, weight and bias), 'rmsnorm' (weight only) or "
            "'dyt', Dynamic Tanh weight * tanh(alpha * x) + bias (Zhu et al. 2025; not with qk_norm)", adds="dyt"),
+    Option("norm_weight_offset", "compute", "every norm (QK-norm and final norm too) scales by offset + w, w "
+           "starting at 1 - offset: Gemma's RMSNorm (1 + w) is 1.0"),
     Option("dyt_alpha_init", "init", "DyT's initial alpha (the paper's default 0.5)", cli=False,
            not_in_matrix="an initial value: the matrix loads one side's weights into the other",
            only_with=("norm_type", "dyt")),
@@ -79,11 +82,24 @@ OPTIONS: tuple[Option, ...] = (
     Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
     Option("num_kv_heads", "compute", "key/value heads for grouped-query attention (default: as many as "
            "query heads)", hf=("num_key_value_heads",)),
+    Option("head_dim", "size", "each attention head's width when not d_model / num_heads (Qwen3, Gemma): q/k/v "
+           "project to num_heads * head_dim, the output projection back to d_model", hf=("head_dim",), cli=False),
     Option("qk_norm", "compute", "a scale-only norm over head_dim on each head of q and k, before rotary",
            adds=True),
+    Option("qk_norm_over", "compute", "QK-norm over each head ('head': Qwen3, Gemma 3) or over the whole q / k "
+           "projection before the split into heads ('projection': OLMo 2)", only_with=("qk_norm", True)),
     Option("rope_theta", "compute", "rotary position embedding base, rotate-half convention (not given: no "
            "positions)", hf=("rope_theta", "rope_parameters.rope_theta")),
+    Option("partial_rotary_factor", "compute", "rotary on the first int(head_dim * factor) dims of each head, "
+           "the rest passed through (GPT-NeoX rotary_pct, StableLM 0.25)",
+           hf=("partial_rotary_factor", "rope_parameters.partial_rotary_factor", "rotary_pct")),
+    Option("attn_logit_softcapping", "compute", "attention logits s become c * tanh(s / c) before the mask "
+           "(Gemma 2: 50); not on the fused path", hf=("attn_logit_softcapping",)),
+    Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 (Gemma 2 / 3)",
+           hf=("query_pre_attn_scalar",)),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
+    Option("parallel_residual", "compute", "'two_norms' x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-NeoX), "
+           "'shared_norm' one norm for both (StableLM, GPT-J), 'none' sequential (needs norm='pre')"),
     Option("residual", "compute", "'add' keeps the skip path; 'none' is the skip ablation"),
     Option("scaling", "compute", "residual scaling: 'deepnorm', 'rezero', 'layerscale' or 'none' (DeepNorm has "
            "post-LN's tensors, so it cannot be read from a file)", adds="layerscale"),

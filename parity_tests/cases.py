@@ -34,7 +34,7 @@ CASES: list[Case] = [
     _cfg(norm="post", scaling="deepnorm"),
     _cfg(norm="none", scaling="rezero"),
     _cfg(scaling="rezero"),
-    _cfg(scaling="layerscale"),
+    _cfg(scaling="layerscale", parallel_residual="two_norms"),  # GPT-NeoX's parallel residual, gated per branch
     _cfg(activation="relu"),
     _cfg(activation="gelu_tanh"),
     _cfg(bias=False),
@@ -65,8 +65,12 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=2), attention_mask=True, key_mask=True),
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=1)),
     _cfg(qk_norm=True),
-    _cfg(qk_norm=True, norm_type="rmsnorm"),
-    replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0), seq=7),
+    # Gemma's (1 + w) (QK-norm's too), Gemma 2's soft-capped logits (a cap small enough to bend these) over a
+    # causal mask, the query scale query_pre_attn_scalar ** -0.5
+    replace(BLOCK, cfg=replace(BASE, qk_norm=True, norm_type="rmsnorm", norm_weight_offset=1.0, causal=True,
+                               attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), key_mask=True),
+    # 4 heads x 8 != d_model 16; rotary on the first 4 of 8 dims (GPT-NeoX rotary_pct)
+    replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
     _cfg(qkv_bias=True, bias=False),
     _cfg(qkv_bias=False),
@@ -74,8 +78,9 @@ CASES: list[Case] = [
       for kind in ("ResidualMHA", "FeedForward")),
     replace(BLOCK, cfg=LLAMA, seq=6),
     replace(BLOCK, cfg=replace(LLAMA, norm="peri"), seq=6, key_mask=True),
-    Case("Encoder", LLAMA, num_layers=3, seq=6, key_mask=True),
-    Case("Encoder", replace(LLAMA, norm="peri", num_kv_heads=1), num_layers=2),
+    # OLMo 2: x + Norm(F(x)), QK-norm over the whole q / k projection
+    Case("Encoder", replace(LLAMA, norm="out", qk_norm_over="projection"), num_layers=3, seq=6, key_mask=True),
+    Case("Encoder", replace(LLAMA, norm="peri", num_kv_heads=1, norm_weight_offset=1.0), num_layers=2),  # final norm
     # DyT (Zhu et al. 2025) for every norm, final norm included; LayerNorm Scaling (Sun et al.
     # 2025): 3 layers, so 1/sqrt(l) differs per layer (scanned index; unrolled with DyT, no bias)
     Case("Encoder", replace(BASE, norm_type="dyt"), num_layers=2, key_mask=True),
@@ -86,20 +91,23 @@ CASES: list[Case] = [
     Case("DecoderBlock", replace(BASE, causal=True)),
     Case("DecoderBlock", replace(BASE, norm="post", causal=True), key_mask=True, memory_key_mask=True),
     Case("DecoderBlock", replace(BASE, norm="peri"), attention_mask=True, memory_key_mask=True),
-    Case("DecoderBlock", replace(LLAMA, norm="peri"), seq=6, memory_seq=7, key_mask=True, memory_key_mask=True),
+    Case("DecoderBlock", replace(LLAMA, norm="peri", head_dim=6), seq=6, memory_seq=7, key_mask=True,
+         memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", causal=True), num_layers=3, key_mask=True, memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
-    Case("Decoder", LLAMA, num_layers=2, seq=6, memory_seq=3),
+    Case("Decoder", replace(LLAMA, partial_rotary_factor=0.5), num_layers=2, seq=6, memory_seq=3),
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
-    Case("Encoder", BASE, num_layers=3, key_mask=True, scan_layers=False),
+    Case("Encoder", replace(BASE, parallel_residual="shared_norm"), num_layers=3, key_mask=True,  # StableLM's
+         scan_layers=False),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, scan_layers=False),
     # attention paths forced through the config at small T (auto takes dense here): Flax's
     # blocked online softmax in blocks that do not divide T, and torch's explicit softmax
     # without weights asked for (torch serves blocked with SDPA)
-    Case("TransformerBlock", replace(LLAMA, norm="peri", attention="blocked", attention_block=2), seq=7, key_mask=True),
+    Case("TransformerBlock", replace(LLAMA, norm="peri", head_dim=6, attention="blocked", attention_block=2,
+                                     attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), seq=7, key_mask=True),
     Case("Encoder", replace(BASE, causal=True, attention="blocked", attention_block=4), seq=9, key_mask=True),
     Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
          memory_key_mask=True),

@@ -101,6 +101,50 @@ class _QKNormAfterRotary(Attention):
         return self.q_norm(q), self.k_norm(k)
 
 
+class _RotaryOnLastDims(Attention):
+    """Partial rotary on the last rotary_dim dims of each head instead of the first."""
+
+    def position_qk(self, q, k, positions):
+        theta, r = self.cfg.rope_theta, self.cfg.rotary_dim
+        rot = lambda a: jnp.concatenate([a[..., :-r], rotary(a[..., -r:], positions, theta)], axis=-1)  # noqa: E731
+        return rot(q), rot(k)
+
+
+def rotary_on_last_dims(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _RotaryOnLastDims
+    return module, inp
+
+
+class _QKNormPerHeadForProjection(Attention):
+    """OLMo 2's QK-norm (RMSNorm over the whole projection) computed per head: each head's own
+    mean square, times the full-width weight cut into heads."""
+
+    def qk_normed(self, norm, a):
+        h = a * jax.lax.rsqrt(jnp.mean(a * a, axis=-1, keepdims=True) + norm.eps)
+        return h * norm.scale[...].reshape(a.shape[2:])
+
+
+def qk_norm_per_head(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _QKNormPerHeadForProjection
+    return module, inp
+
+
+class _SoftcapAfterMask(Attention):
+    """Gemma 2's soft-cap applied to the masked logits: a masked pair's -inf becomes -c, so it
+    keeps a weight of exp(-c) relative to a zero logit."""
+
+    def logits(self, qk, mask):
+        c = self.cfg.attn_logit_softcapping
+        masked = super().logits(qk, None)  # scaled and capped ...
+        masked = jnp.where(mask, c * jnp.arctanh(masked / c), -jnp.inf) if mask is not None else masked  # ... uncapped
+        return c * jnp.tanh(masked / c)  # masked, then capped
+
+
+def softcap_after_mask(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _SoftcapAfterMask
+    return module, inp
+
+
 def qk_norm_after_rotary(case: Case, module, inp: Inputs):
     _attention(case, module).__class__ = _QKNormAfterRotary
     return module, inp
@@ -181,6 +225,20 @@ MUTATIONS = {
         memory_mask_on_self_attention),
     "qk_norm_after_rotary": (Case("TransformerBlock", replace(MODERN, qk_norm=True, rope_theta=100.0), seq=7),
                              None, qk_norm_after_rotary),
+    # Gemma's RMSNorm read as LLaMA's: w where 1 + w was meant (every norm: QK-norm and block norms)
+    "norm_w_for_1_plus_w": (Case("TransformerBlock", replace(MODERN, norm_weight_offset=1.0, qk_norm=True)),
+                            replace(MODERN, qk_norm=True), None),
+    "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
+                                                                  partial_rotary_factor=0.5), seq=7),
+                                 None, rotary_on_last_dims),
+    "sequential_for_parallel_residual": (Case("TransformerBlock", replace(MODERN, parallel_residual="two_norms")),
+                                         replace(MODERN), None),
+    "per_head_for_projection_qk_norm": (Case("TransformerBlock", replace(MODERN, num_kv_heads=2, qk_norm=True,
+                                                                         qk_norm_over="projection")),
+                                        None, qk_norm_per_head),
+    "pre_norm_for_out_norm": (Case("TransformerBlock", replace(MODERN, norm="out")), replace(MODERN, norm="pre"), None),
+    "softcap_after_the_mask": (Case("TransformerBlock", replace(MODERN, causal=True, attn_logit_softcapping=1.0)),
+                               None, softcap_after_mask),
     "dyt_alpha_after_tanh": (DYT, None, _dyt_as(_DyTAlphaAfterTanh)),
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),

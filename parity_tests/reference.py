@@ -10,13 +10,18 @@ the state dict must be used: a twin with a missing, extra or misshapen parameter
 Semantics (torch's mask convention: a True entry means "may NOT attend"):
   Norm       layernorm: (x - mean) / sqrt(var + eps) * w + b   (biased variance, two-pass)
              rmsnorm:   x / sqrt(mean(x^2) + eps) * w
-  Attention  q = x Wq^T + bq, k, v from the keys' input (x, or the decoder's memory);
-             QK-norm per head over head_dim (weight only), then rotary (rotate-half), then
-             softmax(q k^T / sqrt(head_dim)) v, query head h reading kv head h // (H / K);
+             every w above is (offset + w) with norm_weight_offset (Gemma: x / rms(x) * (1 + w))
+  Attention  q = x Wq^T + bq, k, v from the keys' input (x, or the decoder's memory), each head
+             head_dim wide (d_model / heads unless given), the output map (E, H head_dim);
+             QK-norm per head over head_dim (weight only; OLMo 2: over the whole projection
+             before the split into heads), then rotary (rotate-half), then
+             softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
+             soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
+  Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
   Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
-             peri: x + s Norm_out(F(Norm(x)));  none: x + s F(x);  residual "none" drops
+             peri: x + s Norm_out(F(Norm(x)));  out: x + s Norm(F(x)) (OLMo 2);  none: x + s F(x);  residual "none" drops
              the skip term; alpha is DeepNorm's (2N)^(1/4) (Wang et al. 2022) for an
              encoder of N layers, s the ReZero / LayerScale gate read from the state dict.
 """
@@ -34,7 +39,7 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "mlp", "num_kv_heads", "qk_norm", "rope_theta", "qkv_bias", "layernorm_scaling",
+    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta", "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "qkv_bias", "layernorm_scaling", "parallel_residual",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -86,11 +91,16 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * weight
 
 
-def rotary(x: np.ndarray, theta: float) -> np.ndarray:
+def rotary(x: np.ndarray, theta: float, fraction: float = 1.0) -> np.ndarray:
     """Rotary positions, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x: (B, H, T, hd), positions 0..T-1; dims i and i + hd/2 rotate together by pos * theta^(-2i/hd).
+    fraction < 1 (GPT-NeoX rotary_pct, StableLM partial_rotary_factor): only the first
+    r = int(hd * fraction) dims rotate, as above with r for hd; the others pass unchanged.
     """
+    r = int(x.shape[-1] * fraction)
+    if r < x.shape[-1]:
+        return np.concatenate([rotary(x[..., :r], theta), x[..., r:]], axis=-1)
     t, hd = x.shape[-2], x.shape[-1]
     inv_freq = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)  # (hd/2,)
     angle = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, hd/2)
@@ -100,12 +110,17 @@ def rotary(x: np.ndarray, theta: float) -> np.ndarray:
     return x * cos + np.concatenate([-x2, x1], axis=-1) * sin
 
 
-def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None):
+def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None,
+                      scale: float | None = None, softcap: float | None = None):
     """q (B, H, T, hd), k and v (B, H, S, hd), masked (B|1, T, S) True = may NOT attend.
+    Logits q.k * scale (default 1 / sqrt(hd)); with softcap c (Gemma 2) c * tanh(logit / c),
+    before the mask.
 
     Returns (out (B, H, T, hd), weights (B, H, T, S), the largest scaled logit over the
     pairs that may attend ()); rows with no key give zeros."""
-    logits = np.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(q.shape[-1])
+    logits = np.einsum("bhtd,bhsd->bhts", q, k) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap is not None:
+        logits = softcap * np.tanh(logits / softcap)
     if masked is not None:
         logits = np.where(masked[:, None], -np.inf, logits)
     top = logits.max(-1, keepdims=True)
@@ -170,7 +185,7 @@ def _opt(cfg: Any, name: str, default: Any) -> Any:
 def _norm(cfg: Any, p: Params, prefix: str, x: np.ndarray, bias: bool = True) -> np.ndarray:
     """The config's norm over the last axis; a LayerNorm has a bias when cfg.bias and `bias`."""
     n = x.shape[-1]
-    w = p(prefix + "weight", (n,))
+    w = p(prefix + "weight", (n,)) + _opt(cfg, "norm_weight_offset", 0.0)  # Gemma's RMSNorm: times (1 + w)
     kind = _opt(cfg, "norm_type", "layernorm")
     if kind == "rmsnorm":
         return rms_norm(x, w, cfg.layer_norm_eps)
@@ -202,7 +217,7 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     s = kv.shape[1]
     h = cfg.num_heads
     k_heads = _opt(cfg, "num_kv_heads", None) or h
-    hd = e // h
+    hd = _opt(cfg, "head_dim", None) or e // h  # Qwen3 / Gemma give it explicitly
     w_in = p(prefix + "in_proj_weight", ((h + 2 * k_heads) * hd, e))
     q = x @ w_in[: h * hd].T
     k = kv @ w_in[h * hd: (h + k_heads) * hd].T
@@ -211,18 +226,24 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     if (cfg.bias if qkv_bias is None else qkv_bias):
         b_in = p(prefix + "in_proj_bias", ((h + 2 * k_heads) * hd,))
         q, k, v = q + b_in[: h * hd], k + b_in[h * hd: (h + k_heads) * hd], v + b_in[(h + k_heads) * hd:]
+    if _opt(cfg, "qk_norm", False) and _opt(cfg, "qk_norm_over", "head") == "projection":
+        q = _norm(cfg, p, prefix + "q_norm.", q, bias=False)  # OLMo 2: over all H * hd (K * hd) at once
+        k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     q = q.reshape(b, t, h, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd)
     k = k.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)  # (B, K, S, hd)
     v = v.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)
-    if _opt(cfg, "qk_norm", False):  # scale-only (OLMo 2, Gemma 3): no bias whatever cfg.bias says
+    if _opt(cfg, "qk_norm", False) and _opt(cfg, "qk_norm_over", "head") == "head":  # scale-only (OLMo 2, Gemma 3): no bias whatever cfg.bias says
         q = _norm(cfg, p, prefix + "q_norm.", q, bias=False)
         k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     theta = _opt(cfg, "rope_theta", None)
     if theta is not None and positions:
-        q, k = rotary(q, theta), rotary(k, theta)
+        fraction = _opt(cfg, "partial_rotary_factor", 1.0)
+        q, k = rotary(q, theta, fraction), rotary(k, theta, fraction)
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
-    o, w, logit_max = softmax_attention(q, k, v, masked)
+    a = _opt(cfg, "query_pre_attn_scalar", None)  # Gemma: q.k / sqrt(a)
+    o, w, logit_max = softmax_attention(q, k, v, masked, None if a is None else 1 / math.sqrt(a),
+                                        _opt(cfg, "attn_logit_softcapping", None))
     out = _linear(p, prefix + "out_proj.", o.transpose(0, 2, 1, 3).reshape(b, t, h * hd), e, cfg.bias)
     if masked is not None:  # a query with no key gets no output, bias included
         out = np.where(masked.all(-1)[..., None], 0.0, out)
@@ -245,12 +266,7 @@ def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, ga
     """One residual sublayer around f (x -> F(x)) in layer `layer` (from 1) of a stack; norm,
     norm_out, gate: parameter prefixes. LayerNorm Scaling (Sun et al. 2025): the pre-norm's
     output times 1 / sqrt(layer)."""
-    e = x.shape[-1]
-    s = 1.0
-    if cfg.scaling == "rezero":
-        s = p(gate, ())
-    elif cfg.scaling == "layerscale":
-        s = p(gate, (e,))
+    s = _gate(cfg, p, gate, x.shape[-1])
     if cfg.norm in ("pre", "peri"):
         h = _norm(cfg, p, norm, x)
         if _opt(cfg, "layernorm_scaling", False):
@@ -258,10 +274,21 @@ def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, ga
         h = f(h)
         if cfg.norm == "peri":
             h = _norm(cfg, p, norm_out, h)
+    elif cfg.norm == "out":  # OLMo 2: x + Norm(F(x))
+        h = _norm(cfg, p, norm, f(x))
     else:
         h = f(x)
     y = s * h + (alpha * x if cfg.residual == "add" else 0.0)
     return _norm(cfg, p, norm, y) if cfg.norm == "post" else y
+
+
+def _gate(cfg: Any, p: Params, gate: str, e: int):
+    """The ReZero scalar or LayerScale vector of a sublayer, else 1."""
+    if cfg.scaling == "rezero":
+        return p(gate, ())
+    if cfg.scaling == "layerscale":
+        return p(gate, (e,))
+    return 1.0
 
 
 def deepnorm_alpha(cfg: Any, num_layers: int) -> float:
@@ -296,6 +323,7 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
     cross-attention, "cross_attention_weights", "cross_attention_logits_max"}).
     Cross-attention: queries from the stream, keys and values from `memory`, no rotary."""
     extras: dict[str, np.ndarray] = {}
+    branches = []  # a parallel residual's sublayers: (F, norm prefix, gate)
     for fn, module, norm, norm_out, gate in SUBLAYERS[kind]:
         def f(h, fn=fn, module=module):
             if fn == "mlp":
@@ -306,7 +334,19 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
                 memory if cross else None, positions=not cross)
             return out
 
+        if _opt(cfg, "parallel_residual", "none") != "none":
+            branches.append((f, prefix + norm, prefix + gate))
+            continue
         x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha, layer)
+    if branches:  # GPT-NeoX: x + Attn(LN1(x)) + MLP(LN2(x)); StableLM / GPT-J: LN1 for both
+        shared = _opt(cfg, "parallel_residual", "none") == "shared_norm"
+        y = x
+        for f, norm, gate in branches:
+            h = _norm(cfg, p, branches[0][1] if shared else norm, x)
+            if _opt(cfg, "layernorm_scaling", False):
+                h = h / math.sqrt(layer)
+            y = y + _gate(cfg, p, gate, x.shape[-1]) * f(h)
+        x = y
     return x, extras
 
 

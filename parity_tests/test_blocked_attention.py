@@ -238,6 +238,9 @@ def test_attention_path_resolves_from_static_facts():
     assert path(auto, fa.AUTO_MIN_KEYS - 1, **call, platform="cpu") == "dense"
     assert path(auto, fa.AUTO_MIN_KEYS, **call, platform="cpu") == "blocked"
     assert path(auto, 8, **call, platform="gpu") == "fused"
+    capped = replace(BASE, attn_logit_softcapping=50.0)  # Gemma 2: the fused kernels have no soft-cap
+    assert path(capped, 8, **call, platform="gpu") == "dense"
+    assert path(capped, fa.AUTO_MIN_KEYS, **call, platform="gpu") == "blocked"
     (t,) = jax.export.symbolic_shape("t")
     assert path(auto, t, **call, platform="cpu") == "dense" and path(auto, t, **call, platform="gpu") == "dense"
     for reason in call:  # auto falls back to dense by itself

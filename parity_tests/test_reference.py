@@ -210,6 +210,37 @@ def test_reference_rmsnorm_matches_torch():
         assert rel_err(ref.forward("TransformerBlock", cfg, state(layer), x), layer(x)) <= TOL
 
 
+def test_reference_gemma_norm_matches_hf():
+    """norm_weight_offset=1: HF's GemmaRMSNorm (x.float() normalised, times 1 + w.float()),
+    its weight w stored as is. HF computes it in float32 whatever the dtype (x.float()), so the
+    check is to float32 rounding (w in place of 1 + w misses by ~0.3)."""
+    gemma = pytest.importorskip("transformers.models.gemma.modeling_gemma")
+    norm = gemma.GemmaRMSNorm(E, eps=1e-6).double()
+    with torch.no_grad():
+        norm.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(3))
+    x = rand(B, T, E, seed=9)
+    cfg = ns(norm_type="rmsnorm", norm_weight_offset=1.0, layer_norm_eps=1e-6)
+    p = ref.Params(state(norm))
+    with torch.no_grad():
+        assert rel_err(ref._norm(cfg, p, "", x.numpy()), norm(x)) <= 1e-6
+    p.check_all_used()
+
+
+def test_reference_softcap_and_query_scale_match_hf_gemma2():
+    """attn_logit_softcapping and query_pre_attn_scalar: HF Gemma 2's eager attention (soft-cap
+    of the scaled logits, then the additive mask), causal; its softmax runs in float32."""
+    gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
+    q, k, v = (rand(2, 4, T, 6, seed=s) * 2 for s in (12, 13, 14))  # (B, H, T, hd): logits of a few units
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    additive = torch.zeros(T, T, dtype=torch.float64).masked_fill(causal, float("-inf"))
+    module = SimpleNamespace(num_key_value_groups=1, training=False, head_dim=6)
+    want, _ = gemma2.eager_attention_forward(module, q, k, v, additive, scaling=3.0 ** -0.5, softcap=2.0)
+    got, _, _ = ref.softmax_attention(q.numpy(), k.numpy(), v.numpy(), causal.numpy()[None], 3.0 ** -0.5, 2.0)
+    assert rel_err(got.transpose(0, 2, 1, 3), want) <= 1e-6
+    uncapped, _, _ = ref.softmax_attention(q.numpy(), k.numpy(), v.numpy(), causal.numpy()[None], 3.0 ** -0.5)
+    assert rel_err(uncapped.transpose(0, 2, 1, 3), want) > 1e-2  # (the cap bends these logits)
+
+
 def _torch_attention(sd: dict[str, torch.Tensor], x: torch.Tensor, h: int, k: int, *, qk_norm: str | None,
                      theta: float | None, bias: bool, eps: float, mask: torch.Tensor | None) -> torch.Tensor:
     """Attention with GQA, QK-norm and rotary from torch's functional pieces: F.rms_norm /
@@ -280,6 +311,22 @@ def test_reference_rotary_relative_positions():
         dots.append(qs @ ks)
     assert abs(dots[0] - dots[1]) <= 1e-12 * abs(dots[0])
     assert abs(dots[0] - q.ravel() @ k.ravel()) > 1e-3  # and the rotation does change it
+
+
+def test_reference_partial_rotary_matches_hf_gpt_neox():
+    """partial_rotary_factor 0.5 of head_dim 8: HF GPT-NeoX's rotary embedding and
+    apply_rotary_pos_emb (angles in float32 there, so to float32 rounding)."""
+    neox = pytest.importorskip("transformers.models.gpt_neox.modeling_gpt_neox")
+    from transformers import GPTNeoXConfig
+
+    config = GPTNeoXConfig(hidden_size=32, num_attention_heads=4, rope_parameters={
+        "rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5})
+    q, k = rand(2, 4, T, 8, seed=10), rand(2, 4, T, 8, seed=11)  # (B, H, T, hd)
+    cos, sin = neox.GPTNeoXRotaryEmbedding(config)(q, torch.arange(T)[None])
+    want_q, want_k = neox.apply_rotary_pos_emb(q, k, cos, sin)
+    assert rel_err(ref.rotary(q.numpy(), 100.0, 0.5), want_q) <= 1e-6
+    assert rel_err(ref.rotary(k.numpy(), 100.0, 0.5), want_k) <= 1e-6
+    assert rel_err(ref.rotary(q.numpy(), 100.0), want_q) > 1e-2  # (the full rotary differs)
 
 
 @pytest.mark.parametrize("mlp,act", [("swiglu", "silu"), ("geglu", "gelu"), ("geglu", "gelu_tanh")])
@@ -379,7 +426,7 @@ def twin_runs(case: Case):
         out = call(fmod, (jnp.asarray(inp.x),) + ((jnp.asarray(inp.memory),) if decoder else ()), fkw)
         f = (np.asarray(out[0]), {k: np.asarray(v) for k, v in out[1].items()}) if intermediates else (np.asarray(out), {})
     sd = {k: v.numpy() for k, v in tmod.state_dict().items()}
-    final_norm = case.final_norm if case.final_norm is not None else case.cfg.norm in ("pre", "peri")
+    final_norm = case.final_norm if case.final_norm is not None else case.cfg.norm in ("pre", "peri", "out")
 
     def run_reference(change=lambda c, d: (c, d)):
         cfg, state_dict = change(case.cfg, sd)
@@ -394,7 +441,7 @@ def twin_runs(case: Case):
 def _q_rows_scaled(cfg, sd: dict, factor: float) -> dict:
     """The state dict with every attention's q projection (weight rows and bias) times factor."""
     out = dict(sd)
-    q = cfg.num_heads * cfg.head_dim
+    q = cfg.num_heads * cfg.head_width
     for k, v in sd.items():
         if k.endswith("in_proj_weight") or k.endswith("in_proj_bias"):
             out[k] = v.copy()
@@ -428,7 +475,9 @@ SUSPECTS = [
     ("drops DeepNorm's alpha (skip weight 1)", lambda c, sd: (replace(c, deepnorm_alpha=1.0), sd),
      lambda c: c.scaling == "deepnorm"),
     ("scales attention logits by 1/head_dim instead of 1/sqrt(head_dim)",
-     lambda c, sd: (c, _q_rows_scaled(c, sd, 1 / math.sqrt(c.head_dim))), lambda c: not getattr(c, "qk_norm", False)),
+     lambda c, sd: (c, _q_rows_scaled(c, sd, 1 / math.sqrt(c.head_width))), lambda c: not getattr(c, "qk_norm", False)),
+    ("multiplies by w where Gemma's (1 + w) is meant", lambda c, sd: (replace(c, norm_weight_offset=0.0), sd),
+     lambda c: getattr(c, "norm_weight_offset", 0.0) != 0.0),
     ("ignores the causal flag", lambda c, sd: (replace(c, causal=False), sd), lambda c: c.causal),
     ("scales layer l's pre-norms by 1/l instead of 1/sqrt(l)", lambda c, sd: (c, _pre_norms_scaled(c, sd)),
      lambda c: getattr(c, "layernorm_scaling", False)),

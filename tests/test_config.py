@@ -95,6 +95,17 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(num_kv_heads=0), ["num_kv_heads", "divisor"]),
         (dict(num_kv_heads=1.0), ["num_kv_heads", "1.0"]),
         (dict(d_model=18, num_heads=2, rope_theta=1e4), ["rope_theta", "even head_dim", "head_dim=9"]),
+        (dict(head_dim=0), ["head_dim", "positive int"]),
+        (dict(attention="fused", attn_logit_softcapping=50.0), ["attention='fused'", "soft-cap", "'blocked'"]),
+        (dict(query_pre_attn_scalar=0), ["query_pre_attn_scalar", "> 0"]),
+        (dict(partial_rotary_factor=1.5), ["partial_rotary_factor", "(0, 1]"]),
+        (dict(num_heads=2, rope_theta=1e4, partial_rotary_factor=0.25), ["rotary_dim", "even"]),
+        (dict(norm_weight_offset=float("nan")), ["norm_weight_offset", "finite"]),
+        (dict(qk_norm_over="heads"), ["qk_norm_over", "projection"]),
+        (dict(parallel_residual="two_norms"), ["parallel_residual", "norm='pre'", "norm='post'"]),
+        (dict(parallel_residual=True, norm="pre"), ["parallel_residual", "shared_norm"]),
+        (dict(d_model=18, num_heads=4), ["divisible", "head_dim given"]),
+        (dict(num_heads=2, head_dim=5, rope_theta=1e4), ["rope_theta", "even head_dim", "head_dim=5"]),
         (dict(rope_theta=-1.0), ["rope_theta", "> 0"]),
         (dict(mlp="swiglu"), ["mlp='swiglu'", "activation='silu'", "activation='relu'"]),
         (dict(mlp="geglu", activation="silu"), ["mlp='geglu'", "'gelu'", "activation='silu'"]),
@@ -129,7 +140,8 @@ def test_valid_configs_construct():
     make(dropout=0.0), make(dropout=0.999), make(residual="none", norm="pre"), make(bias=False, causal=True)
     llama = BlockConfig(d_model=64, num_heads=8, num_kv_heads=2, norm="pre", norm_type="rmsnorm", mlp="swiglu",
                         activation="silu", rope_theta=10000.0, qk_norm=True, bias=False, causal=True, dropout=0.0)
-    assert (llama.head_dim, llama.kv_heads, llama.has_qkv_bias, llama.gated) == (8, 2, False, True)
+    assert (llama.head_width, llama.kv_heads, llama.has_qkv_bias, llama.gated) == (8, 2, False, True)
+    assert (llama.head_dim, BlockConfig(18, 4, head_dim=6).head_width) == (None, 6)  # Qwen3 / Gemma: explicit
     assert BlockConfig(8, 2, bias=False, qkv_bias=True).has_qkv_bias and BlockConfig(8, 2).kv_heads == 2
     make(mlp="geglu", activation="gelu_tanh"), make(norm="peri", norm_type="rmsnorm")
 
@@ -151,7 +163,7 @@ def test_defaults_are_torchs_encoder_layer_defaults():
         2048, 0.1, "relu", 1e-5, "post", True)
     assert (cfg.residual, cfg.scaling, cfg.causal, cfg.init, cfg.dtype, cfg.param_dtype) == (
         "add", "none", False, "torch", None, "float32")
-    assert cfg.head_dim == 64
+    assert cfg.head_width == 64
 
 
 def test_config_is_frozen_and_hashable():

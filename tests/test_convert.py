@@ -34,6 +34,8 @@ CONFIGS = {
     "layerscale": replace(CFG, scaling="layerscale"),
     "deepnorm": replace(CFG, norm="post", scaling="deepnorm"),
     "dyt": replace(CFG, norm_type="dyt"),
+    "families": replace(CFG, num_heads=3, num_kv_heads=1, head_dim=6, qk_norm=True, qk_norm_over="projection",
+                        norm="out", norm_type="rmsnorm", norm_weight_offset=1.0),  # issue 22's block options
 }
 
 
@@ -299,6 +301,12 @@ def test_infer_config_reports_known_and_unknown():
         dyt = infer_config(torch_module("Encoder", replace(CFG, norm_type="dyt", bias=bias)))
         assert dyt.inferred["norm_type"] == "dyt" and dyt.inferred["bias"] is bias and dyt.inferred["final_norm"]
     assert "norm_type" not in infer_config(torch_module("Encoder", replace(CFG, bias=False))).inferred
+    # an explicit head_dim (Qwen3, Gemma) is read where QK-norm shows the head width: heads from out_proj
+    wide = infer_config(torch_module("TransformerBlock", replace(CFG, num_heads=3, num_kv_heads=1, head_dim=6,
+                                                                 qk_norm=True)))
+    assert {k: wide.inferred[k] for k in ("head_dim", "num_heads", "num_kv_heads")} == {
+        "head_dim": 6, "num_heads": 3, "num_kv_heads": 1}
+    assert "head_dim" not in infer_config(torch_module("TransformerBlock", replace(CFG, qk_norm=True))).inferred
 
 
 def test_flax_named_checkpoint_round_trip(tmp_path):

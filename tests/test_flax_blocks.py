@@ -717,3 +717,9 @@ def test_flax_mask_means_may_attend_and_invert_mask_converts():
     for bad in (jnp.asarray(FLAX_MASK, jnp.int32), jnp.asarray(FLAX_MASK, jnp.float32)):
         with pytest.raises(TypeError, match="boolean"):
             invert_mask(bad)
+
+
+@pytest.mark.parametrize("kind", ["ResidualMHA", "FeedForward", "DecoderBlock"])
+def test_parallel_residual_needs_one_attention_and_one_mlp(kind):
+    with pytest.raises(ValueError, match="parallel_residual='two_norms' runs an attention and an MLP side by side"):
+        getattr(fb, kind)(BlockConfig(E, H, d_ff=FF, norm="pre", parallel_residual="two_norms"), rngs=nnx.Rngs(0))

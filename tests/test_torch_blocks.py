@@ -540,3 +540,9 @@ def test_invert_mask_on_torch_tensors():
     for bad in (kpm.int(), kpm.float()):
         with pytest.raises(TypeError, match="torch"):
             invert_mask(bad)
+
+
+@pytest.mark.parametrize("kind", ["ResidualMHA", "DecoderBlock"])
+def test_parallel_residual_needs_one_attention_and_one_mlp(kind):
+    with pytest.raises(ValueError, match="parallel_residual='shared_norm' runs an attention and an MLP side by side"):
+        getattr(tb, kind)(BlockConfig(E, H, d_ff=FF, norm="pre", parallel_residual="shared_norm"))

@@ -30,7 +30,8 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
     """torch's path of an attention: "dense" (the explicit softmax, which returns weights)
     or "fused" (F.scaled_dot_product_attention, no weights; masks and dropout it takes).
 
-    "dense" when cfg.attention is "dense" or weights are asked for; else "fused" ("auto",
+    "dense" when cfg.attention is "dense", weights are asked for or the logits are soft-capped
+    (attn_logit_softcapping); else "fused" ("auto",
     and "blocked" / "fused", which torch serves with SDPA). With `check` (an uncached
     self-attention, as the Flax twin's `attention_path`), a forced "blocked" / "fused"
     that the call cannot honour raises the same ValueError as in Flax
@@ -38,7 +39,8 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
     if check:
         check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask,
                              dropout_active=dropout_active)
-    return "dense" if need_weights or cfg.attention == "dense" else "fused"
+    soft_capped = cfg.attn_logit_softcapping is not None  # (SDPA has no soft-cap)
+    return "dense" if need_weights or cfg.attention == "dense" or soft_capped else "fused"
 
 
 class Mask(NamedTuple):
@@ -131,11 +133,15 @@ def _warn_if_fully_masked(rows: Tensor, batch: int) -> None:
     warn_fully_masked(torch.nonzero(~has_key).flatten().tolist(), batch, "torch")
 
 
-def rotary(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None) -> Tensor:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, heads, hd), positions (T,): dims i and i + hd/2 rotate together by the angle
-    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64)."""
+    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64).
+    dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
+    (partial rotary, HF GPT-NeoX); None: all."""
+    if dim is not None and dim < x.shape[-1]:
+        return torch.cat([rotary(x[..., :dim], positions, theta), x[..., dim:]], dim=-1)
     hd = x.shape[-1]
     dt = torch.promote_types(x.dtype, torch.float32)
     inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=dt, device=x.device) / hd)  # (hd/2,)
@@ -171,10 +177,10 @@ class Attention(nn.Module):
         decoding: {"k": (B, S, K, hd), "v": (B, S, K, hd)} (k after k_norm, no rotary)."""
         cfg = self.cfg
         b, s, _ = memory.shape
-        n = cfg.num_heads * cfg.head_dim
+        n = cfg.num_heads * cfg.head_width
         bias = None if self.in_proj_bias is None else self.in_proj_bias[n:]
-        k, v = F.linear(memory, self.in_proj_weight[n:], bias).view(b, s, 2, cfg.kv_heads, cfg.head_dim).unbind(2)
-        return {"k": k if self.k_norm is None else self.k_norm(k), "v": v}
+        k, v = F.linear(memory, self.in_proj_weight[n:], bias).view(b, s, 2, cfg.kv_heads, cfg.head_width).unbind(2)
+        return {"k": k if self.k_norm is None else self.qk_normed(self.k_norm, k), "v": v}
 
     def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
                 cross: bool = False, memory: Tensor | None = None, cache: dict[str, Tensor] | None = None,
@@ -199,7 +205,7 @@ class Attention(nn.Module):
         if path == "fused" and need_weights:
             raise ValueError("the fused path (SDPA) returns no attention weights: take path='dense'")
         b, t, _ = x.shape
-        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_width
         masked, rows, bias, causal_only = mask if mask is not None else (None, None, None, False)
         if not cross:
             qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
@@ -216,7 +222,7 @@ class Attention(nn.Module):
             q = F.linear(x, self.in_proj_weight[:n], None if self.in_proj_bias is None else self.in_proj_bias[:n])
             q = q.view(b, t, h, d)
             if self.q_norm is not None:
-                q = self.q_norm(q)
+                q = self.qk_normed(self.q_norm, q)
             mem = self.memory_kv(memory) if memory is not None else cache
             k, v = mem["k"], mem["v"]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T or S, hd)
@@ -224,12 +230,7 @@ class Attention(nn.Module):
         weights = logit_max = None
         if path == "dense":
             k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # head -> h // G
-            logits = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, H, T, S)
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never softmax in bf16
-            if bias is not None:
-                logits = logits + bias
-            if masked is not None:
-                logits = logits.masked_fill(masked, float("-inf"))
+            logits = self.logits(q @ k.transpose(-1, -2), masked, bias)  # (B, H, T, S)
             logit_max = logits.max() if rows is None else logits.masked_fill(~rows, float("-inf")).max()
             weights = logits.softmax(dim=-1)
             if rows is not None:
@@ -246,8 +247,8 @@ class Attention(nn.Module):
                 sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
             elif masked is not None:
                 sdpa_mask = ~masked  # SDPA's boolean convention: True = may attend
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p,
-                                                 is_causal=is_causal, enable_gqa=kv != h)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p, is_causal=is_causal,
+                                                 enable_gqa=kv != h, scale=cfg.attention_scale)
             if rows is not None and rows.shape[1] > 1:  # a head with no key (per-head masks) gives no output
                 out = torch.where(rows, out, 0.0)
         out = F.linear(out.transpose(1, 2).reshape(b, t, h * d), self.out_proj.weight, self.out_proj.bias)
@@ -255,11 +256,33 @@ class Attention(nn.Module):
             out = torch.where(rows.any(dim=1), out, 0.0)
         return out, weights, logit_max, cache
 
+    def qk_normed(self, norm: Norm, a: Tensor) -> Tensor:
+        """QK-norm of a (B, T, heads, hd): over each head, or (qk_norm_over="projection",
+        OLMo 2) over all of a token's heads at once, the projection's rows in order."""
+        if self.cfg.qk_norm_over == "projection":
+            return norm(a.flatten(2)).view(a.shape)
+        return norm(a)
+
+    def logits(self, qk: Tensor, masked: Tensor | None, bias: Tensor | None) -> Tensor:
+        """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
+        query_pre_attn_scalar ** -0.5, Gemma), in float32 at least, soft-capped c tanh(s / c)
+        (attn_logit_softcapping, Gemma 2), then a float mask added and the masked pairs -inf."""
+        a = self.cfg.query_pre_attn_scalar
+        logits = qk / math.sqrt(self.cfg.head_width) if a is None else qk * float(a) ** -0.5
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # never softmax in bf16
+        c = self.cfg.attn_logit_softcapping
+        if c is not None:
+            logits = c * torch.tanh(logits / c)
+        if bias is not None:
+            logits = logits + bias
+        return logits if masked is None else logits.masked_fill(masked, float("-inf"))
+
     def position_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
         k (B, T, K, hd), positions (T,)."""
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
-            q, k = rotary(q, positions, self.cfg.rope_theta), rotary(k, positions, self.cfg.rope_theta)
+            theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
+            q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
         return q, k

@@ -29,8 +29,9 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import (BlockConfig, check_cached_call, check_new_cache, check_remat, check_width,
-                                overflow_message, residual_update)
+from flax_blocks.config import (FINAL_NORM_BY_DEFAULT, BlockConfig, check_cached_call, check_new_cache,
+                                check_parallel, check_remat, check_width, overflow_message, parallel_update,
+                                residual_update)
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
 from .attention import Attention, Mask, attention_path, build_mask, cache_mask
@@ -77,6 +78,7 @@ class _Block(nn.Module):
         self.cfg = cfg = cfg.resolve()
         component = declarations.block(cfg, self.kind)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
+        check_parallel(cfg, self.kind, self.sublayers)
         create_params(self, component, cfg, generator)
         for name, child in component.children:
             setattr(self, name, MODULES[child.kind](cfg, child, generator=generator))
@@ -101,6 +103,7 @@ class _Block(nn.Module):
         layernorm_scaling; a block called alone is layer 1."""
         extras: dict[str, Any] = {}
         new_cache: Cache = {}
+        branches = []  # a parallel residual's (sublayer, norm, dropout, scale), summed after the loop
         for sub, dropout in zip(self.sublayers, self.dropouts):
             if sub.kind == "mlp":
                 fn = functools.partial(self._mlp, sub)
@@ -112,10 +115,19 @@ class _Block(nn.Module):
                     cache=None if cache is None else cache[part], index=index,
                     path=None if part == "cross" else path,
                 )
-            x, aux = residual_update(self.cfg, x, fn, getattr(self, sub.norm) or nn.Identity(), dropout,
-                                     getattr(self, sub.scale), getattr(self, sub.norm_out), layer=layer)
+            norm = getattr(self, sub.norm) or nn.Identity()
+            if self.cfg.parallel_residual != "none":
+                branches.append((fn, norm, dropout, getattr(self, sub.scale)))
+                continue
+            x, aux = residual_update(self.cfg, x, fn, norm, dropout, getattr(self, sub.scale),
+                                     getattr(self, sub.norm_out), layer=layer)
             if "cache" in aux:
                 new_cache["cross" if sub.kind == "cross_attention" else "self"] = aux.pop("cache")
+            extras.update(aux)
+        if branches:  # (a parallel block's one attention is a self-attention: its cache is "self")
+            x, aux = parallel_update(self.cfg, x, branches, layer=layer)
+            if "cache" in aux:
+                new_cache["self"] = aux.pop("cache")
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
 
@@ -128,7 +140,7 @@ class _Block(nn.Module):
 
     def _block_cache(self, batch: int, length: int, dtype, device, memory: Tensor | None = None) -> Cache:
         cfg = self.cfg
-        zeros = torch.zeros(batch, length, cfg.kv_heads, cfg.head_dim, dtype=dtype, device=device)
+        zeros = torch.zeros(batch, length, cfg.kv_heads, cfg.head_width, dtype=dtype, device=device)
         cache: Cache = {"self": {"k": zeros, "v": zeros.clone()}}
         if memory is not None:
             cache["cross"] = self.multihead_attn.memory_kv(memory)
@@ -249,7 +261,8 @@ class DecoderBlock(_Block):
 
 class _Stack(nn.Module):
     """`num_layers` independently initialised blocks and an optional final norm (layers.{i}.*,
-    norm.*). `final_norm` defaults to True for pre-LN and Peri-LN, False otherwise.
+    norm.*). `final_norm` defaults to True for pre-LN, Peri-LN and "out" (OLMo 2), False
+    otherwise.
     remat: None, or any of the Flax twin's values ("full", a policy name): each layer is
     recomputed in the backward pass (torch.utils.checkpoint; torch has no named policies)."""
 
@@ -266,7 +279,7 @@ class _Stack(nn.Module):
         self.num_layers = num_layers
         self.layers = nn.ModuleList(self.block(cfg, generator=generator) for _ in range(num_layers))
         if final_norm is None:
-            final_norm = cfg.norm in ("pre", "peri")
+            final_norm = cfg.norm in FINAL_NORM_BY_DEFAULT
         norm = Norm(cfg, declarations.norm(cfg, cfg.d_model), generator=generator) if final_norm else None
         setattr(self, FINAL_NORM, norm)
 

@@ -64,7 +64,8 @@ class Linear(nn.Module):
 
 class Norm(nn.Module):
     """LayerNorm or RMSNorm over the last axis, with the config's eps (torch's own kernels),
-    or DyT (Zhu et al. 2025), weight * tanh(alpha * x) + bias. Params: weight (width,), bias
+    or DyT (Zhu et al. 2025), weight * tanh(alpha * x) + bias; with cfg.norm_weight_offset
+    (Gemma's RMSNorm: 1) every weight w enters as offset + w. Params: weight (width,), bias
     (width,) for LayerNorm and DyT with cfg.bias, alpha () for DyT."""
 
     def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
@@ -72,6 +73,7 @@ class Norm(nn.Module):
         self.rms = cfg.norm_type == "rmsnorm"
         self.dyt = cfg.norm_type == "dyt"
         self.eps = cfg.layer_norm_eps
+        self.offset = float(cfg.norm_weight_offset)
         self.width = component.width
         create_params(self, component, cfg, generator)
         if not hasattr(self, "bias"):
@@ -80,7 +82,13 @@ class Norm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x (..., width) -> same shape."""
         if self.dyt:
-            y = torch.tanh(self.alpha * x) * self.weight
+            y = torch.tanh(self.alpha * x) * (self.weight + self.offset if self.offset else self.weight)
+            return y if self.bias is None else y + self.bias
+        if self.offset:  # Gemma's RMSNorm: x.float() normalised, times (offset + w.float()), cast back
+            dt = torch.promote_types(x.dtype, torch.float32)
+            h = (F.rms_norm(x.to(dt), (self.width,), None, self.eps) if self.rms
+                 else F.layer_norm(x.to(dt), (self.width,), None, None, self.eps))
+            y = (h * (self.offset + self.weight.to(dt))).to(x.dtype)
             return y if self.bias is None else y + self.bias
         if self.rms:
             return F.rms_norm(x, (self.width,), self.weight, self.eps)

@@ -96,9 +96,13 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
         if "head_dim" in info and "d_model" in info:
             rows = next((a.shape[0] for n, a in inner.items() if declared.get(n) is not None
                          and declared[n].transform is declarations.QKV_WEIGHT), None)
-            if rows is not None:
-                info["num_heads"] = info["d_model"] // info["head_dim"]
+            cols = next((a.shape[1] for n, a in inner.items() if declared.get(n) is not None
+                         and declared[n].transform is declarations.OUT_HEADS), None)
+            if rows is not None and cols is not None:  # out_proj (E, H * hd): H heads of head_dim hd
+                info["num_heads"] = cols // info["head_dim"]
                 info["num_kv_heads"] = (rows // info["head_dim"] - info["num_heads"]) // 2
+            if info.get("num_heads") and info["head_dim"] == info["d_model"] // info["num_heads"]:
+                del info["head_dim"]  # the default width: BlockConfig.head_dim stays None
     dtypes = sorted({str(a.dtype) for a in sd.values()})
     info["dtype"] = dtypes[0] if len(dtypes) == 1 else dtypes
     unknown = tuple(u for u in ConfigReport.unknown if u.split(" ")[0] not in info)
