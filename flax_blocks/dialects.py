@@ -270,7 +270,8 @@ HF_PHI3 = Dialect(
     ),
     settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
               "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False, "bias": False,
-              "qkv_bias": None},
+              "qkv_bias": None, "norm_weight_offset": 0.0, "partial_rotary_factor": 1.0, "parallel_residual": "none",
+              "attn_logit_softcapping": None, "query_pre_attn_scalar": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
