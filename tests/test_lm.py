@@ -102,6 +102,15 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     ours = np.asarray(fb.generate(lm, ids, mask, max_new_tokens=16))
     assert ours.shape == ref.shape == (2, 22)
     np.testing.assert_array_equal(ours, ref)
+    if family == "llama":  # an eos: that row is padded after it, as HF's (which stops once all rows end)
+        eos = int(ref[0, 10])
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=16,
+                              do_sample=False, pad_token_id=1, eos_token_id=eos).numpy()
+        ours = np.asarray(fb.generate(lm, ids, mask, max_new_tokens=16, eos_token_id=eos, pad_token_id=1))
+        n = ref.shape[1]
+        np.testing.assert_array_equal(ours[:, :n], ref)
+        assert (ours[:, n:] == 1).all() and (ours[0, 11:] == 1).all()
 
 
 def test_part_model_is_the_base_model_and_bert_reads_token_types(hf_models):
