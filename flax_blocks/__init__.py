@@ -31,6 +31,9 @@ _LAZY = {
     "detect_dialect": "dialects",
     "from_hf": "hf",
     "to_hf": "hf",
+    "LanguageModel": "lm",
+    "LMConfig": "lm_spec",
+    "generate": "generation",
 }
 
 __all__ = ["BlockConfig", "FullyMaskedWarning", "invert_mask", *_LAZY]

@@ -338,8 +338,9 @@ def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attenti
 def rotary(x: jax.Array, positions: jax.Array, theta: float, dim: int | None = None) -> jax.Array:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
-    x (B, T, ..., hd), positions (T,): dims i and i + hd/2 rotate together by the angle
-    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64).
+    x (B, T, ..., hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
+    together by the angle position * theta^(-2i/hd). Angles in float32 at least (float64
+    under float64).
     dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
     (partial rotary, HF GPT-NeoX); None: all."""
     if dim is not None and dim < x.shape[-1]:
@@ -347,9 +348,12 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float, dim: int | None = N
     hd = x.shape[-1]
     dt = jnp.promote_types(x.dtype, jnp.float32)
     inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=dt) / hd)  # (hd/2,)
-    angles = positions.astype(dt)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    angles = positions.astype(dt)[..., None] * inv_freq  # (T, hd/2) or (B, T, hd/2)
     angles = jnp.concatenate([angles, angles], axis=-1)
-    angles = angles.reshape(angles.shape[0], *([1] * (x.ndim - 3)), hd)  # (T, 1.., hd)
+    if angles.ndim == 3:  # per-row positions: (B, T, 1.., hd)
+        angles = angles.reshape(*angles.shape[:2], *([1] * (x.ndim - 3)), hd)
+    else:
+        angles = angles.reshape(angles.shape[0], *([1] * (x.ndim - 3)), hd)  # (T, 1.., hd)
     cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
@@ -440,6 +444,7 @@ class Attention(nnx.Module):
         key: jax.Array | None = None, deterministic: bool | None = None, *,
         cross: bool = False, memory: jax.Array | None = None, cache: dict[str, jax.Array] | None = None,
         index: jax.Array | int = 0, path: str = "dense", key_valid: jax.Array | None = None,
+        positions: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E).
 
@@ -456,6 +461,8 @@ class Attention(nnx.Module):
         cfg.attention_block) or "fused" (`fused_attention`), which take the causal flag
         and key_valid (B, S) (True = real key) instead of mask / rows, return no weights
         (None) and apply no dropout; `attention_path` resolves it.
+        positions: the rotary positions of x's tokens, (B, T) per batch row (HF's
+        position_ids); None: index .. index+T-1 for every row.
 
         Returns (output (B, T, E), attention weights (B, H, T, S), the largest pre-softmax
         logit over unmasked pairs (), the updated cache or None)."""
@@ -471,7 +478,7 @@ class Attention(nnx.Module):
         if not cross:
             qkv = self._project(x, w_in, b_in)  # (B, T, K, G+2, hd)
             q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
-            q, k = self.position_qk(q, k, index + jnp.arange(t))
+            q, k = self.position_qk(q, k, index + jnp.arange(t) if positions is None else positions)
             if cache is not None:
                 start = (0 * index, index, 0 * index, 0 * index)  # one integer dtype (int64 under x64 too)
                 k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)

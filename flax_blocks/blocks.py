@@ -129,6 +129,7 @@ class _Block(nnx.Module):
                     mask=mask, rows=rows, key=k_inner, deterministic=deterministic, cross=part == "cross",
                     memory=memory, cache=None if cache is None else cache[part], index=index,
                     path="dense" if part == "cross" else path, key_valid=masks.get("key_valid"),
+                    positions=masks.get("positions"),
                 )
             s = getattr(self, sub.scale)
             norm, drop = getattr(self, sub.norm) or _identity, _with_key(self.dropouts[i], k_out, deterministic)
@@ -193,10 +194,10 @@ def _prepare_self_attention(module, x, attention_mask, key_mask, return_intermed
 
 
 def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cross, memory, cache, index, path,
-               key_valid):
+               key_valid, positions=None):
     out, weights, logit_max, new_cache = attn(h, mask, rows, key=key, deterministic=deterministic, cross=cross,
                                               memory=memory, cache=cache, index=index, path=path,
-                                              key_valid=key_valid)
+                                              key_valid=key_valid, positions=positions)
     aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
         aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
@@ -397,20 +398,25 @@ class Encoder(_Stack):
         return _new_cache(self, batch_size, max_length, self._stack_cache)
 
     def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
-                 deterministic: bool | None = None, cache: Cache | None = None):
+                 deterministic: bool | None = None, cache: Cache | None = None, positions=None):
         """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`.
 
         With return_intermediates, also {"residual": (L, B, T, E), the stream after each layer,
         "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}; the default call
         computes none of them. cache (from `init_cache`): x is the next chunk; returns (y, cache).
+        positions: (B, T) integer rotary positions per row (HF's position_ids; left-padded
+        rows start later); None: 0..T-1, or with a cache each row's next position onwards.
         """
         x, unbatched = _as_batched(self.cfg, x)
+        positions = _checked_positions(positions, x.shape[:2])
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
             return _cached_call(self, x, cache, key_mask, attention_mask, None, None, return_intermediates,
-                                deterministic, stacked=True)
+                                deterministic, stacked=True, positions=positions)
         path, masks = _prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
+        if positions is not None:
+            masks["positions"] = positions
         y, per_layer, _ = self.run_prepared(x, masks, deterministic, path=path,
                                             return_intermediates=return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
@@ -488,7 +494,8 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     check_new_cache(cfg, type(module).__name__, batch_size, max_length)
     dtype = _compute_dtype(cfg, jnp.float32)
     cache: Cache = {"index": jnp.zeros((), jnp.int32), "valid": jnp.zeros((batch_size, max_length), jnp.bool_),
-                    "overflow": jnp.zeros((), jnp.bool_)}
+                    "overflow": jnp.zeros((), jnp.bool_),
+                    "position": jnp.zeros((batch_size,), jnp.int32)}  # each row's next (rotary) position
     if memory is not None:
         memory, _ = _as_batched(cfg, memory, "memory")
         if memory.shape[0] != batch_size:
@@ -516,8 +523,19 @@ def _overflows(index: jax.Array, chunk: int, length: int) -> jax.Array:
     return index + chunk > length
 
 
+def _checked_positions(positions, shape) -> jax.Array | None:
+    """positions (B, T) as an int32 array, checked against x's (B, T); None stays None."""
+    if positions is None:
+        return None
+    positions = jnp.asarray(positions)
+    if not jnp.issubdtype(positions.dtype, jnp.integer) or positions.shape != tuple(shape):
+        raise ValueError(f"positions must be an integer (batch, seq) = {tuple(shape)} array (HF's position_ids), "
+                         f"got {positions.dtype} {tuple(positions.shape)}")
+    return positions.astype(jnp.int32)
+
+
 def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask, return_intermediates,
-                 deterministic, *, stacked: bool):
+                 deterministic, *, stacked: bool, positions=None):
     b, t, length = check_cached_call(module.cfg, type(module).__name__, cache, x.shape,
                                      masks=attention_mask is not None or memory_mask is not None,
                                      memory=memory is not None)
@@ -529,6 +547,10 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
                          f"got {km.dtype} {tuple(km.shape)}")
     valid = jax.lax.dynamic_update_slice(cache["valid"], km, (0 * index, index))
     masks = {"self": cache_mask(index, t, valid)}
+    if positions is None and "position" in cache:  # per-row positions: given, or each row's next ones
+        positions = cache["position"][:, None] + jnp.arange(t, dtype=jnp.int32)
+    if positions is not None:
+        masks["positions"] = positions
     if "memory_valid" in cache:
         mv = cache["memory_valid"]
         m = jnp.broadcast_to(mv[:, None, None, :], (b, 1, t, mv.shape[1]))
@@ -543,6 +565,8 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
                                                 index=index)
         out = (y, extras) if return_intermediates else y
     new = {**cache, "index": index + t, "valid": valid, "layers": layers, "overflow": overflow}
+    if "position" in cache:
+        new["position"] = positions[:, -1] + 1
     return (*out, new) if return_intermediates else (out, new)
 
 

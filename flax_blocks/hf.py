@@ -33,8 +33,16 @@ log = logging.getLogger("flax_blocks")
 
 
 
-def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
-    """A Flax `Encoder` computing a Hugging Face model's transformer stack.
+def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 0):
+    """A Flax `Encoder` computing a Hugging Face model's transformer stack, or (part=) the
+    whole model as a `flax_blocks.lm.LanguageModel`.
+
+    part: "stack" (the default, described below); "model": the HF base model, token ids
+      (and BERT's token_type_ids) -> its last hidden state, with the token embedding,
+      learned or rotary positions, BERT's embedding norm and the final norm (GPT-2, LLaMA,
+      Mistral, Qwen2, BERT; BERT's pooler is not read); "causal-lm": the model with its LM
+      head, tied or not: tokens -> logits (GPT-2, LLaMA, Mistral, Qwen2). Either reads the
+      family's table in `flax_blocks.hf_models`; `fb.generate` decodes a "causal-lm".
 
     source: a folder written by `save_pretrained` (config.json and *.safetensors, or
       pytorch_model.bin) or a transformers model object (BertModel, GPT2LMHeadModel,
@@ -58,6 +66,12 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
         sd = read_state_dict(hf_state_dict(source))
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
+    if part != "stack":
+        from . import hf_models
+
+        if part not in hf_models.PARTS:
+            raise ValueError(f"part must be one of {hf_models.PARTS}, got {part!r}")
+        return hf_models.load(config, sd, part, dtype=dtype, seed=seed)
     dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
     stack = dialects.translate(sd, dialect).state_dict
     if dtype is None:
@@ -89,8 +103,12 @@ def dialect_for(cfg: BlockConfig) -> str:
     return fits[0]
 
 
-def to_hf(module, dialect: str | None = None, *, prefix: str = "") -> dict[str, Any]:
-    """{HF name: numpy array} of a Flax Encoder's stack: its layers and final norm.
+def to_hf(module, dialect: str | None = None, *, prefix: str | None = None) -> dict[str, Any]:
+    """{HF name: numpy array} of a Flax Encoder's stack: its layers and final norm; of a
+    whole `LanguageModel` (from_hf(..., part="model" / "causal-lm")), every weight, named as
+    HF's model.state_dict() (`flax_blocks.hf_models.to_hf_model`: LlamaForCausalLM's
+    model.embed_tokens.weight ... lm_head.weight; a base model's without prefix), loadable
+    with strict=True (BERT: all but the pooler).
 
     dialect: one of flax_blocks.dialects.DIALECTS' hf-* names (None: the one the module was
       read from by from_hf, else the one whose family settings the module's cfg has; a
@@ -106,8 +124,13 @@ def to_hf(module, dialect: str | None = None, *, prefix: str = "") -> dict[str, 
 
     from .convert import torch_state_dict
 
+    if type(module).__name__ == "LanguageModel":
+        from .hf_models import to_hf_model
+
+        return to_hf_model(module, dialect or dialect_for(module.cfg), prefix=prefix)
     if type(module).__name__ != "Encoder":
-        raise TypeError(f"to_hf converts an Encoder (a stack), got {type(module).__name__}")
+        raise TypeError(f"to_hf converts an Encoder (a stack) or a LanguageModel, got {type(module).__name__}")
+    prefix = prefix or ""
     dialect = dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg)
     if dialect == "torch":
         raise ValueError("dialect 'torch' is our own naming: use flax_blocks.torch_state_dict")

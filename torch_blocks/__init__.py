@@ -5,7 +5,8 @@ from flax_blocks.config import BlockConfig, invert_mask
 from .attention import Attention, build_mask
 from .blocks import Decoder, DecoderBlock, Encoder, FeedForward, ResidualMHA, Transformer, TransformerBlock
 from .convert import to_tensor, to_tensors
+from .lm import LanguageModel
 
 __all__ = ["BlockConfig", "invert_mask", "Attention", "ResidualMHA", "FeedForward", "TransformerBlock", "Encoder",
            "DecoderBlock", "Decoder", "Transformer",
-           "build_mask", "to_tensor", "to_tensors"]
+           "build_mask", "to_tensor", "to_tensors", "LanguageModel"]

@@ -136,8 +136,9 @@ def _warn_if_fully_masked(rows: Tensor, batch: int) -> None:
 def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None) -> Tensor:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
-    x (B, T, heads, hd), positions (T,): dims i and i + hd/2 rotate together by the angle
-    position * theta^(-2i/hd). Angles in float32 at least (float64 under float64).
+    x (B, T, heads, hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
+    together by the angle position * theta^(-2i/hd). Angles in float32 at least (float64
+    under float64).
     dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
     (partial rotary, HF GPT-NeoX); None: all."""
     if dim is not None and dim < x.shape[-1]:
@@ -145,8 +146,8 @@ def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None) -
     hd = x.shape[-1]
     dt = torch.promote_types(x.dtype, torch.float32)
     inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=dt, device=x.device) / hd)  # (hd/2,)
-    angles = positions.to(dt)[:, None] * inv_freq[None, :]  # (T, hd/2)
-    angles = torch.cat([angles, angles], dim=-1)[:, None, :]  # (T, 1, hd)
+    angles = positions.to(dt)[..., None] * inv_freq  # (T, hd/2) or (B, T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)[..., None, :]  # (T, 1, hd) or (B, T, 1, hd)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
@@ -184,7 +185,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
                 cross: bool = False, memory: Tensor | None = None, cache: dict[str, Tensor] | None = None,
-                index: int = 0, path: str | None = None,
+                index: int = 0, path: str | None = None, positions: Tensor | None = None,
                 ) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor] | None]:
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E);
         mask from `build_mask` / `cache_mask`.
@@ -211,7 +212,9 @@ class Attention(nn.Module):
             qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
             q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
             q, k, v = q.view(b, t, h, d), k.view(b, t, kv, d), v.view(b, t, kv, d)
-            q, k = self.position_qk(q, k, index + torch.arange(t, device=x.device))
+            if positions is None:  # (B, T) per-row rotary positions (HF's position_ids), else index onwards
+                positions = index + torch.arange(t, device=x.device)
+            q, k = self.position_qk(q, k, positions)
             if cache is not None:
                 k_all, v_all = cache["k"].clone(), cache["v"].clone()
                 k_all[:, index:index + t], v_all[:, index:index + t] = k, v

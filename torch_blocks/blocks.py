@@ -113,7 +113,7 @@ class _Block(nn.Module):
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=masks.get(part), need_weights=need_weights, cross=part == "cross", memory=memory,
                     cache=None if cache is None else cache[part], index=index,
-                    path=None if part == "cross" else path,
+                    path=None if part == "cross" else path, positions=masks.get("positions"),
                 )
             norm = getattr(self, sub.norm) or nn.Identity()
             if self.cfg.parallel_residual != "none":
@@ -173,9 +173,10 @@ def _prepare_self_attention(module: nn.Module, x: Tensor, attn_mask: Tensor | No
     return path, {"self": build_mask(cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)}
 
 
-def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross, memory, cache, index, path):
+def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross, memory, cache, index, path,
+               positions=None):
     out, weights, logit_max, new_cache = attn(h, mask, need_weights, cross=cross, memory=memory, cache=cache,
-                                              index=index, path=path)
+                                              index=index, path=path, positions=positions)
     aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
         aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
@@ -331,16 +332,22 @@ class Encoder(_Stack):
         return _new_cache(self, batch_size, max_length, self._stack_cache)
 
     def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
-                *, return_intermediates: bool = False, cache: Cache | None = None):
+                *, return_intermediates: bool = False, cache: Cache | None = None, positions: Tensor | None = None):
         """src: (B, T, E) or (T, E) -> same shape. With return_intermediates, also
         {"residual": (L, B, T, E), "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}.
-        cache (from `init_cache`): src is the next chunk; returns (y, cache)."""
+        cache (from `init_cache`): src is the next chunk; returns (y, cache).
+        positions: (B, T) integer rotary positions per row (HF's position_ids); None: 0..T-1,
+        or with a cache each row's next position onwards."""
         x, unbatched = _as_batched(self.cfg, src)
+        positions = _checked_positions(positions, tuple(x.shape[:2]))
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return _cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates)
+            return _cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates,
+                                positions=positions)
         path, masks = _prepare_self_attention(self, x, mask, src_key_padding_mask, return_intermediates)
+        if positions is not None:
+            masks["positions"] = positions
         y, stacked, _ = self.run_prepared(x, masks, return_intermediates, path=path)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
@@ -410,7 +417,8 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     p = next(module.parameters())
     # "overflow": the Flax twin's flag for traced calls; here an overflow always raises, so it stays False
     cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device),
-                    "overflow": False}
+                    "overflow": False,
+                    "position": torch.zeros(batch_size, dtype=torch.long, device=p.device)}  # each row's next position
     if memory is not None:
         memory, _ = _as_batched(cfg, memory, "memory")
         if memory.shape[0] != batch_size:
@@ -427,7 +435,18 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     return cache
 
 
-def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates):
+def _checked_positions(positions: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+    """positions (B, T), checked against x's (B, T); None stays None."""
+    if positions is None:
+        return None
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool or tuple(positions.shape) != shape:
+        raise ValueError(f"positions must be an integer (batch, seq) = {shape} tensor (HF's position_ids), "
+                         f"got {positions.dtype} {tuple(positions.shape)}")
+    return positions
+
+
+def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates,
+                 positions=None):
     b, t, length = check_cached_call(module.cfg, type(module).__name__, cache, tuple(x.shape),
                                      masks=attn_mask is not None or memory_mask is not None,
                                      memory=memory is not None)
@@ -442,10 +461,16 @@ def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_m
     valid = cache["valid"].clone()
     valid[:, index:index + t] = True if kpm is None else ~kpm
     masks = {"self": cache_mask(index, t, valid)}
+    if positions is None and "position" in cache:  # per-row positions: given, or each row's next ones
+        positions = cache["position"][:, None] + torch.arange(t, device=x.device)
+    if positions is not None:
+        masks["positions"] = positions
     if "memory_valid" in cache:
         mv = cache["memory_valid"][:, None, None, :].expand(b, 1, t, -1)
         rows = mv.any(dim=-1, keepdim=True)
         masks["cross"] = Mask(~mv & rows, rows)
     y, extras, layers = module.run_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
     new = {**cache, "index": index + t, "valid": valid, "layers": layers}
+    if "position" in cache:
+        new["position"] = positions[:, -1] + 1
     return (y, extras, new) if return_intermediates else (y, new)

@@ -218,7 +218,14 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
       flax_blocks.dialects.DIALECTS); None detects it from the key names. A transformers model
       object says its own family and is read as its save_pretrained writes it.
     Shape, dtype and layer-count problems are always errors. On any error nothing changes.
+    A whole model (flax_blocks.lm.LanguageModel) loads through its own `_load_torch_state_dict`.
     """
+    hook = getattr(type(module), "_load_torch_state_dict", None)  # duck-typed: no import of the model's module
+    if hook is not None:
+        if dialect not in (None, "torch"):
+            raise ValueError("a LanguageModel loads its own (torch_blocks) names; Hugging Face models: fb.from_hf")
+        hook(module, source, prefix=prefix, strict=strict, dtype=dtype)
+        return LoadResult([], [])
     src = _read(hf_state_dict(source), prefix, check_hf_source(module.cfg, source, dialect))
     cast = None if dtype is None else _np_dtype(dtype)
     expected = expected_torch_params(module)

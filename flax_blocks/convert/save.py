@@ -11,7 +11,11 @@ from .params import expected_torch_params, flax_params
 def torch_state_dict(module) -> dict[str, np.ndarray]:
     """{torch name: numpy array} of a flax_blocks module, in torch's layout and naming
     (loadable with strict=True into the torch_blocks twin, and into stock torch layers
-    where the config is one torch supports). Dtypes are kept (bfloat16 as ml_dtypes)."""
+    where the config is one torch supports). Dtypes are kept (bfloat16 as ml_dtypes).
+    A whole model (flax_blocks.lm.LanguageModel) names its own parts (its `_torch_state_dict`)."""
+    hook = getattr(type(module), "_torch_state_dict", None)  # duck-typed: no import of the model's module
+    if hook is not None:
+        return hook(module)
     params = flax_params(module)
     out: dict[str, np.ndarray] = {}
     for name, exp in expected_torch_params(module).items():

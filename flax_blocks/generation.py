@@ -1,0 +1,148 @@
+"""Token generation from a `flax_blocks.lm.LanguageModel`: greedy or sampled, compiled whole.
+
+    out = fb.generate(model, input_ids, attention_mask, max_new_tokens=16)       # greedy
+    out = fb.generate(model, ids, mask, max_new_tokens=16, temperature=0.8, top_p=0.9, key=jax.random.key(0))
+
+The prompt goes through the model in one chunk, then one token per step inside a
+`jax.lax.while_loop`, the whole of it in one `jax.jit`: one compile per (shapes, settings),
+none per step. Left-padded prompts (HF's convention: attention_mask 1 = real token, the
+padding on the left) get HF's positions, cumsum(mask) - 1 (0 at padding), and each row then
+continues from its own position. Sampling warps the logits as HF's logits warpers do, in
+HF's order: temperature, then top-k (ties at the k-th value kept), then top-p (the smallest
+set of most likely tokens whose probability reaches top_p, at least one). Everything is
+checked before anything is computed.
+"""
+
+from __future__ import annotations
+
+import functools
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .lm import check_token_ids, check_token_mask
+
+
+def warp_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None) -> jax.Array:
+    """logits (..., V) -> warped logits, -inf where a token can no longer be drawn:
+    HF's TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, in that order."""
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p is not None and top_p < 1.0:
+        order = jnp.argsort(-logits, axis=-1)  # most likely first
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # probability of the more likely tokens
+        keep_sorted = before < top_p  # the first is always kept (before = 0)
+        keep = jnp.zeros_like(keep_sorted).at[
+            tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
+        logits = jnp.where(keep, logits, -jnp.inf)
+    return logits
+
+
+def _choose(logits, key, step, temperature, top_k, top_p):
+    if temperature == 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    warped = warp_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return jax.random.categorical(jax.random.fold_in(key, step), warped, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k", "top_p",
+                                             "eos", "pad"))
+def _generate(graphdef, state, ids, mask, key, *, max_new_tokens, temperature, top_k, top_p, eos, pad):
+    b, t = ids.shape
+    model = nnx.merge(graphdef, state)
+    cache = model.init_cache(b, t + max_new_tokens)
+    positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+    h, cache = model.hidden(ids, attention_mask=mask, positions=positions, cache=cache)
+    token = _choose(model.logits(h[:, -1]), key, 0, temperature, top_k, top_p)
+    done = (token == eos) if eos is not None else jnp.zeros((b,), jnp.bool_)
+    out = jnp.full((b, max_new_tokens), pad if pad is not None else 0, jnp.int32).at[:, 0].set(token)
+
+    def cond(carry):
+        i, _, _, done, _ = carry
+        return (i < max_new_tokens) & ~jnp.all(done)
+
+    def body(carry):
+        i, token, cache, done, out = carry
+        m = nnx.merge(graphdef, state)
+        h, cache = m.hidden(token[:, None], cache=cache)
+        nxt = _choose(m.logits(h[:, -1]), key, i, temperature, top_k, top_p)
+        if eos is not None:
+            nxt = jnp.where(done, pad, nxt)
+            done = done | (nxt == eos)
+        out = jax.lax.dynamic_update_slice(out, nxt[:, None], (jnp.zeros((), i.dtype), i))
+        return i + 1, nxt, cache, done, out
+
+    carry = (jnp.ones((), jnp.int32), token, cache, done, out)
+    _, _, cache, _, out = jax.lax.while_loop(cond, body, carry)
+    return jnp.concatenate([ids.astype(jnp.int32), out], axis=1), cache["overflow"]
+
+
+def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, key: jax.Array | None = None,
+             eos_token_id: int | None = None, pad_token_id: int | None = None) -> jax.Array:
+    """Generate `max_new_tokens` tokens after each prompt row -> (B, T + max_new_tokens) int32
+    (the prompt, then the new tokens; after a row's eos_token_id, pad_token_id (default: eos)).
+
+    model: a causal `LanguageModel` with a head. input_ids (B, T): the prompts, left-padded;
+    attention_mask (B, T): 1 / True = real token (HF's convention), None = all real.
+    temperature 0: greedy (argmax, as HF's do_sample=False); > 0: sample from the warped
+    logits (`warp_logits`: temperature, top_k, top_p) with `key` (needed; the same key gives
+    the same tokens). Refused, before anything runs: ids outside the vocabulary; a mask in
+    another convention (numbers other than 0 / 1, a row without a real token, a prompt whose
+    last token is padding, i.e. right padding or True = padding); a prompt, or prompt plus
+    max_new_tokens, past the model's learned positions; top_p outside (0, 1], top_k < 1,
+    temperature < 0; sampling without a key."""
+    lm = getattr(model, "lm", None)
+    if lm is None or not hasattr(model, "hidden"):
+        raise TypeError(f"generate takes a flax_blocks LanguageModel, got {type(model).__name__}")
+    if lm.head == "none":
+        raise ValueError("generate needs a model with a head (from_hf(..., part='causal-lm'))")
+    if not model.cfg.causal:
+        raise ValueError("generate needs a causal model (cfg.causal=True)")
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not (isinstance(temperature, (int, float)) and temperature >= 0):
+        raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+    if temperature > 0 and key is None:
+        raise ValueError("sampling (temperature > 0) needs key= (a jax.random key)")
+    for name, tok in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        if tok is not None and not (isinstance(tok, (int, np.integer)) and 0 <= tok < lm.vocab_size):
+            raise ValueError(f"{name} must be a token id in [0, {lm.vocab_size}), got {tok!r}")
+    ids = check_token_ids(np.asarray(input_ids), lm.vocab_size)
+    b, t = ids.shape
+    mask = np.ones((b, t), bool) if attention_mask is None else np.asarray(check_token_mask(np.asarray(attention_mask),
+                                                                                            (b, t)))
+    if not mask[:, -1].all():
+        rows = np.flatnonzero(~mask[:, -1]).tolist()
+        raise ValueError(f"the last prompt token of row(s) {rows} is padding: generate takes left-padded prompts with "
+                         "attention_mask 1 / True = real token (HF's convention); a mask with True = padding is "
+                         "the inverse (pass ~mask)")
+    if lm.max_positions is not None:
+        longest = int(mask.sum(axis=1).max())
+        if t > lm.max_positions:
+            raise ValueError(f"a prompt of {t} tokens, but the model has {lm.max_positions} learned positions")
+        if longest + max_new_tokens > lm.max_positions:
+            raise ValueError(f"a prompt of {longest} real tokens plus max_new_tokens={max_new_tokens} passes the model's "
+                             f"{lm.max_positions} learned positions")
+    pad = eos_token_id if pad_token_id is None else pad_token_id
+    graphdef, state = nnx.split(model)
+    key = jax.random.key(0) if key is None else key
+    out, overflow = _generate(graphdef, state, ids, jnp.asarray(mask), key, max_new_tokens=max_new_tokens,
+                              temperature=float(temperature), top_k=top_k,
+                              top_p=None if top_p is None else float(top_p),
+                              eos=None if eos_token_id is None else int(eos_token_id),
+                              pad=None if pad is None else int(pad))
+    return out
+

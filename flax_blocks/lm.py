@@ -1,0 +1,241 @@
+"""A whole language model in Flax NNX: tokens -> logits (or the last hidden state).
+
+    lm = LanguageModel(cfg, LMConfig(vocab_size=100, num_layers=2), rngs=nnx.Rngs(0))
+    logits = lm(input_ids, attention_mask=mask, positions=positions)      # (B, T, V)
+    cache = lm.init_cache(batch, max_length); logits, cache = lm(chunk, cache=cache)
+
+The parts around the stack (token embedding, learned positions, token types, embedding norm,
+head tied or not) are declared in `flax_blocks.lm_spec`, shared with the torch twin
+`torch_blocks.lm.LanguageModel`; the stack is the library's `Encoder`. Masks take Hugging
+Face's convention for token masks: attention_mask (B, T), 1 / True = a real token, 0 / False
+= padding (the same on both twins). positions (B, T) are HF's position_ids: for rotary
+models they go to the blocks, for learned ones they index the position table; None means
+0..T-1 (HF's forward default), or with a cache each row's next position (the cache keeps
+one per row). `fb.generate` derives HF's positions for left-padded prompts
+(cumsum(mask) - 1, 0 at padding).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from . import declarations
+from .attention import _concrete
+from .blocks import Encoder
+from .checkpoint_io import ConversionError, read_state_dict
+from .config import BlockConfig
+from .layers import Linear, Norm, compute_dtype, create_params
+from .lm_spec import ENCODER, OPTIONAL, LMConfig, components
+
+Cache = dict[str, Any]
+
+
+class Embedding(nnx.Module):
+    """A lookup table. Params: embedding (rows, E)."""
+
+    def __init__(self, cfg: BlockConfig, component: declarations.Component, *, rngs: nnx.Rngs):
+        self.dtype = compute_dtype(cfg)
+        create_params(self, component, cfg, rngs)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """ids (...) integers -> (..., E)."""
+        table = self.embedding[...]
+        return jnp.take(table if self.dtype is None else table.astype(self.dtype), ids, axis=0)
+
+
+_MODULES = {"embedding": Embedding, "norm": Norm, "linear": Linear}
+
+
+def check_token_mask(mask, shape: tuple[int, int], name: str = "attention_mask") -> jax.Array | None:
+    """A token mask in HF's convention (B, T), 1 / True = real token, as a bool array.
+
+    Refused where the values can be read (eager or constant): other shapes; numbers other
+    than 0 / 1 (an additive float mask, 0 = keep, -inf = drop: not this convention); a row
+    with no real token (the mark of a mask in torch's key_padding_mask convention, True =
+    padding, or of an empty row)."""
+    if mask is None:
+        return None
+    dtype = jnp.result_type(mask)
+    if not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)):
+        raise TypeError(f"{name} must hold booleans or 0 / 1 numbers, got dtype {dtype}")
+    if tuple(jnp.shape(mask)) != tuple(shape):
+        raise ValueError(f"{name} must have the tokens' shape (batch, seq) = {tuple(shape)}, got {tuple(jnp.shape(mask))}")
+    values = _concrete(mask)
+    if values is not None:
+        odd = values[~np.isin(values, (0, 1))]
+        if odd.size:
+            raise ValueError(f"{name} holds {np.unique(odd)[:3].tolist()}: a token mask holds 1 (real token) and 0 "
+                             "(padding), HF's convention; an additive mask (0 = keep, -inf = drop) is not one: pass "
+                             "`mask == 0` instead")
+        empty = np.flatnonzero(~(values > 0).any(axis=1))
+        if empty.size:
+            raise ValueError(f"{name} marks no real token in row(s) {empty.tolist()}: 1 / True means a real token "
+                             "(HF's convention); a mask with True = padding (torch's key_padding_mask) is the "
+                             "inverse: pass ~mask")
+    return jnp.asarray(mask) > 0
+
+
+def check_token_ids(ids, vocab_size: int, name: str = "input_ids") -> jax.Array:
+    """Integer token ids (B, T), each in [0, vocab_size) where the values can be read."""
+    dtype = jnp.result_type(ids)
+    if not jnp.issubdtype(dtype, jnp.integer) or jnp.ndim(ids) != 2:
+        raise ValueError(f"{name} must be an integer (batch, seq) array, got {dtype} of shape {tuple(jnp.shape(ids))}")
+    values = _concrete(ids)
+    if values is not None and values.size and (values.min() < 0 or values.max() >= vocab_size):
+        bad = values[(values < 0) | (values >= vocab_size)]
+        raise ValueError(f"{name} holds {np.unique(bad)[:3].tolist()}, outside the vocabulary [0, {vocab_size})")
+    return jnp.asarray(ids)
+
+
+class LanguageModel(nnx.Module):
+    """Token embedding (+ learned positions, token types, embedding norm), the library's
+    `Encoder`, and a head tied or not (see `LMConfig`). Params: embed, pos, token_type,
+    embed_norm, encoder, head (None where the model lacks one).
+
+    cfg: every layer's BlockConfig (causal for an LM that decodes); lm: the parts around it."""
+
+    def __init__(self, cfg: BlockConfig, lm: LMConfig, *, rngs: nnx.Rngs):
+        if not isinstance(lm, LMConfig):
+            raise TypeError(f"lm must be an LMConfig, got {type(lm).__name__}")
+        self.cfg, self.lm = cfg, lm
+        parts = components(lm, cfg)  # built in torch's order: embeddings, the stack, the head
+        for name, comp in parts:
+            if name != "head":
+                setattr(self, name, _MODULES[comp.kind](cfg, comp, rngs=rngs))
+        setattr(self, ENCODER, Encoder(cfg, num_layers=lm.num_layers, final_norm=lm.final_norm, rngs=rngs))
+        for name, comp in parts:
+            if name == "head":
+                setattr(self, name, _MODULES[comp.kind](cfg, comp, rngs=rngs))
+        for name in OPTIONAL:  # the parts this model lacks
+            if not hasattr(self, name):
+                setattr(self, name, None)
+
+    # ------------------------------------------------------------------ calls
+
+    def init_cache(self, batch_size: int, max_length: int) -> Cache:
+        """The stack's cache (`Encoder.init_cache`), which keeps each row's next position."""
+        return self.encoder.init_cache(batch_size, max_length)
+
+    def embed_tokens(self, input_ids, positions=None, token_type_ids=None) -> jax.Array:
+        """input_ids (B, T) -> the embedded input x_0 (B, T, E) (positions (B, T) for learned
+        position embeddings, default 0..T-1; token_type_ids (B, T), default 0)."""
+        x = self.embed(input_ids)
+        if self.pos is not None:
+            if positions is None:
+                t = input_ids.shape[1]
+                if t > self.lm.max_positions:
+                    raise ValueError(f"{t} tokens, but the model has {self.lm.max_positions} learned positions")
+                positions = jnp.arange(t)[None]
+            x = x + self.pos(positions)
+        if self.token_type is not None:
+            types = jnp.zeros(input_ids.shape, jnp.int32) if token_type_ids is None else token_type_ids
+            x = x + self.token_type(types)
+        return x if self.embed_norm is None else self.embed_norm(x)
+
+    def hidden(self, input_ids, *, attention_mask=None, positions=None, token_type_ids=None,
+               cache: Cache | None = None, deterministic: bool | None = None):
+        """input_ids (B, T) -> the last hidden state (B, T, E) (after the final norm);
+        with a cache, (hidden, cache). Arguments as `__call__`."""
+        ids = check_token_ids(input_ids, self.lm.vocab_size)
+        shape = tuple(ids.shape)
+        mask = check_token_mask(attention_mask, shape)
+        if positions is not None:
+            positions = jnp.asarray(positions)
+            if positions.shape != shape or not jnp.issubdtype(positions.dtype, jnp.integer):
+                raise ValueError(f"positions must be an integer (batch, seq) = {shape} array (HF's position_ids), "
+                                 f"got {positions.dtype} {tuple(positions.shape)}")
+        if token_type_ids is not None:
+            token_type_ids = check_token_ids(token_type_ids, max(self.lm.token_types, 1), "token_type_ids")
+            if self.token_type is None:
+                raise ValueError("token_type_ids given, but the model has no token-type embedding")
+        if cache is not None and positions is None:
+            positions = cache["position"][:, None] + jnp.arange(shape[1], dtype=jnp.int32)
+        if self.pos is not None and positions is not None:
+            seen = _concrete(positions)
+            if seen is not None and seen.size and (seen.min() < 0 or seen.max() >= self.lm.max_positions):
+                raise ValueError(f"positions up to {int(seen.max())}, but the model has {self.lm.max_positions} "
+                                 f"learned positions (0..{self.lm.max_positions - 1})")
+        x = self.embed_tokens(ids, positions, token_type_ids)
+        rotary = positions if self.cfg.rope_theta is not None else None
+        if cache is None:
+            return self.encoder(x, key_mask=mask, positions=rotary, deterministic=deterministic)
+        return self.encoder(x, key_mask=mask, positions=positions, cache=cache, deterministic=deterministic)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """Hidden states (..., E) -> logits (..., V) through the head (tied: embed.weight^T)."""
+        if self.lm.head == "none":
+            raise ValueError("this model has no head (head='none'): it returns hidden states")
+        if self.head is not None:
+            return self.head(h)
+        table = self.embed.embedding[...]
+        h, table = nnx.nn.dtypes.promote_dtype((h, table), dtype=compute_dtype(self.cfg))
+        return jnp.dot(h, table.T)
+
+    def __call__(self, input_ids, *, attention_mask=None, positions=None, token_type_ids=None,
+                 cache: Cache | None = None, deterministic: bool | None = None):
+        """input_ids (B, T) integers -> logits (B, T, V), or the last hidden state (B, T, E)
+        for head="none". attention_mask (B, T): 1 / True = real token (HF's convention);
+        positions (B, T): HF's position_ids (default 0..T-1; with a cache, each row's next
+        ones); token_type_ids (B, T): BERT's segments. cache (from `init_cache`): the
+        tokens are the next chunk; returns (out, cache). Bad ids, masks and positions are
+        refused before anything is computed (where their values can be read)."""
+        out = self.hidden(input_ids, attention_mask=attention_mask, positions=positions,
+                          token_type_ids=token_type_ids, cache=cache, deterministic=deterministic)
+        h, cache = out if cache is not None else (out, None)
+        y = h if self.lm.head == "none" else self.logits(h)
+        return y if cache is None else (y, cache)
+
+    # ------------------------------------------------------------------ conversion hooks
+
+    def _torch_state_dict(self) -> dict[str, np.ndarray]:
+        """{torch name: numpy array} (the twin's names; `flax_blocks.torch_state_dict` calls it)."""
+        from .convert import torch_state_dict
+
+        out: dict[str, np.ndarray] = {}
+        for name, comp in components(self.lm, self.cfg):
+            for t, _, p in declarations.flatten(comp, f"{name}."):
+                value = np.asarray(getattr(getattr(self, name), p.flax).get_value())
+                out[t] = np.array(p.transform.to_torch(value, self.cfg), order="C")
+        out.update({f"{ENCODER}.{k}": v for k, v in torch_state_dict(self.encoder).items()})
+        return out
+
+    def _load_torch_state_dict(self, source: Any, *, prefix: str = "", strict: bool = True, dtype: Any = None):
+        """Load torch-named weights (the twin's state dict) strictly and atomically: every
+        problem of the model's own parts is raised before the stack is loaded, and the
+        stack's (by the converter) before anything is written."""
+        from .convert import load_torch_state_dict
+
+        if not strict:
+            raise ValueError("a LanguageModel loads strictly (strict=False is for blocks and stacks)")
+        sd = {k[len(prefix):]: v for k, v in read_state_dict(source).items() if k.startswith(prefix)}
+        own = {t: (name, p) for name, comp in components(self.lm, self.cfg)
+               for t, _, p in declarations.flatten(comp, f"{name}.")}
+        problems = [f"missing key {prefix}{t}" for t in own if t not in sd]
+        problems += [f"unexpected key {prefix}{k}" for k in sd if k not in own and not k.startswith(ENCODER + ".")]
+        problems += [f"{prefix}{t}: shape {tuple(sd[t].shape)}, expected {p.shape}"
+                     for t, (_, p) in own.items() if t in sd and tuple(sd[t].shape) != p.shape]
+        if problems:
+            raise ConversionError(problems, header="cannot load this LanguageModel checkpoint")
+        load_torch_state_dict(self.encoder, {k[len(ENCODER) + 1:]: v for k, v in sd.items()
+                                             if k.startswith(ENCODER + ".")}, dtype=dtype, dialect="torch")
+        for t, (name, p) in own.items():
+            a = np.asarray(sd[t]) if dtype is None else np.asarray(sd[t]).astype(jnp.dtype(dtype))
+            getattr(getattr(self, name), p.flax).set_value(jnp.asarray(p.transform.to_flax(a, self.cfg)))
+
+
+def from_torch_state_dict(cfg: BlockConfig, lm: LMConfig, source: Any, *, seed: int = 0, dtype: Any = None,
+                          prefix: str = "") -> LanguageModel:
+    """A new LanguageModel whose parameters all come from a torch-named state dict (the
+    twin's, or one `flax_blocks.hf` translated), built without drawing random values."""
+    from .convert import materialize_rng_state
+
+    model = nnx.eval_shape(lambda: LanguageModel(cfg, lm, rngs=nnx.Rngs(seed)))
+    model._load_torch_state_dict(source, prefix=prefix, dtype=dtype)
+    materialize_rng_state(model, seed)
+    return model
+

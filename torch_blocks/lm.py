@@ -1,0 +1,145 @@
+"""A whole language model in PyTorch, the twin of `flax_blocks.lm.LanguageModel`: the same
+parts (declared once in `flax_blocks.lm_spec`), the same torch names (embed.weight,
+pos.weight, token_type.weight, embed_norm.*, encoder.*, head.*), so
+`twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(flax_lm)))` and
+`fb.load_torch_state_dict(flax_lm, twin.state_dict())` move a model either way.
+
+Token masks take Hugging Face's convention, as the Flax twin: attention_mask (B, T), 1 /
+True = real token. `generate` is the twin's own cached greedy loop (one token per step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from flax_blocks.config import BlockConfig
+from flax_blocks.declarations import Component
+from flax_blocks.lm_spec import ENCODER, OPTIONAL, LMConfig, components
+
+from .blocks import Encoder
+from .layers import Linear, Norm, create_params
+
+Cache = dict[str, Any]
+
+
+class Embedding(nn.Module):
+    """A lookup table. Params: weight (rows, E)."""
+
+    def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
+        super().__init__()
+        create_params(self, component, cfg, generator)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return nn.functional.embedding(ids, self.weight)
+
+
+_MODULES = {"embedding": Embedding, "norm": Norm, "linear": Linear}
+
+
+def _check(ids: Tensor, mask: Tensor | None, vocab: int) -> Tensor | None:
+    if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must be an integer (batch, seq) tensor, got {ids.dtype} {tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise ValueError(f"input_ids hold ids outside the vocabulary [0, {vocab})")
+    if mask is None:
+        return None
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(f"attention_mask must have the tokens' shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold 1 (real token) and 0 (padding), HF's convention")
+    if not bool((mask > 0).any(dim=1).all()):
+        raise ValueError("attention_mask marks no real token in some row: 1 / True = real token (HF's convention)")
+    return mask > 0
+
+
+class LanguageModel(nn.Module):
+    """Token embedding (+ learned positions, token types, embedding norm), the Encoder, and
+    a head tied or not (see `flax_blocks.lm_spec.LMConfig`)."""
+
+    def __init__(self, cfg: BlockConfig, lm: LMConfig, *, generator: torch.Generator | None = None):
+        super().__init__()
+        self.cfg, self.lm = cfg, lm
+        for name in OPTIONAL:
+            setattr(self, name, None)
+        parts = components(lm, cfg)  # built in torch's order: embeddings, the stack, the head
+        for name, comp in parts:
+            if name != "head":
+                setattr(self, name, _MODULES[comp.kind](cfg, comp, generator=generator))
+        setattr(self, ENCODER, Encoder(cfg, num_layers=lm.num_layers, final_norm=lm.final_norm, generator=generator))
+        for name, comp in parts:
+            if name == "head":
+                setattr(self, name, _MODULES[comp.kind](cfg, comp, generator=generator))
+
+    def init_cache(self, batch_size: int, max_length: int) -> Cache:
+        return self.encoder.init_cache(batch_size, max_length)
+
+    def hidden(self, input_ids: Tensor, attention_mask: Tensor | None = None, positions: Tensor | None = None,
+               token_type_ids: Tensor | None = None, *, cache: Cache | None = None):
+        """input_ids (B, T) -> last hidden state (B, T, E); with a cache, (hidden, cache)."""
+        mask = _check(input_ids, attention_mask, self.lm.vocab_size)
+        b, t = input_ids.shape
+        if positions is None:
+            start = cache["position"][:, None] if cache is not None else torch.zeros(b, 1, dtype=torch.long)
+            positions = start.to(input_ids.device) + torch.arange(t, device=input_ids.device)
+        x = self.embed(input_ids)
+        if self.pos is not None:
+            if int(positions.max()) >= self.lm.max_positions or int(positions.min()) < 0:
+                raise ValueError(f"positions up to {int(positions.max())}, but the model has {self.lm.max_positions} "
+                                 "learned positions")
+            x = x + self.pos(positions)
+        if self.token_type is not None:
+            x = x + self.token_type(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        padding = None if mask is None else ~mask  # torch's key padding convention inside the stack
+        if cache is None:
+            return self.encoder(x, src_key_padding_mask=padding, positions=positions)
+        return self.encoder(x, src_key_padding_mask=padding, cache=cache, positions=positions)
+
+    def logits(self, h: Tensor) -> Tensor:
+        if self.lm.head == "none":
+            raise ValueError("this model has no head (head='none'): it returns hidden states")
+        return self.head(h) if self.head is not None else h @ self.embed.weight.T
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, positions: Tensor | None = None,
+                token_type_ids: Tensor | None = None, *, cache: Cache | None = None):
+        """input_ids (B, T) -> logits (B, T, V) (hidden states for head="none"); with a
+        cache, (out, cache). As the Flax twin's call."""
+        out = self.hidden(input_ids, attention_mask, positions, token_type_ids, cache=cache)
+        h, cache = out if cache is not None else (out, None)
+        y = h if self.lm.head == "none" else self.logits(h)
+        return y if cache is None else (y, cache)
+
+
+@torch.no_grad()
+def generate(model: LanguageModel, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+             max_new_tokens: int, eos_token_id: int | None = None, pad_token_id: int | None = None) -> Tensor:
+    """Greedy cached generation, the prompt in one chunk then one token per step (a Python
+    loop): (B, T + max_new_tokens), rows finished by eos padded with pad_token_id (default
+    eos). Left-padded prompts get HF's positions (cumsum(mask) - 1, 0 at padding)."""
+    b, t = input_ids.shape
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
+    if not bool(mask[:, -1].all()):
+        raise ValueError("the last token of every row must be real: left-pad the prompts")
+    pad = eos_token_id if pad_token_id is None else pad_token_id
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    cache = model.init_cache(b, t + max_new_tokens)
+    h, cache = model.hidden(input_ids, mask, positions, cache=cache)
+    token = model.logits(h[:, -1]).argmax(-1)
+    done = torch.zeros(b, dtype=torch.bool) if eos_token_id is None else token == eos_token_id
+    out = [token]
+    for _ in range(max_new_tokens - 1):
+        if eos_token_id is not None and bool(done.all()):
+            out.append(torch.full_like(token, pad))
+            continue
+        h, cache = model.hidden(token[:, None], cache=cache)
+        nxt = model.logits(h[:, -1]).argmax(-1)
+        if eos_token_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            done = done | (nxt == eos_token_id)
+        token = nxt
+        out.append(token)
+    return torch.cat([input_ids, torch.stack(out, 1)], dim=1)
