@@ -127,7 +127,8 @@ def to_hf(module, dialect: str | None = None, *, prefix: str | None = None) -> d
     if type(module).__name__ == "LanguageModel":
         from .hf_models import to_hf_model
 
-        return to_hf_model(module, dialect or dialect_for(module.cfg), prefix=prefix)
+        return to_hf_model(module, dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg),
+                           prefix=prefix)
     if type(module).__name__ != "Encoder":
         raise TypeError(f"to_hf converts an Encoder (a stack) or a LanguageModel, got {type(module).__name__}")
     prefix = prefix or ""

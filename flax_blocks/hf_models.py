@@ -132,7 +132,9 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
 
         cfg = replace(cfg, param_dtype=dtype_name(dtype))
     log.info("from_hf: %s model as part=%s (%s head)", config.get("model_type"), part, lm.head)
-    return from_torch_state_dict(cfg, lm, ours, seed=seed, dtype=dtype)
+    model = from_torch_state_dict(cfg, lm, ours, seed=seed, dtype=dtype)
+    model.hf_dialect = dialect  # to_hf writes it back in this family's names (as from_hf's stacks)
+    return model
 
 
 def to_hf_model(model, dialect: str, *, prefix: str | None = None) -> dict[str, np.ndarray]:
