@@ -120,8 +120,26 @@ class BlockConfig:
         choice is refused, and "auto" never takes it (torch serves it with the explicit softmax).
       query_pre_attn_scalar: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim)
         (Gemma 2 / 3 `query_pre_attn_scalar`).
+      sliding_window: None, or W: in a local layer, query i sees key j iff i - W < j <= i
+        (causal only; HF's sliding_window_overlay `kv_idx > q_idx - sliding_window` over the
+        causal mask: Mistral, Qwen2, Starcoder2, Gemma 2 / 3), cached decoding included.
+      sliding_window_pattern: which layers are local: None, every layer (Mistral, Qwen2,
+        Starcoder2); n, layer l (counted from 1) is global iff l % n == 0, the others local
+        (HF `layer_types`: layer i from 0 "sliding_attention" iff (i + 1) % n; Gemma 2: 2,
+        layers 1, 3, ... local; Gemma 3: 6, five local then one global). A block called alone
+        is layer 1. The stacks compute each layer's kind from its scanned index (one compiled
+        layer for both kinds).
+      rope_local_theta: the rotary base of local layers (Gemma 3 `rope_local_base_freq`,
+        10000 beside a global 1e6); None: rope_theta in every layer.
       qkv_bias: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True
         with bias=False).
+      mlp_bias: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's
+        `mlp_bias` beside `attention_bias`).
+      norm_bias: biases of the LayerNorms (and DyT) alone (None: follow `bias`; StableLM:
+        LayerNorms with biases, linear maps without). QK-norm never has one.
+      (A key projection without a bias, Whisper's k_proj, needs no option: a key bias adds
+      q . b_k to every logit of a row, which softmax ignores, so the function is the same with
+      any key bias and a checkpoint without one reads as zeros.)
       parallel_residual: "none" (each sublayer reads the previous one's output), or the
         parallel form y = x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-J, GPT-NeoX
         `use_parallel_residual`, PaLM): "two_norms" with a norm per branch (GPT-NeoX) or
@@ -183,7 +201,12 @@ class BlockConfig:
     partial_rotary_factor: float = 1.0
     attn_logit_softcapping: float | None = None
     query_pre_attn_scalar: float | None = None
+    sliding_window: int | None = None
+    sliding_window_pattern: int | None = None
+    rope_local_theta: float | None = None
     qkv_bias: bool | None = None
+    mlp_bias: bool | None = None
+    norm_bias: bool | None = None
     parallel_residual: Literal["none", "two_norms", "shared_norm"] = "none"
     residual: Literal["add", "none"] = "add"
     scaling: Literal["none", "deepnorm", "rezero", "layerscale"] = "none"
@@ -257,8 +280,9 @@ class BlockConfig:
                 "LayerNorm or RMSNorm of its own (following norm_type), and DyT says neither. "
                 "Use qk_norm=False with DyT, or norm_type 'layernorm' / 'rmsnorm'"
             )
-        if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
-            raise ValueError(f"BlockConfig.qkv_bias must be None or a bool, got {self.qkv_bias!r}")
+        for name in ("qkv_bias", "mlp_bias", "norm_bias"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValueError(f"BlockConfig.{name} must be None or a bool, got {getattr(self, name)!r}")
         kv = self.num_kv_heads
         if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0 or self.num_heads % kv):
             raise ValueError(
@@ -280,6 +304,26 @@ class BlockConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
                 raise ValueError(f"BlockConfig.{name} must be None or a number > 0, got {value!r}")
+        for name in ("sliding_window", "sliding_window_pattern"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"BlockConfig.{name} must be None or a positive int, got {value!r}")
+        if self.sliding_window is not None and not self.causal:
+            raise ValueError(f"BlockConfig.sliding_window={self.sliding_window!r} is the causal window i - W < j <= i "
+                             "(Mistral, Gemma 2 / 3) and needs causal=True")
+        if self.sliding_window is None and self.sliding_window_pattern is not None:
+            raise ValueError(f"BlockConfig.sliding_window_pattern={self.sliding_window_pattern!r} says which layers "
+                             "are local and needs sliding_window")
+        if self.rope_local_theta is not None:
+            if isinstance(self.rope_local_theta, bool) or not self.rope_local_theta > 0:
+                raise ValueError(f"BlockConfig.rope_local_theta must be None or > 0, got {self.rope_local_theta!r}")
+            if self.rope_theta is None or self.sliding_window is None:
+                raise ValueError("BlockConfig.rope_local_theta is the rotary base of the local (sliding-window) "
+                                 "layers and needs rope_theta and sliding_window")
+        if self.sliding_window_pattern is not None and self.attention == "fused":
+            raise ValueError("BlockConfig.attention='fused' takes a sliding window only in every layer "
+                             "(sliding_window_pattern=None): a stack of local and global layers scans one layer, "
+                             "whose window is then not a static size. Use attention='auto', 'dense' or 'blocked'")
         if self.attn_logit_softcapping is not None and self.attention == "fused":
             raise ValueError("BlockConfig.attention='fused' cannot soft-cap the logits (attn_logit_softcapping): "
                              "jax.nn.dot_product_attention and SDPA have no soft-cap. Use attention='auto', "
@@ -326,6 +370,14 @@ class BlockConfig:
     @property
     def has_qkv_bias(self) -> bool:
         return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.bias if self.mlp_bias is None else self.mlp_bias
+
+    @property
+    def has_norm_bias(self) -> bool:
+        return self.bias if self.norm_bias is None else self.norm_bias
 
     @property
     def gated(self) -> bool:
@@ -423,6 +475,15 @@ def parallel_update(cfg: BlockConfig, x: Any, branches: list, layer: Any = 1) ->
         y = y + (h if scale is None else scale * h)
         aux.update(a)
     return y, aux
+
+
+def is_local(cfg: BlockConfig, layer: Any) -> Any:
+    """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) is a
+    local, sliding-window layer: a Python bool, or a boolean array when `layer` is traced."""
+    if cfg.sliding_window is None:
+        return False
+    n = cfg.sliding_window_pattern
+    return True if n is None else layer % n != 0
 
 
 def layer_scale(layer: Any, like: Any) -> Any:

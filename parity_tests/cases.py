@@ -35,14 +35,15 @@ CASES: list[Case] = [
     _cfg(norm="none", scaling="rezero"),
     _cfg(scaling="rezero"),
     _cfg(scaling="layerscale", parallel_residual="two_norms"),  # GPT-NeoX's parallel residual, gated per branch
-    _cfg(activation="relu"),
+    _cfg(activation="relu", norm_bias=False),  # LayerNorms without biases, linear maps with
     _cfg(activation="gelu_tanh"),
     _cfg(bias=False),
     _cfg(causal=True),
     replace(BLOCK, attention_mask=True),
     replace(BLOCK, key_mask=True),
     replace(BLOCK, attention_mask=True, key_mask=True),  # some rows lose every key
-    replace(BLOCK, cfg=replace(BASE, causal=True), attention_mask=True, key_mask=True),
+    # a sliding window in every layer (Mistral) beside masks that leave some rows without a key
+    replace(BLOCK, cfg=replace(BASE, causal=True, sliding_window=2), attention_mask=True, key_mask=True),
     replace(BLOCK, batch=1),
     replace(BLOCK, seq=1),
     replace(BLOCK, cfg=replace(BASE, d_model=24, num_heads=8, d_ff=16)),  # heads 8 > head_dim 3
@@ -72,8 +73,8 @@ CASES: list[Case] = [
     # 4 heads x 8 != d_model 16; rotary on the first 4 of 8 dims (GPT-NeoX rotary_pct)
     replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
-    _cfg(qkv_bias=True, bias=False),
-    _cfg(qkv_bias=False),
+    _cfg(qkv_bias=True, bias=False, mlp_bias=True),
+    _cfg(qkv_bias=False, mlp_bias=False),  # LLaMA's attention_bias without mlp_bias: out_proj's bias alone
     *(Case(kind, replace(BASE, norm="peri", norm_type="rmsnorm", mlp="swiglu", activation="silu", qk_norm=True))
       for kind in ("ResidualMHA", "FeedForward")),
     replace(BLOCK, cfg=LLAMA, seq=6),
@@ -93,22 +94,28 @@ CASES: list[Case] = [
     Case("DecoderBlock", replace(BASE, norm="peri"), attention_mask=True, memory_key_mask=True),
     Case("DecoderBlock", replace(LLAMA, norm="peri", head_dim=6), seq=6, memory_seq=7, key_mask=True,
          memory_key_mask=True),
-    Case("Decoder", replace(BASE, norm="post", causal=True), num_layers=3, key_mask=True, memory_key_mask=True),
+    # local, local, global layers in one scanned stack (Gemma 3's pattern, of 3)
+    Case("Decoder", replace(BASE, norm="post", causal=True, sliding_window=2, sliding_window_pattern=3), num_layers=3,
+         key_mask=True, memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
     Case("Decoder", replace(LLAMA, partial_rotary_factor=0.5), num_layers=2, seq=6, memory_seq=3),
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
-    Case("Encoder", replace(BASE, parallel_residual="shared_norm"), num_layers=3, key_mask=True,  # StableLM's
-         scan_layers=False),
-    Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, scan_layers=False),
+    # StableLM's block: one LayerNorm (with its bias) for both parallel branches, linear maps without biases
+    Case("Encoder", replace(BASE, parallel_residual="shared_norm", bias=False, norm_bias=True), num_layers=3,
+         key_mask=True, scan_layers=False),
+    Case("Decoder", replace(LLAMA, causal=True, sliding_window=2, sliding_window_pattern=2, rope_local_theta=100.0),
+         num_layers=2, seq=6, scan_layers=False),  # Gemma 2's alternation, Gemma 3's local rotary base
     # attention paths forced through the config at small T (auto takes dense here): Flax's
     # blocked online softmax in blocks that do not divide T, and torch's explicit softmax
     # without weights asked for (torch serves blocked with SDPA)
     Case("TransformerBlock", replace(LLAMA, norm="peri", head_dim=6, attention="blocked", attention_block=2,
-                                     attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), seq=7, key_mask=True),
-    Case("Encoder", replace(BASE, causal=True, attention="blocked", attention_block=4), seq=9, key_mask=True),
+                                     attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0, sliding_window=3),
+         seq=7, key_mask=True),  # (the key blocks wholly before a query block's windows are skipped)
+    Case("Encoder", replace(BASE, causal=True, attention="blocked", attention_block=4, sliding_window=3,
+                            sliding_window_pattern=2, rope_theta=1e4, rope_local_theta=10.0), seq=9, key_mask=True),
     Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
          memory_key_mask=True),
     Case("TransformerBlock", replace(BASE, attention="dense"), key_mask=True),
@@ -118,5 +125,5 @@ CASES: list[Case] = [
 # in float32, so the forced "fused" path is compared in float32 only.
 FLOAT32_CASES: list[Case] = [
     Case("TransformerBlock", replace(LLAMA, attention="fused"), seq=6, key_mask=True),
-    Case("Encoder", replace(BASE, causal=True, attention="fused"), seq=7, key_mask=True),
+    Case("Encoder", replace(BASE, causal=True, attention="fused", sliding_window=3), seq=7, key_mask=True),
 ]

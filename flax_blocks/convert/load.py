@@ -30,6 +30,8 @@ from .params import LAYER, Expected, expected_torch_params, flax_params
 def _module_facts(module) -> dict[str, Any]:
     cfg = module.cfg
     facts: dict[str, Any] = {"kind": type(module).__name__, "d_model": cfg.d_model, "bias": cfg.bias}
+    if facts["kind"] == "FeedForward":  # (its checkpoint shows the MLP's biases: infer_config's `bias` there)
+        facts["bias"] = cfg.has_mlp_bias
     if facts["kind"] != "ResidualMHA":
         facts["d_ff"] = cfg.d_ff
     if facts["kind"] in declarations.STACKS:
