@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from . import declarations
-from .config import BlockConfig, check_attention_call, warn_fully_masked
+from .config import BlockConfig, check_attention_call, is_local, warn_fully_masked
 from .layers import Norm, compute_dtype, create_params, dropout, initial_values
 
 
@@ -130,7 +130,7 @@ def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: 
     if need_weights or explicit_mask or dropout_active or not isinstance(seq, int):
         return "dense"
     gpu = (jax.default_backend() if platform is None else platform) == "gpu"
-    if gpu and cfg.attn_logit_softcapping is None:  # (the fused kernel has no soft-cap)
+    if gpu and cfg.attn_logit_softcapping is None and cfg.sliding_window_pattern is None:  # (see BlockConfig)
         return "fused"
     return "blocked" if seq >= AUTO_MIN_KEYS else "dense"
 
@@ -151,19 +151,24 @@ def self_attention_masks(cfg: BlockConfig, path: str, batch: int, seq: int, atte
     return {"self": (None, None), "key_valid": key_mask}
 
 
-def _block_pairs(nq: int, nk: int, bq: int, bk: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
+def _block_pairs(nq: int, nk: int, bq: int, bk: int, causal: bool,
+                 window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The (query block i, key block j) pairs that hold an allowed pair of positions,
     i-major: every pair without causal; with it, the key blocks whose first key is at or
-    before query block i's last query (blocks wholly above the diagonal are not visited)."""
-    pairs = [(i, j) for i in range(nq) for j in range(nk) if not causal or j * bk <= i * bq + bq - 1]
+    before query block i's last query (blocks wholly above the diagonal are not visited);
+    with a sliding window W also those whose last key is after query block i's first query
+    minus W (blocks wholly before every query's window are not visited)."""
+    pairs = [(i, j) for i in range(nq) for j in range(nk) if (not causal or j * bk <= i * bq + bq - 1)
+             and (window is None or j * bk + bk - 1 > i * bq - window)]
     i, j = np.asarray(pairs, np.int32).T
     return i, j
 
 
-def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt, softcap=None):
+def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt, softcap=None, window=None, local=True):
     """Scaled logits of query block i against key block j (soft-capped, c tanh(s / c), before
     the masks), -inf where a pair is not allowed (a padded or masked key, or one after the
-    query): qi (B, K, G, bq, hd), kj (B, K, bk, hd), bias_j (B, bk) of 0 / -inf ->
+    query, or with a sliding window W before query - W + 1 where `local`, a bool array):
+    qi (B, K, G, bq, hd), kj (B, K, bk, hd), bias_j (B, bk) of 0 / -inf ->
     (logits (B, K, G, bq, bk), d logits / d s: 1 - tanh^2 with a soft-cap, else None). (One
     fused pass over the logits: no separate boolean masks.)"""
     s = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj).astype(acc_dt) * scale
@@ -172,17 +177,21 @@ def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt, softcap=No
         t = jnp.tanh(s / softcap)
         s, slope = softcap * t, 1.0 - t * t
     logits = s + bias_j[:, None, None, None, :]
+    kpos, qpos = (j * bk + jnp.arange(bk))[None, :], (i * bq + jnp.arange(bq))[:, None]
     if causal:
-        logits = jnp.where((j * bk + jnp.arange(bk))[None, :] <= (i * bq + jnp.arange(bq))[:, None], logits, -jnp.inf)
+        logits = jnp.where(kpos <= qpos, logits, -jnp.inf)
+    if window is not None:
+        logits = jnp.where((kpos > qpos - window) | ~local, logits, -jnp.inf)
     return logits, slope
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _flash(qb, kb, vb, validb, causal: bool, bq: int, scale: float, softcap: float | None):
-    return _flash_fwd(qb, kb, vb, validb, causal, bq, scale, softcap)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10))
+def _flash(qb, kb, vb, validb, local, causal: bool, bq: int, scale: float, softcap: float | None,
+           window: int | None, skip: bool):
+    return _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip)[0]
 
 
-def _flash_fwd(qb, kb, vb, validb, causal, bq, scale, softcap):
+def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip):
     """qb (nq, B, K, G, bq, hd), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk) ->
     out (nq, B, K, G, bq, hd) (0 for rows without keys), and the residuals (the inputs,
     out, each row's log-sum-exp, 0 where a row has no key)."""
@@ -190,13 +199,13 @@ def _flash_fwd(qb, kb, vb, validb, causal, bq, scale, softcap):
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
     scale = jnp.asarray(scale, acc_dt)
-    pi, pj = _block_pairs(nq, nk, bq, bk, causal)
+    pi, pj = _block_pairs(nq, nk, bq, bk, causal, window if skip else None)
     bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
     def step(carry, ij):
         m, l, acc = carry  # (nq, B, K, G, bq), (nq, B, K, G, bq), (nq, B, K, G, bq, hd)
         i, j = ij
-        logits, _ = _pair_logits(qb[i], kb[j], bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap)
+        logits, _ = _pair_logits(qb[i], kb[j], bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap, window, local)
         mi = m[i]
         m_new = jnp.maximum(mi, logits.max(axis=-1))
         shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # a row without a key so far: exp(-inf) = 0
@@ -212,19 +221,19 @@ def _flash_fwd(qb, kb, vb, validb, causal, bq, scale, softcap):
     has = l > 0
     out = (acc / jnp.where(has, l, 1.0)[..., None]).astype(vb.dtype)
     lse = jnp.where(has, m + jnp.log(jnp.where(has, l, 1.0)), 0.0)
-    return out, (qb, kb, vb, validb, out, lse)
+    return out, (qb, kb, vb, validb, local, out, lse)
 
 
-def _flash_bwd(causal, bq, scale, softcap, res, dout):
+def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
     """FlashAttention-2's backward: the probabilities recomputed pair by pair from the
     log-sum-exp, D = rowsum(dO * O); dQ, dK, dV accumulated over the same pairs (through
     the soft-cap's slope 1 - tanh^2 when there is one)."""
-    qb, kb, vb, validb, out, lse = res
+    qb, kb, vb, validb, local, out, lse = res
     nq, b, kv, g, _, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
     scale = jnp.asarray(scale, acc_dt)
-    pi, pj = _block_pairs(nq, nk, bq, bk, causal)
+    pi, pj = _block_pairs(nq, nk, bq, bk, causal, window if skip else None)
     delta = (dout.astype(acc_dt) * out.astype(acc_dt)).sum(axis=-1)  # (nq, B, K, G, bq)
     bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
@@ -232,7 +241,7 @@ def _flash_bwd(causal, bq, scale, softcap, res, dout):
         dq, dk, dv = carry
         i, j = ij
         qi, kj, vj, doi = qb[i], kb[j], vb[j], dout[i]
-        logits, slope = _pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap)
+        logits, slope = _pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap, window, local)
         p = jnp.exp(logits - lse[i][..., None])
         dv = dv.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi).astype(acc_dt))
         dp = jnp.einsum("bkgqd,bksd->bkgqs", doi, vj).astype(acc_dt)
@@ -244,17 +253,19 @@ def _flash_bwd(causal, bq, scale, softcap, res, dout):
 
     init = (jnp.zeros(qb.shape, acc_dt), jnp.zeros(kb.shape, acc_dt), jnp.zeros(vb.shape, acc_dt))
     (dq, dk, dv), _ = jax.lax.scan(step, init, (jnp.asarray(pi), jnp.asarray(pj)))
-    return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None
+    return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, key_valid: jax.Array | None,
-                      block: int, scale: float | None = None,
-                      softcap: float | None = None) -> tuple[jax.Array, jax.Array]:
+                      block: int, scale: float | None = None, softcap: float | None = None,
+                      window: int | None = None, local=True) -> tuple[jax.Array, jax.Array]:
     """softmax(q k^T * scale) v (scale default 1 / sqrt(hd); soft-capped logits c tanh(s / c)
-    with softcap c, Gemma 2) without the (T, S) logits, FlashAttention-2 style: one
+    with softcap c, Gemma 2; a causal sliding window W, keys i - W < j <= i, where `local`, a
+    Python bool or a traced one, with the key blocks wholly outside it skipped when `local` is
+    a Python True) without the (T, S) logits, FlashAttention-2 style: one
     lax.scan over the (query block, key block) pairs that hold an allowed pair (for causal,
     query block i visits key blocks 0..i only), an online softmax forward that keeps the
     output and each row's log-sum-exp, and a custom VJP that recomputes the probabilities
@@ -274,29 +285,44 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     validb = pad(valid, nk * bk, 1).reshape(b, nk, bk).swapaxes(0, 1)  # padded keys are invalid
-    out = _flash(qb, kb, vb, validb, causal, bq, d ** -0.5 if scale is None else float(scale),
-                 None if softcap is None else float(softcap))
+    if local is False:
+        window = None
+    skip = window is not None and local is True  # statically local: skip the blocks outside the window
+    out = _flash(qb, kb, vb, validb, jnp.asarray(local, jnp.bool_), causal, bq,
+                 d ** -0.5 if scale is None else float(scale), None if softcap is None else float(softcap), window, skip)
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
-    if causal:  # a real key at or before the query
-        seen = jnp.cumsum(valid, axis=1) > 0
-        has_key = seen[:, jnp.minimum(jnp.arange(t), s - 1)]
+    if causal:  # a real key at or before the query (and inside its window)
+        has_key = _keys_seen(valid, t, window, local)
     else:
         has_key = jnp.broadcast_to(valid.any(axis=1, keepdims=True), (b, t))
     return out, has_key
 
 
-def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
-                    key_valid: jax.Array | None, scale: float | None = None) -> tuple[jax.Array, jax.Array]:
+def _keys_seen(valid: jax.Array, t: int, window: int | None = None, local=True) -> jax.Array:
+    """(B, T): whether causal query i has a real key at or before it (valid (B, S)), and with
+    a window W where `local` in i - W < j <= i."""
+    count = jnp.cumsum(valid, axis=1, dtype=jnp.int32)
+    q = jnp.minimum(jnp.arange(t), valid.shape[1] - 1)
+    seen = count[:, q] > 0
+    if window is None or local is False:
+        return seen
+    before = jnp.where(q - window >= 0, count[:, jnp.maximum(q - window, 0)], 0)
+    return jnp.where(local, count[:, q] - before > 0, seen)
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, key_valid: jax.Array | None,
+                    scale: float | None = None, window: int | None = None) -> tuple[jax.Array, jax.Array]:
     """The same as `blocked_attention` through jax.nn.dot_product_attention (query head
     k * G + g uses key/value head k, its grouping too); its softmax runs in float32, so
     float64 parity is not this path's job. Rows without keys give 0."""
     b, t, kv, g, d = q.shape
     mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, S)
-    out = jax.nn.dot_product_attention(q.reshape(b, t, kv * g, d), k, v, mask=mask, is_causal=causal, scale=scale)
+    out = jax.nn.dot_product_attention(q.reshape(b, t, kv * g, d), k, v, mask=mask, is_causal=causal, scale=scale,
+                                       local_window_size=None if window is None else (window - 1, 0))
     if key_valid is None:
         has_key = jnp.ones((b, t), jnp.bool_)
     elif causal:
-        has_key = jnp.cumsum(key_valid, axis=1)[:, :t] > 0  # a key at or before the query
+        has_key = _keys_seen(key_valid, t, window)  # a key at or before the query (in its window)
     else:
         has_key = jnp.broadcast_to(key_valid.any(axis=1, keepdims=True), (b, t))
     out = jnp.where(has_key[:, :, None, None], out, 0.0)
@@ -386,15 +412,32 @@ class Attention(nnx.Module):
             return norm(a.reshape(*a.shape[:2], -1)).reshape(a.shape)
         return norm(a)
 
-    def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array,
+                    local=False) -> tuple[jax.Array, jax.Array]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, K, G, hd),
-        k (B, T, K, hd), positions (T,)."""
+        k (B, T, K, hd), positions (T,); local: a sliding-window layer's (a bool, or a traced
+        one), whose rotary base is rope_local_theta when given (Gemma 3)."""
         if self.q_norm is not None:
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
-            theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
+            theta, dim, local_theta = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_local_theta
+            if local_theta is not None and local is not False:
+                theta = local_theta if local is True else jnp.where(local, local_theta, theta)
             q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
         return q, k
+
+    def windowed(self, mask: jax.Array, rows: jax.Array | None, index, t: int, s: int,
+                 local) -> tuple[jax.Array, jax.Array | None]:
+        """The dense path's (mask, rows) of a local layer (`local`: a bool or a traced one):
+        query i (at position index + i) sees key j (position j) only if i - W < j; a query
+        whose keys all lie before its window has none (rows False, its mask opened up)."""
+        if local is False:
+            return mask, rows
+        qpos, kpos = index + jnp.arange(t), jnp.arange(s)
+        inside = (kpos[None, :] > qpos[:, None] - self.cfg.sliding_window)[None, None]  # (1, 1, T, S)
+        m = mask & (inside if local is True else inside | ~local)
+        has = jnp.any(m, axis=-1, keepdims=True)
+        return m | ~has, (has if rows is None else rows & has)
 
     def logits(self, qk: jax.Array, mask: jax.Array | None) -> jax.Array:
         """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
@@ -440,6 +483,7 @@ class Attention(nnx.Module):
         key: jax.Array | None = None, deterministic: bool | None = None, *,
         cross: bool = False, memory: jax.Array | None = None, cache: dict[str, jax.Array] | None = None,
         index: jax.Array | int = 0, path: str = "dense", key_valid: jax.Array | None = None,
+        layer: jax.Array | int = 1,
     ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E).
 
@@ -455,7 +499,9 @@ class Attention(nnx.Module):
         uncached self-attention, "blocked" (`blocked_attention`, blocks of
         cfg.attention_block) or "fused" (`fused_attention`), which take the causal flag
         and key_valid (B, S) (True = real key) instead of mask / rows, return no weights
-        (None) and apply no dropout; `attention_path` resolves it.
+        (None) and apply no dropout; `attention_path` resolves it. layer: this block's index in
+        its stack (from 1; traced in a layer scan): whether a self-attention is local
+        (sliding_window, sliding_window_pattern) and which rotary base it takes.
 
         Returns (output (B, T, E), attention weights (B, H, T, S), the largest pre-softmax
         logit over unmasked pairs (), the updated cache or None)."""
@@ -468,10 +514,11 @@ class Attention(nnx.Module):
         b, t, e = x.shape
         _, kv, slots, d = w_in.shape
         g, h = slots - 2, w_out.shape[0]
+        local = False if cross else is_local(self.cfg, layer)  # a sliding-window layer (a bool, or a traced one)
         if not cross:
             qkv = self._project(x, w_in, b_in)  # (B, T, K, G+2, hd)
             q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
-            q, k = self.position_qk(q, k, index + jnp.arange(t))
+            q, k = self.position_qk(q, k, index + jnp.arange(t), local)
             if cache is not None:
                 start = (0 * index, index, 0 * index, 0 * index)  # one integer dtype (int64 under x64 too)
                 k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
@@ -486,11 +533,13 @@ class Attention(nnx.Module):
         s = k.shape[1]
         if path == "fused":  # the accelerator path: cuDNN's fused kernel where it can
             out, has_key = fused_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid,
-                                           scale=self.cfg.attention_scale)
+                                           scale=self.cfg.attention_scale,
+                                           window=self.cfg.sliding_window if local is True else None)
         elif path == "blocked":  # memory-efficient path: no weights, no (T, S) logits
             out, has_key = blocked_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid,
                                              block=self.cfg.attention_block, scale=self.cfg.attention_scale,
-                                             softcap=self.cfg.attn_logit_softcapping)
+                                             softcap=self.cfg.attn_logit_softcapping,
+                                             window=self.cfg.sliding_window, local=local)
         if path != "dense":
             out = jnp.dot(out.reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
             if b_out is not None:
@@ -500,6 +549,8 @@ class Attention(nnx.Module):
         # Batched matmuls over (B, K, G): XLA:CPU runs them faster than the equivalent einsums
         # ("btkgd,bskd->bkgts"), forward and backward.
         qh, kh = q.transpose(0, 2, 3, 1, 4), k.transpose(0, 2, 3, 1)[:, :, None]  # (B,K,G,T,hd), (B,K,1,hd,S)
+        if local is not False:  # a sliding-window layer (the causal mask is never None then)
+            mask, rows = self.windowed(mask, rows, index, t, s, local)
         logits = self.logits((qh @ kh).reshape(b, h, t, s), mask)  # head = kv * G + g
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = jax.nn.softmax(logits, axis=-1)

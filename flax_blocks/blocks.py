@@ -128,7 +128,7 @@ class _Block(nnx.Module):
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=mask, rows=rows, key=k_inner, deterministic=deterministic, cross=part == "cross",
                     memory=memory, cache=None if cache is None else cache[part], index=index,
-                    path="dense" if part == "cross" else path, key_valid=masks.get("key_valid"),
+                    path="dense" if part == "cross" else path, key_valid=masks.get("key_valid"), layer=layer,
                 )
             s = getattr(self, sub.scale)
             norm, drop = getattr(self, sub.norm) or _identity, _with_key(self.dropouts[i], k_out, deterministic)
@@ -193,10 +193,10 @@ def _prepare_self_attention(module, x, attention_mask, key_mask, return_intermed
 
 
 def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cross, memory, cache, index, path,
-               key_valid):
+               key_valid, layer):
     out, weights, logit_max, new_cache = attn(h, mask, rows, key=key, deterministic=deterministic, cross=cross,
                                               memory=memory, cache=cache, index=index, path=path,
-                                              key_valid=key_valid)
+                                              key_valid=key_valid, layer=layer)
     aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
         aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged

@@ -120,6 +120,17 @@ class BlockConfig:
         choice is refused, and "auto" never takes it (torch serves it with the explicit softmax).
       query_pre_attn_scalar: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim)
         (Gemma 2 / 3 `query_pre_attn_scalar`).
+      sliding_window: None, or W: in a local layer, query i sees key j iff i - W < j <= i
+        (causal only; HF's sliding_window_overlay `kv_idx > q_idx - sliding_window` over the
+        causal mask: Mistral, Qwen2, Starcoder2, Gemma 2 / 3), cached decoding included.
+      sliding_window_pattern: which layers are local: None, every layer (Mistral, Qwen2,
+        Starcoder2); n, layer l (counted from 1) is global iff l % n == 0, the others local
+        (HF `layer_types`: layer i from 0 "sliding_attention" iff (i + 1) % n; Gemma 2: 2,
+        layers 1, 3, ... local; Gemma 3: 6, five local then one global). A block called alone
+        is layer 1. The stacks compute each layer's kind from its scanned index (one compiled
+        layer for both kinds).
+      rope_local_theta: the rotary base of local layers (Gemma 3 `rope_local_base_freq`,
+        10000 beside a global 1e6); None: rope_theta in every layer.
       qkv_bias: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True
         with bias=False).
       parallel_residual: "none" (each sublayer reads the previous one's output), or the
@@ -183,6 +194,9 @@ class BlockConfig:
     partial_rotary_factor: float = 1.0
     attn_logit_softcapping: float | None = None
     query_pre_attn_scalar: float | None = None
+    sliding_window: int | None = None
+    sliding_window_pattern: int | None = None
+    rope_local_theta: float | None = None
     qkv_bias: bool | None = None
     parallel_residual: Literal["none", "two_norms", "shared_norm"] = "none"
     residual: Literal["add", "none"] = "add"
@@ -280,6 +294,26 @@ class BlockConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
                 raise ValueError(f"BlockConfig.{name} must be None or a number > 0, got {value!r}")
+        for name in ("sliding_window", "sliding_window_pattern"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"BlockConfig.{name} must be None or a positive int, got {value!r}")
+        if self.sliding_window is not None and not self.causal:
+            raise ValueError(f"BlockConfig.sliding_window={self.sliding_window!r} is the causal window i - W < j <= i "
+                             "(Mistral, Gemma 2 / 3) and needs causal=True")
+        if self.sliding_window is None and self.sliding_window_pattern is not None:
+            raise ValueError(f"BlockConfig.sliding_window_pattern={self.sliding_window_pattern!r} says which layers "
+                             "are local and needs sliding_window")
+        if self.rope_local_theta is not None:
+            if isinstance(self.rope_local_theta, bool) or not self.rope_local_theta > 0:
+                raise ValueError(f"BlockConfig.rope_local_theta must be None or > 0, got {self.rope_local_theta!r}")
+            if self.rope_theta is None or self.sliding_window is None:
+                raise ValueError("BlockConfig.rope_local_theta is the rotary base of the local (sliding-window) "
+                                 "layers and needs rope_theta and sliding_window")
+        if self.sliding_window_pattern is not None and self.attention == "fused":
+            raise ValueError("BlockConfig.attention='fused' takes a sliding window only in every layer "
+                             "(sliding_window_pattern=None): a stack of local and global layers scans one layer, "
+                             "whose window is then not a static size. Use attention='auto', 'dense' or 'blocked'")
         if self.attn_logit_softcapping is not None and self.attention == "fused":
             raise ValueError("BlockConfig.attention='fused' cannot soft-cap the logits (attn_logit_softcapping): "
                              "jax.nn.dot_product_attention and SDPA have no soft-cap. Use attention='auto', "
@@ -423,6 +457,15 @@ def parallel_update(cfg: BlockConfig, x: Any, branches: list, layer: Any = 1) ->
         y = y + (h if scale is None else scale * h)
         aux.update(a)
     return y, aux
+
+
+def is_local(cfg: BlockConfig, layer: Any) -> Any:
+    """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) is a
+    local, sliding-window layer: a Python bool, or a boolean array when `layer` is traced."""
+    if cfg.sliding_window is None:
+        return False
+    n = cfg.sliding_window_pattern
+    return True if n is None else layer % n != 0
 
 
 def layer_scale(layer: Any, like: Any) -> Any:

@@ -129,8 +129,9 @@ TORCH = Dialect(
 # layers, no QK-norm or residual scaling; they differ in norm placement and causality.
 _CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None,
             "partial_rotary_factor": 1.0, "attn_logit_softcapping": None, "query_pre_attn_scalar": None,
-            "qk_norm": False, "scaling": "none",
-            "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False, "parallel_residual": "none"}
+            "sliding_window": None, "sliding_window_pattern": None, "rope_local_theta": None, "qk_norm": False,
+            "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False,
+            "parallel_residual": "none"}
 _CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
 
 # RoBERTa's stack IS BERT's: the same layer code and key names in transformers (RobertaLayer is
@@ -189,7 +190,8 @@ HF_LLAMA = Dialect(
     settings={"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu", "activation": "silu", "causal": True,
               "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False,
               "partial_rotary_factor": 1.0, "parallel_residual": "none", "attn_logit_softcapping": None,
-              "query_pre_attn_scalar": None},
+              "query_pre_attn_scalar": None, "sliding_window": None, "sliding_window_pattern": None,
+              "rope_local_theta": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
     shared_by=("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
@@ -520,7 +522,8 @@ def settings_of(module: Any) -> dict[str, Any]:
         out = {k: getattr(cfg, k) for k in ("num_heads", "num_kv_heads", "norm", "norm_type", "norm_weight_offset",
                                              "activation", "layer_norm_eps", "causal", "mlp", "qk_norm",
                                              "qk_norm_over", "rope_theta", "partial_rotary_factor",
-                                             "attn_logit_softcapping", "query_pre_attn_scalar",
+                                             "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
+                                             "sliding_window_pattern", "rope_local_theta",
                                              "parallel_residual", "residual", "scaling", "layernorm_scaling")}
         if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None

@@ -97,6 +97,12 @@ OPTIONS: tuple[Option, ...] = (
            "(Gemma 2: 50); not on the fused path", hf=("attn_logit_softcapping",)),
     Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 (Gemma 2 / 3)",
            hf=("query_pre_attn_scalar",)),
+    Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
+           "(Mistral, Gemma 2 / 3)", hf=("sliding_window",)),
+    Option("sliding_window_pattern", "compute", "layer l (from 1) is global iff l % n == 0, the others local "
+           "(Gemma 2: 2, Gemma 3: 6; default: every layer local)", hf=("sliding_window_pattern",)),
+    Option("rope_local_theta", "compute", "the rotary base of the local layers (Gemma 3 rope_local_base_freq; "
+           "default rope_theta)", hf=("rope_local_base_freq", "rope_parameters.sliding_attention.rope_theta")),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("parallel_residual", "compute", "'two_norms' x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-NeoX), "
            "'shared_norm' one norm for both (StableLM, GPT-J), 'none' sequential (needs norm='pre')"),

@@ -42,7 +42,8 @@ CASES: list[Case] = [
     replace(BLOCK, attention_mask=True),
     replace(BLOCK, key_mask=True),
     replace(BLOCK, attention_mask=True, key_mask=True),  # some rows lose every key
-    replace(BLOCK, cfg=replace(BASE, causal=True), attention_mask=True, key_mask=True),
+    # a sliding window in every layer (Mistral) beside masks that leave some rows without a key
+    replace(BLOCK, cfg=replace(BASE, causal=True, sliding_window=2), attention_mask=True, key_mask=True),
     replace(BLOCK, batch=1),
     replace(BLOCK, seq=1),
     replace(BLOCK, cfg=replace(BASE, d_model=24, num_heads=8, d_ff=16)),  # heads 8 > head_dim 3
@@ -93,7 +94,9 @@ CASES: list[Case] = [
     Case("DecoderBlock", replace(BASE, norm="peri"), attention_mask=True, memory_key_mask=True),
     Case("DecoderBlock", replace(LLAMA, norm="peri", head_dim=6), seq=6, memory_seq=7, key_mask=True,
          memory_key_mask=True),
-    Case("Decoder", replace(BASE, norm="post", causal=True), num_layers=3, key_mask=True, memory_key_mask=True),
+    # local, local, global layers in one scanned stack (Gemma 3's pattern, of 3)
+    Case("Decoder", replace(BASE, norm="post", causal=True, sliding_window=2, sliding_window_pattern=3), num_layers=3,
+         key_mask=True, memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
     Case("Decoder", replace(LLAMA, partial_rotary_factor=0.5), num_layers=2, seq=6, memory_seq=3),
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
@@ -102,13 +105,16 @@ CASES: list[Case] = [
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
     Case("Encoder", replace(BASE, parallel_residual="shared_norm"), num_layers=3, key_mask=True,  # StableLM's
          scan_layers=False),
-    Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, scan_layers=False),
+    Case("Decoder", replace(LLAMA, causal=True, sliding_window=2, sliding_window_pattern=2, rope_local_theta=100.0),
+         num_layers=2, seq=6, scan_layers=False),  # Gemma 2's alternation, Gemma 3's local rotary base
     # attention paths forced through the config at small T (auto takes dense here): Flax's
     # blocked online softmax in blocks that do not divide T, and torch's explicit softmax
     # without weights asked for (torch serves blocked with SDPA)
     Case("TransformerBlock", replace(LLAMA, norm="peri", head_dim=6, attention="blocked", attention_block=2,
-                                     attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), seq=7, key_mask=True),
-    Case("Encoder", replace(BASE, causal=True, attention="blocked", attention_block=4), seq=9, key_mask=True),
+                                     attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0, sliding_window=3),
+         seq=7, key_mask=True),  # (the key blocks wholly before a query block's windows are skipped)
+    Case("Encoder", replace(BASE, causal=True, attention="blocked", attention_block=4, sliding_window=3,
+                            sliding_window_pattern=2, rope_theta=1e4, rope_local_theta=10.0), seq=9, key_mask=True),
     Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
          memory_key_mask=True),
     Case("TransformerBlock", replace(BASE, attention="dense"), key_mask=True),
@@ -118,5 +124,5 @@ CASES: list[Case] = [
 # in float32, so the forced "fused" path is compared in float32 only.
 FLOAT32_CASES: list[Case] = [
     Case("TransformerBlock", replace(LLAMA, attention="fused"), seq=6, key_mask=True),
-    Case("Encoder", replace(BASE, causal=True, attention="fused"), seq=7, key_mask=True),
+    Case("Encoder", replace(BASE, causal=True, attention="fused", sliding_window=3), seq=7, key_mask=True),
 ]

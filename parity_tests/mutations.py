@@ -95,7 +95,7 @@ def swap_gate_and_up(case: Case, module, inp: Inputs):
 
 
 class _QKNormAfterRotary(Attention):
-    def position_qk(self, q, k, positions):
+    def position_qk(self, q, k, positions, local=False):
         theta = self.cfg.rope_theta
         q, k = rotary(q, positions, theta), rotary(k, positions, theta)
         return self.q_norm(q), self.k_norm(k)
@@ -104,7 +104,7 @@ class _QKNormAfterRotary(Attention):
 class _RotaryOnLastDims(Attention):
     """Partial rotary on the last rotary_dim dims of each head instead of the first."""
 
-    def position_qk(self, q, k, positions):
+    def position_qk(self, q, k, positions, local=False):
         theta, r = self.cfg.rope_theta, self.cfg.rotary_dim
         rot = lambda a: jnp.concatenate([a[..., :-r], rotary(a[..., -r:], positions, theta)], axis=-1)  # noqa: E731
         return rot(q), rot(k)
@@ -239,6 +239,8 @@ MUTATIONS = {
     "pre_norm_for_out_norm": (Case("TransformerBlock", replace(MODERN, norm="out")), replace(MODERN, norm="pre"), None),
     "softcap_after_the_mask": (Case("TransformerBlock", replace(MODERN, causal=True, attn_logit_softcapping=1.0)),
                                None, softcap_after_mask),
+    "window_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, sliding_window=2), seq=6),
+                          replace(MODERN, causal=True, sliding_window=3), None),  # i - W <= j where i - W < j
     "dyt_alpha_after_tanh": (DYT, None, _dyt_as(_DyTAlphaAfterTanh)),
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),

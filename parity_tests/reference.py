@@ -15,6 +15,8 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              head_dim wide (d_model / heads unless given), the output map (E, H head_dim);
              QK-norm per head over head_dim (weight only; OLMo 2: over the whole projection
              before the split into heads), then rotary (rotate-half), then
+             a local layer (sliding_window; every layer, or l % pattern != 0) masks key j <= i - W
+             and takes rope_local_theta;
              softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
              soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
@@ -39,7 +41,8 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta", "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "qkv_bias", "layernorm_scaling", "parallel_residual",
+    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta", "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
+    "sliding_window_pattern", "rope_local_theta", "qkv_bias", "layernorm_scaling", "parallel_residual",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -205,8 +208,17 @@ def _linear(p: Params, prefix: str, x: np.ndarray, n_out: int, bias: bool) -> np
 # ----------------------------------------------------------------------------------------
 
 
+def _local(cfg: Any, layer: int) -> bool:
+    """A sliding-window layer: every layer (no pattern: Mistral), or layer l (from 1) with
+    l % pattern != 0 (HF layer_types "sliding_attention" iff (i + 1) % pattern, i from 0)."""
+    if _opt(cfg, "sliding_window", None) is None:
+        return False
+    n = _opt(cfg, "sliding_window_pattern", None)
+    return n is None or layer % n != 0
+
+
 def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarray | None,
-              memory: np.ndarray | None = None, positions: bool = True):
+              memory: np.ndarray | None = None, positions: bool = True, layer: int = 1):
     """Multi-head attention of x (B, T, E) over itself or over `memory` (B, S, E).
 
     Params: {prefix}in_proj_weight ((H + 2K) hd, E) rows [q heads; k heads; v heads],
@@ -236,6 +248,12 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
         q = _norm(cfg, p, prefix + "q_norm.", q, bias=False)
         k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     theta = _opt(cfg, "rope_theta", None)
+    local = positions and _local(cfg, layer)  # (a self-attention: positions; cross-attention has none)
+    if local and _opt(cfg, "rope_local_theta", None) is not None:
+        theta = cfg.rope_local_theta  # Gemma 3's local layers
+    if local:  # query i sees key j only if i - W < j (HF's sliding_window_overlay), besides the causal mask
+        window = np.arange(s)[None, :] <= np.arange(t)[:, None] - cfg.sliding_window
+        masked = window[None] if masked is None else masked | window[None]
     if theta is not None and positions:
         fraction = _opt(cfg, "partial_rotary_factor", 1.0)
         q, k = rotary(q, theta, fraction), rotary(k, theta, fraction)
@@ -331,7 +349,7 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
             cross = fn == "cross_attention"
             out, extras[f"{fn}_weights"], extras[f"{fn}_logits_max"] = attention(
                 cfg, p, prefix + module, h, memory_masked if cross else masked,
-                memory if cross else None, positions=not cross)
+                memory if cross else None, positions=not cross, layer=layer)
             return out
 
         if _opt(cfg, "parallel_residual", "none") != "none":

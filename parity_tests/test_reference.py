@@ -241,6 +241,25 @@ def test_reference_softcap_and_query_scale_match_hf_gemma2():
     assert rel_err(uncapped.transpose(0, 2, 1, 3), want) > 1e-2  # (the cap bends these logits)
 
 
+@pytest.mark.parametrize("layer,local", [(1, True), (2, False), (3, True)])
+def test_reference_sliding_window_is_hfs(layer, local):
+    """sliding_window W = 3 with global layers every 2nd (Gemma 2): a local layer's weights are
+    non-zero exactly where HF's sliding_window_causal_mask_function allows (i - W < j <= i), a
+    global layer's where the causal mask does."""
+    masking = pytest.importorskip("transformers.masking_utils")
+    t = 7
+    g = np.random.default_rng(layer)
+    sd = {"in_proj_weight": g.normal(size=(3 * E, E)), "in_proj_bias": g.normal(size=3 * E),
+          "out_proj.weight": g.normal(size=(E, E)), "out_proj.bias": g.normal(size=E)}
+    cfg = ns(causal=True, sliding_window=3, sliding_window_pattern=2)
+    _, w, _ = ref.attention(cfg, ref.Params(sd), "", g.normal(size=(1, t, E)), ref.build_mask(True, 1, t, t),
+                            layer=layer)
+    fn = masking.sliding_window_causal_mask_function(3) if local else masking.causal_mask_function
+    i, j = torch.meshgrid(torch.arange(t), torch.arange(t), indexing="ij")
+    hf = fn(torch.tensor(0), torch.tensor(0), i, j).numpy()
+    assert ((w[0] > 0) == hf[None]).all()
+
+
 def _torch_attention(sd: dict[str, torch.Tensor], x: torch.Tensor, h: int, k: int, *, qk_norm: str | None,
                      theta: float | None, bias: bool, eps: float, mask: torch.Tensor | None) -> torch.Tensor:
     """Attention with GQA, QK-norm and rotary from torch's functional pieces: F.rms_norm /

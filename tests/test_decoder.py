@@ -95,7 +95,8 @@ def test_stock_transformer_loads_into_both_twins_and_round_trips():
 
 LLAMA = fb.BlockConfig(d_model=E, num_heads=4, num_kv_heads=2, d_ff=FF, norm="pre", norm_type="rmsnorm", mlp="swiglu",
                        activation="silu", rope_theta=10000.0, qk_norm=True, bias=False, causal=True, dropout=0.0,
-                       param_dtype="float64", head_dim=8, partial_rotary_factor=0.5)  # Qwen3's / GPT-NeoX's options
+                       param_dtype="float64", head_dim=8, partial_rotary_factor=0.5,  # Qwen3's / GPT-NeoX's options
+                       sliding_window=3, sliding_window_pattern=2, rope_local_theta=100.0)  # Gemma 2 / 3's
 POST = fb.BlockConfig(E, H, d_ff=FF, norm="post", causal=True, dropout=0.0, param_dtype="float64")
 CHUNKINGS = {"one at a time": [1] * 7, "uneven": [3, 1, 2, 1]}
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import BlockConfig, check_attention_call, warn_fully_masked
+from flax_blocks.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
 
 from .layers import Norm, create_params
 
@@ -30,8 +30,8 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
     """torch's path of an attention: "dense" (the explicit softmax, which returns weights)
     or "fused" (F.scaled_dot_product_attention, no weights; masks and dropout it takes).
 
-    "dense" when cfg.attention is "dense", weights are asked for or the logits are soft-capped
-    (attn_logit_softcapping); else "fused" ("auto",
+    "dense" when cfg.attention is "dense", weights are asked for, the logits are soft-capped
+    (attn_logit_softcapping) or windowed (sliding_window); else "fused" ("auto",
     and "blocked" / "fused", which torch serves with SDPA). With `check` (an uncached
     self-attention, as the Flax twin's `attention_path`), a forced "blocked" / "fused"
     that the call cannot honour raises the same ValueError as in Flax
@@ -39,8 +39,8 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
     if check:
         check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask,
                              dropout_active=dropout_active)
-    soft_capped = cfg.attn_logit_softcapping is not None  # (SDPA has no soft-cap)
-    return "dense" if need_weights or cfg.attention == "dense" or soft_capped else "fused"
+    explicit = cfg.attn_logit_softcapping is not None or cfg.sliding_window is not None  # (SDPA: neither)
+    return "dense" if need_weights or cfg.attention == "dense" or explicit else "fused"
 
 
 class Mask(NamedTuple):
@@ -184,7 +184,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
                 cross: bool = False, memory: Tensor | None = None, cache: dict[str, Tensor] | None = None,
-                index: int = 0, path: str | None = None,
+                index: int = 0, path: str | None = None, layer: int = 1,
                 ) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor] | None]:
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E);
         mask from `build_mask` / `cache_mask`.
@@ -194,6 +194,8 @@ class Attention(nn.Module):
         there and the queries attend to all L cached positions. For cross-attention, the
         memory's keys and values from `memory_kv`. path: "dense" (explicit softmax) or
         "fused" (SDPA, no weights); None: `attention_path` (unchecked) from cfg and need_weights.
+        layer: this block's index in its stack (from 1): whether a self-attention is local
+        (sliding_window, sliding_window_pattern) and which rotary base it takes.
 
         Returns (out (B, T, E), weights (B, H, T, S) or None, largest pre-softmax logit over
         unmasked pairs () or None, the updated cache or None); weights and logit only when
@@ -207,11 +209,12 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_width
         masked, rows, bias, causal_only = mask if mask is not None else (None, None, None, False)
+        local = not cross and is_local(cfg, layer)  # a sliding-window layer
         if not cross:
             qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
             q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
             q, k, v = q.view(b, t, h, d), k.view(b, t, kv, d), v.view(b, t, kv, d)
-            q, k = self.position_qk(q, k, index + torch.arange(t, device=x.device))
+            q, k = self.position_qk(q, k, index + torch.arange(t, device=x.device), local)
             if cache is not None:
                 k_all, v_all = cache["k"].clone(), cache["v"].clone()
                 k_all[:, index:index + t], v_all[:, index:index + t] = k, v
@@ -228,6 +231,8 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T or S, hd)
         p = cfg.dropout if self.training else 0.0
         weights = logit_max = None
+        if local:  # the causal mask is never None then (sliding_window needs causal)
+            masked, rows = self.windowed(masked, rows, index, t, k.shape[2])
         if path == "dense":
             k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # head -> h // G
             logits = self.logits(q @ k.transpose(-1, -2), masked, bias)  # (B, H, T, S)
@@ -263,6 +268,16 @@ class Attention(nn.Module):
             return norm(a.flatten(2)).view(a.shape)
         return norm(a)
 
+    def windowed(self, masked: Tensor, rows: Tensor | None, index: int, t: int, s: int) -> tuple[Tensor, Tensor]:
+        """A local layer's (masked, rows): query i (at position index + i) may NOT attend to key
+        j (position j) when j <= i - W; a query whose keys all lie before its window has none
+        (rows False, its mask opened up)."""
+        qpos = index + torch.arange(t, device=masked.device)
+        outside = torch.arange(s, device=masked.device)[None, :] <= qpos[:, None] - self.cfg.sliding_window
+        m = masked | outside
+        has = ~m.all(dim=-1, keepdim=True)
+        return m & has, (has if rows is None else rows & has)
+
     def logits(self, qk: Tensor, masked: Tensor | None, bias: Tensor | None) -> Tensor:
         """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
         query_pre_attn_scalar ** -0.5, Gemma), in float32 at least, soft-capped c tanh(s / c)
@@ -277,12 +292,15 @@ class Attention(nn.Module):
             logits = logits + bias
         return logits if masked is None else logits.masked_fill(masked, float("-inf"))
 
-    def position_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def position_qk(self, q: Tensor, k: Tensor, positions: Tensor, local: bool = False) -> tuple[Tensor, Tensor]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
-        k (B, T, K, hd), positions (T,)."""
+        k (B, T, K, hd), positions (T,); local: a sliding-window layer's, whose rotary base is
+        rope_local_theta when given (Gemma 3)."""
         if self.q_norm is not None:
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
             theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
+            if local and self.cfg.rope_local_theta is not None:
+                theta = self.cfg.rope_local_theta
             q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
         return q, k

@@ -113,7 +113,7 @@ class _Block(nn.Module):
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=masks.get(part), need_weights=need_weights, cross=part == "cross", memory=memory,
                     cache=None if cache is None else cache[part], index=index,
-                    path=None if part == "cross" else path,
+                    path=None if part == "cross" else path, layer=layer,
                 )
             norm = getattr(self, sub.norm) or nn.Identity()
             if self.cfg.parallel_residual != "none":
@@ -173,9 +173,9 @@ def _prepare_self_attention(module: nn.Module, x: Tensor, attn_mask: Tensor | No
     return path, {"self": build_mask(cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)}
 
 
-def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross, memory, cache, index, path):
+def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross, memory, cache, index, path, layer):
     out, weights, logit_max, new_cache = attn(h, mask, need_weights, cross=cross, memory=memory, cache=cache,
-                                              index=index, path=path)
+                                              index=index, path=path, layer=layer)
     aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
         aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
