@@ -1,5 +1,5 @@
 """Hugging Face transformer stacks in and out: BERT / RoBERTa, DistilBERT, GPT-2, OPT, ViT,
-LLaMA / Mistral / Qwen2, Phi-3.
+LLaMA / Mistral / Qwen2, Phi-3, Qwen3, Gemma, OLMo 2, GPT-NeoX.
 
     from_hf(source)             an HF model (a save_pretrained folder or the model object)
                                 -> a Flax Encoder computing its layers + final norm
@@ -10,7 +10,7 @@ hidden state out. Embeddings (token, position, token type, BERT's embedding Laye
 poolers and LM heads stay on the HF side, as do OPT's project_in / project_out (an OPT with
 word_embed_proj_dim != hidden_size projects the token embeddings before the stack and the
 final hidden state after it: the Flax stack's output is the one before project_out). Rotary
-positions are part of the LLaMA-family and Phi-3 layers and are computed by the Flax stack
+positions are part of the rotary families' layers and are computed by the Flax stack
 (positions 0..T-1). The settings come from the model's own config (`flax_blocks.hf_config`:
 heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm); what the Flax blocks cannot compute (scaled rotary variants
 such as LLaMA 3's, layer-dependent attention scaling, a sliding window) is refused by name,
@@ -59,7 +59,7 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
     dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
-    stack = dialects.translate(sd, dialect).state_dict
+    stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads).state_dict
     if dtype is None:
         dtypes = {str(a.dtype) for a in stack.values()}
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:

@@ -39,7 +39,16 @@ def _rope_theta(config: Mapping[str, Any], problems: list[str]) -> float:
     if kind != "default":
         problems.append(f"rope_type {kind!r} (scaled rotary, as LLaMA 3's llama3 or Phi-3's longrope / su): the "
                         "Flax blocks compute plain rotary positions only (rope_theta)")
-    return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    return float(params.get("rope_theta") or config.get("rope_theta") or config.get("rotary_emb_base") or 10000.0)
+
+
+def _partial_rotary(config: Mapping[str, Any], default: float = 1.0) -> float:
+    """The fraction of each head that rotary rotates: rope_parameters.partial_rotary_factor (transformers 5),
+    partial_rotary_factor, or GPT-NeoX's rotary_pct (older config.json files)."""
+    params = config.get("rope_parameters") or {}
+    value = _first(params, "partial_rotary_factor", default=None)
+    value = _first(config, "partial_rotary_factor", "rotary_pct", default=default) if value is None else value
+    return float(value)
 
 
 # Families whose layers compute what the blocks do not (yet): refused with the reason.
@@ -48,12 +57,8 @@ NOT_COMPUTED = {
     "qwen2_moe": "a mixture of experts in place of the MLP", "qwen3_moe": "a mixture of experts in place of the MLP",
     "t5": "a learned relative position bias added to the attention logits, and RMSNorm without biases before an "
           "encoder-decoder stack", "mt5": "T5's relative position bias", "umt5": "T5's relative position bias",
-    "gemma": "RMSNorm multiplying by (1 + w), GeGLU with tanh GELU and an explicit head_dim",
     "gemma2": "Gemma's norms plus attention-logit soft-capping, sandwich norms and alternating sliding windows",
     "gemma3_text": "Gemma's norms plus QK-norm, sliding-window layers and a separate rotary base for them",
-    "qwen3": "QK-norm per head with an explicit head_dim", "olmo2": "norms after each sublayer (x + Norm(F(x))) "
-             "and a QK-norm over the whole projection width",
-    "gpt_neox": "parallel residual, partial rotary and a fused per-head query_key_value",
     "stablelm": "partial rotary (and optional parallel residual)",
     "starcoder2": "sliding-window attention", "cohere": "parallel residual with a shared LayerNorm and logit scale",
 }
@@ -96,17 +101,44 @@ def _opt(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> 
 
 
 def _phi3(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
-    """Phi-3: rotary as LLaMA's (scaled variants, longrope / su / yarn, refused by _rope_theta),
-    no biases; partial rotary and sliding windows refused."""
-    params = config.get("rope_parameters") or {}
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial is not None and float(partial) != 1.0:
-        problems.append(f"partial_rotary_factor={partial}: rotary on part of head_dim only (Phi-4-mini) is not "
-                        "computed by the Flax blocks (they rotate all of it)")
+    """Phi-3: rotary as LLaMA's (scaled variants, longrope / su / yarn, refused by _rope_theta)
+    on the first partial_rotary_factor of each head (Phi-4-mini: 0.75), no biases; sliding
+    windows refused."""
+    kw["partial_rotary_factor"] = _partial_rotary(config)
     window = config.get("sliding_window")
     if window is not None:
         problems.append(f"sliding_window={window}: each query of this Phi-3 attends only to the last {window} keys, "
                         "which the Flax blocks do not compute (they attend to every earlier key)")
+
+
+def _no_biases(model_type: str, config: Mapping[str, Any], problems: list[str]) -> None:
+    """Qwen3, Gemma, OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP."""
+    if config.get("attention_bias"):
+        problems.append(f"attention_bias=True: a {model_type} then has biases on q, k, v and o but not in its MLP; the "
+                        "Flax blocks have biases on every linear map, on none, or on q/k/v alone")
+
+
+def _qwen3(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
+    """Qwen3: its sliding windows cover the layers from max_window_layers on, which the blocks'
+    pattern (layer l global iff l % n == 0) does not express: refused."""
+    _no_biases("qwen3", config, problems)
+    types = config.get("layer_types") or []
+    if config.get("use_sliding_window") or "sliding_attention" in types:
+        problems.append(f"use_sliding_window=True (sliding_window={config.get('sliding_window')}, max_window_layers="
+                        f"{config.get('max_window_layers')}): Qwen3's local layers are those from max_window_layers "
+                        "on, a layout the Flax blocks' sliding_window_pattern does not express")
+
+
+def _gpt_neox(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
+    """GPT-NeoX: use_parallel_residual (default True) -> parallel_residual='two_norms' (else the
+    sequential pre-LN form), partial rotary (rotary_pct, default 0.25), its rotary base; biases
+    on every linear map and LayerNorm unless attention_bias=False, which the blocks cannot split."""
+    kw["parallel_residual"] = "two_norms" if config.get("use_parallel_residual", True) else "none"
+    kw["rope_theta"] = _rope_theta(config, problems)
+    kw["partial_rotary_factor"] = _partial_rotary(config, default=0.25)
+    if not config.get("attention_bias", True):
+        problems.append("attention_bias=False: GPT-NeoX's attention then has no biases while its MLP and LayerNorms "
+                        "keep theirs; the Flax blocks have biases everywhere or nowhere")
 
 
 def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, BlockConfig, int, bool]:
@@ -127,6 +159,8 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
     heads = _read(config, model_type, "num_heads")
     kv = _read(config, model_type, "num_kv_heads", default=heads)
     act_name = _read(config, model_type, "activation")
+    if model_type == "gemma" and act_name == "gelu":  # GemmaConfig itself reads the legacy "gelu" as tanh GELU
+        act_name = "gelu_pytorch_tanh"
     activation = ACTIVATIONS.get(act_name)
     if activation is None:
         problems.append(f"activation {act_name!r}: supported {', '.join(k for k, v in ACTIVATIONS.items() if v)}")
@@ -144,10 +178,9 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
         kw["activation"] = activation
     elif activation not in (None, settings.get("activation")):
         problems.append(f"activation {act_name!r}: {dialect} layers use {settings['activation']!r}")
-    head_dim = config.get("head_dim")
-    if head_dim is not None and head_dim * heads != d_model:
-        problems.append(f"head_dim {head_dim} with {heads} heads and hidden size {d_model}: the Flax blocks "
-                        "have head_dim = hidden size / heads")
+    head_dim = _read(config, model_type, "head_dim")
+    if head_dim is not None and head_dim * heads != d_model:  # explicit (Qwen3, Gemma): q/k/v to heads * head_dim
+        kw["head_dim"] = int(head_dim)
     final_norm = lay.final_norm is not None
     if dialect == "hf-bert":
         _bert(config, kw, problems)
@@ -168,8 +201,14 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
         final_norm = _opt(config, kw, problems)
     if model_type == "vit":
         kw["qkv_bias"] = bool(config.get("qkv_bias", True))
-    if dialect in ("hf-llama", "hf-phi3"):
+    if dialect in ("hf-llama", "hf-phi3", "hf-qwen3", "hf-gemma", "hf-olmo2"):
         kw["rope_theta"] = _rope_theta(config, problems)
+    if model_type == "qwen3":
+        _qwen3(config, kw, problems)
+    if model_type in ("gemma", "olmo2"):
+        _no_biases(model_type, config, problems)
+    if model_type == "gpt_neox":
+        _gpt_neox(config, kw, problems)
     if model_type == "phi3":
         _phi3(config, kw, problems)
     if dialect == "hf-llama":

@@ -1,9 +1,10 @@
-"""`python -m parity_tests.families [--doc docs/families.md]`: the Hugging Face families read
-without new block options (RoBERTa, DistilBERT, OPT pre- and post-LN, ViT, Phi-3), each a tiny
+"""`python -m parity_tests.families [--doc docs/families.md]`: the Hugging Face families beyond
+BERT, GPT-2 and LLaMA (RoBERTa, DistilBERT, OPT pre- and post-LN, ViT, Phi-3, Qwen3, Gemma,
+OLMo 2, GPT-NeoX parallel and sequential), each a tiny
 random model measured against HF itself, as a markdown table; --doc replaces the table between
 that page's markers. tests/test_hf_families.py asserts on the same builds (`measure`).
 
-Each model: 3 layers, d_model 24, 3 heads of 8 (Phi-3: 4 heads of 6, 2 KV heads), every weight
+Each model: 3 layers, d_model 24, 3 heads of 8 (others as FAMILIES says), every weight
 scaled up (std 0.1) and every norm and bias perturbed, so unit norms and zero biases hide
 nothing; saved with save_pretrained and read back with `fb.from_hf(folder)` (float64), and read
 from the model object (float32). Inputs: B 2, T 9, tokens 2-4 of the last element padding
@@ -48,7 +49,31 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "phi3": ("Phi3Config", "Phi3Model",
              dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
                   num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-5, rope_theta=500.0,
-                  sliding_window=None), "fused qkv_proj and gate_up_proj split and joined"),
+                  sliding_window=None, partial_rotary_factor=0.75),
+             "fused qkv_proj and gate_up_proj split and joined; rotary on 4 of 6 dims (Phi-4-mini's 0.75)"),
+    "qwen3": ("Qwen3Config", "Qwen3Model",
+              dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                   intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
+                   rope_theta=1000.0), "QK-norm per head, head_dim 8 (4 heads: 32 != 24), 2 KV heads"),
+    "gemma": ("GemmaConfig", "GemmaModel",
+              dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
+                   intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
+                   rope_theta=1000.0), "(1 + w) norms, GeGLU, head_dim 10, 1 KV head; sqrt(d) embedding scale "
+                                       "outside the stack"),
+    "olmo2": ("Olmo2Config", "Olmo2Model",
+              dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
+                   num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6, rope_theta=1000.0),
+              "norms on the sublayer outputs, QK-norm over the whole projections, 2 KV heads"),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel",
+                 dict(**_TEXT, hidden_size=24, num_attention_heads=3, intermediate_size=40, num_hidden_layers=LAYERS,
+                      max_position_embeddings=32, rotary_pct=0.5, rotary_emb_base=1000, hidden_act="gelu",
+                      use_parallel_residual=True), "parallel residual, rotary on half of each head, per-head "
+                                                   "query_key_value"),
+    "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXModel",
+                            dict(**_TEXT, hidden_size=24, num_attention_heads=3, intermediate_size=40,
+                                 num_hidden_layers=LAYERS, max_position_embeddings=32, rotary_pct=0.25,
+                                 rotary_emb_base=1000, hidden_act="gelu_new", use_parallel_residual=False),
+                            "use_parallel_residual=False: the sequential pre-LN form, rotary_pct 0.25"),
 }
 
 # What each family computes that the blocks do not: (config change, the refusal's words). The
@@ -61,17 +86,32 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
             (dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine=False")],
     "opt-350m": [],
     "vit": [(dict(hidden_act="gelu_fast"), "activation 'gelu_fast'")],
-    "phi3": [(dict(partial_rotary_factor=0.75), "partial_rotary_factor=0.75"),
-             (dict(sliding_window=8), "sliding_window=8"),
-             (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 3,
-                                    "long_factor": [1.0] * 3}, original_max_position_embeddings=16),
+    "phi3": [(dict(sliding_window=8), "sliding_window=8"),
+             (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 2,
+                                    "long_factor": [1.0] * 2}, original_max_position_embeddings=16),
               "rope_type 'longrope'")],
+    "qwen3": [(dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "use_sliding_window=True"),
+              (dict(attention_bias=True), "attention_bias=True"),
+              (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}), "rope_type 'yarn'")],
+    "gemma": [(dict(attention_bias=True), "attention_bias=True"), (dict(hidden_act="relu"), "activation 'relu'")],
+    "olmo2": [(dict(attention_bias=True), "attention_bias=True")],
+    "gpt_neox": [(dict(attention_bias=False), "attention_bias=False"),
+                 (dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
+                                        "partial_rotary_factor": 0.5}), "rope_type 'linear'")],
+    "gpt_neox-sequential": [],
 }
 
 # Settings read from family-specific config keys (beyond the sizes, eps and activation).
 EXTRA_READS = {"roberta": "is_decoder -> causal", "opt": "do_layer_norm_before -> norm and final norm, "
                "_remove_final_layer_norm", "opt-350m": "do_layer_norm_before -> norm and final norm",
-               "vit": "qkv_bias", "phi3": "rope_parameters.rope_theta, num_key_value_heads"}
+               "vit": "qkv_bias", "phi3": "rope_parameters.rope_theta, num_key_value_heads, partial_rotary_factor",
+               "qwen3": "head_dim, rope_parameters.rope_theta, num_key_value_heads",
+               "gemma": "head_dim, rope_parameters.rope_theta, num_key_value_heads; hidden_act 'gelu' read as tanh "
+                        "GELU (as GemmaConfig does)",
+               "olmo2": "rope_parameters.rope_theta, num_key_value_heads",
+               "gpt_neox": "use_parallel_residual -> parallel_residual 'two_norms', rope_parameters (rotary_pct, "
+                           "rotary_emb_base) -> partial_rotary_factor, rope_theta",
+               "gpt_neox-sequential": "use_parallel_residual=False -> parallel_residual 'none'"}
 
 
 def config(name: str, **changes: Any) -> dict[str, Any]:
@@ -178,9 +218,17 @@ START = f"<!-- families-table:start (python -m parity_tests.families --doc {DOC}
 END = "<!-- families-table:end -->"
 
 
+# Fixed settings the table shows where a family sets them otherwise than the blocks' default.
+SHOWN_IF_SET = ("norm_weight_offset", "qk_norm", "qk_norm_over", "parallel_residual", "attn_logit_softcapping",
+                "query_pre_attn_scalar", "sliding_window_pattern")
+
+
 def describe(name: str) -> dict[str, str]:
     """The table's words for one family, from the dialect table, the config reader and REFUSALS."""
+    import dataclasses
+
     from flax_blocks import dialects
+    from flax_blocks.config import BlockConfig
     from flax_blocks.hf_config import FAMILY_KEYS
     from flax_blocks.options import BY_NAME
 
@@ -195,8 +243,10 @@ def describe(name: str) -> dict[str, str]:
 
     reads = [key(f) for f in ("d_model", "num_heads", "d_ff", *lay.reads) if f in ("d_model", "num_heads", "d_ff",
                                                                                    "activation", "layer_norm_eps")]
+    defaults = {f.name: f.default for f in dataclasses.fields(BlockConfig)}
     fixed = ", ".join(f"{k}={v!r}" for k, v in lay.settings.items()
-                      if k in ("norm", "norm_type", "mlp", "activation", "causal", "bias", "layer_norm_eps"))
+                      if k in ("norm", "norm_type", "mlp", "activation", "causal", "bias", "layer_norm_eps")
+                      or (k in SHOWN_IF_SET and v != defaults[k]))
     refused = "; ".join(words for _, words in REFUSALS[name])
     return {"family": f"{name} ({model_type} -> {dialect})", "model": FAMILIES[name][1] + ": " + FAMILIES[name][3],
             "reads": ", ".join(reads + ([EXTRA_READS[name]] if name in EXTRA_READS else [])),

@@ -4,10 +4,12 @@ Feeds hidden states as `inputs_embeds` (ViT: as `pixel_values`, its embeddings r
 identity) with the embeddings' own additions out of the way (BERT / RoBERTa: position and
 token-type embeddings zeroed, embedding LayerNorm replaced by the identity; DistilBERT: the
 same without token types; GPT-2: position embeddings zeroed; OPT: position embeddings zeroed
-and project_in / project_out removed; LLaMA-family and Phi-3 models add nothing), so the HF
-model's last hidden state is its layers + final norm.
+and project_in / project_out removed; LLaMA-family, Phi-3, Qwen3, OLMo 2 and GPT-NeoX models add
+nothing; Gemma multiplies inputs_embeds by sqrt(hidden_size) in its forward, so its layer 0 is
+handed inputs_embeds itself), so the HF model's last hidden state is its layers + final norm
+from the same layer-0 input.
 
-float64: HF's LLaMA-family (and Phi-3) RMSNorm casts hidden states to float32 and its rotary
+float64: HF's LLaMA-family (and Phi-3, Qwen3, Gemma, OLMo 2) RMSNorm casts hidden states to float32 and its rotary
 embedding computes inv_freq, angles and cos/sin in float32, and the eager attention of those
 families, OPT and ViT takes the softmax in float32, all even in a float64 model.
 `float64_faithful` replaces the first two forwards on the given instance by the same formulas
@@ -31,7 +33,9 @@ from .check_report import CheckReport
 def _rmsnorm64(self, x):
     import torch
 
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+    eps = getattr(self, "variance_epsilon", None) or self.eps
+    weight = 1.0 + self.weight if self._offset else self.weight
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def _rotary64(self, x, position_ids):
@@ -39,6 +43,7 @@ def _rotary64(self, x, position_ids):
 
     cfg = self.config
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = int(dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0))  # GPT-NeoX, StableLM: part of each head
     theta = cfg.rope_parameters["rope_theta"]
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     freqs = position_ids[..., None].to(torch.float64) * inv_freq
@@ -47,10 +52,14 @@ def _rotary64(self, x, position_ids):
 
 
 def float64_faithful(model):
-    """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32."""
+    """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32
+    (Gemma's RMSNorm, whose source scales by 1.0 + self.weight, keeps that offset)."""
+    import inspect
+
     for m in model.modules():
         name = type(m).__name__
         if name.endswith("RMSNorm"):
+            m._offset = "1.0 + self.weight" in inspect.getsource(type(m).forward)
             m.forward = types.MethodType(_rmsnorm64, m)
         elif name.endswith("RotaryEmbedding"):
             m.forward = types.MethodType(_rotary64, m)
@@ -77,12 +86,36 @@ def embeddings_out_of_the_way(model):
         if decoder is not None and hasattr(decoder, "embed_positions"):  # OPT: project_in(x) + position, project_out
             decoder.embed_positions.weight.zero_()
             decoder.project_in = decoder.project_out = None
+    if getattr(model.config, "model_type", None) in SCALED_INPUTS:
+        _feed_the_first_layer(model)
     return model
+
+
+# Families whose base model multiplies inputs_embeds by sqrt(hidden_size) inside its forward
+# (Gemma, Gemma 2: the embedding scale; Gemma 3 scales in its embedding module instead).
+SCALED_INPUTS = ("gemma", "gemma2")
+
+
+def _feed_the_first_layer(model):
+    """Hand layer 0 the inputs_embeds themselves, in place of inputs_embeds * sqrt(hidden_size):
+    the comparison is then the stack's from the same layer-0 input."""
+    box = {}
+
+    def grab(module, args, kwargs):
+        box["x"] = kwargs["inputs_embeds"]
+
+    def put(module, args, kwargs):
+        if args:
+            return (box["x"], *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": box["x"]}
+
+    model.register_forward_pre_hook(grab, with_kwargs=True)
+    model.layers[0].register_forward_pre_hook(put, with_kwargs=True)
 
 
 # Families whose eager attention takes its softmax in float32 (or whose norms and rotary cast
 # to float32): float64 checks run them with SDPA and float64_faithful.
-FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit")
+FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox")
 
 
 def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

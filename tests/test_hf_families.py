@@ -1,7 +1,9 @@
-"""Parity against the real Hugging Face implementations of the families read without new block
-options: RoBERTa (BERT's stack, here as a decoder: is_decoder=True makes it causal), DistilBERT,
-OPT (pre-LN, and post-LN with project_in / project_out as OPT-350m), ViT and Phi-3 (fused
-qkv_proj and gate_up_proj). The builds, inputs and measurements are parity_tests.families'
+"""Parity against the real Hugging Face implementations of the families beyond BERT, GPT-2 and
+LLaMA: RoBERTa (BERT's stack, here as a decoder: is_decoder=True makes it causal), DistilBERT,
+OPT (pre-LN, and post-LN with project_in / project_out as OPT-350m), ViT, Phi-3 (fused
+qkv_proj and gate_up_proj), Qwen3 (per-head QK-norm, explicit head_dim), Gemma ((1 + w)
+norms, GeGLU), OLMo 2 (norms on the sublayer outputs, full-width QK-norm) and GPT-NeoX (per-head
+fused query_key_value, partial rotary; parallel and sequential residual). The builds, inputs and measurements are parity_tests.families'
 (which also writes docs/families.md); each family is built and measured ONCE per module.
 """
 
@@ -57,32 +59,51 @@ def test_to_hf_writes_the_folders_stack_back_bit_for_bit(family, built):
     with jax.enable_x64(True):
         sd = fb.to_hf(m.flax)  # the dialect from_hf read it in
     _, files = read_folder(str(m.folder))
-    assert set(sd) == set(files) - set(dialects.translate(files, m.dialect).dropped)
+    assert set(sd) == set(files) - set(dialects.translate(files, m.dialect, num_heads=m.flax.cfg.num_heads).dropped)
     for k, v in sd.items():
         assert v.dtype == files[k].dtype == np.float64 and np.array_equal(v, files[k]), k
 
 
-# A real mistake per family: fields changed, or None for Phi-3's fused gate_up_proj read in the wrong order.
+def _swap_gate_up(theirs):
+    return {k: np.concatenate(np.split(v, 2)[::-1]) if k.endswith("gate_up_proj.weight") else v
+            for k, v in theirs.items()}
+
+
+def _without_qk_norm(theirs):
+    return {k: v for k, v in theirs.items() if not k.endswith(("q_norm.weight", "k_norm.weight"))}
+
+
+def _qkv_as_blocks(theirs):
+    """What a reader taking query_key_value's rows as [q; k; v] blocks (not per head) loads."""
+    return {k: dialects._regroup(v, 3, 3, to_ours=False) if ".query_key_value." in k else v for k, v in theirs.items()}
+
+
+# A real mistake per family: (what, fields changed, the HF tensors mangled as the mistake reads them).
 MISTAKES = {
-    "roberta": ("is_decoder ignored: read as BERT's bidirectional encoder", dict(causal=False)),
-    "distilbert": ("torch's LayerNorm eps 1e-5 for DistilBERT's hard-coded 1e-12", dict(layer_norm_eps=1e-5)),
-    "opt": ("post-LN assumed (OPT's names do not say the placement)", dict(norm="post")),
-    "opt-350m": ("pre-LN assumed for a post-LN OPT", dict(norm="pre")),
-    "vit": ("tanh GELU (jax.nn.gelu's default) for ViT's exact GELU", dict(activation="gelu_tanh")),
-    "phi3": ("gate_up_proj split in the wrong order (up first)", None),
+    "roberta": ("is_decoder ignored: read as BERT's bidirectional encoder", dict(causal=False), None),
+    "distilbert": ("torch's LayerNorm eps 1e-5 for DistilBERT's hard-coded 1e-12", dict(layer_norm_eps=1e-5), None),
+    "opt": ("post-LN assumed (OPT's names do not say the placement)", dict(norm="post"), None),
+    "opt-350m": ("pre-LN assumed for a post-LN OPT", dict(norm="pre"), None),
+    "vit": ("tanh GELU (jax.nn.gelu's default) for ViT's exact GELU", dict(activation="gelu_tanh"), None),
+    "phi3": ("gate_up_proj split in the wrong order (up first)", {}, _swap_gate_up),
+    "qwen3": ("read as a LLaMA (its names): QK-norm dropped", dict(qk_norm=False), _without_qk_norm),
+    "gemma": ("norms scale by w, not 1 + w", dict(norm_weight_offset=0.0), None),
+    "olmo2": ("norms before the sublayers (pre) for OLMo 2's after (out)", dict(norm="pre"), None),
+    "gpt_neox": ("query_key_value rows split as [q; k; v] blocks, not per head", {}, _qkv_as_blocks),
+    "gpt_neox-sequential": ("parallel residual (GPT-NeoX's default) for use_parallel_residual=False",
+                            dict(parallel_residual="two_norms"), None),
 }
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_real_mistake_is_caught(family, built):
     m = built(family)
-    what, fields = MISTAKES[family]
+    what, fields, mangle = MISTAKES[family]
     with jax.enable_x64(True):
         theirs = fb.to_hf(m.flax)
-        if fields is None:
-            theirs = {k: np.concatenate(np.split(v, 2)[::-1]) if k.endswith("gate_up_proj.weight") else v
-                      for k, v in theirs.items()}
-        cfg = replace(m.flax.cfg, **(fields or {}))
+        if mangle is not None:
+            theirs = mangle(theirs)
+        cfg = replace(m.flax.cfg, **fields)
         wrong = fb.from_torch(fb.Encoder, cfg, theirs, dialect=m.dialect, num_layers=3,
                               final_norm=m.flax.final_norm is not None)
         err = rel_at(forward(wrong, m.x, m.keys), m.hf_y, m.keys)
@@ -111,9 +132,28 @@ def test_settings_read_from_each_family_config():
     assert (vit.norm, vit.activation, vit.has_qkv_bias, vit.bias, vit.layer_norm_eps) == \
         ("pre", "gelu", False, True, 1e-6)
     phi = hf_config(config("phi3"))[1]
-    assert (phi.num_kv_heads, phi.rope_theta, phi.bias, phi.mlp, phi.layer_norm_eps) == \
-        (2, 500.0, False, "swiglu", 1e-5)
-    assert not {"phi3", "roberta", "distilbert", "opt", "vit"} & set(NOT_COMPUTED)
+    assert (phi.num_kv_heads, phi.rope_theta, phi.bias, phi.mlp, phi.layer_norm_eps, phi.partial_rotary_factor) == \
+        (2, 500.0, False, "swiglu", 1e-5, 0.75)
+    qwen3 = hf_config(config("qwen3"))[1]
+    assert (qwen3.head_dim, qwen3.qk_norm, qwen3.qk_norm_over, qwen3.num_kv_heads, qwen3.bias, qwen3.rope_theta) == \
+        (8, True, "head", 2, False, 1000.0)
+    gemma = hf_config(config("gemma"))[1]
+    assert (gemma.head_dim, gemma.norm_weight_offset, gemma.mlp, gemma.activation, gemma.num_kv_heads) == \
+        (10, 1.0, "geglu", "gelu_tanh", 1)
+    legacy = {**config("gemma"), "hidden_act": "gelu"}  # GemmaConfig reads the legacy "gelu" as tanh GELU
+    assert hf_config(legacy)[1].activation == "gelu_tanh"
+    olmo = hf_config(config("olmo2"))
+    assert (olmo[1].norm, olmo[1].qk_norm_over, olmo[3]) == ("out", "projection", True)
+    neox = hf_config(config("gpt_neox"))[1]
+    assert (neox.parallel_residual, neox.partial_rotary_factor, neox.rope_theta, neox.bias, neox.norm) == \
+        ("two_norms", 0.5, 1000.0, True, "pre")
+    assert hf_config(config("gpt_neox-sequential"))[1].parallel_residual == "none"
+    old = {k: v for k, v in config("gpt_neox").items() if k != "rope_parameters"}  # an old config.json's keys
+    old_cfg = hf_config({**old, "rotary_pct": 0.5, "rotary_emb_base": 500})[1]
+    assert (old_cfg.partial_rotary_factor, old_cfg.rope_theta) == (0.5, 500.0)
+    assert hf_config(old)[1].partial_rotary_factor == 0.25  # GPTNeoXConfig's default rotary_pct
+    assert not {"phi3", "roberta", "distilbert", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox"} & \
+        set(NOT_COMPUTED)
 
 
 @pytest.mark.parametrize("name, changes, words", [(n, c, w) for n, rs in REFUSALS.items() for c, w in rs])
@@ -144,6 +184,15 @@ def test_names_alone(built):
     assert fb.detect_dialect(files["distilbert"]) == "hf-distilbert"
     assert fb.detect_dialect(files["vit"]) == "hf-vit"
     assert fb.detect_dialect(files["phi3"]) == "hf-phi3"  # not hf-llama: the fused names are Phi-3's
+    neox = read_folder(str(built("gpt_neox").folder))[1]
+    assert fb.detect_dialect(neox) == "hf-gpt-neox"
+    with pytest.raises(fb.ConversionError, match=r"(?s)grouped per head.*num_heads"):
+        dialects.translate(neox, "hf-gpt-neox")  # query_key_value's per-head rows need the head count
+    for name, dialect in (("qwen3", "hf-qwen3"), ("gemma", "hf-gemma"), ("olmo2", "hf-olmo2")):
+        with pytest.raises(fb.ConversionError, match=rf"(?s)cannot tell the checkpoint's family.*pass "
+                                                     rf"dialect='{dialect}' \(--dialect {dialect}\) if the "
+                                                     rf"checkpoint is one of {name}"):
+            fb.detect_dialect(read_folder(str(built(name).folder))[1])
     with pytest.raises(fb.ConversionError, match=r"(?s)OPT itself in both norm placements.*pass dialect='hf-opt'"):
         fb.detect_dialect(files["opt"])
     with pytest.raises(fb.ConversionError, match=r"several Hugging Face dialects hold this config \(hf-bert, "
@@ -180,6 +229,15 @@ def test_cli_and_parity_check_on_family_folders(built, tmp_path, capsys):
     back, (_, files) = load_file(str(tmp_path / "back.safetensors")), read_folder(str(m.folder))
     assert back and all(np.array_equal(v, files[k]) for k, v in back.items())
     assert check_main([str(built("vit").folder), "--dtype", "float64"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    neox = built("gpt_neox")  # the per-head query_key_value through the CLI, both ways
+    assert convert_main([str(neox.folder), str(tmp_path / "neox.safetensors")]) == 0
+    assert convert_main([str(tmp_path / "neox.safetensors"), str(tmp_path / "neox_back.safetensors"),
+                         "--dialect", "hf-gpt-neox"]) == 0
+    back, (_, files) = load_file(str(tmp_path / "neox_back.safetensors")), read_folder(str(neox.folder))
+    assert any(".query_key_value." in k for k in back) and all(np.array_equal(v, files[k]) for k, v in back.items())
+    capsys.readouterr()
+    assert check_main([str(built("gemma").folder), "--dtype", "float64"]) == 0  # layer 0 fed past sqrt(d)
     assert "PASS" in capsys.readouterr().out
 
 
