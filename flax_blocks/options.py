@@ -99,7 +99,7 @@ OPTIONS: tuple[Option, ...] = (
            hf=("query_pre_attn_scalar",)),
     Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
            "(Mistral, Gemma 2 / 3)", hf=("sliding_window",)),
-    Option("sliding_window_pattern", "compute", "layer l (from 1) is global iff l % n == 0, the others local "
+    Option("sliding_window_pattern", "compute", "layer l (from 1) is global iff n divides l, the others local "
            "(Gemma 2: 2, Gemma 3: 6; default: every layer local)", hf=("sliding_window_pattern",)),
     Option("rope_local_theta", "compute", "the rotary base of the local layers (Gemma 3 rope_local_base_freq; "
            "default rope_theta)", hf=("rope_local_base_freq", "rope_parameters.sliding_attention.rope_theta")),

@@ -148,15 +148,20 @@ def test_flash_negative_twins_would_show():
         kb, vb = (a.reshape(2, 2, 4, 2, 4).transpose(1, 0, 3, 2, 4) for a in (k, v))
         validb = keys.reshape(2, 2, 4).swapaxes(0, 1)
         rb = r.reshape(2, 2, 4, 2, 2, 4).transpose(1, 0, 3, 4, 2, 5)
-        out, res = fa._flash_fwd(qb, kb, vb, validb, True, 4)
+        static = (True, 4, 4 ** -0.5, None, None, False)  # causal, bq, scale, softcap, window, skip
+        out, res = fa._flash_fwd(qb, kb, vb, validb, jnp.asarray(True), *static)
         unblock = lambda a: a.transpose(1, 0, 4, 2, 3, 5).reshape(q.shape)  # noqa: E731
-        dq = unblock(fa._flash_bwd(True, 4, res, rb)[0])
+        dq = unblock(fa._flash_bwd(*static, res, rb)[0])
         assert _rel(dq, dq_dense) <= 1e-12
-        no_d = unblock(fa._flash_bwd(True, 4, res[:4] + (jnp.zeros_like(out), res[5]), rb)[0])  # D = 0
+        no_d = unblock(fa._flash_bwd(*static, res[:5] + (jnp.zeros_like(out), res[6]), rb)[0])  # D = 0
         assert _rel(no_d, dq_dense) > 1e-3
 
         i, j = fa._block_pairs(4, 4, 4, 4, causal=True)
         assert (j <= i).all() and len(i) == 4 * 5 // 2  # blocks above the diagonal: never visited
+        # a sliding window of 3 over blocks of 2: exactly the block pairs holding a pair q - 3 < k <= q
+        i, j = fa._block_pairs(4, 4, 2, 2, causal=True, window=3)
+        want = {(a // 2, b // 2) for a in range(8) for b in range(8) if a - 3 < b <= a}
+        assert set(zip(i.tolist(), j.tolist())) == want and (3, 0) not in want
         off_by_one = lambda *a, **kw: tuple(x[j < i] for x in (i, j))  # noqa: E731, ARG005
         real = fa._block_pairs
         try:
