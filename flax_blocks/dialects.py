@@ -203,8 +203,8 @@ _LLAMA_RULES = (
 _LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu",
                    "activation": "silu", "causal": True, "scaling": "none", "residual": "add", "qk_norm": False,
                    "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
-                   "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "sliding_window": None,
-                   "sliding_window_pattern": None, "rope_local_theta": None}
+                   "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None}
+_WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
 _LLAMA_OUTSIDE = "token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head"
 # Every family below writes LLaMA's key names (or a superset) and computes something else: names
 # alone never choose one of them.
@@ -218,7 +218,7 @@ HF_LLAMA = Dialect(
     rules=_LLAMA_RULES,
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
     settings=_LLAMA_SETTINGS,
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias", *_WINDOWS),
     outside=_LLAMA_OUTSIDE,
     shared_by=_LLAMA_NAMED,
 )
@@ -297,9 +297,8 @@ HF_PHI3 = Dialect(
     settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
               "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False, "bias": False,
               "qkv_bias": None, "norm_weight_offset": 0.0, "parallel_residual": "none",
-              "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "sliding_window": None,
-              "sliding_window_pattern": None, "rope_local_theta": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor"),
+              "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", *_WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
 
@@ -310,7 +309,7 @@ HF_QWEN3 = Dialect(
     "hf-qwen3", "Hugging Face Qwen3 (LLaMA's names with self_attn.q_norm / k_norm over head_dim)",
     layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
     settings={**_LLAMA_SETTINGS, "qk_norm": True, "qk_norm_over": "head", "bias": False, "qkv_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta"),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", *_WINDOWS),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
@@ -320,7 +319,7 @@ HF_GEMMA = Dialect(
     "hf-gemma", "Hugging Face Gemma (LLaMA's names; norms scale by 1 + w, GeGLU)",
     layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
     settings={**_LLAMA_SETTINGS, "norm_weight_offset": 1.0, "mlp": "geglu", "activation": "gelu_tanh",
-              "bias": False, "qkv_bias": None},
+              "bias": False, "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta"),
     outside=_LLAMA_OUTSIDE + " (Gemma multiplies the embeddings by sqrt(hidden_size) before the layers)",
     shared_by=_LLAMA_NAMED,
@@ -344,7 +343,7 @@ HF_OLMO2 = Dialect(
     ),
     ignore=("self_attn.rotary_emb.inv_freq",),
     settings={**_LLAMA_SETTINGS, "norm": "out", "qk_norm": True, "qk_norm_over": "projection", "bias": False,
-              "qkv_bias": None},
+              "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta"),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
@@ -372,15 +371,80 @@ HF_GPT_NEOX = Dialect(
     outside="token embeddings (embed_in), the rotary inv_freq buffer and the LM head (embed_out)",
 )
 
+# Gemma 2: Gemma's norms as sandwiches (norm="peri": x + Norm_out(F(Norm(x))), input_layernorm /
+# post_attention_layernorm around the attention, pre_feedforward_layernorm /
+# post_feedforward_layernorm around the MLP), attention logits soft-capped, scaled by
+# query_pre_attn_scalar ** -0.5, local (sliding-window) and global layers alternating. The final
+# logit soft-cap lies in the LM head, outside the stack.
+_GEMMA2_RULES = (
+    *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    *_linear("self_attn.out_proj", "self_attn.o_proj"),
+    *_linear("linear_gate", "mlp.gate_proj"),
+    *_linear("linear1", "mlp.up_proj"),
+    *_linear("linear2", "mlp.down_proj"),
+    *_norm("norm1", "input_layernorm"),
+    *_norm("norm1_out", "post_attention_layernorm"),
+    *_norm("norm2", "pre_feedforward_layernorm"),
+    *_norm("norm2_out", "post_feedforward_layernorm"),
+)
+_GEMMA2_SETTINGS = {**_LLAMA_SETTINGS, "norm": "peri", "norm_weight_offset": 1.0, "mlp": "geglu",
+                    "activation": "gelu_tanh", "bias": False, "qkv_bias": None}
+for _k in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+    del _GEMMA2_SETTINGS[_k]
+HF_GEMMA2 = Dialect(
+    "hf-gemma2", "Hugging Face Gemma 2 (sandwich norms: pre_feedforward_layernorm, post_feedforward_layernorm)",
+    layer="layers.{i}.", final_norm="norm", rules=_GEMMA2_RULES,
+    settings=_GEMMA2_SETTINGS,
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "attn_logit_softcapping", "query_pre_attn_scalar",
+           *_WINDOWS),
+    outside=_LLAMA_OUTSIDE + " (Gemma 2 multiplies the embeddings by sqrt(hidden_size) before the layers; its "
+                             "final logit soft-cap is the LM head's)",
+    shared_by=_LLAMA_NAMED,
+)
+
+# Gemma 3 (text): Gemma 2's layers plus a QK-norm per head ((1 + w) RMSNorm over head_dim) and a
+# rotary base of its own for the local layers; soft-capping off by default (read).
+HF_GEMMA3 = Dialect(
+    "hf-gemma3", "Hugging Face Gemma 3 text (Gemma 2's names plus self_attn.q_norm / k_norm)",
+    layer="layers.{i}.", final_norm="norm",
+    rules=(*_GEMMA2_RULES, *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight")),
+    settings={**{k: v for k, v in _GEMMA2_SETTINGS.items() if k != "rope_local_theta"}, "qk_norm": True,
+              "qk_norm_over": "head"},
+    reads=(*HF_GEMMA2.reads, "rope_local_theta"),
+    outside=_LLAMA_OUTSIDE + " (Gemma 3 scales the embeddings by sqrt(hidden_size) in its embedding module)",
+    shared_by=_LLAMA_NAMED,
+)
+
+# Starcoder2: LLaMA's attention names with biases, a dense MLP (c_fc, c_proj), LayerNorms, every
+# layer local when sliding_window is set.
+HF_STARCODER2 = Dialect(
+    "hf-starcoder2", "Hugging Face Starcoder2 (layers.{i}.mlp.c_fc.weight, LayerNorms with biases)",
+    layer="layers.{i}.", final_norm="norm",
+    rules=(
+        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        *_linear("self_attn.out_proj", "self_attn.o_proj"),
+        *_linear("linear1", "mlp.c_fc"),
+        *_linear("linear2", "mlp.c_proj"),
+        *_norm("norm1", "input_layernorm"),
+        *_norm("norm2", "post_attention_layernorm"),
+    ),
+    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "sliding_window",
+                                                                 "sliding_window_pattern")},
+              "norm": "pre", "causal": True},
+    reads=(*_CLASSIC_READS, "rope_theta", *_WINDOWS),
+    outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
+)
+
 DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA, HF_DISTILBERT, HF_OPT,
                                                           HF_VIT, HF_PHI3, HF_QWEN3, HF_GEMMA, HF_OLMO2,
-                                                          HF_GPT_NEOX)}
+                                                          HF_GPT_NEOX, HF_GEMMA2, HF_GEMMA3, HF_STARCODER2)}
 
 # A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
 # its config by flax_blocks.hf_config). Families not listed are refused by name.
 MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama",
                "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3",
-               "qwen3": "hf-qwen3", "gemma": "hf-gemma", "olmo2": "hf-olmo2", "gpt_neox": "hf-gpt-neox"}
+               "qwen3": "hf-qwen3", "gemma": "hf-gemma", "olmo2": "hf-olmo2", "gpt_neox": "hf-gpt-neox",
+               "gemma2": "hf-gemma2", "gemma3_text": "hf-gemma3", "starcoder2": "hf-starcoder2"}
 
 # Every torch name a block can have under some option (the probe configs, every option on).
 _TORCH_NAMES = {

@@ -1,5 +1,5 @@
 """Hugging Face transformer stacks in and out: BERT / RoBERTa, DistilBERT, GPT-2, OPT, ViT,
-LLaMA / Mistral / Qwen2, Phi-3, Qwen3, Gemma, OLMo 2, GPT-NeoX.
+LLaMA / Mistral / Qwen2, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 (text), OLMo 2, GPT-NeoX, Starcoder2.
 
     from_hf(source)             an HF model (a save_pretrained folder or the model object)
                                 -> a Flax Encoder computing its layers + final norm
@@ -13,7 +13,7 @@ final hidden state after it: the Flax stack's output is the one before project_o
 positions are part of the rotary families' layers and are computed by the Flax stack
 (positions 0..T-1). The settings come from the model's own config (`flax_blocks.hf_config`:
 heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm); what the Flax blocks cannot compute (scaled rotary variants
-such as LLaMA 3's, layer-dependent attention scaling, a sliding window) is refused by name,
+such as LLaMA 3's, layer-dependent attention scaling, a window layout the blocks lack) is refused by name,
 never silently approximated. The stack is built for inference: dropout 0.
 """
 
@@ -46,7 +46,8 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
     HF model's last hidden state for those inputs embedded (after its embeddings), with
     `key_mask=` (B, T), True = real token, for padding. Query positions that are padding
     themselves may differ from HF's (whose values there are meaningless anyway).
-    A Mistral with a sliding window is refused (the blocks attend to every earlier key).
+    Sliding windows are read (Mistral, Qwen2, Phi-3, Starcoder2: every layer local; Gemma 2 / 3:
+    every n-th layer global); a layout the blocks cannot express is refused.
     The stack remembers its family's dialect (`hf_dialect`), which `to_hf` writes back.
     """
     from .blocks import Encoder

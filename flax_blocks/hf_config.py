@@ -57,10 +57,8 @@ NOT_COMPUTED = {
     "qwen2_moe": "a mixture of experts in place of the MLP", "qwen3_moe": "a mixture of experts in place of the MLP",
     "t5": "a learned relative position bias added to the attention logits, and RMSNorm without biases before an "
           "encoder-decoder stack", "mt5": "T5's relative position bias", "umt5": "T5's relative position bias",
-    "gemma2": "Gemma's norms plus attention-logit soft-capping, sandwich norms and alternating sliding windows",
-    "gemma3_text": "Gemma's norms plus QK-norm, sliding-window layers and a separate rotary base for them",
     "stablelm": "partial rotary (and optional parallel residual)",
-    "starcoder2": "sliding-window attention", "cohere": "parallel residual with a shared LayerNorm and logit scale",
+    "cohere": "parallel residual with a shared LayerNorm and logit scale",
 }
 
 # Config keys a family names otherwise than the options' `hf=` keys (flax_blocks.options), tried
@@ -69,6 +67,9 @@ FAMILY_KEYS = {
     "distilbert": {"d_model": ("dim",), "num_heads": ("n_heads",), "d_ff": ("hidden_dim",),
                    "activation": ("activation",)},
     "opt": {"d_ff": ("ffn_dim",)},
+    "gemma2": {"activation": ("hidden_activation",)},
+    "gemma3_text": {"activation": ("hidden_activation",)},
+    "starcoder2": {"layer_norm_eps": ("norm_epsilon",)},
 }
 
 
@@ -102,13 +103,9 @@ def _opt(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> 
 
 def _phi3(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
     """Phi-3: rotary as LLaMA's (scaled variants, longrope / su / yarn, refused by _rope_theta)
-    on the first partial_rotary_factor of each head (Phi-4-mini: 0.75), no biases; sliding
-    windows refused."""
+    on the first partial_rotary_factor of each head (Phi-4-mini: 0.75), no biases; its
+    sliding_window (every layer) is read by _windows."""
     kw["partial_rotary_factor"] = _partial_rotary(config)
-    window = config.get("sliding_window")
-    if window is not None:
-        problems.append(f"sliding_window={window}: each query of this Phi-3 attends only to the last {window} keys, "
-                        "which the Flax blocks do not compute (they attend to every earlier key)")
 
 
 def _no_biases(model_type: str, config: Mapping[str, Any], problems: list[str]) -> None:
@@ -119,14 +116,81 @@ def _no_biases(model_type: str, config: Mapping[str, Any], problems: list[str]) 
 
 
 def _qwen3(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
-    """Qwen3: its sliding windows cover the layers from max_window_layers on, which the blocks'
-    pattern (layer l global iff l % n == 0) does not express: refused."""
+    """Qwen3: biases refused (_no_biases); its windows are read by _windows."""
     _no_biases("qwen3", config, problems)
-    types = config.get("layer_types") or []
-    if config.get("use_sliding_window") or "sliding_attention" in types:
-        problems.append(f"use_sliding_window=True (sliding_window={config.get('sliding_window')}, max_window_layers="
-                        f"{config.get('max_window_layers')}): Qwen3's local layers are those from max_window_layers "
-                        "on, a layout the Flax blocks' sliding_window_pattern does not express")
+
+
+def _layer_types(config: Mapping[str, Any], model_type: str, num_layers: int) -> list[str]:
+    """Each layer's attention kind as HF decides it: config.json's layer_types (transformers 5
+    writes them), else the family's rule: Qwen2 / Qwen3 local from max_window_layers on when
+    use_sliding_window, Gemma 2 every second layer global, Gemma 3 every
+    sliding_window_pattern-th (6), the others (Mistral, Phi-3, Starcoder2) every layer local
+    when sliding_window is set."""
+    if config.get("layer_types"):
+        return list(config["layer_types"])
+    window = config.get("sliding_window")
+    if window is None:
+        return ["full_attention"] * num_layers
+    if model_type in ("qwen2", "qwen3"):
+        first = config.get("max_window_layers", num_layers) if config.get("use_sliding_window") else num_layers
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    n = {"gemma2": 2, "gemma3_text": config.get("sliding_window_pattern", 6)}.get(model_type)
+    if n is not None:
+        return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(num_layers)]
+    return ["sliding_attention"] * num_layers
+
+
+def _windows(config: Mapping[str, Any], model_type: str, num_layers: int, kw: dict[str, Any],
+             problems: list[str]) -> None:
+    """sliding_window and sliding_window_pattern from HF's layer kinds: every layer local ->
+    the window, pattern None; layer l (from 1) global iff l % n == 0 -> pattern n; none local ->
+    no window. Any other layout (Qwen's local layers from max_window_layers on, with some
+    global ones before them) is refused by name. Qwen2 / Qwen3 without use_sliding_window
+    have no window whatever sliding_window says (their configs drop it)."""
+    types = _layer_types(config, model_type, num_layers)
+    window = config.get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window"):
+        window = None
+    unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if unknown or len(types) != num_layers:
+        problems.append(f"layer_types {types}: expected {num_layers} of 'sliding_attention' / 'full_attention'")
+        return
+    local = [t == "sliding_attention" for t in types]
+    if window is None or not any(local):
+        kw.update(sliding_window=None, sliding_window_pattern=None)
+        return
+    kw["sliding_window"] = int(window)
+    if all(local):
+        kw["sliding_window_pattern"] = None
+        return
+    for n in range(2, num_layers + 1):
+        if all(local[i] == bool((i + 1) % n) for i in range(num_layers)):
+            kw["sliding_window_pattern"] = n
+            return
+    problems.append(f"layer_types {types} (sliding_window={window}): the Flax blocks' local layers are every layer, "
+                    "or every layer but each n-th (sliding_window_pattern n); this layout is neither")
+
+
+def _gemma2(model_type: str, config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
+    """Gemma 2 / Gemma 3: soft-cap and query scale read; Gemma 3's two rotary bases (global
+    rope_parameters.full_attention, local rope_parameters.sliding_attention; older configs
+    rope_theta and rope_local_base_freq), scaled variants refused; bidirectional attention
+    (EmbeddingGemma) refused."""
+    _no_biases(model_type, config, problems)
+    kw["attn_logit_softcapping"] = _read(config, model_type, "attn_logit_softcapping")
+    kw["query_pre_attn_scalar"] = _read(config, model_type, "query_pre_attn_scalar")
+    params = config.get("rope_parameters") or {}
+    if model_type == "gemma2":
+        kw["rope_theta"] = _rope_theta(config, problems)
+        return
+    full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    kw["rope_theta"] = _rope_theta({**config, "rope_parameters": full}, problems)
+    kw["rope_local_theta"] = float(local.get("rope_theta") or config.get("rope_local_base_freq") or 10000.0)
+    if local.get("rope_type", "default") != "default":
+        problems.append(f"rope_type {local['rope_type']!r} on the local layers: the Flax blocks compute plain rotary "
+                        "positions only")
+    if config.get("use_bidirectional_attention"):
+        problems.append("use_bidirectional_attention=True (EmbeddingGemma): the Flax blocks read Gemma 3 as causal")
 
 
 def _gpt_neox(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
@@ -159,7 +223,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
     heads = _read(config, model_type, "num_heads")
     kv = _read(config, model_type, "num_kv_heads", default=heads)
     act_name = _read(config, model_type, "activation")
-    if model_type == "gemma" and act_name == "gelu":  # GemmaConfig itself reads the legacy "gelu" as tanh GELU
+    if model_type in ("gemma", "gemma2", "gemma3_text") and act_name == "gelu":  # GemmaConfig itself reads the legacy "gelu" as tanh GELU
         act_name = "gelu_pytorch_tanh"
     activation = ACTIVATIONS.get(act_name)
     if activation is None:
@@ -205,12 +269,22 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
         kw["rope_theta"] = _rope_theta(config, problems)
     if model_type == "qwen3":
         _qwen3(config, kw, problems)
-    if model_type in ("gemma", "olmo2"):
+    if model_type in ("gemma", "olmo2"):  # (Gemma 2 / 3: in _gemma2)
         _no_biases(model_type, config, problems)
     if model_type == "gpt_neox":
         _gpt_neox(config, kw, problems)
     if model_type == "phi3":
         _phi3(config, kw, problems)
+    if model_type in ("gemma2", "gemma3_text"):
+        _gemma2(model_type, config, kw, problems)
+    if model_type == "starcoder2":
+        kw["rope_theta"] = _rope_theta(config, problems)
+        if not config.get("use_bias", True):
+            problems.append("use_bias=False: Starcoder2's linear maps then lose their biases while its LayerNorms "
+                            "keep theirs; the Flax blocks have biases everywhere or nowhere")
+    num_layers = int(_first(config, "num_hidden_layers", "n_layer", "n_layers"))
+    if "sliding_window" in lay.reads:
+        _windows(config, model_type, num_layers, kw, problems)
     if dialect == "hf-llama":
         attn_bias, mlp_bias = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
         if model_type == "qwen2":  # q/k/v biases, none elsewhere
@@ -220,22 +294,13 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
                             "every linear map or on none (besides q/k/v)")
         else:
             kw["bias"] = attn_bias
-        window = config.get("sliding_window")
-        if model_type == "mistral" and window is not None:
-            problems.append(f"sliding_window={window}: each query of a Mistral attends only to the last {window} "
-                            "keys, which the Flax blocks do not compute (they attend to every earlier key; "
-                            "equal to HF only up to that many tokens)")
-        if config.get("use_sliding_window") and model_type == "qwen2":
-            problems.append(f"use_sliding_window=True (sliding_window={window}): layers with a sliding window "
-                            "are not computed by the Flax blocks")
     if dtype is not None:
         kw["param_dtype"] = dtype_name(dtype)
     elif dtype_name(config.get("dtype") or config.get("torch_dtype")) in ("float32", "float64", "bfloat16", "float16"):
         kw["param_dtype"] = dtype_name(config.get("dtype") or config.get("torch_dtype"))
     if problems:
         raise ConversionError(problems, header=f"cannot reproduce this {model_type} model in the Flax blocks")
-    num_layers = _first(config, "num_hidden_layers", "n_layer", "n_layers")
-    return dialect, BlockConfig(**kw), int(num_layers), final_norm
+    return dialect, BlockConfig(**kw), num_layers, final_norm
 
 
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 B, T, LAYERS = 2, 9, 3
+WINDOW = 4  # sliding windows shorter than T
 PADDED = slice(2, 5)  # tokens of the last batch element that are padding
 
 _TEXT = dict(vocab_size=16, pad_token_id=1, bos_token_id=0, eos_token_id=2)
@@ -74,6 +75,31 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
                                  num_hidden_layers=LAYERS, max_position_embeddings=32, rotary_pct=0.25,
                                  rotary_emb_base=1000, hidden_act="gelu_new", use_parallel_residual=False),
                             "use_parallel_residual=False: the sequential pre-LN form, rotary_pct 0.25"),
+    "mistral-window": ("MistralConfig", "MistralModel",
+                       dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
+                            num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-5, rope_theta=1000.0,
+                            sliding_window=WINDOW), f"sliding_window {WINDOW} < T {T}, every layer local"),
+    "starcoder2": ("Starcoder2Config", "Starcoder2Model",
+                   dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, intermediate_size=40,
+                        num_hidden_layers=LAYERS, max_position_embeddings=32, norm_epsilon=1e-5, rope_theta=1000.0,
+                        hidden_act="gelu_pytorch_tanh", use_bias=True, sliding_window=WINDOW),
+                   f"LayerNorm, biases, dense MLP (c_fc, c_proj), sliding_window {WINDOW}, 1 KV head"),
+    "gemma2": ("Gemma2Config", "Gemma2Model",
+               dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
+                    intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
+                    rope_theta=1000.0, sliding_window=WINDOW, attn_logit_softcapping=5.0, query_pre_attn_scalar=16,
+                    final_logit_softcapping=30.0),
+               f"sandwich norms, logits soft-capped at 5, scaled by 16 ** -0.5, layers 1 and 3 local (window "
+               f"{WINDOW}); eager attention only"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3TextModel",
+               dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
+                    intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
+                    sliding_window=WINDOW, query_pre_attn_scalar=16,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+               f"QK-norm per head, sandwich norms, layers 1 and 3 local (window {WINDOW}, rotary base 100; "
+               f"global 1000)"),
 }
 
 # What each family computes that the blocks do not: (config change, the refusal's words). The
@@ -86,11 +112,11 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
             (dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine=False")],
     "opt-350m": [],
     "vit": [(dict(hidden_act="gelu_fast"), "activation 'gelu_fast'")],
-    "phi3": [(dict(sliding_window=8), "sliding_window=8"),
-             (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 2,
+    "phi3": [(dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 2,
                                     "long_factor": [1.0] * 2}, original_max_position_embeddings=16),
               "rope_type 'longrope'")],
-    "qwen3": [(dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), "use_sliding_window=True"),
+    "qwen3": [(dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
+               "layer_types ['full_attention', 'sliding_attention', 'sliding_attention']"),
               (dict(attention_bias=True), "attention_bias=True"),
               (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}), "rope_type 'yarn'")],
     "gemma": [(dict(attention_bias=True), "attention_bias=True"), (dict(hidden_act="relu"), "activation 'relu'")],
@@ -99,6 +125,15 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
                  (dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
                                         "partial_rotary_factor": 0.5}), "rope_type 'linear'")],
     "gpt_neox-sequential": [],
+    "mistral-window": [],
+    "starcoder2": [(dict(use_bias=False), "use_bias=False")],
+    "gemma2": [(dict(attention_bias=True), "attention_bias=True"),
+               (dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
+                "layer_types ['full_attention', 'sliding_attention', 'sliding_attention']")],
+    "gemma3": [(dict(use_bidirectional_attention=True), "use_bidirectional_attention=True"),
+               (dict(rope_parameters={"full_attention": {"rope_type": "linear", "rope_theta": 1e3, "factor": 8.0},
+                                      "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+                "rope_type 'linear'")],
 }
 
 # Settings read from family-specific config keys (beyond the sizes, eps and activation).
@@ -111,7 +146,14 @@ EXTRA_READS = {"roberta": "is_decoder -> causal", "opt": "do_layer_norm_before -
                "olmo2": "rope_parameters.rope_theta, num_key_value_heads",
                "gpt_neox": "use_parallel_residual -> parallel_residual 'two_norms', rope_parameters (rotary_pct, "
                            "rotary_emb_base) -> partial_rotary_factor, rope_theta",
-               "gpt_neox-sequential": "use_parallel_residual=False -> parallel_residual 'none'"}
+               "gpt_neox-sequential": "use_parallel_residual=False -> parallel_residual 'none'",
+               "mistral-window": "sliding_window (every layer local)",
+               "starcoder2": "norm_epsilon, use_bias, sliding_window, rope_parameters.rope_theta",
+               "gemma2": "hidden_activation, head_dim, attn_logit_softcapping, query_pre_attn_scalar, sliding_window "
+                         "and layer_types -> sliding_window_pattern 2",
+               "gemma3": "hidden_activation, head_dim, query_pre_attn_scalar, sliding_window and layer_types -> "
+                         "sliding_window_pattern, rope_parameters.full_attention / sliding_attention -> rope_theta / "
+                         "rope_local_theta"}
 
 
 def config(name: str, **changes: Any) -> dict[str, Any]:

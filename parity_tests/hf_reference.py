@@ -38,24 +38,57 @@ def _rmsnorm64(self, x):
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def _rotary64(self, x, position_ids):
+def _rotary64(self, x, position_ids, layer_type=None):
     import torch
 
     cfg = self.config
+    params = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]  # Gemma 3: per kind
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    dim = int(dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0))  # GPT-NeoX, StableLM: part of each head
-    theta = cfg.rope_parameters["rope_theta"]
+    dim = int(dim * params.get("partial_rotary_factor", 1.0))  # GPT-NeoX, StableLM: part of each head
+    theta = params["rope_theta"]
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     freqs = position_ids[..., None].to(torch.float64) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
 
+def _eager_softmax_in_the_query_dtype(model) -> None:
+    """For families whose attention is eager only (Gemma 2: soft-capping, no SDPA): their module's
+    eager_attention_forward, recompiled with the softmax taken in promote(query dtype, float32)
+    instead of float32. Process-wide (the module looks the function up at call time), and the
+    same computation for float32, bfloat16 and float16 queries: only float64 changes."""
+    import inspect
+    import sys
+    import textwrap
+
+    module = sys.modules[type(model).__module__]
+    fn = module.eager_attention_forward
+    if getattr(fn, "_float64_faithful", False):
+        return
+    source = textwrap.dedent(inspect.getsource(fn))
+    old = "softmax(attn_weights, dim=-1, dtype=torch.float32)"
+    assert source.count(old) == 1, f"{module.__name__}.eager_attention_forward changed: patch it anew"
+    code = source.replace(old, "softmax(attn_weights, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))")
+    space = dict(vars(module))
+    exec(compile(code, module.__file__, "exec"), space)
+    space["eager_attention_forward"]._float64_faithful = True
+    module.eager_attention_forward = space["eager_attention_forward"]
+
+
+# Families that run only the eager attention, which takes the softmax in float32 (Gemma 2:
+# soft-capping): float64 runs them eager with _eager_softmax_in_the_query_dtype.
+EAGER_ONLY = ("gemma2",)
+
+
 def float64_faithful(model):
     """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32
-    (Gemma's RMSNorm, whose source scales by 1.0 + self.weight, keeps that offset)."""
+    (Gemma's RMSNorm, whose source scales by 1.0 + self.weight, keeps that offset); for
+    EAGER_ONLY families, their eager attention's float32 softmax (process-wide, see
+    _eager_softmax_in_the_query_dtype)."""
     import inspect
 
+    if getattr(model.config, "model_type", None) in EAGER_ONLY:
+        _eager_softmax_in_the_query_dtype(model)
     for m in model.modules():
         name = type(m).__name__
         if name.endswith("RMSNorm"):
@@ -115,7 +148,8 @@ def _feed_the_first_layer(model):
 
 # Families whose eager attention takes its softmax in float32 (or whose norms and rotary cast
 # to float32): float64 checks run them with SDPA and float64_faithful.
-FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox")
+FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox",
+                  "gemma3_text", "starcoder2")
 
 
 def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +200,7 @@ def load_hf(folder: str, dtype: str):
 
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    attn = "sdpa" if config.get("model_type") in FLOAT32_INSIDE and dtype == "float64" else "eager"
+    attn = "sdpa" if config.get("model_type") in FLOAT32_INSIDE and dtype == "float64" else "eager"  # EAGER_ONLY: eager
     model = transformers.AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=attn)
     model = embeddings_out_of_the_way(model.eval())
     return config, (float64_faithful(model) if dtype == "float64" else model)

@@ -195,11 +195,11 @@ def test_cli_converts_an_hf_folder_and_writes_hf_names_back(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------
 
 
-def test_a_mistral_with_a_sliding_window_is_refused_by_name():
+def test_a_mistral_sliding_window_is_read():
+    """Mistral's sliding_window (every layer local; measured against HF in tests/test_hf_families.py)."""
     config = transformers.MistralConfig(**{**TINY, **{**FAMILIES["mistral"][3], "sliding_window": 4}}).to_dict()
-    with pytest.raises(fb.ConversionError, match=r"sliding_window=4: each query of a Mistral attends only"):
-        hf_config(config)
-    assert hf_config({**config, "sliding_window": None})[0] == "hf-llama"
+    assert (hf_config(config)[1].sliding_window, hf_config(config)[1].sliding_window_pattern) == (4, None)
+    assert hf_config({**config, "sliding_window": None})[1].sliding_window is None
 
 
 def test_families_the_blocks_do_not_compute_are_refused_naming_the_reason():

@@ -3,7 +3,9 @@ LLaMA: RoBERTa (BERT's stack, here as a decoder: is_decoder=True makes it causal
 OPT (pre-LN, and post-LN with project_in / project_out as OPT-350m), ViT, Phi-3 (fused
 qkv_proj and gate_up_proj), Qwen3 (per-head QK-norm, explicit head_dim), Gemma ((1 + w)
 norms, GeGLU), OLMo 2 (norms on the sublayer outputs, full-width QK-norm) and GPT-NeoX (per-head
-fused query_key_value, partial rotary; parallel and sequential residual). The builds, inputs and measurements are parity_tests.families'
+fused query_key_value, partial rotary; parallel and sequential residual), Mistral with a sliding
+window shorter than the sequence, Starcoder2, Gemma 2 (sandwich norms, soft-capping, alternating
+windows) and Gemma 3 text (QK-norm, a local rotary base). The builds, inputs and measurements are parity_tests.families'
 (which also writes docs/families.md); each family is built and measured ONCE per module.
 """
 
@@ -73,6 +75,12 @@ def _without_qk_norm(theirs):
     return {k: v for k, v in theirs.items() if not k.endswith(("q_norm.weight", "k_norm.weight"))}
 
 
+def _gemma_norm_names(theirs):
+    """Gemma 2's post_attention_layernorm (the attention's output norm) read as Gemma's (the MLP's input norm)."""
+    swap = {"post_attention_layernorm": "pre_feedforward_layernorm", "pre_feedforward_layernorm": "post_attention_layernorm"}
+    return {next((k.replace(a, b) for a, b in swap.items() if f".{a}." in k), k): v for k, v in theirs.items()}
+
+
 def _qkv_as_blocks(theirs):
     """What a reader taking query_key_value's rows as [q; k; v] blocks (not per head) loads."""
     return {k: dialects._regroup(v, 3, 3, to_ours=False) if ".query_key_value." in k else v for k, v in theirs.items()}
@@ -92,13 +100,24 @@ MISTAKES = {
     "gpt_neox": ("query_key_value rows split as [q; k; v] blocks, not per head", {}, _qkv_as_blocks),
     "gpt_neox-sequential": ("parallel residual (GPT-NeoX's default) for use_parallel_residual=False",
                             dict(parallel_residual="two_norms"), None),
+    "mistral-window": ("window off by one (i - W <= j <= i)", dict(sliding_window=families.WINDOW + 1), None),
+    "starcoder2": ("no window (every earlier key)", dict(sliding_window=None), None),
+    "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
+    "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),
 }
+# More mistakes where one family carries several new settings.
+MORE_MISTAKES = [
+    ("gpt_neox", "rotary on every dim (rotary_pct ignored)", dict(partial_rotary_factor=1.0)),
+    ("gemma2", "attention logits not soft-capped", dict(attn_logit_softcapping=None)),
+    ("gemma2", "logits scaled by head_dim ** -0.5 (query_pre_attn_scalar ignored)", dict(query_pre_attn_scalar=None)),
+    ("gemma2", "every layer local (the alternation ignored)", dict(sliding_window_pattern=None)),
+]
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_a_real_mistake_is_caught(family, built):
+@pytest.mark.parametrize("family, what, fields, mangle", [(f, *MISTAKES[f]) for f in FAMILIES] +
+                         [(f, what, fields, None) for f, what, fields in MORE_MISTAKES])
+def test_a_real_mistake_is_caught(family, what, fields, mangle, built):
     m = built(family)
-    what, fields, mangle = MISTAKES[family]
     with jax.enable_x64(True):
         theirs = fb.to_hf(m.flax)
         if mangle is not None:
@@ -152,8 +171,27 @@ def test_settings_read_from_each_family_config():
     old_cfg = hf_config({**old, "rotary_pct": 0.5, "rotary_emb_base": 500})[1]
     assert (old_cfg.partial_rotary_factor, old_cfg.rope_theta) == (0.5, 500.0)
     assert hf_config(old)[1].partial_rotary_factor == 0.25  # GPTNeoXConfig's default rotary_pct
-    assert not {"phi3", "roberta", "distilbert", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox"} & \
-        set(NOT_COMPUTED)
+    mistral = hf_config(config("mistral-window"))[1]
+    assert (mistral.sliding_window, mistral.sliding_window_pattern) == (4, None)
+    qwen2 = dict(model_type="qwen2", hidden_size=24, num_attention_heads=4, intermediate_size=40, num_hidden_layers=3,
+                 rms_norm_eps=1e-6, hidden_act="silu", sliding_window=4)
+    assert hf_config(qwen2)[1].sliding_window is None  # use_sliding_window False: HF drops the window
+    assert hf_config({**qwen2, "use_sliding_window": True, "max_window_layers": 0})[1].sliding_window == 4
+    with pytest.raises(fb.ConversionError, match=r"layer_types \['full_attention', 'sliding_attention', "
+                                                 r"'sliding_attention'\] \(sliding_window=4\)"):
+        hf_config({**qwen2, "use_sliding_window": True, "max_window_layers": 1})  # local from layer 2 on
+    assert hf_config(config("phi3", sliding_window=4))[1].sliding_window == 4
+    g2 = hf_config(config("gemma2"))[1]
+    assert (g2.norm, g2.sliding_window, g2.sliding_window_pattern, g2.attn_logit_softcapping,
+            g2.query_pre_attn_scalar, g2.activation, g2.head_dim) == ("peri", 4, 2, 5.0, 16, "gelu_tanh", 10)
+    g3 = hf_config(config("gemma3"))[1]
+    assert (g3.qk_norm, g3.rope_theta, g3.rope_local_theta, g3.sliding_window_pattern, g3.attn_logit_softcapping) == \
+        (True, 1000.0, 100.0, 2, None)
+    sc = hf_config(config("starcoder2"))[1]
+    assert (sc.norm_type, sc.bias, sc.mlp, sc.layer_norm_eps, sc.sliding_window, sc.num_kv_heads) == \
+        ("layernorm", True, "dense", 1e-5, 4, 1)
+    assert not {"phi3", "roberta", "distilbert", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox", "gemma2",
+                "gemma3_text", "starcoder2"} & set(NOT_COMPUTED)
 
 
 @pytest.mark.parametrize("name, changes, words", [(n, c, w) for n, rs in REFUSALS.items() for c, w in rs])
@@ -188,10 +226,12 @@ def test_names_alone(built):
     assert fb.detect_dialect(neox) == "hf-gpt-neox"
     with pytest.raises(fb.ConversionError, match=r"(?s)grouped per head.*num_heads"):
         dialects.translate(neox, "hf-gpt-neox")  # query_key_value's per-head rows need the head count
-    for name, dialect in (("qwen3", "hf-qwen3"), ("gemma", "hf-gemma"), ("olmo2", "hf-olmo2")):
+    assert fb.detect_dialect(read_folder(str(built("starcoder2").folder))[1]) == "hf-starcoder2"
+    for name, dialect in (("qwen3", "hf-qwen3"), ("gemma", "hf-gemma"), ("olmo2", "hf-olmo2"), ("gemma2", "hf-gemma2"),
+                          ("gemma3", "hf-gemma3")):
         with pytest.raises(fb.ConversionError, match=rf"(?s)cannot tell the checkpoint's family.*pass "
                                                      rf"dialect='{dialect}' \(--dialect {dialect}\) if the "
-                                                     rf"checkpoint is one of {name}"):
+                                                     rf"checkpoint is one of {config(name)['model_type']}"):
             fb.detect_dialect(read_folder(str(built(name).folder))[1])
     with pytest.raises(fb.ConversionError, match=r"(?s)OPT itself in both norm placements.*pass dialect='hf-opt'"):
         fb.detect_dialect(files["opt"])
