@@ -116,7 +116,8 @@ TORCH = Dialect(
 _CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None,
             "partial_rotary_factor": 1.0, "attn_logit_softcapping": None, "query_pre_attn_scalar": None,
             "sliding_window": None, "sliding_window_pattern": None, "rope_local_theta": None, "qk_norm": False,
-            "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False,
+            "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "mlp_bias": None, "norm_bias": None,
+            "layernorm_scaling": False,
             "parallel_residual": "none"}
 _CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
 
@@ -172,7 +173,7 @@ HF_LLAMA = Dialect(
               "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False,
               "partial_rotary_factor": 1.0, "parallel_residual": "none", "attn_logit_softcapping": None,
               "query_pre_attn_scalar": None, "sliding_window": None, "sliding_window_pattern": None,
-              "rope_local_theta": None},
+              "rope_local_theta": None, "mlp_bias": None, "norm_bias": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
     shared_by=("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
