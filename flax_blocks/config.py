@@ -133,6 +133,13 @@ class BlockConfig:
         10000 beside a global 1e6); None: rope_theta in every layer.
       qkv_bias: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True
         with bias=False).
+      mlp_bias: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's
+        `mlp_bias` beside `attention_bias`).
+      norm_bias: biases of the LayerNorms (and DyT) alone (None: follow `bias`; StableLM:
+        LayerNorms with biases, linear maps without). QK-norm never has one.
+      (A key projection without a bias, Whisper's k_proj, needs no option: a key bias adds
+      q . b_k to every logit of a row, which softmax ignores, so the function is the same with
+      any key bias and a checkpoint without one reads as zeros.)
       parallel_residual: "none" (each sublayer reads the previous one's output), or the
         parallel form y = x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-J, GPT-NeoX
         `use_parallel_residual`, PaLM): "two_norms" with a norm per branch (GPT-NeoX) or
@@ -198,6 +205,8 @@ class BlockConfig:
     sliding_window_pattern: int | None = None
     rope_local_theta: float | None = None
     qkv_bias: bool | None = None
+    mlp_bias: bool | None = None
+    norm_bias: bool | None = None
     parallel_residual: Literal["none", "two_norms", "shared_norm"] = "none"
     residual: Literal["add", "none"] = "add"
     scaling: Literal["none", "deepnorm", "rezero", "layerscale"] = "none"
@@ -271,8 +280,9 @@ class BlockConfig:
                 "LayerNorm or RMSNorm of its own (following norm_type), and DyT says neither. "
                 "Use qk_norm=False with DyT, or norm_type 'layernorm' / 'rmsnorm'"
             )
-        if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
-            raise ValueError(f"BlockConfig.qkv_bias must be None or a bool, got {self.qkv_bias!r}")
+        for name in ("qkv_bias", "mlp_bias", "norm_bias"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValueError(f"BlockConfig.{name} must be None or a bool, got {getattr(self, name)!r}")
         kv = self.num_kv_heads
         if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0 or self.num_heads % kv):
             raise ValueError(
@@ -360,6 +370,14 @@ class BlockConfig:
     @property
     def has_qkv_bias(self) -> bool:
         return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.bias if self.mlp_bias is None else self.mlp_bias
+
+    @property
+    def has_norm_bias(self) -> bool:
+        return self.bias if self.norm_bias is None else self.norm_bias
 
     @property
     def gated(self) -> bool:

@@ -148,7 +148,7 @@ _LINEAR_DIMS = {"up": ("d_ff", "d_model"), "gate": ("d_ff", "d_model"), "down": 
 
 
 def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Component:
-    """An MLP projection: torch weight (out, in) and bias (out,); Flax kernel (in, out), bias."""
+    """An MLP projection: torch weight (out, in) and bias (out,) (cfg.has_mlp_bias); Flax kernel (in, out), bias."""
     if cfg.scaling == "deepnorm":
         w, b = _xavier_normal(n_in, n_out, float(cfg.resolve().deepnorm_beta)), ZERO  # type: ignore[arg-type]
     elif cfg.init == "xavier":
@@ -157,19 +157,19 @@ def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Compone
         w = b = ("uniform", 1 / math.sqrt(n_in))
     axes, dims = _LINEAR_AXES[role], _LINEAR_DIMS[role]
     params = [Param("weight", "kernel", (n_out, n_in), dims, axes, _one(w, n_out), LINEAR)]
-    if cfg.bias:
+    if cfg.has_mlp_bias:
         params.append(Param("bias", "bias", (n_out,), dims[:1], axes[1:], _one(b, n_out)))
     return Component("linear", tuple(params))
 
 
 def norm(cfg: BlockConfig, width: int, *, dim: str | None = "d_model", axis: str | None = "embed",
          bias: bool = True) -> Component:
-    """LayerNorm (weight, bias when cfg.bias and `bias`), RMSNorm (weight) or DyT (weight,
+    """LayerNorm (weight, bias when cfg.has_norm_bias and `bias`), RMSNorm (weight) or DyT (weight,
     bias as LayerNorm's, and the scalar alpha, initialised to cfg.dyt_alpha_init) over `width`.
     The weight w starts at 1 - cfg.norm_weight_offset (Gemma's norms, which scale by 1 + w, at 0)."""
     w0 = ("const", 1.0 - cfg.norm_weight_offset) if cfg.norm_weight_offset else ONE
     params = [Param("weight", "scale", (width,), (dim,), (axis,), _one(w0, width))]
-    if cfg.norm_type in ("layernorm", "dyt") and cfg.bias and bias:
+    if cfg.norm_type in ("layernorm", "dyt") and cfg.has_norm_bias and bias:
         params.append(Param("bias", "bias", (width,), (dim,), (axis,), _one(ZERO, width)))
     if cfg.norm_type == "dyt":
         params.append(Param("alpha", "alpha", (), (), (), ((1, ("const", float(cfg.dyt_alpha_init))),)))

@@ -146,7 +146,8 @@ TORCH = Dialect(
 _CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None,
             "partial_rotary_factor": 1.0, "attn_logit_softcapping": None, "query_pre_attn_scalar": None,
             "sliding_window": None, "sliding_window_pattern": None, "rope_local_theta": None, "qk_norm": False,
-            "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "layernorm_scaling": False,
+            "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "mlp_bias": None, "norm_bias": None,
+            "layernorm_scaling": False,
             "parallel_residual": "none"}
 _CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
 
@@ -203,7 +204,8 @@ _LLAMA_RULES = (
 _LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu",
                    "activation": "silu", "causal": True, "scaling": "none", "residual": "add", "qk_norm": False,
                    "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
-                   "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None}
+                   "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
+                   "mlp_bias": None, "norm_bias": None}
 _WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
 _LLAMA_OUTSIDE = "token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head"
 # Every family below writes LLaMA's key names (or a superset) and computes something else: names
@@ -297,7 +299,8 @@ HF_PHI3 = Dialect(
     settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
               "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False, "bias": False,
               "qkv_bias": None, "norm_weight_offset": 0.0, "parallel_residual": "none",
-              "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None},
+              "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
+              "mlp_bias": None, "norm_bias": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", *_WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
@@ -365,9 +368,10 @@ HF_GPT_NEOX = Dialect(
     ),
     ignore=("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq"),  # old checkpoints' buffers
     settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "partial_rotary_factor",
-                                                                 "parallel_residual")},
+                                                                 "parallel_residual", "bias", "mlp_bias", "norm_bias")},
               "norm": "pre", "causal": True},
-    reads=(*_CLASSIC_READS, "rope_theta", "partial_rotary_factor", "parallel_residual"),
+    reads=(*_CLASSIC_READS, "rope_theta", "partial_rotary_factor", "parallel_residual", "bias", "mlp_bias",
+           "norm_bias"),
     outside="token embeddings (embed_in), the rotary inv_freq buffer and the LM head (embed_out)",
 )
 
@@ -429,22 +433,39 @@ HF_STARCODER2 = Dialect(
         *_norm("norm2", "post_attention_layernorm"),
     ),
     settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "sliding_window",
-                                                                 "sliding_window_pattern")},
+                                                                 "sliding_window_pattern", "bias", "norm_bias")},
               "norm": "pre", "causal": True},
-    reads=(*_CLASSIC_READS, "rope_theta", *_WINDOWS),
+    reads=(*_CLASSIC_READS, "rope_theta", "bias", "norm_bias", *_WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
+)
+
+# StableLM: LLaMA's names with LayerNorms (biases kept while the linear maps have none: norm_bias),
+# q/k/v biases with use_qkv_bias, rotary on the first partial_rotary_factor (0.25) of each head, and
+# with use_parallel_residual one shared norm, x + Attn(Norm(x)) + MLP(Norm(x)), no
+# post_attention_layernorm. qk_layernorm (a LayerNorm of its own per head) is refused.
+HF_STABLELM = Dialect(
+    "hf-stablelm", "Hugging Face StableLM (LLaMA's names, LayerNorms with biases)",
+    layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
+    ignore=("self_attn.rotary_emb.inv_freq",),
+    settings={**{k: v for k, v in _LLAMA_SETTINGS.items() if k not in ("partial_rotary_factor", "parallel_residual")},
+              "norm_type": "layernorm", "bias": False, "mlp_bias": None, "norm_bias": True,
+              "sliding_window": None, "sliding_window_pattern": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", "parallel_residual", "qkv_bias"),
+    outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
 DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA, HF_DISTILBERT, HF_OPT,
                                                           HF_VIT, HF_PHI3, HF_QWEN3, HF_GEMMA, HF_OLMO2,
-                                                          HF_GPT_NEOX, HF_GEMMA2, HF_GEMMA3, HF_STARCODER2)}
+                                                          HF_GPT_NEOX, HF_GEMMA2, HF_GEMMA3, HF_STARCODER2,
+                                                          HF_STABLELM)}
 
 # A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
 # its config by flax_blocks.hf_config). Families not listed are refused by name.
 MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama",
                "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3",
                "qwen3": "hf-qwen3", "gemma": "hf-gemma", "olmo2": "hf-olmo2", "gpt_neox": "hf-gpt-neox",
-               "gemma2": "hf-gemma2", "gemma3_text": "hf-gemma3", "starcoder2": "hf-starcoder2"}
+               "gemma2": "hf-gemma2", "gemma3_text": "hf-gemma3", "starcoder2": "hf-starcoder2",
+               "stablelm": "hf-stablelm"}
 
 # Every torch name a block can have under some option (the probe configs, every option on).
 _TORCH_NAMES = {

@@ -57,7 +57,6 @@ NOT_COMPUTED = {
     "qwen2_moe": "a mixture of experts in place of the MLP", "qwen3_moe": "a mixture of experts in place of the MLP",
     "t5": "a learned relative position bias added to the attention logits, and RMSNorm without biases before an "
           "encoder-decoder stack", "mt5": "T5's relative position bias", "umt5": "T5's relative position bias",
-    "stablelm": "partial rotary (and optional parallel residual)",
     "cohere": "parallel residual with a shared LayerNorm and logit scale",
 }
 
@@ -200,9 +199,23 @@ def _gpt_neox(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]
     kw["parallel_residual"] = "two_norms" if config.get("use_parallel_residual", True) else "none"
     kw["rope_theta"] = _rope_theta(config, problems)
     kw["partial_rotary_factor"] = _partial_rotary(config, default=0.25)
-    if not config.get("attention_bias", True):
-        problems.append("attention_bias=False: GPT-NeoX's attention then has no biases while its MLP and LayerNorms "
-                        "keep theirs; the Flax blocks have biases everywhere or nowhere")
+    # attention_bias=False: the attention loses its biases, the MLP and the LayerNorms keep theirs
+    attention = bool(config.get("attention_bias", True))
+    kw.update(bias=attention, mlp_bias=None if attention else True, norm_bias=None if attention else True)
+
+
+def _stablelm(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
+    """StableLM: q/k/v biases with use_qkv_bias; use_parallel_residual -> one shared norm;
+    partial rotary (0.25 by default); qk_layernorm refused (a LayerNorm with its own weights for
+    each head: the blocks' QK-norm is one scale-only norm shared by the heads)."""
+    kw["rope_theta"] = _rope_theta(config, problems)
+    kw["partial_rotary_factor"] = _partial_rotary(config, default=0.25)
+    kw["qkv_bias"] = bool(config.get("use_qkv_bias", False))
+    kw["parallel_residual"] = "shared_norm" if config.get("use_parallel_residual") else "none"
+    if config.get("qk_layernorm"):
+        problems.append("qk_layernorm=True: StableLM normalises q and k with a LayerNorm of its own for each head "
+                        "(mean subtracted, per-head weights); the Flax blocks' QK-norm is one scale-only norm "
+                        "shared by the heads")
 
 
 def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, BlockConfig, int, bool]:
@@ -279,9 +292,10 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
         _gemma2(model_type, config, kw, problems)
     if model_type == "starcoder2":
         kw["rope_theta"] = _rope_theta(config, problems)
-        if not config.get("use_bias", True):
-            problems.append("use_bias=False: Starcoder2's linear maps then lose their biases while its LayerNorms "
-                            "keep theirs; the Flax blocks have biases everywhere or nowhere")
+        use_bias = bool(config.get("use_bias", True))  # False: the linear maps lose theirs, the LayerNorms keep them
+        kw.update(bias=use_bias, norm_bias=None if use_bias else True)
+    if model_type == "stablelm":
+        _stablelm(config, kw, problems)
     num_layers = int(_first(config, "num_hidden_layers", "n_layer", "n_layers"))
     if "sliding_window" in lay.reads:
         _windows(config, model_type, num_layers, kw, problems)

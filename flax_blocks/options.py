@@ -66,7 +66,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("layer_norm_eps", "compute", "LayerNorm / RMSNorm epsilon on both sides (torch's layer_norm_eps; "
            "its default is 1e-5)", hf=("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")),
     Option("bias", "compute", "biases in the linear maps and the LayerNorms", adds=True,
-           hf=("attention_bias", "mlp_bias"), cli=False),
+           hf=("attention_bias",), cli=False),
     Option("norm", "compute", "norm placement: 'post' Norm(x + F(x)) (torch's norm_first=False), 'pre' "
            "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'out' x + Norm(F(x)) (OLMo 2), 'none'",
            adds="peri"),
@@ -104,6 +104,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("rope_local_theta", "compute", "the rotary base of the local layers (Gemma 3 rope_local_base_freq; "
            "default rope_theta)", hf=("rope_local_base_freq", "rope_parameters.sliding_attention.rope_theta")),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
+    Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True,
+           hf=("mlp_bias",)),
+    Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
+           "bias=False)", adds=True),
     Option("parallel_residual", "compute", "'two_norms' x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-NeoX), "
            "'shared_norm' one norm for both (StableLM, GPT-J), 'none' sequential (needs norm='pre')"),
     Option("residual", "compute", "'add' keeps the skip path; 'none' is the skip ablation"),

@@ -35,7 +35,7 @@ CASES: list[Case] = [
     _cfg(norm="none", scaling="rezero"),
     _cfg(scaling="rezero"),
     _cfg(scaling="layerscale", parallel_residual="two_norms"),  # GPT-NeoX's parallel residual, gated per branch
-    _cfg(activation="relu"),
+    _cfg(activation="relu", norm_bias=False),  # LayerNorms without biases, linear maps with
     _cfg(activation="gelu_tanh"),
     _cfg(bias=False),
     _cfg(causal=True),
@@ -73,8 +73,8 @@ CASES: list[Case] = [
     # 4 heads x 8 != d_model 16; rotary on the first 4 of 8 dims (GPT-NeoX rotary_pct)
     replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
-    _cfg(qkv_bias=True, bias=False),
-    _cfg(qkv_bias=False),
+    _cfg(qkv_bias=True, bias=False, mlp_bias=True),
+    _cfg(qkv_bias=False, mlp_bias=False),  # LLaMA's attention_bias without mlp_bias: out_proj's bias alone
     *(Case(kind, replace(BASE, norm="peri", norm_type="rmsnorm", mlp="swiglu", activation="silu", qk_norm=True))
       for kind in ("ResidualMHA", "FeedForward")),
     replace(BLOCK, cfg=LLAMA, seq=6),
@@ -103,8 +103,9 @@ CASES: list[Case] = [
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
-    Case("Encoder", replace(BASE, parallel_residual="shared_norm"), num_layers=3, key_mask=True,  # StableLM's
-         scan_layers=False),
+    # StableLM's block: one LayerNorm (with its bias) for both parallel branches, linear maps without biases
+    Case("Encoder", replace(BASE, parallel_residual="shared_norm", bias=False, norm_bias=True), num_layers=3,
+         key_mask=True, scan_layers=False),
     Case("Decoder", replace(LLAMA, causal=True, sliding_window=2, sliding_window_pattern=2, rope_local_theta=100.0),
          num_layers=2, seq=6, scan_layers=False),  # Gemma 2's alternation, Gemma 3's local rotary base
     # attention paths forced through the config at small T (auto takes dense here): Flax's

@@ -118,6 +118,8 @@ class Case:
         bits += [f"global-every-{c.sliding_window_pattern}"] if c.sliding_window_pattern is not None else []
         bits += [f"local-rope{c.rope_local_theta:g}"] if c.rope_local_theta is not None else []
         bits += [f"qkv-bias-{c.qkv_bias}"] if c.qkv_bias is not None else []
+        bits += [f"mlp-bias-{c.mlp_bias}"] if c.mlp_bias is not None else []
+        bits += [f"norm-bias-{c.norm_bias}"] if c.norm_bias is not None else []
         bits += [f"eps{c.layer_norm_eps:g}"] if c.layer_norm_eps != 1e-5 else []
         bits += ["attn-mask"] if self.attention_mask else []
         bits += ["key-mask"] if self.key_mask else []

@@ -149,7 +149,7 @@ def _feed_the_first_layer(model):
 # Families whose eager attention takes its softmax in float32 (or whose norms and rotary cast
 # to float32): float64 checks run them with SDPA and float64_faithful.
 FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox",
-                  "gemma3_text", "starcoder2")
+                  "gemma3_text", "starcoder2", "stablelm")
 
 
 def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

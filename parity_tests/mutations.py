@@ -145,6 +145,17 @@ def softcap_after_mask(case: Case, module, inp: Inputs):
     return module, inp
 
 
+def _zero_biases(*names):
+    """The Flax twin's biases of these modules zeroed: the same as a twin that has none there."""
+    def mutate(case: Case, module, inp: Inputs):
+        for name in names:
+            bias = getattr(module, name).bias
+            bias.set_value(jnp.zeros_like(bias[...]))
+        return module, inp
+
+    return mutate
+
+
 def qk_norm_after_rotary(case: Case, module, inp: Inputs):
     _attention(case, module).__class__ = _QKNormAfterRotary
     return module, inp
@@ -241,6 +252,12 @@ MUTATIONS = {
                                None, softcap_after_mask),
     "window_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, sliding_window=2), seq=6),
                           replace(MODERN, causal=True, sliding_window=3), None),  # i - W <= j where i - W < j
+    # LLaMA's mlp_bias read from attention_bias (MLP without its biases); StableLM's LayerNorm biases
+    # dropped with the linear maps' (bias=False read for every bias)
+    "mlp_bias_dropped": (Case("TransformerBlock", replace(BASE, bias=False, mlp_bias=True)), None,
+                         _zero_biases("linear1", "linear2")),
+    "norm_bias_dropped": (Case("TransformerBlock", replace(BASE, norm="pre", bias=False, norm_bias=True)), None,
+                          _zero_biases("norm1", "norm2")),
     "dyt_alpha_after_tanh": (DYT, None, _dyt_as(_DyTAlphaAfterTanh)),
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),

@@ -42,7 +42,7 @@ HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta", "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "sliding_window_pattern", "rope_local_theta", "qkv_bias", "layernorm_scaling", "parallel_residual",
+    "sliding_window_pattern", "rope_local_theta", "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling", "parallel_residual",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -186,7 +186,10 @@ def _opt(cfg: Any, name: str, default: Any) -> Any:
 
 
 def _norm(cfg: Any, p: Params, prefix: str, x: np.ndarray, bias: bool = True) -> np.ndarray:
-    """The config's norm over the last axis; a LayerNorm has a bias when cfg.bias and `bias`."""
+    """The config's norm over the last axis; a LayerNorm has a bias when the norms have biases
+    (norm_bias, else bias) and `bias`."""
+    nb = _opt(cfg, "norm_bias", None)
+    bias = bias and (cfg.bias if nb is None else nb)
     n = x.shape[-1]
     w = p(prefix + "weight", (n,)) + _opt(cfg, "norm_weight_offset", 0.0)  # Gemma's RMSNorm: times (1 + w)
     kind = _opt(cfg, "norm_type", "layernorm")
@@ -194,8 +197,8 @@ def _norm(cfg: Any, p: Params, prefix: str, x: np.ndarray, bias: bool = True) ->
         return rms_norm(x, w, cfg.layer_norm_eps)
     if kind == "dyt":  # Zhu et al. 2025: weight * tanh(alpha * x) + bias, no statistics
         y = w * np.tanh(p(prefix + "alpha", ()) * x)
-        return y + p(prefix + "bias", (n,)) if cfg.bias and bias else y
-    return layer_norm(x, w, p(prefix + "bias", (n,)) if cfg.bias and bias else None, cfg.layer_norm_eps)
+        return y + p(prefix + "bias", (n,)) if bias else y
+    return layer_norm(x, w, p(prefix + "bias", (n,)) if bias else None, cfg.layer_norm_eps)
 
 
 def _linear(p: Params, prefix: str, x: np.ndarray, n_out: int, bias: bool) -> np.ndarray:
@@ -271,12 +274,14 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
 def mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> np.ndarray:
     """dense: linear2(act(linear1 x)); gated: linear2(act(linear_gate x) * linear1 x)."""
     f = cfg.d_ff
-    hid = _linear(p, prefix + "linear1.", x, f, cfg.bias)
+    mb = _opt(cfg, "mlp_bias", None)
+    mb = cfg.bias if mb is None else mb  # HF LLaMA's mlp_bias beside attention_bias
+    hid = _linear(p, prefix + "linear1.", x, f, mb)
     if _opt(cfg, "mlp", "dense") == "dense":
         hid = activation(cfg.activation, hid)
     else:
-        hid = activation(cfg.activation, _linear(p, prefix + "linear_gate.", x, f, cfg.bias)) * hid
-    return _linear(p, prefix + "linear2.", hid, cfg.d_model, cfg.bias)
+        hid = activation(cfg.activation, _linear(p, prefix + "linear_gate.", x, f, mb)) * hid
+    return _linear(p, prefix + "linear2.", hid, cfg.d_model, mb)
 
 
 def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, gate: str,

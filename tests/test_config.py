@@ -102,6 +102,8 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(num_heads=2, rope_theta=1e4, partial_rotary_factor=0.25), ["rotary_dim", "even"]),
         (dict(norm_weight_offset=float("nan")), ["norm_weight_offset", "finite"]),
         (dict(qk_norm_over="heads"), ["qk_norm_over", "projection"]),
+        (dict(mlp_bias=1), ["mlp_bias", "None or a bool"]),
+        (dict(norm_bias="yes"), ["norm_bias", "None or a bool"]),
         (dict(sliding_window=4), ["sliding_window=4", "causal=True"]),
         (dict(sliding_window=0, causal=True), ["sliding_window", "positive int"]),
         (dict(sliding_window_pattern=2, causal=True), ["sliding_window_pattern", "needs sliding_window"]),
@@ -147,6 +149,9 @@ def test_valid_configs_construct():
                         activation="silu", rope_theta=10000.0, qk_norm=True, bias=False, causal=True, dropout=0.0)
     assert (llama.head_width, llama.kv_heads, llama.has_qkv_bias, llama.gated) == (8, 2, False, True)
     assert (llama.head_dim, BlockConfig(18, 4, head_dim=6).head_width) == (None, 6)  # Qwen3 / Gemma: explicit
+    stablelm = BlockConfig(8, 2, bias=False, norm_bias=True)
+    assert (stablelm.has_norm_bias, stablelm.has_mlp_bias, BlockConfig(8, 2, mlp_bias=False).has_mlp_bias) == (
+        True, False, False)
     assert BlockConfig(8, 2, bias=False, qkv_bias=True).has_qkv_bias and BlockConfig(8, 2).kv_heads == 2
     make(mlp="geglu", activation="gelu_tanh"), make(norm="peri", norm_type="rmsnorm")
 

@@ -102,6 +102,8 @@ MISTAKES = {
                             dict(parallel_residual="two_norms"), None),
     "mistral-window": ("window off by one (i - W <= j <= i)", dict(sliding_window=families.WINDOW + 1), None),
     "starcoder2": ("no window (every earlier key)", dict(sliding_window=None), None),
+    "stablelm": ("rotary on every dim (partial_rotary_factor ignored)", dict(partial_rotary_factor=1.0), None),
+    "stablelm-parallel": ("rotary on half of each head for StableLM's quarter", dict(partial_rotary_factor=0.5), None),
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
     "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),
 }
@@ -166,7 +168,14 @@ def test_settings_read_from_each_family_config():
     neox = hf_config(config("gpt_neox"))[1]
     assert (neox.parallel_residual, neox.partial_rotary_factor, neox.rope_theta, neox.bias, neox.norm) == \
         ("two_norms", 0.5, 1000.0, True, "pre")
-    assert hf_config(config("gpt_neox-sequential"))[1].parallel_residual == "none"
+    seq = hf_config(config("gpt_neox-sequential"))[1]
+    assert (seq.parallel_residual, seq.bias, seq.mlp_bias, seq.norm_bias) == ("none", False, True, True)
+    st = hf_config(config("stablelm"))[1]
+    assert (st.norm_type, st.bias, st.has_qkv_bias, st.norm_bias, st.partial_rotary_factor, st.parallel_residual,
+            st.mlp) == ("layernorm", False, True, True, 0.25, "none", "swiglu")
+    assert hf_config(config("stablelm-parallel"))[1].parallel_residual == "shared_norm"
+    sc_nobias = hf_config(config("starcoder2", use_bias=False))[1]
+    assert (sc_nobias.bias, sc_nobias.norm_bias) == (False, True)
     old = {k: v for k, v in config("gpt_neox").items() if k != "rope_parameters"}  # an old config.json's keys
     old_cfg = hf_config({**old, "rotary_pct": 0.5, "rotary_emb_base": 500})[1]
     assert (old_cfg.partial_rotary_factor, old_cfg.rope_theta) == (0.5, 500.0)
@@ -191,7 +200,7 @@ def test_settings_read_from_each_family_config():
     assert (sc.norm_type, sc.bias, sc.mlp, sc.layer_norm_eps, sc.sliding_window, sc.num_kv_heads) == \
         ("layernorm", True, "dense", 1e-5, 4, 1)
     assert not {"phi3", "roberta", "distilbert", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox", "gemma2",
-                "gemma3_text", "starcoder2"} & set(NOT_COMPUTED)
+                "gemma3_text", "starcoder2", "stablelm"} & set(NOT_COMPUTED)
 
 
 @pytest.mark.parametrize("name, changes, words", [(n, c, w) for n, rs in REFUSALS.items() for c, w in rs])
@@ -228,7 +237,7 @@ def test_names_alone(built):
         dialects.translate(neox, "hf-gpt-neox")  # query_key_value's per-head rows need the head count
     assert fb.detect_dialect(read_folder(str(built("starcoder2").folder))[1]) == "hf-starcoder2"
     for name, dialect in (("qwen3", "hf-qwen3"), ("gemma", "hf-gemma"), ("olmo2", "hf-olmo2"), ("gemma2", "hf-gemma2"),
-                          ("gemma3", "hf-gemma3")):
+                          ("gemma3", "hf-gemma3"), ("stablelm", "hf-stablelm")):
         with pytest.raises(fb.ConversionError, match=rf"(?s)cannot tell the checkpoint's family.*pass "
                                                      rf"dialect='{dialect}' \(--dialect {dialect}\) if the "
                                                      rf"checkpoint is one of {config(name)['model_type']}"):

@@ -78,7 +78,9 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
                     if dim is not None:
                         info.setdefault(dim, int(size))
         has = lambda names: any(n in inner for n in names)  # noqa: E731
-        info["bias"] = has(_only_with(kind, bias=False, qkv_bias=True) - _only_with(kind, norm_type="rmsnorm"))
+        # the linear maps' biases (not q/k/v's, mlp_bias and norm_bias following `bias`; not the norms')
+        linear_biases = _only_with(kind, bias=False, qkv_bias=True, mlp_bias=None, norm_bias=None)
+        info["bias"] = has(linear_biases - _only_with(kind, norm_type="rmsnorm"))
         if has(_only_with(kind, qkv_bias=False)) != info["bias"]:
             info["qkv_bias"] = not info["bias"]  # recorded only where it departs from `bias`
         info["layer_norms"] = has(_only_with(kind, norm="none"))
