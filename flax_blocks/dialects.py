@@ -61,6 +61,9 @@ class Rule:
       by HF as (..., heads, 3 * head_dim): [q_0; k_0; v_0; q_1; k_1; v_1; ...]); ours holds
       the same rows part by part ([q_0; q_1; ...; k_0; ...; v_...]), as our in_proj. Needs the
       head count; the permutation is exact both ways.
+    zero: parts of `theirs` the family never has, read as zeros (Whisper's k_proj has no bias:
+      a bias on the keys adds q_i . b to every logit of query i, which softmax ignores, so a
+      zero one computes exactly what HF computes); written back only when zero, else refused.
     """
 
     ours: str
@@ -69,6 +72,7 @@ class Rule:
     split: tuple[str, ...] = ()
     chunk: tuple[int, int] | None = None
     per_head: int = 0
+    zero: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.chunk is not None and (len(self.theirs) != 1 or self.transpose or self.split):
@@ -454,10 +458,34 @@ HF_STABLELM = Dialect(
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
+# Whisper's encoder: pre-LN, LayerNorms with torch's eps, GELU, biases everywhere but on k_proj
+# (read as a zero k bias: exact, see Rule.zero); positions (sinusoidal embed_positions) and the
+# two convolutions lie in its embeddings, outside the stack; it takes no attention mask. The
+# decoder (cross-attention) is not read.
+HF_WHISPER = Dialect(
+    "hf-whisper", "Hugging Face Whisper encoder (encoder.layers.{i}.self_attn.q_proj.weight, no k_proj bias)",
+    layer="encoder.layers.{i}.", final_norm="encoder.layer_norm",
+    rules=(
+        Rule("self_attn.in_proj_weight", ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                          "self_attn.v_proj.weight"), split=("q", "kv", "kv")),
+        Rule("self_attn.in_proj_bias", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+             split=("q", "kv", "kv"), zero=("self_attn.k_proj.bias",)),
+        *_linear("self_attn.out_proj", "self_attn.out_proj"),
+        *_norm("norm1", "self_attn_layer_norm"),
+        *_linear("linear1", "fc1"),
+        *_linear("linear2", "fc2"),
+        *_norm("norm2", "final_layer_norm"),
+    ),
+    settings={**_CLASSIC, "norm": "pre", "causal": False, "layer_norm_eps": 1e-5},
+    reads=("activation", "num_kv_heads"),
+    outside=("the encoder's convolutions and positions (conv1, conv2, embed_positions) and the whole decoder "
+             "(its cross-attention layers are not read)"),
+)
+
 DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA, HF_DISTILBERT, HF_OPT,
                                                           HF_VIT, HF_PHI3, HF_QWEN3, HF_GEMMA, HF_OLMO2,
                                                           HF_GPT_NEOX, HF_GEMMA2, HF_GEMMA3, HF_STARCODER2,
-                                                          HF_STABLELM)}
+                                                          HF_STABLELM, HF_WHISPER)}
 
 # A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
 # its config by flax_blocks.hf_config). Families not listed are refused by name.
@@ -465,7 +493,7 @@ MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "gpt2": "hf-gpt2", "llam
                "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3",
                "qwen3": "hf-qwen3", "gemma": "hf-gemma", "olmo2": "hf-olmo2", "gpt_neox": "hf-gpt-neox",
                "gemma2": "hf-gemma2", "gemma3_text": "hf-gemma3", "starcoder2": "hf-starcoder2",
-               "stablelm": "hf-stablelm"}
+               "stablelm": "hf-stablelm", "whisper": "hf-whisper"}
 
 # Every torch name a block can have under some option (the probe configs, every option on).
 _TORCH_NAMES = {
@@ -601,6 +629,11 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
             have = [t for t in r.theirs if t in theirs]
             if not have:
                 continue
+            for t in r.zero:  # a part the family never has: zeros shaped as a part of the same rows
+                twin = next(u for u, part in zip(r.theirs, r.split) if u != t and u in theirs
+                            and part == r.split[r.theirs.index(t)])
+                theirs.setdefault(t, theirs[twin] * 0)
+            have = [t for t in r.theirs if t in theirs]
             if len(have) < len(r.theirs):
                 gone = [f"{prefix}{lay.layer.format(i=i)}{t}" for t in r.theirs if t not in theirs]
                 problems.append(f"missing key {', '.join(gone)} (merged into {r.ours} with {', '.join(have)})")
@@ -690,8 +723,14 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
         start = 0
         for t, part in zip(r.theirs, r.split):
             n = _rows(part, cfg)
-            out[base + t] = a[start:start + n].T if r.transpose else a[start:start + n]
+            piece = a[start:start + n].T if r.transpose else a[start:start + n]
             start += n
+            if t in r.zero:  # the family has no such tensor: only a zero one is written (as nothing)
+                if piece.any():
+                    problems.append(f"{k}: its rows for {t} are not zero, and {lay.name} checkpoints have no {t} "
+                                    "(a key bias changes no output: softmax ignores it; zero it to write)")
+                continue
+            out[base + t] = piece
     for name, parts in fused.items():
         count = blocks[name]
         if sorted(parts) != list(range(count)):

@@ -69,6 +69,8 @@ FAMILY_KEYS = {
     "gemma2": {"activation": ("hidden_activation",)},
     "gemma3_text": {"activation": ("hidden_activation",)},
     "starcoder2": {"layer_norm_eps": ("norm_epsilon",)},
+    "whisper": {"num_heads": ("encoder_attention_heads",), "d_ff": ("encoder_ffn_dim",), "d_model": ("d_model",),
+                "num_kv_heads": ("encoder_attention_heads",)},
 }
 
 
@@ -261,7 +263,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
     final_norm = lay.final_norm is not None
     if dialect == "hf-bert":
         _bert(config, kw, problems)
-    elif config.get("is_decoder") or config.get("add_cross_attention"):
+    elif model_type != "whisper" and (config.get("is_decoder") or config.get("add_cross_attention")):
         problems.append("a decoder with cross-attention (is_decoder / add_cross_attention): only self-attention "
                         "stacks are converted")
     if config.get("position_embedding_type", "absolute") != "absolute":
@@ -296,7 +298,8 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
         kw.update(bias=use_bias, norm_bias=None if use_bias else True)
     if model_type == "stablelm":
         _stablelm(config, kw, problems)
-    num_layers = int(_first(config, "num_hidden_layers", "n_layer", "n_layers"))
+    num_layers = int(_first(config, *(("encoder_layers",) if model_type == "whisper" else ()), "num_hidden_layers",
+                            "n_layer", "n_layers"))
     if "sliding_window" in lay.reads:
         _windows(config, model_type, num_layers, kw, problems)
     if dialect == "hf-llama":

@@ -160,9 +160,31 @@ def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tup
     xt = torch.tensor(x, requires_grad=True)
     mask = None if keys is None else torch.tensor(keys.astype(np.int64))
     name = "pixel_values" if getattr(model, "main_input_name", None) == "pixel_values" else "inputs_embeds"
-    y = model(**{name: xt}, attention_mask=mask).last_hidden_state
+    if getattr(model.config, "model_type", None) == "whisper":
+        y = _whisper_encoder(model, xt)
+    else:
+        y = model(**{name: xt}, attention_mask=mask).last_hidden_state
     y.backward(torch.tensor(ct))
     return y.detach().numpy(), xt.grad.numpy()
+
+
+def _whisper_encoder(model, xt):
+    """The Whisper encoder's output with its layer 0 handed xt (B, T, E) in place of
+    conv(mel) + positions: silent mel features of the length it insists on (2 x T frames) go
+    in, and a hook swaps layer 0's input. It takes no attention mask (as HF's encoder)."""
+    import torch
+
+    encoder, cfg = model.get_encoder(), model.config
+
+    def put(module, args, kwargs):
+        return ((xt, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": xt})
+
+    hook = encoder.layers[0].register_forward_pre_hook(put, with_kwargs=True)
+    try:
+        feats = torch.zeros(xt.shape[0], cfg.num_mel_bins, 2 * cfg.max_source_positions, dtype=xt.dtype)
+        return encoder(input_features=feats).last_hidden_state
+    finally:
+        hook.remove()
 
 
 def flax_runs(module, x: np.ndarray, ct: np.ndarray, keys: np.ndarray,
