@@ -103,6 +103,7 @@ class Dialect:
     reads: tuple[str, ...] = ()
     shared_by: str = ""  # families that use the same key names and compute something else
     outside: str = ""  # what the rest of such a checkpoint holds, for messages
+    stack: str = "Encoder"  # the stack it reads: "Encoder", or "Decoder" (cross-attention layers)
 
     @property
     def layer_regex(self) -> re.Pattern:
@@ -479,13 +480,39 @@ HF_WHISPER = Dialect(
     settings={**_CLASSIC, "norm": "pre", "causal": False, "layer_norm_eps": 1e-5},
     reads=("activation", "num_kv_heads"),
     outside=("the encoder's convolutions and positions (conv1, conv2, embed_positions) and the whole decoder "
-             "(its cross-attention layers are not read)"),
+             "(fb.from_hf(..., part='decoder') reads it)"),
+    shared_by="Whisper's decoder (hf-whisper-decoder, in the same checkpoints)",
+)
+
+# Whisper's decoder: our Decoder (torch's TransformerDecoder layout): causal self-attention,
+# cross-attention to the encoder's output (encoder_attn), MLP, each pre-LN; neither k_proj has a
+# bias. Its token and position embeddings (embed_tokens, embed_positions) lie before layer 0.
+HF_WHISPER_DECODER = Dialect(
+    "hf-whisper-decoder", "Hugging Face Whisper decoder (decoder.layers.{i}.encoder_attn.q_proj.weight, ...)",
+    layer="decoder.layers.{i}.", final_norm="decoder.layer_norm",
+    rules=(
+        *(r for attn, theirs in (("self_attn", "self_attn"), ("multihead_attn", "encoder_attn")) for r in (
+            Rule(f"{attn}.in_proj_weight", tuple(f"{theirs}.{x}_proj.weight" for x in "qkv"), split=("q", "kv", "kv")),
+            Rule(f"{attn}.in_proj_bias", tuple(f"{theirs}.{x}_proj.bias" for x in "qkv"), split=("q", "kv", "kv"),
+                 zero=(f"{theirs}.k_proj.bias",)),
+            *_linear(f"{attn}.out_proj", f"{theirs}.out_proj"))),
+        *_norm("norm1", "self_attn_layer_norm"),
+        *_norm("norm2", "encoder_attn_layer_norm"),
+        *_linear("linear1", "fc1"),
+        *_linear("linear2", "fc2"),
+        *_norm("norm3", "final_layer_norm"),
+    ),
+    settings={**_CLASSIC, "norm": "pre", "causal": True, "layer_norm_eps": 1e-5},
+    reads=("activation", "num_kv_heads"),
+    outside="the decoder's token and position embeddings (embed_tokens, embed_positions) and the whole encoder",
+    shared_by="Whisper's encoder (hf-whisper, in the same checkpoints)",
+    stack="Decoder",
 )
 
 DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA, HF_DISTILBERT, HF_OPT,
                                                           HF_VIT, HF_PHI3, HF_QWEN3, HF_GEMMA, HF_OLMO2,
                                                           HF_GPT_NEOX, HF_GEMMA2, HF_GEMMA3, HF_STARCODER2,
-                                                          HF_STABLELM, HF_WHISPER)}
+                                                          HF_STABLELM, HF_WHISPER, HF_WHISPER_DECODER)}
 
 # A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
 # its config by flax_blocks.hf_config). Families not listed are refused by name.
@@ -551,7 +578,8 @@ def detect_dialect(source: Any) -> str:
         raise ConversionError([f"these keys are in {lay.name}'s naming ({lay.description}), which {lay.shared_by} "
                                "share while computing something else",
                                *(f"pass dialect={w!r} (--dialect {w}) if the checkpoint is one of {families[w]}"
-                                 for w in winners),
+                                 if families[w] else f"pass dialect={w!r} (--dialect {w}) for the "
+                                 f"{DIALECTS[w].description}" for w in winners),
                                "or load the Hugging Face folder or model with fb.from_hf, which reads its "
                                "model_type"],
                               header="cannot tell the checkpoint's family from its key names alone")

@@ -1,5 +1,5 @@
 """Hugging Face transformer stacks in and out: BERT / RoBERTa, DistilBERT, GPT-2, OPT, ViT,
-LLaMA / Mistral / Qwen2, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 (text), OLMo 2, GPT-NeoX, Starcoder2, StableLM, the Whisper encoder.
+LLaMA / Mistral / Qwen2, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 (text), OLMo 2, GPT-NeoX, Starcoder2, StableLM, Whisper (encoder, and its decoder with part='decoder').
 
     from_hf(source)             an HF model (a save_pretrained folder or the model object)
                                 -> a Flax Encoder computing its layers + final norm
@@ -33,7 +33,7 @@ log = logging.getLogger("flax_blocks")
 
 
 
-def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
+def from_hf(source: Any, *, dtype: Any = None, seed: int = 0, part: str | None = None):
     """A Flax `Encoder` computing a Hugging Face model's transformer stack.
 
     source: a folder written by `save_pretrained` (config.json and *.safetensors, or
@@ -49,8 +49,10 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
     Sliding windows are read (Mistral, Qwen2, Phi-3, Starcoder2: every layer local; Gemma 2 / 3:
     every n-th layer global); a layout the blocks cannot express is refused.
     The stack remembers its family's dialect (`hf_dialect`), which `to_hf` writes back.
+    part: of an encoder-decoder family (Whisper), "encoder" (the default: an Encoder) or
+      "decoder" (a Decoder: call it with the encoder's output as memory).
     """
-    from .blocks import Encoder
+    from . import blocks
     from .convert import from_torch
 
     if isinstance(source, (str, os.PathLike)):
@@ -59,25 +61,26 @@ def from_hf(source: Any, *, dtype: Any = None, seed: int = 0):
         sd = read_state_dict(hf_state_dict(source))
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
-    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
+    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype, part=part)
     stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads).state_dict
     if dtype is None:
         dtypes = {str(a.dtype) for a in stack.values()}
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
             cfg = replace(cfg, param_dtype=dtypes.pop())
     log.info("from_hf: %s model, dialect %s, %d layers", config.get("model_type"), dialect, num_layers)
-    module = from_torch(Encoder, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
+    cls = getattr(blocks, dialects.DIALECTS[dialect].stack)
+    module = from_torch(cls, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
                         dtype=dtype, seed=seed)
     module.hf_dialect = dialect  # a plain attribute (static in nnx.split): to_hf's default
     return module
 
 
-def dialect_for(cfg: BlockConfig) -> str:
+def dialect_for(cfg: BlockConfig, stack: str = "Encoder") -> str:
     """The HF dialect whose family settings `cfg` has. Several families hold some configs
     (a post-LN BERT-like stack is also a DistilBERT's with eps 1e-12, a pre-LN causal one a
     GPT-2's or an OPT's, a LLaMA-like one a Phi-3's): then none is chosen, the error lists
     them, and dialect= says which."""
-    hf = {n: lay for n, lay in dialects.DIALECTS.items() if lay.rules is not None}
+    hf = {n: lay for n, lay in dialects.DIALECTS.items() if lay.rules is not None and lay.stack == stack}
     fits = [n for n, lay in hf.items() if all(getattr(cfg, k) == v for k, v in lay.settings.items())]
     if len(fits) > 1:
         raise ConversionError([f"{n}: {hf[n].description}" for n in fits],
@@ -107,9 +110,9 @@ def to_hf(module, dialect: str | None = None, *, prefix: str = "") -> dict[str, 
 
     from .convert import torch_state_dict
 
-    if type(module).__name__ != "Encoder":
-        raise TypeError(f"to_hf converts an Encoder (a stack), got {type(module).__name__}")
-    dialect = dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg)
+    if type(module).__name__ not in ("Encoder", "Decoder"):
+        raise TypeError(f"to_hf converts an Encoder or a Decoder (a stack), got {type(module).__name__}")
+    dialect = dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg, type(module).__name__)
     if dialect == "torch":
         raise ValueError("dialect 'torch' is our own naming: use flax_blocks.torch_state_dict")
     sd = dialects.to_dialect(torch_state_dict(module), dialect, module.cfg, prefix=prefix)

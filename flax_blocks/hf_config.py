@@ -71,6 +71,8 @@ FAMILY_KEYS = {
     "starcoder2": {"layer_norm_eps": ("norm_epsilon",)},
     "whisper": {"num_heads": ("encoder_attention_heads",), "d_ff": ("encoder_ffn_dim",), "d_model": ("d_model",),
                 "num_kv_heads": ("encoder_attention_heads",)},
+    "whisper-decoder": {"num_heads": ("decoder_attention_heads",), "d_ff": ("decoder_ffn_dim",), "d_model": ("d_model",),
+                        "num_kv_heads": ("decoder_attention_heads",)},
 }
 
 
@@ -220,18 +222,34 @@ def _stablelm(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]
                         "shared by the heads")
 
 
-def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, BlockConfig, int, bool]:
+# Encoder-decoder families: part -> (dialect, the FAMILY_KEYS entry, the layer count's key).
+PARTS = {"whisper": {"encoder": ("hf-whisper", "whisper", "encoder_layers"),
+                     "decoder": ("hf-whisper-decoder", "whisper-decoder", "decoder_layers")}}
+
+
+def hf_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | None = None
+              ) -> tuple[str, BlockConfig, int, bool]:
     """An HF config (config.json as a dict) -> (dialect, BlockConfig, num_layers, final_norm).
 
     Settings a family fixes in its code come from its dialect's `settings`, the rest from the
     config (`FAMILY_KEYS`, then the options' `hf=` keys). Raises ConversionError naming every
-    setting the Flax blocks cannot reproduce."""
+    setting the Flax blocks cannot reproduce. part: "encoder" (the default) or "decoder" of an
+    encoder-decoder family (Whisper); the decoder's dialect reads a Decoder stack."""
     model_type = config.get("model_type")
+    if part not in (None, "encoder", "decoder"):
+        raise ValueError(f"part must be None, 'encoder' or 'decoder', got {part!r}")
     if model_type not in MODEL_TYPES:
         why = f": {NOT_COMPUTED[model_type]}" if model_type in NOT_COMPUTED else ""
         raise ConversionError([f"model_type {model_type!r}{why}; supported: {', '.join(MODEL_TYPES)}"],
                               header="cannot read this Hugging Face model")
     dialect = MODEL_TYPES[model_type]
+    if part == "decoder" and model_type not in PARTS:
+        raise ConversionError([f"part='decoder': a {model_type} model has one stack (encoder-decoder families: "
+                               f"{', '.join(PARTS)})"], header="cannot read this Hugging Face model")
+    layer_key = None
+    if model_type in PARTS:
+        dialect, keys_of, layer_key = PARTS[model_type][part or "encoder"]
+        model_type = keys_of  # the part's keys (FAMILY_KEYS) are read under its own name
     lay = dialects.DIALECTS[dialect]
     problems: list[str] = []
     d_model = _read(config, model_type, "d_model")
@@ -263,7 +281,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
     final_norm = lay.final_norm is not None
     if dialect == "hf-bert":
         _bert(config, kw, problems)
-    elif model_type != "whisper" and (config.get("is_decoder") or config.get("add_cross_attention")):
+    elif layer_key is None and (config.get("is_decoder") or config.get("add_cross_attention")):
         problems.append("a decoder with cross-attention (is_decoder / add_cross_attention): only self-attention "
                         "stacks are converted")
     if config.get("position_embedding_type", "absolute") != "absolute":
@@ -298,8 +316,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None) -> tuple[str, Blo
         kw.update(bias=use_bias, norm_bias=None if use_bias else True)
     if model_type == "stablelm":
         _stablelm(config, kw, problems)
-    num_layers = int(_first(config, *(("encoder_layers",) if model_type == "whisper" else ()), "num_hidden_layers",
-                            "n_layer", "n_layers"))
+    num_layers = int(_first(config, *((layer_key,) if layer_key else ()), "num_hidden_layers", "n_layer", "n_layers"))
     if "sliding_window" in lay.reads:
         _windows(config, model_type, num_layers, kw, problems)
     if dialect == "hf-llama":

@@ -100,11 +100,11 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
                           "use_parallel_residual: one shared norm, x + Attn(Norm(x)) + MLP(Norm(x))"),
     "whisper": ("WhisperConfig", "WhisperModel",
                 dict(vocab_size=16, d_model=24, encoder_attention_heads=3, encoder_ffn_dim=40, encoder_layers=LAYERS,
-                     decoder_attention_heads=3, decoder_ffn_dim=40, decoder_layers=1, num_mel_bins=4,
-                     max_source_positions=T, max_target_positions=8, activation_function="gelu", pad_token_id=1,
+                     decoder_attention_heads=3, decoder_ffn_dim=40, decoder_layers=LAYERS, num_mel_bins=4,
+                     max_source_positions=T, max_target_positions=T, activation_function="gelu", pad_token_id=1,
                      bos_token_id=0, eos_token_id=2, decoder_start_token_id=0),
-                "the encoder (no k_proj bias: read as zero); no padding (the encoder takes no mask); the decoder "
-                "not read"),
+                "the encoder (no k_proj bias: read as zero); no padding (the encoder takes no mask); its decoder: "
+                "test_whisper_decoder_matches_the_hf_decoder"),
     "gemma2": ("Gemma2Config", "Gemma2Model",
                dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
                     intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
@@ -173,7 +173,7 @@ EXTRA_READS = {"roberta": "is_decoder -> causal", "opt": "do_layer_norm_before -
                                       "-> bias False, mlp_bias and norm_bias True",
                "stablelm": "use_qkv_bias -> qkv_bias, partial_rotary_factor, rope_parameters.rope_theta",
                "stablelm-parallel": "use_parallel_residual -> parallel_residual 'shared_norm'",
-               "whisper": "d_model, encoder_attention_heads, encoder_ffn_dim, encoder_layers",
+               "whisper": "encoder_layers (part='decoder': decoder_attention_heads, decoder_ffn_dim, decoder_layers)",
                "mistral-window": "sliding_window (every layer local)",
                "starcoder2": "norm_epsilon, use_bias, sliding_window, rope_parameters.rope_theta",
                "gemma2": "hidden_activation, head_dim, attn_logit_softcapping, query_pre_attn_scalar, sliding_window "
@@ -281,6 +281,80 @@ def measure(name: str, folder) -> Measured:
     f32 = (rel_at(yf, yh32, keys), rel_at(gf, gh32, keys))
     return Measured(name, folder, flax.hf_dialect, flax, model32, x, keys, yh, f64, f32, rel_at(y_open, yh, keys),
                     flax.num_layers)
+
+
+@dataclass
+class MeasuredDecoder:
+    flax: Any  # fb.from_hf(folder, part="decoder"), float64
+    x: np.ndarray
+    memory: np.ndarray
+    keys: np.ndarray
+    hf_y: np.ndarray
+    float64: tuple[float, float, float]  # (forward, gradient w.r.t. x, gradient w.r.t. the memory)
+    float32: tuple[float, float, float]
+    mask_matters: float
+
+
+def _decoder_runs(module, x, memory, ct, keys):
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(module)
+
+    @jax.jit
+    def run(state, x, memory, ct, keys):
+        model = nnx.merge(graphdef, state)
+        y, vjp = jax.vjp(lambda h, m: model(h, m, key_mask=keys), x, memory)
+        return y, *vjp(ct)
+
+    return [np.asarray(a) for a in run(state, x, memory, ct, keys)]
+
+
+def _hf_decoder_runs(model, x, memory, ct, keys):
+    """Whisper's decoder on inputs_embeds x (its positions zeroed), cross-attending to memory."""
+    import torch
+
+    decoder = model.get_decoder()
+    with torch.no_grad():
+        decoder.embed_positions.weight.zero_()
+    xt, mt = torch.tensor(x, requires_grad=True), torch.tensor(memory, requires_grad=True)
+    mask = None if keys is None else torch.tensor(keys.astype(np.int64))
+    y = decoder(inputs_embeds=xt, encoder_hidden_states=mt, attention_mask=mask).last_hidden_state
+    y.backward(torch.tensor(ct))
+    return y.detach().numpy(), xt.grad.numpy(), mt.grad.numpy()
+
+
+def measure_whisper_decoder(folder) -> MeasuredDecoder:
+    """Whisper's decoder from the family's folder (float64; written by measure("whisper", folder))
+    and from the float32 model object, against HF's decoder on the same inputs: padding inside
+    the last sequence, a random memory of T positions."""
+    import jax
+    import torch
+    import transformers
+
+    import flax_blocks as fb
+
+    from .hf_reference import rel_at
+
+    rng = np.random.default_rng(2)
+    model = transformers.WhisperModel.from_pretrained(folder, dtype=torch.float64).eval()
+    d = model.config.d_model
+    x, ct, keys = inputs("float64", d)
+    memory = rng.normal(size=(B, T, d))
+    with jax.enable_x64(True):
+        flax = fb.from_hf(folder, part="decoder")
+        yf, gf, mf = _decoder_runs(flax, x, memory, ct, keys)
+    yh, gh, mh = _hf_decoder_runs(model, x, memory, ct, keys)
+    y_open = _hf_decoder_runs(model, x, memory, ct, None)[0]
+    everywhere = np.ones((B, T), bool)
+    f64 = (rel_at(yf, yh, keys), rel_at(gf, gh, keys), rel_at(mf, mh, everywhere))
+    model32 = build("whisper", "float32")
+    flax32 = fb.from_hf(model32, part="decoder")
+    x32, ct32, m32 = x.astype("float32"), ct.astype("float32"), memory.astype("float32")
+    yf, gf, mf = _decoder_runs(flax32, x32, m32, ct32, keys)
+    yh32, gh32, mh32 = _hf_decoder_runs(model32, x32, m32, ct32, keys)
+    f32 = (rel_at(yf, yh32, keys), rel_at(gf, gh32, keys), rel_at(mf, mh32, everywhere))
+    return MeasuredDecoder(flax, x, memory, keys, yh, f64, f32, rel_at(y_open, yh, keys))
 
 
 # ----------------------------------------------------------------------------------------

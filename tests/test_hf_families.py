@@ -280,6 +280,40 @@ def test_whisper_k_proj_has_no_bias_and_a_nonzero_one_is_not_written(built):
         dialects.to_dialect(ours, "hf-whisper", m.flax.cfg)
 
 
+@pytest.fixture(scope="module")
+def whisper_decoder(built):
+    return families.measure_whisper_decoder(str(built("whisper").folder))
+
+
+def test_whisper_decoder_matches_the_hf_decoder(whisper_decoder, built):
+    """Whisper's decoder read as our Decoder (causal self-attention, cross-attention to the
+    memory, MLP; no k_proj biases): output and gradients w.r.t. the input and the memory."""
+    m = whisper_decoder
+    print(f"whisper decoder: float64 (fwd, grad x, grad memory) {m.float64}, float32 {m.float32}")
+    assert type(m.flax).__name__ == "Decoder" and m.flax.num_layers == 3 and m.flax.cfg.causal
+    assert m.mask_matters > 1e-3
+    assert max(m.float64) <= 1e-12, m.float64
+    assert max(m.float32) <= 2e-6, m.float32
+    with jax.enable_x64(True):
+        sd = fb.to_hf(m.flax)
+    _, files = read_folder(str(built("whisper").folder))
+    assert set(sd) == {k for k in files if k.startswith(("decoder.layers.", "decoder.layer_norm."))}
+    assert all(np.array_equal(v, files[k]) for k, v in sd.items())
+    # a real mistake: the cross-attention's norm and the self-attention's swapped
+    swap = {"self_attn_layer_norm": "encoder_attn_layer_norm", "encoder_attn_layer_norm": "self_attn_layer_norm"}
+    wrong = {next((k.replace(a, b) for a, b in swap.items() if f".{a}." in k), k): v for k, v in sd.items()}
+    with jax.enable_x64(True):
+        module = fb.from_torch(fb.Decoder, m.flax.cfg, wrong, dialect="hf-whisper-decoder", num_layers=3,
+                               final_norm=True)
+        y = families._decoder_runs(module, m.x, m.memory, np.zeros_like(m.x), m.keys)[0]
+    assert rel_at(y, m.hf_y, m.keys) > 1e-6
+    with pytest.raises(fb.ConversionError, match="part='decoder': a qwen3 model has one stack"):
+        hf_config(config("qwen3"), part="decoder")
+    with pytest.raises(fb.ConversionError, match=r"(?s)cannot tell.*Whisper's (en|de)coder \(hf-whisper.*pass "
+                                                 r"dialect='hf-whisper"):
+        fb.detect_dialect(files)  # both stacks in one checkpoint: names alone choose neither
+
+
 def test_cli_and_parity_check_on_family_folders(built, tmp_path, capsys):
     from safetensors.numpy import load_file
 
