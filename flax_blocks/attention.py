@@ -288,8 +288,9 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     if local is False:
         window = None
     skip = window is not None and local is True  # statically local: skip the blocks outside the window
-    out = _flash(qb, kb, vb, validb, jnp.asarray(local, jnp.bool_), causal, bq,
-                 d ** -0.5 if scale is None else float(scale), None if softcap is None else float(softcap), window, skip)
+    scale = d ** -0.5 if scale is None else float(scale)
+    softcap = None if softcap is None else float(softcap)
+    out = _flash(qb, kb, vb, validb, jnp.asarray(local, jnp.bool_), causal, bq, scale, softcap, window, skip)
     out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
     if causal:  # a real key at or before the query (and inside its window)
         has_key = _keys_seen(valid, t, window, local)

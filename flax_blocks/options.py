@@ -95,8 +95,8 @@ OPTIONS: tuple[Option, ...] = (
            hf=("partial_rotary_factor", "rope_parameters.partial_rotary_factor", "rotary_pct")),
     Option("attn_logit_softcapping", "compute", "attention logits s become c * tanh(s / c) before the mask "
            "(Gemma 2: 50); not on the fused path", hf=("attn_logit_softcapping",)),
-    Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 (Gemma 2 / 3)",
-           hf=("query_pre_attn_scalar",)),
+    Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 "
+           "(Gemma 2 / 3)", hf=("query_pre_attn_scalar",)),
     Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
            "(Mistral, Gemma 2 / 3)", hf=("sliding_window",)),
     Option("sliding_window_pattern", "compute", "layer l (from 1) is global iff n divides l, the others local "

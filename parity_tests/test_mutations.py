@@ -39,6 +39,8 @@ WHERE = {
     "torch gelu": (torch_blocks.blocks.ACTIVATION_FNS, "gelu"),
     "flax residual update": (flax_blocks.blocks, "residual_update"),  # the shared formula, as imported
     "torch residual update": (torch_blocks.blocks, "residual_update"),
+    "flax parallel update": (flax_blocks.blocks, "parallel_update"),  # the shared parallel residual, as imported
+    "torch parallel update": (torch_blocks.blocks, "parallel_update"),
 }
 
 
@@ -111,6 +113,20 @@ def _layer_squared(residual_update, hits):  # LayerNorm Scaling by 1/l: 1/sqrt(l
     return patched
 
 
+def _sequential(parallel_update, hits):  # GPT-NeoX's parallel residual run one branch after the other
+    def patched(cfg, x, branches, layer=1):
+        hits.append(1)
+        aux = {}
+        for sublayer, norm, dropout, scale in branches:
+            h, a = sublayer(norm(x))
+            h = dropout(h)
+            x = x + (h if scale is None else scale * h)
+            aux.update(a)
+        return x, aux
+
+    return patched
+
+
 # bug -> [(patch point, factory(original, hits) -> replacement)]
 PATCHES = {
     "logits scaled by 1/d instead of 1/sqrt(d)": [
@@ -127,6 +143,10 @@ PATCHES = {
     "LayerNorm Scaling by 1/l in the shared residual update": [
         ("flax residual update", _layer_squared),
         ("torch residual update", _layer_squared),
+    ],
+    "the parallel residual computed sequentially in the shared update": [
+        ("flax parallel update", _sequential),
+        ("torch parallel update", _sequential),
     ],
 }
 
@@ -160,6 +180,9 @@ PLANTS = {
     "LayerNorm Scaling by 1/l in the shared residual update": Plant(
         [c for c in CASES if c.cfg.layernorm_scaling and not c.scan_layers][:1], ("torch", "flax"),
         "scales layer l's pre-norms by 1/l"),
+    "the parallel residual computed sequentially in the shared update": Plant(
+        _first(CASES, lambda c: c.cfg.parallel_residual == "two_norms"), ("torch", "flax"),
+        "runs the parallel residual's branches one after the other"),
 }
 
 

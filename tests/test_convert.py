@@ -307,6 +307,9 @@ def test_infer_config_reports_known_and_unknown():
     assert {k: wide.inferred[k] for k in ("head_dim", "num_heads", "num_kv_heads")} == {
         "head_dim": 6, "num_heads": 3, "num_kv_heads": 1}
     assert "head_dim" not in infer_config(torch_module("TransformerBlock", replace(CFG, qk_norm=True))).inferred
+    # bias=False with the MLP's or the LayerNorms' own biases (LLaMA's mlp_bias, StableLM's norms) reads as bias=False
+    assert infer_config(torch_module("TransformerBlock", replace(CFG, bias=False, mlp_bias=True,
+                                                                 norm_bias=True))).inferred["bias"] is False
 
 
 def test_flax_named_checkpoint_round_trip(tmp_path):

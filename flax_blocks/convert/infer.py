@@ -78,9 +78,10 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
                     if dim is not None:
                         info.setdefault(dim, int(size))
         has = lambda names: any(n in inner for n in names)  # noqa: E731
-        # the linear maps' biases (not q/k/v's, mlp_bias and norm_bias following `bias`; not the norms')
-        linear_biases = _only_with(kind, bias=False, qkv_bias=True, mlp_bias=None, norm_bias=None)
-        info["bias"] = has(linear_biases - _only_with(kind, norm_type="rmsnorm"))
+        # `bias` from the biases that follow it alone (out_proj's: the probe fixes qkv_bias, mlp_bias and
+        # norm_bias); a FeedForward has none such and says its MLP's (which then follow `bias`)
+        own = _only_with(kind, bias=False) or _only_with(kind, bias=False, mlp_bias=None)
+        info["bias"] = has(own - _only_with(kind, norm_type="rmsnorm"))
         if has(_only_with(kind, qkv_bias=False)) != info["bias"]:
             info["qkv_bias"] = not info["bias"]  # recorded only where it departs from `bias`
         info["layer_norms"] = has(_only_with(kind, norm="none"))

@@ -30,6 +30,8 @@ from .params import LAYER, Expected, expected_torch_params, flax_params
 def _module_facts(module) -> dict[str, Any]:
     cfg = module.cfg
     facts: dict[str, Any] = {"kind": type(module).__name__, "d_model": cfg.d_model, "bias": cfg.bias}
+    if facts["kind"] == "FeedForward":  # (its checkpoint shows the MLP's biases: infer_config's `bias` there)
+        facts["bias"] = cfg.has_mlp_bias
     if facts["kind"] != "ResidualMHA":
         facts["d_ff"] = cfg.d_ff
     if facts["kind"] in declarations.STACKS:
@@ -98,11 +100,7 @@ def _config_problems(module, src: _Source) -> list[str]:
     report = infer_config(src.sd) if src.sd else ConfigReport()
     facts = _module_facts(module)
     problems = []
-    cfg = getattr(module, "cfg", None)
-    mixed = cfg is not None and getattr(cfg, "mlp_bias", None) is not None  # infer_config's bias counts the MLP's
     for key in ("d_model", "d_ff", "bias", "final_norm"):
-        if key == "bias" and mixed:  # (GPT-NeoX attention_bias=False): strict key matching still checks every bias
-            continue
         if key in report.inferred and key in facts and report.inferred[key] != facts[key]:
             fix = " (pass final_norm=%r)" % report.inferred[key] if key == "final_norm" else ""
             problems.append(f"config mismatch: {key} is {report.inferred[key]!r} in the checkpoint, "
