@@ -212,6 +212,9 @@ _LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 
                    "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
                    "mlp_bias": None, "norm_bias": None}
 _WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
+# Qwen3, Gemma (2, 3), OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP (read:
+# bias=attention_bias, mlp_bias=False).
+_ATTENTION_BIAS = {k: v for k, v in _LLAMA_SETTINGS.items() if k != "mlp_bias"}
 _LLAMA_OUTSIDE = "token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head"
 # Every family below writes LLaMA's key names (or a superset) and computes something else: names
 # alone never choose one of them.
@@ -316,8 +319,8 @@ HF_PHI3 = Dialect(
 HF_QWEN3 = Dialect(
     "hf-qwen3", "Hugging Face Qwen3 (LLaMA's names with self_attn.q_norm / k_norm over head_dim)",
     layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
-    settings={**_LLAMA_SETTINGS, "qk_norm": True, "qk_norm_over": "head", "bias": False, "qkv_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", *_WINDOWS),
+    settings={**_ATTENTION_BIAS, "qk_norm": True, "qk_norm_over": "head", "qkv_bias": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", *_WINDOWS),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
@@ -326,9 +329,9 @@ HF_QWEN3 = Dialect(
 HF_GEMMA = Dialect(
     "hf-gemma", "Hugging Face Gemma (LLaMA's names; norms scale by 1 + w, GeGLU)",
     layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
-    settings={**_LLAMA_SETTINGS, "norm_weight_offset": 1.0, "mlp": "geglu", "activation": "gelu_tanh",
-              "bias": False, "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta"),
+    settings={**_ATTENTION_BIAS, "norm_weight_offset": 1.0, "mlp": "geglu", "activation": "gelu_tanh",
+              "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias"),
     outside=_LLAMA_OUTSIDE + " (Gemma multiplies the embeddings by sqrt(hidden_size) before the layers)",
     shared_by=_LLAMA_NAMED,
 )
@@ -350,9 +353,9 @@ HF_OLMO2 = Dialect(
         *_norm("norm2", "post_feedforward_layernorm"),
     ),
     ignore=("self_attn.rotary_emb.inv_freq",),
-    settings={**_LLAMA_SETTINGS, "norm": "out", "qk_norm": True, "qk_norm_over": "projection", "bias": False,
+    settings={**_ATTENTION_BIAS, "norm": "out", "qk_norm": True, "qk_norm_over": "projection",
               "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta"),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias"),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
@@ -396,8 +399,8 @@ _GEMMA2_RULES = (
     *_norm("norm2", "pre_feedforward_layernorm"),
     *_norm("norm2_out", "post_feedforward_layernorm"),
 )
-_GEMMA2_SETTINGS = {**_LLAMA_SETTINGS, "norm": "peri", "norm_weight_offset": 1.0, "mlp": "geglu",
-                    "activation": "gelu_tanh", "bias": False, "qkv_bias": None}
+_GEMMA2_SETTINGS = {**_ATTENTION_BIAS, "norm": "peri", "norm_weight_offset": 1.0, "mlp": "geglu",
+                    "activation": "gelu_tanh", "qkv_bias": None}
 for _k in ("attn_logit_softcapping", "query_pre_attn_scalar"):
     del _GEMMA2_SETTINGS[_k]
 HF_GEMMA2 = Dialect(
@@ -405,7 +408,7 @@ HF_GEMMA2 = Dialect(
     layer="layers.{i}.", final_norm="norm", rules=_GEMMA2_RULES,
     settings=_GEMMA2_SETTINGS,
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "attn_logit_softcapping", "query_pre_attn_scalar",
-           *_WINDOWS),
+           "bias", "mlp_bias", *_WINDOWS),
     outside=_LLAMA_OUTSIDE + " (Gemma 2 multiplies the embeddings by sqrt(hidden_size) before the layers; its "
                              "final logit soft-cap is the LM head's)",
     shared_by=_LLAMA_NAMED,

@@ -111,16 +111,15 @@ def _phi3(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) ->
     kw["partial_rotary_factor"] = _partial_rotary(config)
 
 
-def _no_biases(model_type: str, config: Mapping[str, Any], problems: list[str]) -> None:
-    """Qwen3, Gemma, OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP."""
-    if config.get("attention_bias"):
-        problems.append(f"attention_bias=True: a {model_type} then has biases on q, k, v and o but not in its MLP; the "
-                        "Flax blocks have biases on every linear map, on none, or on q/k/v alone")
+def _attention_bias(model_type: str, config: Mapping[str, Any], problems: list[str], kw: dict[str, Any]) -> None:
+    """Qwen3, Gemma (2, 3), OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP."""
+    attention = bool(config.get("attention_bias", False))
+    kw.update(bias=attention, mlp_bias=False if attention else None)
 
 
 def _qwen3(config: Mapping[str, Any], kw: dict[str, Any], problems: list[str]) -> None:
     """Qwen3: biases refused (_no_biases); its windows are read by _windows."""
-    _no_biases("qwen3", config, problems)
+    _attention_bias("qwen3", config, problems, kw)
 
 
 def _layer_types(config: Mapping[str, Any], model_type: str, num_layers: int) -> list[str]:
@@ -179,7 +178,7 @@ def _gemma2(model_type: str, config: Mapping[str, Any], kw: dict[str, Any], prob
     rope_parameters.full_attention, local rope_parameters.sliding_attention; older configs
     rope_theta and rope_local_base_freq), scaled variants refused; bidirectional attention
     (EmbeddingGemma) refused."""
-    _no_biases(model_type, config, problems)
+    _attention_bias(model_type, config, problems, kw)
     kw["attn_logit_softcapping"] = _read(config, model_type, "attn_logit_softcapping")
     kw["query_pre_attn_scalar"] = _read(config, model_type, "query_pre_attn_scalar")
     params = config.get("rope_parameters") or {}
@@ -303,7 +302,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | None 
     if model_type == "qwen3":
         _qwen3(config, kw, problems)
     if model_type in ("gemma", "olmo2"):  # (Gemma 2 / 3: in _gemma2)
-        _no_biases(model_type, config, problems)
+        _attention_bias(model_type, config, problems, kw)
     if model_type == "gpt_neox":
         _gpt_neox(config, kw, problems)
     if model_type == "phi3":

@@ -164,7 +164,11 @@ def test_settings_read_from_each_family_config():
     legacy = {**config("gemma"), "hidden_act": "gelu"}  # GemmaConfig reads the legacy "gelu" as tanh GELU
     assert hf_config(legacy)[1].activation == "gelu_tanh"
     olmo = hf_config(config("olmo2"))
-    assert (olmo[1].norm, olmo[1].qk_norm_over, olmo[3]) == ("out", "projection", True)
+    assert (olmo[1].norm, olmo[1].qk_norm_over, olmo[3], olmo[1].bias, olmo[1].mlp_bias) == \
+        ("out", "projection", True, True, False)
+    for name in ("qwen3", "gemma", "gemma2", "gemma3"):  # attention_bias: q, k, v, o biased, the MLP not
+        biased = hf_config(config(name, attention_bias=True))[1]
+        assert (biased.bias, biased.mlp_bias, hf_config(config(name))[1].bias) == (True, False, False), name
     neox = hf_config(config("gpt_neox"))[1]
     assert (neox.parallel_residual, neox.partial_rotary_factor, neox.rope_theta, neox.bias, neox.norm) == \
         ("two_norms", 0.5, 1000.0, True, "pre")
