@@ -1,5 +1,6 @@
 """Hugging Face transformer stacks in and out: BERT / RoBERTa, DistilBERT, GPT-2, OPT, ViT,
-LLaMA / Mistral / Qwen2, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 (text), OLMo 2, GPT-NeoX, Starcoder2, StableLM, Whisper (encoder, and its decoder with part='decoder').
+LLaMA / Mistral / Qwen2, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 (text), OLMo 2, GPT-NeoX, Starcoder2,
+StableLM, Whisper (encoder, and its decoder with part='decoder').
 
     from_hf(source)             an HF model (a save_pretrained folder or the model object)
                                 -> a Flax Encoder computing its layers + final norm

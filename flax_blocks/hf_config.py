@@ -71,8 +71,8 @@ FAMILY_KEYS = {
     "starcoder2": {"layer_norm_eps": ("norm_epsilon",)},
     "whisper": {"num_heads": ("encoder_attention_heads",), "d_ff": ("encoder_ffn_dim",), "d_model": ("d_model",),
                 "num_kv_heads": ("encoder_attention_heads",)},
-    "whisper-decoder": {"num_heads": ("decoder_attention_heads",), "d_ff": ("decoder_ffn_dim",), "d_model": ("d_model",),
-                        "num_kv_heads": ("decoder_attention_heads",)},
+    "whisper-decoder": {"num_heads": ("decoder_attention_heads",), "d_ff": ("decoder_ffn_dim",),
+                        "d_model": ("d_model",), "num_kv_heads": ("decoder_attention_heads",)},
 }
 
 
@@ -255,7 +255,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | None 
     heads = _read(config, model_type, "num_heads")
     kv = _read(config, model_type, "num_kv_heads", default=heads)
     act_name = _read(config, model_type, "activation")
-    if model_type in ("gemma", "gemma2", "gemma3_text") and act_name == "gelu":  # GemmaConfig itself reads the legacy "gelu" as tanh GELU
+    if model_type in ("gemma", "gemma2", "gemma3_text") and act_name == "gelu":  # as GemmaConfig reads it
         act_name = "gelu_pytorch_tanh"
     activation = ACTIVATIONS.get(act_name)
     if activation is None:

@@ -78,7 +78,8 @@ def _without_qk_norm(theirs):
 
 def _gemma_norm_names(theirs):
     """Gemma 2's post_attention_layernorm (the attention's output norm) read as Gemma's (the MLP's input norm)."""
-    swap = {"post_attention_layernorm": "pre_feedforward_layernorm", "pre_feedforward_layernorm": "post_attention_layernorm"}
+    swap = {"post_attention_layernorm": "pre_feedforward_layernorm",
+            "pre_feedforward_layernorm": "post_attention_layernorm"}
     return {next((k.replace(a, b) for a, b in swap.items() if f".{a}." in k), k): v for k, v in theirs.items()}
 
 
