@@ -191,7 +191,7 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
                          "convert that Flax file back: python -m flax_blocks.convert FLAX.safetensors OUT.pt")
     if os.path.isdir(args.src):
         return _hf_to_flax(args)
-    sd, args.prefix, _ = dialects.prepare(args.src, args.dialect, args.prefix)  # our names (or as it was)
+    sd, args.prefix, _ = dialects.prepare(args.src, args.dialect, args.prefix, args.num_heads)  # our names
     report = infer_config(sd, prefix=args.prefix)
     info = report.inferred
     problems = []

@@ -56,6 +56,14 @@ class Rule:
     chunk: (index, count): ours is the index-th of `count` equal row blocks of their one
       tensor (Phi-3's gate_up_proj: gate = block 0, up = block 1); the rules sharing that
       tensor are concatenated back in index order. Slicing and concatenating are exact.
+    per_head: P > 0: their one tensor's rows are grouped per head, [part 0; ...; part P-1] of
+      head_dim rows each for head 0, then for head 1, ... (GPT-NeoX's query_key_value, viewed
+      by HF as (..., heads, 3 * head_dim): [q_0; k_0; v_0; q_1; k_1; v_1; ...]); ours holds
+      the same rows part by part ([q_0; q_1; ...; k_0; ...; v_...]), as our in_proj. Needs the
+      head count; the permutation is exact both ways.
+    zero: parts of `theirs` the family never has, read as zeros (Whisper's k_proj has no bias:
+      a bias on the keys adds q_i . b to every logit of query i, which softmax ignores, so a
+      zero one computes exactly what HF computes); written back only when zero, else refused.
     """
 
     ours: str
@@ -63,10 +71,22 @@ class Rule:
     transpose: bool = False
     split: tuple[str, ...] = ()
     chunk: tuple[int, int] | None = None
+    per_head: int = 0
+    zero: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.chunk is not None and (len(self.theirs) != 1 or self.transpose or self.split):
             raise ValueError(f"{self.ours}: a chunk rule takes one tensor of theirs, untransposed and unsplit")
+        if self.per_head and (len(self.theirs) != 1 or self.transpose or self.split or self.chunk):
+            raise ValueError(f"{self.ours}: a per-head rule takes one tensor of theirs, untransposed and unsplit")
+
+
+def _regroup(a, heads: int, parts: int, *, to_ours: bool):
+    """Rows [part p of head h] ordered head-major (theirs) <-> part-major (ours); exact."""
+    a_rows = a.shape[0]
+    d = a_rows // (heads * parts)
+    shape = (heads, parts) if to_ours else (parts, heads)
+    return a.reshape(*shape, d, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,7 @@ class Dialect:
     reads: tuple[str, ...] = ()
     shared_by: str = ""  # families that use the same key names and compute something else
     outside: str = ""  # what the rest of such a checkpoint holds, for messages
+    stack: str = "Encoder"  # the stack it reads: "Encoder", or "Decoder" (cross-attention layers)
 
     @property
     def layer_regex(self) -> re.Pattern:
@@ -174,30 +195,42 @@ HF_GPT2 = Dialect(
     outside="token and position embeddings (wte, wpe) and the LM head",
 )
 
+# LLaMA's layers: what LLaMA, Mistral, Qwen2 and (with other settings) Qwen3 and Gemma name alike.
+_LLAMA_RULES = (
+    *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    *_linear("self_attn.out_proj", "self_attn.o_proj"),
+    *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
+    *_linear("linear_gate", "mlp.gate_proj"),
+    *_linear("linear1", "mlp.up_proj"),
+    *_linear("linear2", "mlp.down_proj"),
+    *_norm("norm1", "input_layernorm"),
+    *_norm("norm2", "post_attention_layernorm"),
+)
+_LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu",
+                   "activation": "silu", "causal": True, "scaling": "none", "residual": "add", "qk_norm": False,
+                   "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
+                   "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
+                   "mlp_bias": None, "norm_bias": None}
+_WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
+# Qwen3, Gemma (2, 3), OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP (read:
+# bias=attention_bias, mlp_bias=False).
+_ATTENTION_BIAS = {k: v for k, v in _LLAMA_SETTINGS.items() if k != "mlp_bias"}
+_LLAMA_OUTSIDE = "token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head"
+# Every family below writes LLaMA's key names (or a superset) and computes something else: names
+# alone never choose one of them.
+_LLAMA_NAMED = ("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
+                "Qwen3 and OLMo 2 (QK-norm, norms after the sublayers), Mistral / Qwen2 with sliding windows, "
+                "Cohere, Granite and others")
+
 HF_LLAMA = Dialect(
     "hf-llama", "Hugging Face LLaMA / Mistral / Qwen2 (layers.{i}.self_attn.q_proj.weight, ...)",
     layer="layers.{i}.", final_norm="norm",
-    rules=(
-        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-        *_linear("self_attn.out_proj", "self_attn.o_proj"),
-        *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
-        *_linear("linear_gate", "mlp.gate_proj"),
-        *_linear("linear1", "mlp.up_proj"),
-        *_linear("linear2", "mlp.down_proj"),
-        *_norm("norm1", "input_layernorm"),
-        *_norm("norm2", "post_attention_layernorm"),
-    ),
+    rules=_LLAMA_RULES,
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
-    settings={"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu", "activation": "silu", "causal": True,
-              "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False,
-              "partial_rotary_factor": 1.0, "parallel_residual": "none", "attn_logit_softcapping": None,
-              "query_pre_attn_scalar": None, "sliding_window": None, "sliding_window_pattern": None,
-              "rope_local_theta": None, "mlp_bias": None, "norm_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias"),
-    outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
-    shared_by=("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
-               "Qwen3 and OLMo 2 (QK-norm, norms after the sublayers), Mistral / Qwen2 with sliding windows, "
-               "Cohere, Granite and others"),
+    settings=_LLAMA_SETTINGS,
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias", *_WINDOWS),
+    outside=_LLAMA_OUTSIDE,
+    shared_by=_LLAMA_NAMED,
 )
 
 HF_DISTILBERT = Dialect(
@@ -273,19 +306,224 @@ HF_PHI3 = Dialect(
     ),
     settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
               "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False, "bias": False,
-              "qkv_bias": None, "norm_weight_offset": 0.0, "partial_rotary_factor": 1.0, "parallel_residual": "none",
-              "attn_logit_softcapping": None, "query_pre_attn_scalar": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta"),
+              "qkv_bias": None, "norm_weight_offset": 0.0, "parallel_residual": "none",
+              "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
+              "mlp_bias": None, "norm_bias": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", *_WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
 
+# Qwen3: LLaMA's layers and names plus a QK-norm over each head (q_norm / k_norm of width
+# head_dim, RMSNorm, before rotary), head_dim explicit; no biases (attention_bias puts them on
+# q, k, v and o alike, refused).
+HF_QWEN3 = Dialect(
+    "hf-qwen3", "Hugging Face Qwen3 (LLaMA's names with self_attn.q_norm / k_norm over head_dim)",
+    layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
+    settings={**_ATTENTION_BIAS, "qk_norm": True, "qk_norm_over": "head", "qkv_bias": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", *_WINDOWS),
+    outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
+)
+
+# Gemma: LLaMA's names; RMSNorm scaling by (1 + w) (every norm, the final one too), GeGLU with
+# tanh GELU, head_dim explicit, no biases. Its embedding scale sqrt(d_model) lies outside the stack.
+HF_GEMMA = Dialect(
+    "hf-gemma", "Hugging Face Gemma (LLaMA's names; norms scale by 1 + w, GeGLU)",
+    layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
+    settings={**_ATTENTION_BIAS, "norm_weight_offset": 1.0, "mlp": "geglu", "activation": "gelu_tanh",
+              "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias"),
+    outside=_LLAMA_OUTSIDE + " (Gemma multiplies the embeddings by sqrt(hidden_size) before the layers)",
+    shared_by=_LLAMA_NAMED,
+)
+
+# OLMo 2: norms on the sublayers' outputs, x + Norm(F(x)) (post_attention_layernorm after the
+# attention, post_feedforward_layernorm after the MLP; no input norm), a final norm, and QK-norm
+# over the whole q (heads * head_dim) and k (kv_heads * head_dim) projections before the split.
+HF_OLMO2 = Dialect(
+    "hf-olmo2", "Hugging Face OLMo 2 (post_attention_layernorm / post_feedforward_layernorm on the outputs)",
+    layer="layers.{i}.", final_norm="norm",
+    rules=(
+        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        *_linear("self_attn.out_proj", "self_attn.o_proj"),
+        *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
+        *_linear("linear_gate", "mlp.gate_proj"),
+        *_linear("linear1", "mlp.up_proj"),
+        *_linear("linear2", "mlp.down_proj"),
+        *_norm("norm1", "post_attention_layernorm"),
+        *_norm("norm2", "post_feedforward_layernorm"),
+    ),
+    ignore=("self_attn.rotary_emb.inv_freq",),
+    settings={**_ATTENTION_BIAS, "norm": "out", "qk_norm": True, "qk_norm_over": "projection",
+              "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias"),
+    outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
+)
+
+# GPT-NeoX (Pythia): LayerNorm, a dense MLP, biases everywhere; q, k, v fused per head in
+# query_key_value (per_head=3), rotary on the first rotary_pct of each head, and a parallel
+# residual x + Attn(Norm1(x)) + MLP(Norm2(x)) unless use_parallel_residual=False.
+HF_GPT_NEOX = Dialect(
+    "hf-gpt-neox", "Hugging Face GPT-NeoX (layers.{i}.attention.query_key_value.weight, per head [q; k; v])",
+    layer="layers.{i}.", final_norm="final_layer_norm",
+    rules=(
+        Rule("self_attn.in_proj_weight", ("attention.query_key_value.weight",), per_head=3),
+        Rule("self_attn.in_proj_bias", ("attention.query_key_value.bias",), per_head=3),
+        *_linear("self_attn.out_proj", "attention.dense"),
+        *_linear("linear1", "mlp.dense_h_to_4h"),
+        *_linear("linear2", "mlp.dense_4h_to_h"),
+        *_norm("norm1", "input_layernorm"),
+        *_norm("norm2", "post_attention_layernorm"),
+    ),
+    ignore=("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq"),  # old checkpoints' buffers
+    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "partial_rotary_factor",
+                                                                 "parallel_residual", "bias", "mlp_bias", "norm_bias")},
+              "norm": "pre", "causal": True},
+    reads=(*_CLASSIC_READS, "rope_theta", "partial_rotary_factor", "parallel_residual", "bias", "mlp_bias",
+           "norm_bias"),
+    outside="token embeddings (embed_in), the rotary inv_freq buffer and the LM head (embed_out)",
+)
+
+# Gemma 2: Gemma's norms as sandwiches (norm="peri": x + Norm_out(F(Norm(x))), input_layernorm /
+# post_attention_layernorm around the attention, pre_feedforward_layernorm /
+# post_feedforward_layernorm around the MLP), attention logits soft-capped, scaled by
+# query_pre_attn_scalar ** -0.5, local (sliding-window) and global layers alternating. The final
+# logit soft-cap lies in the LM head, outside the stack.
+_GEMMA2_RULES = (
+    *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    *_linear("self_attn.out_proj", "self_attn.o_proj"),
+    *_linear("linear_gate", "mlp.gate_proj"),
+    *_linear("linear1", "mlp.up_proj"),
+    *_linear("linear2", "mlp.down_proj"),
+    *_norm("norm1", "input_layernorm"),
+    *_norm("norm1_out", "post_attention_layernorm"),
+    *_norm("norm2", "pre_feedforward_layernorm"),
+    *_norm("norm2_out", "post_feedforward_layernorm"),
+)
+_GEMMA2_SETTINGS = {**_ATTENTION_BIAS, "norm": "peri", "norm_weight_offset": 1.0, "mlp": "geglu",
+                    "activation": "gelu_tanh", "qkv_bias": None}
+for _k in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+    del _GEMMA2_SETTINGS[_k]
+HF_GEMMA2 = Dialect(
+    "hf-gemma2", "Hugging Face Gemma 2 (sandwich norms: pre_feedforward_layernorm, post_feedforward_layernorm)",
+    layer="layers.{i}.", final_norm="norm", rules=_GEMMA2_RULES,
+    settings=_GEMMA2_SETTINGS,
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "attn_logit_softcapping", "query_pre_attn_scalar",
+           "bias", "mlp_bias", *_WINDOWS),
+    outside=_LLAMA_OUTSIDE + " (Gemma 2 multiplies the embeddings by sqrt(hidden_size) before the layers; its "
+                             "final logit soft-cap is the LM head's)",
+    shared_by=_LLAMA_NAMED,
+)
+
+# Gemma 3 (text): Gemma 2's layers plus a QK-norm per head ((1 + w) RMSNorm over head_dim) and a
+# rotary base of its own for the local layers; soft-capping off by default (read).
+HF_GEMMA3 = Dialect(
+    "hf-gemma3", "Hugging Face Gemma 3 text (Gemma 2's names plus self_attn.q_norm / k_norm)",
+    layer="layers.{i}.", final_norm="norm",
+    rules=(*_GEMMA2_RULES, *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight")),
+    settings={**{k: v for k, v in _GEMMA2_SETTINGS.items() if k != "rope_local_theta"}, "qk_norm": True,
+              "qk_norm_over": "head"},
+    reads=(*HF_GEMMA2.reads, "rope_local_theta"),
+    outside=_LLAMA_OUTSIDE + " (Gemma 3 scales the embeddings by sqrt(hidden_size) in its embedding module)",
+    shared_by=_LLAMA_NAMED,
+)
+
+# Starcoder2: LLaMA's attention names with biases, a dense MLP (c_fc, c_proj), LayerNorms, every
+# layer local when sliding_window is set.
+HF_STARCODER2 = Dialect(
+    "hf-starcoder2", "Hugging Face Starcoder2 (layers.{i}.mlp.c_fc.weight, LayerNorms with biases)",
+    layer="layers.{i}.", final_norm="norm",
+    rules=(
+        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        *_linear("self_attn.out_proj", "self_attn.o_proj"),
+        *_linear("linear1", "mlp.c_fc"),
+        *_linear("linear2", "mlp.c_proj"),
+        *_norm("norm1", "input_layernorm"),
+        *_norm("norm2", "post_attention_layernorm"),
+    ),
+    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "sliding_window",
+                                                                 "sliding_window_pattern", "bias", "norm_bias")},
+              "norm": "pre", "causal": True},
+    reads=(*_CLASSIC_READS, "rope_theta", "bias", "norm_bias", *_WINDOWS),
+    outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
+)
+
+# StableLM: LLaMA's names with LayerNorms (biases kept while the linear maps have none: norm_bias),
+# q/k/v biases with use_qkv_bias, rotary on the first partial_rotary_factor (0.25) of each head, and
+# with use_parallel_residual one shared norm, x + Attn(Norm(x)) + MLP(Norm(x)), no
+# post_attention_layernorm. qk_layernorm (a LayerNorm of its own per head) is refused.
+HF_STABLELM = Dialect(
+    "hf-stablelm", "Hugging Face StableLM (LLaMA's names, LayerNorms with biases)",
+    layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
+    ignore=("self_attn.rotary_emb.inv_freq",),
+    settings={**{k: v for k, v in _LLAMA_SETTINGS.items() if k not in ("partial_rotary_factor", "parallel_residual")},
+              "norm_type": "layernorm", "bias": False, "mlp_bias": None, "norm_bias": True,
+              "sliding_window": None, "sliding_window_pattern": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", "parallel_residual", "qkv_bias"),
+    outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
+)
+
+# Whisper's encoder: pre-LN, LayerNorms with torch's eps, GELU, biases everywhere but on k_proj
+# (read as a zero k bias: exact, see Rule.zero); positions (sinusoidal embed_positions) and the
+# two convolutions lie in its embeddings, outside the stack; it takes no attention mask. The
+# decoder (cross-attention) is not read.
+HF_WHISPER = Dialect(
+    "hf-whisper", "Hugging Face Whisper encoder (encoder.layers.{i}.self_attn.q_proj.weight, no k_proj bias)",
+    layer="encoder.layers.{i}.", final_norm="encoder.layer_norm",
+    rules=(
+        Rule("self_attn.in_proj_weight", ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                          "self_attn.v_proj.weight"), split=("q", "kv", "kv")),
+        Rule("self_attn.in_proj_bias", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+             split=("q", "kv", "kv"), zero=("self_attn.k_proj.bias",)),
+        *_linear("self_attn.out_proj", "self_attn.out_proj"),
+        *_norm("norm1", "self_attn_layer_norm"),
+        *_linear("linear1", "fc1"),
+        *_linear("linear2", "fc2"),
+        *_norm("norm2", "final_layer_norm"),
+    ),
+    settings={**_CLASSIC, "norm": "pre", "causal": False, "layer_norm_eps": 1e-5},
+    reads=("activation", "num_kv_heads"),
+    outside=("the encoder's convolutions and positions (conv1, conv2, embed_positions) and the whole decoder "
+             "(fb.from_hf(..., part='decoder') reads it)"),
+    shared_by="Whisper's decoder (hf-whisper-decoder, in the same checkpoints)",
+)
+
+# Whisper's decoder: our Decoder (torch's TransformerDecoder layout): causal self-attention,
+# cross-attention to the encoder's output (encoder_attn), MLP, each pre-LN; neither k_proj has a
+# bias. Its token and position embeddings (embed_tokens, embed_positions) lie before layer 0.
+HF_WHISPER_DECODER = Dialect(
+    "hf-whisper-decoder", "Hugging Face Whisper decoder (decoder.layers.{i}.encoder_attn.q_proj.weight, ...)",
+    layer="decoder.layers.{i}.", final_norm="decoder.layer_norm",
+    rules=(
+        *(r for attn, theirs in (("self_attn", "self_attn"), ("multihead_attn", "encoder_attn")) for r in (
+            Rule(f"{attn}.in_proj_weight", tuple(f"{theirs}.{x}_proj.weight" for x in "qkv"), split=("q", "kv", "kv")),
+            Rule(f"{attn}.in_proj_bias", tuple(f"{theirs}.{x}_proj.bias" for x in "qkv"), split=("q", "kv", "kv"),
+                 zero=(f"{theirs}.k_proj.bias",)),
+            *_linear(f"{attn}.out_proj", f"{theirs}.out_proj"))),
+        *_norm("norm1", "self_attn_layer_norm"),
+        *_norm("norm2", "encoder_attn_layer_norm"),
+        *_linear("linear1", "fc1"),
+        *_linear("linear2", "fc2"),
+        *_norm("norm3", "final_layer_norm"),
+    ),
+    settings={**_CLASSIC, "norm": "pre", "causal": True, "layer_norm_eps": 1e-5},
+    reads=("activation", "num_kv_heads"),
+    outside="the decoder's token and position embeddings (embed_tokens, embed_positions) and the whole encoder",
+    shared_by="Whisper's encoder (hf-whisper, in the same checkpoints)",
+    stack="Decoder",
+)
+
 DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA, HF_DISTILBERT, HF_OPT,
-                                                          HF_VIT, HF_PHI3)}
+                                                          HF_VIT, HF_PHI3, HF_QWEN3, HF_GEMMA, HF_OLMO2,
+                                                          HF_GPT_NEOX, HF_GEMMA2, HF_GEMMA3, HF_STARCODER2,
+                                                          HF_STABLELM, HF_WHISPER, HF_WHISPER_DECODER)}
 
 # A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
 # its config by flax_blocks.hf_config). Families not listed are refused by name.
 MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama",
-               "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3"}
+               "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3",
+               "qwen3": "hf-qwen3", "gemma": "hf-gemma", "olmo2": "hf-olmo2", "gpt_neox": "hf-gpt-neox",
+               "gemma2": "hf-gemma2", "gemma3_text": "hf-gemma3", "starcoder2": "hf-starcoder2",
+               "stablelm": "hf-stablelm", "whisper": "hf-whisper"}
 
 # Every torch name a block can have under some option (the probe configs, every option on).
 _TORCH_NAMES = {
@@ -337,14 +575,16 @@ def detect_dialect(source: Any) -> str:
     counts = {name: len(_stack_keys(keys, lay)) for name, lay in DIALECTS.items()}
     best = max(counts.values(), default=0)
     winners = [n for n, c in counts.items() if c == best and c > 0]
-    if len(winners) == 1 and DIALECTS[winners[0]].shared_by:
+    if winners and all(DIALECTS[w].shared_by for w in winners):  # several families name their tensors alike
         lay = DIALECTS[winners[0]]
-        families = ", ".join(sorted(t for t, n in MODEL_TYPES.items() if n == lay.name))
+        families = {w: ", ".join(sorted(t for t, n in MODEL_TYPES.items() if n == w)) for w in winners}
         raise ConversionError([f"these keys are in {lay.name}'s naming ({lay.description}), which {lay.shared_by} "
                                "share while computing something else",
-                               f"pass dialect={lay.name!r} (--dialect {lay.name}) if the checkpoint is one of "
-                               f"{families}, or load the Hugging Face folder or model with fb.from_hf, which "
-                               "reads its model_type"],
+                               *(f"pass dialect={w!r} (--dialect {w}) if the checkpoint is one of {families[w]}"
+                                 if families[w] else f"pass dialect={w!r} (--dialect {w}) for the "
+                                 f"{DIALECTS[w].description}" for w in winners),
+                               "or load the Hugging Face folder or model with fb.from_hf, which reads its "
+                               "model_type"],
                               header="cannot tell the checkpoint's family from its key names alone")
     if len(winners) == 1:
         return winners[0]
@@ -377,13 +617,15 @@ def _cat(parts: list, transpose: bool):
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
-def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str = "") -> Translated:
+def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str = "",
+              num_heads: int | None = None) -> Translated:
     """Their state dict (numpy arrays) -> ours: `layers.{i}.<our name>` and `norm.*`.
 
     dialect None: detected (see `detect_dialect`). prefix: their keys' model prefix; detected
     when not given (the part before the first layer key: "bert.", "transformer.", "model.").
     The torch dialect returns the dict unchanged. Raises ConversionError listing keys inside
-    the layers that the dialect does not know and merges with parts missing."""
+    the layers that the dialect does not know and merges with parts missing. num_heads: the
+    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX)."""
     name = detect_dialect(sd) if dialect is None else _get(dialect).name
     lay = DIALECTS[name]
     if lay.rules is None:
@@ -418,6 +660,11 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
             have = [t for t in r.theirs if t in theirs]
             if not have:
                 continue
+            for t in r.zero:  # a part the family never has: zeros shaped as a part of the same rows
+                twin = next(u for u, part in zip(r.theirs, r.split) if u != t and u in theirs
+                            and part == r.split[r.theirs.index(t)])
+                theirs.setdefault(t, theirs[twin] * 0)
+            have = [t for t in r.theirs if t in theirs]
             if len(have) < len(r.theirs):
                 gone = [f"{prefix}{lay.layer.format(i=i)}{t}" for t in r.theirs if t not in theirs]
                 problems.append(f"missing key {', '.join(gone)} (merged into {r.ours} with {', '.join(have)})")
@@ -430,6 +677,14 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                                     f"rows do not split into {count} equal blocks")
                     continue
                 a = a[index * rows // count:(index + 1) * rows // count]
+            if r.per_head:
+                if num_heads is None or a.shape[0] % (num_heads * r.per_head):
+                    problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]} (shape {tuple(a.shape)}): its "
+                                    f"rows are grouped per head, " + ("and the head count was not given (num_heads="
+                                    ")" if num_heads is None else f"{num_heads} heads x {r.per_head} parts do not "
+                                    "divide them"))
+                    continue
+                a = _regroup(a, num_heads, r.per_head, to_ours=True)
             out[f"{declarations.LAYERS}.{i}.{r.ours}"] = a
     if problems:
         raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
@@ -490,14 +745,23 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
             fused.setdefault(base + r.theirs[0], {})[r.chunk[0]] = a
             blocks[base + r.theirs[0]] = r.chunk[1]
             continue
+        if r.per_head:
+            out[base + r.theirs[0]] = _regroup(a, cfg.num_heads, r.per_head, to_ours=False)
+            continue
         if len(r.theirs) == 1:
             out[base + r.theirs[0]] = a.T if r.transpose else a
             continue
         start = 0
         for t, part in zip(r.theirs, r.split):
             n = _rows(part, cfg)
-            out[base + t] = a[start:start + n].T if r.transpose else a[start:start + n]
+            piece = a[start:start + n].T if r.transpose else a[start:start + n]
             start += n
+            if t in r.zero:  # the family has no such tensor: only a zero one is written (as nothing)
+                if piece.any():
+                    problems.append(f"{k}: its rows for {t} are not zero, and {lay.name} checkpoints have no {t} "
+                                    "(a key bias changes no output: softmax ignores it; zero it to write)")
+                continue
+            out[base + t] = piece
     for name, parts in fused.items():
         count = blocks[name]
         if sorted(parts) != list(range(count)):
@@ -570,7 +834,8 @@ def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None 
         raise ConversionError(bad, header=f"the config contradicts the source {type(module).__name__}")
 
 
-def prepare(source: Any, dialect: str | None, prefix: str = "") -> tuple[dict[str, Any], str, str | None]:
+def prepare(source: Any, dialect: str | None, prefix: str = "",
+            num_heads: int | None = None) -> tuple[dict[str, Any], str, str | None]:
     """For the loaders: read `source` and translate it to our names.
 
     Returns (state dict, prefix left to apply, hint). A torch-named source comes back as it
@@ -591,4 +856,4 @@ def prepare(source: Any, dialect: str | None, prefix: str = "") -> tuple[dict[st
                 log.info("checkpoint dialect %s (detected from the key names)", dialect)
     if _get(dialect).rules is None:
         return sd, prefix, hint
-    return translate(sd, dialect, prefix=prefix).state_dict, "", None
+    return translate(sd, dialect, prefix=prefix, num_heads=num_heads).state_dict, "", None

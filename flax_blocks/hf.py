@@ -1,5 +1,6 @@
 """Hugging Face transformer stacks in and out: BERT / RoBERTa, DistilBERT, GPT-2, OPT, ViT,
-LLaMA / Mistral / Qwen2, Phi-3.
+LLaMA / Mistral / Qwen2, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 (text), OLMo 2, GPT-NeoX, Starcoder2,
+StableLM, Whisper (encoder, and its decoder with part='decoder').
 
     from_hf(source)             an HF model (a save_pretrained folder or the model object)
                                 -> a Flax Encoder computing its layers + final norm
@@ -10,10 +11,10 @@ hidden state out. Embeddings (token, position, token type, BERT's embedding Laye
 poolers and LM heads stay on the HF side, as do OPT's project_in / project_out (an OPT with
 word_embed_proj_dim != hidden_size projects the token embeddings before the stack and the
 final hidden state after it: the Flax stack's output is the one before project_out). Rotary
-positions are part of the LLaMA-family and Phi-3 layers and are computed by the Flax stack
+positions are part of the rotary families' layers and are computed by the Flax stack
 (positions 0..T-1). The settings come from the model's own config (`flax_blocks.hf_config`:
 heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm); what the Flax blocks cannot compute (scaled rotary variants
-such as LLaMA 3's, layer-dependent attention scaling, a sliding window) is refused by name,
+such as LLaMA 3's, layer-dependent attention scaling, a window layout the blocks lack) is refused by name,
 never silently approximated. The stack is built for inference: dropout 0.
 """
 
@@ -37,7 +38,9 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     """A Flax `Encoder` computing a Hugging Face model's transformer stack, or (part=) the
     whole model as a `flax_blocks.lm.LanguageModel`.
 
-    part: "stack" (the default, described below); "model": the HF base model, token ids
+    part: "stack" (the default, described below); "encoder" / "decoder" of an
+      encoder-decoder family (Whisper: "stack" is its encoder; "decoder" a Decoder, called
+      with the encoder's output as memory); "model": the HF base model, token ids
       (and BERT's token_type_ids) -> its last hidden state, with the token embedding,
       learned or rotary positions, BERT's embedding norm and the final norm (GPT-2, LLaMA,
       Mistral, Qwen2, BERT; BERT's pooler is not read); "causal-lm": the model with its LM
@@ -54,10 +57,11 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     HF model's last hidden state for those inputs embedded (after its embeddings), with
     `key_mask=` (B, T), True = real token, for padding. Query positions that are padding
     themselves may differ from HF's (whose values there are meaningless anyway).
-    A Mistral with a sliding window is refused (the blocks attend to every earlier key).
+    Sliding windows are read (Mistral, Qwen2, Phi-3, Starcoder2: every layer local; Gemma 2 / 3:
+    every n-th layer global); a layout the blocks cannot express is refused.
     The stack remembers its family's dialect (`hf_dialect`), which `to_hf` writes back.
     """
-    from .blocks import Encoder
+    from . import blocks
     from .convert import from_torch
 
     if isinstance(source, (str, os.PathLike)):
@@ -66,31 +70,32 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
         sd = read_state_dict(hf_state_dict(source))
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
-    if part != "stack":
+    if part in ("model", "causal-lm"):
         from . import hf_models
 
-        if part not in hf_models.PARTS:
-            raise ValueError(f"part must be one of {hf_models.PARTS}, got {part!r}")
         return hf_models.load(config, sd, part, dtype=dtype, seed=seed)
-    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
-    stack = dialects.translate(sd, dialect).state_dict
+    if part not in ("stack", "encoder", "decoder"):
+        raise ValueError(f"part must be one of 'stack', 'encoder', 'decoder', 'model', 'causal-lm', got {part!r}")
+    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype, part=None if part == "stack" else part)
+    stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads).state_dict
     if dtype is None:
         dtypes = {str(a.dtype) for a in stack.values()}
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
             cfg = replace(cfg, param_dtype=dtypes.pop())
     log.info("from_hf: %s model, dialect %s, %d layers", config.get("model_type"), dialect, num_layers)
-    module = from_torch(Encoder, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
+    cls = getattr(blocks, dialects.DIALECTS[dialect].stack)
+    module = from_torch(cls, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
                         dtype=dtype, seed=seed)
     module.hf_dialect = dialect  # a plain attribute (static in nnx.split): to_hf's default
     return module
 
 
-def dialect_for(cfg: BlockConfig) -> str:
+def dialect_for(cfg: BlockConfig, stack: str = "Encoder") -> str:
     """The HF dialect whose family settings `cfg` has. Several families hold some configs
     (a post-LN BERT-like stack is also a DistilBERT's with eps 1e-12, a pre-LN causal one a
     GPT-2's or an OPT's, a LLaMA-like one a Phi-3's): then none is chosen, the error lists
     them, and dialect= says which."""
-    hf = {n: lay for n, lay in dialects.DIALECTS.items() if lay.rules is not None}
+    hf = {n: lay for n, lay in dialects.DIALECTS.items() if lay.rules is not None and lay.stack == stack}
     fits = [n for n, lay in hf.items() if all(getattr(cfg, k) == v for k, v in lay.settings.items())]
     if len(fits) > 1:
         raise ConversionError([f"{n}: {hf[n].description}" for n in fits],
@@ -129,10 +134,10 @@ def to_hf(module, dialect: str | None = None, *, prefix: str | None = None) -> d
 
         return to_hf_model(module, dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg),
                            prefix=prefix)
-    if type(module).__name__ != "Encoder":
-        raise TypeError(f"to_hf converts an Encoder (a stack) or a LanguageModel, got {type(module).__name__}")
+    if type(module).__name__ not in ("Encoder", "Decoder"):
+        raise TypeError(f"to_hf converts an Encoder or a Decoder (a stack) or a LanguageModel, got {type(module).__name__}")
     prefix = prefix or ""
-    dialect = dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg)
+    dialect = dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg, type(module).__name__)
     if dialect == "torch":
         raise ValueError("dialect 'torch' is our own naming: use flax_blocks.torch_state_dict")
     sd = dialects.to_dialect(torch_state_dict(module), dialect, module.cfg, prefix=prefix)

@@ -4,10 +4,12 @@ Feeds hidden states as `inputs_embeds` (ViT: as `pixel_values`, its embeddings r
 identity) with the embeddings' own additions out of the way (BERT / RoBERTa: position and
 token-type embeddings zeroed, embedding LayerNorm replaced by the identity; DistilBERT: the
 same without token types; GPT-2: position embeddings zeroed; OPT: position embeddings zeroed
-and project_in / project_out removed; LLaMA-family and Phi-3 models add nothing), so the HF
-model's last hidden state is its layers + final norm.
+and project_in / project_out removed; LLaMA-family, Phi-3, Qwen3, OLMo 2 and GPT-NeoX models add
+nothing; Gemma multiplies inputs_embeds by sqrt(hidden_size) in its forward, so its layer 0 is
+handed inputs_embeds itself), so the HF model's last hidden state is its layers + final norm
+from the same layer-0 input.
 
-float64: HF's LLaMA-family (and Phi-3) RMSNorm casts hidden states to float32 and its rotary
+float64: HF's LLaMA-family (and Phi-3, Qwen3, Gemma, OLMo 2) RMSNorm casts hidden states to float32 and its rotary
 embedding computes inv_freq, angles and cos/sin in float32, and the eager attention of those
 families, OPT and ViT takes the softmax in float32, all even in a float64 model.
 `float64_faithful` replaces the first two forwards on the given instance by the same formulas
@@ -31,26 +33,66 @@ from .check_report import CheckReport
 def _rmsnorm64(self, x):
     import torch
 
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+    eps = getattr(self, "variance_epsilon", None) or self.eps
+    weight = 1.0 + self.weight if self._offset else self.weight
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def _rotary64(self, x, position_ids):
+def _rotary64(self, x, position_ids, layer_type=None):
     import torch
 
     cfg = self.config
+    params = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]  # Gemma 3: per kind
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    theta = cfg.rope_parameters["rope_theta"]
+    dim = int(dim * params.get("partial_rotary_factor", 1.0))  # GPT-NeoX, StableLM: part of each head
+    theta = params["rope_theta"]
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     freqs = position_ids[..., None].to(torch.float64) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
 
+def _eager_softmax_in_the_query_dtype(model) -> None:
+    """For families whose attention is eager only (Gemma 2: soft-capping, no SDPA): their module's
+    eager_attention_forward, recompiled with the softmax taken in promote(query dtype, float32)
+    instead of float32. Process-wide (the module looks the function up at call time), and the
+    same computation for float32, bfloat16 and float16 queries: only float64 changes."""
+    import inspect
+    import sys
+    import textwrap
+
+    module = sys.modules[type(model).__module__]
+    fn = module.eager_attention_forward
+    if getattr(fn, "_float64_faithful", False):
+        return
+    source = textwrap.dedent(inspect.getsource(fn))
+    old = "softmax(attn_weights, dim=-1, dtype=torch.float32)"
+    assert source.count(old) == 1, f"{module.__name__}.eager_attention_forward changed: patch it anew"
+    code = source.replace(old, "softmax(attn_weights, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))")
+    space = dict(vars(module))
+    exec(compile(code, module.__file__, "exec"), space)
+    space["eager_attention_forward"]._float64_faithful = True
+    module.eager_attention_forward = space["eager_attention_forward"]
+
+
+# Families that run only the eager attention, which takes the softmax in float32 (Gemma 2:
+# soft-capping): float64 runs them eager with _eager_softmax_in_the_query_dtype.
+EAGER_ONLY = ("gemma2",)
+
+
 def float64_faithful(model):
-    """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32."""
+    """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32
+    (Gemma's RMSNorm, whose source scales by 1.0 + self.weight, keeps that offset); for
+    EAGER_ONLY families, their eager attention's float32 softmax (process-wide, see
+    _eager_softmax_in_the_query_dtype)."""
+    import inspect
+
+    if getattr(model.config, "model_type", None) in EAGER_ONLY:
+        _eager_softmax_in_the_query_dtype(model)
     for m in model.modules():
         name = type(m).__name__
         if name.endswith("RMSNorm"):
+            m._offset = "1.0 + self.weight" in inspect.getsource(type(m).forward)
             m.forward = types.MethodType(_rmsnorm64, m)
         elif name.endswith("RotaryEmbedding"):
             m.forward = types.MethodType(_rotary64, m)
@@ -77,12 +119,37 @@ def embeddings_out_of_the_way(model):
         if decoder is not None and hasattr(decoder, "embed_positions"):  # OPT: project_in(x) + position, project_out
             decoder.embed_positions.weight.zero_()
             decoder.project_in = decoder.project_out = None
+    if getattr(model.config, "model_type", None) in SCALED_INPUTS:
+        _feed_the_first_layer(model)
     return model
+
+
+# Families whose base model multiplies inputs_embeds by sqrt(hidden_size) inside its forward
+# (Gemma, Gemma 2: the embedding scale; Gemma 3 scales in its embedding module instead).
+SCALED_INPUTS = ("gemma", "gemma2")
+
+
+def _feed_the_first_layer(model):
+    """Hand layer 0 the inputs_embeds themselves, in place of inputs_embeds * sqrt(hidden_size):
+    the comparison is then the stack's from the same layer-0 input."""
+    box = {}
+
+    def grab(module, args, kwargs):
+        box["x"] = kwargs["inputs_embeds"]
+
+    def put(module, args, kwargs):
+        if args:
+            return (box["x"], *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": box["x"]}
+
+    model.register_forward_pre_hook(grab, with_kwargs=True)
+    model.layers[0].register_forward_pre_hook(put, with_kwargs=True)
 
 
 # Families whose eager attention takes its softmax in float32 (or whose norms and rotary cast
 # to float32): float64 checks run them with SDPA and float64_faithful.
-FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit")
+FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox",
+                  "gemma3_text", "starcoder2", "stablelm")
 
 
 def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -93,9 +160,31 @@ def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tup
     xt = torch.tensor(x, requires_grad=True)
     mask = None if keys is None else torch.tensor(keys.astype(np.int64))
     name = "pixel_values" if getattr(model, "main_input_name", None) == "pixel_values" else "inputs_embeds"
-    y = model(**{name: xt}, attention_mask=mask).last_hidden_state
+    if getattr(model.config, "model_type", None) == "whisper":
+        y = _whisper_encoder(model, xt)
+    else:
+        y = model(**{name: xt}, attention_mask=mask).last_hidden_state
     y.backward(torch.tensor(ct))
     return y.detach().numpy(), xt.grad.numpy()
+
+
+def _whisper_encoder(model, xt):
+    """The Whisper encoder's output with its layer 0 handed xt (B, T, E) in place of
+    conv(mel) + positions: silent mel features of the length it insists on (2 x T frames) go
+    in, and a hook swaps layer 0's input. It takes no attention mask (as HF's encoder)."""
+    import torch
+
+    encoder, cfg = model.get_encoder(), model.config
+
+    def put(module, args, kwargs):
+        return ((xt, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": xt})
+
+    hook = encoder.layers[0].register_forward_pre_hook(put, with_kwargs=True)
+    try:
+        feats = torch.zeros(xt.shape[0], cfg.num_mel_bins, 2 * cfg.max_source_positions, dtype=xt.dtype)
+        return encoder(input_features=feats).last_hidden_state
+    finally:
+        hook.remove()
 
 
 def flax_runs(module, x: np.ndarray, ct: np.ndarray, keys: np.ndarray,
@@ -133,7 +222,7 @@ def load_hf(folder: str, dtype: str):
 
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    attn = "sdpa" if config.get("model_type") in FLOAT32_INSIDE and dtype == "float64" else "eager"
+    attn = "sdpa" if config.get("model_type") in FLOAT32_INSIDE and dtype == "float64" else "eager"  # EAGER_ONLY: eager
     model = transformers.AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=attn)
     model = embeddings_out_of_the_way(model.eval())
     return config, (float64_faithful(model) if dtype == "float64" else model)

@@ -195,16 +195,16 @@ def test_cli_converts_an_hf_folder_and_writes_hf_names_back(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------
 
 
-def test_a_mistral_with_a_sliding_window_is_refused_by_name():
+def test_a_mistral_sliding_window_is_read():
+    """Mistral's sliding_window (every layer local; measured against HF in tests/test_hf_families.py)."""
     config = transformers.MistralConfig(**{**TINY, **{**FAMILIES["mistral"][3], "sliding_window": 4}}).to_dict()
-    with pytest.raises(fb.ConversionError, match=r"sliding_window=4: each query of a Mistral attends only"):
-        hf_config(config)
-    assert hf_config({**config, "sliding_window": None})[0] == "hf-llama"
+    assert (hf_config(config)[1].sliding_window, hf_config(config)[1].sliding_window_pattern) == (4, None)
+    assert hf_config({**config, "sliding_window": None})[1].sliding_window is None
 
 
 def test_families_the_blocks_do_not_compute_are_refused_naming_the_reason():
     for model_type, reason in [("mixtral", "mixture of experts"), ("t5", "relative position bias"),
-                               ("gemma", r"\(1 \+ w\)")]:
+                               ("cohere", "shared LayerNorm")]:
         with pytest.raises(fb.ConversionError, match=rf"model_type '{model_type}': .*{reason}"):
             hf_config({"model_type": model_type})
 
@@ -218,7 +218,8 @@ def test_a_gemma_handed_to_from_torch_with_a_llama_config_is_refused():
     llama_cfg = fb.BlockConfig(d_model=E, num_heads=4, num_kv_heads=2, d_ff=96, norm="pre", norm_type="rmsnorm",
                                mlp="swiglu", activation="silu", rope_theta=10000.0, bias=False, causal=True,
                                dropout=0.0)
-    with pytest.raises(fb.ConversionError, match="model_type 'gemma': RMSNorm multiplying by"):
+    with pytest.raises(fb.ConversionError, match=r"norm_weight_offset=0.0 given, but the gemma model has "
+                                                 r"norm_weight_offset=1.0"):
         fb.from_torch(fb.Encoder, llama_cfg, gemma, num_layers=2)
     with pytest.raises(fb.ConversionError, match="cannot tell the checkpoint's family from its key names"):
         fb.from_torch(fb.Encoder, llama_cfg, gemma.state_dict(), num_layers=2)  # a bare state dict: names only

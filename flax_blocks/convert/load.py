@@ -81,8 +81,8 @@ class _Source:
     hint: str | None  # why no dialect was recognised, for the error message
 
 
-def _read(source: Any, prefix: str, dialect: str | None) -> _Source:
-    raw, prefix, hint = dialects.prepare(source, dialect, prefix)
+def _read(source: Any, prefix: str, dialect: str | None, num_heads: int | None = None) -> _Source:
+    raw, prefix, hint = dialects.prepare(source, dialect, prefix, num_heads)
     prefix = norm_prefix(prefix)
     return _Source(raw, prefix, strip_prefix(raw, prefix), hint)
 
@@ -228,7 +228,7 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
             raise ValueError("a LanguageModel loads its own (torch_blocks) names; Hugging Face models: fb.from_hf")
         hook(module, source, prefix=prefix, strict=strict, dtype=dtype)
         return LoadResult([], [])
-    src = _read(hf_state_dict(source), prefix, check_hf_source(module.cfg, source, dialect))
+    src = _read(hf_state_dict(source), prefix, check_hf_source(module.cfg, source, dialect), module.cfg.num_heads)
     cast = None if dtype is None else _np_dtype(dtype)
     expected = expected_torch_params(module)
     params = flax_params(module)
@@ -265,7 +265,7 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
                         f"got layout={kwargs['layout']!r}")
     dialect = check_hf_source(cfg, source, dialect)
     dialects.check_against_source(cfg, source, kwargs.get("final_norm"))
-    source, prefix, _ = dialects.prepare(hf_state_dict(source), dialect, prefix)
+    source, prefix, _ = dialects.prepare(hf_state_dict(source), dialect, prefix, cfg.num_heads)
 
     if cls.__name__ in declarations.STACKS and kwargs.get("final_norm") is None:
         source, kwargs["final_norm"] = _checkpoint_has_final_norm(source, prefix)
