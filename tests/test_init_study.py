@@ -1,0 +1,170 @@
+"""The initialisation study (experiments.init_study, experiments.init_report) at its quick size:
+it writes its cells and report, the report regenerates identically through experiments.report,
+a rerun resumes; the measured FFN W2 gradient is the loss's derivative with respect to that very
+matrix (jax.grad of the loss through that one layer's W2, and a central finite difference), and
+measuring the wrong matrix or skipping fairseq's embedding rescale is caught."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments import init_report, init_study, report
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("init")
+    assert init_study.main(["--out", str(out), "--quick", "--no-progress"]) == 0
+    return out
+
+
+def _cell(out, setting: str, variant: str, depth: int) -> dict:
+    (path,) = (out / "cells").glob(f"{setting}_{variant}_L{depth}-*.json")
+    return json.loads(path.read_text())
+
+
+def test_quick_study_writes_cells_and_report_and_resumes(quick):
+    meta = json.loads((quick / "init.json").read_text())
+    study = init_study.QUICK
+    assert len(meta["cells"]) == len(study.settings) * len(study.variants) * len(study.depths) == 8
+    assert all((quick / "cells" / f"{name}.json").exists() for name in meta["cells"])
+    text = (quick / "report.md").read_text()
+    assert "## Findings" in text and "## The measured reason" in text and "fitted p" in text
+    for png in ("profiles_L2.png", "profiles_depths.png", "last_layer.png", "ratios.png"):
+        assert (quick / png).stat().st_size > 1000
+    rec = _cell(quick, "xiong", "pre", 3)
+    n = study.draws_of("xiong", 3)
+    assert np.asarray(rec["draws"]["dec_w2"]).shape == (n, 3)
+    assert np.asarray(rec["draws"]["dec_ratio"]).shape == (n, 3, 3)  # self, cross, FFN
+    for setting in ("xiong", "lab"):  # the layer-by-layer rebuild is the library's own forward
+        for variant in ("post", "pre"):
+            d = _cell(quick, setting, variant, 2)["draws"]
+            assert max(np.max(np.abs(d[k])) for k in d if k == "check" or k.endswith("_recon")) < 1e-5
+    # python -m experiments.report regenerates the same report from the cells alone
+    (quick / "report.md").unlink()
+    assert report.main([str(quick)]) == 0
+    assert (quick / "report.md").read_text() == text
+    # a rerun computes nothing
+    assert init_study.main(["--out", str(quick), "--quick", "--no-progress", "--no-report"]) == 0
+    assert json.loads((quick / "init.json").read_text())["runs"][-1]["cells_computed"] == 0
+
+
+PATHS = {"enc": ("transformer", "encoder"), "dec": ("transformer", "decoder"), "lm": ("encoder",)}
+DRAW, DEPTH = 1, 2
+
+
+@functools.lru_cache(maxsize=None)
+def _direct(setting_name: str, variant: str):
+    """Draw DRAW of the quick study's (setting, variant, DEPTH) cell, recomputed without the
+    study's code path: (loss_and_grad, kernels) where kernels = {(stack, matrix): (L, in, out)}
+    for matrix linear1 / linear2 of every stack, and loss_and_grad(kernels) = (loss, dloss/dkernels)
+    with every other parameter held fixed (one jax.value_and_grad through those matrices alone)."""
+    setting = init_study.make_setting(setting_name, init_study.QUICK)
+    k_init, k_data = jax.random.split(init_study.draw_key(init_study.QUICK.seed, DRAW))
+    graphdef, params, rest = setting.create(variant, DEPTH, k_init)
+    batch = setting.batch(k_data)
+
+    def path(kp) -> tuple[str, ...]:
+        return tuple(k.key for k in kp if isinstance(k, jax.tree_util.DictKey))
+
+    where = {(*PATHS[stack], "layers", m, "kernel"): (stack, m) for stack in setting.stacks
+             for m in ("linear1", "linear2")}
+    kernels = {where[path(kp)]: x for kp, x in jax.tree_util.tree_leaves_with_path(params) if path(kp) in where}
+
+    @jax.jit
+    @jax.value_and_grad
+    def loss_of(kernels, params, rest):  # the parameters with these matrices in place, functionally
+        p = jax.tree_util.tree_map_with_path(
+            lambda kp, x: kernels[where[path(kp)]] if path(kp) in where else x, params)
+        return setting.loss(p, graphdef, rest, batch)[0]
+
+    return (lambda kernels: loss_of(kernels, params, rest)), kernels
+
+
+def _check(setting_name: str, variant: str, stack: str, layer: int, matrix: str = "linear2") -> tuple[float, float]:
+    """(||dLoss/dW|| of `matrix` in `layer` of `stack`, the central finite difference of the loss
+    along that gradient's direction), W alone perturbed."""
+    loss_and_grad, kernels = _direct(setting_name, variant)
+    g = loss_and_grad(kernels)[1][(stack, matrix)][layer]
+    norm = float(jnp.linalg.norm(g))
+    eps = 1e-2
+
+    def loss_at(step):
+        moved = dict(kernels)
+        moved[(stack, matrix)] = kernels[(stack, matrix)].at[layer].add(step * g / norm)
+        return float(loss_and_grad(moved)[0])
+
+    return norm, (loss_at(eps) - loss_at(-eps)) / (2 * eps)
+
+
+@pytest.mark.parametrize("setting_name,variant,stack", [
+    ("xiong", "post", "enc"), ("xiong", "post", "dec"), ("lab", "pre", "lm")])
+def test_w2_gradient_is_the_loss_derivative(quick, setting_name, variant, stack):
+    measured = np.asarray(_cell(quick, setting_name, variant, DEPTH)["draws"][f"{stack}_w2"])[DRAW]  # (L,)
+    for layer in range(DEPTH):
+        norm, fd = _check(setting_name, variant, stack, layer)
+        assert measured[layer] == pytest.approx(norm, rel=1e-4)  # the cells keep 5 significant digits
+        assert fd == pytest.approx(norm, rel=2e-2)  # and it is the derivative of the loss, of that matrix
+
+
+def test_wrong_matrix_is_caught(quick):
+    """Had the study measured W1 (linear1) for W2, the check above would fail: their norms differ."""
+    measured = np.asarray(_cell(quick, "xiong", "post", DEPTH)["draws"]["dec_w2"])[DRAW, 1]
+    w1, fd = _check("xiong", "post", "dec", 1, matrix="linear1")
+    assert fd == pytest.approx(w1, rel=2e-2)  # a true derivative, of the wrong matrix
+    assert abs(w1 / measured - 1) > 0.05
+
+
+def test_embedding_scale_is_measured_and_a_missing_rescale_is_caught():
+    """fairseq's sqrt(d) rescale makes the token part ~ N(0, 1) per coordinate and the sinusoidal
+    part has mean square exactly 1/2; without the rescale the token part is ~1/d."""
+    setup = init_study.QUICK.xiong
+
+    def embedding(setup):
+        setting = init_study.XiongSetting(setup)
+        k_init, k_data = jax.random.split(init_study.draw_key(0, 0))
+        graphdef, params, rest = setting.create("post", 1, k_init)
+        tok, pos = nnx.merge(graphdef, params, rest).embed_parts(setting.batch(k_data)["src"])
+        return init_study._embedding_stats(tok, pos)
+
+    right, wrong = embedding(setup), embedding(replace(setup, embed_scale=False))
+    assert float(right["x0_pos_ms"]) == pytest.approx(0.5, abs=1e-6)
+    assert 0.6 < float(right["x0_token_ms"]) < 1.5
+    assert float(wrong["x0_token_ms"]) == pytest.approx(float(right["x0_token_ms"]) / setup.d_model, rel=1e-5)
+    assert not 0.6 < float(wrong["x0_token_ms"]) < 1.5
+
+
+def test_fairseq_qkv_law():
+    """q/k/v drawn as fairseq's packed (3d, d) xavier: |w| <= sqrt(6 / 4d), the largest of
+    hundreds of draws close to it; attention's output projection plain xavier sqrt(6 / 2d)."""
+    setting = init_study.make_setting("xiong", init_study.QUICK)
+    graphdef, params, rest = setting.create("post", DEPTH, jax.random.key(3, impl=init_study.PRNG_IMPL))
+    model = nnx.merge(graphdef, params, rest)
+    d = init_study.QUICK.xiong.d_model
+    for attn in (model.transformer.encoder.layers.self_attn, model.transformer.decoder.layers.multihead_attn):
+        for w, bound in ((attn.in_kernel[...], np.sqrt(6 / (4 * d))), (attn.out_kernel[...], np.sqrt(6 / (2 * d)))):
+            assert 0.95 * bound < np.abs(np.asarray(w)).max() <= bound
+
+
+def test_verdict_rules():
+    """The rules on intervals (written before the data)."""
+    assert init_report.rise_part(1.5, 2.0) == "yes" and init_report.rise_part(0.9, 1.2) == "no"
+    assert init_report.rise_part(1.2, 1.5) == "unclear"
+    assert init_report.level_part(0.8, 1.2) == "yes" and init_report.level_part(0.4, 0.6) == "no"
+    assert init_report.level_part(0.6, 0.9) == "unclear"
+    assert init_report.exponent_part(-0.6, -0.45, -0.5) == "yes"
+    assert init_report.exponent_part(0.1, 0.3, 0.0) == "yes"  # 0.1 from the prediction: within the tolerance
+    assert init_report.exponent_part(0.2, 0.3, 0.0) == "no"
+    assert init_report.exponent_part(-1.0, 0.5, 0.0) == "unclear"
+    assert init_report.combine(["yes", "yes"]) == "agrees"
+    assert init_report.combine(["no", "no"]) == "does not agree"
+    assert init_report.combine(["yes", "no"]) == "partly agrees"
+    assert init_report.combine(["no", "unclear"]) == "inconclusive"
