@@ -353,7 +353,8 @@ def plot_last_layer(s: Study, path: Path) -> Path:
         ax.set_xlabel("layers per stack L")
         ax.set_ylabel(f"last {STACK_TITLES[THEOREM_STACK[setting]]} layer's W2 gradient")
         ax.set_title(setting, fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle("Theorem 1: the last layer's FFN W2 gradient norm at init vs depth (mean, 95% interval)",
                  fontsize=9)
     fig.tight_layout()
@@ -537,6 +538,7 @@ def write_report(out: Path) -> Path:
     plot_last_layer(s, out / "last_layer.png")
     plot_ratios(s, out / "ratios.png")
     x, lab = study["xiong"], study["lab"]
+    lab_note = " (the `depth` preset's size)" if meta.get("lab_preset") else ""
     runs = meta.get("runs", [])
     compile_s = sum(r["timing"]["compile_s"] for r in cells.values())
     run_s = sum(r["timing"]["run_s"] for r in cells.values())
@@ -601,7 +603,7 @@ def write_report(out: Path) -> Path:
         f"[start, target[:-1]], batch {x['batch']}, mean cross-entropy over the target tokens.",
         f"- The lab's setting: `experiments.model.LanguageModel` (causal, the lab's init: xavier blocks without "
         f"q/k/v biases, embeddings and learned positions N(0, 1/2) each, xavier head), d_model {lab['d_model']}, "
-        f"d_ff {lab['d_ff']}, {lab['num_heads']} heads (the `depth` preset's size), the Markov task over "
+        f"d_ff {lab['d_ff']}, {lab['num_heads']} heads{lab_note}, the Markov task over "
         f"{lab['vocab']} symbols, {lab['seq_len']} positions, batch {lab['batch']}, mean cross-entropy.",
         f"- Depths {', '.join(map(str, s.depths))} layers per stack (Xiong's: encoder = decoder = L); "
         f"{study['draws']} draws per cell ({study['deep_draws']} in Xiong's setting from {study['deep_from']} layers on, "
@@ -612,8 +614,8 @@ def write_report(out: Path) -> Path:
         "gradient (`linear2.kernel`, (d_ff, d_model)) and of all the layer's parameters; the branch ratios, the "
         "stream norms and the embedding scale above.",
         f"- Self-checks: rebuilding each block's output from its measured branches differs from the block's own "
-        f"output by at most {_f(recons, 2)} (relative), and the layer-by-layer rebuild of the whole model's final "
-        f"hidden states from the library's own forward by at most {_f(checks, 2)}.",
+        f"output by at most {recons:.1e} (largest |difference| / RMS), and the layer-by-layer rebuild of the whole "
+        f"model's final hidden states from the library's own forward by at most {checks:.1e}.",
         f"- Ran on {env['device_count']} x {env['device_kind']} ({env['platform']}), jax {env['jax']}, flax "
         f"{env['flax']}.",
         "",

@@ -53,14 +53,22 @@ decoder "dec", each L layers; lab: the causal stack "lm"):
   {stack}_stream  (L+1,) ||x_l||^2 / d, mean over tokens, of the stream entering layer l + 1
                         (l = 0: the embedded input) and leaving the last layer (before a
                         final norm)
+  {stack}_gstream (L+1,) ||dLoss/dx_l|| (Frobenius over the batch) for the same streams: how the
+                        gradient of the residual stream changes from layer to layer
   {stack}_recon   ()    self-check: max |y - y'| / rms(y) between each block's own output
                         and the output rebuilt from the measured sublayer branches
   x0_token_ms, x0_pos_ms, x0_ms  the embedding scale: mean over coordinates and tokens of the
                         token part^2, the position part^2 and (token + position)^2 of the
                         first stack's input
-  check           ()    self-check: max |.| / rms of the final hidden states rebuilt layer by
-                        layer from the measurement minus the library's own forward's
+  check           ()    self-check: max |.| / rms of the final hidden states of the rerun minus
+                        the library's own forward's (Transformer / LanguageModel.hidden)
   loss            ()    the loss at initialisation
+The gradients come from one backward pass of the loss through a layer-by-layer rerun of the
+model (`stack_diagnostics`: a lax.scan over each stack's stacked layers calling every block's
+own `run_prepared`, with a tap on each sublayer's branch and a zero probe added to the stream
+at every layer boundary, whose gradient is the stream's); "check" shows the rerun is the
+library's forward, and tests/test_init_study.py that its W2 gradients are jax.grad's through
+the library's forward.
 
 Cells: OUT/cells/<setting>_<variant>_L<depth>-<hash>.json, one per (setting, variant,
 depth), holding every draw; OUT/init.json describes the study. A rerun skips cells on disk
@@ -102,7 +110,7 @@ from .tasks import markov_task
 from .train import compile_lowered, compiler_options, tree_sq
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "init"
-CELL_VERSION = 1  # bump when a code change alters results, so old cells are not reused
+CELL_VERSION = 2  # bump when a code change alters results, so old cells are not reused
 VARIANTS = ("post", "pre")
 SETTINGS = ("lab", "xiong")  # run order: the lab's small programs first
 
@@ -196,7 +204,7 @@ def _mean_ce(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 class XiongSetting:
-    """Build, batch, loss and diagnostics of the encoder-decoder setting."""
+    """Build, batch, forward and measured rerun of the encoder-decoder setting."""
 
     name = "xiong"
     stacks = ("enc", "dec")
@@ -217,35 +225,40 @@ class XiongSetting:
         tgt_in = jnp.concatenate([jnp.zeros((s.batch, 1), jnp.int32), tgt[:, :-1]], axis=1)
         return {"src": src, "tgt_in": tgt_in, "tgt": tgt}
 
-    def loss(self, params, graphdef, rest, batch) -> tuple[jax.Array, jax.Array]:
-        """(mean CE, the decoder's output (B, T, d) as the library computes it)."""
+    def probe_shapes(self, depth: int) -> dict[str, tuple[int, ...]]:
+        s = self.setup
+        return {k: (depth + 1, s.batch, s.seq_len, s.d_model) for k in self.stacks}
+
+    def forward(self, params, graphdef, rest, batch) -> jax.Array:
+        """The decoder's output (B, T, d) as the library computes it (Transformer.__call__)."""
         model = nnx.merge(graphdef, params, rest)
-        y = model.transformer(model.embed_tokens(batch["src"]), model.embed_tokens(batch["tgt_in"]))
-        return _mean_ce(jnp.einsum("btd,vd->btv", y, model.embed[...]), batch["tgt"]), y
+        return model.transformer(model.embed_tokens(batch["src"]), model.embed_tokens(batch["tgt_in"]))
 
-    @staticmethod
-    def layer_grads(grads) -> dict[str, Any]:
-        return {"enc": grads["transformer"]["encoder"]["layers"], "dec": grads["transformer"]["decoder"]["layers"]}
-
-    def diagnostics(self, params, graphdef, rest, batch, y_lib) -> dict[str, jax.Array]:
+    def rerun(self, params, probes, graphdef, rest, batch) -> tuple[jax.Array, dict]:
+        """The loss through a layer-by-layer rerun of the model (`stack_diagnostics`) with zero
+        probes on the streams: (mean CE, {"enc", "dec": diagnostics, "y": decoder output,
+        "x0": embedding stats})."""
         model = nnx.merge(graphdef, params, rest)
         enc, dec = model.transformer.encoder, model.transformer.decoder
         tok, pos = model.embed_parts(batch["src"])
         x_src, x_tgt = tok + pos, model.embed_tokens(batch["tgt_in"])
         b, s, t = x_src.shape[0], x_src.shape[1], x_tgt.shape[1]
-        enc_d = stack_diagnostics(enc, x_src, self_attention_masks(enc.cfg, "dense", b, s, None, None))
-        masks = self_attention_masks(dec.cfg, "dense", b, t, None, None)
-        masks["cross"] = build_mask(dec.cfg, b, t, None, None, keys=s, causal=False)
-        dec_d = stack_diagnostics(dec, x_tgt, masks, memory=enc_d.pop("output"))
-        out = _embedding_stats(tok, pos)
-        out["check"] = _rel_err(dec_d.pop("output"), y_lib)
-        out.update({f"enc_{k}": v for k, v in enc_d.items()})
-        out.update({f"dec_{k}": v for k, v in dec_d.items()})
-        return out
+        enc_masks = self_attention_masks(enc.cfg, "dense", b, s, None, None)
+        dec_masks = self_attention_masks(dec.cfg, "dense", b, t, None, None)
+        dec_masks["cross"] = build_mask(dec.cfg, b, t, None, None, keys=s, causal=False)
+        enc_d = stack_diagnostics(enc, x_src, enc_masks, probes=probes["enc"])
+        dec_d = stack_diagnostics(dec, x_tgt, dec_masks, memory=enc_d.pop("output"), probes=probes["dec"])
+        y = dec_d.pop("output")
+        loss = _mean_ce(jnp.einsum("btd,vd->btv", y, model.embed[...]), batch["tgt"])
+        return loss, {"enc": enc_d, "dec": dec_d, "y": y, "x0": _embedding_stats(tok, pos)}
+
+    @staticmethod
+    def layer_grads(grads) -> dict[str, Any]:
+        return {"enc": grads["transformer"]["encoder"]["layers"], "dec": grads["transformer"]["decoder"]["layers"]}
 
 
 class LabSetting:
-    """Build, batch, loss and diagnostics of the lab's causal LM on its Markov chain."""
+    """Build, batch, forward and measured rerun of the lab's causal LM on its Markov chain."""
 
     name = "lab"
     stacks = ("lm",)
@@ -266,27 +279,29 @@ class LabSetting:
         """{"tokens" (B, T + 1)}: fresh sequences of the chain."""
         return {"tokens": self.task.sample(key, self.setup.batch)}
 
-    def loss(self, params, graphdef, rest, batch) -> tuple[jax.Array, jax.Array]:
+    def probe_shapes(self, depth: int) -> dict[str, tuple[int, ...]]:
+        s = self.setup
+        return {"lm": (depth + 1, s.batch, s.seq_len, s.d_model)}
+
+    def forward(self, params, graphdef, rest, batch) -> jax.Array:
+        """The stack's output (B, T, d) as the library computes it (LanguageModel.hidden)."""
+        return nnx.merge(graphdef, params, rest).hidden(batch["tokens"][:, :-1])
+
+    def rerun(self, params, probes, graphdef, rest, batch) -> tuple[jax.Array, dict]:
+        """As XiongSetting.rerun, for the one causal stack ("lm")."""
         model = nnx.merge(graphdef, params, rest)
         tokens = batch["tokens"]
-        y = model.hidden(tokens[:, :-1])
-        return _mean_ce(model.head(y), tokens[:, 1:]), y
+        b, t = tokens[:, :-1].shape
+        tok, pos = model.embed(tokens[:, :-1]), model.pos[...][:t]
+        stack = model.encoder
+        masks = self_attention_masks(stack.cfg, "dense", b, t, None, None)
+        lm = stack_diagnostics(stack, tok + pos, masks, probes=probes["lm"])
+        y = lm.pop("output")
+        return _mean_ce(model.head(y), tokens[:, 1:]), {"lm": lm, "y": y, "x0": _embedding_stats(tok, pos)}
 
     @staticmethod
     def layer_grads(grads) -> dict[str, Any]:
         return {"lm": grads["encoder"]["layers"]}
-
-    def diagnostics(self, params, graphdef, rest, batch, y_lib) -> dict[str, jax.Array]:
-        model = nnx.merge(graphdef, params, rest)
-        tokens = batch["tokens"][:, :-1]
-        b, t = tokens.shape
-        tok, pos = model.embed(tokens), model.pos[...][:t]
-        stack = model.encoder
-        lm = stack_diagnostics(stack, tok + pos, self_attention_masks(stack.cfg, "dense", b, t, None, None))
-        out = _embedding_stats(tok, pos)
-        out["check"] = _rel_err(lm.pop("output"), y_lib)
-        out.update({f"lm_{k}": v for k, v in lm.items()})
-        return out
 
 
 def make_setting(name: str, study: "Study"):
@@ -326,21 +341,28 @@ class _Tap:
         return h
 
 
-def stack_diagnostics(stack, x: jax.Array, masks: dict, memory: jax.Array | None = None) -> dict[str, jax.Array]:
+def stack_diagnostics(stack, x: jax.Array, masks: dict, memory: jax.Array | None = None,
+                      probes: jax.Array | None = None) -> dict[str, jax.Array]:
     """Run a flax_blocks Encoder / Decoder layer by layer (a lax.scan over its stacked
     layers, each block's own `run_prepared`) on x (B, T, E), taking each sublayer's branch.
 
-    Returns {"ratio": (L, S) ||F_s(x_s)|| / ||x_s|| (RMS over tokens) with x_s the stream
-    entering sublayer s; "stream": (L + 1,) ||x_l||^2 / d; "recon": () the largest relative
-    error of rebuilding each block's output from its branches, x_{s+1} = Norm_s(x_s + F_s)
-    (post) or x_s + F_s (pre); "output": (B, T, E) the stack's output, final norm included}.
+    probes (L + 1, B, T, E), zeros: added to the stream entering each layer and leaving the
+    last (before a final norm), so that the loss's gradient with respect to them is its
+    gradient with respect to the stream there. Returns {"ratio": (L, S) ||F_s(x_s)|| / ||x_s||
+    (RMS over tokens) with x_s the stream entering sublayer s; "stream": (L + 1,)
+    ||x_l||^2 / d; "recon": () the largest relative error of rebuilding each block's output
+    from its branches, x_{s+1} = Norm_s(x_s + F_s) (post) or x_s + F_s (pre); "output":
+    (B, T, E) the stack's output, final norm included}.
     """
     post = stack.cfg.norm == "post"
     graphdef, state = nnx.split(stack.layers)
     depth = stack.num_layers
+    if probes is None:
+        probes = jnp.zeros((depth + 1, *x.shape), x.dtype)
 
     def body(h, xs):
-        layer_state, layer = xs
+        layer_state, layer, probe = xs
+        h = h + probe
         block = nnx.merge(graphdef, layer_state)
         branches: list[jax.Array] = []
         object.__setattr__(block, "dropouts", [_Tap(branches) for _ in block.sublayers])
@@ -353,7 +375,8 @@ def stack_diagnostics(stack, x: jax.Array, masks: dict, memory: jax.Array | None
         return y, (jnp.stack(ratios), stream, _rel_err(cur, y))
 
     layers = jnp.arange(1, depth + 1, dtype=jnp.int32)
-    y, (ratio, stream, recon) = jax.lax.scan(body, x, (state, layers))
+    y, (ratio, stream, recon) = jax.lax.scan(body, x, (state, layers, probes[:depth]))
+    y = y + probes[depth]
     x0 = jnp.mean(jnp.sum(jnp.square(x), axis=-1)) / x.shape[-1]
     if stack.final_norm is not None:
         y = stack.final_norm(y)
@@ -362,18 +385,24 @@ def stack_diagnostics(stack, x: jax.Array, masks: dict, memory: jax.Array | None
 
 def measure_fn(setting, variant: str, depth: int) -> Callable[[jax.Array], dict[str, jax.Array]]:
     """key -> one draw's measurements (see the module notes): a fresh init from one half of
-    the key, a fresh batch from the other, the gradient of the mean loss at init."""
+    the key, a fresh batch from the other; one backward pass of the mean loss at init, through
+    the layer-by-layer rerun (`setting.rerun`), gives the parameters' gradients and the
+    streams'; the library's own forward (`setting.forward`) checks the rerun ("check")."""
 
     def one(key: jax.Array) -> dict[str, jax.Array]:
         k_init, k_data = jax.random.split(key)
         graphdef, params, rest = setting.create(variant, depth, k_init)
         batch = setting.batch(k_data)
-        (loss, y), grads = jax.value_and_grad(setting.loss, has_aux=True)(params, graphdef, rest, batch)
-        out = {"loss": loss}
+        probes = {k: jnp.zeros(v, jnp.float32) for k, v in setting.probe_shapes(depth).items()}
+        (loss, aux), (grads, gprobes) = jax.value_and_grad(setting.rerun, argnums=(0, 1), has_aux=True)(
+            params, probes, graphdef, rest, batch)
+        out = {"loss": loss, "check": _rel_err(aux["y"], setting.forward(params, graphdef, rest, batch)),
+               **aux["x0"]}
         for name, g in setting.layer_grads(grads).items():
             out[f"{name}_w2"] = jnp.sqrt(tree_sq(g["linear2"]["kernel"], keep_leading=True))  # (L,)
             out[f"{name}_layer"] = jnp.sqrt(tree_sq(g, keep_leading=True))  # (L,)
-        out.update(setting.diagnostics(params, graphdef, rest, batch, jax.lax.stop_gradient(y)))
+            out.update({f"{name}_{k}": v for k, v in aux[name].items()})  # ratio, stream, recon
+            out[f"{name}_gstream"] = jnp.sqrt(tree_sq(gprobes[name], keep_leading=True))  # (L + 1,)
         return out
 
     return one
@@ -421,9 +450,11 @@ class Study:
                       key=lambda c: (order[c[0]], c[2], VARIANTS.index(c[1])))
 
 
-# The test's size: every code path (both settings, both variants, two depths) in seconds.
+# The test's size: both settings and both variants at one depth, tiny widths, in seconds (each
+# cell is one XLA compile of ~1-2 s of CPU here; Theorem 1's fit needs two depths and so is
+# "not measured" at this size: tests/test_init_study.py checks its statistics on planted data).
 QUICK = Study(
-    name="quick", depths=(2, 3), draws=4, deep_draws=3, deep_from=3, xla_opt_level=0,
+    name="quick", depths=(3,), draws=4, deep_draws=3, deep_from=3, xla_opt_level=0,
     xiong=XiongSetup(d_model=16, num_heads=2, d_ff=32, vocab=16, seq_len=6, batch=2),
     lab=LabSetup(d_model=16, num_heads=2, d_ff=32, vocab=16, seq_len=6, batch=2),
 )
@@ -485,7 +516,8 @@ def run_study(study: Study, out: Path, *, command: str | None = None, progress: 
     cells_dir.mkdir(parents=True, exist_ok=True)
     configs = [cell_config(study, *c) for c in study.cells()]
     names = [cell_name(c) for c in configs]
-    meta = {"study": asdict(study), "command": command, "cells": names}
+    meta = {"study": asdict(study), "command": command, "cells": names,
+            "lab_preset": "depth" if study.lab == LabSetup() else None}  # the lab setting's size is that preset's
     previous = json.loads((out / "init.json").read_text()) if (out / "init.json").exists() else {}
     if previous.get("cells") == names and "runs" in previous:
         meta["runs"] = previous["runs"]  # the wall times of earlier invocations

@@ -1,8 +1,13 @@
-"""The initialisation study (experiments.init_study, experiments.init_report) at its quick size:
-it writes its cells and report, the report regenerates identically through experiments.report,
-a rerun resumes; the measured FFN W2 gradient is the loss's derivative with respect to that very
-matrix (jax.grad of the loss through that one layer's W2, and a central finite difference), and
-measuring the wrong matrix or skipping fairseq's embedding rescale is caught."""
+"""The initialisation study (experiments.init_study, experiments.init_report).
+
+At the quick size: it writes its cells and report, the report regenerates identically through
+`python -m experiments.report`, a rerun resumes. Against answers computed another way: the
+measured FFN W2 gradient is the derivative of the loss with respect to that very matrix
+(jax.grad through that matrix alone, with the loss written out again from the library's
+forward, and a central finite difference), the measured stream gradient at the embedded input
+is the loss's gradient there; measuring W1 for W2 or skipping fairseq's embedding rescale is
+caught. The report's statistics recover planted factors and exponents, and the rules read them.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,16 @@ from dataclasses import replace
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from experiments import init_report, init_study, report
+from experiments.train import compile_lowered, compiler_options
+
+QUICK = init_study.QUICK
+DEPTH = QUICK.depths[0]
+DRAW = 1
 
 
 @pytest.fixture(scope="module")
@@ -26,27 +37,26 @@ def quick(tmp_path_factory):
     return out
 
 
-def _cell(out, setting: str, variant: str, depth: int) -> dict:
-    (path,) = (out / "cells").glob(f"{setting}_{variant}_L{depth}-*.json")
+def _cell(out, setting: str, variant: str) -> dict:
+    (path,) = (out / "cells").glob(f"{setting}_{variant}_L{DEPTH}-*.json")
     return json.loads(path.read_text())
 
 
 def test_quick_study_writes_cells_and_report_and_resumes(quick):
     meta = json.loads((quick / "init.json").read_text())
-    study = init_study.QUICK
-    assert len(meta["cells"]) == len(study.settings) * len(study.variants) * len(study.depths) == 8
+    assert len(meta["cells"]) == len(QUICK.settings) * len(QUICK.variants) * len(QUICK.depths) == 4
     assert all((quick / "cells" / f"{name}.json").exists() for name in meta["cells"])
     text = (quick / "report.md").read_text()
-    assert "## Findings" in text and "## The measured reason" in text and "fitted p" in text
-    for png in ("profiles_L2.png", "profiles_depths.png", "last_layer.png", "ratios.png"):
+    assert "## Findings" in text and "## The measured reason" in text and "Theorem 1" in text
+    for png in (f"profiles_L{DEPTH}.png", "profiles_depths.png", "last_layer.png", "ratios.png"):
         assert (quick / png).stat().st_size > 1000
-    rec = _cell(quick, "xiong", "pre", 3)
-    n = study.draws_of("xiong", 3)
-    assert np.asarray(rec["draws"]["dec_w2"]).shape == (n, 3)
-    assert np.asarray(rec["draws"]["dec_ratio"]).shape == (n, 3, 3)  # self, cross, FFN
-    for setting in ("xiong", "lab"):  # the layer-by-layer rebuild is the library's own forward
+    d = _cell(quick, "xiong", "pre")["draws"]
+    n = QUICK.draws_of("xiong", DEPTH)
+    assert np.shape(d["dec_w2"]) == (n, DEPTH) and np.shape(d["dec_ratio"]) == (n, DEPTH, 3)  # self, cross, FFN
+    assert np.shape(d["enc_gstream"]) == (n, DEPTH + 1)
+    for setting in ("xiong", "lab"):  # the layer-by-layer rerun is the library's own forward
         for variant in ("post", "pre"):
-            d = _cell(quick, setting, variant, 2)["draws"]
+            d = _cell(quick, setting, variant)["draws"]
             assert max(np.max(np.abs(d[k])) for k in d if k == "check" or k.endswith("_recon")) < 1e-5
     # python -m experiments.report regenerates the same report from the cells alone
     (quick / "report.md").unlink()
@@ -58,17 +68,17 @@ def test_quick_study_writes_cells_and_report_and_resumes(quick):
 
 
 PATHS = {"enc": ("transformer", "encoder"), "dec": ("transformer", "decoder"), "lm": ("encoder",)}
-DRAW, DEPTH = 1, 2
 
 
 @functools.lru_cache(maxsize=None)
 def _direct(setting_name: str, variant: str):
-    """Draw DRAW of the quick study's (setting, variant, DEPTH) cell, recomputed without the
-    study's code path: (loss_and_grad, kernels) where kernels = {(stack, matrix): (L, in, out)}
-    for matrix linear1 / linear2 of every stack, and loss_and_grad(kernels) = (loss, dloss/dkernels)
-    with every other parameter held fixed (one jax.value_and_grad through those matrices alone)."""
-    setting = init_study.make_setting(setting_name, init_study.QUICK)
-    k_init, k_data = jax.random.split(init_study.draw_key(init_study.QUICK.seed, DRAW))
+    """Draw DRAW of the quick study's (setting, variant) cell, recomputed without the study's
+    code: (loss_and_grad, kernels, inputs). kernels = {(stack, "linear1"|"linear2"): (L, in, out)}
+    of every stack; inputs = the embedded inputs {stack: (B, T, E)}; loss_and_grad(kernels,
+    inputs) = (loss, (dloss/dkernels, dloss/dinputs)), every other parameter held fixed, the
+    loss written out here from the library's forward (Transformer / the LM's Encoder)."""
+    setting = init_study.make_setting(setting_name, QUICK)
+    k_init, k_data = jax.random.split(init_study.draw_key(QUICK.seed, DRAW))
     graphdef, params, rest = setting.create(variant, DEPTH, k_init)
     batch = setting.batch(k_data)
 
@@ -78,29 +88,41 @@ def _direct(setting_name: str, variant: str):
     where = {(*PATHS[stack], "layers", m, "kernel"): (stack, m) for stack in setting.stacks
              for m in ("linear1", "linear2")}
     kernels = {where[path(kp)]: x for kp, x in jax.tree_util.tree_leaves_with_path(params) if path(kp) in where}
+    model = nnx.merge(graphdef, params, rest)
+    if setting_name == "xiong":
+        inputs = {"enc": model.embed_tokens(batch["src"]), "dec": model.embed_tokens(batch["tgt_in"])}
+    else:
+        inputs = {"lm": model.embed_tokens(batch["tokens"][:, :-1])}
 
-    @jax.jit
-    @jax.value_and_grad
-    def loss_of(kernels, params, rest):  # the parameters with these matrices in place, functionally
-        p = jax.tree_util.tree_map_with_path(
-            lambda kp, x: kernels[where[path(kp)]] if path(kp) in where else x, params)
-        return setting.loss(p, graphdef, rest, batch)[0]
+    @functools.partial(jax.value_and_grad, argnums=(0, 1))
+    def loss_of(kernels, inputs, params, rest):  # the parameters with these matrices in place, functionally
+        p = jax.tree_util.tree_map_with_path(lambda kp, x: kernels[where[path(kp)]] if path(kp) in where else x, params)
+        model = nnx.merge(graphdef, p, rest)
+        if setting_name == "xiong":
+            logits = model.transformer(inputs["enc"], inputs["dec"]) @ model.embed[...].T
+            targets = batch["tgt"]
+        else:
+            logits = model.head(model.encoder(inputs["lm"]))
+            targets = batch["tokens"][:, 1:]
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
 
-    return (lambda kernels: loss_of(kernels, params, rest)), kernels
+    # compiled as the quick study compiles (XLA:CPU at LLVM level 0: fastest to compile)
+    program = compile_lowered(jax.jit(loss_of).lower(kernels, inputs, params, rest), compiler_options(0))
+    return (lambda kernels, inputs: program(kernels, inputs, params, rest)), kernels, inputs
 
 
 def _check(setting_name: str, variant: str, stack: str, layer: int, matrix: str = "linear2") -> tuple[float, float]:
     """(||dLoss/dW|| of `matrix` in `layer` of `stack`, the central finite difference of the loss
     along that gradient's direction), W alone perturbed."""
-    loss_and_grad, kernels = _direct(setting_name, variant)
-    g = loss_and_grad(kernels)[1][(stack, matrix)][layer]
+    loss_and_grad, kernels, inputs = _direct(setting_name, variant)
+    g = loss_and_grad(kernels, inputs)[1][0][(stack, matrix)][layer]
     norm = float(jnp.linalg.norm(g))
     eps = 1e-2
 
     def loss_at(step):
         moved = dict(kernels)
         moved[(stack, matrix)] = kernels[(stack, matrix)].at[layer].add(step * g / norm)
-        return float(loss_and_grad(moved)[0])
+        return float(loss_and_grad(moved, inputs)[0])
 
     return norm, (loss_at(eps) - loss_at(-eps)) / (2 * eps)
 
@@ -108,17 +130,27 @@ def _check(setting_name: str, variant: str, stack: str, layer: int, matrix: str 
 @pytest.mark.parametrize("setting_name,variant,stack", [
     ("xiong", "post", "enc"), ("xiong", "post", "dec"), ("lab", "pre", "lm")])
 def test_w2_gradient_is_the_loss_derivative(quick, setting_name, variant, stack):
-    measured = np.asarray(_cell(quick, setting_name, variant, DEPTH)["draws"][f"{stack}_w2"])[DRAW]  # (L,)
-    for layer in range(DEPTH):
-        norm, fd = _check(setting_name, variant, stack, layer)
-        assert measured[layer] == pytest.approx(norm, rel=1e-4)  # the cells keep 5 significant digits
-        assert fd == pytest.approx(norm, rel=2e-2)  # and it is the derivative of the loss, of that matrix
+    measured = np.asarray(_cell(quick, setting_name, variant)["draws"][f"{stack}_w2"])[DRAW]  # (L,)
+    loss_and_grad, kernels, inputs = _direct(setting_name, variant)
+    direct = np.linalg.norm(np.asarray(loss_and_grad(kernels, inputs)[1][0][(stack, "linear2")]), axis=(1, 2))
+    np.testing.assert_allclose(measured, direct, rtol=1e-4)  # every layer; the cells keep 5 digits
+    norm, fd = _check(setting_name, variant, stack, DEPTH - 1)
+    assert fd == pytest.approx(norm, rel=2e-2)  # and it is the derivative of the loss, of that matrix
+
+
+@pytest.mark.parametrize("setting_name,variant", [("xiong", "post"), ("lab", "pre")])
+def test_stream_gradient_at_the_input_is_the_loss_gradient(quick, setting_name, variant):
+    d = _cell(quick, setting_name, variant)["draws"]
+    loss_and_grad, kernels, inputs = _direct(setting_name, variant)
+    grads = loss_and_grad(kernels, inputs)[1][1]
+    for stack, g in grads.items():
+        assert d[f"{stack}_gstream"][DRAW][0] == pytest.approx(float(jnp.linalg.norm(g)), rel=1e-4)
 
 
 def test_wrong_matrix_is_caught(quick):
     """Had the study measured W1 (linear1) for W2, the check above would fail: their norms differ."""
-    measured = np.asarray(_cell(quick, "xiong", "post", DEPTH)["draws"]["dec_w2"])[DRAW, 1]
-    w1, fd = _check("xiong", "post", "dec", 1, matrix="linear1")
+    measured = np.asarray(_cell(quick, "xiong", "post")["draws"]["dec_w2"])[DRAW, -1]
+    w1, fd = _check("xiong", "post", "dec", DEPTH - 1, matrix="linear1")
     assert fd == pytest.approx(w1, rel=2e-2)  # a true derivative, of the wrong matrix
     assert abs(w1 / measured - 1) > 0.05
 
@@ -126,7 +158,7 @@ def test_wrong_matrix_is_caught(quick):
 def test_embedding_scale_is_measured_and_a_missing_rescale_is_caught():
     """fairseq's sqrt(d) rescale makes the token part ~ N(0, 1) per coordinate and the sinusoidal
     part has mean square exactly 1/2; without the rescale the token part is ~1/d."""
-    setup = init_study.QUICK.xiong
+    setup = QUICK.xiong
 
     def embedding(setup):
         setting = init_study.XiongSetting(setup)
@@ -145,13 +177,29 @@ def test_embedding_scale_is_measured_and_a_missing_rescale_is_caught():
 def test_fairseq_qkv_law():
     """q/k/v drawn as fairseq's packed (3d, d) xavier: |w| <= sqrt(6 / 4d), the largest of
     hundreds of draws close to it; attention's output projection plain xavier sqrt(6 / 2d)."""
-    setting = init_study.make_setting("xiong", init_study.QUICK)
-    graphdef, params, rest = setting.create("post", DEPTH, jax.random.key(3, impl=init_study.PRNG_IMPL))
+    setting = init_study.make_setting("xiong", QUICK)
+    graphdef, params, rest = setting.create("post", 1, init_study.draw_key(0, 0))
     model = nnx.merge(graphdef, params, rest)
-    d = init_study.QUICK.xiong.d_model
+    d = QUICK.xiong.d_model
     for attn in (model.transformer.encoder.layers.self_attn, model.transformer.decoder.layers.multihead_attn):
         for w, bound in ((attn.in_kernel[...], np.sqrt(6 / (4 * d))), (attn.out_kernel[...], np.sqrt(6 / (2 * d)))):
             assert 0.95 * bound < np.abs(np.asarray(w)).max() <= bound
+
+
+def test_statistics_recover_planted_factors_and_exponents():
+    """Per-draw data with a known answer: profiles rising 2x from the first layer to the last,
+    last-layer norms ~ L^-1/2, each with 10% lognormal noise over 32 draws."""
+    rng = np.random.default_rng(1)
+    noise = lambda *shape: np.exp(0.1 * rng.standard_normal(shape))
+    profile = 2.0 ** np.linspace(0, 1, 6) * noise(32, 6)
+    f, lo, hi = init_report.factor_ci(profile)
+    assert lo < 2.0 < hi and hi - lo < 0.3
+    assert init_report.rise_part(lo, hi) == "yes"
+    assert init_report.rise_part(*init_report.factor_ci(profile[:, ::-1])[1:]) == "no"  # the wrong way round
+    depths = [6, 12, 24, 48]
+    p, lo, hi = init_report.exponent_ci(depths, [L ** -0.5 * noise(32) for L in depths])
+    assert lo < -0.5 < hi and hi - lo < 0.2
+    assert init_report.exponent_part(lo, hi, -0.5) == "yes" and init_report.exponent_part(lo, hi, 0.0) == "no"
 
 
 def test_verdict_rules():
