@@ -364,15 +364,16 @@ def plot_last_layer(s: Study, path: Path) -> Path:
 
 
 def plot_ratios(s: Study, path: Path) -> Path:
-    """||F(x)|| / ||x|| per layer and sublayer at the Fig. 3 depth and the deepest one."""
+    """Per layer, at the rule's depth and the deepest: ||F(x)|| / ||x|| of each sublayer (draw
+    mean), and the stream gradient ||dLoss/dx_l|| at each layer boundary (mean, 95% band)."""
     panels = _panels(s)
     depths = sorted({s.rule_depth, s.depths[-1]})
-    fig, axes = plt.subplots(len(depths), len(panels), figsize=(3.6 * len(panels), 3.0 * len(depths)),
+    fig, axes = plt.subplots(2 * len(depths), len(panels), figsize=(3.6 * len(panels), 2.8 * 2 * len(depths)),
                              squeeze=False)
     styles = ("-", "--", ":")
     for i, L in enumerate(depths):
         for j, (setting, stack) in enumerate(panels):
-            ax = axes[i, j]
+            ax, gx = axes[2 * i, j], axes[2 * i + 1, j]
             for v in ("post", "pre"):
                 r = s.draws(setting, v, L, f"{stack}_ratio")
                 if r is None:
@@ -380,15 +381,18 @@ def plot_ratios(s: Study, path: Path) -> Path:
                 for k, name in enumerate(SUBLAYERS[stack]):
                     ax.plot(np.arange(1, L + 1), r[:, :, k].mean(axis=0), color=COLORS[v], ls=styles[k],
                             label=f"{v} {name}")
+                _band(gx, np.arange(0, L + 1), s.draws(setting, v, L, f"{stack}_gstream"), v)
             ax.set_yscale("log")
-            ax.set_title(f"{setting} {STACK_TITLES[stack]}, L={L}", fontsize=8)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel("layer")
-            if j == 0:
-                ax.set_ylabel("||F(x)|| / ||x||")
+            ax.set_title(f"{setting} {STACK_TITLES[stack]}, L={L}: ||F(x)|| / ||x||", fontsize=8)
+            gx.set_title(f"{setting} {STACK_TITLES[stack]}, L={L}: ||dLoss/dx_l||", fontsize=8)
+            gx.set_yscale("log")
+            gx.set_xlabel("layer boundary l (0 = embedded input)")
+            for a in (ax, gx):
+                a.xaxis.set_major_locator(MaxNLocator(integer=True))
             if i == 0:
                 ax.legend(fontsize=6)
-    fig.suptitle("Sublayer output relative to the residual stream it is added to, at init (draw mean)", fontsize=9)
+                gx.legend(fontsize=6)
+    fig.suptitle("Sublayer outputs relative to the stream, and the stream's gradient, at init", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=60)
     plt.close(fig)
@@ -457,7 +461,42 @@ def _theorem_section(s: Study) -> list[str]:
             part = r["part"] if r["counted"] else f"({r['part']}, not counted)"
             lines.append(f"| {setting} | {r['variant']} | {STACK_TITLES[r['stack']]} | {cells} | {_ci(r['p'], sci=False)} | "
                          f"{PREDICTED[r['variant']]:+.1f} | {part} |")
-    return lines + ["", "![last layer vs depth](last_layer.png)"]
+    lines += ["", "![last layer vs depth](last_layer.png)", "",
+              "What the last layer's W2 gradient is made of, against depth (the stack next to the loss): the "
+              "exponent in L [95% interval] of the last layer's W2 gradient, of the stream's gradient "
+              "||dL/dx_L|| where the last layer's FFN output joins it (before a final norm), of the RMS stream "
+              "||x_L|| / sqrt(d) there (a final LayerNorm's backward scales by its inverse), and of their product "
+              "(what reaches the final norm from the loss; ~ L^0 if the head's gradient does not change with depth), "
+              "with the mean loss at init at each depth.", "",
+              "| setting | variant | W2 last layer | ||dL/dx_L|| | ||x_L|| / sqrt(d) | product | loss at init by depth |",
+              "|---|---|---|---|---|---|---|"]
+    for setting in s.settings:
+        for v in ("post", "pre"):
+            parts = theorem_parts(s, setting, v)
+            if parts is None:
+                continue
+            loss = ", ".join(f"{_f(x)} (L={L})" for L, x in parts["loss"])
+            lines.append(f"| {setting} | {v} | " + " | ".join(_ci(parts[k], sci=False) for k in
+                                                          ("w2", "gstream", "stream", "product")) + f" | {loss} |")
+    return lines
+
+
+def theorem_parts(s: Study, setting: str, v: str) -> dict | None:
+    """Depth exponents (p, lo, hi) of the last layer's W2 gradient ("w2"), of ||dL/dx_L||
+    ("gstream"), of ||x_L|| / sqrt(d) ("stream") and of their product ("product"), in the stack
+    next to the loss, and the mean loss at init per depth ("loss": [(L, loss)])."""
+    depths = s.depths_of(setting, v)
+    if len(depths) < 2:
+        return None
+    stack = THEOREM_STACK[setting]
+    get = lambda key: [s.draws(setting, v, L, key) for L in depths]
+    g = [a[:, -1] for a in get(f"{stack}_gstream")]
+    x = [np.sqrt(a[:, -1]) for a in get(f"{stack}_stream")]
+    series = {"w2": [a[:, -1] for a in get(f"{stack}_w2")], "gstream": g, "stream": x,
+              "product": [a * b for a, b in zip(g, x)]}
+    out = {k: exponent_ci(depths, q) for k, q in series.items()}
+    out["loss"] = [(L, float(a.mean())) for L, a in zip(depths, get("loss"))]
+    return out
 
 
 def _reason_rows(s: Study) -> list[dict]:
@@ -476,7 +515,8 @@ def _reason_rows(s: Study) -> list[dict]:
                     rows.append({"setting": setting, "variant": v, "depth": L, "stack": stack,
                                  "x0": tuple(float(d[k].mean()) for k in ("x0_token_ms", "x0_pos_ms", "x0_ms")),
                                  "ratio_mean": ratio.mean(axis=0), "ratio_first": ratio[0], "ratio_last": ratio[-1],
-                                 "stream": (float(stream[0]), float(stream[-1]))})
+                                 "stream": (float(stream[0]), float(stream[-1])), "loss": float(d["loss"].mean()),
+                                 "gstream": factor_ci(d[f"{stack}_gstream"])})
     return rows
 
 
@@ -486,18 +526,66 @@ def _reason_section(s: Study) -> list[str]:
         "coordinate of the first stack's input, token part + position part = total (||x_0||^2 / d). "
         "Branch ratio: ||F(x)|| / ||x||, F a sublayer's output before the residual add, x the stream it is added "
         "to (RMS over tokens), averaged over layers, and at the first and last layer. Stream: ||x_l||^2 / d "
-        "entering the first layer and leaving the last (before a final norm).", "",
-        "| setting | variant | depth | stack | embedding token + pos = total | branch ratio, mean over layers "
-        "| first layer | last layer | stream first -> last |",
-        "|---|---|---|---|---|---|---|---|---|"]
+        "entering the first layer and leaving the last (before a final norm). Stream gradient: the end-to-end "
+        "factor [95% interval] of ||dLoss/dx_l|| over the L + 1 layer boundaries from the input to the output "
+        "(> 1: the gradient reaching the stream grows toward the output, as a post-LN W2 profile rising toward the "
+        "output would need). Loss: the mean loss at init; a uniform prediction scores log V = "
+        + ", ".join(f"{math.log(s.meta['study'][st]['vocab']):.2f} ({st})" for st in s.settings) + ".", "",
+        "| setting | variant | depth | stack | loss | embedding token + pos = total | branch ratio, mean over layers "
+        "| first layer | last layer | stream first -> last | stream gradient factor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in _reason_rows(s):
         names = SUBLAYERS[r["stack"]]
         fmt = lambda a: ", ".join(f"{n} {_f(float(x))}" for n, x in zip(names, a))
         x0 = r["x0"]
         lines.append(f"| {r['setting']} | {r['variant']} | {r['depth']} | {STACK_TITLES[r['stack']]} | "
-                     f"{_f(x0[0])} + {_f(x0[1])} = {_f(x0[2])} | {fmt(r['ratio_mean'])} | {fmt(r['ratio_first'])} | "
-                     f"{fmt(r['ratio_last'])} | {_f(r['stream'][0])} -> {_f(r['stream'][1])} |")
-    return lines + ["", "![branch ratios](ratios.png)"]
+                     f"{_f(r['loss'])} | {_f(x0[0])} + {_f(x0[1])} = {_f(x0[2])} | {fmt(r['ratio_mean'])} | {fmt(r['ratio_first'])} | "
+                     f"{fmt(r['ratio_last'])} | {_f(r['stream'][0])} -> {_f(r['stream'][1])} | "
+                     f"{_ci(r['gstream'], sci=False)} |")
+    return lines + ["", "![branch ratios and stream gradients](ratios.png)", "", *_sublayer_section(s)]
+
+
+def _log_gm_ci(x: np.ndarray) -> tuple[float, float, float]:
+    """x (n, ...) per-draw positive factors -> geometric mean over everything but draws, then
+    over draws, with a bootstrap interval over draws."""
+    m, lo, hi = mean_ci(np.log(x).reshape(x.shape[0], -1).mean(axis=1))
+    return float(np.exp(m)), float(np.exp(lo)), float(np.exp(hi))
+
+
+def sublayer_factors(s: Study, setting: str, variant: str, depth: int, stack: str) -> list[dict]:
+    """Per sublayer kind: the backward factors of its norm (||dL/dz|| / ||dL/dx_out||), of its
+    residual branch (||dL/dx_in|| / ||dL/dz||) and of both (||dL/dx_in|| / ||dL/dx_out||),
+    geometric means over layers and draws with intervals. > 1: the gradient grows going toward
+    the input through that piece; < 1: it shrinks."""
+    g = s.draws(setting, variant, depth, f"{stack}_gsub")  # (n, L, S, 2): at z, at the output stream
+    if g is None:
+        return []
+    gz, gout = g[..., 0], g[..., 1]
+    gin = np.concatenate([s.draws(setting, variant, depth, f"{stack}_gstream")[:, :-1, None], gout[:, :, :-1]], axis=2)
+    return [{"sublayer": name, "norm": _log_gm_ci(gz[:, :, k] / gout[:, :, k]),
+             "branch": _log_gm_ci(gin[:, :, k] / gz[:, :, k]), "total": _log_gm_ci(gin[:, :, k] / gout[:, :, k])}
+            for k, name in enumerate(SUBLAYERS[stack])]
+
+
+def _sublayer_section(s: Study) -> list[str]:
+    lines = [
+        "Where the stream's gradient grows or shrinks, sublayer by sublayer (backward, from a sublayer's output "
+        "to its input). With z = x + F(x): the norm's factor ||dL/dz|| / ||dL/dx_out|| (post-LN: the LayerNorm "
+        "after the add; pre-LN has none there: 1), the residual branch's ||dL/dx_in|| / ||dL/dz|| (the identity "
+        "plus F's Jacobian, (I + dF/dx)^T), and their product. Geometric means over layers and draws [95% "
+        "interval over draws]; < 1 shrinks the gradient on its way to the input, i.e. makes the layers below "
+        "receive less than the layers above.", "",
+        "| setting | variant | depth | stack | sublayer | norm backward | branch backward | sublayer total |",
+        "|---|---|---|---|---|---|---|---|"]
+    for setting in s.settings:
+        for v in ("post", "pre"):
+            for L in sorted({s.rule_depth, s.depths[-1]}):
+                for stack in STACKS[setting]:
+                    for r in sublayer_factors(s, setting, v, L, stack):
+                        lines.append(f"| {setting} | {v} | {L} | {STACK_TITLES[stack]} | {r['sublayer']} | "
+                                     f"{_ci(r['norm'], 3, False)} | {_ci(r['branch'], 3, False)} | "
+                                     f"{_ci(r['total'], 3, False)} |")
+    return lines
 
 
 def _findings(s: Study, fig3: dict, thm: dict) -> str:
@@ -517,8 +605,54 @@ def _findings(s: Study, fig3: dict, thm: dict) -> str:
         samet = thm[a][0] == thm[b][0]
         out.append("The two settings give " + ("the same verdict" if same3 else "different verdicts")
                    + " for Fig. 3 and " + ("the same" if samet else "different ones") + " for Theorem 1"
-                   + ("." if same3 and samet else "; the measured differences between them are in "
+                   + ("." if same3 and samet else "; what differs between them, measured, is in "
                       "[the measured reason](#the-measured-reason) below."))
+    return " ".join(out) + "\n\n" + _contrast(s)
+
+
+def _contrast(s: Study) -> str:
+    """One sentence per variant at the rule's depth: the stream gradient's end-to-end factor, the
+    mean FFN branch ratio and the embedding's mean square, in every (setting, stack)."""
+    rows = {(r["setting"], r["variant"], r["stack"]): r for r in _reason_rows(s) if r["depth"] == s.rule_depth}
+    out = []
+    for v in ("post", "pre"):
+        here = [(setting, stack) for setting, stack in _panels(s) if (setting, v, stack) in rows]
+        if not here:
+            continue
+        where = lambda st, sk: f"{st} {STACK_TITLES[sk]}"
+        out.append(
+            f"At depth {s.rule_depth}, {v}-LN's stream gradient ||dLoss/dx_l|| changes from input to output by "
+            + ", ".join(f"{_ci(rows[(st, v, sk)]['gstream'], sci=False)} ({where(st, sk)})" for st, sk in here)
+            + "; its mean FFN branch ratio ||F(x)|| / ||x|| is "
+            + ", ".join(f"{_f(float(rows[(st, v, sk)]['ratio_mean'][-1]))} ({where(st, sk)})" for st, sk in here)
+            + ".")
+    for v in ("post", "pre"):
+        here = [(st, sk) for st, sk in _panels(s) if s.get(st, v, s.rule_depth) is not None]
+        per_layer = {(st, sk): _log_gm_ci(s.draws(st, v, s.rule_depth, f"{sk}_gstream")[:, :-1]
+                                          / s.draws(st, v, s.rule_depth, f"{sk}_gstream")[:, 1:]) for st, sk in here}
+        text = (f"Going one layer toward the input, {v}-LN's stream gradient is multiplied by "
+                + ", ".join(f"{_ci(per_layer[k], 3, False)} ({k[0]} {STACK_TITLES[k[1]]})" for k in here))
+        cross = [r for st, sk in here if "cross-attn" in SUBLAYERS[sk]
+                 for r in sublayer_factors(s, st, v, s.rule_depth, sk) if r["sublayer"] == "cross-attn"]
+        if cross and v == "post":
+            text += (f"; in the decoder the cross-attention's residual branch passes it on at "
+                     f"{_ci(cross[0]['branch'], 3, False)} while the LayerNorm after it multiplies it by "
+                     f"{_ci(cross[0]['norm'], 3, False)} (the other sublayers' branches make up for their norms: "
+                     "see the sublayer table)")
+        out.append(text + ".")
+    pre = {st: theorem_parts(s, st, "pre") for st in s.settings}
+    pre = {st: p for st, p in pre.items() if p is not None}
+    if pre:
+        out.append("Theorem 1, pre-LN, in the stack next to the loss: the stream where the last layer's FFN joins it "
+                   "grows as ||x_L|| ~ L^p with p = " + ", ".join(f"{_ci(p['stream'], sci=False)} ({st})" for st, p in pre.items())
+                   + "; the stream's gradient there goes as " + ", ".join(f"{_ci(p['gstream'], sci=False)} ({st})"
+                                                                         for st, p in pre.items())
+                   + "; their product, what reaches the final norm from the loss, as " + ", ".join(
+                       f"{_ci(p['product'], sci=False)} ({st}; loss at init {_f(p['loss'][0][1])} at L={p['loss'][0][0]}, "
+                       f"{_f(p['loss'][-1][1])} at L={p['loss'][-1][0]})" for st, p in pre.items()) + ".")
+    x0 = {st: rows[(st, v, sk)]["x0"][2] for (st, v, sk) in rows}
+    out.append("The embedded input's mean square per coordinate is "
+               + ", ".join(f"{_f(x)} ({st})" for st, x in x0.items()) + ".")
     return " ".join(out)
 
 

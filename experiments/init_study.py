@@ -55,6 +55,11 @@ decoder "dec", each L layers; lab: the causal stack "lm"):
                         final norm)
   {stack}_gstream (L+1,) ||dLoss/dx_l|| (Frobenius over the batch) for the same streams: how the
                         gradient of the residual stream changes from layer to layer
+  {stack}_gsub    (L, S, 2) ||dLoss/d.|| around each sublayer s of layer l: at z_s = x_s +
+                        F_s(x_s) and at the stream leaving it (post-LN: Norm(z_s); pre-LN: z_s);
+                        at the stream x_s entering it: the previous sublayer's second entry (s
+                        > 0) or gstream[l]. gz / gout is the norm's backward factor, gin / gz
+                        the residual branch's, (I + dF/dx)^T
   {stack}_recon   ()    self-check: max |y - y'| / rms(y) between each block's own output
                         and the output rebuilt from the measured sublayer branches
   x0_token_ms, x0_pos_ms, x0_ms  the embedding scale: mean over coordinates and tokens of the
@@ -83,10 +88,12 @@ _START = time.time()
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import shlex
 import sys
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -98,7 +105,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from flax_blocks import BlockConfig
+from flax_blocks import BlockConfig, declarations
 from flax_blocks.attention import build_mask, self_attention_masks
 from flax_blocks.blocks import Transformer
 
@@ -110,7 +117,7 @@ from .tasks import markov_task
 from .train import compile_lowered, compiler_options, tree_sq
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "init"
-CELL_VERSION = 2  # bump when a code change alters results, so old cells are not reused
+CELL_VERSION = 4  # bump when a code change alters results, so old cells are not reused
 VARIANTS = ("post", "pre")
 SETTINGS = ("lab", "xiong")  # run order: the lab's small programs first
 
@@ -225,9 +232,11 @@ class XiongSetting:
         tgt_in = jnp.concatenate([jnp.zeros((s.batch, 1), jnp.int32), tgt[:, :-1]], axis=1)
         return {"src": src, "tgt_in": tgt_in, "tgt": tgt}
 
-    def probe_shapes(self, depth: int) -> dict[str, tuple[int, ...]]:
+    def probe_shapes(self, variant: str, depth: int) -> dict[str, dict[str, tuple[int, ...]]]:
         s = self.setup
-        return {k: (depth + 1, s.batch, s.seq_len, s.d_model) for k in self.stacks}
+        x = (s.batch, s.seq_len, s.d_model)
+        subs = {"enc": len(declarations.BLOCKS["TransformerBlock"]), "dec": len(declarations.BLOCKS["DecoderBlock"])}
+        return {k: {"layer": (depth + 1, *x), "z": (depth, n, *x), "n": (depth, n, *x)} for k, n in subs.items()}
 
     def forward(self, params, graphdef, rest, batch) -> jax.Array:
         """The decoder's output (B, T, d) as the library computes it (Transformer.__call__)."""
@@ -279,9 +288,11 @@ class LabSetting:
         """{"tokens" (B, T + 1)}: fresh sequences of the chain."""
         return {"tokens": self.task.sample(key, self.setup.batch)}
 
-    def probe_shapes(self, depth: int) -> dict[str, tuple[int, ...]]:
+    def probe_shapes(self, variant: str, depth: int) -> dict[str, dict[str, tuple[int, ...]]]:
         s = self.setup
-        return {"lm": (depth + 1, s.batch, s.seq_len, s.d_model)}
+        x = (s.batch, s.seq_len, s.d_model)
+        n = len(declarations.BLOCKS["TransformerBlock"])
+        return {"lm": {"layer": (depth + 1, *x), "z": (depth, n, *x), "n": (depth, n, *x)}}
 
     def forward(self, params, graphdef, rest, batch) -> jax.Array:
         """The stack's output (B, T, d) as the library computes it (LanguageModel.hidden)."""
@@ -330,57 +341,92 @@ def _embedding_stats(tok: jax.Array, pos: jax.Array) -> dict[str, jax.Array]:
 
 
 class _Tap:
-    """Stands in for a block's dropout (identity at rate 0) and keeps what it was given: the
-    sublayer's branch output F(x), which `residual_update` passes through the dropout."""
+    """Stands in for a block's dropout (identity at rate 0): keeps the sublayer's branch output
+    F(x), which `residual_update` passes through the dropout, and returns F(x) + probe, a zero
+    probe whose gradient is the loss's gradient with respect to z = x + F(x)."""
 
-    def __init__(self, sink: list):
-        self.sink = sink
+    def __init__(self, sink: list, probe: jax.Array):
+        self.sink, self.probe = sink, probe
 
     def __call__(self, h: jax.Array, deterministic: bool | None = None, rngs: Any = None) -> jax.Array:
         self.sink.append(h)
-        return h
+        return h + self.probe
+
+
+class _Probed:
+    """A post-LN sublayer's norm with a zero probe added to its output (there the stream)."""
+
+    def __init__(self, norm: Callable, probe: jax.Array):
+        self.norm, self.probe = norm, probe
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.norm(x) + self.probe
 
 
 def stack_diagnostics(stack, x: jax.Array, masks: dict, memory: jax.Array | None = None,
-                      probes: jax.Array | None = None) -> dict[str, jax.Array]:
+                      probes: dict[str, jax.Array] | None = None) -> dict[str, jax.Array]:
     """Run a flax_blocks Encoder / Decoder layer by layer (a lax.scan over its stacked
     layers, each block's own `run_prepared`) on x (B, T, E), taking each sublayer's branch.
 
-    probes (L + 1, B, T, E), zeros: added to the stream entering each layer and leaving the
-    last (before a final norm), so that the loss's gradient with respect to them is its
-    gradient with respect to the stream there. Returns {"ratio": (L, S) ||F_s(x_s)|| / ||x_s||
-    (RMS over tokens) with x_s the stream entering sublayer s; "stream": (L + 1,)
-    ||x_l||^2 / d; "recon": () the largest relative error of rebuilding each block's output
-    from its branches, x_{s+1} = Norm_s(x_s + F_s) (post) or x_s + F_s (pre); "output":
-    (B, T, E) the stack's output, final norm included}.
+    probes, zeros, whose gradients are the loss's gradients with respect to the stream:
+      "layer" (L + 1, B, T, E) added to the stream entering each layer and leaving the last
+        (before a final norm);
+      "z" (L, S, B, T, E) added to each sublayer's branch output, so at z = x + F(x) (the
+        stream after the sublayer in pre-LN, the norm's input in post-LN);
+      "n" (L, S, B, T, E) added to each post-LN sublayer's norm output (the stream after it;
+        unused in pre-LN).
+    Returns {"ratio": (L, S) ||F_s(x_s)|| / ||x_s|| (RMS over tokens) with x_s the stream
+    entering sublayer s; "stream": (L + 1,) ||x_l||^2 / d; "recon": () the largest relative
+    error of rebuilding each block's output from its branches, x_{s+1} = Norm_s(x_s + F_s)
+    (post) or x_s + F_s (pre); "output": (B, T, E) the stack's output, final norm included}.
     """
     post = stack.cfg.norm == "post"
     graphdef, state = nnx.split(stack.layers)
     depth = stack.num_layers
     if probes is None:
-        probes = jnp.zeros((depth + 1, *x.shape), x.dtype)
+        probes = {k: jnp.zeros(v, x.dtype) for k, v in probe_shapes(stack, x.shape).items()}
 
     def body(h, xs):
-        layer_state, layer, probe = xs
-        h = h + probe
+        layer_state, layer, p_layer, p_z, p_n = xs
+        h = h + p_layer
         block = nnx.merge(graphdef, layer_state)
         branches: list[jax.Array] = []
-        object.__setattr__(block, "dropouts", [_Tap(branches) for _ in block.sublayers])
+        norms = [getattr(block, sub.norm) for sub in block.sublayers]
+        object.__setattr__(block, "dropouts", [_Tap(branches, p_z[i]) for i in range(len(block.sublayers))])
+        if post:
+            for i, sub in enumerate(block.sublayers):
+                object.__setattr__(block, sub.norm, _Probed(norms[i], p_n[i]))
         y, _, _ = block.run_prepared(h, masks, None, True, path="dense", memory=memory, layer=layer)
         ratios, cur = [], h
-        for sub, f in zip(block.sublayers, branches, strict=True):
+        for norm, f in zip(norms, branches, strict=True):
             ratios.append(_rms(f) / _rms(cur))
-            cur = getattr(block, sub.norm)(cur + f) if post else cur + f
+            cur = norm(cur + f) if post else cur + f
         stream = jnp.mean(jnp.sum(jnp.square(y), axis=-1)) / y.shape[-1]
         return y, (jnp.stack(ratios), stream, _rel_err(cur, y))
 
     layers = jnp.arange(1, depth + 1, dtype=jnp.int32)
-    y, (ratio, stream, recon) = jax.lax.scan(body, x, (state, layers, probes[:depth]))
-    y = y + probes[depth]
+    y, (ratio, stream, recon) = jax.lax.scan(
+        body, x, (state, layers, probes["layer"][:depth], probes["z"], probes["n"]))
+    y = y + probes["layer"][depth]
     x0 = jnp.mean(jnp.sum(jnp.square(x), axis=-1)) / x.shape[-1]
     if stack.final_norm is not None:
         y = stack.final_norm(y)
     return {"ratio": ratio, "stream": jnp.concatenate([x0[None], stream]), "recon": jnp.max(recon), "output": y}
+
+
+def probe_shapes(stack, x_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The probes of `stack_diagnostics` for a stack (L layers of S sublayers) on x (B, T, E)."""
+    depth, subs = stack.num_layers, len(declarations.BLOCKS[stack.block.kind])
+    return {"layer": (depth + 1, *x_shape), "z": (depth, subs, *x_shape), "n": (depth, subs, *x_shape)}
+
+
+def sublayer_gradients(g: dict[str, jax.Array], post: bool) -> jax.Array:
+    """Probe gradients of one stack -> (L, S, 2): ||dLoss/d.|| at z_s = x_s + F_s and at the
+    sublayer's output stream x_{s+1} (post: Norm(z_s); pre: z_s). The gradient at its input
+    stream x_s is the previous sublayer's output one, or the layer boundary's ("gstream")."""
+    norm = lambda a: jnp.sqrt(jnp.sum(jnp.square(a), axis=(-3, -2, -1)))
+    gz = norm(g["z"])  # (L, S)
+    return jnp.stack([gz, norm(g["n"]) if post else gz], axis=-1)
 
 
 def measure_fn(setting, variant: str, depth: int) -> Callable[[jax.Array], dict[str, jax.Array]]:
@@ -393,7 +439,8 @@ def measure_fn(setting, variant: str, depth: int) -> Callable[[jax.Array], dict[
         k_init, k_data = jax.random.split(key)
         graphdef, params, rest = setting.create(variant, depth, k_init)
         batch = setting.batch(k_data)
-        probes = {k: jnp.zeros(v, jnp.float32) for k, v in setting.probe_shapes(depth).items()}
+        probes = {k: {p: jnp.zeros(shape, jnp.float32) for p, shape in v.items()}
+                  for k, v in setting.probe_shapes(variant, depth).items()}
         (loss, aux), (grads, gprobes) = jax.value_and_grad(setting.rerun, argnums=(0, 1), has_aux=True)(
             params, probes, graphdef, rest, batch)
         out = {"loss": loss, "check": _rel_err(aux["y"], setting.forward(params, graphdef, rest, batch)),
@@ -402,7 +449,8 @@ def measure_fn(setting, variant: str, depth: int) -> Callable[[jax.Array], dict[
             out[f"{name}_w2"] = jnp.sqrt(tree_sq(g["linear2"]["kernel"], keep_leading=True))  # (L,)
             out[f"{name}_layer"] = jnp.sqrt(tree_sq(g, keep_leading=True))  # (L,)
             out.update({f"{name}_{k}": v for k, v in aux[name].items()})  # ratio, stream, recon
-            out[f"{name}_gstream"] = jnp.sqrt(tree_sq(gprobes[name], keep_leading=True))  # (L + 1,)
+            out[f"{name}_gstream"] = jnp.sqrt(tree_sq(gprobes[name]["layer"], keep_leading=True))  # (L + 1,)
+            out[f"{name}_gsub"] = sublayer_gradients(gprobes[name], variant == "post")  # (L, S, 2)
         return out
 
     return one
@@ -433,7 +481,7 @@ class Study:
     # Xiong's setting costs ~ its depth per draw (0.35 G parameters at 48 + 48 layers); from
     # `deep_from` layers on it runs `deep_draws` draws (Theorem 1's deep points), to keep the
     # whole study within minutes on a 2-core CPU
-    deep_draws: int = 12
+    deep_draws: int = 16
     deep_from: int = 24
     seed: int = 0
     xla_opt_level: int = 1  # XLA:CPU's LLVM level (experiments.train.compiler_options); 0 compiles fastest
@@ -526,15 +574,25 @@ def run_study(study: Study, out: Path, *, command: str | None = None, progress: 
     env = {**environment(), "xla_compile_options": options}
     todo = [(cfg, name) for cfg, name in zip(configs, names) if read_cell(cells_dir / f"{name}.json") is None]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        compiled = [pool.submit(_compile, lower_cell(study, cfg["setting"], cfg["variant"], cfg["depth"]), options)
-                    for cfg, _ in todo]
-        for (cfg, name), future in zip(todo, compiled):
+        ahead: deque = deque()
+        queue = iter(todo)
+
+        def trace_next() -> None:  # two cells ahead: compiling while the current one runs
+            for cfg, name in itertools.islice(queue, 1):
+                lowered = lower_cell(study, cfg["setting"], cfg["variant"], cfg["depth"])
+                ahead.append((cfg, name, pool.submit(_compile, lowered, options)))
+
+        trace_next(), trace_next()
+        while ahead:
+            cfg, name, future = ahead.popleft()
+            trace_next()
             program, compile_s = future.result()
             rec = run_cell(study, cfg["setting"], cfg["depth"], program)
             timing = {"compile_s": round(compile_s, 2), "run_s": round(rec["run_s"], 2)}
+            draws = {k: _round(v, 4 if k.endswith(("_gsub", "_ratio", "_stream")) else 5)
+                     for k, v in rec["draws"].items()}  # 4 digits for the bulky diagnostics: cells stay small
             write_cell(cells_dir / f"{name}.json",
-                       _round({"name": name, "config": cfg, "draws": rec["draws"], "timing": timing,
-                               "environment": env}))
+                       _round({"name": name, "config": cfg, "draws": draws, "timing": timing, "environment": env}))
             if progress:
                 print(f"{name}: {cfg['draws']} draws, compile {compile_s:.1f} s, run {rec['run_s']:.1f} s "
                       f"({time.time() - start:.0f} s so far)", file=sys.stderr, flush=True)

@@ -53,7 +53,16 @@ def test_quick_study_writes_cells_and_report_and_resumes(quick):
     d = _cell(quick, "xiong", "pre")["draws"]
     n = QUICK.draws_of("xiong", DEPTH)
     assert np.shape(d["dec_w2"]) == (n, DEPTH) and np.shape(d["dec_ratio"]) == (n, DEPTH, 3)  # self, cross, FFN
-    assert np.shape(d["enc_gstream"]) == (n, DEPTH + 1)
+    assert np.shape(d["enc_gstream"]) == (n, DEPTH + 1) and np.shape(d["dec_gsub"]) == (n, DEPTH, 3, 2)
+    for setting, variant, stack in (("xiong", "post", "dec"), ("lab", "pre", "lm")):
+        d = _cell(quick, setting, variant)["draws"]
+        g, gs = np.asarray(d[f"{stack}_gsub"]), np.asarray(d[f"{stack}_gstream"])  # (n, L, S, 2), (n, L + 1)
+        # the probe after a layer's last sublayer meets the probe at the next layer boundary (4 digits kept)
+        np.testing.assert_allclose(g[:, :, -1, 1], gs[:, 1:], rtol=1e-3)
+        if variant == "pre":  # no norm after the add: the stream after a sublayer is z itself
+            np.testing.assert_array_equal(g[..., 0], g[..., 1])
+        else:  # a LayerNorm after the add changes the gradient
+            assert np.all(np.abs(g[..., 0] / g[..., 1] - 1) > 1e-3)
     for setting in ("xiong", "lab"):  # the layer-by-layer rerun is the library's own forward
         for variant in ("post", "pre"):
             d = _cell(quick, setting, variant)["draws"]
