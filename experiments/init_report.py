@@ -630,15 +630,19 @@ def _contrast(s: Study) -> str:
         here = [(st, sk) for st, sk in _panels(s) if s.get(st, v, s.rule_depth) is not None]
         per_layer = {(st, sk): _log_gm_ci(s.draws(st, v, s.rule_depth, f"{sk}_gstream")[:, :-1]
                                           / s.draws(st, v, s.rule_depth, f"{sk}_gstream")[:, 1:]) for st, sk in here}
+        subs = {k: sublayer_factors(s, *k[:1], v, s.rule_depth, k[1]) for k in here}
         text = (f"Going one layer toward the input, {v}-LN's stream gradient is multiplied by "
-                + ", ".join(f"{_ci(per_layer[k], 3, False)} ({k[0]} {STACK_TITLES[k[1]]})" for k in here))
-        cross = [r for st, sk in here if "cross-attn" in SUBLAYERS[sk]
-                 for r in sublayer_factors(s, st, v, s.rule_depth, sk) if r["sublayer"] == "cross-attn"]
+                + ", ".join(f"{_f(per_layer[k][0], 3)} ({k[0]} {STACK_TITLES[k[1]]}: "
+                            + " x ".join(f"{r['sublayer']} {_f(r['total'][0], 3)}" for r in subs[k]) + ")"
+                            for k in here))
+        cross = [r for k in here for r in subs[k] if r["sublayer"] == "cross-attn"]
         if cross and v == "post":
-            text += (f"; in the decoder the cross-attention's residual branch passes it on at "
-                     f"{_ci(cross[0]['branch'], 3, False)} while the LayerNorm after it multiplies it by "
-                     f"{_ci(cross[0]['norm'], 3, False)} (the other sublayers' branches make up for their norms: "
-                     "see the sublayer table)")
+            text += (f"; the decoder's cross-attention branch passes the gradient on at {_f(cross[0]['branch'][0], 3)} "
+                     f"while the LayerNorm after it multiplies it by {_f(cross[0]['norm'][0], 3)}, where the other "
+                     "sublayers' branches give " + ", ".join(
+                         f"{r['sublayer']} {_f(r['branch'][0], 3)} against their norms' {_f(r['norm'][0], 3)}"
+                         for k in here for r in subs[k] if k[1] == "dec" and r["sublayer"] != "cross-attn")
+                     + " (intervals in the sublayer table)")
         out.append(text + ".")
     pre = {st: theorem_parts(s, st, "pre") for st in s.settings}
     pre = {st: p for st, p in pre.items() if p is not None}
