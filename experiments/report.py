@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import plots
+from . import init_report, plots
 from .analysis import (PLATEAU_FRACTION, clipped_loss, growth_factor, linear_fit, lr_sensitivity,
                        power_law_exponent, trajectory_max)
 from .model import VARIANT_NOTES, VARIANTS
@@ -857,8 +857,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", nargs="?", type=Path, default=Path(__file__).resolve().parent / "results",
-                   help="a sweep's results folder, holding sweep.json and cells/ (default: experiments/results)")
+                   help="a sweep's results folder, holding sweep.json and cells/ (default: experiments/results), "
+                        "or the initialisation study's, holding init.json")
     args = p.parse_args(argv)
+    if (args.out / "init.json").exists():  # the initialisation study's folder (experiments.init_study)
+        print(init_report.write_report(args.out))
+        return 0
     if not (args.out / "sweep.json").exists():
         print(f"error: {args.out / 'sweep.json'} not found: pass the folder a sweep wrote "
               "(python -m experiments.stability --out DIR)", file=sys.stderr)
