@@ -222,7 +222,7 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_remat_keeps_outputs_and_gradients_and_saves_memory():
-    """Rematerialisation inside the layer scan: identical gradients, less XLA temp memory
+    """Rematerialisation inside the layer scan: the same gradients (to float32 rounding), less XLA temp memory
     (measured: 24 layers d64 B32 T32, 122 -> 13 MiB with "full", 77 MiB with "dots_saveable");
     the torch twin too."""
     remat = "full"
@@ -238,9 +238,10 @@ def test_remat_keeps_outputs_and_gradients_and_saves_memory():
         out[name] = (f.memory_analysis().temp_size_in_bytes, f(p, x))
     (mem0, (gp0, gx0)), (mem1, (gp1, gx1)) = out[None], out[remat]
     assert mem1 < mem0, (mem0, mem1)
-    np.testing.assert_allclose(gx1, gx0, rtol=1e-6, atol=1e-7)
-    for a, b in zip(jax.tree.leaves(gp1), jax.tree.leaves(gp0)):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # equal up to float32 rounding: recomputing a layer may fuse (and so round) differently
+    for a, b in zip([gx1, *jax.tree.leaves(gp1)], [gx0, *jax.tree.leaves(gp0)]):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.abs(a - b).max() <= 1e-6 * np.abs(b).max(), np.abs(a - b).max() / np.abs(b).max()
     t, t_remat = tb.Encoder(cfg, num_layers=2), tb.Encoder(cfg, num_layers=2, remat=remat)
     t_remat.load_state_dict(t.state_dict())
     xt = torch.randn(B, T, E, requires_grad=True)
