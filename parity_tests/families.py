@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from . import markers
+
 B, T, LAYERS = 2, 9, 3
 WINDOW = 4  # sliding windows shorter than T
 PADDED = slice(2, 5)  # tokens of the last batch element that are padding
@@ -420,12 +422,8 @@ def table(measured: dict[str, Measured]) -> str:
 
 
 def splice(document: str, text: str) -> str:
-    if START not in document or END not in document:
-        raise ValueError(f"the document has no families-table markers; add these two lines where the table goes:\n"
-                         f"{START}\n{END}")
-    head, rest = document.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{text}{END}{tail}"
+    """`document` with the text between the families-table markers replaced by `text`."""
+    return markers.splice(document, text, START, END, "families-table")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,10 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         text = table({n: measure(n, os.path.join(tmp, n)) for n in FAMILIES})
     print(text)
     if args.doc:
-        with open(args.doc) as f:
-            doc = f.read()
-        with open(args.doc, "w") as f:
-            f.write(splice(doc, text))
+        markers.rewrite(args.doc, text, START, END, "families-table")
     return 0
 
 

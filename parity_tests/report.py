@@ -15,6 +15,7 @@ import time
 import jax
 import torch
 
+from . import markers
 from .cases import CASES
 from .harness import TOL, parity
 from .trajectory import compare_trajectories
@@ -50,11 +51,7 @@ START, END = f"<!-- parity-report:start (python -m parity_tests.report --doc {DO
 
 def splice(document: str, table: str) -> str:
     """`document` with the text between the START and END markers replaced by `table`."""
-    if START not in document or END not in document:
-        raise ValueError(f"the document has no parity-report markers; add these two lines where the table goes:\n{START}\n{END}")
-    head, rest = document.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}{END}{tail}"
+    return markers.splice(document, table, START, END, "parity-report")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w") as f:
             f.write(text)
     if args.doc:
-        with open(args.doc) as f:
-            doc = f.read()
-        with open(args.doc, "w") as f:
-            f.write(splice(doc, text))
+        markers.rewrite(args.doc, text, START, END, "parity-report")
     return 0
 
 
