@@ -164,20 +164,28 @@ def _block_pairs(nq: int, nk: int, bq: int, bk: int, causal: bool,
     return i, j
 
 
-def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt, softcap=None, window=None, local=True):
+def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt, softcap=None, window=None, local=True,
+                 transposed=False):
     """Scaled logits of query block i against key block j (soft-capped, c tanh(s / c), before
     the masks), -inf where a pair is not allowed (a padded or masked key, or one after the
     query, or with a sliding window W before query - W + 1 where `local`, a bool array):
-    qi (B, K, G, bq, hd), kj (B, K, bk, hd), bias_j (B, bk) of 0 / -inf ->
-    (logits (B, K, G, bq, bk), d logits / d s: 1 - tanh^2 with a soft-cap, else None). (One
-    fused pass over the logits: no separate boolean masks.)"""
-    s = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj).astype(acc_dt) * scale
+    qi (B, K, R, hd) with R = G * bq rows (query head g's row q at g * bq + q), kj (B, K, bk, hd),
+    bias_j (B, bk) of 0 / -inf -> (logits (B, K, R, bk), or (B, K, bk, R) `transposed`;
+    d logits / d s: 1 - tanh^2 with a soft-cap, else None), one fused pass over the logits."""
+    if transposed:
+        s = jnp.einsum("bksd,bkrd->bksr", kj, qi).astype(acc_dt) * scale
+    else:
+        s = jnp.einsum("bkrd,bksd->bkrs", qi, kj).astype(acc_dt) * scale
     slope = None
     if softcap is not None:
         t = jnp.tanh(s / softcap)
         s, slope = softcap * t, 1.0 - t * t
-    logits = s + bias_j[:, None, None, None, :]
-    kpos, qpos = (j * bk + jnp.arange(bk))[None, :], (i * bq + jnp.arange(bq))[:, None]
+    qpos = i * bq + jnp.tile(jnp.arange(bq), qi.shape[2] // bq)
+    kpos = j * bk + jnp.arange(bk)
+    if transposed:
+        logits, kpos, qpos = s + bias_j[:, None, :, None], kpos[:, None], qpos[None, :]
+    else:
+        logits, kpos, qpos = s + bias_j[:, None, None, :], kpos[None, :], qpos[:, None]
     if causal:
         logits = jnp.where(kpos <= qpos, logits, -jnp.inf)
     if window is not None:
@@ -192,10 +200,10 @@ def _flash(qb, kb, vb, validb, local, causal: bool, bq: int, scale: float, softc
 
 
 def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip):
-    """qb (nq, B, K, G, bq, hd), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk) ->
-    out (nq, B, K, G, bq, hd) (0 for rows without keys), and the residuals (the inputs,
-    out, each row's log-sum-exp, 0 where a row has no key)."""
-    nq, b, kv, g, _, d = qb.shape
+    """qb (nq, B, K, R, hd) (R = G * bq rows), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk) ->
+    out (nq, B, K, R, hd) (0 for rows without keys), and the residuals (the inputs, out,
+    each row's log-sum-exp, 0 where a row has no key)."""
+    nq, b, kv, r, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
     scale = jnp.asarray(scale, acc_dt)
@@ -203,7 +211,7 @@ def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, sk
     bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
     def step(carry, ij):
-        m, l, acc = carry  # (nq, B, K, G, bq), (nq, B, K, G, bq), (nq, B, K, G, bq, hd)
+        m, l, acc = carry  # (nq, B, K, R), (nq, B, K, R), (nq, B, K, R, hd)
         i, j = ij
         logits, _ = _pair_logits(qb[i], kb[j], bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap, window, local)
         mi = m[i]
@@ -212,11 +220,11 @@ def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, sk
         p = jnp.exp(logits - shift[..., None])
         corr = jnp.exp(mi - shift)
         li = l[i] * corr + p.sum(axis=-1)
-        ai = acc[i] * corr[..., None] + jnp.einsum("bkgqs,bksd->bkgqd", p.astype(vb.dtype), vb[j]).astype(acc_dt)
+        ai = acc[i] * corr[..., None] + jnp.einsum("bkrs,bksd->bkrd", p.astype(vb.dtype), vb[j]).astype(acc_dt)
         return (m.at[i].set(m_new), l.at[i].set(li), acc.at[i].set(ai)), None
 
-    init = (jnp.full((nq, b, kv, g, bq), -jnp.inf, acc_dt), jnp.zeros((nq, b, kv, g, bq), acc_dt),
-            jnp.zeros((nq, b, kv, g, bq, d), acc_dt))
+    init = (jnp.full((nq, b, kv, r), -jnp.inf, acc_dt), jnp.zeros((nq, b, kv, r), acc_dt),
+            jnp.zeros((nq, b, kv, r, d), acc_dt))
     (m, l, acc), _ = jax.lax.scan(step, init, (jnp.asarray(pi), jnp.asarray(pj)))
     has = l > 0
     out = (acc / jnp.where(has, l, 1.0)[..., None]).astype(vb.dtype)
@@ -227,33 +235,37 @@ def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, sk
 def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
     """FlashAttention-2's backward: the probabilities recomputed pair by pair from the
     log-sum-exp, D = rowsum(dO * O); dQ, dK, dV accumulated over the same pairs (through
-    the soft-cap's slope 1 - tanh^2 when there is one)."""
+    the soft-cap's slope 1 - tanh^2 when there is one). The pair's logits are formed
+    transposed, (keys, rows), so that every product is a plain matrix product (dV = P^T dO,
+    dK = dS^T Q and dQ^T = K^T dS^T: no operand transposed inside the loop; XLA:CPU's
+    products with a transposed left operand ran 3-4x slower)."""
     qb, kb, vb, validb, local, out, lse = res
-    nq, b, kv, g, _, d = qb.shape
+    nq, b, kv, r, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
     scale = jnp.asarray(scale, acc_dt)
     pi, pj = _block_pairs(nq, nk, bq, bk, causal, window if skip else None)
-    delta = (dout.astype(acc_dt) * out.astype(acc_dt)).sum(axis=-1)  # (nq, B, K, G, bq)
+    delta = (dout.astype(acc_dt) * out.astype(acc_dt)).sum(axis=-1)  # (nq, B, K, R)
     bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
     def step(carry, ij):
-        dq, dk, dv = carry
+        dqt, dk, dv = carry
         i, j = ij
         qi, kj, vj, doi = qb[i], kb[j], vb[j], dout[i]
-        logits, slope = _pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap, window, local)
-        p = jnp.exp(logits - lse[i][..., None])
-        dv = dv.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi).astype(acc_dt))
-        dp = jnp.einsum("bkgqd,bksd->bkgqs", doi, vj).astype(acc_dt)
-        ds = p * (dp - delta[i][..., None]) * scale
+        logits, slope = _pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap, window, local,
+                                     transposed=True)  # (B, K, bk, R)
+        p = jnp.exp(logits - lse[i][:, :, None, :])
+        dv = dv.at[j].add(jnp.einsum("bksr,bkrd->bksd", p.astype(doi.dtype), doi).astype(acc_dt))
+        dp = jnp.einsum("bksd,bkrd->bksr", vj, doi).astype(acc_dt)
+        ds = p * (dp - delta[i][:, :, None, :]) * scale
         ds = (ds if slope is None else ds * slope).astype(qi.dtype)
-        dq = dq.at[i].add(jnp.einsum("bkgqs,bksd->bkgqd", ds, kj).astype(acc_dt))
-        dk = dk.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", ds, qi).astype(acc_dt))
-        return (dq, dk, dv), None
+        dk = dk.at[j].add(jnp.einsum("bksr,bkrd->bksd", ds, qi).astype(acc_dt))
+        dqt = dqt.at[i].add(jnp.einsum("bkds,bksr->bkdr", kj.swapaxes(-1, -2), ds).astype(acc_dt))
+        return (dqt, dk, dv), None
 
-    init = (jnp.zeros(qb.shape, acc_dt), jnp.zeros(kb.shape, acc_dt), jnp.zeros(vb.shape, acc_dt))
-    (dq, dk, dv), _ = jax.lax.scan(step, init, (jnp.asarray(pi), jnp.asarray(pj)))
-    return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
+    init = (jnp.zeros((nq, b, kv, d, r), acc_dt), jnp.zeros(kb.shape, acc_dt), jnp.zeros(vb.shape, acc_dt))
+    (dqt, dk, dv), _ = jax.lax.scan(step, init, (jnp.asarray(pi), jnp.asarray(pj)))
+    return dqt.swapaxes(-1, -2).astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -281,7 +293,7 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     nq, nk = -(-t // bq), -(-s // bk)
     valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid.astype(jnp.bool_)
     pad = lambda a, n, axis: jnp.pad(a, [(0, n - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])  # noqa: E731
-    qb = pad(q, nq * bq, 1).reshape(b, nq, bq, kv, g, d).transpose(1, 0, 3, 4, 2, 5)  # (nq, B, K, G, bq, hd)
+    qb = pad(q, nq * bq, 1).reshape(b, nq, bq, kv, g, d).transpose(1, 0, 3, 4, 2, 5).reshape(nq, b, kv, g * bq, d)
     kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     validb = pad(valid, nk * bk, 1).reshape(b, nk, bk).swapaxes(0, 1)  # padded keys are invalid
@@ -291,7 +303,7 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     scale = d ** -0.5 if scale is None else float(scale)
     softcap = None if softcap is None else float(softcap)
     out = _flash(qb, kb, vb, validb, jnp.asarray(local, jnp.bool_), causal, bq, scale, softcap, window, skip)
-    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
+    out = out.reshape(nq, b, kv, g, bq, d).transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
     if causal:  # a real key at or before the query (and inside its window)
         has_key = _keys_seen(valid, t, window, local)
     else:

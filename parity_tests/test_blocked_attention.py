@@ -144,13 +144,14 @@ def test_flash_negative_twins_would_show():
         allowed = keys[:, None, :] & np.tri(8, dtype=bool)
         dq_dense = jax.grad(lambda q: jnp.sum(_dense_attention_jax(q, k, v, allowed) * r))(q)
         # in the blocked layout of blocked_attention (T = 8, blocks of 4: no padding)
-        qb = q.reshape(2, 2, 4, 2, 2, 4).transpose(1, 0, 3, 4, 2, 5)
+        rows = lambda a: a.reshape(2, 2, 4, 2, 2, 4).transpose(1, 0, 3, 4, 2, 5).reshape(2, 2, 2, 8, 4)  # noqa: E731
+        qb = rows(q)  # (nq, B, K, G * bq, hd)
         kb, vb = (a.reshape(2, 2, 4, 2, 4).transpose(1, 0, 3, 2, 4) for a in (k, v))
         validb = keys.reshape(2, 2, 4).swapaxes(0, 1)
-        rb = r.reshape(2, 2, 4, 2, 2, 4).transpose(1, 0, 3, 4, 2, 5)
+        rb = rows(r)
         static = (True, 4, 4 ** -0.5, None, None, False)  # causal, bq, scale, softcap, window, skip
         out, res = fa._flash_fwd(qb, kb, vb, validb, jnp.asarray(True), *static)
-        unblock = lambda a: a.transpose(1, 0, 4, 2, 3, 5).reshape(q.shape)  # noqa: E731
+        unblock = lambda a: a.reshape(2, 2, 2, 2, 4, 4).transpose(1, 0, 4, 2, 3, 5).reshape(q.shape)  # noqa: E731
         dq = unblock(fa._flash_bwd(*static, res, rb)[0])
         assert _rel(dq, dq_dense) <= 1e-12
         no_d = unblock(fa._flash_bwd(*static, res[:5] + (jnp.zeros_like(out), res[6]), rb)[0])  # D = 0
