@@ -12,6 +12,7 @@ compared at real tokens, both sides given HF's positions cumsum(mask) - 1.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import jax.numpy as jnp
@@ -147,6 +148,21 @@ def test_what_each_family_adds_is_read(flax_models):
         (PAD + 1, 20 - PAD - 1, "ids", PAD)
     assert all(flax_models[n].lm.embed_scale is None and flax_models[n].lm.final_logit_softcap is None
                for n in ("opt", "phi3", "qwen3", "olmo2", "gpt_neox", "stablelm", "starcoder2"))
+    ids, mask, _ = _batch()  # OPT's 40 positions (rows 2..41): 7 + 34 tokens pass them
+    with pytest.raises(ValueError, match="40 learned positions"):
+        fb.generate(flax_models["opt"], ids, mask, max_new_tokens=34)
+
+
+def test_gemma_embedding_scale_rounds_as_hf_in_bfloat16(hf_models):
+    """sqrt(32) rounded to float32 (HF's buffer), then to bfloat16, times the bfloat16
+    embeddings: the same bits as HF's scaled embedding."""
+    hf = copy.deepcopy(hf_models["gemma2"]).to(torch.bfloat16)
+    lm = fb.from_hf(hf, part="causal-lm")
+    ids, _, _ = _batch()
+    ours = np.asarray(lm.embed_tokens(jnp.asarray(ids)).astype(jnp.float32))
+    with torch.no_grad():
+        ref = hf.model.embed_tokens(torch.tensor(ids)).float().numpy()
+    np.testing.assert_array_equal(ours, ref)
 
 
 def test_opt_default_positions_are_hfs_from_the_mask(hf_models, flax_models):
@@ -242,6 +258,10 @@ def test_encoder_model_matches_last_hidden_state(family, hf_models, flax_models)
     if family == "roberta":  # positions from 0 at row 0 (no offset, not numbered from the ids): caught
         wrong = _wrong(lm, position_offset=0, max_positions=20, default_positions="arange", pad_token_id=None)
         assert _rel(wrong(jnp.asarray(ids), attention_mask=jnp.asarray(mask)), ref, live) > 1e-3
+    twin = tb.LanguageModel(lm.cfg, lm.lm).eval()  # the torch twin numbers them from the ids too
+    twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
+    with torch.no_grad():
+        assert _rel(twin(torch.tensor(ids), torch.tensor(mask)).numpy(), ref, live) < 1e-5
 
     sd = fb.to_hf(lm)
     files = {k: v.numpy() for k, v in hf_state_dict(hf).items()}
