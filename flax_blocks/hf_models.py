@@ -195,7 +195,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
         taken.add(head + "weight")  # the state dict of a model object holds the tied weight twice
     stack = {k for k in sd if k not in tr.dropped}
     left = [k for k in sd if k not in taken and k not in stack
-            and not any(k[len(base):].startswith(i) for i in out.ignore) and not k.startswith(head)]
+            and not any(k[len(base):].startswith(i) for i in out.ignore) and not (out.head and k.startswith(head))]
     if part == "model":
         left = [k for k in left if k.startswith(base)]  # a head outside the base model is not read
     problems += [f"unexpected key {k}: not a part of the {config.get('model_type')} {part} the blocks compute"

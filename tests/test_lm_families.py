@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
-from flax_blocks.hf_models import lm_config  # noqa: E402
+from flax_blocks.hf_models import lm_config, load  # noqa: E402
 from flax_blocks.hf_config import hf_state_dict  # noqa: E402
 from torch_blocks.lm import generate as torch_generate  # noqa: E402
 
@@ -272,6 +272,9 @@ def test_encoder_model_matches_last_hidden_state(family, hf_models, flax_models)
     assert unexpected == [] and all(k.startswith("pooler.") for k in missing)
     with pytest.raises(fb.ConversionError, match="not a causal language model"):
         fb.from_hf(hf, part="causal-lm")
+    extra = {**files, "extra.weight": files["embeddings.word_embeddings.weight"]}  # an encoder has no head to
+    with pytest.raises(fb.ConversionError, match="unexpected key extra.weight"):  # hide unread keys behind
+        load(hf.config.to_dict(), extra, "model")
 
 
 def test_what_the_blocks_do_not_compute_is_refused_by_name():
