@@ -42,10 +42,14 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
       encoder-decoder family (Whisper: "stack" is its encoder; "decoder" a Decoder, called
       with the encoder's output as memory); "model": the HF base model, token ids
       (and BERT's token_type_ids) -> its last hidden state, with the token embedding,
-      learned or rotary positions, BERT's embedding norm and the final norm (GPT-2, LLaMA,
-      Mistral, Qwen2, BERT; BERT's pooler is not read); "causal-lm": the model with its LM
-      head, tied or not: tokens -> logits (GPT-2, LLaMA, Mistral, Qwen2). Either reads the
-      family's table in `flax_blocks.hf_models`; `fb.generate` decodes a "causal-lm".
+      learned or rotary positions, BERT's embedding norm and the final norm (every family
+      above but ViT and Whisper; BERT's and RoBERTa's poolers are not read); "causal-lm":
+      the model with its LM head, tied or not: tokens -> logits (the causal families: GPT-2,
+      OPT, LLaMA, Mistral, Qwen2, Phi-3, Qwen3, Gemma 1-3, OLMo 2, GPT-NeoX, StableLM,
+      Starcoder2; OPT's position offset, Gemma's embedding scale and final soft-cap
+      included). Either reads the family's table in `flax_blocks.hf_models` (what a family
+      computes there that the model does not, OPT's project_in, is refused by name);
+      `fb.generate` decodes a "causal-lm".
 
     source: a folder written by `save_pretrained` (config.json and *.safetensors, or
       pytorch_model.bin) or a transformers model object (BertModel, GPT2LMHeadModel,

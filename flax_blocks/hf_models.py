@@ -1,11 +1,15 @@
 """Whole Hugging Face models <-> `flax_blocks.lm.LanguageModel`: the parts around the stack.
 
 The stack (layers, final norm) is translated by the family's dialect (`flax_blocks.dialects`);
-this module's table says where each family keeps the rest: the token embedding, learned
-positions, token types, the embedding norm and the LM head, relative to the base model
-(LlamaModel, GPT2Model, BertModel), and the base model's prefix inside the model with a head
-(LlamaForCausalLM's "model.", GPT2LMHeadModel's "transformer."). A family without an entry
-here loads as a stack only (part="stack").
+this module's table (`OUTSIDE`, one entry per model_type) says where each family keeps the
+rest: the token embedding, learned positions, token types, the embedding norm and the LM
+head, relative to the base model (LlamaModel, GPT2Model, BertModel), and the base model's
+prefix inside the model with a head (LlamaForCausalLM's "model.", GPT2LMHeadModel's
+"transformer."), and what those parts compute beyond lookups: OPT's and RoBERTa's position
+offsets and default positions, Gemma's embedding scale, Gemma 2's final logit soft-cap. What
+a family computes there that the LanguageModel does not (OPT's project_in / project_out) is
+refused by name. A family without an entry (ViT, Whisper) loads as a stack only
+(part="stack").
 
     load(config, state_dict, part)   -> LanguageModel    (fb.from_hf(source, part=...))
     to_hf_model(model)               -> {HF name: array} (fb.to_hf(model)), names as
@@ -32,7 +36,8 @@ PARTS = ("stack", "model", "causal-lm")
 
 @dataclass(frozen=True)
 class Outside:
-    """Where a family keeps the parts around its stack (names relative to the base model)."""
+    """Where a family keeps the parts around its stack (names relative to the base model), and
+    what those parts compute besides a lookup and a matrix product."""
 
     base: str  # the base model's prefix inside the model with a head
     embed: str
@@ -42,36 +47,110 @@ class Outside:
     embed_norm: str | None = None  # the module name of a norm on the embeddings
     head: str | None = "lm_head."  # the LM head's module, beside the base model; None: no causal LM
     ignore: tuple[str, ...] = ()  # buffers and parts that are not computed (BERT's pooler)
+    position_offset: str = "none"  # "opt": position p reads row p + 2 of a table of max + 2 rows;
+    # "pad": RoBERTa's padding_idx + 1, the table's rows counting the offset (max_position_embeddings)
+    default_positions: str = "arange"  # LMConfig.default_positions: HF's positions without position_ids
+    embed_scale: bool = False  # token embeddings times sqrt(hidden_size) (Gemma, Gemma 2, Gemma 3)
+    final_logit_softcap: str | None = None  # the config key of a final logit soft-cap (Gemma 2, Gemma 3)
 
 
+_LLAMA_LIKE = Outside("model.", "embed_tokens.weight")
+_GEMMA = replace(_LLAMA_LIKE, embed_scale=True)
+_ENCODER_IGNORE = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
+# model_type -> its parts around the stack. Families sharing a dialect can differ here (BERT and
+# RoBERTa: RoBERTa's positions are offset and numbered from its ids).
 OUTSIDE: dict[str, Outside] = {
-    "hf-llama": Outside("model.", "embed_tokens.weight"),
-    "hf-gpt2": Outside("transformer.", "wte.weight", positions="wpe.weight", max_positions=("n_positions",)),
-    "hf-bert": Outside("bert.", "embeddings.word_embeddings.weight", positions="embeddings.position_embeddings.weight",
-                       max_positions=("max_position_embeddings",),
+    **{t: _LLAMA_LIKE for t in ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "stablelm", "starcoder2")},
+    "gemma": _GEMMA,
+    "gemma2": replace(_GEMMA, final_logit_softcap="final_logit_softcapping"),
+    "gemma3_text": replace(_GEMMA, final_logit_softcap="final_logit_softcapping"),
+    "gpt2": Outside("transformer.", "wte.weight", positions="wpe.weight", max_positions=("n_positions",)),
+    "opt": Outside("model.", "decoder.embed_tokens.weight", positions="decoder.embed_positions.weight",
+                   max_positions=("max_position_embeddings",), position_offset="opt", default_positions="mask"),
+    "gpt_neox": Outside("gpt_neox.", "embed_in.weight", head="embed_out."),  # the checkpoints' names
+    "bert": Outside("bert.", "embeddings.word_embeddings.weight", positions="embeddings.position_embeddings.weight",
+                    max_positions=("max_position_embeddings",),
+                    token_type="embeddings.token_type_embeddings.weight", embed_norm="embeddings.LayerNorm.",
+                    head=None, ignore=_ENCODER_IGNORE),
+    "roberta": Outside("roberta.", "embeddings.word_embeddings.weight",
+                       positions="embeddings.position_embeddings.weight", max_positions=("max_position_embeddings",),
                        token_type="embeddings.token_type_embeddings.weight", embed_norm="embeddings.LayerNorm.",
-                       head=None, ignore=("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")),
+                       head=None, ignore=_ENCODER_IGNORE, position_offset="pad", default_positions="ids"),
+    "distilbert": Outside("distilbert.", "embeddings.word_embeddings.weight",
+                          positions="embeddings.position_embeddings.weight", max_positions=("max_position_embeddings",),
+                          embed_norm="embeddings.LayerNorm.", head=None, ignore=("embeddings.position_ids",)),
 }
+
+# Families whose stacks load (part="stack") but whose parts around the stack the blocks do not compute.
+STACK_ONLY = {
+    "vit": "its inputs are images: patch embeddings (a convolution), a CLS token and a pooler, not token ids",
+    "whisper": "an encoder-decoder on audio: convolutions over mel features before the encoder, the decoder's "
+               "cross-attention to it; read the stacks with part='stack' / 'encoder' / 'decoder'",
+}
+
+
+def _family(config: Mapping[str, Any]) -> tuple[str, Outside]:
+    model_type = config.get("model_type")
+    out = OUTSIDE.get(model_type)
+    if out is None:
+        why = STACK_ONLY.get(model_type, "no table of the parts around its stack (flax_blocks.hf_models.OUTSIDE)")
+        raise ConversionError([f"{model_type}: {why}; only its transformer stack is read (part='stack')"],
+                              header=f"cannot load a whole {model_type} model")
+    return model_type, out
+
+
+def _whole_model_problems(model_type: str, config: Mapping[str, Any]) -> list[str]:
+    """What a family computes around its stack that the LanguageModel does not: refused by name."""
+    problems = []
+    if model_type == "opt":
+        proj, e = config.get("word_embed_proj_dim"), config.get("hidden_size")
+        if proj is not None and proj != e:
+            problems.append(f"word_embed_proj_dim={proj} != hidden_size={e}: OPT projects the token embeddings "
+                            "(project_in) before the positions are added and the last hidden state after the stack "
+                            "(project_out), which the LanguageModel does not compute (its stack alone loads: "
+                            "part='stack')")
+    if model_type == "roberta" and config.get("pad_token_id") is None:
+        problems.append("pad_token_id None: RoBERTa's positions are numbered from its padding token (padding_idx)")
+    if model_type in ("gemma", "gemma2", "gemma3_text") and config.get("hidden_size") is None:
+        problems.append("hidden_size missing: Gemma scales its embeddings by sqrt(hidden_size)")
+    return problems
+
+
+def _positions(out: Outside, config: Mapping[str, Any]) -> tuple[int | None, int]:
+    """(LMConfig.max_positions, position_offset) of a family's learned position table."""
+    if not out.positions:
+        return None, 0
+    rows = int(next(config[k] for k in out.max_positions if config.get(k)))
+    if out.position_offset == "opt":  # OPTLearnedPositionalEmbedding: max_position_embeddings + 2 rows
+        return rows, 2
+    if out.position_offset == "pad":  # RoBERTa: positions from padding_idx + 1 within max_position_embeddings rows
+        offset = int(config["pad_token_id"]) + 1
+        return rows - offset, offset
+    return rows, 0
 
 
 def lm_config(config: Mapping[str, Any], part: str) -> tuple[str, Any, LMConfig]:
     """(dialect, BlockConfig, LMConfig) of an HF config for `part` ("model" or "causal-lm")."""
     dialect, cfg, num_layers, final_norm = hf_config(config)
-    out = OUTSIDE.get(dialect)
-    model_type = config.get("model_type")
-    if out is None:
-        raise ConversionError([f"{model_type}: only its stack is read (part='stack')"],
-                              header=f"cannot load a whole {model_type} model")
+    model_type, out = _family(config)
     if part == "causal-lm" and (out.head is None or not cfg.causal):
         raise ConversionError([f"{model_type} is not a causal language model: part='model' gives its last hidden "
                                "state"], header=f"cannot load a {model_type} model as part='causal-lm'")
+    problems = _whole_model_problems(model_type, config)
+    if problems:
+        raise ConversionError(problems, header=f"cannot load a whole {model_type} model as part={part!r}")
     tied = bool(config.get("tie_word_embeddings", True))
+    max_positions, offset = _positions(out, config)
+    cap = config.get(out.final_logit_softcap) if out.final_logit_softcap else None
     lm = LMConfig(
-        vocab_size=int(config["vocab_size"]), num_layers=num_layers,
-        max_positions=int(next(config[k] for k in out.max_positions if config.get(k))) if out.positions else None,
+        vocab_size=int(config["vocab_size"]), num_layers=num_layers, max_positions=max_positions,
         token_types=int(config.get("type_vocab_size") or 0) if out.token_type else 0,
         embed_norm=out.embed_norm is not None, final_norm=final_norm,
         head="none" if part == "model" else ("tied" if tied else "untied"),
+        position_offset=offset, default_positions=out.default_positions,
+        pad_token_id=int(config["pad_token_id"]) if out.default_positions == "ids" else None,
+        embed_scale=float(config["hidden_size"]) ** 0.5 if out.embed_scale else None,
+        final_logit_softcap=None if cap is None or part == "model" else float(cap),
     )
     return dialect, cfg, lm
 
@@ -81,9 +160,9 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
     from .lm import from_torch_state_dict
 
     dialect, cfg, lm = lm_config(config, part)
-    out = OUTSIDE[dialect]
+    out = OUTSIDE[config["model_type"]]
     sd = {k: np.asarray(v) for k, v in sd.items()}
-    tr = dialects.translate(sd, dialect)
+    tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads)
     base = tr.prefix  # "" for a base model, "model." / "transformer." / "bert." inside a model with a head
     ours: dict[str, Any] = {f"{ENCODER}.{k}": v for k, v in tr.state_dict.items()}
     problems: list[str] = []
@@ -116,7 +195,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
         taken.add(head + "weight")  # the state dict of a model object holds the tied weight twice
     stack = {k for k in sd if k not in tr.dropped}
     left = [k for k in sd if k not in taken and k not in stack
-            and not any(k[len(base):].startswith(i) for i in out.ignore) and not k.startswith(head)]
+            and not any(k[len(base):].startswith(i) for i in out.ignore) and not (out.head and k.startswith(head))]
     if part == "model":
         left = [k for k in left if k.startswith(base)]  # a head outside the base model is not read
     problems += [f"unexpected key {k}: not a part of the {config.get('model_type')} {part} the blocks compute"
@@ -134,20 +213,50 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
     log.info("from_hf: %s model as part=%s (%s head)", config.get("model_type"), part, lm.head)
     model = from_torch_state_dict(cfg, lm, ours, seed=seed, dtype=dtype)
     model.hf_dialect = dialect  # to_hf writes it back in this family's names (as from_hf's stacks)
+    model.hf_family = config["model_type"]  # and its parts around the stack as this family's
     return model
 
 
-def to_hf_model(model, dialect: str, *, prefix: str | None = None) -> dict[str, np.ndarray]:
-    """{HF name: numpy array} of a whole LanguageModel, named as HF's model.state_dict() of
-    the model with a head (LlamaForCausalLM, GPT2LMHeadModel) or of the base model
-    (LlamaModel, GPT2Model, BertModel) for head="none". A tied head is written as
-    lm_head.weight too, as HF's state_dict() holds it (the same values as the embedding)."""
-    from .convert import torch_state_dict
-
-    out = OUTSIDE.get(dialect)
-    if out is None:
+def _family_of(model, dialect: str) -> tuple[str, Outside]:
+    """The family a LanguageModel is written as: the one from_hf read it from when `dialect` is
+    that family's, else the first family of `dialect` with a table (hf-bert: BERT, hf-llama:
+    LLaMA); its parts around the stack must compute what the model computes."""
+    family = getattr(model, "hf_family", None)
+    if family not in OUTSIDE or dialects.MODEL_TYPES.get(family) != dialect:
+        family = next((t for t, d in dialects.MODEL_TYPES.items() if d == dialect and t in OUTSIDE), None)
+    if family is None:
         raise ConversionError([f"{dialect}: no table of the parts around its stack"],
                               header="cannot write this whole model")
+    out, lm, problems = OUTSIDE[family], model.lm, []
+    if (lm.embed_scale is not None) != out.embed_scale:
+        problems.append(f"embed_scale={lm.embed_scale}: {family} " + ("scales its embeddings by sqrt(hidden_size)"
+                                                                     if out.embed_scale else "has no embedding scale"))
+    elif out.embed_scale and lm.embed_scale != float(model.cfg.d_model) ** 0.5:
+        problems.append(f"embed_scale={lm.embed_scale}: {family} scales by sqrt(hidden_size) = "
+                        f"{float(model.cfg.d_model) ** 0.5}")
+    if lm.final_logit_softcap is not None and out.final_logit_softcap is None:
+        problems.append(f"final_logit_softcap={lm.final_logit_softcap}: {family} has no final logit soft-cap")
+    want = {"none": (0, "arange"), "opt": (2, "mask")}.get(out.position_offset)
+    if want is not None and (lm.position_offset, lm.default_positions) != want:
+        problems.append(f"position_offset={lm.position_offset}, default_positions={lm.default_positions!r}: {family} "
+                        f"has {want}")
+    if out.position_offset == "pad" and lm.max_positions is not None and lm.default_positions != "ids":
+        problems.append(f"default_positions={lm.default_positions!r}: {family} numbers its positions from the ids")
+    if problems:
+        raise ConversionError(problems, header=f"cannot write this whole model as {family} ({dialect})")
+    return family, out
+
+
+def to_hf_model(model, dialect: str, *, prefix: str | None = None) -> dict[str, np.ndarray]:
+    """{HF name: numpy array} of a whole LanguageModel, named as HF's checkpoint files of the
+    model with a head (LlamaForCausalLM, GPT2LMHeadModel, OPTForCausalLM, GPTNeoXForCausalLM's
+    gpt_neox.embed_in.weight ... embed_out.weight) or of the base model (LlamaModel, GPT2Model,
+    BertModel, RobertaModel) for head="none". A tied head is written as lm_head.weight too,
+    as HF's state_dict() holds it (the same values as the embedding). The family is the one
+    from_hf read the model from (`hf_family`), else the first of `dialect`'s with a table."""
+    from .convert import torch_state_dict
+
+    _, out = _family_of(model, dialect)
     lm = model.lm
     base = ("" if lm.head == "none" else out.base) if prefix is None else prefix
     sd = torch_state_dict(model)

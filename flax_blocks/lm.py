@@ -9,9 +9,11 @@ head tied or not) are declared in `flax_blocks.lm_spec`, shared with the torch t
 `torch_blocks.lm.LanguageModel`; the stack is the library's `Encoder`. Masks take Hugging
 Face's convention for token masks: attention_mask (B, T), 1 / True = a real token, 0 / False
 = padding (the same on both twins). positions (B, T) are HF's position_ids: for rotary
-models they go to the blocks, for learned ones they index the position table; None means
-0..T-1 (HF's forward default), or with a cache each row's next position (the cache keeps
-one per row). `fb.generate` derives HF's positions for left-padded prompts
+models they go to the blocks, for learned ones they index the position table (position p
+reads row p + position_offset: OPT's 2, HF adding it too; RoBERTa's padding_idx + 1, where
+HF's position_ids are the rows themselves); None means HF's forward default (0..T-1;
+OPT's numbered from the mask, RoBERTa's from the ids: LMConfig.default_positions), or with
+a cache each row's next position (the cache keeps one per row). `fb.generate` derives HF's positions for left-padded prompts
 (cumsum(mask) - 1, 0 at padding).
 """
 
@@ -30,7 +32,7 @@ from .blocks import Encoder
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig
 from .layers import Linear, Norm, compute_dtype, create_params
-from .lm_spec import ENCODER, OPTIONAL, LMConfig, components
+from .lm_spec import ENCODER, OPTIONAL, LMConfig, components, default_positions
 
 Cache = dict[str, Any]
 
@@ -123,15 +125,20 @@ class LanguageModel(nnx.Module):
 
     def embed_tokens(self, input_ids, positions=None, token_type_ids=None) -> jax.Array:
         """input_ids (B, T) -> the embedded input x_0 (B, T, E) (positions (B, T) for learned
-        position embeddings, default 0..T-1; token_type_ids (B, T), default 0)."""
+        position embeddings, default 0..T-1, position p read from row p + position_offset;
+        token_type_ids (B, T), default 0). Gemma's embed_scale multiplies the token embeddings
+        in their dtype, as HF's (the scale rounded to float32 first, HF's buffer)."""
         x = self.embed(input_ids)
+        if self.lm.embed_scale is not None:
+            scale = jnp.asarray(self.lm.embed_scale, jnp.float32)
+            x = x * (scale if jnp.dtype(x.dtype).itemsize <= 4 else jnp.asarray(self.lm.embed_scale)).astype(x.dtype)
         if self.pos is not None:
             if positions is None:
                 t = input_ids.shape[1]
                 if t > self.lm.max_positions:
                     raise ValueError(f"{t} tokens, but the model has {self.lm.max_positions} learned positions")
                 positions = jnp.arange(t)[None]
-            x = x + self.pos(positions)
+            x = x + self.pos(positions + self.lm.position_offset)
         if self.token_type is not None:
             types = jnp.zeros(input_ids.shape, jnp.int32) if token_type_ids is None else token_type_ids
             x = x + self.token_type(types)
@@ -153,11 +160,17 @@ class LanguageModel(nnx.Module):
             token_type_ids = check_token_ids(token_type_ids, max(self.lm.token_types, 1), "token_type_ids")
             if self.token_type is None:
                 raise ValueError("token_type_ids given, but the model has no token-type embedding")
+        derived = None  # positions this call derives (OPT's from the mask, RoBERTa's from the ids)
         if cache is not None and positions is None:
             positions = cache["position"][:, None] + jnp.arange(shape[1], dtype=jnp.int32)
+        elif positions is None and self.lm.default_positions != "arange":
+            real = ids != self.lm.pad_token_id if self.lm.default_positions == "ids" else mask
+            if real is not None:
+                positions = derived = default_positions(self.lm, real.astype(jnp.int32))
         if self.pos is not None and positions is not None:
             seen = _concrete(positions)
-            if seen is not None and seen.size and (seen.min() < 0 or seen.max() >= self.lm.max_positions):
+            low = -1 if derived is not None else 0  # a derived -1 (padding) reads row position_offset - 1
+            if seen is not None and seen.size and (seen.min() < low or seen.max() >= self.lm.max_positions):
                 raise ValueError(f"positions up to {int(seen.max())}, but the model has {self.lm.max_positions} "
                                  f"learned positions (0..{self.lm.max_positions - 1})")
         x = self.embed_tokens(ids, positions, token_type_ids)
@@ -167,14 +180,18 @@ class LanguageModel(nnx.Module):
         return self.encoder(x, key_mask=mask, positions=positions, cache=cache, deterministic=deterministic)
 
     def logits(self, h: jax.Array) -> jax.Array:
-        """Hidden states (..., E) -> logits (..., V) through the head (tied: embed.weight^T)."""
+        """Hidden states (..., E) -> logits (..., V) through the head (tied: embed.weight^T),
+        soft-capped when the model has a final_logit_softcap (Gemma 2)."""
         if self.lm.head == "none":
             raise ValueError("this model has no head (head='none'): it returns hidden states")
         if self.head is not None:
-            return self.head(h)
-        table = self.embed.embedding[...]
-        h, table = nnx.nn.dtypes.promote_dtype((h, table), dtype=compute_dtype(self.cfg))
-        return jnp.dot(h, table.T)
+            y = self.head(h)
+        else:
+            table = self.embed.embedding[...]
+            h, table = nnx.nn.dtypes.promote_dtype((h, table), dtype=compute_dtype(self.cfg))
+            y = jnp.dot(h, table.T)
+        cap = self.lm.final_logit_softcap
+        return y if cap is None else jnp.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 
     def __call__(self, input_ids, *, attention_mask=None, positions=None, token_type_ids=None,
                  cache: Cache | None = None, deterministic: bool | None = None):

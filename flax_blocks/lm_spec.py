@@ -1,8 +1,9 @@
 """What a language model adds around its stack, declared once for both frameworks.
 
-    tokens (B, T) -> embed (+ learned positions) (+ token types) (-> embed_norm)
+    tokens (B, T) -> embed (* embed_scale) (+ learned positions) (+ token types) (-> embed_norm)
                   -> the library's Encoder (layers + final norm)
                   -> head (its own weight, or the token embedding's transpose when tied) -> logits
+                  (-> final_logit_softcap * tanh(logits / final_logit_softcap))
 
 `LMConfig` says which of those parts a model has; `components` declares their parameters
 (torch name, Flax path, shape, axes, init, transform) as `flax_blocks.declarations` does for
@@ -21,6 +22,7 @@ from .config import BlockConfig
 from .declarations import LINEAR, Component, Param
 
 HEADS = ("untied", "tied", "none")
+DEFAULT_POSITIONS = ("arange", "mask", "ids")
 ENCODER = "encoder"  # the stack's attribute / torch prefix
 
 
@@ -33,6 +35,21 @@ class LMConfig:
     max_positions: learned absolute position embeddings of this many positions (GPT-2's wpe,
       BERT's position_embeddings); None: none (rotary positions live in the blocks, from
       cfg.rope_theta). Rotary models take any position a cache holds.
+    position_offset: position p reads row p + position_offset of the position table, which
+      has max_positions + position_offset rows (OPT: 2; RoBERTa: padding_idx + 1). Rows below
+      the offset are read only by padding tokens whose positions are derived (-1: row
+      position_offset - 1, as HF's OPT and RoBERTa read them).
+    default_positions: the positions of a call without positions= (and without a cache):
+      "arange" 0..T-1 (HF's forward default for GPT-2, BERT, LLaMA ...); "mask" the
+      attention mask's real tokens numbered from 0, padding -1 (HF's OPT:
+      cumsum(mask) * mask - 1); "ids" the same over the tokens != pad_token_id (HF's RoBERTa,
+      create_position_ids_from_input_ids). "mask" and "ids" need position_offset >= 1.
+    pad_token_id: the padding token of default_positions="ids".
+    embed_scale: the token embeddings are multiplied by it (Gemma: sqrt(hidden_size)),
+      rounded to float32 and then to the embeddings' dtype, as HF's float32 buffer cast to
+      the weights' dtype; None: not scaled.
+    final_logit_softcap: c: logits <- c * tanh(logits / c) after the head (Gemma 2's
+      final_logit_softcapping); None: none.
     token_types: rows of BERT's token-type embedding; 0: none.
     embed_norm: a norm (the blocks' norm type and eps) on the embedded input (BERT).
     final_norm: the stack's final norm; None: the stack's default (pre-LN and Peri-LN).
@@ -51,6 +68,11 @@ class LMConfig:
     head: str = "untied"
     head_bias: bool = False
     init_std: float = 0.02
+    position_offset: int = 0
+    default_positions: str = "arange"
+    pad_token_id: int | None = None
+    embed_scale: float | None = None
+    final_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -66,8 +88,33 @@ class LMConfig:
             problems.append(f"head must be one of {HEADS}, got {self.head!r}")
         elif self.head_bias and self.head != "untied":
             problems.append(f"head_bias needs head='untied' (got head={self.head!r})")
+        if not isinstance(self.position_offset, int) or isinstance(self.position_offset, bool) \
+                or self.position_offset < 0:
+            problems.append(f"position_offset must be an int >= 0, got {self.position_offset!r}")
+        elif self.position_offset and self.max_positions is None:
+            problems.append(f"position_offset={self.position_offset} needs learned positions (max_positions)")
+        if self.default_positions not in DEFAULT_POSITIONS:
+            problems.append(f"default_positions must be one of {DEFAULT_POSITIONS}, got {self.default_positions!r}")
+        elif self.default_positions != "arange" and not (isinstance(self.position_offset, int)
+                                                          and self.position_offset >= 1):
+            problems.append(f"default_positions={self.default_positions!r} reads row position_offset - 1 at padding: "
+                            f"it needs position_offset >= 1, got {self.position_offset!r}")
+        if (self.default_positions == "ids") != (self.pad_token_id is not None):
+            problems.append(f"pad_token_id goes with default_positions='ids' (got pad_token_id={self.pad_token_id!r}, "
+                            f"default_positions={self.default_positions!r})")
+        for name in ("embed_scale", "final_logit_softcap"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
+                problems.append(f"{name} must be a positive number or None, got {v!r}")
+        if self.final_logit_softcap is not None and self.head == "none":
+            problems.append("final_logit_softcap needs a head (head='none' returns hidden states)")
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def position_rows(self) -> int | None:
+        """Rows of the learned position table: max_positions + position_offset."""
+        return None if self.max_positions is None else self.max_positions + self.position_offset
 
 
 def _embedding(rows: int, e: int, dim: str, std: float) -> Component:
@@ -80,7 +127,7 @@ def components(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component], .
     e, v, std = cfg.d_model, lm.vocab_size, lm.init_std
     out: list[tuple[str, Component]] = [("embed", _embedding(v, e, "vocab_size", std))]
     if lm.max_positions is not None:
-        out.append(("pos", _embedding(lm.max_positions, e, "max_positions", std)))
+        out.append(("pos", _embedding(lm.position_rows, e, "position_rows", std)))
     if lm.token_types:
         out.append(("token_type", _embedding(lm.token_types, e, "token_types", std)))
     if lm.embed_norm:
@@ -95,3 +142,11 @@ def components(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component], .
 
 
 OPTIONAL = ("pos", "token_type", "embed_norm", "head")  # attributes that are None when a model lacks them
+
+
+def default_positions(lm: LMConfig, real):
+    """The positions a call without positions= gives (see LMConfig.default_positions), from
+    `real` (B, T) integers, 1 at a real token (the attention mask's, or the ids != pad_token_id):
+    cumsum(real) * real - 1, as HF's OPT and RoBERTa compute them (padding: -1). Written with
+    the array methods numpy, jax and torch share."""
+    return real.cumsum(1) * real - 1

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from flax_blocks.config import BlockConfig
 from flax_blocks.declarations import Component
-from flax_blocks.lm_spec import ENCODER, OPTIONAL, LMConfig, components
+from flax_blocks.lm_spec import ENCODER, OPTIONAL, LMConfig, components, default_positions
 
 from .blocks import Encoder
 from .layers import Linear, Norm, create_params
@@ -81,15 +81,23 @@ class LanguageModel(nn.Module):
         """input_ids (B, T) -> last hidden state (B, T, E); with a cache, (hidden, cache)."""
         mask = _check(input_ids, attention_mask, self.lm.vocab_size)
         b, t = input_ids.shape
+        low = 0  # a derived -1 (padding, OPT's and RoBERTa's default positions) reads row position_offset - 1
+        if positions is None and cache is None and self.lm.default_positions != "arange" and (
+                mask is not None or self.lm.default_positions == "ids"):
+            real = input_ids != self.lm.pad_token_id if self.lm.default_positions == "ids" else mask
+            positions, low = default_positions(self.lm, real.long()), -1
         if positions is None:
             start = cache["position"][:, None] if cache is not None else torch.zeros(b, 1, dtype=torch.long)
             positions = start.to(input_ids.device) + torch.arange(t, device=input_ids.device)
         x = self.embed(input_ids)
+        if self.lm.embed_scale is not None:  # HF's float32 buffer cast to the embeddings' dtype (Gemma)
+            scale = torch.tensor(self.lm.embed_scale, dtype=torch.float32 if x.element_size() <= 4 else x.dtype)
+            x = x * scale.to(x.dtype)
         if self.pos is not None:
-            if int(positions.max()) >= self.lm.max_positions or int(positions.min()) < 0:
+            if int(positions.max()) >= self.lm.max_positions or int(positions.min()) < low:
                 raise ValueError(f"positions up to {int(positions.max())}, but the model has {self.lm.max_positions} "
                                  "learned positions")
-            x = x + self.pos(positions)
+            x = x + self.pos(positions + self.lm.position_offset)
         if self.token_type is not None:
             x = x + self.token_type(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
         if self.embed_norm is not None:
@@ -102,7 +110,9 @@ class LanguageModel(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         if self.lm.head == "none":
             raise ValueError("this model has no head (head='none'): it returns hidden states")
-        return self.head(h) if self.head is not None else h @ self.embed.weight.T
+        y = self.head(h) if self.head is not None else h @ self.embed.weight.T
+        cap = self.lm.final_logit_softcap
+        return y if cap is None else torch.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, positions: Tensor | None = None,
                 token_type_ids: Tensor | None = None, *, cache: Cache | None = None):

@@ -1,0 +1,321 @@
+"""Whole models of the families beyond LLaMA, GPT-2 and BERT (issue 23, item 1):
+fb.from_hf(part="causal-lm") for OPT, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 text, OLMo 2,
+GPT-NeoX, StableLM and Starcoder2, part="model" for RoBERTa and DistilBERT, fb.to_hf of the
+whole model, fb.generate, and the torch twin on the parts these families add (OPT's position
+offset, Gemma's embedding scale, Gemma 2's final logit soft-cap).
+
+Tiny float32 models (d_model 32, 2 layers, vocab 96, matrices at std 0.2, norms and biases
+moved off 1 / 0; the
+helpers and the left-padded batch are tests/test_lm.py's), built once per module. Logits are
+compared at real tokens, both sides given HF's positions cumsum(mask) - 1.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import flax_blocks as fb  # noqa: E402
+import torch_blocks as tb  # noqa: E402
+from flax_blocks.hf_models import lm_config, load  # noqa: E402
+from flax_blocks.hf_config import hf_state_dict  # noqa: E402
+from torch_blocks.lm import generate as torch_generate  # noqa: E402
+
+from test_lm import NO_SPECIAL, E, V, _batch, _build  # noqa: E402  (tests/ is on sys.path: pytest prepends it)
+
+ROTARY = dict(vocab_size=V, hidden_size=E, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+              num_hidden_layers=2, max_position_embeddings=64, **NO_SPECIAL)
+GEMMA2 = dict(ROTARY, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0, query_pre_attn_scalar=16,
+              final_logit_softcapping=0.5)  # a cap at the logits' scale: a real 30 would change nothing here
+OPT = dict(vocab_size=V, hidden_size=E, num_attention_heads=4, ffn_dim=48, num_hidden_layers=2,
+           max_position_embeddings=40, word_embed_proj_dim=E, **NO_SPECIAL)
+CAUSAL = {
+    "opt": ("OPTConfig", "OPTForCausalLM", OPT),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(ROTARY, rope_theta=500.0, partial_rotary_factor=0.75,
+                                                     sliding_window=None)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(ROTARY, head_dim=8, rope_theta=500.0)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(ROTARY, head_dim=8)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", GEMMA2),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(ROTARY, head_dim=8, sliding_window=4,
+                                                             query_pre_attn_scalar=16, final_logit_softcapping=0.5,
+                                                             layer_types=["sliding_attention", "full_attention"])),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", ROTARY),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
+                                                             intermediate_size=48, num_hidden_layers=2,
+                                                             max_position_embeddings=64, rotary_pct=0.5,
+                                                             **NO_SPECIAL)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
+}
+TIED = {"opt", "gemma", "gemma2", "gemma3", "starcoder2"}
+GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3"]
+PAD = 1  # RoBERTa's padding token (its padding_idx)
+ENCODERS = {
+    "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
+                                                      intermediate_size=48, num_hidden_layers=2,
+                                                      max_position_embeddings=20, type_vocab_size=1,
+                                                      pad_token_id=PAD, bos_token_id=0, eos_token_id=2)),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", dict(vocab_size=V, dim=E, n_heads=4, hidden_dim=48,
+                                                               n_layers=2, max_position_embeddings=20,
+                                                               pad_token_id=PAD)),
+}
+
+
+def _build_varied(cfg_cls, model_cls, kw):
+    """test_lm's build with every matrix drawn at std 0.2 (HF's 0.02 makes greedy tokens repeat
+    one id), but Gemma's token embeddings (scaled up by sqrt(d) and tied to the head: at 0.2
+    each row's argmax is its last token)."""
+    model = _build(cfg_cls, model_cls, kw)
+    gemma = model.config.model_type.startswith("gemma")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.02 if gemma and "embed_tokens" in name else 0.2)
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_models():
+    return {name: _build_varied(*spec) for name, spec in {**CAUSAL, **ENCODERS}.items()}
+
+
+@pytest.fixture(scope="module")
+def flax_models(hf_models):
+    return {name: fb.from_hf(m, part="causal-lm" if name in CAUSAL else "model") for name, m in hf_models.items()}
+
+
+def _rel(ours, ref, live):
+    return float(np.abs(np.asarray(ours) - ref)[live].max() / np.abs(ref[live]).max())
+
+
+def _logits(lm, ids, mask, positions):
+    return np.asarray(lm(jnp.asarray(ids), attention_mask=jnp.asarray(mask), positions=jnp.asarray(positions)))
+
+
+@pytest.fixture(scope="module")
+def reference(hf_models):
+    """family -> HF's logits on the left-padded batch, given position_ids = cumsum(mask) - 1."""
+    ids, mask, positions = _batch()
+    out = {}
+    with torch.no_grad():
+        for name in CAUSAL:
+            out[name] = hf_models[name](torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                        position_ids=torch.tensor(positions)).logits.numpy()
+    return out
+
+
+def _strict_round_trip(hf, sd):
+    """Load `sd` (checkpoint names) into a fresh HF model with strict=True; its state dict is
+    then the original's, bit for bit. The checkpoint names are what save_pretrained writes
+    (GPT-NeoX's embed_out); transformers 5 names that module lm_head in the library."""
+    fresh = type(hf)(hf.config).eval()
+    names = {"embed_out.weight": "lm_head.weight"} if hf.config.model_type == "gpt_neox" else {}
+    fresh.load_state_dict(tb.to_tensors({names.get(k, k): v for k, v in sd.items()}), strict=True)
+    original = hf.state_dict()
+    assert set(fresh.state_dict()) == set(original)
+    assert all(torch.equal(v, original[k]) for k, v in fresh.state_dict().items())
+
+
+@pytest.mark.parametrize("family", list(CAUSAL))
+def test_causal_lm_matches_hf_and_writes_back_bit_for_bit(family, hf_models, flax_models, reference):
+    hf, lm = hf_models[family], flax_models[family]
+    assert lm.lm.head == ("tied" if family in TIED else "untied")
+    ids, mask, positions = _batch()
+    err = _rel(_logits(lm, ids, mask, positions), reference[family], mask.astype(bool))
+    print(f"{family}: max relative logit error {err:.1e}")
+    assert err < 1e-5, err
+
+    sd = fb.to_hf(lm)  # the checkpoint's names and values
+    files = {k: v.numpy() for k, v in hf_state_dict(hf).items()}
+    assert set(sd) == set(files)
+    assert all(np.array_equal(v, files[k]) for k, v in sd.items())
+    _strict_round_trip(hf, sd)
+
+
+def test_what_each_family_adds_is_read(flax_models):
+    opt, gemma, gemma2, gemma3, roberta = (flax_models[n].lm for n in ("opt", "gemma", "gemma2", "gemma3", "roberta"))
+    assert (opt.max_positions, opt.position_offset, opt.default_positions, opt.position_rows) == (40, 2, "mask", 42)
+    assert gemma.embed_scale == gemma2.embed_scale == gemma3.embed_scale == E ** 0.5
+    assert (gemma.final_logit_softcap, gemma2.final_logit_softcap, gemma3.final_logit_softcap) == (None, 0.5, 0.5)
+    assert (roberta.position_offset, roberta.max_positions, roberta.default_positions, roberta.pad_token_id) == \
+        (PAD + 1, 20 - PAD - 1, "ids", PAD)
+    assert all(flax_models[n].lm.embed_scale is None and flax_models[n].lm.final_logit_softcap is None
+               for n in ("opt", "phi3", "qwen3", "olmo2", "gpt_neox", "stablelm", "starcoder2"))
+    ids, mask, _ = _batch()  # OPT's 40 positions (rows 2..41): 7 + 34 tokens pass them
+    with pytest.raises(ValueError, match="40 learned positions"):
+        fb.generate(flax_models["opt"], ids, mask, max_new_tokens=34)
+
+
+def test_gemma_embedding_scale_rounds_as_hf_in_bfloat16(hf_models):
+    """sqrt(32) rounded to float32 (HF's buffer), then to bfloat16, times the bfloat16
+    embeddings: the same bits as HF's scaled embedding."""
+    hf = copy.deepcopy(hf_models["gemma2"]).to(torch.bfloat16)
+    lm = fb.from_hf(hf, part="causal-lm")
+    ids, _, _ = _batch()
+    ours = np.asarray(lm.embed_tokens(jnp.asarray(ids)).astype(jnp.float32))
+    with torch.no_grad():
+        ref = hf.model.embed_tokens(torch.tensor(ids)).float().numpy()
+    np.testing.assert_array_equal(ours, ref)
+
+
+def test_opt_default_positions_are_hfs_from_the_mask(hf_models, flax_models):
+    """Without position_ids HF's OPT numbers the real tokens from the mask (padding: -1, row
+    1); so does the model without positions= (0..T-1 there would be wrong for the padded row)."""
+    ids, mask, _ = _batch()
+    with torch.no_grad():
+        ref = hf_models["opt"](torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    lm, live = flax_models["opt"], mask.astype(bool)
+    assert _rel(lm(jnp.asarray(ids), attention_mask=jnp.asarray(mask)), ref, live) < 1e-5
+    arange = _wrong(lm, default_positions="arange")
+    assert _rel(arange(jnp.asarray(ids), attention_mask=jnp.asarray(mask)), ref, live) > 1e-3
+
+
+@pytest.mark.parametrize("family", GENERATE)
+def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
+    hf, lm = hf_models[family], flax_models[family]
+    ids, mask, _ = _batch(t=6, pad=2, seed=1)  # two prompts of lengths 6 and 4, left-padded
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=16, do_sample=False,
+                          pad_token_id=0).numpy()
+    ours = np.asarray(fb.generate(lm, ids, mask, max_new_tokens=16))
+    assert ours.shape == ref.shape == (2, 22)
+    np.testing.assert_array_equal(ours, ref)
+    assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
+
+
+@pytest.mark.parametrize("family", ["opt", "gemma2"])
+def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
+    """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
+    and final soft-cap in the torch twin: HF's logits, and the same greedy tokens."""
+    lm = flax_models[family]
+    twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
+    twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
+    ids, mask, positions = _batch()
+    with torch.no_grad():
+        theirs = twin(torch.tensor(ids), torch.tensor(mask), torch.tensor(positions)).numpy()
+        default = twin(torch.tensor(ids), torch.tensor(mask)).numpy()
+    assert _rel(theirs, reference[family], mask.astype(bool)) < 1e-5
+    ours_default = np.asarray(lm(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+    assert _rel(default, ours_default, mask.astype(bool)) < 1e-5
+    ids, mask, _ = _batch(t=6, pad=2, seed=1)
+    np.testing.assert_array_equal(torch_generate(twin, torch.tensor(ids), torch.tensor(mask), max_new_tokens=8).numpy(),
+                                  np.asarray(fb.generate(lm, ids, mask, max_new_tokens=8)))
+
+
+def _wrong(lm, **fields):
+    """The same weights in a model computing something else (LMConfig fields changed)."""
+    return fb.lm.from_torch_state_dict(lm.cfg, replace(lm.lm, **fields), fb.torch_state_dict(lm))
+
+
+# A real mistake per new part: (family, what, the LMConfig fields of the mistake).
+MISTAKES = [
+    ("opt", "positions read without OPT's offset of 2 (row p, not p + 2)",
+     dict(position_offset=0, max_positions=42, default_positions="arange")),
+    ("gemma", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
+    ("gemma2", "no final logit soft-cap", dict(final_logit_softcap=None)),
+    ("gemma3", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
+]
+
+
+@pytest.mark.parametrize("family, what, fields", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_real_mistake_is_caught(family, what, fields, flax_models, reference):
+    ids, mask, positions = _batch()
+    err = _rel(_logits(_wrong(flax_models[family], **fields), ids, mask, positions), reference[family],
+               mask.astype(bool))
+    print(f"{family}: {what}: rel error {err:.1e}")
+    assert err > 1e-3  # a hundred times the test's tolerance
+
+
+def _encoder_batch():
+    """Right- and left-padded rows whose padding is RoBERTa's pad token (real tokens never are)."""
+    ids = np.random.default_rng(3).integers(PAD + 2, V, (2, 7))
+    mask = np.ones((2, 7), np.int64)
+    mask[0, 5:] = 0
+    mask[1, :2] = 0
+    return np.where(mask > 0, ids, PAD), mask
+
+
+@pytest.mark.parametrize("family", list(ENCODERS))
+def test_encoder_model_matches_last_hidden_state(family, hf_models, flax_models):
+    """part="model" without positions: RoBERTa numbers positions from its ids (real tokens from
+    padding_idx + 1, padding at padding_idx), DistilBERT 0..T-1; HF's last_hidden_state."""
+    hf, lm = hf_models[family], flax_models[family]
+    ids, mask = _encoder_batch()
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+    ours = np.asarray(lm(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+    live = mask.astype(bool)
+    err = _rel(ours, ref, live)
+    print(f"{family}: max relative error of last_hidden_state {err:.1e}")
+    assert err < 1e-5, err
+    if family == "roberta":  # positions from 0 at row 0 (no offset, not numbered from the ids): caught
+        wrong = _wrong(lm, position_offset=0, max_positions=20, default_positions="arange", pad_token_id=None)
+        assert _rel(wrong(jnp.asarray(ids), attention_mask=jnp.asarray(mask)), ref, live) > 1e-3
+    twin = tb.LanguageModel(lm.cfg, lm.lm).eval()  # the torch twin numbers them from the ids too
+    twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
+    with torch.no_grad():
+        assert _rel(twin(torch.tensor(ids), torch.tensor(mask)).numpy(), ref, live) < 1e-5
+
+    sd = fb.to_hf(lm)
+    files = {k: v.numpy() for k, v in hf_state_dict(hf).items()}
+    assert set(sd) == {k for k in files if not k.startswith("pooler.")}  # the pooler is not read
+    assert all(np.array_equal(v, files[k]) for k, v in sd.items())
+    fresh = type(hf)(hf.config)
+    missing, unexpected = fresh.load_state_dict(tb.to_tensors(sd), strict=family != "roberta")
+    assert unexpected == [] and all(k.startswith("pooler.") for k in missing)
+    with pytest.raises(fb.ConversionError, match="not a causal language model"):
+        fb.from_hf(hf, part="causal-lm")
+    extra = {**files, "extra.weight": files["embeddings.word_embeddings.weight"]}  # an encoder has no head to
+    with pytest.raises(fb.ConversionError, match="unexpected key extra.weight"):  # hide unread keys behind
+        load(hf.config.to_dict(), extra, "model")
+
+
+def test_what_the_blocks_do_not_compute_is_refused_by_name():
+    vit = transformers.ViTModel(transformers.ViTConfig(hidden_size=E, num_hidden_layers=1, num_attention_heads=4,
+                                                       intermediate_size=48, image_size=8, patch_size=4))
+    for part in ("causal-lm", "model"):
+        with pytest.raises(fb.ConversionError, match=r"(?s)cannot load a whole vit model.*images.*part='stack'"):
+            fb.from_hf(vit, part=part)
+    whisper = dict(model_type="whisper", vocab_size=V, d_model=E, encoder_attention_heads=4, encoder_ffn_dim=48,
+                   encoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=48, decoder_layers=1,
+                   activation_function="gelu")
+    with pytest.raises(fb.ConversionError, match=r"(?s)cannot load a whole whisper model.*encoder-decoder on audio"):
+        lm_config(whisper, "causal-lm")
+    opt350 = _build("OPTConfig", "OPTForCausalLM", {**OPT, "word_embed_proj_dim": 16})
+    with pytest.raises(fb.ConversionError, match=r"word_embed_proj_dim=16 != hidden_size=32.*project_in"):
+        fb.from_hf(opt350, part="causal-lm")
+    fb.from_hf(opt350)  # its stack alone still loads
+    qwen3 = transformers.Qwen3Config(**CAUSAL["qwen3"][2], rope_parameters={"rope_type": "yarn", "rope_theta": 1e4,
+                                                                           "factor": 2.0}).to_dict()
+    with pytest.raises(fb.ConversionError, match="rope_type 'yarn'"):
+        lm_config(qwen3, "causal-lm")
+    roberta = transformers.RobertaConfig(**{**ENCODERS["roberta"][2], "pad_token_id": None}).to_dict()
+    with pytest.raises(fb.ConversionError, match="pad_token_id None"):
+        lm_config(roberta, "model")
+
+
+def test_to_hf_refuses_a_family_that_computes_otherwise(flax_models):
+    """A Gemma model written as a LLaMA (same names) would lose its embedding scale: refused."""
+    with pytest.raises(fb.ConversionError, match=r"embed_scale=5.65.*llama has no embedding scale"):
+        fb.to_hf(flax_models["gemma"], dialect="hf-llama")
+    with pytest.raises(fb.ConversionError, match="final_logit_softcap=0.5: gemma has no final logit soft-cap"):
+        fb.to_hf(flax_models["gemma2"], dialect="hf-gemma")
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(position_offset=2), "needs learned positions"),
+    (dict(max_positions=8, default_positions="mask"), "needs position_offset >= 1"),
+    (dict(max_positions=8, position_offset=2, default_positions="ids"), "pad_token_id goes with"),
+    (dict(embed_scale=0.0), "embed_scale must be a positive number"),
+    (dict(final_logit_softcap=30.0, head="none"), "final_logit_softcap needs a head"),
+])
+def test_lm_config_refuses_inconsistent_fields(fields, words):
+    with pytest.raises(ValueError, match=words):
+        fb.LMConfig(vocab_size=V, num_layers=1, **fields)
