@@ -164,33 +164,49 @@ def _block_pairs(nq: int, nk: int, bq: int, bk: int, causal: bool,
     return i, j
 
 
-def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, scale, acc_dt, softcap=None, window=None, local=True,
+def _pair_groups(nq: int, nk: int, bq: int, bk: int, causal: bool, window: int | None, skip: bool):
+    """The pairs of `_block_pairs` in two groups, [(i, j, masked)]: first those in which every
+    (query, key) pair is allowed by the causal mask and a statically local window (no
+    position mask needed: below the diagonal, inside the window), then the rest (masked)."""
+    i, j = _block_pairs(nq, nk, bq, bk, causal, window if skip else None)
+    full = np.ones(len(i), bool)
+    if causal:
+        full &= j * bk + bk - 1 <= i * bq  # the block's last key at or before its first query
+    if window is not None:
+        full &= skip & (j * bk > i * bq + bq - 1 - window)  # its first key inside the last query's window
+    return [(i[g], j[g], not f) for f, g in ((True, full), (False, ~full)) if g.any()]
+
+
+def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, acc_dt, softcap=None, window=None, local=True,
                  transposed=False):
-    """Scaled logits of query block i against key block j (soft-capped, c tanh(s / c), before
-    the masks), -inf where a pair is not allowed (a padded or masked key, or one after the
-    query, or with a sliding window W before query - W + 1 where `local`, a bool array):
+    """Logits of query block i, already scaled, against key block j (soft-capped,
+    c tanh(s / c), before the masks), -inf where a pair is not allowed (a padded or masked
+    key, or with `causal` one after the query, or with a sliding window W before
+    query - W + 1 where `local`, a bool array):
     qi (B, K, R, hd) with R = G * bq rows (query head g's row q at g * bq + q), kj (B, K, bk, hd),
-    bias_j (B, bk) of 0 / -inf -> (logits (B, K, R, bk), or (B, K, bk, R) `transposed`;
-    d logits / d s: 1 - tanh^2 with a soft-cap, else None), one fused pass over the logits."""
+    bias_j (B, bk) of 0 / -inf or None -> (logits (B, K, R, bk), or (B, K, bk, R) `transposed`;
+    d logits / d s: 1 - tanh^2 with a soft-cap, else None). Masks are applied only where asked:
+    the pairs that need none skip the passes over the logits."""
     if transposed:
-        s = jnp.einsum("bksd,bkrd->bksr", kj, qi).astype(acc_dt) * scale
+        s = jnp.einsum("bksd,bkrd->bksr", kj, qi, preferred_element_type=acc_dt)
     else:
-        s = jnp.einsum("bkrd,bksd->bkrs", qi, kj).astype(acc_dt) * scale
+        s = jnp.einsum("bkrd,bksd->bkrs", qi, kj, preferred_element_type=acc_dt)
     slope = None
     if softcap is not None:
         t = jnp.tanh(s / softcap)
         s, slope = softcap * t, 1.0 - t * t
+    if bias_j is not None:
+        s = s + (bias_j[:, None, :, None] if transposed else bias_j[:, None, None, :])
+    if not causal and window is None:
+        return s, slope
     qpos = i * bq + jnp.tile(jnp.arange(bq), qi.shape[2] // bq)
     kpos = j * bk + jnp.arange(bk)
-    if transposed:
-        logits, kpos, qpos = s + bias_j[:, None, :, None], kpos[:, None], qpos[None, :]
-    else:
-        logits, kpos, qpos = s + bias_j[:, None, None, :], kpos[None, :], qpos[:, None]
+    kpos, qpos = (kpos[:, None], qpos[None, :]) if transposed else (kpos[None, :], qpos[:, None])
     if causal:
-        logits = jnp.where(kpos <= qpos, logits, -jnp.inf)
+        s = jnp.where(kpos <= qpos, s, -jnp.inf)
     if window is not None:
-        logits = jnp.where((kpos > qpos - window) | ~local, logits, -jnp.inf)
-    return logits, slope
+        s = jnp.where((kpos > qpos - window) | ~local, s, -jnp.inf)
+    return s, slope
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10))
@@ -199,35 +215,45 @@ def _flash(qb, kb, vb, validb, local, causal: bool, bq: int, scale: float, softc
     return _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip)[0]
 
 
+def _scaled(qb, scale, acc_dt):
+    return (qb.astype(acc_dt) * scale).astype(qb.dtype)
+
+
 def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip):
-    """qb (nq, B, K, R, hd) (R = G * bq rows), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk) ->
-    out (nq, B, K, R, hd) (0 for rows without keys), and the residuals (the inputs, out,
-    each row's log-sum-exp, 0 where a row has no key)."""
+    """qb (nq, B, K, R, hd) (R = G * bq rows), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk)
+    or None (every key real) -> out (nq, B, K, R, hd) (0 for rows without keys), and the
+    residuals (the inputs, out, each row's log-sum-exp, 0 where a row has no key). The
+    softmax's row sums ride on the P V product (V gets a column of ones): one pass over the
+    probabilities fewer."""
     nq, b, kv, r, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
-    scale = jnp.asarray(scale, acc_dt)
-    pi, pj = _block_pairs(nq, nk, bq, bk, causal, window if skip else None)
-    bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
+    qs = _scaled(qb, scale, acc_dt)
+    bias = None if validb is None else jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
+    v1 = jnp.concatenate([vb, jnp.ones(vb.shape[:-1] + (1,), vb.dtype)], axis=-1)  # (nk, B, K, bk, hd + 1)
 
-    def step(carry, ij):
-        m, l, acc = carry  # (nq, B, K, R), (nq, B, K, R), (nq, B, K, R, hd)
-        i, j = ij
-        logits, _ = _pair_logits(qb[i], kb[j], bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap, window, local)
-        mi = m[i]
-        m_new = jnp.maximum(mi, logits.max(axis=-1))
-        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # a row without a key so far: exp(-inf) = 0
-        p = jnp.exp(logits - shift[..., None])
-        corr = jnp.exp(mi - shift)
-        li = l[i] * corr + p.sum(axis=-1)
-        ai = acc[i] * corr[..., None] + jnp.einsum("bkrs,bksd->bkrd", p.astype(vb.dtype), vb[j]).astype(acc_dt)
-        return (m.at[i].set(m_new), l.at[i].set(li), acc.at[i].set(ai)), None
+    def step(masked):
+        def body(carry, ij):
+            m, acc = carry  # (nq, B, K, R), (nq, B, K, R, hd + 1): P V and the row sums
+            i, j = ij
+            logits, _ = _pair_logits(qs[i], kb[j], None if bias is None else bias[j], i, j, bq, bk,
+                                     causal and masked, acc_dt, softcap, window if masked else None, local)
+            mi = m[i]
+            m_new = jnp.maximum(mi, logits.max(axis=-1))
+            shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # a row without a key so far: exp(-inf) = 0
+            p = jnp.exp(logits - shift[..., None])
+            corr = jnp.exp(mi - shift)
+            pv = jnp.einsum("bkrs,bksd->bkrd", p.astype(vb.dtype), v1[j], preferred_element_type=acc_dt)
+            return (m.at[i].set(m_new), acc.at[i].set(acc[i] * corr[..., None] + pv)), None
+        return body
 
-    init = (jnp.full((nq, b, kv, r), -jnp.inf, acc_dt), jnp.zeros((nq, b, kv, r), acc_dt),
-            jnp.zeros((nq, b, kv, r, d), acc_dt))
-    (m, l, acc), _ = jax.lax.scan(step, init, (jnp.asarray(pi), jnp.asarray(pj)))
+    carry = (jnp.full((nq, b, kv, r), -jnp.inf, acc_dt), jnp.zeros((nq, b, kv, r, d + 1), acc_dt))
+    for pi, pj, masked in _pair_groups(nq, nk, bq, bk, causal, window, skip):
+        carry, _ = jax.lax.scan(step(masked), carry, (jnp.asarray(pi), jnp.asarray(pj)))
+    m, acc = carry
+    l = acc[..., d]
     has = l > 0
-    out = (acc / jnp.where(has, l, 1.0)[..., None]).astype(vb.dtype)
+    out = (acc[..., :d] / jnp.where(has, l, 1.0)[..., None]).astype(vb.dtype)
     lse = jnp.where(has, m + jnp.log(jnp.where(has, l, 1.0)), 0.0)
     return out, (qb, kb, vb, validb, local, out, lse)
 
@@ -237,35 +263,40 @@ def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
     log-sum-exp, D = rowsum(dO * O); dQ, dK, dV accumulated over the same pairs (through
     the soft-cap's slope 1 - tanh^2 when there is one). The pair's logits are formed
     transposed, (keys, rows), so that every product is a plain matrix product (dV = P^T dO,
-    dK = dS^T Q and dQ^T = K^T dS^T: no operand transposed inside the loop; XLA:CPU's
+    dK = dS^T (scale Q) and dQ^T = K^T dS^T: no operand transposed inside the loop; XLA:CPU's
     products with a transposed left operand ran 3-4x slower)."""
     qb, kb, vb, validb, local, out, lse = res
     nq, b, kv, r, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
-    scale = jnp.asarray(scale, acc_dt)
-    pi, pj = _block_pairs(nq, nk, bq, bk, causal, window if skip else None)
+    qs = _scaled(qb, scale, acc_dt)
     delta = (dout.astype(acc_dt) * out.astype(acc_dt)).sum(axis=-1)  # (nq, B, K, R)
-    bias = jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
+    bias = None if validb is None else jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
-    def step(carry, ij):
-        dqt, dk, dv = carry
-        i, j = ij
-        qi, kj, vj, doi = qb[i], kb[j], vb[j], dout[i]
-        logits, slope = _pair_logits(qi, kj, bias[j], i, j, bq, bk, causal, scale, acc_dt, softcap, window, local,
-                                     transposed=True)  # (B, K, bk, R)
-        p = jnp.exp(logits - lse[i][:, :, None, :])
-        dv = dv.at[j].add(jnp.einsum("bksr,bkrd->bksd", p.astype(doi.dtype), doi).astype(acc_dt))
-        dp = jnp.einsum("bksd,bkrd->bksr", vj, doi).astype(acc_dt)
-        ds = p * (dp - delta[i][:, :, None, :]) * scale
-        ds = (ds if slope is None else ds * slope).astype(qi.dtype)
-        dk = dk.at[j].add(jnp.einsum("bksr,bkrd->bksd", ds, qi).astype(acc_dt))
-        dqt = dqt.at[i].add(jnp.einsum("bkds,bksr->bkdr", kj.swapaxes(-1, -2), ds).astype(acc_dt))
-        return (dqt, dk, dv), None
+    def step(masked):
+        def body(carry, ij):
+            dqt, dk, dv = carry
+            i, j = ij
+            qi, kj, vj, doi = qs[i], kb[j], vb[j], dout[i]
+            logits, slope = _pair_logits(qi, kj, None if bias is None else bias[j], i, j, bq, bk, causal and masked,
+                                         acc_dt, softcap, window if masked else None, local,
+                                         transposed=True)  # (B, K, bk, R)
+            p = jnp.exp(logits - lse[i][:, :, None, :])
+            dv = dv.at[j].add(jnp.einsum("bksr,bkrd->bksd", p.astype(doi.dtype), doi, preferred_element_type=acc_dt))
+            dp = jnp.einsum("bksd,bkrd->bksr", vj, doi, preferred_element_type=acc_dt)
+            ds = p * (dp - delta[i][:, :, None, :])
+            ds = (ds if slope is None else ds * slope).astype(qi.dtype)
+            dk = dk.at[j].add(jnp.einsum("bksr,bkrd->bksd", ds, qi, preferred_element_type=acc_dt))
+            dqt = dqt.at[i].add(jnp.einsum("bkds,bksr->bkdr", kj.swapaxes(-1, -2), ds, preferred_element_type=acc_dt))
+            return (dqt, dk, dv), None
+        return body
 
-    init = (jnp.zeros((nq, b, kv, d, r), acc_dt), jnp.zeros(kb.shape, acc_dt), jnp.zeros(vb.shape, acc_dt))
-    (dqt, dk, dv), _ = jax.lax.scan(step, init, (jnp.asarray(pi), jnp.asarray(pj)))
-    return dqt.swapaxes(-1, -2).astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
+    carry = (jnp.zeros((nq, b, kv, d, r), acc_dt), jnp.zeros(kb.shape, acc_dt), jnp.zeros(vb.shape, acc_dt))
+    for pi, pj, masked in _pair_groups(nq, nk, bq, bk, causal, window, skip):
+        carry, _ = jax.lax.scan(step(masked), carry, (jnp.asarray(pi), jnp.asarray(pj)))
+    dqt, dk, dv = carry
+    dq = dqt.swapaxes(-1, -2) * jnp.asarray(scale, acc_dt)
+    return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -292,6 +323,7 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     bq, bk = min(block, t), min(block, s)
     nq, nk = -(-t // bq), -(-s // bk)
     valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid.astype(jnp.bool_)
+    ragged = key_valid is not None or nk * bk != s  # padded keys to mask
     pad = lambda a, n, axis: jnp.pad(a, [(0, n - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])  # noqa: E731
     qb = pad(q, nq * bq, 1).reshape(b, nq, bq, kv, g, d).transpose(1, 0, 3, 4, 2, 5).reshape(nq, b, kv, g * bq, d)
     kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
@@ -302,7 +334,8 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     skip = window is not None and local is True  # statically local: skip the blocks outside the window
     scale = d ** -0.5 if scale is None else float(scale)
     softcap = None if softcap is None else float(softcap)
-    out = _flash(qb, kb, vb, validb, jnp.asarray(local, jnp.bool_), causal, bq, scale, softcap, window, skip)
+    out = _flash(qb, kb, vb, validb if ragged else None, jnp.asarray(local, jnp.bool_), causal, bq, scale, softcap,
+                 window, skip)
     out = out.reshape(nq, b, kv, g, bq, d).transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
     if causal:  # a real key at or before the query (and inside its window)
         has_key = _keys_seen(valid, t, window, local)
