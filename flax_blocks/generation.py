@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from .blocks import decoding_cache
 from .lm import check_token_ids, check_token_mask
 
 
@@ -58,7 +59,7 @@ def _choose(logits, key, step, temperature, top_k, top_p):
 def _generate(graphdef, state, ids, mask, key, *, max_new_tokens, temperature, top_k, top_p, eos, pad):
     b, t = ids.shape
     model = nnx.merge(graphdef, state)
-    cache = model.init_cache(b, t + max_new_tokens)
+    cache = decoding_cache(model.encoder, model.init_cache(b, t + max_new_tokens))  # weights cut out once
     positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
     h, cache = model.hidden(ids, attention_mask=mask, positions=positions, cache=cache)
     token = _choose(model.logits(h[:, -1]), key, 0, temperature, top_k, top_p)
