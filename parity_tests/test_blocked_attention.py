@@ -173,6 +173,39 @@ def test_flash_negative_twins_would_show():
         assert _rel(skipped, _dense_attention_jax(q, k, v, allowed)) > 1e-3
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_unmasked_block_pairs_hold_only_allowed_positions(window):
+    """The pairs the flash path runs without position masks (`_pair_groups`' first group) hold
+    only allowed (query, key) pairs, every allowed pair is in some visited block, and a
+    grouping that drops the masks from the diagonal blocks is caught by the float64
+    tolerance (with no key mask, so that only the position masks stand between a query and
+    its future)."""
+    nq = nk = 4
+    bq = bk = 2
+    groups = fa._pair_groups(nq, nk, bq, bk, True, window, skip=window is not None)
+    seen = set()
+    for i, j, masked in groups:
+        for a, b in zip(i.tolist(), j.tolist()):
+            pairs = {(q, kk) for q in range(a * bq, a * bq + bq) for kk in range(b * bk, b * bk + bk)}
+            allowed = {(q, kk) for q, kk in pairs if kk <= q and (window is None or kk > q - window)}
+            assert masked or pairs == allowed, (a, b)
+            seen |= allowed
+    assert seen == {(q, kk) for q in range(8) for kk in range(8) if kk <= q and (window is None or kk > q - window)}
+    assert any(not m for *_, m in groups) and any(m for *_, m in groups)  # both groups are exercised
+
+    with jax.enable_x64(True):
+        (q, k, v, _), _ = _flash_inputs(np.random.default_rng(3), seq=8)
+        allowed = np.tri(8, dtype=bool) if window is None else np.tri(8, dtype=bool) & ~np.tri(8, k=-window, dtype=bool)
+        want = _dense_attention_jax(q, k, v, np.broadcast_to(allowed, (2, 8, 8)))
+        got = fa.blocked_attention(q, k, v, causal=True, key_valid=None, block=2, window=window)[0]
+        assert _rel(got, want) <= 1e-12
+        real = fa._pair_groups
+        unmasked = lambda *a: [(i, j, False) for i, j, _ in real(*a)]  # noqa: E731
+        with mock.patch.object(fa, "_pair_groups", unmasked):
+            wrong = fa.blocked_attention(q, k, v, causal=True, key_valid=None, block=2, window=window)[0]
+        assert _rel(wrong, want) > 1e-3
+
+
 def test_a_wrong_causal_comparison_in_the_blocked_path_would_show():
     """The negative twins: blocked_attention (blocks of 4, T = 9) matches a softmax with the
     causal comparison key <= query within 1e-12; the tolerance tells it from key < query
