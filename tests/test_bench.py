@@ -37,7 +37,7 @@ def test_quick_run_writes_json_and_table(tmp_path):
             assert row["median_ms"] > 0 and row["p25_ms"] <= row["median_ms"] <= row["p75_ms"]
     assert result["peak_flops"]["float32"] > 0
     assert result["targets"], "no target was evaluated"
-    assert "## Block" in table and "## Targets of issues 6 and 15" in table and "## Rematerialisation" in table
+    assert "## Block" in table and "## Targets of issues 6, 15 and 26" in table and "## Rematerialisation" in table
     temp = {r["remat"]: r["xla_temp_bytes"] for r in result["rows"] if r["section"] == "remat" and "remat" in r}
     assert set(temp) == {"none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"}, temp
     assert temp["full"] < temp["none"], temp  # recomputing each layer keeps fewer residuals
