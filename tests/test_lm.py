@@ -92,16 +92,23 @@ def test_causal_lm_logits_match_hf_on_a_left_padded_batch(family, hf_models, fla
     hf.load_state_dict(tb.to_tensors(sd), strict=True)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
-    hf, lm = hf_models[family], flax_models[family]
-    ids, mask, _ = _batch(t=6, pad=2, seed=1)  # two prompts of lengths 6 and 4, left-padded
+def greedy_equals_hf(hf, lm):
+    """Greedy 16 tokens from two left-padded prompts (lengths 6 and 4): fb.generate's equal
+    HF generate(do_sample=False)'s token for token -> (HF's tokens, ids, mask)."""
+    ids, mask, _ = _batch(t=6, pad=2, seed=1)
     with torch.no_grad():
         ref = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=16, do_sample=False,
                           pad_token_id=0).numpy()
     ours = np.asarray(fb.generate(lm, ids, mask, max_new_tokens=16))
     assert ours.shape == ref.shape == (2, 22)
     np.testing.assert_array_equal(ours, ref)
+    return ref, ids, mask
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
+    hf, lm = hf_models[family], flax_models[family]
+    ref, ids, mask = greedy_equals_hf(hf, lm)
     if family == "llama":  # an eos: that row is padded after it, as HF's (which stops once all rows end)
         eos = int(ref[0, 10])
         with torch.no_grad():

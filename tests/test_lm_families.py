@@ -28,7 +28,7 @@ from flax_blocks.hf_models import lm_config, load  # noqa: E402
 from flax_blocks.hf_config import hf_state_dict  # noqa: E402
 from torch_blocks.lm import generate as torch_generate  # noqa: E402
 
-from test_lm import NO_SPECIAL, E, V, _batch, _build  # noqa: E402  (tests/ is on sys.path: pytest prepends it)
+from test_lm import NO_SPECIAL, E, V, _batch, _build, greedy_equals_hf  # noqa: E402  (tests/ is on sys.path: pytest prepends it)
 
 ROTARY = dict(vocab_size=V, hidden_size=E, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
               num_hidden_layers=2, max_position_embeddings=64, **NO_SPECIAL)
@@ -179,14 +179,7 @@ def test_opt_default_positions_are_hfs_from_the_mask(hf_models, flax_models):
 
 @pytest.mark.parametrize("family", GENERATE)
 def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
-    hf, lm = hf_models[family], flax_models[family]
-    ids, mask, _ = _batch(t=6, pad=2, seed=1)  # two prompts of lengths 6 and 4, left-padded
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=16, do_sample=False,
-                          pad_token_id=0).numpy()
-    ours = np.asarray(fb.generate(lm, ids, mask, max_new_tokens=16))
-    assert ours.shape == ref.shape == (2, 22)
-    np.testing.assert_array_equal(ours, ref)
+    ref, _, _ = greedy_equals_hf(hf_models[family], flax_models[family])
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
