@@ -308,12 +308,14 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     """softmax(q k^T * scale) v (scale default 1 / sqrt(hd); soft-capped logits c tanh(s / c)
     with softcap c, Gemma 2; a causal sliding window W, keys i - W < j <= i, where `local`, a
     Python bool or a traced one, with the key blocks wholly outside it skipped when `local` is
-    a Python True) without the (T, S) logits, FlashAttention-2 style: one
-    lax.scan over the (query block, key block) pairs that hold an allowed pair (for causal,
-    query block i visits key blocks 0..i only), an online softmax forward that keeps the
-    output and each row's log-sum-exp, and a custom VJP that recomputes the probabilities
-    pair by pair (no stored per-block carries). Memory O(T * hd + block^2); grouped-query
-    heads without repeating k and v.
+    a Python True) without the (T, S) logits, FlashAttention-2 style: lax.scans over the
+    (query block, key block) pairs that hold an allowed pair (for causal, query block i
+    visits key blocks 0..i only), first those that need no position mask, then those that
+    straddle the diagonal or the window's edge (`_pair_groups`); an online softmax forward
+    that keeps the output and each row's log-sum-exp, and a custom VJP that recomputes the
+    probabilities pair by pair (no stored per-block carries). Memory O(T * hd + block^2);
+    grouped-query heads without repeating k and v (a key block serves the G * block rows of
+    its query heads).
 
     q (B, T, K, G, hd), k and v (B, S, K, hd); key_valid (B, S) or None. Returns (out
     (B, T, K, G, hd), has_key (B, T)); rows without any key give 0 (and zero gradients),
