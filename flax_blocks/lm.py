@@ -13,8 +13,8 @@ models they go to the blocks, for learned ones they index the position table (po
 reads row p + position_offset: OPT's 2, HF adding it too; RoBERTa's padding_idx + 1, where
 HF's position_ids are the rows themselves); None means HF's forward default (0..T-1;
 OPT's numbered from the mask, RoBERTa's from the ids: LMConfig.default_positions), or with
-a cache each row's next position (the cache keeps one per row). `fb.generate` derives HF's positions for left-padded prompts
-(cumsum(mask) - 1, 0 at padding).
+a cache each row's next position (the cache keeps one per row). `fb.generate` derives HF's
+positions for left-padded prompts (cumsum(mask) - 1, 0 at padding).
 """
 
 from __future__ import annotations
