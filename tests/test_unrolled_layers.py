@@ -128,6 +128,27 @@ def test_unrolled_intermediates_and_cached_decoding_match_scan(x64, pairs):
     assert cache["layers"]["self"]["k"].shape[0] == 3  # still stacked on the layer axis
 
 
+def test_decoding_cache_decodes_as_the_stacked_cache(x64, pairs):
+    """`decoding_cache` (each layer's cache and weights cut out once, as fb.generate decodes)
+    gives the scanned stack's chunks to float64 rounding, keeps its per-layer form, and
+    refuses what it cannot give (intermediates, another depth)."""
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 6, 16)))
+    (scanned, g0, p0, rest0), _ = pairs(fb.Encoder, LLAMA)
+    stacked, split = scanned.init_cache(2, 6), fbb.decoding_cache(scanned, scanned.init_cache(2, 6))
+    assert isinstance(split["layers"], tuple) and len(split["layers"]) == 3
+    for t0, t1 in ((0, 2), (2, 3), (3, 6)):
+        want, stacked = _decode(g0, p0, rest0, x[:, t0:t1], stacked)
+        got, split = _decode(g0, p0, rest0, x[:, t0:t1], split)
+        assert _rel(want, got) < 1e-13, (t0, t1)
+    np.testing.assert_allclose(np.stack([e["cache"]["self"]["k"] for e in split["layers"]]),
+                               stacked["layers"]["self"]["k"], rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match="return_intermediates"):
+        scanned(x[:, :1], cache=fbb.decoding_cache(scanned, scanned.init_cache(2, 6)), return_intermediates=True)
+    short = fbb.decoding_cache(scanned, scanned.init_cache(2, 6))
+    with pytest.raises(ValueError, match="of 2 layers for a stack of 3"):
+        scanned(x[:, :1], cache={**short, "layers": short["layers"][:2]})
+
+
 def test_forward_mode_through_the_unrolled_stack(x64, pairs):
     """The layer boundary carries a custom forward rule (its transpose is a matmul): the
     unrolled stack's jax.jvp equals the scanned stack's, and its own gradient."""
