@@ -58,3 +58,19 @@ def test_flop_count_matches_xla():
     # XLA also counts the elementwise work (softmax, LayerNorm, bias): a little more than the matmuls
     assert ours <= xla <= 1.35 * ours, (ours, xla)
     assert size.flops(train=True) == 3 * ours
+
+
+def test_generation_bench_quick_run_checks_its_tokens(tmp_path):
+    """experiments.generate_bench --quick: every row's fb.generate tokens equal HF generate's
+    and the torch twin's (the bench compares them before it times anything), its JSON and
+    table are written, and the speeds are positive."""
+    pytest.importorskip("transformers")
+    from experiments import generate_bench
+
+    result = generate_bench.main(["--quick", "--torch-threads", "1", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "generate.json").read_text())["rows"]
+    assert rows == result["rows"] and rows
+    for row in rows:
+        assert all(row["same_tokens"].values()) if isinstance(row["same_tokens"], dict) else row["same_tokens"], row
+        assert all(row[k] > 0 for k in row if k.endswith("_tok_s")) and row.get("cached_speedup", {"median": 1})["median"] > 0
+    assert "| fb / HF |" in (tmp_path / "generate.md").read_text()
