@@ -536,7 +536,7 @@ def decoding_cache(stack: _Stack, cache: Cache) -> Cache:
     of the stacked state here, once}. In a loop body (a lax.while_loop of `generate`) a scan
     over the stacked state would copy every layer's weights out of the stacked arrays at every
     step (XLA:CPU does not hoist the slices), and rewrite the whole stacked cache; with the
-    weights in the loop's carry it does neither (d512 8 layers, batch 1: 2.8x the tokens/s;
+    weights in the loop's carry it does neither (d512 8 layers, batch 1: 2.7x the tokens/s;
     experiments/results/generate/). The stack computes the same with either form and hands
     back the form it was given. For `generate`; the weights are a snapshot of `stack`'s."""
     _, state = nnx.split(stack.layers)
