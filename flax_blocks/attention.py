@@ -215,10 +215,6 @@ def _flash(qb, kb, vb, validb, local, causal: bool, bq: int, scale: float, softc
     return _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip)[0]
 
 
-def _scaled(qb, scale, acc_dt):
-    return (qb.astype(acc_dt) * scale).astype(qb.dtype)
-
-
 def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip):
     """qb (nq, B, K, R, hd) (R = G * bq rows), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk)
     or None (every key real) -> out (nq, B, K, R, hd) (0 for rows without keys), and the
@@ -228,7 +224,7 @@ def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, sk
     nq, b, kv, r, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
-    qs = _scaled(qb, scale, acc_dt)
+    qs = (qb.astype(acc_dt) * scale).astype(qb.dtype)  # the logits' scale, folded into the queries
     bias = None if validb is None else jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
     v1 = jnp.concatenate([vb, jnp.ones(vb.shape[:-1] + (1,), vb.dtype)], axis=-1)  # (nk, B, K, bk, hd + 1)
 
@@ -255,7 +251,7 @@ def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, sk
     has = l > 0
     out = (acc[..., :d] / jnp.where(has, l, 1.0)[..., None]).astype(vb.dtype)
     lse = jnp.where(has, m + jnp.log(jnp.where(has, l, 1.0)), 0.0)
-    return out, (qb, kb, vb, validb, local, out, lse)
+    return out, (qs, kb, vb, validb, local, out, lse)
 
 
 def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
@@ -265,11 +261,10 @@ def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
     transposed, (keys, rows), so that every product is a plain matrix product (dV = P^T dO,
     dK = dS^T (scale Q) and dQ^T = K^T dS^T: no operand transposed inside the loop; XLA:CPU's
     products with a transposed left operand ran 3-4x slower)."""
-    qb, kb, vb, validb, local, out, lse = res
-    nq, b, kv, r, d = qb.shape
+    qs, kb, vb, validb, local, out, lse = res  # qs: the queries times the scale (the forward's)
+    nq, b, kv, r, d = qs.shape
     nk, bk = kb.shape[0], kb.shape[3]
-    acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
-    qs = _scaled(qb, scale, acc_dt)
+    acc_dt = jnp.promote_types(qs.dtype, jnp.float32)
     delta = (dout.astype(acc_dt) * out.astype(acc_dt)).sum(axis=-1)  # (nq, B, K, R)
     bias = None if validb is None else jnp.where(validb, 0.0, -jnp.inf).astype(acc_dt)  # (nk, B, bk)
 
@@ -296,7 +291,7 @@ def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
         carry, _ = jax.lax.scan(step(masked), carry, (jnp.asarray(pi), jnp.asarray(pj)))
     dqt, dk, dv = carry
     dq = dqt.swapaxes(-1, -2) * jnp.asarray(scale, acc_dt)
-    return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
+    return dq.astype(qs.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -330,14 +325,13 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     qb = pad(q, nq * bq, 1).reshape(b, nq, bq, kv, g, d).transpose(1, 0, 3, 4, 2, 5).reshape(nq, b, kv, g * bq, d)
     kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
-    validb = pad(valid, nk * bk, 1).reshape(b, nk, bk).swapaxes(0, 1)  # padded keys are invalid
+    validb = pad(valid, nk * bk, 1).reshape(b, nk, bk).swapaxes(0, 1) if ragged else None  # padded keys invalid
     if local is False:
         window = None
     skip = window is not None and local is True  # statically local: skip the blocks outside the window
     scale = d ** -0.5 if scale is None else float(scale)
     softcap = None if softcap is None else float(softcap)
-    out = _flash(qb, kb, vb, validb if ragged else None, jnp.asarray(local, jnp.bool_), causal, bq, scale, softcap,
-                 window, skip)
+    out = _flash(qb, kb, vb, validb, jnp.asarray(local, jnp.bool_), causal, bq, scale, softcap, window, skip)
     out = out.reshape(nq, b, kv, g, bq, d).transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
     if causal:  # a real key at or before the query (and inside its window)
         has_key = _keys_seen(valid, t, window, local)
