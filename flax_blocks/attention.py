@@ -517,12 +517,14 @@ class Attention(nnx.Module):
 
     def memory_kv(self, memory: jax.Array) -> dict[str, jax.Array]:
         """Cross-attention keys and values of `memory` (B, S, E), computed once for cached
-        decoding: {"k": (B, S, K, hd), "v": (B, S, K, hd)} (k after k_norm, no rotary)."""
+        decoding: {"k": (B, K, S, hd), "v": (B, K, S, hd)} (k after k_norm, no rotary), head-major
+        as a decoding cache."""
         memory, w_in, b_in, _, _ = self._weights(memory)
         g = w_in.shape[2] - 2
         kv = self._project(memory, w_in[:, :, g:], None if b_in is None else b_in[:, g:])
         k, v = kv[:, :, :, 0], kv[:, :, :, 1]
-        return {"k": k if self.k_norm is None else self.qk_normed(self.k_norm, k), "v": v}
+        k = k if self.k_norm is None else self.qk_normed(self.k_norm, k)
+        return {"k": k.transpose(0, 2, 1, 3), "v": v.transpose(0, 2, 1, 3)}
 
     def __call__(
         self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None,
@@ -537,7 +539,8 @@ class Attention(nnx.Module):
         head with no key gives no output; a query with none in any head none at all); key:
         dropout key (None: the module's own RNG stream); deterministic: dropout off (True),
         on (False) or as the module's mode (None).
-        cache: for self-attention {"k", "v"} of shape (B, L, K, hd): x is the chunk at
+        cache: for self-attention {"k", "v"} of shape (B, K, L, hd), head-major (a decoding
+        step reads each head's keys in place, no copy of the cache): x is the chunk at
         positions index .. index+T-1 (rotary continues from index); its keys and values are
         written there and the queries attend to all L cached positions (the mask hides the
         rest). For cross-attention, the memory's keys and values from `memory_kv`.
@@ -568,18 +571,19 @@ class Attention(nnx.Module):
             qkv = self._project(x, w_in, b_in)  # (B, T, K, G+2, hd)
             q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
             q, k = self.position_qk(q, k, index + jnp.arange(t) if positions is None else positions, local)
+            kh = vh = None  # the keys and values head-major, (B, K, S, hd)
             if cache is not None:
-                start = (0 * index, index, 0 * index, 0 * index)  # one integer dtype (int64 under x64 too)
-                k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
-                v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)
-                cache = {"k": k, "v": v}
+                start = (0 * index, 0 * index, index, 0 * index)  # one integer dtype (int64 under x64 too)
+                kh = jax.lax.dynamic_update_slice(cache["k"], k.transpose(0, 2, 1, 3).astype(cache["k"].dtype), start)
+                vh = jax.lax.dynamic_update_slice(cache["v"], v.transpose(0, 2, 1, 3).astype(cache["v"].dtype), start)
+                cache = {"k": kh, "v": vh}
         else:  # cross-attention: queries from x, keys and values from the memory (or its cache)
             q = self._project(x, w_in[:, :, :g], None if b_in is None else b_in[:, :g])
             if self.q_norm is not None:
                 q = self.qk_normed(self.q_norm, q)
             mem = self.memory_kv(memory) if memory is not None else cache
-            k, v = mem["k"], mem["v"]
-        s = k.shape[1]
+            kh, vh = mem["k"], mem["v"]  # (B, K, S, hd)
+        s = k.shape[1] if kh is None else kh.shape[2]
         if path == "fused":  # the accelerator path: cuDNN's fused kernel where it can
             out, has_key = fused_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid,
                                            scale=self.cfg.attention_scale,
@@ -595,19 +599,27 @@ class Attention(nnx.Module):
                 out = out + b_out
             out = jnp.where(has_key[..., None], out, 0.0)  # a query with no key gets no output
             return out, None, None, cache
-        # Batched matmuls over (B, K, G): XLA:CPU runs them faster than the equivalent einsums
-        # ("btkgd,bskd->bkgts"), forward and backward.
-        qh, kh = q.transpose(0, 2, 3, 1, 4), k.transpose(0, 2, 3, 1)[:, :, None]  # (B,K,G,T,hd), (B,K,1,hd,S)
+        # Batched matmuls over (B, K), a kv head's G query heads as G*T rows: XLA:CPU runs them
+        # faster than the equivalent einsums ("btkgd,bskd->bkgts"), forward and backward; the
+        # keys are contracted over hd in their (B, K, S, hd) layout, so a decoding step reads
+        # the cache as it lies (a (B, K, hd, S) operand made XLA copy the whole cache, every
+        # layer, every step: 40 % of a d512 batch-8 step).
+        if kh is None:
+            kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        qh = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # (B, K, G*T, hd)
         if local is not False:  # a sliding-window layer (the causal mask is never None then)
             mask, rows = self.windowed(mask, rows, index, t, s, local)
-        logits = self.logits((qh @ kh).reshape(b, h, t, s), mask)  # head = kv * G + g
+        dt = jnp.result_type(qh, kh)
+        scores = jax.lax.dot_general(qh.astype(dt), kh.astype(dt), (((3,), (3,)), ((0, 1), (0, 1))))  # (B,K,G*T,S)
+        logits = self.logits(scores.reshape(b, h, t, s), mask)  # head = kv * G + g
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = jax.nn.softmax(logits, axis=-1)
         if rows is not None:
             weights = jnp.where(rows, weights, 0.0)
-        weights = weights.astype(v.dtype)
-        dropped = self.dropout(weights, deterministic=deterministic, rngs=key).reshape(b, kv, g, t, s)
-        out = (dropped @ v.transpose(0, 2, 1, 3)[:, :, None]).transpose(0, 3, 1, 2, 4).reshape(b * t, h * d)
+        weights = weights.astype(vh.dtype)
+        dropped = self.dropout(weights, deterministic=deterministic, rngs=key).reshape(b, kv, g * t, s)
+        out = (dropped @ vh).reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)
+        out = out.reshape(b * t, h * d)
         out = jnp.dot(out, w_out.reshape(h * d, e)).reshape(b, t, e)
         if b_out is not None:
             out = out + b_out

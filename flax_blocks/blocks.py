@@ -160,7 +160,7 @@ class _Block(nnx.Module):
 
     def _block_cache(self, batch: int, length: int, dtype) -> Cache:
         cfg = self.cfg
-        zeros = jnp.zeros((batch, length, cfg.kv_heads, cfg.head_width), dtype)
+        zeros = jnp.zeros((batch, cfg.kv_heads, length, cfg.head_width), dtype)  # head-major (B, K, L, hd)
         return {"self": {"k": zeros, "v": zeros}}
 
     def _forward(self, x, attention_mask, key_mask, return_intermediates, deterministic=None, *,

@@ -175,13 +175,15 @@ class Attention(nn.Module):
 
     def memory_kv(self, memory: Tensor) -> dict[str, Tensor]:
         """Cross-attention keys and values of `memory` (B, S, E), computed once for cached
-        decoding: {"k": (B, S, K, hd), "v": (B, S, K, hd)} (k after k_norm, no rotary)."""
+        decoding: {"k": (B, K, S, hd), "v": (B, K, S, hd)} (k after k_norm, no rotary), head-major
+        as a decoding cache."""
         cfg = self.cfg
         b, s, _ = memory.shape
         n = cfg.num_heads * cfg.head_width
         bias = None if self.in_proj_bias is None else self.in_proj_bias[n:]
         k, v = F.linear(memory, self.in_proj_weight[n:], bias).view(b, s, 2, cfg.kv_heads, cfg.head_width).unbind(2)
-        return {"k": k if self.k_norm is None else self.qk_normed(self.k_norm, k), "v": v}
+        k = k if self.k_norm is None else self.qk_normed(self.k_norm, k)
+        return {"k": k.transpose(1, 2), "v": v.transpose(1, 2)}
 
     def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
                 cross: bool = False, memory: Tensor | None = None, cache: dict[str, Tensor] | None = None,
@@ -190,7 +192,7 @@ class Attention(nn.Module):
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E);
         mask from `build_mask` / `cache_mask`.
 
-        cache: for self-attention {"k", "v"} (B, L, K, hd): x is the chunk at positions
+        cache: for self-attention {"k", "v"} (B, K, L, hd), head-major: x is the chunk at positions
         index .. index+T-1 (rotary continues from index); its keys and values are written
         there and the queries attend to all L cached positions. For cross-attention, the
         memory's keys and values from `memory_kv`. path: "dense" (explicit softmax) or
@@ -218,9 +220,10 @@ class Attention(nn.Module):
             if positions is None:  # (B, T) per-row rotary positions (HF's position_ids), else index onwards
                 positions = index + torch.arange(t, device=x.device)
             q, k = self.position_qk(q, k, positions, local)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, K, T, hd)
             if cache is not None:
                 k_all, v_all = cache["k"].clone(), cache["v"].clone()
-                k_all[:, index:index + t], v_all[:, index:index + t] = k, v
+                k_all[:, :, index:index + t], v_all[:, :, index:index + t] = k, v
                 cache = {"k": k_all, "v": v_all}
                 k, v = k_all, v_all
         else:
@@ -231,7 +234,7 @@ class Attention(nn.Module):
                 q = self.qk_normed(self.q_norm, q)
             mem = self.memory_kv(memory) if memory is not None else cache
             k, v = mem["k"], mem["v"]
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T or S, hd)
+        q = q.transpose(1, 2)  # (B, H, T, hd); k and v (B, K, T or S, hd)
         p = cfg.dropout if self.training else 0.0
         weights = logit_max = None
         if local:  # the causal mask is never None then (sliding_window needs causal)

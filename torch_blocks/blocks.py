@@ -140,7 +140,7 @@ class _Block(nn.Module):
 
     def _block_cache(self, batch: int, length: int, dtype, device, memory: Tensor | None = None) -> Cache:
         cfg = self.cfg
-        zeros = torch.zeros(batch, length, cfg.kv_heads, cfg.head_width, dtype=dtype, device=device)
+        zeros = torch.zeros(batch, cfg.kv_heads, length, cfg.head_width, dtype=dtype, device=device)  # (B, K, L, hd)
         cache: Cache = {"self": {"k": zeros, "v": zeros.clone()}}
         if memory is not None:
             cache["cross"] = self.multihead_attn.memory_kv(memory)
