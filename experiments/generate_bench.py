@@ -127,7 +127,8 @@ def run(args) -> dict:
             print(json.dumps({"model": name, "positions": args.rerun, "cached_speedup": row["cached_speedup"]["median"],
                               "same_tokens": agree}), flush=True)
     return {"rows": rows, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "load_after": os.getloadavg(), "jax": jax.__version__, "torch": torch.__version__}
+            "load_after": os.getloadavg(), "jax": jax.__version__, "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads()}
 
 
 def markdown(result: dict) -> str:

@@ -153,6 +153,12 @@ def test_chunked_cached_decoding_equals_the_full_causal_call_in_both_frameworks(
             start += n
     assert rel(torch.cat(outs, 1), tfull) <= 1e-12
     assert rel(tfull, full) <= 1e-12  # and the twins agree
+    # and their caches: one layout, head-major (B, K, L, hd), the same keys and values (the last layer's)
+    fself = jax.tree.map(lambda a: a[-1], cache["layers"]["self"]) if stack else cache["layers"]["self"]
+    tself = tcache["layers"]["layers"][-1]["self"] if stack else tcache["layers"]["self"]
+    for name in ("k", "v"):
+        assert fself[name].shape == tuple(tself[name].shape) == (B, cfg.kv_heads, 9, cfg.head_width)
+        assert rel(tself[name], fself[name]) <= 1e-12
 
 
 def test_jitted_step_compiles_once_and_overflow_is_flagged_or_an_error():
