@@ -550,7 +550,29 @@ def check_cached_call(cfg: BlockConfig, kind: str, cache: Any, shape: tuple[int,
     cb, length = tuple(cache["valid"].shape)
     if b != cb:
         raise ValueError(f"the cache was made for batch size {cb}, the input has batch {b}")
+    want = (cfg.kv_heads, length, cfg.head_width)
+    for entry in _self_caches(cache["layers"]):
+        for name in ("k", "v"):
+            got = tuple(entry[name].shape)
+            if got[-3:] != want:
+                raise ValueError(f"the cache's self-attention {name!r} has shape {got}: a cache holds keys and values "
+                                 f"head-major, (..., batch, kv_heads, max_length, head_width) = (..., {cb}, "
+                                 f"{', '.join(map(str, want))}); make the cache with init_cache")
     return b, t, length
+
+
+def _self_caches(tree: Any):
+    """The self-attention caches {"k", "v"} in a cache's "layers" (stacked, per layer, or a
+    decoding cache's entries; their weights are not walked)."""
+    if isinstance(tree, dict):
+        if isinstance(tree.get("self"), dict) and "k" in tree["self"]:
+            yield tree["self"]
+        for key, value in tree.items():
+            if key not in ("self", "cross", "weights"):
+                yield from _self_caches(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _self_caches(value)
 
 
 def overflow_message(chunk: int, index: int, length: int) -> str | None:

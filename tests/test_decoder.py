@@ -215,6 +215,14 @@ def test_bad_input_is_a_clear_error():
         tdec(torch.ones(3, 1, E), cache=tcache)
     with pytest.raises(ValueError, match="cache overflow"):
         tdec(torch.ones(B, 9, E), cache=tcache)
+    # a cache in another layout (sequence-major keys, as this library's caches were before)
+    seq_major = {**cache, "layers": {**cache["layers"], "self": {n: a.swapaxes(2, 3)
+                                                                 for n, a in cache["layers"]["self"].items()}}}
+    with pytest.raises(ValueError, match=rf"'k' has shape \(2, {B}, 8, {H}, {E // H}\): .*head-major"):
+        dec(jnp.ones((B, 1, E)), cache=seq_major)
+    tcache["layers"]["layers"][1]["self"]["v"] = tcache["layers"]["layers"][1]["self"]["v"].transpose(1, 2)
+    with pytest.raises(ValueError, match=rf"'v' has shape \({B}, 8, {H}, {E // H}\): .*head-major"):
+        tdec(torch.ones(B, 1, E), cache=tcache)
     with pytest.raises(ValueError, match="not causal"):
         tb.Encoder(fb.BlockConfig(E, H, d_ff=FF), num_layers=1).init_cache(B, 8)
     # a memory of another batch size, in the stacks and in a single block (which would broadcast it)
