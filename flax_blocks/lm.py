@@ -32,7 +32,7 @@ from .blocks import Encoder
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig
 from .layers import Linear, Norm, compute_dtype, create_params
-from .lm_spec import ENCODER, OPTIONAL, LMConfig, components, default_positions
+from .lm_spec import ENCODER, OPTIONAL, LMConfig, build_order, components, default_positions
 
 Cache = dict[str, Any]
 
@@ -105,14 +105,9 @@ class LanguageModel(nnx.Module):
         if not isinstance(lm, LMConfig):
             raise TypeError(f"lm must be an LMConfig, got {type(lm).__name__}")
         self.cfg, self.lm = cfg, lm
-        parts = components(lm, cfg)  # built in torch's order: embeddings, the stack, the head
-        for name, comp in parts:
-            if name != "head":
-                setattr(self, name, _MODULES[comp.kind](cfg, comp, rngs=rngs))
-        setattr(self, ENCODER, Encoder(cfg, num_layers=lm.num_layers, final_norm=lm.final_norm, rngs=rngs))
-        for name, comp in parts:
-            if name == "head":
-                setattr(self, name, _MODULES[comp.kind](cfg, comp, rngs=rngs))
+        for name, comp in build_order(lm, cfg):
+            setattr(self, name, Encoder(cfg, num_layers=lm.num_layers, final_norm=lm.final_norm, rngs=rngs)
+                    if comp is None else _MODULES[comp.kind](cfg, comp, rngs=rngs))
         for name in OPTIONAL:  # the parts this model lacks
             if not hasattr(self, name):
                 setattr(self, name, None)

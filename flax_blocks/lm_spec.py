@@ -144,6 +144,13 @@ def components(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component], .
 OPTIONAL = ("pos", "token_type", "embed_norm", "head")  # attributes that are None when a model lacks them
 
 
+def build_order(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component | None], ...]:
+    """Every part in the order both twins build (and so draw the initial weights of) them,
+    torch's: the embeddings, the stack (ENCODER, None: it is no Component), the head."""
+    parts = components(lm, cfg)
+    return (*[p for p in parts if p[0] != "head"], (ENCODER, None), *[p for p in parts if p[0] == "head"])
+
+
 def default_positions(lm: LMConfig, real):
     """The positions a call without positions= gives (see LMConfig.default_positions), from
     `real` (B, T) integers, 1 at a real token (the attention mask's, or the ids != pad_token_id):

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from flax_blocks.config import BlockConfig
 from flax_blocks.declarations import Component
-from flax_blocks.lm_spec import ENCODER, OPTIONAL, LMConfig, components, default_positions
+from flax_blocks.lm_spec import OPTIONAL, LMConfig, build_order, default_positions
 
 from .blocks import Encoder
 from .layers import Linear, Norm, create_params
@@ -64,14 +64,9 @@ class LanguageModel(nn.Module):
         self.cfg, self.lm = cfg, lm
         for name in OPTIONAL:
             setattr(self, name, None)
-        parts = components(lm, cfg)  # built in torch's order: embeddings, the stack, the head
-        for name, comp in parts:
-            if name != "head":
-                setattr(self, name, _MODULES[comp.kind](cfg, comp, generator=generator))
-        setattr(self, ENCODER, Encoder(cfg, num_layers=lm.num_layers, final_norm=lm.final_norm, generator=generator))
-        for name, comp in parts:
-            if name == "head":
-                setattr(self, name, _MODULES[comp.kind](cfg, comp, generator=generator))
+        for name, comp in build_order(lm, cfg):
+            setattr(self, name, Encoder(cfg, num_layers=lm.num_layers, final_norm=lm.final_norm, generator=generator)
+                    if comp is None else _MODULES[comp.kind](cfg, comp, generator=generator))
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         return self.encoder.init_cache(batch_size, max_length)
