@@ -32,7 +32,7 @@ depths, same draws, same statistics:
       vocabulary applied to the reversed source; the decoder reads [0, target[:-1]] (0 is the
       start token, as fairseq's EOS) with teacher forcing; loss = mean cross-entropy over the
       B * T target tokens. No padding.
-  setting "lab": experiments.model.LanguageModel via create_params (the lab's init: xavier
+  setting "lab": the library's LanguageModel via experiments.model.create_params (the lab's init: xavier
     blocks, embeddings and learned positions N(0, 1/2) each, xavier head), causal, on the lab's
     Markov task (experiments.tasks), the `depth` preset's size; mean cross-entropy.
 
@@ -117,7 +117,7 @@ from .tasks import markov_task
 from .train import compile_lowered, compiler_options, tree_sq
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "init"
-CELL_VERSION = 4  # bump when a code change alters results, so old cells are not reused
+CELL_VERSION = 5  # bump when a code change alters results, so old cells are not reused
 VARIANTS = ("post", "pre")
 SETTINGS = ("lab", "xiong")  # run order: the lab's small programs first
 
@@ -303,12 +303,12 @@ class LabSetting:
         model = nnx.merge(graphdef, params, rest)
         tokens = batch["tokens"]
         b, t = tokens[:, :-1].shape
-        tok, pos = model.embed(tokens[:, :-1]), model.pos[...][:t]
+        tok, pos = model.embed(tokens[:, :-1]), model.pos(jnp.arange(t))
         stack = model.encoder
         masks = self_attention_masks(stack.cfg, "dense", b, t, None, None)
         lm = stack_diagnostics(stack, tok + pos, masks, probes=probes["lm"])
         y = lm.pop("output")
-        return _mean_ce(model.head(y), tokens[:, 1:]), {"lm": lm, "y": y, "x0": _embedding_stats(tok, pos)}
+        return _mean_ce(model.logits(y), tokens[:, 1:]), {"lm": lm, "y": y, "x0": _embedding_stats(tok, pos)}
 
     @staticmethod
     def layer_grads(grads) -> dict[str, Any]:

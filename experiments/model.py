@@ -30,11 +30,17 @@ pure rounding noise, which Adam (eps 1e-9) turns into lr-sized steps: it drifts,
 it the raw attention logits the lab measures (seen: a 1% difference in the largest logit
 between 1 and 4 devices after two steps, where every loss agreed to 1e-6).
 
+The model is the library's `flax_blocks.LanguageModel` (its torch twin
+`torch_blocks.LanguageModel` loads it by `fb.torch_state_dict`): token embedding + learned
+positions, the causal Encoder with its default final norm, an untied head with a bias. This
+module holds only what is the lab's: the variants and the shapes and init of `ModelConfig`.
+
 Initialisation, the same for every variant (DESIGN notes: the scheme changes the picture):
 every block matrix xavier-uniform with zero biases (`BlockConfig(init="xavier")`); DeepNorm
 replaces the v / out / FFN matrices with its xavier-normal * beta, which is part of the
-method. Token embedding and positions N(0, 1/2) each, so the embedded input x_0 has unit
-variance per coordinate (||x_0||^2 / d ~ 1); head xavier-uniform, zero bias. No dropout.
+method. Token embedding and positions N(0, 1/2) each (`LMConfig.init_std`), so the embedded
+input x_0 has unit variance per coordinate (||x_0||^2 / d ~ 1); head xavier-uniform, zero
+bias (`LMConfig(head_init="xavier", head_bias=True)`). No dropout.
 """
 
 from __future__ import annotations
@@ -45,8 +51,7 @@ from dataclasses import dataclass
 import jax
 from flax import nnx
 
-from flax_blocks import BlockConfig
-from flax_blocks.blocks import Encoder
+from flax_blocks import BlockConfig, LanguageModel, LMConfig
 
 VARIANTS: dict[str, dict[str, str | bool]] = {
     "post": dict(norm="post"),
@@ -96,45 +101,15 @@ class ModelConfig:
             activation=self.activation, causal=True, init="xavier", qkv_bias=False, **VARIANTS[self.variant],
         )
 
+    def lm_config(self) -> LMConfig:
+        """The parts around the stack: embeddings N(0, 1/2), seq_len learned positions, an
+        untied xavier-uniform head with a zero bias."""
+        return LMConfig(vocab_size=self.vocab, num_layers=self.num_layers, max_positions=self.seq_len,
+                        init_std=math.sqrt(0.5), head="untied", head_bias=True, head_init="xavier")
 
-class LanguageModel(nnx.Module):
-    """Embedding + positions + causal flax_blocks.Encoder + head. Params: embed, pos, encoder, head."""
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        half = nnx.initializers.normal(stddev=math.sqrt(0.5))
-        self.embed = nnx.Embed(cfg.vocab, cfg.d_model, embedding_init=half, rngs=rngs)
-        self.pos = nnx.Param(half(rngs.params(), (cfg.seq_len, cfg.d_model)))
-        # the Encoder's default final norm: wherever the last layer leaves the stream unnormalised (pre, Peri-LN)
-        self.encoder = Encoder(cfg.block_config(), num_layers=cfg.num_layers, rngs=rngs)
-        self.head = nnx.Linear(
-            cfg.d_model, cfg.vocab, kernel_init=nnx.initializers.xavier_uniform(),
-            bias_init=nnx.initializers.zeros_init(), rngs=rngs,
-        )
-
-    def embed_tokens(self, tokens: jax.Array) -> jax.Array:
-        """tokens (B, T) int32 -> x_0 = token embedding + position embedding (B, T, E)."""
-        t = tokens.shape[-1]
-        if t > self.cfg.seq_len:
-            raise ValueError(f"tokens must have at most seq_len={self.cfg.seq_len} positions, got {t}")
-        return self.embed(tokens) + self.pos[...][:t]
-
-    def hidden(self, tokens: jax.Array) -> jax.Array:
-        """tokens (B, T) -> encoder output y (B, T, E), the F(x; theta) of the update-size measure."""
-        return self.encoder(self.embed_tokens(tokens))
-
-    def __call__(self, tokens: jax.Array, *, return_intermediates: bool = False):
-        """tokens (B, T) int32 -> logits (B, T, V).
-
-        With return_intermediates also returns {"embedded": x_0 (B, T, E),
-        "residual": stream after each layer (L, B, T, E), "attention_weights": (L, B, H, T, T),
-        "output": encoder output y (B, T, E)}.
-        """
-        if not return_intermediates:
-            return self.head(self.hidden(tokens))
-        x = self.embed_tokens(tokens)
-        y, inter = self.encoder(x, return_intermediates=True)
-        return self.head(y), {"embedded": x, "output": y, **inter}
+    def build(self, rngs: nnx.Rngs) -> LanguageModel:
+        """The library's LanguageModel of this config (params: embed, pos, encoder, head)."""
+        return LanguageModel(self.block_config(), self.lm_config(), rngs=rngs)
 
 
 def create_params(cfg: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
@@ -143,5 +118,5 @@ def create_params(cfg: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, nnx.S
     Pure function of `key` (jax.vmap it over seeds). "other state" holds the Dropout
     layers' RNG streams, unused here (dropout is 0) but needed to merge the model back.
     """
-    model = LanguageModel(cfg, rngs=nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)))
+    model = cfg.build(nnx.Rngs(params=key, dropout=jax.random.fold_in(key, 1)))
     return nnx.split(model, nnx.Param, ...)

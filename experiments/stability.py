@@ -58,7 +58,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 # ------------------------------------------------------------------------------------
 
 
-CELL_VERSION = 2  # bump when a code change alters results, so old cells are not reused
+CELL_VERSION = 3  # bump when a code change alters results, so old cells are not reused
 
 
 def cell_config(sweep: Sweep, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:

@@ -48,7 +48,9 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .model import LanguageModel, ModelConfig, create_params
+from flax_blocks import LanguageModel
+
+from .model import ModelConfig, create_params
 from .tasks import Task
 
 Metrics = dict[str, np.ndarray]
@@ -214,7 +216,7 @@ class Trainer:
         """Held-out loss and encoder output y (heldout, T, E)."""
         model = self._model(params, rest)
         y = model.hidden(heldout[:, :-1])
-        return self._mean_ce(model.head(y), heldout), y
+        return self._mean_ce(model.logits(y), heldout), y
 
     def _probe(self, params: nnx.State, rest: nnx.State, heldout: jax.Array) -> dict[str, jax.Array]:
         """The held-out forward pass with its intermediates: loss, encoder output y

@@ -130,11 +130,13 @@ def _one(spec: Spec, rows: int = 1) -> Chunks:
     return ((rows, spec),)
 
 
-def _xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
+def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
+    """Glorot's uniform init of a (fan_in, fan_out) matrix as a Spec: U(-b, b), b = gain sqrt(6 / (in + out))."""
     return ("uniform", gain * math.sqrt(6.0 / (fan_in + fan_out)))
 
 
-def _xavier_normal(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
+def xavier_normal(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
+    """Glorot's normal init as a Spec: N(0, std^2), std = gain sqrt(2 / (in + out))."""
     return ("normal", gain * math.sqrt(2.0 / (fan_in + fan_out)))
 
 
@@ -150,9 +152,9 @@ _LINEAR_DIMS = {"up": ("d_ff", "d_model"), "gate": ("d_ff", "d_model"), "down": 
 def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Component:
     """An MLP projection: torch weight (out, in) and bias (out,) (cfg.has_mlp_bias); Flax kernel (in, out), bias."""
     if cfg.scaling == "deepnorm":
-        w, b = _xavier_normal(n_in, n_out, float(cfg.resolve().deepnorm_beta)), ZERO  # type: ignore[arg-type]
+        w, b = xavier_normal(n_in, n_out, float(cfg.resolve().deepnorm_beta)), ZERO  # type: ignore[arg-type]
     elif cfg.init == "xavier":
-        w, b = _xavier_uniform(n_in, n_out), ZERO
+        w, b = xavier_uniform(n_in, n_out), ZERO
     else:  # nn.Linear: kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)), bias the same
         w = b = ("uniform", 1 / math.sqrt(n_in))
     axes, dims = _LINEAR_AXES[role], _LINEAR_DIMS[role]
@@ -188,14 +190,14 @@ def attention(cfg: BlockConfig) -> Component:
     rows = (h * d, k * d, k * d)
     if cfg.scaling == "deepnorm":
         beta = float(cfg.resolve().deepnorm_beta)  # type: ignore[arg-type]
-        w_qkv = (_xavier_normal(e, rows[0]), _xavier_normal(e, rows[1]), _xavier_normal(e, rows[2], beta))
-        w_out, b_in, b_out = _xavier_normal(h * d, e, beta), ZERO, ZERO
+        w_qkv = (xavier_normal(e, rows[0]), xavier_normal(e, rows[1]), xavier_normal(e, rows[2], beta))
+        w_out, b_in, b_out = xavier_normal(h * d, e, beta), ZERO, ZERO
     elif cfg.init == "xavier":
-        w_qkv = tuple(_xavier_uniform(e, r) for r in rows)
-        w_out, b_in, b_out = _xavier_uniform(h * d, e), ZERO, ZERO
+        w_qkv = tuple(xavier_uniform(e, r) for r in rows)
+        w_out, b_in, b_out = xavier_uniform(h * d, e), ZERO, ZERO
     else:  # nn.MultiheadAttention: xavier-uniform over the packed matrix, zero biases,
         # out_proj with nn.Linear's U(+-1/sqrt(fan_in))
-        w_qkv = (_xavier_uniform(e, sum(rows)),) * 3
+        w_qkv = (xavier_uniform(e, sum(rows)),) * 3
         w_out, b_in, b_out = ("uniform", 1 / math.sqrt(h * d)), ZERO, ZERO
     params = [
         Param("in_proj_weight", "in_kernel", (sum(rows), e), (None, "d_model"),

@@ -140,9 +140,12 @@ class LanguageModel(nnx.Module):
         return x if self.embed_norm is None else self.embed_norm(x)
 
     def hidden(self, input_ids, *, attention_mask=None, positions=None, token_type_ids=None,
-               cache: Cache | None = None, deterministic: bool | None = None):
+               cache: Cache | None = None, deterministic: bool | None = None, return_intermediates: bool = False):
         """input_ids (B, T) -> the last hidden state (B, T, E) (after the final norm);
-        with a cache, (hidden, cache). Arguments as `__call__`."""
+        with a cache, (hidden, cache); with return_intermediates, (hidden, intermediates).
+        Arguments as `__call__`."""
+        if return_intermediates and cache is not None:
+            raise ValueError("return_intermediates is for calls without a cache")
         ids = check_token_ids(input_ids, self.lm.vocab_size)
         shape = tuple(ids.shape)
         mask = check_token_mask(attention_mask, shape)
@@ -170,9 +173,13 @@ class LanguageModel(nnx.Module):
                                  f"learned positions (0..{self.lm.max_positions - 1})")
         x = self.embed_tokens(ids, positions, token_type_ids)
         rotary = positions if self.cfg.rope_theta is not None else None
-        if cache is None:
+        if cache is not None:
+            return self.encoder(x, key_mask=mask, positions=positions, cache=cache, deterministic=deterministic)
+        if not return_intermediates:
             return self.encoder(x, key_mask=mask, positions=rotary, deterministic=deterministic)
-        return self.encoder(x, key_mask=mask, positions=positions, cache=cache, deterministic=deterministic)
+        y, inter = self.encoder(x, key_mask=mask, positions=rotary, deterministic=deterministic,
+                                return_intermediates=True)
+        return y, {"embedded": x, "output": y, **inter}
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Hidden states (..., E) -> logits (..., V) through the head (tied: embed.weight^T),
@@ -189,18 +196,21 @@ class LanguageModel(nnx.Module):
         return y if cap is None else jnp.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 
     def __call__(self, input_ids, *, attention_mask=None, positions=None, token_type_ids=None,
-                 cache: Cache | None = None, deterministic: bool | None = None):
+                 cache: Cache | None = None, deterministic: bool | None = None, return_intermediates: bool = False):
         """input_ids (B, T) integers -> logits (B, T, V), or the last hidden state (B, T, E)
         for head="none". attention_mask (B, T): 1 / True = real token (HF's convention);
         positions (B, T): HF's position_ids (default 0..T-1; with a cache, each row's next
         ones); token_type_ids (B, T): BERT's segments. cache (from `init_cache`): the
-        tokens are the next chunk; returns (out, cache). Bad ids, masks and positions are
-        refused before anything is computed (where their values can be read)."""
-        out = self.hidden(input_ids, attention_mask=attention_mask, positions=positions,
-                          token_type_ids=token_type_ids, cache=cache, deterministic=deterministic)
-        h, cache = out if cache is not None else (out, None)
+        tokens are the next chunk; returns (out, cache). return_intermediates (no cache):
+        returns (out, {"embedded": x_0 (B, T, E), "output": the last hidden state (B, T, E),
+        and the stack's "residual" (L, B, T, E), "attention_weights" (L, B, H, T, T),
+        "attention_logits_max" (L,)}). Bad ids, masks and positions are refused before
+        anything is computed (where their values can be read)."""
+        out = self.hidden(input_ids, attention_mask=attention_mask, positions=positions, token_type_ids=token_type_ids,
+                          cache=cache, deterministic=deterministic, return_intermediates=return_intermediates)
+        h, extra = out if cache is not None or return_intermediates else (out, None)
         y = h if self.lm.head == "none" else self.logits(h)
-        return y if cache is None else (y, cache)
+        return y if extra is None else (y, extra)
 
     # ------------------------------------------------------------------ conversion hooks
 

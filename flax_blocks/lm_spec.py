@@ -22,6 +22,7 @@ from .config import BlockConfig
 from .declarations import LINEAR, Component, Param
 
 HEADS = ("untied", "tied", "none")
+HEAD_INITS = ("normal", "xavier")
 DEFAULT_POSITIONS = ("arange", "mask", "ids")
 ENCODER = "encoder"  # the stack's attribute / torch prefix
 
@@ -56,7 +57,10 @@ class LMConfig:
     head: "untied" (its own (V, E) weight), "tied" (logits = h @ embed.weight^T, as GPT-2 and
       tie_word_embeddings) or "none" (the model returns its last hidden state).
     head_bias: a bias on the head (not with "tied" or "none").
-    init_std: the std of the embeddings' and the head's normal init (HF's initializer_range).
+    init_std: the std of the embeddings' normal init, and of the head's with head_init="normal"
+      (HF's initializer_range).
+    head_init: "normal" (N(0, init_std), as HF) or "xavier" (xavier-uniform over (E, V), bound
+      sqrt(6 / (E + V)): the lab's); an untied head's bias starts at zero either way.
     """
 
     vocab_size: int
@@ -68,6 +72,7 @@ class LMConfig:
     head: str = "untied"
     head_bias: bool = False
     init_std: float = 0.02
+    head_init: str = "normal"
     position_offset: int = 0
     default_positions: str = "arange"
     pad_token_id: int | None = None
@@ -88,6 +93,13 @@ class LMConfig:
             problems.append(f"head must be one of {HEADS}, got {self.head!r}")
         elif self.head_bias and self.head != "untied":
             problems.append(f"head_bias needs head='untied' (got head={self.head!r})")
+        if self.head_init not in HEAD_INITS:
+            problems.append(f"head_init must be one of {HEAD_INITS}, got {self.head_init!r}")
+        elif self.head_init != "normal" and self.head != "untied":
+            problems.append(f"head_init={self.head_init!r} needs head='untied' (got head={self.head!r}: "
+                            "a tied head is the embedding)")
+        if not isinstance(self.init_std, (int, float)) or isinstance(self.init_std, bool) or not self.init_std > 0:
+            problems.append(f"init_std must be a positive number, got {self.init_std!r}")
         if not isinstance(self.position_offset, int) or isinstance(self.position_offset, bool) \
                 or self.position_offset < 0:
             problems.append(f"position_offset must be an int >= 0, got {self.position_offset!r}")
@@ -133,8 +145,9 @@ def components(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component], .
     if lm.embed_norm:
         out.append(("embed_norm", declarations.norm(cfg, e)))
     if lm.head == "untied":
+        spec = ("normal", std) if lm.head_init == "normal" else declarations.xavier_uniform(e, v)
         params = [Param("weight", "kernel", (v, e), ("vocab_size", "d_model"), ("embed", "vocab"),
-                        ((v, ("normal", std)),), LINEAR)]
+                        ((v, spec),), LINEAR)]
         if lm.head_bias:
             params.append(Param("bias", "bias", (v,), ("vocab_size",), ("vocab",), ((v, ("const", 0.0)),)))
         out.append(("head", Component("linear", tuple(params))))

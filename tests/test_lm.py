@@ -10,6 +10,8 @@ meaningless on both sides).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -170,6 +172,36 @@ def test_twins_generate_the_same_tokens_both_ways(kind):
     fb.load_torch_state_dict(back, twin.state_dict())
     assert all(np.array_equal(a, b) for a, b in zip(fb.torch_state_dict(back).values(),
                                                      fb.torch_state_dict(lm).values()))
+
+
+def test_the_labs_model_is_the_library_model_and_generates_the_same_in_torch():
+    """experiments.model builds a fb.LanguageModel (the lab's init declared in LMConfig: the
+    embeddings N(0, 1/2), a xavier-uniform head with a zero bias), which the torch twin loads
+    by name: the same logits and intermediates, the same greedy tokens."""
+    from experiments.model import ModelConfig, create_params
+
+    mc = ModelConfig("pre", 2, vocab=V, seq_len=16, d_model=E, num_heads=4, d_ff=64)
+    graphdef, params, rest = create_params(mc, jax.random.key(0))
+    lm = nnx.merge(graphdef, params, rest)
+    assert type(lm) is fb.LanguageModel and lm.lm == mc.lm_config()
+    embed, pos = np.asarray(lm.embed.embedding[...]), np.asarray(lm.pos.embedding[...])
+    kernel, bias = np.asarray(lm.head.kernel[...]), np.asarray(lm.head.bias[...])
+    bound = math.sqrt(6 / (E + V))
+    assert abs(embed.std() - math.sqrt(0.5)) < 0.03 and abs(pos.std() - math.sqrt(0.5)) < 0.06
+    assert kernel.shape == (E, V) and 0.95 * bound < np.abs(kernel).max() <= bound and not bias.any()
+    twin = tb.LanguageModel(lm.cfg, lm.lm)
+    twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
+    assert float(twin.head.weight.detach().abs().max()) <= bound  # the torch twin's own draw follows the same spec
+    ids = np.random.default_rng(1).integers(0, V, (2, 10))
+    logits, inter = lm(jnp.asarray(ids), return_intermediates=True)
+    t_logits, t_inter = twin(torch.tensor(ids), return_intermediates=True)
+    np.testing.assert_allclose(np.asarray(logits), t_logits.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert set(inter) == set(t_inter) >= {"embedded", "output", "residual", "attention_weights"}
+    np.testing.assert_allclose(np.asarray(inter["residual"]), t_inter["residual"].detach().numpy(), atol=1e-5)
+    ours = np.asarray(fb.generate(lm, ids[:, :4], max_new_tokens=8))
+    np.testing.assert_array_equal(ours, torch_generate(twin, torch.tensor(ids[:, :4]), max_new_tokens=8).numpy())
+    with pytest.raises(ValueError, match="without a cache"):
+        lm(jnp.asarray(ids), cache=lm.init_cache(2, 12), return_intermediates=True)
 
 
 def test_sampling_is_reproducible_and_warps_as_hf(flax_models):

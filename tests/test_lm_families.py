@@ -308,6 +308,9 @@ def test_to_hf_refuses_a_family_that_computes_otherwise(flax_models):
     (dict(max_positions=8, position_offset=2, default_positions="ids"), "pad_token_id goes with"),
     (dict(embed_scale=0.0), "embed_scale must be a positive number"),
     (dict(final_logit_softcap=30.0, head="none"), "final_logit_softcap needs a head"),
+    (dict(head="tied", head_init="xavier"), "head_init='xavier' needs head='untied'"),
+    (dict(head_init="glorot"), "head_init must be one of"),
+    (dict(init_std=0), "init_std must be a positive number"),
 ])
 def test_lm_config_refuses_inconsistent_fields(fields, words):
     with pytest.raises(ValueError, match=words):

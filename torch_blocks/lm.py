@@ -72,8 +72,11 @@ class LanguageModel(nn.Module):
         return self.encoder.init_cache(batch_size, max_length)
 
     def hidden(self, input_ids: Tensor, attention_mask: Tensor | None = None, positions: Tensor | None = None,
-               token_type_ids: Tensor | None = None, *, cache: Cache | None = None):
-        """input_ids (B, T) -> last hidden state (B, T, E); with a cache, (hidden, cache)."""
+               token_type_ids: Tensor | None = None, *, cache: Cache | None = None, return_intermediates: bool = False):
+        """input_ids (B, T) -> last hidden state (B, T, E); with a cache, (hidden, cache);
+        with return_intermediates, (hidden, intermediates) as the Flax twin's."""
+        if return_intermediates and cache is not None:
+            raise ValueError("return_intermediates is for calls without a cache")
         mask = _check(input_ids, attention_mask, self.lm.vocab_size)
         b, t = input_ids.shape
         low = 0  # a derived -1 (padding, OPT's and RoBERTa's default positions) reads row position_offset - 1
@@ -98,9 +101,12 @@ class LanguageModel(nn.Module):
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         padding = None if mask is None else ~mask  # torch's key padding convention inside the stack
-        if cache is None:
+        if cache is not None:
+            return self.encoder(x, src_key_padding_mask=padding, cache=cache, positions=positions)
+        if not return_intermediates:
             return self.encoder(x, src_key_padding_mask=padding, positions=positions)
-        return self.encoder(x, src_key_padding_mask=padding, cache=cache, positions=positions)
+        y, inter = self.encoder(x, src_key_padding_mask=padding, positions=positions, return_intermediates=True)
+        return y, {"embedded": x, "output": y, **inter}
 
     def logits(self, h: Tensor) -> Tensor:
         if self.lm.head == "none":
@@ -110,13 +116,15 @@ class LanguageModel(nn.Module):
         return y if cap is None else torch.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, positions: Tensor | None = None,
-                token_type_ids: Tensor | None = None, *, cache: Cache | None = None):
+                token_type_ids: Tensor | None = None, *, cache: Cache | None = None,
+                return_intermediates: bool = False):
         """input_ids (B, T) -> logits (B, T, V) (hidden states for head="none"); with a
-        cache, (out, cache). As the Flax twin's call."""
-        out = self.hidden(input_ids, attention_mask, positions, token_type_ids, cache=cache)
-        h, cache = out if cache is not None else (out, None)
+        cache, (out, cache); with return_intermediates, (out, intermediates). As the Flax twin's call."""
+        out = self.hidden(input_ids, attention_mask, positions, token_type_ids, cache=cache,
+                          return_intermediates=return_intermediates)
+        h, extra = out if cache is not None or return_intermediates else (out, None)
         y = h if self.lm.head == "none" else self.logits(h)
-        return y if cache is None else (y, cache)
+        return y if extra is None else (y, extra)
 
 
 @torch.no_grad()
