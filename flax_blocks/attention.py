@@ -427,6 +427,22 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float, dim: int | None = N
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
+def _write_after_reading(k_cache, v_cache, step, scores, out) -> dict[str, jax.Array]:
+    """A decoding step's cache (B, K, L, hd): the new key and value written into their slot
+    once the products have read the cache as it was (scores (B, K, G, L), out (B, K, G, hd)).
+
+    The products take the new token's key and value apart, in its slot, so the written cache's
+    one reader is the caller; and each write takes a zero from its product (exact: 0 * a finite
+    number), which orders it after the read. With either missing, XLA:CPU copies every layer's
+    cache at every step to keep the old one for the reader (batch 1, d512 8 layers: 32 copies
+    a step)."""
+    k_new, v_new, start = step
+    after_k = 0 * scores[:, :, :1, :1].astype(k_new.dtype)  # per row and kv head
+    after_v = 0 * out[:, :, :1, :1].astype(v_new.dtype)
+    return {"k": jax.lax.dynamic_update_slice(k_cache, k_new + after_k, start),
+            "v": jax.lax.dynamic_update_slice(v_cache, v_new + after_v, start)}
+
+
 class Attention(nnx.Module):
     """Self-attention with one packed q/k/v projection (see `declarations.attention`).
 
@@ -567,6 +583,7 @@ class Attention(nnx.Module):
         _, kv, slots, d = w_in.shape
         g, h = slots - 2, w_out.shape[0]
         local = False if cross else is_local(self.cfg, layer)  # a sliding-window layer (a bool, or a traced one)
+        step = None  # a decoding step's new key and value (B, K, 1, hd) and their slot
         if not cross:
             qkv = self._project(x, w_in, b_in)  # (B, T, K, G+2, hd)
             q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
@@ -574,9 +591,14 @@ class Attention(nnx.Module):
             kh = vh = None  # the keys and values head-major, (B, K, S, hd)
             if cache is not None:
                 start = (0 * index, 0 * index, index, 0 * index)  # one integer dtype (int64 under x64 too)
-                kh = jax.lax.dynamic_update_slice(cache["k"], k.transpose(0, 2, 1, 3).astype(cache["k"].dtype), start)
-                vh = jax.lax.dynamic_update_slice(cache["v"], v.transpose(0, 2, 1, 3).astype(cache["v"].dtype), start)
-                cache = {"k": kh, "v": vh}
+                k_new = k.transpose(0, 2, 1, 3).astype(cache["k"].dtype)
+                v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
+                if t == 1:  # a decoding step: see `_write_after_reading`
+                    kh, vh, step = cache["k"], cache["v"], (k_new, v_new, start)
+                else:
+                    kh = jax.lax.dynamic_update_slice(cache["k"], k_new, start)
+                    vh = jax.lax.dynamic_update_slice(cache["v"], v_new, start)
+                    cache = {"k": kh, "v": vh}
         else:  # cross-attention: queries from x, keys and values from the memory (or its cache)
             q = self._project(x, w_in[:, :, :g], None if b_in is None else b_in[:, :g])
             if self.q_norm is not None:
@@ -610,7 +632,11 @@ class Attention(nnx.Module):
         if local is not False:  # a sliding-window layer (the causal mask is never None then)
             mask, rows = self.windowed(mask, rows, index, t, s, local)
         dt = jnp.result_type(qh, kh)
-        scores = jax.lax.dot_general(qh.astype(dt), kh.astype(dt), (((3,), (3,)), ((0, 1), (0, 1))))  # (B,K,G*T,S)
+        product = lambda a, b: jax.lax.dot_general(a.astype(dt), b.astype(dt), (((3,), (3,)), ((0, 1), (0, 1))))  # noqa: E731
+        scores = product(qh, kh)  # (B, K, G*T, S)
+        if step is not None:  # the new token's key, in its slot
+            column = jnp.arange(s) == index
+            scores = jnp.where(column, product(qh, step[0]), scores)
         logits = self.logits(scores.reshape(b, h, t, s), mask)  # head = kv * G + g
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = jax.nn.softmax(logits, axis=-1)
@@ -618,7 +644,12 @@ class Attention(nnx.Module):
             weights = jnp.where(rows, weights, 0.0)
         weights = weights.astype(vh.dtype)
         dropped = self.dropout(weights, deterministic=deterministic, rngs=key).reshape(b, kv, g * t, s)
-        out = (dropped @ vh).reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)
+        if step is None:
+            out = dropped @ vh
+        else:  # the new token's value, in its slot
+            out = jnp.where(column, 0, dropped) @ vh + jnp.sum(jnp.where(column, dropped, 0), -1, keepdims=True) * step[1]
+            cache = _write_after_reading(kh, vh, step, scores, out)
+        out = out.reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b * t, h * d)
         out = jnp.dot(out, w_out.reshape(h * d, e)).reshape(b, t, e)
         if b_out is not None:
