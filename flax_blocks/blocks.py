@@ -530,20 +530,28 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
     return cache
 
 
-def decoding_cache(stack: _Stack, cache: Cache) -> Cache:
+def layer_weights(stack: _Stack) -> tuple[nnx.State, ...]:
+    """Each layer's state (weights) cut out of a stack's stacked state: a tuple of num_layers."""
+    _, state = nnx.split(stack.layers)
+    return tuple(jax.tree.map(lambda a: a[i], state) for i in range(stack.num_layers))  # noqa: B023
+
+
+def decoding_cache(stack: _Stack, cache: Cache, weights: tuple[nnx.State, ...] | None = None) -> Cache:
     """A stack's cache (init_cache's) made ready for a decoding loop: "layers" becomes a tuple
     of per-layer entries {"cache": that layer's cache, "weights": that layer's state, cut out
-    of the stacked state here, once}. In a loop body (a lax.while_loop of `generate`) a scan
-    over the stacked state would copy every layer's weights out of the stacked arrays at every
-    step (XLA:CPU does not hoist the slices), and rewrite the whole stacked cache; with the
-    weights in the loop's carry it does neither (d512 8 layers, batch 1: 2.7x the tokens/s;
-    experiments/results/generate/). The stack computes the same with either form and hands
-    back the form it was given. For `generate`; the weights are a snapshot of `stack`'s."""
-    _, state = nnx.split(stack.layers)
+    of the stacked state once (`layer_weights`; or given as `weights`)}. In a loop body (a
+    lax.while_loop of `generate`) a scan over the stacked state would copy every layer's
+    weights out of the stacked arrays at every step (XLA:CPU does not hoist the slices), and
+    rewrite the whole stacked cache; with the weights in the loop's carry it does neither
+    (d512 8 layers, batch 1: 2.7x the tokens/s; experiments/results/generate/). The stack
+    computes the same with either form and hands back the form it was given. For `generate`;
+    the weights are a snapshot of `stack`'s."""
+    weights = layer_weights(stack) if weights is None else weights
+    if len(weights) != stack.num_layers:
+        raise ValueError(f"weights for {len(weights)} layers, but the stack has {stack.num_layers}")
     layers = cache["layers"]
-    cut = lambda tree, i: jax.tree.map(lambda a: a[i], tree)  # noqa: E731
-    return {**cache, "layers": tuple({"cache": cut(layers, i), "weights": cut(state, i)}
-                                     for i in range(stack.num_layers))}
+    return {**cache, "layers": tuple({"cache": jax.tree.map(lambda a: a[i], layers), "weights": w}  # noqa: B023
+                                     for i, w in enumerate(weights))}
 
 
 def _overflows(index: jax.Array, chunk: int, length: int) -> jax.Array:

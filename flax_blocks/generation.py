@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .blocks import decoding_cache
+from .blocks import decoding_cache, layer_weights
 from .lm import check_token_ids, check_token_mask
 
 
@@ -54,12 +54,20 @@ def _choose(logits, key, step, temperature, top_k, top_p):
     return jax.random.categorical(jax.random.fold_in(key, step), warped, axis=-1).astype(jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _layer_weights(graphdef, state):
+    """The stack's per-layer weights (`layer_weights`), in a program of their own: cut inside
+    `_generate`, as one ~100 MB temporary (d512 8 layers), they made a call's fixed cost
+    35 ms where it is 22 ms now (docs/generate.md)."""
+    return layer_weights(nnx.merge(graphdef, state).encoder)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k", "top_p",
                                              "eos", "pad"))
-def _generate(graphdef, state, ids, mask, key, *, max_new_tokens, temperature, top_k, top_p, eos, pad):
+def _generate(graphdef, state, layers, ids, mask, key, *, max_new_tokens, temperature, top_k, top_p, eos, pad):
     b, t = ids.shape
     model = nnx.merge(graphdef, state)
-    cache = decoding_cache(model.encoder, model.init_cache(b, t + max_new_tokens))  # weights cut out once
+    cache = decoding_cache(model.encoder, model.init_cache(b, t + max_new_tokens), layers)
     positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
     h, cache = model.hidden(ids, attention_mask=mask, positions=positions, cache=cache)
     token = _choose(model.logits(h[:, -1]), key, 0, temperature, top_k, top_p)
@@ -140,7 +148,8 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, temp
     pad = eos_token_id if pad_token_id is None else pad_token_id
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
-    out, overflow = _generate(graphdef, state, ids, jnp.asarray(mask), key, max_new_tokens=max_new_tokens,
+    layers = _layer_weights(graphdef, state)
+    out, overflow = _generate(graphdef, state, layers, ids, jnp.asarray(mask), key, max_new_tokens=max_new_tokens,
                               temperature=float(temperature), top_k=top_k,
                               top_p=None if top_p is None else float(top_p),
                               eos=None if eos_token_id is None else int(eos_token_id),

@@ -211,14 +211,15 @@ def test_a_decoding_step_writes_the_cache_in_place(batch):
     step's products read the written cache, or its writes were not ordered after the reads)."""
     import re
 
-    from flax_blocks.generation import _generate
+    from flax_blocks.generation import _generate, _layer_weights
 
     cfg = fb.BlockConfig(d_model=E, num_heads=4, d_ff=64, norm="pre", causal=True, dropout=0.0, **LLAMA_LIKE[0])
     lm = fb.LanguageModel(cfg, fb.LMConfig(vocab_size=V, num_layers=2, **LLAMA_LIKE[1]), rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(lm)
     ids = jnp.zeros((batch, 5), jnp.int32)
-    hlo = _generate.lower(graphdef, state, ids, jnp.ones((batch, 5), bool), jax.random.key(0), max_new_tokens=11,
-                          temperature=0.0, top_k=None, top_p=None, eos=None, pad=None).compile().as_text()
+    hlo = _generate.lower(graphdef, state, _layer_weights(graphdef, state), ids, jnp.ones((batch, 5), bool),
+                          jax.random.key(0), max_new_tokens=11, temperature=0.0, top_k=None, top_p=None, eos=None,
+                          pad=None).compile().as_text()
     cache = rf"f32\[{batch},2,16,8\]"  # (B, K, L = 5 + 11, hd)
     assert re.search(rf"= {cache}\S* dynamic-update-slice\(|= {cache}\S* fusion\(", hlo)  # the pattern sees caches
     copies = re.findall(rf"= {cache}\S* copy\(", hlo)

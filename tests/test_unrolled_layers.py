@@ -147,6 +147,10 @@ def test_decoding_cache_decodes_as_the_stacked_cache(x64, pairs):
     short = fbb.decoding_cache(scanned, scanned.init_cache(2, 6))
     with pytest.raises(ValueError, match="of 2 layers for a stack of 3"):
         scanned(x[:, :1], cache={**short, "layers": short["layers"][:2]})
+    given = fbb.decoding_cache(scanned, scanned.init_cache(2, 6), fbb.layer_weights(scanned))  # cut beforehand
+    assert _rel(_decode(g0, p0, rest0, x[:, :2], given)[0], _decode(g0, p0, rest0, x[:, :2], short)[0]) == 0
+    with pytest.raises(ValueError, match="weights for 2 layers, but the stack has 3"):
+        fbb.decoding_cache(scanned, scanned.init_cache(2, 6), fbb.layer_weights(scanned)[:2])
 
 
 def test_forward_mode_through_the_unrolled_stack(x64, pairs):
