@@ -739,8 +739,9 @@ def write_report(out: Path) -> Path:
         f"LayerNorm each, post-LN without. Task: source {x['seq_len']} tokens uniform over 1..{x['vocab'] - 1}, "
         "target a fixed permutation of the vocabulary applied to the reversed source, decoder input "
         f"[start, target[:-1]], batch {x['batch']}, mean cross-entropy over the target tokens.",
-        f"- The lab's setting: the library's `fb.LanguageModel` as `experiments.model` builds it (causal, the lab's init: xavier blocks without "
-        f"q/k/v biases, embeddings and learned positions N(0, 1/2) each, xavier head), d_model {lab['d_model']}, "
+        "- The lab's setting: the library's `fb.LanguageModel` as `experiments.model` builds it (causal, the "
+        "lab's init: xavier blocks without q/k/v biases, embeddings and learned positions N(0, 1/2) each, "
+        f"xavier head), d_model {lab['d_model']}, "
         f"d_ff {lab['d_ff']}, {lab['num_heads']} heads{lab_note}, the Markov task over "
         f"{lab['vocab']} symbols, {lab['seq_len']} positions, batch {lab['batch']}, mean cross-entropy.",
         f"- Depths {', '.join(map(str, s.depths))} layers per stack (Xiong's: encoder = decoder = L); "

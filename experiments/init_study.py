@@ -32,8 +32,8 @@ depths, same draws, same statistics:
       vocabulary applied to the reversed source; the decoder reads [0, target[:-1]] (0 is the
       start token, as fairseq's EOS) with teacher forcing; loss = mean cross-entropy over the
       B * T target tokens. No padding.
-  setting "lab": the library's LanguageModel via experiments.model.create_params (the lab's init: xavier
-    blocks, embeddings and learned positions N(0, 1/2) each, xavier head), causal, on the lab's
+  setting "lab": the library's LanguageModel via experiments.model.create_params (the lab's
+    init: xavier blocks, embeddings and learned positions N(0, 1/2) each, xavier head), causal, on the lab's
     Markov task (experiments.tasks), the `depth` preset's size; mean cross-entropy.
 
 For each (setting, variant in post/pre, depth L) one jitted function maps a key to one draw's

@@ -427,6 +427,11 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float, dim: int | None = N
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
+def _head_product(q: jax.Array, k: jax.Array, dtype) -> jax.Array:
+    """q (B, K, R, hd) . k (B, K, S, hd) over hd -> (B, K, R, S), batched over (B, K)."""
+    return jax.lax.dot_general(q.astype(dtype), k.astype(dtype), (((3,), (3,)), ((0, 1), (0, 1))))
+
+
 def _write_after_reading(k_cache, v_cache, step, scores, out) -> dict[str, jax.Array]:
     """A decoding step's cache (B, K, L, hd): the new key and value written into their slot
     once the products have read the cache as it was (scores (B, K, G, L), out (B, K, G, hd)).
@@ -632,11 +637,10 @@ class Attention(nnx.Module):
         if local is not False:  # a sliding-window layer (the causal mask is never None then)
             mask, rows = self.windowed(mask, rows, index, t, s, local)
         dt = jnp.result_type(qh, kh)
-        product = lambda a, b: jax.lax.dot_general(a.astype(dt), b.astype(dt), (((3,), (3,)), ((0, 1), (0, 1))))  # noqa: E731
-        scores = product(qh, kh)  # (B, K, G*T, S)
+        scores = _head_product(qh, kh, dt)  # (B, K, G*T, S)
         if step is not None:  # the new token's key, in its slot
             column = jnp.arange(s) == index
-            scores = jnp.where(column, product(qh, step[0]), scores)
+            scores = jnp.where(column, _head_product(qh, step[0], dt), scores)
         logits = self.logits(scores.reshape(b, h, t, s), mask)  # head = kv * G + g
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = jax.nn.softmax(logits, axis=-1)
@@ -647,7 +651,8 @@ class Attention(nnx.Module):
         if step is None:
             out = dropped @ vh
         else:  # the new token's value, in its slot
-            out = jnp.where(column, 0, dropped) @ vh + jnp.sum(jnp.where(column, dropped, 0), -1, keepdims=True) * step[1]
+            new_weight = jnp.sum(jnp.where(column, dropped, 0), -1, keepdims=True)  # (B, K, G, 1)
+            out = jnp.where(column, 0, dropped) @ vh + new_weight * step[1]
             cache = _write_after_reading(kh, vh, step, scores, out)
         out = out.reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)
         out = out.reshape(b * t, h * d)
