@@ -190,8 +190,8 @@ HF_GPT2 = Dialect(
         *_linear("linear2", "mlp.c_proj", transpose=True),
     ),
     ignore=("attn.bias", "attn.masked_bias"),  # the causal-mask buffers of old GPT-2 checkpoints
-    settings={**_CLASSIC, "norm": "pre", "causal": True},
-    reads=_CLASSIC_READS,
+    settings={**_CLASSIC, "norm": "pre"},
+    reads=(*_CLASSIC_READS, "causal"),
     outside="token and position embeddings (wte, wpe) and the LM head",
 )
 
@@ -207,7 +207,7 @@ _LLAMA_RULES = (
     *_norm("norm2", "post_attention_layernorm"),
 )
 _LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu",
-                   "activation": "silu", "causal": True, "scaling": "none", "residual": "add", "qk_norm": False,
+                   "activation": "silu", "scaling": "none", "residual": "add", "qk_norm": False,
                    "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
                    "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
                    "mlp_bias": None, "norm_bias": None}
@@ -228,7 +228,7 @@ HF_LLAMA = Dialect(
     rules=_LLAMA_RULES,
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
     settings=_LLAMA_SETTINGS,
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias", *_WINDOWS),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias", "causal", *_WINDOWS),
     outside=_LLAMA_OUTSIDE,
     shared_by=_LLAMA_NAMED,
 )
@@ -263,8 +263,8 @@ HF_OPT = Dialect(
     ),
     # causal; torch's LayerNorm default eps 1e-5 (not in the config); the norm placement is read
     # (do_layer_norm_before: OPT-350m is post-LN, the others pre-LN)
-    settings={**_CLASSIC, "causal": True, "layer_norm_eps": 1e-5},
-    reads=("activation", "num_kv_heads", "norm"),
+    settings={**_CLASSIC, "layer_norm_eps": 1e-5},
+    reads=("activation", "num_kv_heads", "norm", "causal"),
     outside=("token and position embeddings (embed_tokens; embed_positions, offset by 2), project_in / "
              "project_out (word_embed_proj_dim != hidden_size: applied to the token embeddings before the "
              "positions are added, and after the final norm) and the LM head"),
@@ -304,12 +304,12 @@ HF_PHI3 = Dialect(
         *_norm("norm1", "input_layernorm"),
         *_norm("norm2", "post_attention_layernorm"),
     ),
-    settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu", "causal": True,
+    settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu",
               "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False, "bias": False,
               "qkv_bias": None, "norm_weight_offset": 0.0, "parallel_residual": "none",
               "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
               "mlp_bias": None, "norm_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", *_WINDOWS),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", "causal", *_WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
 
@@ -320,7 +320,7 @@ HF_QWEN3 = Dialect(
     "hf-qwen3", "Hugging Face Qwen3 (LLaMA's names with self_attn.q_norm / k_norm over head_dim)",
     layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
     settings={**_ATTENTION_BIAS, "qk_norm": True, "qk_norm_over": "head", "qkv_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", *_WINDOWS),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", "causal", *_WINDOWS),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
@@ -329,9 +329,9 @@ HF_QWEN3 = Dialect(
 HF_GEMMA = Dialect(
     "hf-gemma", "Hugging Face Gemma (LLaMA's names; norms scale by 1 + w, GeGLU)",
     layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
-    settings={**_ATTENTION_BIAS, "norm_weight_offset": 1.0, "mlp": "geglu", "activation": "gelu_tanh",
-              "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias"),
+    settings={**{k: v for k, v in _ATTENTION_BIAS.items() if k not in ("mlp", "activation")},
+              "norm_weight_offset": 1.0, "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", "causal", "mlp", "activation"),
     outside=_LLAMA_OUTSIDE + " (Gemma multiplies the embeddings by sqrt(hidden_size) before the layers)",
     shared_by=_LLAMA_NAMED,
 )
@@ -355,7 +355,7 @@ HF_OLMO2 = Dialect(
     ignore=("self_attn.rotary_emb.inv_freq",),
     settings={**_ATTENTION_BIAS, "norm": "out", "qk_norm": True, "qk_norm_over": "projection",
               "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias"),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", "causal"),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
@@ -377,9 +377,9 @@ HF_GPT_NEOX = Dialect(
     ignore=("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq"),  # old checkpoints' buffers
     settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "partial_rotary_factor",
                                                                  "parallel_residual", "bias", "mlp_bias", "norm_bias")},
-              "norm": "pre", "causal": True},
+              "norm": "pre"},
     reads=(*_CLASSIC_READS, "rope_theta", "partial_rotary_factor", "parallel_residual", "bias", "mlp_bias",
-           "norm_bias"),
+           "norm_bias", "causal"),
     outside="token embeddings (embed_in), the rotary inv_freq buffer and the LM head (embed_out)",
 )
 
@@ -399,16 +399,15 @@ _GEMMA2_RULES = (
     *_norm("norm2", "pre_feedforward_layernorm"),
     *_norm("norm2_out", "post_feedforward_layernorm"),
 )
-_GEMMA2_SETTINGS = {**_ATTENTION_BIAS, "norm": "peri", "norm_weight_offset": 1.0, "mlp": "geglu",
-                    "activation": "gelu_tanh", "qkv_bias": None}
-for _k in ("attn_logit_softcapping", "query_pre_attn_scalar"):
+_GEMMA2_SETTINGS = {**_ATTENTION_BIAS, "norm": "peri", "norm_weight_offset": 1.0, "qkv_bias": None}
+for _k in ("attn_logit_softcapping", "query_pre_attn_scalar", "activation", "mlp"):  # read (Gemma 2 / 3: "gelu" is exact)
     del _GEMMA2_SETTINGS[_k]
 HF_GEMMA2 = Dialect(
     "hf-gemma2", "Hugging Face Gemma 2 (sandwich norms: pre_feedforward_layernorm, post_feedforward_layernorm)",
     layer="layers.{i}.", final_norm="norm", rules=_GEMMA2_RULES,
     settings=_GEMMA2_SETTINGS,
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "attn_logit_softcapping", "query_pre_attn_scalar",
-           "bias", "mlp_bias", *_WINDOWS),
+           "bias", "mlp_bias", "causal", "activation", "mlp", *_WINDOWS),
     outside=_LLAMA_OUTSIDE + " (Gemma 2 multiplies the embeddings by sqrt(hidden_size) before the layers; its "
                              "final logit soft-cap is the LM head's)",
     shared_by=_LLAMA_NAMED,
@@ -442,8 +441,8 @@ HF_STARCODER2 = Dialect(
     ),
     settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "sliding_window",
                                                                  "sliding_window_pattern", "bias", "norm_bias")},
-              "norm": "pre", "causal": True},
-    reads=(*_CLASSIC_READS, "rope_theta", "bias", "norm_bias", *_WINDOWS),
+              "norm": "pre"},
+    reads=(*_CLASSIC_READS, "rope_theta", "bias", "norm_bias", "causal", *_WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
 
@@ -458,7 +457,8 @@ HF_STABLELM = Dialect(
     settings={**{k: v for k, v in _LLAMA_SETTINGS.items() if k not in ("partial_rotary_factor", "parallel_residual")},
               "norm_type": "layernorm", "bias": False, "mlp_bias": None, "norm_bias": True,
               "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", "parallel_residual", "qkv_bias"),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", "parallel_residual", "qkv_bias",
+           "causal"),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 

@@ -34,7 +34,7 @@ log = logging.getLogger("flax_blocks")
 
 
 
-def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 0):
+def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 0, ignore_keys: tuple[str, ...] = ()):
     """A Flax `Encoder` computing a Hugging Face model's transformer stack, or (part=) the
     whole model as a `flax_blocks.lm.LanguageModel`.
 
@@ -57,6 +57,10 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
       the stack is read: layers and final norm.
     dtype: cast the weights (and param_dtype) to it; None keeps the checkpoint's dtype
       (float64 needs jax_enable_x64).
+    ignore_keys: config keys to pass over, as transformers does with keys its model does not
+      read. Every config key is read as the family's transformers code reads it
+      (`flax_blocks.hf_families`); a key no family table knows is refused by name unless
+      named here.
     Returns an Encoder (with .cfg and .num_layers) mapping hidden states (B, T, E) to the
     HF model's last hidden state for those inputs embedded (after its embeddings), with
     `key_mask=` (B, T), True = real token, for padding. Query positions that are padding
@@ -74,13 +78,16 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
         sd = read_state_dict(hf_state_dict(source))
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
+    sd = _whole_model_names(config, sd)
+    ignore_keys = tuple(ignore_keys)
     if part in ("model", "causal-lm"):
         from . import hf_models
 
-        return hf_models.load(config, sd, part, dtype=dtype, seed=seed)
+        return hf_models.load(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys)
     if part not in ("stack", "encoder", "decoder"):
         raise ValueError(f"part must be one of 'stack', 'encoder', 'decoder', 'model', 'causal-lm', got {part!r}")
-    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype, part=None if part == "stack" else part)
+    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype, part=None if part == "stack" else part,
+                                                     ignore_keys=ignore_keys)
     stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads).state_dict
     if dtype is None:
         dtypes = {str(a.dtype) for a in stack.values()}
@@ -92,6 +99,14 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
                         dtype=dtype, seed=seed)
     module.hf_dialect = dialect  # a plain attribute (static in nnx.split): to_hf's default
     return module
+
+
+def _whole_model_names(config: dict[str, Any], sd: dict[str, Any]) -> dict[str, Any]:
+    """A part saved on its own (a WhisperEncoder: architectures ["WhisperEncoder"], its keys
+    without "encoder.") named as in the whole model, which the dialects read."""
+    if config.get("architectures") == ["WhisperEncoder"] and not any(k.startswith("encoder.") for k in sd):
+        return {f"encoder.{k}": v for k, v in sd.items()}
+    return sd
 
 
 def dialect_for(cfg: BlockConfig, stack: str = "Encoder") -> str:

@@ -26,7 +26,8 @@ import numpy as np
 
 from . import dialects
 from .checkpoint_io import ConversionError
-from .hf_config import hf_config
+from .hf_config import family_of, hf_config
+from .hf_families import Read
 from .lm_spec import ENCODER, LMConfig
 
 log = logging.getLogger("flax_blocks")
@@ -99,67 +100,74 @@ def _family(config: Mapping[str, Any]) -> tuple[str, Outside]:
     return model_type, out
 
 
-def _whole_model_problems(model_type: str, config: Mapping[str, Any]) -> list[str]:
+def _whole_model_problems(model_type: str, c: Read) -> list[str]:
     """What a family computes around its stack that the LanguageModel does not: refused by name."""
     problems = []
     if model_type == "opt":
-        proj, e = config.get("word_embed_proj_dim"), config.get("hidden_size")
+        proj, e = c["word_embed_proj_dim"], c["hidden_size"]
         if proj is not None and proj != e:
             problems.append(f"word_embed_proj_dim={proj} != hidden_size={e}: OPT projects the token embeddings "
                             "(project_in) before the positions are added and the last hidden state after the stack "
                             "(project_out), which the LanguageModel does not compute (its stack alone loads: "
                             "part='stack')")
-    if model_type == "roberta" and config.get("pad_token_id") is None:
+    if model_type == "roberta" and c["pad_token_id"] is None:
         problems.append("pad_token_id None: RoBERTa's positions are numbered from its padding token (padding_idx)")
-    if model_type in ("gemma", "gemma2", "gemma3_text") and config.get("hidden_size") is None:
-        problems.append("hidden_size missing: Gemma scales its embeddings by sqrt(hidden_size)")
     return problems
 
 
-def _positions(out: Outside, config: Mapping[str, Any]) -> tuple[int | None, int]:
+def _positions(out: Outside, c: Read) -> tuple[int | None, int]:
     """(LMConfig.max_positions, position_offset) of a family's learned position table."""
     if not out.positions:
         return None, 0
-    rows = int(next(config[k] for k in out.max_positions if config.get(k)))
+    rows = int(c[out.max_positions[0]])
     if out.position_offset == "opt":  # OPTLearnedPositionalEmbedding: max_position_embeddings + 2 rows
         return rows, 2
     if out.position_offset == "pad":  # RoBERTa: positions from padding_idx + 1 within max_position_embeddings rows
-        offset = int(config["pad_token_id"]) + 1
+        offset = int(c["pad_token_id"]) + 1
         return rows - offset, offset
     return rows, 0
 
 
-def lm_config(config: Mapping[str, Any], part: str) -> tuple[str, Any, LMConfig]:
+def lm_config(config: Mapping[str, Any], part: str, *, ignore_keys: tuple[str, ...] = ()
+              ) -> tuple[str, Any, LMConfig]:
     """(dialect, BlockConfig, LMConfig) of an HF config for `part` ("model" or "causal-lm")."""
-    dialect, cfg, num_layers, final_norm = hf_config(config)
+    dialect, cfg, num_layers, final_norm = hf_config(config, ignore_keys=ignore_keys)
     model_type, out = _family(config)
+    c = Read(config, family_of(config))
     if part == "causal-lm" and (out.head is None or not cfg.causal):
-        raise ConversionError([f"{model_type} is not a causal language model: part='model' gives its last hidden "
-                               "state"], header=f"cannot load a {model_type} model as part='causal-lm'")
-    problems = _whole_model_problems(model_type, config)
+        why = ("is_causal=False: transformers builds a bidirectional mask from it, so this is no causal language "
+               "model" if out.head is not None else f"{model_type} is not a causal language model")
+        raise ConversionError([f"{why}: part='model' gives its last hidden state"],
+                              header=f"cannot load a {model_type} model as part='causal-lm'")
+    problems = _whole_model_problems(model_type, c)
     if problems:
         raise ConversionError(problems, header=f"cannot load a whole {model_type} model as part={part!r}")
-    tied = bool(config.get("tie_word_embeddings", True))
-    max_positions, offset = _positions(out, config)
-    cap = config.get(out.final_logit_softcap) if out.final_logit_softcap else None
+    tied = part == "causal-lm" and bool(c["tie_word_embeddings"])
+    max_positions, offset = _positions(out, c)
+    cap = c[out.final_logit_softcap] if out.final_logit_softcap else None
     lm = LMConfig(
-        vocab_size=int(config["vocab_size"]), num_layers=num_layers, max_positions=max_positions,
-        token_types=int(config.get("type_vocab_size") or 0) if out.token_type else 0,
+        vocab_size=int(c["vocab_size"]), num_layers=num_layers, max_positions=max_positions,
+        token_types=int(c["type_vocab_size"] or 0) if out.token_type else 0,
         embed_norm=out.embed_norm is not None, final_norm=final_norm,
         head="none" if part == "model" else ("tied" if tied else "untied"),
         position_offset=offset, default_positions=out.default_positions,
-        pad_token_id=int(config["pad_token_id"]) if out.default_positions == "ids" else None,
-        embed_scale=float(config["hidden_size"]) ** 0.5 if out.embed_scale else None,
+        pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
+        embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
         final_logit_softcap=None if cap is None or part == "model" else float(cap),
     )
     return dialect, cfg, lm
 
 
-def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: Any = None, seed: int = 0):
-    """A LanguageModel computing an HF model's `part` from its config and state dict."""
+def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: Any = None, seed: int = 0,
+         ignore_keys: tuple[str, ...] = ()):
+    """A LanguageModel computing an HF model's `part` from its config and state dict.
+
+    Every tensor is read or the load is refused naming it. A head stored beside a config that
+    says tie_word_embeddings: what from_pretrained does, the file's head is kept (untied when it
+    differs from the embedding)."""
     from .lm import from_torch_state_dict
 
-    dialect, cfg, lm = lm_config(config, part)
+    dialect, cfg, lm = lm_config(config, part, ignore_keys=ignore_keys)
     out = OUTSIDE[config["model_type"]]
     sd = {k: np.asarray(v) for k, v in sd.items()}
     tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads)
@@ -191,8 +199,14 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
                             "part='causal-lm' needs the model with its head (LlamaForCausalLM), or take part='model'")
         else:
             take("head.weight", head + "weight")
-    elif lm.head == "tied":
-        taken.add(head + "weight")  # the state dict of a model object holds the tied weight twice
+    elif lm.head == "tied" and head + "weight" in sd:  # a model object's state dict holds the tied weight twice
+        taken.add(head + "weight")
+        if "embed.weight" in ours and not np.array_equal(sd[head + "weight"], ours["embed.weight"]):
+            # from_pretrained keeps a stored head whatever tie_word_embeddings says
+            log.warning("from_hf: tie_word_embeddings is true but the file holds its own %sweight, which differs "
+                        "from the embedding: kept, as transformers' from_pretrained keeps it", head)
+            lm = replace(lm, head="untied")
+            ours["head.weight"] = sd[head + "weight"]
     stack = {k for k in sd if k not in tr.dropped}
     left = [k for k in sd if k not in taken and k not in stack
             and not any(k[len(base):].startswith(i) for i in out.ignore) and not (out.head and k.startswith(head))]

@@ -1,6 +1,7 @@
 """Every BlockConfig field, declared once with what the rest of the project needs to know
-about it: its help text, whether it adds parameters, which Hugging Face config keys carry
-it, and where it is exempt from the parity matrix. Framework-free.
+about it: its help text, whether it adds parameters, and where it is exempt from the parity
+matrix. Framework-free. (Which Hugging Face config key carries a field is each family's
+business, read as transformers reads it: flax_blocks.hf_families.)
 
 Derived from this table, not kept beside it:
   - the converter CLI's flags and their help (flax_blocks.convert_cli);
@@ -34,7 +35,6 @@ class Option:
     help: one line, for the CLI and docs/options.md.
     adds: the value under which the option has the most parameters (None: no value adds any); the probe
       config takes every such value, so its parameter names are all the names there are.
-    hf: the Hugging Face config keys the value is read from (first found wins), if any.
     cli: the converter CLI takes it as a --flag (sizes are read from the tensors).
     not_in_matrix: why the parity matrix need not reach every value ("" = it must).
     only_with: (field, value): the option means something only when that field has that
@@ -45,7 +45,6 @@ class Option:
     kind: Kind
     help: str
     adds: Any = None
-    hf: tuple[str, ...] = ()
     cli: bool = True
     not_in_matrix: str = ""
     only_with: tuple[str, Any] | None = None
@@ -54,19 +53,16 @@ class Option:
 _RESOLVED = "left None in the matrix: resolve(num_layers) fills it with the published formula"
 
 OPTIONS: tuple[Option, ...] = (
-    Option("d_model", "size", "model width E", hf=("hidden_size", "n_embd"), cli=False),
-    Option("num_heads", "size", "attention (query) heads H; head_dim = d_model / num_heads unless given",
-           hf=("num_attention_heads", "n_head"), cli=False),
-    Option("d_ff", "size", "feed-forward width", hf=("intermediate_size", "n_inner"), cli=False),
+    Option("d_model", "size", "model width E", cli=False),
+    Option("num_heads", "size", "attention (query) heads H; head_dim = d_model / num_heads unless given", cli=False),
+    Option("d_ff", "size", "feed-forward width", cli=False),
     Option("dropout", "init", "dropout after each sublayer, after the FFN activation and on the attention weights",
            cli=False, not_in_matrix="dropout has its own tests (masks drawn alike, statistics); the matrix runs eval"),
     Option("activation", "compute", "feed-forward activation: 'gelu' is exact (erf), as torch's "
-           "activation='gelu'; 'gelu_tanh' is the tanh approximation",
-           hf=("hidden_act", "activation_function")),
+           "activation='gelu'; 'gelu_tanh' is the tanh approximation"),
     Option("layer_norm_eps", "compute", "LayerNorm / RMSNorm epsilon on both sides (torch's layer_norm_eps; "
-           "its default is 1e-5)", hf=("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps")),
-    Option("bias", "compute", "biases in the linear maps and the LayerNorms", adds=True,
-           hf=("attention_bias",), cli=False),
+           "its default is 1e-5)"),
+    Option("bias", "compute", "biases in the linear maps and the LayerNorms", adds=True, cli=False),
     Option("norm", "compute", "norm placement: 'post' Norm(x + F(x)) (torch's norm_first=False), 'pre' "
            "x + F(Norm(x)) (norm_first=True), 'peri' x + Norm(F(Norm(x))), 'out' x + Norm(F(x)) (OLMo 2), 'none'",
            adds="peri"),
@@ -81,31 +77,29 @@ OPTIONS: tuple[Option, ...] = (
            "1 / sqrt(l), l from 1 (needs norm='pre'; a block alone is layer 1)"),
     Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
     Option("num_kv_heads", "compute", "key/value heads for grouped-query attention (default: as many as "
-           "query heads)", hf=("num_key_value_heads",)),
+           "query heads)"),
     Option("head_dim", "size", "each attention head's width when not d_model / num_heads (Qwen3, Gemma): q/k/v "
-           "project to num_heads * head_dim, the output projection back to d_model", hf=("head_dim",), cli=False),
+           "project to num_heads * head_dim, the output projection back to d_model", cli=False),
     Option("qk_norm", "compute", "a scale-only norm over head_dim on each head of q and k, before rotary",
            adds=True),
     Option("qk_norm_over", "compute", "QK-norm over each head ('head': Qwen3, Gemma 3) or over the whole q / k "
            "projection before the split into heads ('projection': OLMo 2)", only_with=("qk_norm", True)),
     Option("rope_theta", "compute", "rotary position embedding base, rotate-half convention (not given: no "
-           "positions)", hf=("rope_theta", "rope_parameters.rope_theta")),
+           "positions)"),
     Option("partial_rotary_factor", "compute", "rotary on the first int(head_dim * factor) dims of each head, "
-           "the rest passed through (GPT-NeoX rotary_pct, StableLM 0.25)",
-           hf=("partial_rotary_factor", "rope_parameters.partial_rotary_factor", "rotary_pct")),
+           "the rest passed through (GPT-NeoX rotary_pct, StableLM 0.25)"),
     Option("attn_logit_softcapping", "compute", "attention logits s become c * tanh(s / c) before the mask "
-           "(Gemma 2: 50); not on the fused path", hf=("attn_logit_softcapping",)),
+           "(Gemma 2: 50); not on the fused path"),
     Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 "
-           "(Gemma 2 / 3)", hf=("query_pre_attn_scalar",)),
+           "(Gemma 2 / 3)"),
     Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
-           "(Mistral, Gemma 2 / 3)", hf=("sliding_window",)),
+           "(Mistral, Gemma 2 / 3)"),
     Option("sliding_window_pattern", "compute", "layer l (from 1) is global iff n divides l, the others local "
-           "(Gemma 2: 2, Gemma 3: 6; default: every layer local)", hf=("sliding_window_pattern",)),
+           "(Gemma 2: 2, Gemma 3: 6; default: every layer local)"),
     Option("rope_local_theta", "compute", "the rotary base of the local layers (Gemma 3 rope_local_base_freq; "
-           "default rope_theta)", hf=("rope_local_base_freq", "rope_parameters.sliding_attention.rope_theta")),
+           "default rope_theta)"),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
-    Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True,
-           hf=("mlp_bias",)),
+    Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True),
     Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
            "bias=False)", adds=True),
     Option("parallel_residual", "compute", "'two_norms' x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-NeoX), "
@@ -123,7 +117,7 @@ OPTIONS: tuple[Option, ...] = (
            not_in_matrix="the matrix loads one side's weights into the other; init is tested on its own"),
     Option("dtype", "dtype", "computation dtype (None: promote inputs and parameters, the flax rule)", cli=False,
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
-    Option("param_dtype", "dtype", "parameter dtype on both sides", hf=("dtype", "torch_dtype"), cli=False,
+    Option("param_dtype", "dtype", "parameter dtype on both sides", cli=False,
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
     Option("attention", "implementation", "attention implementation: 'auto' (dense; the blocked path from 1024 keys, or "
            "the fused kernel on a GPU, where no weights, explicit mask or attention dropout are asked for), "
@@ -169,15 +163,14 @@ def table() -> str:
         "(tests/test_options.py fails when this file is stale). Every option means the same in",
         "`flax_blocks` and `torch_blocks`.",
         "",
-        "| option | values | default | what | adds parameters | Hugging Face keys |",
-        "|---|---|---|---|---|---|",
+        "| option | values | default | what | adds parameters |",
+        "|---|---|---|---|---|",
     ]
     for o in OPTIONS:
         default = defaults[o.name]
         default = "required" if default is dataclasses.MISSING else f"`{default!r}`"
         adds = f"with `{o.adds!r}`" if o.adds is not None else ""
-        hf = ", ".join(f"`{k}`" for k in o.hf)
-        lines.append(f"| `{o.name}` | {values(o.name)} | {default} | {o.help} | {adds} | {hf} |")
+        lines.append(f"| `{o.name}` | {values(o.name)} | {default} | {o.help} | {adds} |")
     return "\n".join(lines) + "\n"
 
 

@@ -75,8 +75,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
                       use_parallel_residual=True), "parallel residual, rotary on half of each head, per-head "
                                                    "query_key_value"),
     "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXModel",
-                            dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=3,
-                               intermediate_size=40,
+                            dict(**_TEXT, hidden_size=24, num_attention_heads=3, intermediate_size=40,
                                  num_hidden_layers=LAYERS, max_position_embeddings=32, rotary_pct=0.25,
                                  rotary_emb_base=1000, hidden_act="gelu_new", use_parallel_residual=False,
                                  attention_bias=False),
@@ -131,19 +130,19 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
 # tests assert each; the docs table lists them.
 REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
     "roberta": [(dict(add_cross_attention=True), "add_cross_attention=True"),
-                (dict(position_embedding_type="relative_key"), "position_embedding_type 'relative_key'")],
-    "distilbert": [(dict(activation="gelu_fast"), "activation 'gelu_fast'")],
+                (dict(position_embedding_type="relative_key"), "position_embedding_type='relative_key'")],
+    "distilbert": [(dict(activation="gelu_fast"), "activation='gelu_fast'")],
     "opt": [(dict(enable_bias=False), "enable_bias=False"),
             (dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine=False")],
     "opt-350m": [],
-    "vit": [(dict(hidden_act="gelu_fast"), "activation 'gelu_fast'")],
+    "vit": [(dict(hidden_act="gelu_fast"), "hidden_act='gelu_fast'")],
     "phi3": [(dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 2,
                                     "long_factor": [1.0] * 2}, original_max_position_embeddings=16),
               "rope_type 'longrope'")],
     "qwen3": [(dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
-               "layer_types ['full_attention', 'sliding_attention', 'sliding_attention']"),
+               "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']"),
               (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}), "rope_type 'yarn'")],
-    "gemma": [(dict(hidden_act="relu"), "activation 'relu'")],
+    "gemma": [(dict(hidden_act="relu"), "hidden_act='relu'")],
     "olmo2": [],
     "gpt_neox": [(dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
                                         "partial_rotary_factor": 0.5}), "rope_type 'linear'")],
@@ -152,38 +151,14 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
     "starcoder2": [],
     "stablelm": [(dict(qk_layernorm=True), "qk_layernorm=True")],
     "stablelm-parallel": [],
-    "whisper": [(dict(activation_function="gelu_fast"), "activation 'gelu_fast'")],
+    "whisper": [(dict(activation_function="gelu_fast"), "activation_function='gelu_fast'")],
     "gemma2": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
-                "layer_types ['full_attention', 'sliding_attention', 'sliding_attention']")],
+                "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
     "gemma3": [(dict(use_bidirectional_attention=True), "use_bidirectional_attention=True"),
                (dict(rope_parameters={"full_attention": {"rope_type": "linear", "rope_theta": 1e3, "factor": 8.0},
                                       "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
                 "rope_type 'linear'")],
 }
-
-# Settings read from family-specific config keys (beyond the sizes, eps and activation).
-EXTRA_READS = {"roberta": "is_decoder -> causal", "opt": "do_layer_norm_before -> norm and final norm, "
-               "_remove_final_layer_norm", "opt-350m": "do_layer_norm_before -> norm and final norm",
-               "vit": "qkv_bias", "phi3": "rope_parameters.rope_theta, num_key_value_heads, partial_rotary_factor",
-               "qwen3": "head_dim, rope_parameters.rope_theta, num_key_value_heads",
-               "gemma": "head_dim, rope_parameters.rope_theta, num_key_value_heads; hidden_act 'gelu' read as tanh "
-                        "GELU (as GemmaConfig does)",
-               "olmo2": "rope_parameters.rope_theta, num_key_value_heads, attention_bias -> bias, mlp_bias False",
-               "gpt_neox": "use_parallel_residual -> parallel_residual 'two_norms', rope_parameters (rotary_pct, "
-                           "rotary_emb_base) -> partial_rotary_factor, rope_theta",
-               "gpt_neox-sequential": "use_parallel_residual=False -> parallel_residual 'none'; attention_bias=False "
-                                      "-> bias False, mlp_bias and norm_bias True",
-               "stablelm": "use_qkv_bias -> qkv_bias, partial_rotary_factor, rope_parameters.rope_theta",
-               "stablelm-parallel": "use_parallel_residual -> parallel_residual 'shared_norm'",
-               "whisper": "encoder_layers (part='decoder': decoder_attention_heads, decoder_ffn_dim, decoder_layers)",
-               "mistral-window": "sliding_window (every layer local)",
-               "starcoder2": "norm_epsilon, use_bias, sliding_window, rope_parameters.rope_theta",
-               "gemma2": "hidden_activation, head_dim, attn_logit_softcapping, query_pre_attn_scalar, sliding_window "
-                         "and layer_types -> sliding_window_pattern 2",
-               "gemma3": "hidden_activation, head_dim, query_pre_attn_scalar, sliding_window and layer_types -> "
-                         "sliding_window_pattern, rope_parameters.full_attention / sliding_attention -> rope_theta / "
-                         "rope_local_theta"}
-
 
 def config(name: str, **changes: Any) -> dict[str, Any]:
     """The family's tiny config (with changes) as a dict, as config.json holds it."""
@@ -386,27 +361,21 @@ def describe(name: str) -> dict[str, str]:
 
     from flax_blocks import dialects
     from flax_blocks.config import BlockConfig
-    from flax_blocks.hf_config import FAMILY_KEYS
-    from flax_blocks.options import BY_NAME
+    from flax_blocks.hf_families import FAMILIES as TABLES
 
     cfg = config(name)
     model_type = cfg["model_type"]
     dialect = dialects.MODEL_TYPES[model_type]
     lay = dialects.DIALECTS[dialect]
-    keys = FAMILY_KEYS.get(model_type, {})
-
-    def key(field):
-        return next(k for k in (*keys.get(field, ()), *BY_NAME[field].hf) if k in cfg)
-
-    reads = [key(f) for f in ("d_model", "num_heads", "d_ff", *lay.reads) if f in ("d_model", "num_heads", "d_ff",
-                                                                                   "activation", "layer_norm_eps")]
+    family = TABLES[model_type]
+    reads = [k for k in family.reads if k in cfg and k not in family.lm]  # the keys this build sets
     defaults = {f.name: f.default for f in dataclasses.fields(BlockConfig)}
     fixed = ", ".join(f"{k}={v!r}" for k, v in lay.settings.items()
                       if k in ("norm", "norm_type", "mlp", "activation", "causal", "bias", "layer_norm_eps")
                       or (k in SHOWN_IF_SET and v != defaults[k]))
     refused = "; ".join(words for _, words in REFUSALS[name])
     return {"family": f"{name} ({model_type} -> {dialect})", "model": FAMILIES[name][1] + ": " + FAMILIES[name][3],
-            "reads": ", ".join(reads + ([EXTRA_READS[name]] if name in EXTRA_READS else [])),
+            "reads": ", ".join(reads),
             "fixed": fixed, "refused": refused or "-"}
 
 

@@ -187,11 +187,12 @@ def test_settings_read_from_each_family_config():
     assert hf_config(old)[1].partial_rotary_factor == 0.25  # GPTNeoXConfig's default rotary_pct
     mistral = hf_config(config("mistral-window"))[1]
     assert (mistral.sliding_window, mistral.sliding_window_pattern) == (4, None)
-    qwen2 = dict(model_type="qwen2", hidden_size=24, num_attention_heads=4, intermediate_size=40, num_hidden_layers=3,
+    qwen2 = dict(model_type="qwen2", hidden_size=24, num_attention_heads=4, num_key_value_heads=4,
+                 intermediate_size=40, num_hidden_layers=3,
                  rms_norm_eps=1e-6, hidden_act="silu", sliding_window=4)
     assert hf_config(qwen2)[1].sliding_window is None  # use_sliding_window False: HF drops the window
     assert hf_config({**qwen2, "use_sliding_window": True, "max_window_layers": 0})[1].sliding_window == 4
-    with pytest.raises(fb.ConversionError, match=r"layer_types \['full_attention', 'sliding_attention', "
+    with pytest.raises(fb.ConversionError, match=r"layer_types=\['full_attention', 'sliding_attention', "
                                                  r"'sliding_attention'\] \(sliding_window=4\)"):
         hf_config({**qwen2, "use_sliding_window": True, "max_window_layers": 1})  # local from layer 2 on
     assert hf_config(config("phi3", sliding_window=4))[1].sliding_window == 4

@@ -1,0 +1,480 @@
+"""Differential fuzzing of `fb.from_hf` against transformers (issue 33, item 4).
+
+For each family a hypothesis strategy draws a config.json over the keys people set (sizes,
+GQA ratios, head_dim, eps keys, activations, biases, rotary bases and fractions in their
+older and newer spellings, windows shorter and longer than the sequence, layer_types
+patterns, soft-caps, is_causal, tied heads with and without a stored head) plus stray keys of
+neighbouring families. Each draw becomes a tiny model with perturbed weights, saved as a
+save_pretrained folder whose config.json is exactly the drawn one; transformers reads it back
+with `from_pretrained` (the reference: what a user of transformers gets from that folder) and
+`fb.from_hf` reads the same folder. Each case ends as one of
+
+    equal      float32 logits (last hidden states for encoders) within 1e-5 relative at the real
+               tokens of a left-padded batch given HF's position_ids, and HF's 8 greedy tokens
+               (generate) each one of our argmaxes (within 1e-5 of our best logit) along them;
+    refused    one ConversionError that names a key of the config (key=value);
+    hf-refused transformers itself refuses the config, the folder or the forward;
+    wrong      loads and computes something else: a silent wrong load (the bug this hunts);
+    crash      our loader raises anything but a ConversionError naming a key.
+
+A decoder config with is_causal=False is refused as part="causal-lm" (no causal LM) and then
+compared as part="model" with HF's base model.
+
+    python -m parity_tests.fuzz_hf --minutes 30 --out experiments/results/fuzz_hf   # the long run
+
+writes summary.md / summary.json (configs per family, outcomes, every non-equal case's
+config). The suite (parity_tests/test_fuzz_hf.py) runs a fixed-seed budget. Encoders of
+images and audio (ViT, Whisper) are not drawn here: they load as stacks, tested against HF in
+tests/test_hf_families.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+V, B, T, PAD, NEW = 64, 2, 7, 3, 8
+RTOL = 1e-5
+ABSENT = object()  # a key left out of config.json: the config class's default applies
+
+# family -> (config class, model class, the part we load: "causal-lm" or "model")
+MODELS: dict[str, tuple[str, str, str]] = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "causal-lm"),
+    "opt": ("OPTConfig", "OPTForCausalLM", "causal-lm"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "causal-lm"),
+    "mistral": ("MistralConfig", "MistralForCausalLM", "causal-lm"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "causal-lm"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "causal-lm"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", "causal-lm"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", "causal-lm"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "causal-lm"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", "causal-lm"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", "causal-lm"),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", "causal-lm"),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", "causal-lm"),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", "causal-lm"),
+    "bert": ("BertConfig", "BertModel", "model"),
+    "roberta": ("RobertaConfig", "RobertaModel", "model"),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", "model"),
+}
+# Each family's own size keys: (hidden, heads, kv heads or None, ffn, layers).
+SIZE_KEYS = {"gpt2": ("n_embd", "n_head", None, "n_inner", "n_layer"),
+             "opt": ("hidden_size", "num_attention_heads", None, "ffn_dim", "num_hidden_layers"),
+             "gpt_neox": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
+             "bert": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
+             "roberta": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
+             "distilbert": ("dim", "n_heads", None, "hidden_dim", "n_layers")}
+LLAMA_SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers")
+
+EPS = [1e-6, 1e-5, 0.1, 0.5]  # large ones make an eps read from the wrong key visible
+LAYER_PATTERNS = ["sliding_attention", "full_attention"]
+
+
+def _maybe(values: st.SearchStrategy | list) -> st.SearchStrategy:
+    """The key absent (its class default), or one of the values."""
+    inner = st.sampled_from(values) if isinstance(values, list) else values
+    return st.one_of(st.just(ABSENT), inner)
+
+
+def _rope(draw, theta_key: str = "rope_theta", partial: list | None = None, partial_key: str | None = None) -> dict:
+    """Rotary settings in the spellings configs carry: none, a top-level (older) key, the
+    rope_parameters dict (transformers 5), both disagreeing, or a scaled type."""
+    theta = draw(st.sampled_from([100.0, 500.0, 10000.0]))
+    kind = draw(st.sampled_from(["absent", "top", "dict", "both", "scaled"]))
+    out: dict[str, Any] = {}
+    if kind in ("top", "both"):
+        out[theta_key] = theta
+    if kind in ("dict", "both"):
+        out["rope_parameters"] = {"rope_type": "default", "rope_theta": theta * (3 if kind == "both" else 1)}
+    if kind == "scaled":
+        out["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    if partial:
+        factor = draw(_maybe(partial))
+        if factor is not ABSENT:
+            if kind in ("dict", "both") and draw(st.booleans()):
+                out["rope_parameters"]["partial_rotary_factor"] = factor
+            else:
+                out[partial_key] = factor
+    return out
+
+
+def _layer_types(draw, n: int) -> list[str]:
+    kind = draw(st.sampled_from(["alternate", "all_local", "all_full", "last_full", "random"]))
+    if kind == "alternate":
+        return [LAYER_PATTERNS[i % 2] for i in range(n)]
+    if kind == "all_local":
+        return ["sliding_attention"] * n
+    if kind == "all_full":
+        return ["full_attention"] * n
+    if kind == "last_full":
+        return ["sliding_attention"] * (n - 1) + ["full_attention"]
+    return [draw(st.sampled_from(LAYER_PATTERNS)) for _ in range(n)]
+
+
+STRAYS = {"layer_norm_eps": 0.5, "layer_norm_epsilon": 0.5, "rms_norm_eps": 0.5, "norm_epsilon": 0.5,
+          "sliding_window": 3, "attn_logit_softcapping": 1.0, "partial_rotary_factor": 0.5, "rotary_pct": 0.5,
+          "use_sliding_window": True, "hidden_activation": "relu", "hidden_act": "relu", "use_qkv_bias": True,
+          "qkv_bias": False, "attention_bias": True, "mlp_bias": True, "query_pre_attn_scalar": 4,
+          "max_window_layers": 0, "is_decoder": True, "add_cross_attention": False, "sliding_window_pattern": 2,
+          "rope_local_base_freq": 100.0, "final_logit_softcapping": 0.5, "use_parallel_residual": True,
+          "rope_theta": 123.0, "pretraining_tp": 2, "layer_types": "pattern", "num_key_value_heads": 1}
+
+
+@st.composite
+def configs(draw, family: str) -> dict[str, Any]:
+    """One config.json of `family` (its keys, plus the fuzzer's own `_stored_head` flag)."""
+    from flax_blocks.hf_families import FAMILIES
+
+    table = FAMILIES[family]
+    heads = draw(st.sampled_from([2, 4]))
+    hidden = draw(st.sampled_from([32, 48]))
+    layers = draw(st.sampled_from([1, 2, 3]))
+    keys = SIZE_KEYS.get(family, LLAMA_SIZES)
+    c: dict[str, Any] = {"model_type": family, keys[0]: hidden, keys[1]: heads, keys[3]: 40, keys[4]: layers}
+    if family not in ("bert", "roberta", "distilbert"):
+        c.update(vocab_size=V, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    else:
+        c.update(vocab_size=V, pad_token_id=1, max_position_embeddings=24)
+    if keys[2]:
+        c[keys[2]] = draw(st.sampled_from([heads, heads // 2, 1]))
+    decoder = MODELS[family][2] == "causal-lm"
+    if decoder:
+        c["is_causal"] = draw(_maybe([True, False, False]))
+        c["tie_word_embeddings"] = draw(_maybe([True, False]))
+        c["_stored_head"] = draw(st.booleans())  # tie_word_embeddings true over a file with its own head
+    rot = "rope_parameters" in table.reads and family not in ("gemma3_text",)
+    if rot:
+        c.update(_rope(draw, "rotary_emb_base" if family == "gpt_neox" else "rope_theta",
+                       *(([0.25, 0.5, 1.0], "rotary_pct") if family == "gpt_neox" else
+                         ([0.5, 0.75, 1.0], "partial_rotary_factor") if family in ("phi3", "stablelm") else ())))
+    if "head_dim" in table.reads:
+        c["head_dim"] = draw(_maybe([8, 12, 16, None]))
+    for eps_key in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"):
+        if eps_key in table.reads:
+            c[eps_key] = draw(_maybe(EPS))
+    _family_keys(draw, family, c, layers)
+    for key in draw(st.lists(st.sampled_from(sorted(STRAYS)), max_size=2, unique=True)):
+        if key not in c and key not in table.reads:
+            c[key] = _layer_types(draw, layers) if key == "layer_types" else STRAYS[key]
+    return {k: v for k, v in c.items() if v is not ABSENT}
+
+
+def _family_keys(draw, family: str, c: dict[str, Any], layers: int) -> None:
+    windows = [2, 4, 16, None]
+    m = _maybe
+    if family == "gpt2":
+        c.update(activation_function=draw(m(["gelu_new", "gelu", "relu", "gelu_pytorch_tanh"])),
+                 n_inner=draw(st.sampled_from([40, None])), n_positions=24,
+                 scale_attn_weights=draw(m([True, False])),
+                 scale_attn_by_inverse_layer_idx=draw(m([False, True])),
+                 reorder_and_upcast_attn=draw(m([False, True])))
+    elif family == "opt":
+        c.update(activation_function=draw(m(["relu", "gelu"])), max_position_embeddings=24,
+                 do_layer_norm_before=draw(m([True, False])), _remove_final_layer_norm=draw(m([False, True])),
+                 enable_bias=draw(m([True, False])), word_embed_proj_dim=draw(m([c["hidden_size"], 16, None])))
+    elif family == "llama":
+        c.update(hidden_act=draw(m(["silu", "gelu"])), attention_bias=draw(m([False, True])),
+                 mlp_bias=draw(m([False, True])))
+    elif family in ("mistral", "phi3", "starcoder2"):
+        c["sliding_window"] = draw(m(windows))
+        if draw(st.booleans()):
+            c["layer_types"] = _layer_types(draw, layers)
+        if family == "starcoder2":
+            c.update(hidden_act=draw(m(["gelu_pytorch_tanh", "gelu", "relu"])), use_bias=draw(m([True, False])))
+    elif family in ("qwen2", "qwen3"):
+        c.update(use_sliding_window=draw(m([False, True])), sliding_window=draw(m(windows)),
+                 max_window_layers=draw(m([0, 1, 2, 28])))
+        if draw(st.booleans()):
+            c["layer_types"] = _layer_types(draw, layers)
+        if family == "qwen3":
+            c["attention_bias"] = draw(m([False, True]))
+    elif family == "gemma":
+        c.update(hidden_act=draw(m(["gelu_pytorch_tanh", "gelu", "gelu_new", "silu"])),
+                 attention_bias=draw(m([False, True])), use_bidirectional_attention=draw(m([None, False, True])))
+    elif family in ("gemma2", "gemma3_text"):
+        c.update(hidden_activation=draw(m(["gelu_pytorch_tanh", "gelu"])),
+                 query_pre_attn_scalar=draw(m([4, 8, 16])), attn_logit_softcapping=draw(m([None, 0.5, 2.0, 50.0])),
+                 final_logit_softcapping=draw(m([None, 0.5, 30.0])), sliding_window=draw(m([2, 4, 16])),
+                 attention_bias=draw(m([False, True])))
+        if draw(st.booleans()):
+            c["layer_types"] = _layer_types(draw, layers)
+        if family == "gemma3_text":
+            c["sliding_window_pattern"] = draw(m([2, 3, 6]))
+            kind = draw(st.sampled_from(["absent", "legacy", "dict"]))
+            if kind == "legacy":
+                c.update(rope_theta=draw(st.sampled_from([1000.0, 1e6])), rope_local_base_freq=100.0)
+            elif kind == "dict":
+                c["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
+        else:
+            c.update(_rope(draw))
+    elif family == "olmo2":
+        c["attention_bias"] = draw(m([False, True]))
+    elif family == "gpt_neox":
+        c.update(hidden_act=draw(m(["gelu", "gelu_new", "relu"])), use_parallel_residual=draw(m([True, False])),
+                 attention_bias=draw(m([True, False])))
+    elif family == "stablelm":
+        c.update(use_qkv_bias=draw(m([False, True])), use_parallel_residual=draw(m([False, True])),
+                 qk_layernorm=draw(m([False, False, True])))
+    elif family in ("bert", "roberta"):
+        c.update(hidden_act=draw(m(["gelu", "relu", "gelu_new"])), is_decoder=draw(m([False, True])),
+                 is_causal=draw(m([True, False])), type_vocab_size=draw(m([1, 2])),
+                 position_embedding_type=draw(m(["absolute", "relative_key"])))
+    elif family == "distilbert":
+        c.update(activation=draw(m(["gelu", "relu"])), sinusoidal_pos_embds=draw(m([False, True])),
+                 is_causal=draw(m([True, False])))
+
+
+# ------------------------------------------------------------------------------------------
+# One case
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    family: str
+    kind: str  # equal, refused, hf-refused, wrong, crash
+    detail: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    error: float | None = None
+
+
+def _batch(seed: int = 0):
+    ids = np.random.default_rng(seed).integers(3, V, (B, T))
+    mask = np.ones((B, T), np.int64)
+    mask[1, :PAD] = 0
+    return ids, mask, np.maximum(mask.cumsum(1) - 1, 0)
+
+
+def _build_folder(family: str, config: dict[str, Any], folder: str, seed: int) -> None:
+    """A model of `config` with perturbed weights, saved; config.json rewritten as drawn."""
+    import torch
+    import transformers
+
+    cfg_cls, model_cls, _ = MODELS[family]
+    raw = {k: v for k, v in config.items() if not k.startswith("_")}
+    stored_head = config.get("_stored_head") and raw.get("tie_word_embeddings", True) is not False
+    kw = {k: v for k, v in raw.items() if k != "model_type"}
+    if stored_head:
+        kw["tie_word_embeddings"] = False  # a head of its own in the file, then the config says tied
+    hf_config = getattr(transformers, cfg_cls)(**kw)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(hf_config).eval()
+    gemma = family.startswith("gemma")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02 if gemma and "embed_tokens" in name else 0.2)
+            else:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    with open(os.path.join(folder, "config.json")) as f:
+        saved = json.load(f)
+    raw["architectures"] = saved.get("architectures")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(raw, f)
+
+
+def _reference(family: str, folder: str, part: str):
+    """transformers' reading of the folder: (logits or hidden states, greedy tokens or None)."""
+    import torch
+    import transformers
+
+    _, model_cls, _ = MODELS[family]
+    model = getattr(transformers, model_cls).from_pretrained(folder, attn_implementation="eager").eval()
+    ids, mask, pos = _batch()
+    with torch.no_grad():
+        if MODELS[family][2] == "model":
+            out = model(torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+            return out, None
+        if part == "model":
+            base = model.base_model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                    position_ids=torch.tensor(pos)).last_hidden_state.numpy()
+            return base, None
+        logits = model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                       position_ids=torch.tensor(pos)).logits.numpy()
+        tokens = model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=NEW,
+                                do_sample=False, pad_token_id=0, eos_token_id=None).numpy()
+    return logits, tokens
+
+
+def _ours(lm, part: str, encoder: bool, tokens=None):
+    import jax
+    import jax.numpy as jnp
+
+    ids, mask, pos = _batch()
+    with jax.disable_jit():  # one eager pass costs less than compiling each drawn model
+        if encoder:
+            return np.asarray(lm(jnp.asarray(ids), attention_mask=jnp.asarray(mask))), None
+        out = np.asarray(lm(jnp.asarray(ids), attention_mask=jnp.asarray(mask), positions=jnp.asarray(pos)))
+        if tokens is None:
+            return out, None
+        full_mask = np.concatenate([mask, np.ones((B, NEW), np.int64)], axis=1)
+        full_pos = np.maximum(full_mask.cumsum(1) - 1, 0)
+        forced = np.asarray(lm(jnp.asarray(tokens), attention_mask=jnp.asarray(full_mask),
+                               positions=jnp.asarray(full_pos)))
+    return out, forced
+
+
+def _greedy_agrees(forced: np.ndarray, tokens: np.ndarray) -> bool:
+    """HF's greedy tokens are each one of our argmaxes (within RTOL of our best logit) given
+    the tokens before them: then our greedy decoding is HF's, up to exact ties."""
+    steps = forced[:, T - 1:T - 1 + NEW]  # the logits that chose each new token
+    chosen = np.take_along_axis(steps, tokens[:, T:, None], axis=-1)[..., 0]
+    scale = np.abs(steps).max()
+    return bool((steps.max(-1) - chosen <= RTOL * scale).all())
+
+
+def _names_a_key(message: str, config: dict[str, Any]) -> bool:
+    return any(f"{k}=" in message for k in config) or "model_type" in message
+
+
+def run_case(family: str, config: dict[str, Any], seed: int = 0) -> Outcome:
+    import flax_blocks as fb
+
+    part = MODELS[family][2]
+    encoder = part == "model"
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            _build_folder(family, config, folder, seed)
+        except Exception as e:  # noqa: BLE001 - transformers refusing the config is an outcome
+            return Outcome(family, "hf-refused", f"build: {type(e).__name__}: {str(e)[:200]}", config)
+        try:
+            lm = fb.from_hf(folder, part=part)
+        except fb.ConversionError as e:
+            if not encoder and "is_causal=False" in str(e) and config.get("is_causal") is False:
+                part = "model"  # no causal LM: its base model is compared instead
+                try:
+                    lm = fb.from_hf(folder, part="model")
+                except fb.ConversionError as e2:
+                    return _refused(family, config, str(e2))
+            else:
+                return _refused(family, config, str(e))
+        except Exception as e:  # noqa: BLE001
+            return Outcome(family, "crash", f"{type(e).__name__}: {str(e)[:300]}", config)
+        try:
+            ref, tokens = _reference(family, folder, part)
+        except Exception as e:  # noqa: BLE001
+            return Outcome(family, "hf-refused", f"forward: {type(e).__name__}: {str(e)[:200]}", config)
+    try:
+        ours, forced = _ours(lm, part, encoder, tokens)
+    except Exception as e:  # noqa: BLE001
+        return Outcome(family, "crash", f"our forward: {type(e).__name__}: {str(e)[:300]}", config)
+    live = _batch()[1].astype(bool)
+    err = float(np.abs(ours - ref)[live].max() / np.abs(ref[live]).max())
+    if not err <= RTOL:
+        return Outcome(family, "wrong", f"{part}: relative error {err:.1e}", config, err)
+    if tokens is not None and not _greedy_agrees(forced, tokens):
+        return Outcome(family, "wrong", "greedy tokens differ from HF generate's", config, err)
+    return Outcome(family, "equal", part, config, err)
+
+
+def _refused(family: str, config: dict[str, Any], message: str) -> Outcome:
+    if _names_a_key(message, config):
+        return Outcome(family, "refused", message.split("\n", 1)[-1].strip()[:300], config)
+    return Outcome(family, "crash", f"refused without naming a key: {message[:300]}", config)
+
+
+# ------------------------------------------------------------------------------------------
+# Runs
+# ------------------------------------------------------------------------------------------
+
+
+def fuzz(family: str, examples: int, seed: int, record) -> None:
+    """Draw `examples` configs of `family` with hypothesis (seeded, no shrinking), run each,
+    hand each Outcome to `record`."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    @hseed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @given(configs(family))
+    def one(config):
+        record(run_case(family, config))
+
+    one()
+
+
+def summarise(outcomes: list[Outcome], seconds: float, seed: int) -> tuple[str, dict[str, Any]]:
+    families = sorted({o.family for o in outcomes})
+    counts = {f: Counter(o.kind for o in outcomes if o.family == f) for f in families}
+    kinds = ["equal", "refused", "hf-refused", "wrong", "crash"]
+    lines = ["# Differential fuzzing of fb.from_hf against transformers", "",
+             f"Generated by `python -m parity_tests.fuzz_hf` (seed {seed}, {seconds / 60:.1f} min, "
+             f"transformers {_version()}): {len(outcomes)} configs, "
+             f"{sum(o.kind == 'wrong' for o in outcomes)} silent wrong loads, "
+             f"{sum(o.kind == 'crash' for o in outcomes)} crashes.", "",
+             "| family | configs | " + " | ".join(kinds) + " | worst relative error (equal) |",
+             "|---|---|" + "---|" * len(kinds) + "---|"]
+    for f in families:
+        worst = max((o.error for o in outcomes if o.family == f and o.kind == "equal"), default=None)
+        lines.append(f"| {f} | {sum(counts[f].values())} | " + " | ".join(str(counts[f][k]) for k in kinds)
+                     + f" | {'-' if worst is None else f'{worst:.1e}'} |")
+    reasons = Counter(o.detail.split(":")[0] for o in outcomes if o.kind == "refused")
+    lines += ["", "Refusals by the key they name (first problem):", ""]
+    lines += [f"- `{r}`: {n}" for r, n in reasons.most_common()]
+    bad = [o for o in outcomes if o.kind in ("wrong", "crash")]
+    lines += ["", f"Wrong loads and crashes: {len(bad)}", ""]
+    lines += [f"- {o.family} {o.kind}: {o.detail} -- `{json.dumps(o.config)}`" for o in bad]
+    data = {"seed": seed, "seconds": seconds, "transformers": _version(), "configs": len(outcomes),
+            "per_family": {f: dict(counts[f]) for f in families},
+            "cases": [o.__dict__ for o in outcomes if o.kind != "equal"]}
+    return "\n".join(lines) + "\n", data
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.fuzz_hf", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=5.0, help="time budget (default 5)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--families", nargs="*", default=list(MODELS), help="families to draw (default: all)")
+    ap.add_argument("--chunk", type=int, default=10, help="configs per family per round")
+    ap.add_argument("--out", default=None, help="folder for summary.md and summary.json")
+    args = ap.parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    logging.getLogger("flax_blocks").setLevel(logging.ERROR)
+    outcomes: list[Outcome] = []
+    start = time.time()
+    rnd = 0
+    while time.time() - start < args.minutes * 60:
+        for i, family in enumerate(args.families):
+            if time.time() - start >= args.minutes * 60:
+                break
+            fuzz(family, args.chunk, args.seed * 1_000_003 + rnd * 1009 + i, outcomes.append)
+        rnd += 1
+        print(f"round {rnd}: {len(outcomes)} configs, {time.time() - start:.0f} s, "
+              f"{Counter(o.kind for o in outcomes)}", flush=True)
+    text, data = summarise(outcomes, time.time() - start, args.seed)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "summary.md"), "w") as f:
+            f.write(text)
+        with open(os.path.join(args.out, "summary.json"), "w") as f:
+            json.dump(data, f, indent=1, default=str)
+    return 1 if any(o.kind in ("wrong", "crash") for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

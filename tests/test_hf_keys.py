@@ -1,0 +1,91 @@
+"""The key audit (issue 33, item 2): every key of every supported family's config class is
+classified by that family's table in flax_blocks.hf_families (read, or inert with a reason),
+the table's defaults are the config class's own, and a key no table knows is refused by name.
+
+A transformers upgrade that adds a key to a config class fails here, loudly, until the key is
+read or shown inert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import flax_blocks as fb  # noqa: E402
+from flax_blocks import dialects  # noqa: E402
+from flax_blocks.hf_config import hf_config  # noqa: E402
+from flax_blocks.hf_families import FAMILIES, PARTS, TRANSFORMERS, Family, audit  # noqa: E402
+
+TABLES = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
+# Keys read that are no field of the config class: older names the class rewrites (rope_theta,
+# rotary_pct ...), attributes the model reads with getattr (head_dim, is_causal), and keys the
+# class derives (layer_types, sliding_window_pattern). Their defaults are the code's, not a field's.
+NOT_FIELDS = {"rope_scaling", "rope_theta", "is_causal", "head_dim", "layer_types", "partial_rotary_factor",
+              "rotary_pct", "rotary_emb_base", "sliding_window_pattern", "rope_local_base_freq",
+              "position_embedding_type"}
+
+
+def unclassified(family: Family, config_class) -> list[str]:
+    """Keys of the config class's to_dict() that the family's table does not classify."""
+    return [k for k in config_class().to_dict() if family.classify(k) == "unknown"]
+
+
+def test_the_tables_mirror_the_pinned_transformers():
+    assert transformers.__version__ == TRANSFORMERS
+
+
+@pytest.mark.parametrize("family", TABLES, ids=lambda f: f"{f.model_type}-{f.model_class}")
+def test_every_key_of_the_config_class_is_classified(family):
+    assert unclassified(family, getattr(transformers, family.config_class)) == []
+
+
+def test_a_key_planted_in_a_config_class_fails_the_audit(monkeypatch):
+    cls = transformers.LlamaConfig
+    to_dict = cls.to_dict
+    monkeypatch.setattr(cls, "to_dict", lambda self: {**to_dict(self), "planted_scale": 2.0})
+    assert unclassified(FAMILIES["llama"], cls) == ["planted_scale"]
+
+
+@pytest.mark.parametrize("family", TABLES, ids=lambda f: f"{f.model_type}-{f.model_class}")
+def test_the_tables_defaults_are_the_config_class_defaults(family):
+    fields = {f.name: f for f in dataclasses.fields(getattr(transformers, family.config_class))}
+    wrong = {}
+    for key, ours in family.reads.items():
+        if key in NOT_FIELDS:
+            assert key not in fields or fields[key].default == ours, key
+            continue
+        assert key in fields, f"{key}: read by the {family.model_type} table but no field of {family.config_class}"
+        f = fields[key]
+        theirs = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if theirs != ours:
+            wrong[key] = (ours, theirs)
+    assert wrong == {}
+
+
+def test_an_unknown_key_is_refused_by_name_and_ignore_keys_passes_it_over():
+    llama = dict(model_type="llama", hidden_size=32, num_attention_heads=4, intermediate_size=48,
+                 num_hidden_layers=2)
+    with pytest.raises(fb.ConversionError, match=r"sliding_window=4: not a key LlamaConfig has .*mistral.* "
+                                                 r"transformers' LlamaModel does not"):
+        hf_config({**llama, "sliding_window": 4})
+    with pytest.raises(fb.ConversionError, match=r"frobnicate=1: not a key LlamaConfig has or LlamaModel reads; "
+                                                 r"refused"):
+        hf_config({**llama, "frobnicate": 1})
+    assert hf_config({**llama, "sliding_window": 4}, ignore_keys=("sliding_window",))[1].sliding_window is None
+    assert audit({**llama, "quantization_config": {"bits": 4}}, FAMILIES["llama"])[0].startswith(
+        "quantization_config={'bits': 4}: quantized weights")
+
+
+def test_the_model_types_and_their_dialects_agree():
+    assert dialects.MODEL_TYPES == {t: f.dialect for t, f in FAMILIES.items()}
+
+
+def test_a_reader_reads_only_the_keys_its_table_declares():
+    from flax_blocks.hf_families import Read
+
+    c = Read({"model_type": "llama"}, FAMILIES["llama"])
+    with pytest.raises(KeyError, match="the llama reader asked for 'sliding_window'"):
+        c["sliding_window"]
