@@ -158,6 +158,17 @@ def lm_config(config: Mapping[str, Any], part: str, *, ignore_keys: tuple[str, .
     return dialect, cfg, lm
 
 
+def _stored_head(lm: LMConfig, ours: dict[str, Any], stored: Any, name: str) -> LMConfig:
+    """tie_word_embeddings true over a file with its own head: what from_pretrained does. The
+    file's head is kept (untied, into `ours`) when it differs from the embedding."""
+    if "embed.weight" not in ours or np.array_equal(stored, ours["embed.weight"]):
+        return lm
+    log.warning("from_hf: tie_word_embeddings is true but the file holds its own %sweight, which differs from the "
+                "embedding: kept, as transformers' from_pretrained keeps it", name)
+    ours["head.weight"] = stored
+    return replace(lm, head="untied")
+
+
 def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: Any = None, seed: int = 0,
          ignore_keys: tuple[str, ...] = ()):
     """A LanguageModel computing an HF model's `part` from its config and state dict.
@@ -201,12 +212,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
             take("head.weight", head + "weight")
     elif lm.head == "tied" and head + "weight" in sd:  # a model object's state dict holds the tied weight twice
         taken.add(head + "weight")
-        if "embed.weight" in ours and not np.array_equal(sd[head + "weight"], ours["embed.weight"]):
-            # from_pretrained keeps a stored head whatever tie_word_embeddings says
-            log.warning("from_hf: tie_word_embeddings is true but the file holds its own %sweight, which differs "
-                        "from the embedding: kept, as transformers' from_pretrained keeps it", head)
-            lm = replace(lm, head="untied")
-            ours["head.weight"] = sd[head + "weight"]
+        lm = _stored_head(lm, ours, sd[head + "weight"], head)
     stack = {k for k in sd if k not in tr.dropped}
     left = [k for k in sd if k not in taken and k not in stack
             and not any(k[len(base):].startswith(i) for i in out.ignore) and not (out.head and k.startswith(head))]
