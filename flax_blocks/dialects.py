@@ -227,8 +227,8 @@ HF_LLAMA = Dialect(
     layer="layers.{i}.", final_norm="norm",
     rules=_LLAMA_RULES,
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
-    settings=_LLAMA_SETTINGS,
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias", "causal", *_WINDOWS),
+    settings={k: v for k, v in _LLAMA_SETTINGS.items() if k != "mlp_bias"},
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias", "mlp_bias", "causal", *_WINDOWS),
     outside=_LLAMA_OUTSIDE,
     shared_by=_LLAMA_NAMED,
 )

@@ -79,6 +79,9 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
     sd = _whole_model_names(config, sd)
+    if isinstance(ignore_keys, str):
+        raise TypeError(f"ignore_keys must be a tuple of config keys, e.g. ({ignore_keys!r},), got the string "
+                        f"{ignore_keys!r}")
     ignore_keys = tuple(ignore_keys)
     if part in ("model", "causal-lm"):
         from . import hf_models

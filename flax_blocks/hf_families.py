@@ -119,7 +119,6 @@ class Family:
     reader: Callable[[Read], dict[str, Any]]
     inert: Mapping[str, str] = field(default_factory=dict)
     lm: tuple[str, ...] = ()
-    unsupported: Mapping[str, str] = field(default_factory=dict)  # what a key's other values compute, for docs
 
     def classify(self, key: str) -> str:
         """'read', 'inert' or 'unknown'."""
@@ -192,12 +191,14 @@ def _rope(c: Read, *, default_theta: float = 10000.0, partial: float | None = No
                                     "the blocks compute plain rotary positions (rope_theta) only")
     out: dict[str, Any] = {"rope_theta": float(theta)}
     if partial is not None:
-        factor = params.get("partial_rotary_factor",
-                            c[partial_key] if partial_key and c.given(partial_key) else partial)
+        given = partial_key is not None and c.given(partial_key)
+        factor = params.get("partial_rotary_factor", c[partial_key] if given else partial)
         out["partial_rotary_factor"] = float(factor)
         dims = int(head_dim * float(factor))
         if dims % 2 or dims < 2:
-            c.problems.append(f"{partial_key or 'partial_rotary_factor'}={factor!r}: rotary on int({head_dim} * "
+            key = ("rope_parameters" if "partial_rotary_factor" in params else
+                   partial_key if given else f"{partial_key or 'partial_rotary_factor'} (the default)")
+            c.problems.append(f"{key}={factor if key != 'rope_parameters' else params!r}: rotary on int({head_dim} * "
                               f"{factor}) = {dims} dims of each head, not an even count of at least 2 (transformers "
                               "fails on it too)")
     return out
@@ -240,7 +241,7 @@ def _all_local(c: Read, window: int | None, n_layers: int) -> dict[str, Any]:
     return {"sliding_window": None if window is None else int(window), "sliding_window_pattern": None}
 
 
-def _pattern(c: Read, types: list[str], window: int | None, n_layers: int) -> dict[str, Any]:
+def _pattern(c: Read, types: list[str], window: int | None, n_layers: int, source: str = "") -> dict[str, Any]:
     """layer_types (each 'sliding_attention' or 'full_attention') as the blocks' window and
     pattern: all local -> the window; layer l (from 1) global iff n divides l -> pattern n;
     none local -> no window; anything else refused."""
@@ -258,8 +259,8 @@ def _pattern(c: Read, types: list[str], window: int | None, n_layers: int) -> di
     for n in range(2, n_layers + 1):
         if all(local[i] == bool((i + 1) % n) for i in range(n_layers)):
             return {"sliding_window": int(window), "sliding_window_pattern": n}
-    c.problems.append(f"layer_types={types!r} (sliding_window={window}): the blocks' local layers are every layer, "
-                      "or every layer but each n-th (sliding_window_pattern n); this layout is neither")
+    c.problems.append(f"{source or 'layer_types=' + repr(types)} (sliding_window={window}): the blocks' local layers "
+                      f"are every layer, or every layer but each n-th (sliding_window_pattern n); {types} is neither")
     return {}
 
 
@@ -354,7 +355,7 @@ def _opt(c: Read) -> dict[str, Any]:
 
 def _vit(c: Read) -> dict[str, Any]:
     """ViTModel's encoder: pre-LN, qkv_bias, head_dim read when set (getattr in ViTSelfAttention)."""
-    if c.given("is_causal"):
+    if c["is_causal"]:
         c.refuse("is_causal", "ViT is read as bidirectional; transformers makes it causal under SDPA only")
     sizes = _sizes(c, "hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
     return {**sizes, **_head_dim(c, sizes["d_model"], sizes["num_heads"]),
@@ -363,16 +364,14 @@ def _vit(c: Read) -> dict[str, Any]:
 
 
 def _llama(c: Read) -> dict[str, Any]:
-    """LlamaModel: RMSNorm (rms_norm_eps), SwiGLU (hidden_act), biases on every attention map
-    (attention_bias) and every MLP map (mlp_bias), head_dim, rotary; never a window."""
+    """LlamaModel: RMSNorm (rms_norm_eps), SwiGLU (hidden_act), biases on the attention's maps
+    (attention_bias) and the MLP's (mlp_bias), head_dim, rotary; never a window."""
     sizes = _sizes(c, "hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
                    "num_key_value_heads")
     attn, mlp = bool(c["attention_bias"]), bool(c["mlp_bias"])
-    if attn != mlp:
-        c.problems.append(f"attention_bias={attn} with mlp_bias={mlp}: the blocks have biases on every linear map "
-                          "or on none (besides q/k/v)")
     return {**sizes, **_head_dim(c, sizes["d_model"], sizes["num_heads"]), **_silu_only(c, "hidden_act"),
-            "layer_norm_eps": float(c["rms_norm_eps"]), "bias": attn, "causal": _is_causal(c),
+            "layer_norm_eps": float(c["rms_norm_eps"]), "bias": attn, "mlp_bias": None if mlp == attn else mlp,
+            "causal": _is_causal(c),
             "sliding_window": None, "sliding_window_pattern": None, **_rope(c), "final_norm": True}
 
 
@@ -407,6 +406,14 @@ def _qwen2_layer_types(c: Read, n_layers: int) -> list[str]:
             else "full_attention" for i in range(n_layers)]
 
 
+def _qwen2_source(c: Read) -> str:
+    """The keys a Qwen layout came from, for messages: layer_types when given, else the keys
+    Qwen2Config builds it from."""
+    if c["layer_types"] is not None:
+        return ""
+    return f"use_sliding_window={c['use_sliding_window']!r}, max_window_layers={c['max_window_layers']!r}"
+
+
 def _qwen2(c: Read) -> dict[str, Any]:
     """Qwen2Model: LLaMA's layers with biases on q, k, v only; the window from layer_types
     (Qwen2Config: sliding_window kept only with use_sliding_window)."""
@@ -416,7 +423,7 @@ def _qwen2(c: Read) -> dict[str, Any]:
     return {**sizes, **_head_dim(c, sizes["d_model"], sizes["num_heads"]), **_silu_only(c, "hidden_act"),
             "layer_norm_eps": float(c["rms_norm_eps"]), "bias": False,
             "qkv_bias": True, "causal": _is_causal(c), **_rope(c),
-            **_pattern(c, _qwen2_layer_types(c, sizes["num_layers"]), window, sizes["num_layers"]),
+            **_pattern(c, _qwen2_layer_types(c, sizes["num_layers"]), window, sizes["num_layers"], _qwen2_source(c)),
             "final_norm": True}
 
 
@@ -430,7 +437,7 @@ def _qwen3(c: Read) -> dict[str, Any]:
     return {**sizes, **_head_dim(c, sizes["d_model"], sizes["num_heads"]), **_silu_only(c, "hidden_act"),
             "layer_norm_eps": float(c["rms_norm_eps"]), "bias": attn, "mlp_bias": False if attn else None,
             "causal": _is_causal(c), **_rope(c),
-            **_pattern(c, _qwen2_layer_types(c, sizes["num_layers"]), window, sizes["num_layers"]),
+            **_pattern(c, _qwen2_layer_types(c, sizes["num_layers"]), window, sizes["num_layers"], _qwen2_source(c)),
             "final_norm": True}
 
 

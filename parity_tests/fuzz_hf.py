@@ -292,6 +292,7 @@ def _reference(family: str, folder: str, part: str):
     import transformers
 
     _, model_cls, _ = MODELS[family]
+    os.environ.setdefault("HF_DEACTIVATE_ASYNC_LOAD", "1")  # the same tensors, without a thread pool per tiny load
     model = getattr(transformers, model_cls).from_pretrained(folder, attn_implementation="eager").eval()
     ids, mask, pos = _batch()
     with torch.no_grad():
@@ -336,8 +337,12 @@ def _greedy_agrees(forced: np.ndarray, tokens: np.ndarray) -> bool:
     return bool((steps.max(-1) - chosen <= RTOL * scale).all())
 
 
-def _names_a_key(message: str, config: dict[str, Any]) -> bool:
-    return any(f"{k}=" in message for k in config) or "model_type" in message
+def _names_a_key(message: str, family: str, config: dict[str, Any]) -> bool:
+    """The refusal names a key: one of the config's, or one the family reads (at its default)."""
+    from flax_blocks.hf_families import FAMILIES
+
+    keys = {*config, *FAMILIES[family].reads}
+    return any(f"{k}=" in message or f"{k} (the default)=" in message for k in keys) or "model_type" in message
 
 
 def run_case(family: str, config: dict[str, Any], seed: int = 0) -> Outcome:
@@ -400,7 +405,7 @@ def _float64(folder: str, part: str, encoder: bool) -> np.ndarray:
 
 
 def _refused(family: str, config: dict[str, Any], message: str) -> Outcome:
-    if _names_a_key(message, config):
+    if _names_a_key(message, family, config):
         return Outcome(family, "refused", message.split("\n", 1)[-1].strip()[:300], config)
     return Outcome(family, "crash", f"refused without naming a key: {message[:300]}", config)
 

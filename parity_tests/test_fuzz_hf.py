@@ -134,3 +134,31 @@ def test_fuzz_budget(family):
     fuzz(family, EXAMPLES, seed=33, record=outcomes.append)
     bad = [o for o in outcomes if o.kind in ("wrong", "crash")]
     assert len(outcomes) == EXAMPLES and not bad, bad
+
+
+# The fuzzer's own tolerances catch real mistakes --------------------------------------------
+
+def test_a_wrong_eps_is_a_wrong_load_for_the_fuzzer(monkeypatch):
+    """The 1e-5 rule (and its float64 fallback) fails an eps read ten times too large."""
+    import dataclasses
+
+    from flax_blocks import hf_families
+
+    llama = hf_families.FAMILIES["llama"]
+    wrong = dataclasses.replace(llama, reader=lambda c: {**llama.reader(c), "layer_norm_eps": 10 * c["rms_norm_eps"]})
+    monkeypatch.setitem(hf_families.FAMILIES, "llama", wrong)
+    out = case("llama", rms_norm_eps=0.01)
+    assert out.kind == "wrong" and "float64" in out.detail, out
+
+
+def test_greedy_agreement_fails_on_another_token():
+    import numpy as np
+
+    from parity_tests.fuzz_hf import NEW, T, _greedy_agrees
+
+    rng = np.random.default_rng(0)
+    forced = rng.normal(size=(2, T + NEW, 64))
+    tokens = np.concatenate([rng.integers(0, 64, (2, T)), forced[:, T - 1:T - 1 + NEW].argmax(-1)], axis=1)
+    assert _greedy_agrees(forced, tokens)
+    tokens[1, T + 3] = (tokens[1, T + 3] + 1) % 64
+    assert not _greedy_agrees(forced, tokens)

@@ -89,3 +89,18 @@ def test_a_reader_reads_only_the_keys_its_table_declares():
     c = Read({"model_type": "llama"}, FAMILIES["llama"])
     with pytest.raises(KeyError, match="the llama reader asked for 'sliding_window'"):
         c["sliding_window"]
+
+
+def test_the_family_keys_page_is_what_the_writer_writes():
+    from parity_tests import family_keys
+
+    with open(family_keys.DOC) as f:
+        doc = f.read()
+    assert family_keys.START in doc and family_keys.page() in doc
+
+
+def test_ignore_keys_as_a_string_is_a_clear_error(tmp_path):
+    transformers_llama = transformers.LlamaModel(transformers.LlamaConfig(
+        hidden_size=16, num_attention_heads=2, intermediate_size=24, num_hidden_layers=1, vocab_size=32))
+    with pytest.raises(TypeError, match=r"ignore_keys must be a tuple of config keys, e.g. \('sliding_window',\)"):
+        fb.from_hf(transformers_llama, ignore_keys="sliding_window")

@@ -1,0 +1,108 @@
+"""`python -m parity_tests.family_keys [--doc docs/families.md]`: per Hugging Face family, the
+config keys `fb.from_hf` reads (with the config class's defaults), the values it refuses by
+name, and the keys it knows change nothing, as markdown generated from the tables in
+`flax_blocks/hf_families.py`. The refused values are found by probing: each read key is set
+to a few values people use (the other boolean, other activations, a scaled rotary type, a
+mixed layer_types) on a small valid config, and a value is listed when `hf_config` refuses it
+naming that key. tests/test_hf_keys.py checks the committed page against this writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flax_blocks.checkpoint_io import ConversionError
+from flax_blocks.hf_config import hf_config
+from flax_blocks.hf_families import COMMON, FAMILIES, PARTS, Family
+
+from . import markers
+
+DOC = "docs/families.md"
+START = f"<!-- family-keys:start (python -m parity_tests.family_keys --doc {DOC}) -->"
+END = "<!-- family-keys:end -->"
+
+_SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, n_inner=40),
+          "distilbert": dict(dim=32, n_heads=4, n_layers=2, hidden_dim=40),
+          "whisper": dict(d_model=32, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
+                          decoder_ffn_dim=40, encoder_layers=2, decoder_layers=2)}
+_LLAMA_SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
+                    num_hidden_layers=2, head_dim=8)
+_ACTIVATIONS = ["relu", "gelu", "gelu_pytorch_tanh", "silu", "gelu_fast"]
+
+
+def probes(key: str, default: Any) -> list[Any]:
+    """Values people set for a key, other than its default."""
+    if key in ("rope_parameters", "rope_scaling"):
+        return [{"rope_type": "linear", "factor": 2.0}]
+    if key == "layer_types":
+        return [["sliding_attention", "full_attention"]]
+    if key in ("is_causal", "is_decoder") or isinstance(default, bool):
+        return [v for v in (True, False) if v != default]
+    if key == "position_embedding_type":
+        return ["relative_key"]
+    if key in ("hidden_act", "hidden_activation", "activation", "activation_function"):
+        return [v for v in _ACTIVATIONS if v != default]
+    return []
+
+
+def base(family: Family) -> dict[str, Any]:
+    """A small config of the family that loads."""
+    sizes = _SIZES.get(family.model_type, {k: v for k, v in _LLAMA_SIZES.items() if k in family.reads})
+    if family.model_type == "opt":
+        sizes = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, ffn_dim=40)
+    if family.model_type in ("gemma2", "gemma3_text"):
+        sizes["sliding_window"] = 4
+    return {"model_type": family.model_type, **sizes}
+
+
+def part(family: Family) -> str | None:
+    return "decoder" if family.model_class == "WhisperDecoder" else None
+
+
+def refused_values(family: Family) -> list[str]:
+    cfg = base(family)
+    hf_config(cfg, part=part(family))  # the base loads
+    out = []
+    for key, default in family.reads.items():
+        for value in probes(key, default):
+            try:
+                hf_config({**cfg, key: value}, part=part(family))
+            except ConversionError as e:
+                if any(p.startswith(f"{key}=") for p in e.problems):
+                    out.append(f"`{key}={value!r}`")
+    return out
+
+
+def section(family: Family) -> str:
+    reads = ", ".join(f"`{k}` ({v!r})" for k, v in family.reads.items())
+    inert = "; ".join(f"`{k}`: {why}" for k, why in family.inert.items())
+    refused = ", ".join(refused_values(family)) or "-"
+    return (f"### {family.model_type}: {family.config_class} -> {family.model_class} ({family.dialect})\n\n"
+            f"- read (default): {reads}\n- refused by name (probed): {refused}\n"
+            f"- known inert: {inert or '-'}\n")
+
+
+def page() -> str:
+    tables = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
+    common = "; ".join(f"`{k}`" for k in COMMON)
+    return ("Every other key is refused by name (`ignore_keys=` passes named ones over). Known inert in "
+            f"every family (PretrainedConfig's own keys and generation defaults): {common}.\n\n"
+            + "\n".join(section(f) for f in tables))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.family_keys", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--doc", metavar="FILE", help=f"replace the section between this file's markers ({DOC})")
+    args = ap.parse_args(argv)
+    text = page()
+    if args.doc:
+        markers.rewrite(args.doc, text, START, END, "family-keys")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
