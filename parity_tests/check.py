@@ -70,7 +70,10 @@ def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activ
            for k, v in sd.items() if not np.isfinite(np.asarray(v, np.float64)).all()]
     info = infer_config(sd).inferred
     if "kind" not in info or "d_model" not in info:
-        raise ConversionError([f"no transformer parameters found under prefix {prefix!r}"], header="cannot check")
+        raise ConversionError([f"no transformer parameters found under prefix {prefix!r}: this checks checkpoints of "
+                               "stock torch, torch_blocks and Hugging Face folders; a model of your own and its Flax "
+                               "port are checked with python -m parity_tests.port TORCH FLAX --inputs SPEC "
+                               "(docs/porting.md)"], header="cannot check")
     cfg = BlockConfig(d_model=info["d_model"], num_heads=num_heads, d_ff=info.get("d_ff", 4 * info["d_model"]),
                       dropout=0.0, activation=activation, layer_norm_eps=layer_norm_eps, bias=info["bias"],
                       norm=norm if info["layer_norms"] else "none", scaling=info.get("scaling", "none"),

@@ -21,6 +21,8 @@ import torch_blocks as tb
 from flax_blocks.config import invert_mask
 from flax_blocks.convert import from_torch, torch_state_dict
 
+from .port.errors import rel_err  # one definition: the port checker and the twins measure alike
+
 KINDS = ("ResidualMHA", "FeedForward", "TransformerBlock", "Encoder")
 DECODERS = ("DecoderBlock", "Decoder")  # take a memory (B, S, E) besides x
 STACKS = ("Encoder", "Decoder")
@@ -45,15 +47,6 @@ def precision(dtype: str) -> Iterator[None]:
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old_tf32
-
-
-def rel_err(a: Any, b: Any) -> float:
-    """max|a - b| / max|b|; inf when either has a non-finite value or shapes differ."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape or not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return float("inf")
-    scale = np.abs(b).max() if b.size else 0.0
-    return float(np.abs(a - b).max() / scale) if scale > 0 else float(np.abs(a - b).max())
 
 
 # ----------------------------------------------------------------------------------------
