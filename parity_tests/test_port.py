@@ -229,3 +229,29 @@ def test_command_line_prints_the_table_and_exits_1_naming_the_module(tmp_path, c
     with pytest.raises(SystemExit):
         main([args[0], "parity_tests.port_zoo:FlaxMLPMixer", "--inputs", "float:2x8"])  # the wrong shape, named
     assert "float:2x8" in capsys.readouterr().err
+
+
+def test_a_tied_head_and_a_square_positional_table_copy_without_rules():
+    """GPT-2's head shares its tensor with the embedding (the port calls Embed.attend): not a
+    missing module. A (1, T, d) table with T == d is no matrix of a matmul: copied as it is."""
+    class TorchTied(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.pos = tnn.Embedding(10, 4), tnn.Parameter(torch.randn(1, 4, 4))
+            self.head = tnn.Linear(4, 10, bias=False)
+            self.head.weight = self.wte.weight
+
+        def forward(self, ids):
+            return self.head(self.wte(ids) + self.pos[:, :ids.shape[1]])
+
+    class FlaxTied(nnx.Module):
+        def __init__(self):
+            self.wte, self.pos = nnx.Embed(10, 4, rngs=nnx.Rngs(0)), nnx.Param(jax.numpy.zeros((1, 4, 4)))
+
+        def __call__(self, ids):
+            return self.wte.attend(self.wte(ids) + self.pos[...][:, :ids.shape[1]])
+
+    tm, fm = TorchTied(), FlaxTied()
+    pairs = {t: f for t, f, _ in copy_weights(tm, fm)}
+    assert pairs == {"pos": "pos", "wte.weight": "wte.embedding", "head.weight": None}
+    assert compare(tm, fm, np.array([[1, 2, 3, 4]])).ok

@@ -245,6 +245,13 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
     pairs: list[tuple[str, str | None, Transform | str]] = []
     problems: list[str] = []
 
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}  # a name that shares its tensor with an earlier one (GPT-2's head and embedding)
+    for k, v in state.items():
+        if id(v) in first:
+            tied[k] = first[id(v)]
+        else:
+            first[id(v)] = k
     ruled: set[str] = set()
     for pattern, target, transform in rules or []:
         hits = [n for n in state if re.fullmatch(pattern, n)]
@@ -268,6 +275,9 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
         if not own:
             continue
         fm = fmods.get(name)
+        if fm is None and all(k in tied for k in own):  # a tied head the port computes from its embedding
+            pairs += [(k, None, f"not copied (tied to {tied[k]}, which is)") for k in own]
+            continue
         if fm is None:
             problems.append(f"torch {name or '(root)'} ({type(tm).__name__}: {', '.join(k.rsplit('.', 1)[-1] for k in own)}) "
                             f"has no flax module at {name or '(root)'}")
@@ -292,7 +302,7 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
                     pairs.append((k, None, "not copied (a buffer the flax port does not store)"))
                 continue
             ts, fs = tuple(v.shape), tuple(fv.get_value().shape)
-            if v.ndim >= 2 and ts[-1] == ts[-2] and not (k in ruled):
+            if v.ndim == 2 and ts[0] == ts[1] and k not in ruled:
                 problems.append(f"torch parameter {k} {ts} is square: its shape cannot say whether flax {k} holds it "
                                 f"as is or transposed; give a rule, e.g. rules=[({re.escape(k)!r}, {k!r}, 'transpose')]")
             elif ts == fs:
