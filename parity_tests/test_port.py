@@ -255,3 +255,39 @@ def test_a_tied_head_and_a_square_positional_table_copy_without_rules():
     pairs = {t: f for t, f, _ in copy_weights(tm, fm)}
     assert pairs == {"pos": "pos", "wte.weight": "wte.embedding", "head.weight": None}
     assert compare(tm, fm, np.array([[1, 2, 3, 4]])).ok
+
+
+def test_jax_nn_dot_product_attention_is_exact_in_the_float64_run():
+    """jax.nn.dot_product_attention computes its softmax in float32 whatever the inputs (as
+    nnx.MultiHeadAttention's default attention, which calls it): a correct port on it is still
+    equal to torch's scaled_dot_product_attention within 1e-12, and the function is restored."""
+    class TorchSDPA(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = tnn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = (a.unflatten(-1, (2, 8)).transpose(1, 2) for a in self.qkv(x).chunk(3, -1))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+
+    class FlaxSDPA(nnx.Module):
+        def __init__(self):
+            self.qkv = nnx.Linear(16, 48, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            q, k, v = (a.reshape(*a.shape[:2], 2, 8) for a in jax.numpy.split(self.qkv(x), 3, -1))
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+            return out.reshape(*out.shape[:2], 16)
+
+    from parity_tests.port.side_by_side import _exact_dot_product_attention
+
+    original = jax.nn.dot_product_attention
+    with jax.enable_x64(True):  # why the float64 run replaces it: its softmax rounds to float32
+        q, k, v = (jax.numpy.asarray(np.random.default_rng(i).standard_normal((2, 6, 2, 8))) for i in range(3))
+        exact = _exact_dot_product_attention(original)(q, k, v, is_causal=True)
+        assert np.abs(np.asarray(original(q, k, v, is_causal=True)) - np.asarray(exact)).max() > 1e-9
+    tm, fm = TorchSDPA(), FlaxSDPA()
+    copy_weights(tm, fm)
+    report = compare(tm, fm, np.random.default_rng(0).standard_normal((2, 6, 16)))
+    assert report.ok and report.output_error <= 1e-12, str(report)
+    assert jax.nn.dot_product_attention is original

@@ -10,7 +10,7 @@
 (docs/porting.md walks through a port).
 """
 
-from .compare import compare
+from .side_by_side import compare
 from .errors import rel_err
 from .report import Divergence, PortReport, Row
 from .weights import Copied, PortError, Transform, copy_weights, plan

@@ -1,4 +1,5 @@
-"""compare: run a torch module and its Flax NNX port on the same inputs, module by module."""
+"""compare: run a torch module and its Flax NNX port side by side, module by module (the
+module is not named compare.py: `parity_tests.port.compare` is the function)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def _torch_copy(module, dtype: str):
 def _flax_copy(module, dtype: str):
     """A copy with every floating variable and every floating dtype / param_dtype attribute
     in `dtype` (nnx.Embed computes in its dtype, which defaults to its param_dtype), in eval
-    mode; in float64, nnx.MultiHeadAttention's default attention without its float32 softmax."""
+    mode."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -104,34 +105,61 @@ def _flax_copy(module, dtype: str):
                     continue
                 if floating:
                     object.__setattr__(node, attr, want)
-        if dtype == "float64" and isinstance(node, nnx.MultiHeadAttention) and \
-                node.attention_fn is nnx.dot_product_attention:
-            object.__setattr__(node, "attention_fn", _exact_attention)
     m.eval()
     return m
 
 
-def _exact_attention(query, key, value, bias=None, mask=None, *args, **kwargs):
-    """flax's dot_product_attention without its jax.nn.dot_product_attention shortcut, which
-    computes the softmax in float32 even for float64 inputs (1.6e-7 from exact on CPU): the
-    weights from flax's dot_product_attention_weights and an einsum, as flax itself computes
-    them when dropout or sowing is on."""
+def _exact_dot_product_attention(original):
+    """jax.nn.dot_product_attention without its float32 softmax, which it applies to every
+    input dtype (1.6e-7 from exact in float64 on CPU; nnx.MultiHeadAttention's default
+    attention calls it): the same logits, masks and scale in the inputs' own dtype. Arguments
+    it does not cover (sequence lengths, local windows, residuals) go to the original."""
+    import jax
     import jax.numpy as jnp
-    from flax.nnx.nn import attention
 
-    kwargs.pop("module", None)
-    weights = attention.dot_product_attention_weights(query, key, bias, mask, *args, **kwargs)
-    if weights.shape[-3] != value.shape[-2]:  # grouped heads: flax's own path
-        return attention.dot_product_attention(query, key, value, bias, mask, *args, **kwargs)
-    return jnp.einsum("...hqk,...khd->...qhd", weights, value.astype(weights.dtype))
+    def attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, query_seq_lengths=None,
+                  key_value_seq_lengths=None, local_window_size=None, implementation=None, return_residual=False):
+        if query_seq_lengths is not None or key_value_seq_lengths is not None or local_window_size is not None \
+                or return_residual or jnp.asarray(query).dtype != jnp.float64:
+            return original(query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+                            query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+                            local_window_size=local_window_size, implementation=implementation,
+                            return_residual=return_residual)
+        q, k, v = (jnp.asarray(a) for a in (query, key, value))
+        unbatched = q.ndim == 3
+        if unbatched:
+            q, k, v = q[None], k[None], v[None]
+        if k.shape[-2] != q.shape[-2]:  # grouped heads
+            k, v = (jnp.repeat(a, q.shape[-2] // a.shape[-2], axis=-2) for a in (k, v))
+        logits = jnp.einsum("BTNH,BSNH->BNTS", q, k) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        if bias is not None:
+            logits = logits + (bias[None] if unbatched else bias)
+        keep = None if mask is None else (mask[None] if unbatched else mask).astype(bool)
+        if is_causal:
+            causal = jnp.tril(jnp.ones(logits.shape[-2:], bool))
+            keep = causal if keep is None else keep & causal
+        if keep is not None:
+            logits = jnp.where(keep, logits, jnp.finfo(logits.dtype).min)
+        out = jnp.einsum("BNTS,BSNH->BTNH", jax.nn.softmax(logits, axis=-1), v)
+        return out[0] if unbatched else out
+
+    return attention
 
 
 @contextlib.contextmanager
 def _precision(dtype: str) -> Iterator[None]:
+    """x64 on for a float64 run, the highest matmul precision, and in float64
+    jax.nn.dot_product_attention without its float32 softmax; all restored after."""
     import jax
 
+    original = jax.nn.dot_product_attention
     with jax.enable_x64(dtype == "float64"), jax.default_matmul_precision("highest"):
-        yield
+        try:
+            if dtype == "float64":
+                jax.nn.dot_product_attention = _exact_dot_product_attention(original)
+            yield
+        finally:
+            jax.nn.dot_product_attention = original
 
 
 def _inputs(inputs: tuple, dtype: str) -> tuple[list, list]:
