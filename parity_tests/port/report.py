@@ -12,7 +12,8 @@ class Row:
     """One paired submodule call. Errors are relative (max|flax - torch| / max|torch|):
     accumulated: the full runs' outputs; input: what each was given; local: the Flax
     submodule run alone on torch's recorded input, against torch's output; grad: the worst of
-    its own parameters' gradients (None without gradients or parameters). status: ok /
+    its own parameters' gradients, each relative to the larger of its size and a thousandth of
+    the model's largest gradient (None without gradients or parameters). status: ok /
     inside (wrong on a right input) / between (given a wrong input by its parent's code while
     the modules before it are right) / inherited (a wrong input from an earlier divergence)."""
 
@@ -26,6 +27,7 @@ class Row:
     tol: float
     status: str = "ok"
     note: str = ""
+    grad_tol: float | None = None  # float32: from torch's own float32 error on that gradient
 
 
 @dataclass
