@@ -292,3 +292,18 @@ def test_jax_nn_dot_product_attention_is_exact_in_the_float64_run():
     report = compare(tm, fm, np.random.default_rng(0).standard_normal((2, 6, 16)))
     assert report.ok and report.output_error <= 1e-12, str(report)
     assert jax.nn.dot_product_attention is original
+
+
+def test_a_port_left_in_train_mode_is_named():
+    """The modes are the caller's: torch in eval, its port left in train mode (nnx modules
+    start there) draws dropout masks, and the check says so at the dropout."""
+    torch.manual_seed(0)
+    tm = tnn.Sequential(tnn.Linear(8, 8), tnn.Dropout(0.5), tnn.Linear(8, 2)).eval()
+    fm = nnx.Sequential(nnx.Linear(8, 8, rngs=nnx.Rngs(0)), nnx.Dropout(0.5, rngs=nnx.Rngs(1)),
+                        nnx.Linear(8, 2, rngs=nnx.Rngs(0)))
+    copy_weights(tm, fm)
+    x = np.random.default_rng(0).standard_normal((4, 8))
+    d = compare(tm, fm, x, grads=False).first_divergence
+    assert d is not None and d.torch_path == "1" and "train mode" in d.explanation, d
+    fm.eval()
+    assert compare(tm, fm, x).ok and not tm.training and fm.layers[1].deterministic

@@ -77,7 +77,7 @@ def _refuse_self_comparison(torch_module, flax_module) -> None:
 def _torch_copy(module, dtype: str):
     import torch
 
-    m = copy.deepcopy(module).to(getattr(torch, dtype)).eval()
+    m = copy.deepcopy(module).to(getattr(torch, dtype))  # in the mode it was given
     for p in m.parameters():
         p.requires_grad_(True)
     return m
@@ -85,8 +85,8 @@ def _torch_copy(module, dtype: str):
 
 def _flax_copy(module, dtype: str):
     """A copy with every floating variable and every floating dtype / param_dtype attribute
-    in `dtype` (nnx.Embed computes in its dtype, which defaults to its param_dtype), in eval
-    mode."""
+    in `dtype` (nnx.Embed computes in its dtype, which defaults to its param_dtype), in the
+    mode it was given (a port left in train mode is a porting mistake to find)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -105,7 +105,6 @@ def _flax_copy(module, dtype: str):
                     continue
                 if floating:
                     object.__setattr__(node, attr, want)
-    m.eval()
     return m
 
 
@@ -428,7 +427,8 @@ def compare(torch_module, flax_module, *inputs, dtype: str = "float64", grads: b
     in the Flax layout (conv's (B, C, T) -> (B, T, C) and nn.MultiheadAttention's
     sequence-first layout are built in).
     rules: copy_weights' rules, used to pair parameters for the gradients.
-    Nothing is left changed: the models run as copies (eval mode), hooks and wrapped classes
+    Both run as copies in the modes they were given (a port left in train mode, dropout on,
+    is a mistake it names). Nothing is left changed: hooks and wrapped classes
     are removed, JAX's x64 flag and matmul precision are restored."""
     import torch
 
