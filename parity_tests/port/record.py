@@ -55,19 +55,22 @@ def to_numpy(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
+def map_nested(fn, obj: Any) -> Any:
+    """`fn` applied to every leaf of nested tuples / lists / dicts, the nesting kept."""
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple takes its fields apart
+        return type(obj)(*(map_nested(fn, o) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_nested(fn, o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: map_nested(fn, v) for k, v in obj.items()}
+    return fn(obj)
+
+
 def _snap(obj: Any) -> Any:
     """A copy of a call's values that later in-place ops cannot change (torch tensors cloned)."""
     import torch
 
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, tuple):
-        return tuple(_snap(o) for o in obj)
-    if isinstance(obj, list):
-        return [_snap(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _snap(v) for k, v in obj.items()}
-    return obj
+    return map_nested(lambda o: o.detach().clone() if isinstance(o, torch.Tensor) else o, obj)
 
 
 class _Tree:

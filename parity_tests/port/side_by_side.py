@@ -12,7 +12,7 @@ import numpy as np
 
 from .errors import rel_err, rel_err_leaves
 from .explain import explain
-from .record import Call, is_float, leaves, record_flax, record_torch, to_numpy
+from .record import Call, is_float, leaves, map_nested, record_flax, record_torch, to_numpy
 from .report import Divergence, PortReport, Row
 from .weights import PortError, flax_modules, flax_variables, plan
 
@@ -297,16 +297,8 @@ def _run_alone(fcall: Call, torch_in: list[np.ndarray]) -> Any:
         return None
     swap = {id(a): jnp.asarray(b, dtype=a.dtype) for a, b in zip(flat, torch_in)}
 
-    def sub(o):
-        if isinstance(o, tuple):
-            return tuple(sub(x) for x in o)
-        if isinstance(o, list):
-            return [sub(x) for x in o]
-        if isinstance(o, dict):
-            return {k: sub(v) for k, v in o.items()}
-        return swap.get(id(o), o)
-
-    return call_module(fcall.module, sub(fcall.args), sub(fcall.kwargs))
+    args, kwargs = map_nested(lambda o: swap.get(id(o), o), (fcall.args, fcall.kwargs))
+    return call_module(fcall.module, args, kwargs)
 
 
 def _flax_run(fm, f_in: list, names: dict[str, Any]) -> tuple[Any, list[Call]]:
