@@ -307,3 +307,30 @@ def test_a_port_left_in_train_mode_is_named():
     assert d is not None and d.torch_path == "1" and "train mode" in d.explanation, d
     fm.eval()
     assert compare(tm, fm, x).ok and not tm.training and fm.layers[1].deterministic
+
+
+def test_a_swapped_activation_is_named_and_inputs_that_do_not_fit_say_so():
+    """A GLU whose port calls jax.nn.gelu (tanh by default) where torch calls silu; and inputs
+    of the wrong width get one error naming what was given."""
+    class TorchGLU(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up, self.down = tnn.Linear(6, 8), tnn.Linear(6, 8), tnn.Linear(8, 6)
+
+        def forward(self, x):
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+
+    class FlaxGLU(nnx.Module):
+        def __init__(self):
+            r = nnx.Rngs(0)
+            self.gate, self.up, self.down = nnx.Linear(6, 8, rngs=r), nnx.Linear(6, 8, rngs=r), nnx.Linear(8, 6, rngs=r)
+
+        def __call__(self, x):
+            return self.down(jax.nn.gelu(self.gate(x)) * self.up(x))  # the mistake: gelu for silu
+
+    tm, fm = TorchGLU(), FlaxGLU()
+    copy_weights(tm, fm)
+    d = compare(tm, fm, np.random.default_rng(0).standard_normal((2, 3, 6)), grads=False).first_divergence
+    assert d.torch_path == "down" and "tanh GELU (jax.nn.gelu's default) where torch computes silu" in d.explanation, d
+    with pytest.raises(ValueError, match=r"torch module cannot run on the inputs given \(\(2, 3, 7\)"):
+        compare(tm, fm, np.zeros((2, 3, 7)))

@@ -179,8 +179,13 @@ def mistakes(eps_values: list[float]) -> Iterator[Mistake]:
                   "(jax.nn.gelu and nnx.gelu default to approximate=True; use approximate=False)",
                   {(F, "gelu"): lambda f: lambda x, approximate="none": f(x, approximate="tanh" if approximate == "none" else "none")})
     yield from _norm_eps(eps_values)
+    def tanh_gelu(x):
+        return F.gelu(x, approximate="tanh")
+
     for a, b, fa, fb in (("gelu", "silu", F.gelu, F.silu), ("silu", "gelu", F.silu, F.gelu),
-                         ("relu", "gelu", F.relu, F.gelu), ("gelu", "relu", F.gelu, F.relu)):
+                         ("silu", "tanh GELU (jax.nn.gelu's default)", F.silu, tanh_gelu),
+                         ("relu", "gelu", F.relu, F.gelu), ("relu", "tanh GELU (jax.nn.gelu's default)", F.relu, tanh_gelu),
+                         ("gelu", "relu", F.gelu, F.relu)):
         yield Mistake(f"activation: the flax port computes {b} where torch computes {a}",
                       {(F, a): lambda f, g=fb: lambda x, *args, **kw: g(x)})
     yield Mistake("norm: the flax port scales by (1 + w) where torch scales by w",

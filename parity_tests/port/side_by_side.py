@@ -431,8 +431,13 @@ def compare(torch_module, flax_module, *inputs, dtype: str = "float64", grads: b
         tm = _torch_copy(torch_module, dtype)
         fm = _flax_copy(flax_module, dtype)
         t_in, f_in = _inputs(inputs, dtype)
-        with torch.no_grad(), record_torch(tm) as tcalls:
-            t_out = tm(*t_in)
+        try:
+            with torch.no_grad(), record_torch(tm) as tcalls:
+                t_out = tm(*t_in)
+        except Exception as e:
+            given = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in t_in)
+            raise ValueError(f"compare: the torch module cannot run on the inputs given ({given}): "
+                             f"{type(e).__name__}: {e}") from e
         names = flax_modules(fm)
         f_out, fcalls = _flax_run(fm, f_in, names)
         noise: dict[tuple[str, int], float] = {}

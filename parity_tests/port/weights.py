@@ -81,8 +81,10 @@ def flax_modules(module) -> dict[str, Any]:
     from flax import nnx
 
     out: dict[str, Any] = {}
+    seen: set[int] = set()  # a module shared under two paths keeps its first
     for path, node in nnx.iter_graph(module):
-        if isinstance(node, nnx.Module) and id(node) not in {id(v) for v in out.values()}:
+        if isinstance(node, nnx.Module) and id(node) not in seen:
+            seen.add(id(node))
             out[dotted(path, module)] = node
     return out
 
