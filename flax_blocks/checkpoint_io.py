@@ -2,12 +2,14 @@
 checkpoint dialects and the Hugging Face loaders (which is why it sits apart from them).
 
     read_state_dict(source)   a mapping, a module with .state_dict() or a .safetensors /
-                              .pt / .pth / .bin path -> {name: numpy array}
+                              .pt / .pth / .bin path -> {name: numpy array} (lazy=True:
+                              {name: stream.Lazy}, nothing read but the headers)
     ConversionError           every problem found, one per line; nothing was modified
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from typing import Any, Iterable, Mapping
@@ -43,35 +45,37 @@ def _torch_int16():
     return torch.int16
 
 
-def read_state_dict(source: Any) -> dict[str, np.ndarray]:
+def read_state_dict(source: Any, *, lazy: bool = False) -> dict[str, Any]:
     """A mapping of arrays/tensors, a module with .state_dict(), or a path to a
-    .safetensors / .pt / .pth file -> {name: numpy array}."""
+    .safetensors / .pt / .pth / .bin file -> {name: numpy array}.
+
+    lazy: files are not read, only described: {name: `flax_blocks.stream.Lazy`} whose shapes
+    and dtypes come from the file's header (safetensors) or a memory map (torch.load's
+    mmap=True), and whose values are read, a tensor or a slice at a time, when placed. A
+    mapping's Lazy values are kept as they are (read here when lazy is False)."""
+    from . import stream
+
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not os.path.exists(path):
             raise FileNotFoundError(f"checkpoint not found: {path}")
         if path.endswith(".safetensors"):
-            from safetensors.numpy import load_file
-
-            return dict(load_file(path))
+            tensors = stream.read_safetensors(path)
+            return dict(tensors) if lazy else {k: t.read() for k, t in tensors.items()}
         if path.endswith((".pt", ".pth", ".bin")):
-            try:
-                import torch
-            except ImportError as e:
-                raise ImportError(
-                    f"reading {path} needs PyTorch: install the 'torch' extra "
-                    "(pip install 'twin-blocks[torch]'), or convert it to .safetensors"
-                ) from e
-            obj = torch_load_state_dict(path)  # one-line CheckpointReadError for a pickled module
+            if importlib.util.find_spec("torch") is None:
+                raise ImportError(f"reading {path} needs PyTorch: install the 'torch' extra "
+                                  "(pip install 'twin-blocks[torch]'), or convert it to .safetensors")
+            obj = torch_load_state_dict(path, mmap=lazy)  # one-line CheckpointReadError for a pickled module
             if not isinstance(obj, Mapping):
                 raise ConversionError([f"{path} holds a {type(obj).__name__}, expected a state dict (name -> tensor)"])
-            return {k: to_numpy(v) for k, v in obj.items()}
-        raise ValueError(f"unknown checkpoint format {path!r}: expected .safetensors, .pt or .pth")
+            return {k: stream.TorchTensor(v) if lazy else to_numpy(v) for k, v in obj.items()}
+        raise ValueError(f"unknown checkpoint format {path!r}: expected .safetensors, .pt, .pth or .bin")
     if hasattr(source, "state_dict") and callable(source.state_dict):
         source = source.state_dict()
     if not isinstance(source, Mapping):
         raise TypeError(f"source must be a mapping of name -> array, a module or a path, got {type(source).__name__}")
-    return {str(k): to_numpy(v) for k, v in source.items()}
+    return {str(k): v if lazy and isinstance(v, stream.Lazy) else to_numpy(v) for k, v in source.items()}
 
 
 def natural_key(name: str) -> list:

@@ -571,7 +571,7 @@ def detect_dialect(source: Any) -> str:
     and the keys' roots, and when the one that does is shared by families that compute
     something else (LLaMA's names; OPT's, whose norm placement they do not say): then only an explicit dialect= (or fb.from_hf, which reads
     the model's config) says which family the checkpoint is."""
-    keys = list(source.keys()) if isinstance(source, Mapping) else list(read_state_dict(source))
+    keys = list(source.keys()) if isinstance(source, Mapping) else list(read_state_dict(source, lazy=True))
     counts = {name: len(_stack_keys(keys, lay)) for name, lay in DIALECTS.items()}
     best = max(counts.values(), default=0)
     winners = [n for n, c in counts.items() if c == best and c > 0]
@@ -841,8 +841,9 @@ def prepare(source: Any, dialect: str | None, prefix: str = "",
     Returns (state dict, prefix left to apply, hint). A torch-named source comes back as it
     was (with the caller's prefix); another dialect's comes back in our names (prefix "").
     With dialect None and keys no dialect recognises, the source comes back as it was, with a
-    hint (listing the dialects and the keys' roots) for the loader's error message."""
-    sd = read_state_dict(source)
+    hint (listing the dialects and the keys' roots) for the loader's error message. Files
+    are described, not read (`read_state_dict(lazy=True)`): their values are read when placed."""
+    sd = read_state_dict(source, lazy=True)
     hint = None
     if dialect is None:
         try:

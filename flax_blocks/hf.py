@@ -34,7 +34,8 @@ log = logging.getLogger("flax_blocks")
 
 
 
-def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 0, ignore_keys: tuple[str, ...] = ()):
+def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 0, ignore_keys: tuple[str, ...] = (),
+            mesh: Any = None, rules: Any = None, revision: str | None = None):
     """A Flax `Encoder` computing a Hugging Face model's transformer stack, or (part=) the
     whole model as a `flax_blocks.lm.LanguageModel`.
 
@@ -52,11 +53,20 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
       `fb.generate` decodes a "causal-lm".
 
     source: a folder written by `save_pretrained` (config.json and *.safetensors, or
-      pytorch_model.bin) or a transformers model object (BertModel, GPT2LMHeadModel,
-      LlamaForCausalLM, ViTModel, ...; read as its save_pretrained would write it). Only
-      the stack is read: layers and final norm.
-    dtype: cast the weights (and param_dtype) to it; None keeps the checkpoint's dtype
-      (float64 needs jax_enable_x64).
+      pytorch_model.bin), a Hub id ("Qwen/Qwen3-0.6B", at `revision`: from huggingface_hub's
+      cache, downloaded when online; HF_HUB_OFFLINE and HF_HUB_CACHE honoured) or a
+      transformers model object (BertModel, GPT2LMHeadModel, LlamaForCausalLM, ViTModel, ...;
+      read as its save_pretrained would write it). A folder's files are read through a memory
+      map a tensor (or a device's slice of one) at a time as each parameter is placed, after
+      every check has passed on their headers alone: host memory holds about one layer of a
+      parameter beyond the model itself.
+    dtype: the parameters' dtype, each tensor cast as it is read; None keeps the checkpoint's
+      (a bfloat16 checkpoint stays bfloat16; float64 needs jax_enable_x64).
+    mesh, rules: create every parameter sharded over `mesh` (a jax.sharding.Mesh) as it is
+      read, each device reading only its slice (each process only its devices' slices in a
+      multi-process run): the declared logical axes through `rules` (a
+      `flax_blocks.sharding.ShardingRules`; default TENSOR_PARALLEL: attention heads and the
+      FFN width over "model", the rest replicated).
     ignore_keys: config keys to pass over, as transformers does with keys its model does not
       read. Every config key is read as the family's transformers code reads it
       (`flax_blocks.hf_families`); a key no family table knows is refused by name unless
@@ -73,7 +83,9 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     from .convert import from_torch
 
     if isinstance(source, (str, os.PathLike)):
-        config, sd = read_folder(os.fspath(source))
+        from .hub import resolve
+
+        config, sd = read_folder(resolve(os.fspath(source), revision))
     elif (config := hf_model_config(source)) is not None:
         sd = read_state_dict(hf_state_dict(source))
     else:
@@ -86,7 +98,8 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     if part in ("model", "causal-lm"):
         from . import hf_models
 
-        return hf_models.load(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys)
+        return hf_models.load(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh,
+                              rules=rules)
     if part not in ("stack", "encoder", "decoder"):
         raise ValueError(f"part must be one of 'stack', 'encoder', 'decoder', 'model', 'causal-lm', got {part!r}")
     dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype, part=None if part == "stack" else part,
@@ -99,7 +112,7 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     log.info("from_hf: %s model, dialect %s, %d layers", config.get("model_type"), dialect, num_layers)
     cls = getattr(blocks, dialects.DIALECTS[dialect].stack)
     module = from_torch(cls, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
-                        dtype=dtype, seed=seed)
+                        dtype=dtype, seed=seed, mesh=mesh, rules=rules)
     module.hf_dialect = dialect  # a plain attribute (static in nnx.split): to_hf's default
     return module
 

@@ -100,7 +100,8 @@ def weight_files(path: str) -> list[str]:
 
 
 def read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config.json, state dict) of a save_pretrained folder (see `weight_files`)."""
+    """(config.json, state dict) of a save_pretrained folder (see `weight_files`): the state
+    dict's values are `flax_blocks.stream.Lazy`, described by the files' headers, not read."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json (expected a folder written by save_pretrained)")
@@ -108,7 +109,7 @@ def read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         config = json.load(f)
     sd: dict[str, Any] = {}
     for s in weight_files(path):
-        sd.update(read_state_dict(s))
+        sd.update(read_state_dict(s, lazy=True))
     return config, sd
 
 

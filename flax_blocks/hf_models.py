@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import dialects
+from . import dialects, stream
 from .checkpoint_io import ConversionError
 from .hf_config import family_of, hf_config
 from .hf_families import Read
@@ -161,7 +161,7 @@ def lm_config(config: Mapping[str, Any], part: str, *, ignore_keys: tuple[str, .
 def _stored_head(lm: LMConfig, ours: dict[str, Any], stored: Any, name: str) -> LMConfig:
     """tie_word_embeddings true over a file with its own head: what from_pretrained does. The
     file's head is kept (untied, into `ours`) when it differs from the embedding."""
-    if "embed.weight" not in ours or np.array_equal(stored, ours["embed.weight"]):
+    if "embed.weight" not in ours or stream.array_equal(stored, ours["embed.weight"]):
         return lm
     log.warning("from_hf: tie_word_embeddings is true but the file holds its own %sweight, which differs from the "
                 "embedding: kept, as transformers' from_pretrained keeps it", name)
@@ -170,17 +170,18 @@ def _stored_head(lm: LMConfig, ours: dict[str, Any], stored: Any, name: str) -> 
 
 
 def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: Any = None, seed: int = 0,
-         ignore_keys: tuple[str, ...] = ()):
+         ignore_keys: tuple[str, ...] = (), mesh: Any = None, rules: Any = None):
     """A LanguageModel computing an HF model's `part` from its config and state dict.
 
     Every tensor is read or the load is refused naming it. A head stored beside a config that
     says tie_word_embeddings: what from_pretrained does, the file's head is kept (untied when it
-    differs from the embedding)."""
+    differs from the embedding). The state dict's values may be `flax_blocks.stream.Lazy`
+    (a folder's files, described by their headers): they are read as they are placed, on
+    `mesh` by `rules` when given."""
     from .lm import from_torch_state_dict
 
     dialect, cfg, lm = lm_config(config, part, ignore_keys=ignore_keys)
     out = OUTSIDE[config["model_type"]]
-    sd = {k: np.asarray(v) for k, v in sd.items()}
     tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads)
     base = tr.prefix  # "" for a base model, "model." / "transformer." / "bert." inside a model with a head
     ours: dict[str, Any] = {f"{ENCODER}.{k}": v for k, v in tr.state_dict.items()}
@@ -212,7 +213,6 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
             take("head.weight", head + "weight")
     elif lm.head == "tied" and head + "weight" in sd:  # a model object's state dict holds the tied weight twice
         taken.add(head + "weight")
-        lm = _stored_head(lm, ours, sd[head + "weight"], head)
     stack = {k for k in sd if k not in tr.dropped}
     left = [k for k in sd if k not in taken and k not in stack
             and not any(k[len(base):].startswith(i) for i in out.ignore) and not (out.head and k.startswith(head))]
@@ -222,6 +222,8 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
                  for k in left]
     if problems:
         raise ConversionError(problems, header=f"cannot load this {config.get('model_type')} model as part={part!r}")
+    if lm.head == "tied" and head + "weight" in sd:  # read (a block of rows at a time) once all checks passed
+        lm = _stored_head(lm, ours, sd[head + "weight"], head)
     if dtype is None:
         dtypes = {str(a.dtype) for a in ours.values()}
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
@@ -231,7 +233,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
 
         cfg = replace(cfg, param_dtype=dtype_name(dtype))
     log.info("from_hf: %s model as part=%s (%s head)", config.get("model_type"), part, lm.head)
-    model = from_torch_state_dict(cfg, lm, ours, seed=seed, dtype=dtype)
+    model = from_torch_state_dict(cfg, lm, ours, seed=seed, dtype=dtype, mesh=mesh, rules=rules)
     model.hf_dialect = dialect  # to_hf writes it back in this family's names (as from_hf's stacks)
     model.hf_family = config["model_type"]  # and its parts around the stack as this family's
     return model

@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import struct
+import zipfile
 from typing import Any
 
 
@@ -50,12 +51,14 @@ def describe_unpickling_error(path: str | os.PathLike, err: BaseException) -> st
     return f"{path} is not a torch state dict that torch.load(weights_only=True) can read ({first[:160]})"
 
 
-def torch_load_state_dict(path: str | os.PathLike) -> Any:
+def torch_load_state_dict(path: str | os.PathLike, mmap: bool = False) -> Any:
     """`torch.load(path, map_location="cpu", weights_only=True)`, raising CheckpointReadError
-    (one line) instead of torch's multi-line UnpicklingError."""
+    (one line) instead of torch's multi-line UnpicklingError. mmap: memory-map the file's
+    storages (read when used) where its format allows (torch.save's zip format; a legacy
+    file is read whole)."""
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as e:
         raise CheckpointReadError(describe_unpickling_error(path, e)) from None

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import declarations
+from . import declarations, stream
 from .attention import _concrete
 from .blocks import Encoder
 from .checkpoint_io import ConversionError, read_state_dict
@@ -226,15 +226,18 @@ class LanguageModel(nnx.Module):
         out.update({f"{ENCODER}.{k}": v for k, v in torch_state_dict(self.encoder).items()})
         return out
 
-    def _load_torch_state_dict(self, source: Any, *, prefix: str = "", strict: bool = True, dtype: Any = None):
+    def _load_torch_state_dict(self, source: Any, *, prefix: str = "", strict: bool = True, dtype: Any = None,
+                               mesh: Any = None, rules: Any = None):
         """Load torch-named weights (the twin's state dict) strictly and atomically: every
         problem of the model's own parts is raised before the stack is loaded, and the
-        stack's (by the converter) before anything is written."""
+        stack's (by the converter) before anything is written. A file is read tensor by
+        tensor as each is placed (on `mesh` by `rules` when given: `load_torch_state_dict`)."""
         from .convert import load_torch_state_dict
+        from .convert.place import place_all
 
         if not strict:
             raise ValueError("a LanguageModel loads strictly (strict=False is for blocks and stacks)")
-        sd = {k[len(prefix):]: v for k, v in read_state_dict(source).items() if k.startswith(prefix)}
+        sd = {k[len(prefix):]: v for k, v in read_state_dict(source, lazy=True).items() if k.startswith(prefix)}
         own = {t: (name, p) for name, comp in components(self.lm, self.cfg)
                for t, _, p in declarations.flatten(comp, f"{name}.")}
         problems = [f"missing key {prefix}{t}" for t in own if t not in sd]
@@ -244,20 +247,24 @@ class LanguageModel(nnx.Module):
         if problems:
             raise ConversionError(problems, header="cannot load this LanguageModel checkpoint")
         load_torch_state_dict(self.encoder, {k[len(ENCODER) + 1:]: v for k, v in sd.items()
-                                             if k.startswith(ENCODER + ".")}, dtype=dtype, dialect="torch")
+                                             if k.startswith(ENCODER + ".")}, dtype=dtype, dialect="torch",
+                              mesh=mesh, rules=rules)
+        variables, values = {}, {}
         for t, (name, p) in own.items():
-            a = np.asarray(sd[t]) if dtype is None else np.asarray(sd[t]).astype(jnp.dtype(dtype))
-            getattr(getattr(self, name), p.flax).set_value(jnp.asarray(p.transform.to_flax(a, self.cfg)))
+            a = stream.lazy(sd[t]) if dtype is None else stream.lazy(sd[t]).astype(jnp.dtype(dtype))
+            variables[t], values[t] = getattr(getattr(self, name), p.flax), p.transform.to_flax(a, self.cfg)
+        place_all(variables, values, mesh=mesh, rules=rules)
 
 
 def from_torch_state_dict(cfg: BlockConfig, lm: LMConfig, source: Any, *, seed: int = 0, dtype: Any = None,
-                          prefix: str = "") -> LanguageModel:
+                          prefix: str = "", mesh: Any = None, rules: Any = None) -> LanguageModel:
     """A new LanguageModel whose parameters all come from a torch-named state dict (the
-    twin's, or one `flax_blocks.hf` translated), built without drawing random values."""
+    twin's, or one `flax_blocks.hf` translated), built without drawing random values;
+    with `mesh`, each parameter is created sharded over it by `rules` as it is read."""
     from .convert import materialize_rng_state
 
     model = nnx.eval_shape(lambda: LanguageModel(cfg, lm, rngs=nnx.Rngs(seed)))
-    model._load_torch_state_dict(source, prefix=prefix, dtype=dtype)
-    materialize_rng_state(model, seed)
+    model._load_torch_state_dict(source, prefix=prefix, dtype=dtype, mesh=mesh, rules=rules)
+    materialize_rng_state(model, seed, mesh=mesh)
     return model
 

@@ -56,7 +56,7 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
     (head_dim with QK-norm), num_layers, bias, qkv_bias, final_norm, norms present and
     their placement (peri) and type (DyT from its alpha), gated MLP, QK-norm, residual
     scaling, dtype."""
-    sd = strip_prefix(read_state_dict(source), norm_prefix(prefix))
+    sd = strip_prefix(read_state_dict(source, lazy=True), norm_prefix(prefix))
     layers = sorted({int(m.group(1)) for n in sd if (m := LAYER.match(n))})
     inner = {(m.group(2) if (m := LAYER.match(n)) else n): a for n, a in sd.items()}
     if layers:

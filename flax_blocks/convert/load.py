@@ -7,8 +7,12 @@ Loading runs in three steps, each one concern:
                    collected into one list;
     plan(...)      the new value of every Flax parameter (torch tensor -> Flax layout,
                    cast, stacked over layers), computed without touching the module;
-    apply(...)     the plan written into the module at once.
+    apply(...)     the plan placed (`flax_blocks.convert.place`: on the default device, or
+                   sharded over a mesh as it is read) and written into the module at once.
 A problem in `validate` raises one `ConversionError` before `plan` runs: nothing changes.
+A checkpoint file is not read until `apply`: validation and planning see only its header's
+names, shapes and dtypes (`flax_blocks.stream`), and `apply` reads each parameter (or each
+device's slice of it) from the file once.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
-from .. import declarations, dialects
+from .. import declarations, dialects, stream
 from ..checkpoint_io import ConversionError, few, natural_key, ranges, read_state_dict
 from ..config import dtype_name
 from ..declarations import FINAL_NORM
 from ..hf_config import check_hf_source, hf_state_dict
 from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
 from .params import LAYER, Expected, expected_torch_params, flax_params
+from .place import place_all
 
 def _module_facts(module) -> dict[str, Any]:
     cfg = module.cfg
@@ -174,16 +179,17 @@ def validate(module, src: _Source, expected: dict[str, Expected], *, strict: boo
     return missing, unexpected
 
 
-def plan(module, src: _Source, expected: dict[str, Expected], cast, params: dict[str, Any]) -> dict[str, np.ndarray]:
-    """{Flax path: new value} for every parameter the checkpoint holds: torch tensor -> Flax
-    layout (`Param.transform`), cast, and stacked over layers (a stacked parameter partly
-    loaded keeps the module's values for the layers the checkpoint lacks)."""
-    new: dict[str, np.ndarray] = {}
+def plan(module, src: _Source, expected: dict[str, Expected], cast, params: dict[str, Any]) -> dict[str, Any]:
+    """{Flax path: new value, a `stream.Lazy` read when placed} for every parameter the
+    checkpoint holds: torch tensor -> Flax layout (`Param.transform`), cast, and stacked over
+    layers (a stacked parameter partly loaded keeps the module's values for the layers the
+    checkpoint lacks)."""
+    new: dict[str, Any] = {}
     stacks: dict[str, list] = {}
     for k, exp in expected.items():
         if k not in src.sd:
             continue
-        a = exp.param.transform.to_flax(src.sd[k], module.cfg)
+        a = exp.param.transform.to_flax(stream.lazy(src.sd[k]), module.cfg)
         if cast is not None:
             a = a.astype(cast)
         if exp.layer is None:
@@ -193,20 +199,18 @@ def plan(module, src: _Source, expected: dict[str, Expected], cast, params: dict
             stacks.setdefault(exp.flax_path, [None] * depth)[exp.layer] = a
     for path, items in stacks.items():
         current = None if all(a is not None for a in items) else np.asarray(params[path].get_value())
-        new[path] = np.stack([current[i] if a is None else a for i, a in enumerate(items)])
+        new[path] = stream.Stacked([current[i] if a is None else a for i, a in enumerate(items)])
     return new
 
 
-def apply(params: dict[str, Any], new: Mapping[str, np.ndarray]) -> None:
-    """Write the planned values into the module's parameters."""
-    import jax.numpy as jnp
-
-    for path, a in new.items():
-        params[path].set_value(jnp.asarray(a))
+def apply(params: dict[str, Any], new: Mapping[str, Any], *, mesh: Any = None, rules: Any = None) -> None:
+    """Place the planned values (read from the checkpoint now; sharded over `mesh` by `rules`
+    when given) and write them into the module's parameters, all at once."""
+    place_all(params, new, mesh=mesh, rules=rules)
 
 
 def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool = True, dtype: Any = None,
-                          dialect: str | None = None) -> LoadResult:
+                          dialect: str | None = None, mesh: Any = None, rules: Any = None) -> LoadResult:
     """Load torch-named weights into a flax_blocks module, in place.
 
     source: mapping of name -> array/tensor, a torch module, or a .safetensors/.pt/.pth path.
@@ -219,32 +223,36 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
     dialect: the checkpoint's key names ("torch", "hf-bert", "hf-gpt2", "hf-llama", ...; see
       flax_blocks.dialects.DIALECTS); None detects it from the key names. A transformers model
       object says its own family and is read as its save_pretrained writes it.
-    Shape, dtype and layer-count problems are always errors. On any error nothing changes.
+    mesh, rules: place every parameter sharded over `mesh` as it is read, by its declared
+      logical axes through `rules` (`flax_blocks.sharding`; default TENSOR_PARALLEL: heads and
+      the FFN width over "model"); None keeps a loaded value's placement (default device).
+    Shape, dtype and layer-count problems are always errors. On any error nothing changes;
+    a file's weights are read only once every check has passed.
     A whole model (flax_blocks.lm.LanguageModel) loads through its own `_load_torch_state_dict`.
     """
     hook = getattr(type(module), "_load_torch_state_dict", None)  # duck-typed: no import of the model's module
     if hook is not None:
         if dialect not in (None, "torch"):
             raise ValueError("a LanguageModel loads its own (torch_blocks) names; Hugging Face models: fb.from_hf")
-        hook(module, source, prefix=prefix, strict=strict, dtype=dtype)
+        hook(module, source, prefix=prefix, strict=strict, dtype=dtype, mesh=mesh, rules=rules)
         return LoadResult([], [])
     src = _read(hf_state_dict(source), prefix, check_hf_source(module.cfg, source, dialect), module.cfg.num_heads)
     cast = None if dtype is None else _np_dtype(dtype)
     expected = expected_torch_params(module)
     params = flax_params(module)
     missing, unexpected = validate(module, src, expected, strict=strict, cast=cast, params=params)
-    apply(params, plan(module, src, expected, cast, params))
+    apply(params, plan(module, src, expected, cast, params), mesh=mesh, rules=rules)
     return LoadResult(missing, unexpected)
 
 
 def _checkpoint_has_final_norm(source: Any, prefix: str) -> tuple[Any, bool]:
     """(the source read into a dict, whether it holds the Encoder's final norm)."""
-    sd = read_state_dict(source)
+    sd = read_state_dict(source, lazy=True)
     return sd, f"{norm_prefix(prefix)}{FINAL_NORM}.weight" in sd
 
 
 def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str = "", dtype: Any = None,
-               dialect: str | None = None, **kwargs: Any):
+               dialect: str | None = None, mesh: Any = None, rules: Any = None, **kwargs: Any):
     """A new `cls(cfg, rngs=nnx.Rngs(seed), **kwargs)` whose parameters come from a torch
     checkpoint (strictly: every parameter must be there), without drawing random initial
     values that would be overwritten: the module is built with `nnx.eval_shape`, loaded,
@@ -257,6 +265,8 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
     nn.TransformerEncoder(Layer) as source is also checked against cfg: a field that contradicts
     the module's own (heads, norm placement, activation, eps, final norm) is an error.
     dialect: see `load_torch_state_dict` (None: detected from the key names).
+    mesh, rules: every parameter is created sharded over `mesh` as it is read (each device
+      reads only its slice; see `load_torch_state_dict`), the RNG state replicated on it.
     """
     from flax import nnx
 
@@ -270,16 +280,18 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
     if cls.__name__ in declarations.STACKS and kwargs.get("final_norm") is None:
         source, kwargs["final_norm"] = _checkpoint_has_final_norm(source, prefix)
     module = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(seed), **kwargs))
-    load_torch_state_dict(module, source, prefix=prefix, strict=True, dtype=dtype, dialect=dialect and "torch")
-    materialize_rng_state(module, seed)
+    load_torch_state_dict(module, source, prefix=prefix, strict=True, dtype=dtype, dialect=dialect and "torch",
+                          mesh=mesh, rules=rules)
+    materialize_rng_state(module, seed, mesh=mesh)
     return module
 
 
-def materialize_rng_state(module, seed: int) -> None:
+def materialize_rng_state(module, seed: int, *, mesh: Any = None) -> None:
     """Give an abstract (nnx.eval_shape) module's RNG keys and counts concrete values, in
     place: keys derived from `seed` and the variable's path (so each dropout gets its own
     stream, and stacked layers one key per layer), counts zero. Parameters must already be
-    concrete (loaded); a non-RNG variable left abstract raises RuntimeError."""
+    concrete (loaded); a non-RNG variable left abstract raises RuntimeError. mesh: the
+    values are replicated on it (as a global array, on every process)."""
     import zlib
 
     import jax
@@ -294,9 +306,12 @@ def materialize_rng_state(module, seed: int) -> None:
         shape, name = node.get_value().shape, ".".join(map(str, path))
         if isinstance(node, nnx.RngKey):
             key = jax.random.fold_in(root, zlib.crc32(name.encode()))
-            node.set_value(jax.random.split(key, math.prod(shape)).reshape(shape))
+            keys = jax.random.split(key, math.prod(shape)).reshape(shape)
+            node.set_value(keys if mesh is None else jax.random.wrap_key_data(
+                _replicated(np.asarray(jax.random.key_data(keys)), mesh), impl=jax.random.key_impl(keys)))
         elif isinstance(node, nnx.RngCount):
-            node.set_value(jnp.zeros(shape, node.get_value().dtype))
+            zeros = np.zeros(shape, node.get_value().dtype)
+            node.set_value(jnp.asarray(zeros) if mesh is None else _replicated(zeros, mesh))
         else:
             left.append(f"{name} ({type(node).__name__}, shape {shape})")
     if left:
@@ -304,12 +319,18 @@ def materialize_rng_state(module, seed: int) -> None:
 
 
 
+def _replicated(a: np.ndarray, mesh: Any) -> Any:
+    """`a` replicated on every device of `mesh` (a global array on every process)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.make_array_from_callback(a.shape, NamedSharding(mesh, PartitionSpec()), lambda index: a[index])
+
+
 def load_flax_state_dict(module, source: Any) -> None:
     """Load a Flax-layout checkpoint ({dotted Flax path: array} or a .safetensors path),
     strictly and atomically, into `module`."""
-    import jax.numpy as jnp
-
-    sd = read_state_dict(source)
+    sd = read_state_dict(source, lazy=True)
     params = flax_params(module)
     problems = [f"missing key {k} (expected shape {tuple(v.get_value().shape)})" for k, v in params.items() if k not in sd]
     problems += [f"unexpected key {k} (shape {tuple(sd[k].shape)})" for k in sd if k not in params]
@@ -319,6 +340,5 @@ def load_flax_state_dict(module, source: Any) -> None:
     ]
     if problems:
         raise ConversionError(problems)
-    for k, var in params.items():
-        var.set_value(jnp.asarray(sd[k]))
+    place_all(params, {k: sd[k] for k in params})
 
