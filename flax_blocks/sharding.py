@@ -58,7 +58,7 @@ from .declarations import LAYER_AXIS
 
 # The library's logical axis names: parameters' (from flax_blocks.declarations; a test
 # checks that they cover every declared axis), the stacked layer axis, and activations'.
-PARAM_AXES: tuple[str, ...] = ("embed", "heads", "kv_heads", "qkv", "head_dim", "mlp")
+PARAM_AXES: tuple[str, ...] = ("embed", "heads", "kv_heads", "qkv", "head_dim", "mlp", "vocab")
 # Activations: (batch, seq, d_model). Their width axis has its own name, so FSDP can split
 # the parameters' "embed" over "data" while the batch takes "data" too.
 ACTIVATION_AXES: tuple[str, ...] = ("batch", "seq", "activation_embed")

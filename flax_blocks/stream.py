@@ -91,6 +91,11 @@ class Lazy:
     def _read(self, index: Index) -> np.ndarray:
         raise NotImplementedError
 
+    def major_axis(self) -> int | None:
+        """The axis along which the source's rows run (a slice of it reads whole rows of the
+        file, a contiguous span), or None where no one axis does."""
+        return 0 if self.shape else None
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.read()
         return a if dtype is None else a.astype(dtype)
@@ -217,11 +222,18 @@ class FileTensor(Lazy):
         if self.size == 0 or math.prod(out_shape) == 0:
             return np.empty(out_shape, self.dtype)
         mm = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape or (1,))
-        rows = mm if not self.shape else mm[_rows(index[0], self.shape[0])]
-        row_bytes = self.nbytes // self.shape[0] if self.shape else self.nbytes
-        _count(row_bytes * (len(rows) if self.shape else 1))
-        a = np.array(_take(rows, index, 1) if self.shape else rows.reshape(()))
-        del rows, mm  # unmapped: the pages read leave this process's memory
+        if not self.shape:
+            _count(self.nbytes)
+            a = np.array(mm.reshape(()))
+        else:
+            rows = mm[_rows(index[0], self.shape[0])]
+            if len(self.shape) > 1 and index[1] is not None:  # the span of columns each row needs
+                lo, hi = int(index[1].min()), int(index[1].max()) + 1
+                rows, index = rows[:, lo:hi], index[:1] + (index[1] - lo,) + index[2:]
+            _count(rows.size * self.dtype.itemsize)
+            a = np.array(_take(rows, index, 1))
+            del rows
+        del mm  # unmapped: the pages read leave this process's memory
         return a
 
 
@@ -277,6 +289,10 @@ class Transposed(Lazy):
             inner[src_axis] = index[out_axis]
         return self.src._read(tuple(inner)).transpose(self.axes)
 
+    def major_axis(self) -> int | None:
+        m = self.src.major_axis()
+        return None if m is None else self.axes.index(m)
+
 
 class Picked(Lazy):
     """Positions picked on each axis (a slice, or numpy's fancy index on one axis)."""
@@ -290,6 +306,9 @@ class Picked(Lazy):
         inner = tuple(mine if theirs is None else (theirs if mine is None else mine[theirs])
                       for mine, theirs in zip(self.index, index, strict=True))
         return self.src._read(inner)
+
+    def major_axis(self) -> int | None:
+        return self.src.major_axis()
 
 
 class Reshaped(Lazy):
@@ -324,6 +343,13 @@ class Reshaped(Lazy):
                 sizes += [self.shape[a] for a in new]
         a = self.src._read(tuple(inner)).reshape(sizes)
         return _take(a, tuple(after))
+
+    def major_axis(self) -> int | None:
+        m = self.src.major_axis()
+        for old, new in self.groups:
+            if m in old:
+                return new[0] if old[0] == m and new else None
+        return None
 
 
 def _groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
@@ -383,6 +409,10 @@ class Concat(Lazy):
                 np.moveaxis(out, ax, 0)[mine] = np.moveaxis(p._read(sub), ax, 0)
         return out
 
+    def major_axis(self) -> int | None:
+        axes = {p.major_axis() for p in self.parts}
+        return axes.pop() if len(axes) == 1 else None
+
 
 class Stacked(Lazy):
     """Tensors of one shape stacked along a new first axis (the layers of a stack)."""
@@ -410,6 +440,9 @@ class Cast(Lazy):
     def _read(self, index: Index) -> np.ndarray:
         return self.src._read(index).astype(self.dtype)
 
+    def major_axis(self) -> int | None:
+        return self.src.major_axis()
+
 
 class Mapped(Lazy):
     """An elementwise function of a tensor (same shape and dtype)."""
@@ -419,6 +452,9 @@ class Mapped(Lazy):
 
     def _read(self, index: Index) -> np.ndarray:
         return np.asarray(self.fn(self.src._read(index)), self.dtype)
+
+    def major_axis(self) -> int | None:
+        return self.src.major_axis()
 
 
 class Zeros(Lazy):

@@ -141,19 +141,19 @@ def test_user_parameters_annotated_the_flax_way():
         def __init__(self):
             key = jax.random.key(0)
             self.block = TransformerBlock(BlockConfig(d_model=8, num_heads=2, d_ff=8), rngs=nnx.Rngs(0))
-            self.embed = nnx.Param(nnx.with_partitioning(init, ("vocab", "embed"))(key, (6, 8)))
+            self.embed = nnx.Param(nnx.with_partitioning(init, ("tokens", "embed"))(key, (6, 8)))  # a name of theirs
             self.head = nnx.Param(nnx.with_partitioning(init, (None, "model"))(key, (8, 6)))  # a mesh axis
 
     with nnx.use_eager_sharding(False):  # no mesh here: Flax would shard them at creation
         lm = LM()
     mesh = S.make_mesh(data=1, model=1)
-    rules = S.FSDP | {"vocab": "model"}
+    rules = S.FSDP | {"tokens": "model"}
     specs = S.partition_specs(nnx.state(lm), rules, mesh=mesh)
     assert specs["embed"].get_value() == P("model", "data") and specs["head"].get_value() == P(None, "model")
     assert specs["block"]["linear1"]["kernel"].get_value() == P("data", None)
     S.shard_model(lm, mesh, rules)
     assert lm.head[...].sharding.spec == P(None, "model")
-    with pytest.raises(KeyError, match=r"'embed': axis name 'vocab' of \('vocab', 'embed'\) is neither"):
+    with pytest.raises(KeyError, match=r"'embed': axis name 'tokens' of \('tokens', 'embed'\) is neither"):
         S.shard_model(lm, mesh, S.FSDP)  # a logical name without a rule, not a mesh axis either
 
 

@@ -8,9 +8,10 @@ Each value becomes a `jax.Array` with the variable's sharding: with a mesh, the
 and the FFN width over "model", the rest replicated; `flax_blocks.sharding`); without one,
 the default device. For each distinct slice its devices hold, the slice alone is read from
 the checkpoint (a process of a multi-host run reads only its own devices' slices), once,
-and copied to those devices. A slice of a stacked parameter larger than FILL_BYTES is
-built on the device a layer at a time (an in-place update of a donated buffer), so the host
-never holds more than one layer of it. All values are made before any is written: a read
+and copied to those devices. A slice larger than CHUNK_BYTES is built on the device a
+chunk at a time (one layer's rows, along the file's rows; an in-place update of a donated
+buffer), so the host
+never holds more than a chunk of it. All values are made before any is written: a read
 that fails leaves the module as it was.
 """
 
@@ -24,7 +25,7 @@ import numpy as np
 from .. import stream
 from ..checkpoint_io import ConversionError
 
-FILL_BYTES = 32 * 2**20  # a stacked slice above this is built a layer at a time on its device
+CHUNK_BYTES = 4 * 2**20  # a slice above this is built on its device a chunk of about this size at a time
 
 
 def sharding_for(var: Any, mesh: Any, rules: Any) -> Any:
@@ -100,34 +101,50 @@ def place(a: stream.Lazy, sharding: Any = None) -> Any:
 
 
 def _make(a: stream.Lazy, index: stream.Index, devices: list) -> list:
-    """`a[index]` on each of `devices` (None: the default device), read once."""
+    """`a[index]` on each of `devices` (None: the default device), read once. A slice above
+    CHUNK_BYTES is built on the devices a chunk at a time (`_chunks`)."""
     import jax
 
     shape = tuple(stream._size(i, n) for i, n in zip(index, a.shape, strict=True))
-    nbytes = int(np.prod(shape)) * a.dtype.itemsize
-    if isinstance(a, stream.Stacked) and nbytes > FILL_BYTES:
-        return _fill(a, index, shape, devices)
-    x = a._read(index)
-    return [jax.device_put(x, d) for d in devices]
-
-
-def _fill(a: stream.Stacked, index: stream.Index, shape: tuple[int, ...], devices: list) -> list:
-    """A stacked slice built on each device a layer at a time: the host holds one layer."""
+    if int(np.prod(shape)) * a.dtype.itemsize <= CHUNK_BYTES:
+        x = a._read(index)
+        return [jax.device_put(x, d) for d in devices]
     import jax.numpy as jnp
 
     bufs = [jnp.zeros(shape, a.dtype, device=d) for d in devices]
-    layers = range(a.shape[0]) if index[0] is None else index[0]
-    for j, i in enumerate(layers):
-        x = a.items[int(i)]._read(index[1:]).astype(a.dtype, copy=False)
-        bufs = [_update()(b, x, j) for b in bufs]
+    for box in _chunks(a, shape):
+        sub = tuple(i if axis not in box else (np.arange(n) if i is None else i)[box[axis][0]:box[axis][1]]
+                    for axis, (i, n) in enumerate(zip(index, a.shape, strict=True)))
+        x = a._read(sub).astype(a.dtype, copy=False)
+        starts = tuple(box[axis][0] if axis in box else 0 for axis in range(len(shape)))
+        bufs = [_update()(b, x, starts) for b in bufs]
+        jax.block_until_ready(bufs)  # one chunk in flight: the host holds one at a time
     return bufs
+
+
+def _chunks(a: stream.Lazy, shape: tuple[int, ...]) -> list[dict[int, tuple[int, int]]]:
+    """Boxes covering a slice of `shape`: {axis: (start, stop)} each, along the axis the
+    file's rows run (so each box reads a contiguous span), one layer of a stacked parameter
+    at a time, about CHUNK_BYTES each."""
+    item, outer = (a.items[0], [0]) if isinstance(a, stream.Stacked) else (a, [])
+    inner_shape = shape[len(outer):]
+    major = item.major_axis()
+    boxes: list[dict[int, tuple[int, int]]] = [{}]
+    if major is not None:
+        per_row = int(np.prod(inner_shape)) // max(inner_shape[major], 1) * a.dtype.itemsize
+        step = max(1, CHUNK_BYTES // max(per_row, 1))
+        n = inner_shape[major]
+        boxes = [{len(outer) + major: (s, min(n, s + step))} for s in range(0, n, step)]
+    if outer:
+        boxes = [{0: (j, j + 1), **box} for j in range(shape[0]) for box in boxes]
+    return boxes
 
 
 @functools.cache
 def _update() -> Any:
     import jax
 
-    def update(buf: Any, x: Any, i: Any) -> Any:
-        return jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), i, 0)
+    def update(buf: Any, x: Any, starts: Any) -> Any:
+        return jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), starts)
 
     return jax.jit(update, donate_argnums=0)

@@ -1,0 +1,320 @@
+"""Checkpoints streamed in (flax_blocks.stream, flax_blocks.convert.place): lazy tensors equal
+numpy's moves on any slice; a folder loads bit for bit as the in-memory model does, reading
+nothing before every check has passed; bfloat16 stays bfloat16; .bin files through a memory
+map; on 8 simulated devices each parameter is created sharded (logits and greedy tokens
+equal the unsharded model's); two processes read only their devices' slices."""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import flax_blocks as fb
+from flax_blocks import stream
+from flax_blocks.checkpoint_io import ConversionError
+from flax_blocks.io_errors import CheckpointReadError
+
+ROOT = Path(__file__).resolve().parents[1]
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+IDS = np.arange(24).reshape(2, 12) % 96
+
+
+def _llama(folder: Path, *, dtype: str = "float32", shard: str = "20KB", safe: bool = True) -> Path:
+    """A tiny LLaMA (4 heads, 4 KV heads, FFN 64: both split over 4 devices) saved in shards
+    (safe=False: one pytorch_model.bin, as older repositories hold)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg).to(getattr(torch, dtype)).eval()
+    if safe:
+        model.save_pretrained(folder, max_shard_size=shard)
+    else:
+        model.config.save_pretrained(folder)
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return _llama(tmp_path_factory.mktemp("llama") / "m")
+
+
+def _params(model) -> dict:
+    return {"/".join(map(str, p)): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+# ------------------------------------------------------------------ lazy tensors
+
+
+def test_lazy_moves_equal_numpys_on_any_slice(tmp_path):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((12, 8)).astype(np.float32), rng.standard_normal((6, 8)).astype(np.float32)
+    save_file({"a": A, "b": B, "s": np.array(3.0, np.float32)}, str(tmp_path / "x.safetensors"))
+    sd = stream.read_safetensors(tmp_path / "x.safetensors")
+    a, b = sd["a"], sd["b"]
+    assert np.asarray(sd["s"]) == 3.0
+    cases = {
+        "T": (a.T, A.T), "concat": (np.concatenate([a, b]), np.concatenate([A, B])),
+        "concat axis 1": (np.concatenate([a.T, b.T], axis=1), np.concatenate([A.T, B.T], axis=1)),
+        "split": (a.reshape(3, 4, 8), A.reshape(3, 4, 8)), "merge": (a.reshape(24, 4), A.reshape(24, 4)),
+        "qkv-like": (a.reshape(-1, 2, 8)[np.array([3, 0, 5])].reshape(3, 2, 2, 4).transpose(3, 0, 1, 2),
+                     A.reshape(-1, 2, 8)[np.array([3, 0, 5])].reshape(3, 2, 2, 4).transpose(3, 0, 1, 2)),
+        "rows": (a[2:7], A[2:7]), "int": (a[3], A[3]), "negative": (a[-1], A[-1]),
+        "regroup": (a.reshape(2, 6, 8).swapaxes(0, 1).reshape(12, 8), A.reshape(2, 6, 8).swapaxes(0, 1).reshape(12, 8)),
+        "stack": (np.stack([a, a * 0, a.astype(np.float64)]), np.stack([A, A * 0, A.astype(np.float64)])),
+        "scale": (a * 2, A * 2),
+    }
+    for name, (lz, ref) in cases.items():
+        assert isinstance(lz, stream.Lazy), name
+        assert (lz.shape, lz.dtype) == (ref.shape, ref.dtype), name
+        assert np.array_equal(lz.read(), ref), name
+        for _ in range(10):
+            index = tuple(None if rng.random() < 0.4 else rng.choice(n, rng.integers(1, n + 1), replace=False)
+                          for n in ref.shape)
+            want = ref
+            for axis, i in enumerate(index):
+                want = want if i is None else np.take(want, i, axis=axis)
+            assert np.array_equal(lz.read(index), want), (name, index)
+
+
+def test_a_slice_reads_only_its_rows(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.ones((64, 16), np.float32)}, str(tmp_path / "w.safetensors"))
+    w = stream.read_safetensors(tmp_path / "w.safetensors")["w"]
+    before = stream.bytes_read()
+    w.T.reshape(16, 4, 16).read((None, np.array([1]), None))  # rows 16-31 of the file
+    assert stream.bytes_read() - before == 16 * 16 * 4
+
+
+# ------------------------------------------------------------------ folders
+
+
+def test_folder_loads_as_the_model_object_bit_for_bit(folder):
+    hf = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    assert len(list(folder.glob("*.safetensors"))) > 1  # sharded, with an index
+    before = stream.bytes_read()
+    model = fb.from_hf(folder, part="causal-lm")
+    read = stream.bytes_read() - before
+    files = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    assert 0.95 * files < read <= files  # every weight read once (the headers are the rest)
+    ref = fb.from_hf(hf, part="causal-lm")
+    mine, theirs = _params(model), _params(ref)
+    assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    with torch.no_grad():
+        want = hf(torch.tensor(IDS)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(IDS)), want, rtol=1e-4, atol=1e-5)
+
+
+def test_large_slices_built_a_chunk_at_a_time_equal_the_whole(folder, monkeypatch):
+    from flax_blocks.convert import place
+
+    whole = _params(fb.from_hf(folder, part="causal-lm"))
+    monkeypatch.setattr(place, "CHUNK_BYTES", 300)  # every parameter above it: layers, rows of the file
+    chunks = []
+    real = place._chunks
+    monkeypatch.setattr(place, "_chunks", lambda a, shape: chunks.append(shape) or real(a, shape))
+    chunked = _params(fb.from_hf(folder, part="causal-lm"))
+    assert len(chunks) >= 7  # the head (the file's rows along its second axis), embedding, every stacked kernel
+    assert all(np.array_equal(chunked[k], whole[k]) for k in whole)
+
+
+def test_bfloat16_stays_bfloat16_unless_asked(tmp_path):
+    folder = _llama(tmp_path / "bf16", dtype="bfloat16")
+    model = fb.from_hf(folder, part="causal-lm")
+    assert {str(v.dtype) for v in _params(model).values()} == {"bfloat16"}
+    cast = fb.from_hf(folder, part="causal-lm", dtype="float32")
+    got = _params(cast)
+    assert {str(v.dtype) for v in got.values()} == {"float32"}
+    assert all(np.array_equal(got[k], v.astype(np.float32)) for k, v in _params(model).items())
+
+
+def test_bin_files_are_memory_mapped(tmp_path, folder):
+    binary = _llama(tmp_path / "bin", safe=False)
+    assert list(binary.glob("pytorch_model*.bin")) and not list(binary.glob("*.safetensors"))
+    a, b = _params(fb.from_hf(binary, part="causal-lm")), _params(fb.from_hf(folder, part="causal-lm"))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _bad_copy(folder: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for p in folder.iterdir():
+        (bad / p.name).write_bytes(p.read_bytes())
+    return bad, sorted(bad.glob("*.safetensors"))
+
+
+def _refused_before_reading(bad: Path, error: type, match: str) -> None:
+    gc.collect()
+    before, arrays = stream.bytes_read(), {id(a) for a in jax.live_arrays()}
+    with pytest.raises(error, match=match):
+        fb.from_hf(bad, part="causal-lm")
+    assert stream.bytes_read() == before, "a weight was read before the folder was refused"
+    assert {id(a) for a in jax.live_arrays()} <= arrays, "arrays were allocated before the folder was refused"
+
+
+def test_truncated_file_refused_before_any_weight_is_read(folder, tmp_path):
+    bad, shards = _bad_copy(folder, tmp_path)
+    data = shards[-1].read_bytes()
+    shards[-1].write_bytes(data[:-100])
+    _refused_before_reading(bad, CheckpointReadError, "truncated")
+
+
+def test_index_naming_a_missing_shard_refused_before_any_weight_is_read(folder, tmp_path):
+    bad, shards = _bad_copy(folder, tmp_path)
+    shards[0].unlink()
+    _refused_before_reading(bad, FileNotFoundError, "names shards that are not in the folder")
+
+
+def test_header_with_a_wrong_shape_refused_before_any_weight_is_read(folder, tmp_path):
+    bad, shards = _bad_copy(folder, tmp_path)
+    for shard in shards:  # give one tensor a shape of the same size that the model does not have
+        data = shard.read_bytes()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+        name = next((k for k in header if k.endswith("layers.1.mlp.down_proj.weight")), None)
+        if name is None:
+            continue
+        header[name]["shape"] = header[name]["shape"][::-1]  # (32, 64) -> (64, 32): same bytes
+        text = json.dumps(header).encode().ljust(n)
+        shard.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n:])
+        break
+    else:
+        pytest.fail("no shard holds layers.1.mlp.down_proj.weight")
+    _refused_before_reading(bad, ConversionError, r"down_proj.weight|shape")
+
+
+def test_progress_bar_only_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, log = Tty(), io.StringIO()
+    for s in (tty, log):
+        p = stream.Progress(2000, threshold=1000, stream=s)
+        p.update(1000)
+        p.update(1000)
+        p.close()
+    assert "#" * 30 in tty.getvalue() and tty.getvalue().endswith("\n")
+    assert log.getvalue() == ""
+    small = Tty()
+    stream.Progress(10, threshold=1000, stream=small).update(10)
+    assert small.getvalue() == ""
+
+
+# ------------------------------------------------------------------ sharded as it loads
+
+_MESH = textwrap.dedent("""
+    import sys, json
+    import jax, numpy as np
+    from flax import nnx
+    import flax_blocks as fb
+    from flax_blocks import sharding as S, stream
+    folder = sys.argv[1]
+    ids = np.arange(24).reshape(2, 12) % 96
+    ref = fb.from_hf(folder, part="causal-lm")
+    want = np.asarray(ref(ids))
+    mesh = S.make_mesh(data=2, model=4)
+    model = fb.from_hf(folder, part="causal-lm", mesh=mesh)
+    specs = {"/".join(map(str, p)): v.get_value().sharding.spec
+             for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    assert all(isinstance(v.get_value().sharding, jax.sharding.NamedSharding)
+               for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    assert "model" in str(specs["encoder/layers/self_attn/in_kernel"]), specs
+    assert "model" in str(specs["encoder/layers/linear1/kernel"]), specs
+    assert "model" in str(specs["encoder/layers/linear2/kernel"]), specs
+    # each device holds its share of the sharded tensors (a quarter: split 4 ways, copied over "data")
+    held, share = {d: 0 for d in mesh.devices.flat}, 0.0
+    for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        a = v.get_value()
+        if a.sharding.is_fully_replicated:
+            continue
+        share += a.nbytes / 4
+        for s in a.addressable_shards:
+            held[s.device] += s.data.nbytes
+    assert share > 0 and max(held.values()) <= 1.1 * share, (held, share)
+    got = np.asarray(nnx.jit(lambda m, x: m(x))(model, ids))
+    err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert err <= 1e-6, err
+    prompt = ids[:, :5]
+    a = np.asarray(fb.generate(ref, prompt, max_new_tokens=6))
+    b = np.asarray(fb.generate(model, prompt, max_new_tokens=6))
+    assert (a == b).all(), (a, b)
+    print("OK", err)
+""")
+
+
+def _env(devices: int) -> dict:
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+
+
+def test_mesh_load_shards_every_parameter_as_it_is_read(folder):
+    proc = subprocess.run([sys.executable, "-c", _MESH, str(folder)], env=_env(8), cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+_PROCESS = textwrap.dedent("""
+    import sys, json
+    import jax, numpy as np
+    folder, port, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    from flax import nnx
+    from jax.experimental import multihost_utils
+    import flax_blocks as fb
+    from flax_blocks import sharding as S, stream
+    ids = np.arange(24).reshape(2, 12) % 96
+    # "model" across the processes: its positions 0, 2 on process 0's devices, 1, 3 on process 1's
+    mine, theirs = jax.local_devices(), [d for d in jax.devices() if d.process_index != jax.process_index()]
+    first, second = (mine, theirs) if pid == 0 else (theirs, mine)
+    mesh = S.make_mesh(data=2, model=4, devices=[d for pair in zip(first, second) for d in pair])
+    before = stream.bytes_read()
+    model = fb.from_hf(folder, part="causal-lm", mesh=mesh)
+    read = stream.bytes_read() - before
+    sharded = replicated = 0
+    for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        a = v.get_value()
+        if a.sharding.is_fully_replicated:
+            replicated += a.nbytes
+        else:
+            sharded += a.nbytes
+    got = multihost_utils.process_allgather(nnx.jit(lambda m, x: m(x))(model, ids), tiled=True)
+    want = np.asarray(fb.from_hf(folder, part="causal-lm")(ids))
+    err = float(np.max(np.abs(np.asarray(got) - want)) / np.max(np.abs(want)))
+    print(json.dumps({"read": read, "sharded": sharded, "replicated": replicated, "err": err}))
+""")
+
+
+def test_two_processes_read_only_their_slices(folder):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", _PROCESS, str(folder), str(port), str(i)], env=_env(4), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-2000:] + err[-3000:]
+    for out, _ in outs:
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["err"] <= 1e-6, r
+        # each process reads every replicated tensor and half of each sharded one, nothing more
+        assert r["read"] <= r["replicated"] + 0.5 * r["sharded"] + 1024, r
+        assert r["read"] < r["replicated"] + r["sharded"], r
