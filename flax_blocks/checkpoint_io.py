@@ -14,9 +14,10 @@ import os
 import re
 from typing import Any, Iterable, Mapping
 
-import numpy as np
 
+from . import stream
 from .io_errors import torch_load_state_dict
+from .stream import to_numpy
 
 
 class ConversionError(ValueError):
@@ -27,24 +28,6 @@ class ConversionError(ValueError):
         super().__init__(f"{header}: {len(problems)} problem(s)\n  " + "\n  ".join(problems))
 
 
-def to_numpy(value: Any) -> np.ndarray:
-    """Array or torch tensor -> numpy, keeping bfloat16 (as ml_dtypes.bfloat16)."""
-    if type(value).__module__.startswith("torch"):
-        t = value.detach().cpu()
-        if str(t.dtype) == "torch.bfloat16":
-            import ml_dtypes
-
-            return t.view(dtype=_torch_int16()).numpy().view(ml_dtypes.bfloat16)
-        return t.numpy()
-    return np.asarray(value)
-
-
-def _torch_int16():
-    import torch
-
-    return torch.int16
-
-
 def read_state_dict(source: Any, *, lazy: bool = False) -> dict[str, Any]:
     """A mapping of arrays/tensors, a module with .state_dict(), or a path to a
     .safetensors / .pt / .pth / .bin file -> {name: numpy array}.
@@ -53,8 +36,6 @@ def read_state_dict(source: Any, *, lazy: bool = False) -> dict[str, Any]:
     and dtypes come from the file's header (safetensors) or a memory map (torch.load's
     mmap=True), and whose values are read, a tensor or a slice at a time, when placed. A
     mapping's Lazy values are kept as they are (read here when lazy is False)."""
-    from . import stream
-
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not os.path.exists(path):

@@ -190,6 +190,20 @@ def _resolve_shape(shape: Sequence[int], size: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def to_numpy(value: Any) -> np.ndarray:
+    """Array or torch tensor -> numpy (a view where it can be), keeping bfloat16 (as
+    ml_dtypes.bfloat16)."""
+    if type(value).__module__.startswith("torch"):
+        t = value.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            import ml_dtypes
+            import torch
+
+            return t.view(dtype=torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+    return np.asarray(value)
+
+
 def lazy(a: Any) -> Lazy:
     """`a` as a Lazy tensor (a numpy array or anything np.asarray reads is wrapped)."""
     return a if isinstance(a, Lazy) else Array(np.asarray(a))
@@ -251,14 +265,10 @@ class TorchTensor(Lazy):
     """A torch tensor (e.g. from torch.load(mmap=True)), read a slice at a time."""
 
     def __init__(self, t: Any):
-        from .checkpoint_io import to_numpy
-
         self.t, self.shape = t, tuple(t.shape)
         self.dtype = to_numpy(t.new_empty(0)).dtype
 
     def _read(self, index: Index) -> np.ndarray:
-        from .checkpoint_io import to_numpy
-
         t = self.t
         if self.shape and index[0] is not None:
             r = _rows(index[0], self.shape[0])
