@@ -774,6 +774,10 @@ def write_report(out: Path) -> Path:
         cpu = f" and {last['cpu_seconds']:.0f} s of CPU time" if last.get("cpu_seconds") is not None else ""
         timing = (f"the last invocation computed {last['cells_computed']} of them in {last['wall_seconds']:.0f} s "
                   f"wall-clock{cpu} (compiling, training and writing; not counting imports and this report)")
+        cc = last.get("compile_cache")
+        if cc and cc.get("dir"):
+            timing += (f"; {cc['hits']} of the {cc['requests']} compiled programs came from the persistent "
+                       "compilation cache")
         loads = [x for x in (last.get("load_average_before"), last.get("load_average_after")) if x]
         if loads:
             timing += (f"; the machine's 1-minute load average was {loads[0][0]:.1f} before and "

@@ -17,7 +17,9 @@ summary table on stdout, and OUT/report.md with PNG plots (experiments/report.py
 
 On CPU, programs are compiled at XLA/LLVM optimisation level 1 (--xla-opt-level): ~3x
 faster to compile than the default and as fast to run for these small models. Programs are
-traced up front and compiled on two worker threads while earlier groups train.
+traced and compiled on two worker threads, in order, while earlier groups train, through JAX's
+persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else ~/.cache/twin_blocks/jax;
+--no-compile-cache turns it off): a second run loads its programs instead of compiling them.
 Several processes or hosts: start the same command in each with --coordinator HOST:PORT
 --num-processes N --process-id I (or --distributed where jax detects the cluster); each
 group's runs are sharded over every process's devices, and process 0 writes the cells.
@@ -211,6 +213,41 @@ def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
     return [g for g in groups.values() if g.todo], all_names
 
 
+def compile_cache(enabled: bool = True) -> str | None:
+    """Turn on JAX's persistent compilation cache for this process; returns its folder.
+
+    JAX_COMPILATION_CACHE_DIR wins when set; else the user's cache folder
+    ($XDG_CACHE_HOME or ~/.cache, then twin_blocks/jax), shared by every checkout, so a second
+    `make run` (or a fresh clone on the same machine) loads its programs instead of compiling
+    them. enabled False (--no-compile-cache): no persistent cache."""
+    import jax
+
+    if not enabled:
+        jax.config.update("jax_compilation_cache_dir", None)
+        return None
+    folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "twin_blocks" / "jax")
+    jax.config.update("jax_compilation_cache_dir", folder)
+    return folder
+
+
+class CacheCount:
+    """How many compiled programs asked the persistent cache, and how many it held (JAX's
+    monitoring events), from its creation on."""
+
+    def __init__(self) -> None:
+        from jax import monitoring
+
+        self.requests = self.hits = 0
+        monitoring.register_event_listener(self._event)
+
+    def _event(self, event: str, **_: Any) -> None:
+        if event == "/jax/compilation_cache/compile_requests_use_cache":
+            self.requests += 1
+        elif event == "/jax/compilation_cache/cache_hits":
+            self.hits += 1
+
+
 def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int | None = None,
               opt_level: int | None = 1, xla_options: dict[str, Any] | None = None,
               command: str | None = None) -> list[str]:
@@ -226,6 +263,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     from .train import RunSpec, Trainer, TrainConfig, compiler_options, sample_pool
 
     start, cpu_start, load_before = time.time(), time.process_time(), _load()
+    cache = CacheCount()
     cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
     groups, names = plan(sweep, cells_dir)
@@ -251,8 +289,10 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
           f"{env['device_count']} x {env['device_kind']} ({env['platform']}); task {sweep.task}: "
           f"H = {task.optimal_loss:.3f}, unigram = {task.unigram_loss:.3f} nats", file=sys.stderr)
 
-    # Trace every group's program here; compile them on worker threads (XLA compiles without
-    # the GIL) while earlier groups train.
+    # Trace and compile every group's program on two worker threads, in order (XLA compiles
+    # without the GIL), while earlier groups train: the first group starts as soon as its own
+    # program is ready, not after every program is traced. Several processes trace here, in
+    # one order, so that their collectives meet.
     cost = [g.depth * len(g.todo) for g in groups]  # work ~ layers x runs
     bar = Progress(sum(cost) * sweep.steps, enabled=progress)
     pool_ex = ThreadPoolExecutor(max_workers=2)
@@ -260,12 +300,14 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     specs: list[list[RunSpec]] = []
     compiled: list[Future] = []
     for g in groups:
-        bar.update(0, f"tracing {g.variant} L{g.depth}")
         mcfg = ModelConfig(g.variant, g.depth, vocab=sweep.vocab, seq_len=sweep.seq_len,
                            d_model=sweep.d_model, num_heads=sweep.num_heads, d_ff=sweep.d_ff)
         tr = Trainer(mcfg, task, train_cfg, pool=pool, heldout=heldout, options=options)
         sp = [RunSpec(c["lr"], c["warmup"], c["seed"]) for c in g.todo]
-        compiled.append(pool_ex.submit(tr.compile, tr.lower(sp)))
+        if jax.process_count() > 1:  # every process traces in the same order (collectives in lockstep)
+            compiled.append(pool_ex.submit(tr.compile, tr.lower(sp)))
+        else:
+            compiled.append(pool_ex.submit(lambda tr=tr, sp=sp: tr.compile(tr.lower(sp))))  # traced there too
         trainers.append(tr)
         specs.append(sp)
 
@@ -298,6 +340,8 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
                             "wall_seconds": round(time.time() - start, 1),
                             "cpu_seconds": round(time.process_time() - cpu_start, 1),
                             "load_average_before": load_before, "load_average_after": _load(),
+                            "compile_cache": {"dir": jax.config.jax_compilation_cache_dir,
+                                              "requests": cache.requests, "hits": cache.hits},
                             "environment": env}
         (out / "sweep.json").write_text(json.dumps(meta, indent=1))
     return names
@@ -374,6 +418,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--estimate", action="store_true",
                    help="print the sweep's size (runs, run-layer-steps, FLOPs) and time estimates, run nothing")
     p.add_argument("--no-progress", action="store_true", help="no per-group progress lines")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="no persistent compilation cache (default: JAX_COMPILATION_CACHE_DIR, else "
+                        "~/.cache/twin_blocks/jax, shared by every checkout)")
     p.add_argument("--xla-opt-level", type=int, default=1,
                    help="XLA CPU (LLVM) optimisation level; 1 compiles ~3x faster than XLA's default "
                         "3 at equal speed for these models; -1 = XLA's default. Ignored off CPU.")
@@ -470,6 +517,8 @@ def estimate(sweep: Sweep) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import jax
+
+    compile_cache(not args.no_compile_cache)
 
     if args.distributed or args.coordinator or args.num_processes or args.process_id is not None:
         # On CPU the processes exchange data with gloo collectives over TCP (jax's default

@@ -400,6 +400,9 @@ def test_sweep_resume_devices_and_report(tmp_path):
     assert f"({len(first)} already done)" in log or "all 8 cells already" in log, log
     for name, mtime in first.items():
         assert (out / "cells" / name).stat().st_mtime_ns == mtime, f"{name} was recomputed"
+    last = json.loads((out / "sweep.json").read_text()).get("last_run")
+    if last and last["cells_computed"]:  # its programs were compiled by the first run: loaded from the cache
+        assert last["compile_cache"]["dir"] == str(cache) and last["compile_cache"]["hits"] >= 1, last
     got = _cells(out)
     assert got.keys() == ref.keys()
     for name in ref:
