@@ -7,9 +7,15 @@ Flax on first use (so `torch_blocks` can share the config without importing JAX)
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from .config import BlockConfig, FullyMaskedWarning, invert_mask
+
+try:
+    __version__ = version("twin-blocks")  # pyproject.toml's, as installed
+except PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 _LAZY = {
     "ResidualMHA": "blocks",
@@ -36,7 +42,7 @@ _LAZY = {
     "generate": "generation",
 }
 
-__all__ = ["BlockConfig", "FullyMaskedWarning", "invert_mask", *_LAZY]
+__all__ = ["__version__", "BlockConfig", "FullyMaskedWarning", "invert_mask", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

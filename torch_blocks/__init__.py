@@ -1,5 +1,6 @@
 """Residual transformer blocks for PyTorch, twins of `flax_blocks`, named like torch's own layers."""
 
+from flax_blocks import __version__
 from flax_blocks.config import BlockConfig, invert_mask
 
 from .attention import Attention, build_mask
@@ -7,6 +8,6 @@ from .blocks import Decoder, DecoderBlock, Encoder, FeedForward, ResidualMHA, Tr
 from .convert import to_tensor, to_tensors
 from .lm import LanguageModel
 
-__all__ = ["BlockConfig", "invert_mask", "Attention", "ResidualMHA", "FeedForward", "TransformerBlock", "Encoder",
+__all__ = ["__version__", "BlockConfig", "invert_mask", "Attention", "ResidualMHA", "FeedForward", "TransformerBlock", "Encoder",
            "DecoderBlock", "Decoder", "Transformer",
            "build_mask", "to_tensor", "to_tensors", "LanguageModel"]
