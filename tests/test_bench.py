@@ -74,3 +74,15 @@ def test_generation_bench_quick_run_checks_its_tokens(tmp_path):
         assert all(row["same_tokens"].values()) if isinstance(row["same_tokens"], dict) else row["same_tokens"], row
         assert all(row[k] > 0 for k in row if k.endswith("_tok_s")) and row.get("cached_speedup", {"median": 1})["median"] > 0
     assert "| fb / HF |" in (tmp_path / "generate.md").read_text()
+
+
+def test_lab_bench_torch_loop_trains_the_labs_model():
+    """The loop the lab is measured against learns the lab's task (its held-out loss falls well
+    below ln(vocab), the loss at initialisation), with and without warmup."""
+    import math
+
+    from experiments import lab_bench
+
+    out = lab_bench.torch_loop(runs=[(3e-3, 0, 0), (3e-3, 5, 1)], steps=40)
+    assert out["seconds"] > 0 and len(out["heldout"]) == 2
+    assert all(h < math.log(32) - 0.5 for h in out["heldout"]), out
