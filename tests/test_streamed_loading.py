@@ -200,6 +200,24 @@ def test_header_with_a_wrong_shape_refused_before_any_weight_is_read(folder, tmp
     _refused_before_reading(bad, ConversionError, r"down_proj.weight|shape")
 
 
+def test_hub_id_loads_from_the_local_cache_offline(folder, tmp_path, monkeypatch):
+    """huggingface_hub's cache layout (models--org--name/refs/main, snapshots/<commit>/...)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--tiny-llama"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for p in folder.iterdir():
+        (snapshot / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    got, want = _params(fb.from_hf("org/tiny-llama", part="causal-lm")), _params(fb.from_hf(folder, part="causal-lm"))
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    with pytest.raises(FileNotFoundError, match="'org/missing' is not in the Hugging Face cache"):
+        fb.from_hf("org/missing", part="causal-lm")
+
+
 def test_progress_bar_only_on_a_terminal():
     class Tty(io.StringIO):
         def isatty(self):
@@ -252,6 +270,9 @@ _MESH = textwrap.dedent("""
     got = np.asarray(nnx.jit(lambda m, x: m(x))(model, ids))
     err = np.max(np.abs(got - want)) / np.max(np.abs(want))
     assert err <= 1e-6, err
+    stack_ref, stack = fb.from_hf(folder), fb.from_hf(folder, mesh=mesh)  # the stack alone, sharded too
+    x = np.random.default_rng(0).standard_normal((2, 12, 32)).astype(np.float32)
+    assert np.abs(np.asarray(stack(x)) - np.asarray(stack_ref(x))).max() <= 1e-5
     prompt = ids[:, :5]
     a = np.asarray(fb.generate(ref, prompt, max_new_tokens=6))
     b = np.asarray(fb.generate(model, prompt, max_new_tokens=6))
