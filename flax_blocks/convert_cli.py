@@ -8,9 +8,9 @@ torch -> Flax: SRC is a .pt/.pth (needs torch) or .safetensors with torch names;
 Flax -> torch: SRC is such a Flax .safetensors; DST a .safetensors, or a .pt/.pth written
   with torch.save (needs torch) holding a state dict with torch names.
 
-Other PyTorch checkpoint dialects (--dialect, detected from the key names by default): hf-bert
-  (BERT / RoBERTa), hf-gpt2, hf-llama (LLaMA / Mistral / Qwen2), hf-distilbert, hf-opt, hf-vit,
-  hf-phi3; only the stack (layers, final norm) is read. A
+Other PyTorch checkpoint dialects (--dialect, detected from the key names by default): the
+  Hugging Face families of flax_blocks.dialects.DIALECTS (hf-bert, hf-gpt2, hf-llama, ...; listed
+  by --help and in docs/dialects.md); only the stack (layers, final norm) is read. A
   Hugging Face save_pretrained folder as SRC carries its own config: no flags needed.
   Flax -> torch with --dialect hf-*: DST gets the Hugging Face names of the stack.
 

@@ -565,6 +565,11 @@ def _stack_keys(keys: list[str], lay: Dialect) -> list[str]:
     return hits
 
 
+class UnknownDialectError(ConversionError):
+    """No dialect recognises a checkpoint's keys (a ConversionError; the loaders read such a
+    checkpoint as our own names and report the keys they miss)."""
+
+
 def detect_dialect(source: Any) -> str:
     """The name of the dialect whose stack keys the state dict holds (one of DIALECTS). source: a mapping of name -> array, a module with .state_dict() or a path.
     Raises ConversionError when no dialect or several recognise the keys, listing the dialects
@@ -590,7 +595,7 @@ def detect_dialect(source: Any) -> str:
         return winners[0]
     known = "; ".join(f"{lay.name}: {lay.description}" for lay in DIALECTS.values())
     what = "several dialects fit equally" if winners else "no dialect recognises these keys"
-    raise ConversionError([f"the keys' roots are {_roots(keys)}", f"dialects: {known}",
+    raise (ConversionError if winners else UnknownDialectError)([f"the keys' roots are {_roots(keys)}", f"dialects: {known}",
                            "pass dialect= (--dialect) to choose one"],
                           header=f"cannot detect the checkpoint dialect ({what})")
 
@@ -848,9 +853,7 @@ def prepare(source: Any, dialect: str | None, prefix: str = "",
     if dialect is None:
         try:
             dialect = detect_dialect(sd)
-        except ConversionError as e:
-            if "no dialect" not in str(e):
-                raise
+        except UnknownDialectError as e:
             dialect, hint = "torch", f"{e.args[0].splitlines()[0]}: " + "; ".join(e.problems[:2])
         else:
             if dialect != "torch":

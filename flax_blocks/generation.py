@@ -90,8 +90,8 @@ def _generate(graphdef, state, layers, ids, mask, key, *, max_new_tokens, temper
         return i + 1, nxt, cache, done, out
 
     carry = (jnp.ones((), jnp.int32), token, cache, done, out)
-    _, _, cache, _, out = jax.lax.while_loop(cond, body, carry)
-    return jnp.concatenate([ids.astype(jnp.int32), out], axis=1), cache["overflow"]
+    out = jax.lax.while_loop(cond, body, carry)[-1]
+    return jnp.concatenate([ids.astype(jnp.int32), out], axis=1)  # the cache holds t + max_new_tokens: no overflow
 
 
 def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, temperature: float = 0.0,
@@ -149,7 +149,7 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, temp
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
     layers = _layer_weights(graphdef, state)
-    out, overflow = _generate(graphdef, state, layers, ids, jnp.asarray(mask), key, max_new_tokens=max_new_tokens,
+    out = _generate(graphdef, state, layers, ids, jnp.asarray(mask), key, max_new_tokens=max_new_tokens,
                               temperature=float(temperature), top_k=top_k,
                               top_p=None if top_p is None else float(top_p),
                               eos=None if eos_token_id is None else int(eos_token_id),

@@ -126,7 +126,7 @@ class Norm(nnx.Module):
     statistics in float32 at least, times scale (or offset + scale, cfg.norm_weight_offset:
     Gemma's RMSNorm); or DyT (Zhu et al. 2025), scale * tanh(alpha * x) + bias,
     in the compute dtype. Params: scale (width,), bias (width,) for LayerNorm and DyT with
-    cfg.bias, alpha () for DyT."""
+    cfg.has_norm_bias, alpha () for DyT."""
 
     def __init__(self, cfg: BlockConfig, component: Component, *, rngs: nnx.Rngs,
                  values: dict[str, Any] | None = None):

@@ -66,7 +66,7 @@ class Norm(nn.Module):
     """LayerNorm or RMSNorm over the last axis, with the config's eps (torch's own kernels),
     or DyT (Zhu et al. 2025), weight * tanh(alpha * x) + bias; with cfg.norm_weight_offset
     (Gemma's RMSNorm: 1) every weight w enters as offset + w. Params: weight (width,), bias
-    (width,) for LayerNorm and DyT with cfg.bias, alpha () for DyT."""
+    (width,) for LayerNorm and DyT with cfg.has_norm_bias, alpha () for DyT."""
 
     def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
         super().__init__()
