@@ -62,7 +62,7 @@ def torch_loop(runs: list[tuple[float, int, int]] | None = None, steps: int = ST
 
     from .model import ModelConfig
     from .tasks import make_task
-    from .train import TrainConfig
+    from .train import TrainConfig, sample_pool
 
     if threads:
         torch.set_num_threads(threads)
@@ -73,8 +73,8 @@ def torch_loop(runs: list[tuple[float, int, int]] | None = None, steps: int = ST
                       d_ff=sw.d_ff)
     tc = TrainConfig(steps=steps, batch=sw.batch, chunk=steps, heldout=sw.heldout)
     rng = np.random.default_rng(0)  # batch indices into the task's pool (the lab draws them with JAX)
-    pool = torch.from_numpy(np.array(_pool(task, tc.pool, tc.pool_seed))).long()
-    heldout = torch.from_numpy(np.array(_pool(task, tc.heldout, tc.heldout_seed))).long()
+    pool = torch.from_numpy(np.array(sample_pool(task, tc.pool, tc.pool_seed))).long()
+    heldout = torch.from_numpy(np.array(sample_pool(task, tc.heldout, tc.heldout_seed))).long()
     weights = torch.from_numpy(np.array(task.weights(), np.float32))
     start, last = time.perf_counter(), []
     for lr, warmup, seed in runs:
@@ -97,12 +97,6 @@ def torch_loop(runs: list[tuple[float, int, int]] | None = None, steps: int = ST
                 heldout_loss = float((ce * weights).sum() / (len(heldout) * weights.sum()))
         last.append(heldout_loss)
     return {"seconds": time.perf_counter() - start, "heldout": last}
-
-
-def _pool(task, n: int, seed: int):
-    from .train import sample_pool
-
-    return sample_pool(task, n, seed)
 
 
 def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:

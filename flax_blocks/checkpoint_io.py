@@ -14,7 +14,6 @@ import os
 import re
 from typing import Any, Iterable, Mapping
 
-
 from . import stream
 from .io_errors import torch_load_state_dict
 from .stream import to_numpy

@@ -182,7 +182,12 @@ def logical_to_spec(axes: Sequence[Any], rules: Any, mesh: Mesh | None = None) -
     def one(name: str) -> tuple[str, ...]:
         if name in rules:
             m = rules[name]
-            return () if m is None else (m,) if isinstance(m, str) else m
+            targets = () if m is None else (m,) if isinstance(m, str) else m
+            missing = [t for t in targets if mesh_names is not None and t not in mesh_names]
+            if missing:
+                raise ValueError(f"rule {name!r} -> {m!r}: the mesh has no axis {missing[0]!r} (its axes: "
+                                 f"{tuple(mesh.axis_names)}); map {name!r} to one of them, or to None to replicate")
+            return targets
         if mesh_names is not None and name in mesh_names:
             return (name,)
         if name in LOGICAL_AXES:
@@ -282,19 +287,26 @@ def _is_spec(x: Any) -> bool:
     return isinstance(x, (PartitionSpec, NamedSharding))
 
 
+def indivisible(name: str, shape: Sequence[int], spec: PartitionSpec, mesh: Mesh) -> list[str]:
+    """Each dimension of an array of `shape` that its `spec` splits unevenly on `mesh`, as
+    'name: dim d of size s is not divisible by axis=n' (empty: it shards)."""
+    errors = []
+    for dim, (size, axis) in enumerate(zip(shape, spec)):
+        if axis is None:
+            continue
+        n = 1
+        for m in (axis,) if isinstance(axis, str) else axis:
+            n *= mesh.shape[m]
+        if size % n:
+            errors.append(f"{name}: dim {dim} of size {size} is not divisible by {axis}={n}")
+    return errors
+
+
 def _check_divisible(state: Any, specs: Any, mesh: Mesh) -> None:
     errors: list[str] = []
 
     def check(path, leaf, spec):
-        shape, spec = getattr(_unwrap(leaf), "shape", ()), _unwrap(spec)
-        for dim, (size, axis) in enumerate(zip(shape, spec)):
-            if axis is None:
-                continue
-            n = 1
-            for name in (axis,) if isinstance(axis, str) else axis:
-                n *= mesh.shape[name]
-            if size % n:
-                errors.append(f"{path_str(path)}: dim {dim} of size {size} is not divisible by {axis}={n}")
+        errors.extend(indivisible(path_str(path), getattr(_unwrap(leaf), "shape", ()), _unwrap(spec), mesh))
 
     jax.tree_util.tree_map_with_path(check, state, specs, is_leaf=_is_variable)
     if errors:

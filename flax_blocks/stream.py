@@ -27,13 +27,13 @@ import os
 import struct
 import sys
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 Index = tuple[Any, ...]
 
-_READ = {"bytes": 0, "tensors": 0}
+_READ = {"bytes": 0}
 
 
 def bytes_read() -> int:
@@ -43,7 +43,6 @@ def bytes_read() -> int:
 
 def _count(nbytes: int) -> None:
     _READ["bytes"] += int(nbytes)
-    _READ["tensors"] += 1
 
 
 def _norm_index(index: Any, shape: tuple[int, ...]) -> Index:
@@ -605,18 +604,3 @@ class Progress:
         if self.on:
             self.stream.write("\n")
             self.stream.flush()
-
-
-def sources(values: Iterable[Any]) -> Mapping[int, Lazy]:
-    """The file tensors (by id) that some Lazy tensors read from."""
-    out: dict[int, Lazy] = {}
-    stack = list(values)
-    while stack:
-        v = stack.pop()
-        if isinstance(v, (FileTensor, TorchTensor)):
-            out[id(v)] = v
-        for attr in ("src", "parts", "items"):
-            child = getattr(v, attr, None)
-            if child is not None:
-                stack.extend(child if isinstance(child, list) else [child])
-    return out

@@ -339,3 +339,15 @@ def test_two_processes_read_only_their_slices(folder):
         # each process reads every replicated tensor and half of each sharded one, nothing more
         assert r["read"] <= r["replicated"] + 0.5 * r["sharded"] + 1024, r
         assert r["read"] < r["replicated"] + r["sharded"], r
+
+
+def test_rules_naming_an_axis_the_mesh_lacks_are_refused_by_name(folder):
+    """A user's rules written for another mesh ("tensor" where the mesh says "model")."""
+    from jax.sharding import Mesh
+
+    from flax_blocks.sharding import TENSOR_PARALLEL, logical_to_spec
+
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+    assert logical_to_spec(("embed", "heads"), TENSOR_PARALLEL, mesh) == jax.sharding.PartitionSpec(None, "model")
+    with pytest.raises(ConversionError, match=r"rule 'heads' -> 'tensor': the mesh has no axis 'tensor'"):
+        fb.from_hf(folder, part="causal-lm", mesh=mesh, rules={"heads": "tensor"})

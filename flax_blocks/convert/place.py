@@ -28,18 +28,21 @@ from ..checkpoint_io import ConversionError
 CHUNK_BYTES = 4 * 2**20  # a slice above this is built on its device a chunk of about this size at a time
 
 
-def sharding_for(var: Any, mesh: Any, rules: Any) -> Any:
+def sharding_for(var: Any, mesh: Any, rules: Any, name: str = "") -> Any:
     """The sharding a variable's value is placed with: on `mesh`, its annotation through
     `rules`; else the sharding of a value it already has (a module loaded in place keeps
     its placement); else None (the default device, uncommitted)."""
     import jax
     from jax.sharding import NamedSharding
 
-    from ..sharding import TENSOR_PARALLEL, annotation, logical_to_spec
+    from ..sharding import TENSOR_PARALLEL, _variable_spec, as_rules
 
-    if mesh is not None:
-        axes = annotation(var) or ()
-        return NamedSharding(mesh, logical_to_spec(axes, TENSOR_PARALLEL if rules is None else rules, mesh))
+    if mesh is not None:  # what shard_model would give it
+        try:
+            return NamedSharding(mesh, _variable_spec((name,), var, as_rules(TENSOR_PARALLEL if rules is None else rules),
+                                                      mesh))
+        except KeyError as e:
+            raise ConversionError([str(e.args[0])], header="cannot place these weights") from None
     value = var.get_value()
     if isinstance(value, jax.Array) and getattr(value, "committed", False):
         return value.sharding
@@ -47,19 +50,15 @@ def sharding_for(var: Any, mesh: Any, rules: Any) -> Any:
 
 
 def _problems(variables: Mapping[str, Any], values: Mapping[str, Any], shardings: Mapping[str, Any]) -> list[str]:
+    from ..sharding import indivisible
+
     problems = []
     for path, a in values.items():
         want = tuple(variables[path].get_value().shape)
         if tuple(a.shape) != want:
             problems.append(f"{path}: planned shape {tuple(a.shape)}, the parameter's is {want}")
-            continue
-        s = shardings[path]
-        if s is not None:
-            for dim, (size, axis) in enumerate(zip(want, s.spec, strict=False)):
-                n = 1 if axis is None else int(np.prod([s.mesh.shape[m] for m in ((axis,) if isinstance(axis, str)
-                                                                                     else axis)]))
-                if size % n:
-                    problems.append(f"{path}: dim {dim} of size {size} is not divisible by {axis}={n} of the mesh")
+        elif (s := shardings[path]) is not None:
+            problems += indivisible(path, want, s.spec, s.mesh)
     return problems
 
 
@@ -68,7 +67,7 @@ def place_all(variables: Mapping[str, Any], values: Mapping[str, Any], *, mesh: 
     """Write `values` ({path: Lazy or array}) into `variables` ({path: nnx.Variable}), each
     placed with `sharding_for` its variable; all are made before any is written."""
     values = {p: stream.lazy(a) for p, a in values.items()}
-    shardings = {p: sharding_for(variables[p], mesh, rules) for p in values}
+    shardings = {p: sharding_for(variables[p], mesh, rules, p) for p in values}
     problems = _problems(variables, values, shardings)
     if problems:
         raise ConversionError(problems, header="cannot place these weights")
