@@ -233,6 +233,7 @@ class LanguageModel(nnx.Module):
         stack's (by the converter) before anything is written. A file is read tensor by
         tensor as each is placed (on `mesh` by `rules` when given: `load_torch_state_dict`)."""
         from .convert import load_torch_state_dict
+        from .convert.load import _np_dtype
         from .convert.place import place_all
 
         if not strict:
@@ -251,7 +252,7 @@ class LanguageModel(nnx.Module):
                               mesh=mesh, rules=rules)
         variables, values = {}, {}
         for t, (name, p) in own.items():
-            a = stream.lazy(sd[t]) if dtype is None else stream.lazy(sd[t]).astype(jnp.dtype(dtype))
+            a = stream.lazy(sd[t]) if dtype is None else stream.lazy(sd[t]).astype(_np_dtype(dtype))  # torch's too
             variables[t], values[t] = getattr(getattr(self, name), p.flax), p.transform.to_flax(a, self.cfg)
         place_all(variables, values, mesh=mesh, rules=rules)
 

@@ -143,6 +143,8 @@ def test_bfloat16_stays_bfloat16_unless_asked(tmp_path):
     got = _params(cast)
     assert {str(v.dtype) for v in got.values()} == {"float32"}
     assert all(np.array_equal(got[k], v.astype(np.float32)) for k, v in _params(model).items())
+    as_torch = _params(fb.from_hf(folder, part="causal-lm", dtype=torch.float32))  # the other framework's dtype
+    assert all(np.array_equal(as_torch[k], got[k]) and as_torch[k].dtype == got[k].dtype for k in got)
 
 
 def test_bin_files_are_memory_mapped(tmp_path, folder):
