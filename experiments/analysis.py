@@ -14,21 +14,25 @@ PLATEAU_FRACTION = 0.5  # a run fails if it has not covered half of the way from
 
 
 def failure(heldout_loss: Sequence[float], train_loss: Sequence[float], l0: float,
-            optimal_loss: float, fraction: float = PLATEAU_FRACTION) -> dict:
+            optimal_loss: float, fraction: float = PLATEAU_FRACTION, start: float | None = None) -> dict:
     """Classify one run as "trained", "plateau" or "diverged".
 
     heldout_loss: held-out loss after each step (steps,); train_loss: (steps,);
-    l0: held-out loss at initialisation; optimal_loss: the task's H.
+    l0: held-out loss at initialisation; optimal_loss: the task's H (text: its n-gram reference).
+    start: where the way to H is measured from (default l0). The text task passes its unigram
+    loss: there "trained" means half of the way from a context-free model to the n-gram
+    reference, so a run that learned only character frequencies fails.
 
     diverged: a non-finite loss (or non-finite l0); `step` is the first such step (1-based:
       the loss after `step` updates; a non-finite training loss at index i counts as step i).
-    plateau: final held-out loss > l0 - fraction * (l0 - H); `step` is the first step
+    plateau: final held-out loss > s - fraction * (s - H), s = start or l0; `step` is the first step
       from which the held-out loss stays above that threshold to the end (0: it never got below).
     Returns {"status", "step", "final_loss", "threshold"}.
     """
     held = np.asarray(heldout_loss, np.float64)
     train = np.asarray(train_loss, np.float64)
-    threshold = l0 - fraction * (l0 - optimal_loss)
+    s = l0 if start is None else start
+    threshold = s - fraction * (s - optimal_loss)
     bad_train = np.flatnonzero(~np.isfinite(train))
     bad_held = np.flatnonzero(~np.isfinite(held))
     if not math.isfinite(l0) or bad_train.size or bad_held.size:

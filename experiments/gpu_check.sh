@@ -9,7 +9,9 @@
 #      against jax.nn.dot_product_attention on cuDNN, T 2048-8192, bfloat16, with MFU;
 #   4. a short slice of the `full` lab preset (issue 25): every variant of the preset at 6
 #      and 48 layers, two learning rates, one seed, 200 steps, with its report
-#      (`python -m experiments.stability --preset full --estimate` sizes the whole preset).
+#      (`python -m experiments.stability --preset full --estimate` sizes the whole preset);
+#   5. the same slice of `full-text` (issue 38): the grid on characters of CPython's
+#      documentation at d_model 128.
 # SKIP="1 2" skips steps by number.
 set -euo pipefail
 OUT=${OUT:-gpu-results}
@@ -25,3 +27,5 @@ run 3 bash -c ".venv-gpu/bin/python -m experiments.long_attention --vs-library c
     --seqs 2048,4096,8192 --reps 10 --peak-tflops $PEAK_BF16 2>&1 | tee '$OUT/attention-vs-cudnn.log'"
 run 4 bash -c ".venv-gpu/bin/python -m experiments.stability --preset full --depths 6,48 --lrs 1e-3,1e-2 \
     --warmups 0 --seeds 1 --steps 200 --out '$OUT/full-slice' 2>&1 | tail -n 30 | tee '$OUT/full-slice.log'"
+run 5 bash -c ".venv-gpu/bin/python -m experiments.stability --preset full-text --depths 6,48 --lrs 1e-3,1e-2 \
+    --warmups 0 --seeds 1 --steps 200 --out '$OUT/full-text-slice' 2>&1 | tail -n 30 | tee '$OUT/full-text-slice.log'"

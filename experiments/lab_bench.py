@@ -8,7 +8,8 @@ The group: pre-LN, 6 layers, the `cpu` preset's model (d_model 32, 2 heads, d_ff
 steps each (a slice of the preset's 400).
   lab cold   `python -m experiments.stability --preset cpu --variants pre --depths 6 --steps 100`
              in a fresh process with an empty persistent compilation cache (tracing and
-             compiling included), wall time of the process;
+             compiling included), wall time of the process; the lab's default layout (the
+             runs split over one CPU device per core);
   lab warm   the same command again, into a new folder, with the cache the cold run filled;
   torch      the torch twin (`torch_blocks.LanguageModel`, the lab's config and init
              distributions) trained run after run, as a researcher writes it: Adam (b1 0.9,
@@ -74,7 +75,7 @@ def torch_loop(runs: list[tuple[float, int, int]] | None = None, steps: int = ST
     tc = TrainConfig(steps=steps, batch=sw.batch, chunk=steps, heldout=sw.heldout)
     rng = np.random.default_rng(0)  # batch indices into the task's pool (the lab draws them with JAX)
     pool = torch.from_numpy(np.array(sample_pool(task, tc.pool, tc.pool_seed))).long()
-    heldout = torch.from_numpy(np.array(sample_pool(task, tc.heldout, tc.heldout_seed))).long()
+    heldout = torch.from_numpy(np.array(sample_pool(task, tc.heldout, tc.heldout_seed, split="heldout"))).long()
     weights = torch.from_numpy(np.array(task.weights(), np.float32))
     start, last = time.perf_counter(), []
     for lr, warmup, seed in runs:

@@ -1,5 +1,5 @@
 """The sweeps: `Sweep` (a grid of runs) and the named presets `make run` and
-`python -m experiments.stability --preset NAME` take (quick, cpu, full). Read by the runner
+`python -m experiments.stability --preset NAME` take (quick, cpu, depth, outward-*, full, full-text). Read by the runner
 (experiments.stability) and by the report (experiments.report) alike."""
 
 from __future__ import annotations
@@ -126,6 +126,22 @@ PRESETS: dict[str, Sweep] = {
         lrs=(1e-3, 3e-3, 1e-2), warmups=(0,), seeds=2,
         seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=200, batch=16, chunk=25, heldout=32,
     ),
+    # The outward study (issue 38, experiments/outward.py): the depth study's six placements,
+    # learning rates, seeds, steps and batch at 6, 12 and 24 layers, at d_model 64 (4 heads,
+    # d_ff 256), once on the Markov task and once on real text (characters of CPython's
+    # documentation; vocab 0 = the corpus's alphabet). Sized before it was run: 108 runs,
+    # 302k run-layer-steps per setting, ~3.8 ms each at d64 with the runs split over the two
+    # cores (measured on one group under load and scaled): ~19 min per setting on this CPU.
+    "outward-markov": Sweep(
+        name="outward-markov", variants=("post", "pre", "deepnorm", "peri", "pre-dyt", "pre-lns"),
+        depths=(6, 12, 24), lrs=(1e-3, 3e-3, 1e-2), warmups=(0,), seeds=2,
+        seq_len=16, d_model=64, num_heads=4, d_ff=256, steps=200, batch=16, chunk=25, heldout=32,
+    ),
+    "outward-text": Sweep(
+        name="outward-text", task="text", vocab=0, variants=("post", "pre", "deepnorm", "peri", "pre-dyt", "pre-lns"),
+        depths=(6, 12, 24), lrs=(1e-3, 3e-3, 1e-2), warmups=(0,), seeds=2,
+        seq_len=16, d_model=64, num_heads=4, d_ff=256, steps=200, batch=16, chunk=25, heldout=32,
+    ),
     # For an accelerator: every variant, 6-48 layers, the model of the DESIGN prototype
     # (d_model 64, 4 heads, d_ff 256, context 32, batch 32), 2,000 steps, six learning rates
     # over 333x, warmup 0 / 500, three seeds: 1,584 runs in 44 programs, 71 M run-layer-steps,
@@ -137,5 +153,15 @@ PRESETS: dict[str, Sweep] = {
                                "layerscale", "pre-dyt", "pre-lns"),
         depths=(6, 12, 24, 48), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1), warmups=(0, 500), seeds=3,
         d_model=64, num_heads=4, d_ff=256, steps=2000, batch=32, chunk=100, heldout=32,
+    ),
+    # The `full` grid on the text task at d_model 128 (8 heads, d_ff 512), for an accelerator:
+    # the outward study's question (do the verdicts hold on real text at a width people train?)
+    # at the full grid's depths, learning rates, warmups and seeds; vocab 0 = the corpus's.
+    "full-text": Sweep(
+        name="full-text", task="text", vocab=0,
+        variants=("post", "pre", "peri", "pre-rms", "pre-qknorm", "deepnorm", "noskip", "rezero",
+                  "layerscale", "pre-dyt", "pre-lns"),
+        depths=(6, 12, 24, 48), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1), warmups=(0, 500), seeds=3,
+        seq_len=32, d_model=128, num_heads=8, d_ff=512, steps=2000, batch=32, chunk=100, heldout=32,
     ),
 }

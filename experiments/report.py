@@ -636,7 +636,7 @@ def answer(d: Data, verdicts: list[tuple[str, str, str, str]]) -> str:
     said = " ".join(f"**{k.capitalize()}**: {'; '.join(by_verdict[k])}." for k in
                      ("agrees", "partly agrees", "does not agree", "inconclusive", "not measured") if by_verdict[k])
     return (
-        "Which placements train here (held-out loss below half-way from init to H, majority of seeds, no warmup), "
+        "Which placements train here (held-out loss past half-way to H by the failure rule under Setup, majority of seeds, no warmup), "
         "by depth: the learning rates at which each trains -- " + "; ".join(parts) + ". "
         f"At {deepest} layers, the best final loss over the LR grid (H = {h:.3f}): "
         + ", ".join(f"`{v}` {x:.3f} (lr {lr:g})" for v, (lr, x) in ranked) + ". "
@@ -752,6 +752,24 @@ def entropy_table(d: Data) -> str:
     return "\n".join(lines)
 
 
+def task_line(sweep: dict, task: dict) -> str:
+    """The setup's line on the task: what H is, and the unigram loss."""
+    if sweep["task"] == "text":
+        return (f"- Task `text`: characters of CPython {task.get('python', '?')}'s documentation "
+                f"(`pydoc_data.topics`, sha256 {task.get('corpus_sha256', '?')[:12]}...), "
+                f"{task.get('train_chars', '?')} training and {task.get('heldout_chars', '?')} held-out characters "
+                f"from topics split apart (held out: {', '.join(task.get('heldout_topics', []))}); vocabulary "
+                f"{sweep['vocab']} symbols, context {sweep['seq_len']}. Its optimum is unknown; H below is a "
+                f"reference, the held-out cross-entropy of a {task.get('reference', 'n-gram')} model trained on "
+                f"the training text ({task['optimal_loss']:.3f} nats/char; a model can beat it), and the add-one "
+                f"unigram's is {task['unigram_loss']:.3f} (ln {sweep['vocab']} = {math.log(sweep['vocab']):.3f}).")
+    return (f"- Task `{sweep['task']}`: vocabulary {sweep['vocab']}, context {sweep['seq_len']}; optimal loss "
+            f"H = {task['optimal_loss']:.3f} nats (the chain's entropy rate), context-free (unigram) loss "
+            f"{task['unigram_loss']:.3f}" + (f"; the true chain scores {task['heldout_optimal_loss']:.3f} on the "
+            f"held-out batch ({sweep['heldout']} sequences), the sampling noise of every held-out loss below"
+            if task.get("heldout_optimal_loss") is not None else "") + ".")
+
+
 def write_report(out: Path) -> Path:
     """Write OUT/report.md and the PNG plots next to it; returns the report's path."""
     out = Path(out)
@@ -766,7 +784,8 @@ def write_report(out: Path) -> Path:
     from dataclasses import asdict
 
     preset = PRESETS.get(sweep["name"])
-    same = preset is not None and json.loads(json.dumps(asdict(preset))) == sweep
+    resolved = {**sweep, "vocab": 0} if preset is not None and preset.vocab == 0 else sweep  # text: the corpus's
+    same = preset is not None and json.loads(json.dumps(asdict(preset))) == resolved
     preset_note = "" if same else ", modified"
     last = meta.get("last_run")
     timing = "timing not recorded"
@@ -801,11 +820,7 @@ def write_report(out: Path) -> Path:
         "",
         "## Setup",
         "",
-        f"- Task `{sweep['task']}`: vocabulary {sweep['vocab']}, context {sweep['seq_len']}; optimal loss "
-        f"H = {task['optimal_loss']:.3f} nats (the chain's entropy rate), context-free (unigram) loss "
-        f"{task['unigram_loss']:.3f}" + (f"; the true chain scores {task['heldout_optimal_loss']:.3f} on the "
-        f"held-out batch ({sweep['heldout']} sequences), the sampling noise of every held-out loss below"
-        if task.get("heldout_optimal_loss") is not None else "") + ".",
+        task_line(sweep, task),
         f"- Model: token + learned position embedding, causal `flax_blocks.Encoder`, linear head; "
         f"d_model {sweep['d_model']}, {sweep['num_heads']} heads, d_ff {sweep['d_ff']}, ReLU, no dropout. "
         "Init for every variant: xavier-uniform matrices, zero biases (`BlockConfig(init='xavier')`; "
@@ -818,9 +833,13 @@ def write_report(out: Path) -> Path:
            and len(d.warmups) > 1 else "") + "; "
         f"{sweep['seeds']} seeds; {sweep['steps']} steps of Adam (0.9, 0.98, eps 1e-9), batch "
         f"{sweep['batch']} x {sweep['seq_len']} tokens, no clipping, no weight decay.",
-        f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
-        f"l0 − {PLATEAU_FRACTION} (l0 − H) with l0 the held-out loss at init (\"plateau\"). The fail step "
-        "is the first non-finite step, or the step from which the loss stayed above that line.",
+        (f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
+         f"U − {PLATEAU_FRACTION} (U − H) with U the unigram loss and H the n-gram reference (\"plateau\"): "
+         "a run must cover half of the way from a context-free model to the n-gram model"
+         if sweep["task"] == "text" else
+         f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
+         f"l0 − {PLATEAU_FRACTION} (l0 − H) with l0 the held-out loss at init (\"plateau\")")
+        + ". The fail step is the first non-finite step, or the step from which the loss stayed above that line.",
         f"- Measured per run: training and held-out loss, gradient global norm and update size every step; "
         "per-layer gradient norms (whole layer, FFN W2, attention) at the first step of every chunk of "
         f"{sweep['chunk']} steps and their means over the chunk; on the held-out batch, at the start of every "

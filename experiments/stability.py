@@ -7,7 +7,9 @@
     python -m experiments.stability --depths 6,24 --variants post,pre --lrs 1e-3,1e-2 \\
         --warmups 0,100 --seeds 3 --out /tmp/sweep
 
-The grid is task x variant x depth x learning rate x warmup x seed. Runs that share a
+The grid is task x variant x depth x learning rate x warmup x seed; the task is a random
+Markov chain (markov, the default), a copy task, or real text (--task text: characters of
+CPython's documentation, experiments/text.py). Runs that share a
 (variant, depth) are one compiled program, vmapped over their (lr, warmup, seed) and
 sharded over the devices (see experiments/train.py). Every finished run ("cell") is written
 at once to OUT/cells/<name>-<hash>.json with its config, metrics and environment; a rerun
@@ -15,6 +17,10 @@ skips cells already on disk, so an interrupted sweep resumes where it stopped an
 same numbers. Diverged runs are results (status "diverged"), not errors. At the end: a
 summary table on stdout, and OUT/report.md with PNG plots (experiments/report.py).
 
+On CPU, each group's runs are split over one simulated CPU device per core (at most 8;
+--cpu-devices N): XLA:CPU keeps about one core busy per device on these small programs, so
+two devices on two cores train a group ~1.9x faster than one. A run's numbers depend in their
+last bits on how many runs share its device; the cells record the device count.
 On CPU, programs are compiled at XLA/LLVM optimisation level 1 (--xla-opt-level): ~3x
 faster to compile than the default and as fast to run for these small models. Programs are
 traced and compiled on two worker threads, in order, while earlier groups train, through JAX's
@@ -51,6 +57,7 @@ import numpy as np
 from .analysis import failure
 from .model import VARIANTS
 from .presets import PRESETS, Sweep
+from .tasks import TASKS
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -60,17 +67,39 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 # ------------------------------------------------------------------------------------
 
 
-CELL_VERSION = 3  # bump when a code change alters results, so old cells are not reused
+CELL_VERSION = 4  # bump when a code change alters results, so old cells are not reused
+# (4: each group's runs split over one CPU device per core by default, see cpu_devices)
 
 
 def cell_config(sweep: Sweep, variant: str, depth: int, lr: float, warmup: int, seed: int) -> dict:
-    """Everything that determines one run's result (and nothing else)."""
-    return {
-        "version": CELL_VERSION, "task": sweep.task, "vocab": sweep.vocab, "seq_len": sweep.seq_len, "task_seed": sweep.task_seed,
-        "variant": variant, "depth": depth, "d_model": sweep.d_model, "num_heads": sweep.num_heads,
-        "d_ff": sweep.d_ff, "lr": float(lr), "warmup": int(warmup), "seed": int(seed),
-        "steps": sweep.steps, "batch": sweep.batch, "chunk": sweep.chunk, "heldout": sweep.heldout,
+    """Everything that determines one run's result (and nothing else); the text task's
+    corpus by its hash (another Python's documentation is another cell)."""
+    cfg = {
+        "version": CELL_VERSION, "task": sweep.task, "vocab": sweep.vocab, "seq_len": sweep.seq_len,
+        "task_seed": sweep.task_seed, "variant": variant, "depth": depth, "d_model": sweep.d_model,
+        "num_heads": sweep.num_heads, "d_ff": sweep.d_ff, "lr": float(lr), "warmup": int(warmup),
+        "seed": int(seed), "steps": sweep.steps, "batch": sweep.batch, "chunk": sweep.chunk,
+        "heldout": sweep.heldout,
     }
+    if sweep.task == "text":
+        from .text import load_corpus
+
+        cfg["corpus"] = load_corpus().sha256
+    return cfg
+
+
+def resolve_task(sweep: Sweep) -> Sweep:
+    """The sweep with its task's own vocabulary: the text task's is its corpus's alphabet
+    (a preset says 0); another number is refused. Synthetic tasks: unchanged."""
+    if sweep.task != "text":
+        return sweep
+    from .text import load_corpus
+
+    vocab = load_corpus().vocab
+    if sweep.vocab not in (0, vocab):
+        raise SystemExit(f"--task text: the vocabulary is the corpus's alphabet ({vocab} symbols); "
+                         f"got --vocab {sweep.vocab} (leave it out)")
+    return replace(sweep, vocab=vocab)
 
 
 def cell_name(cfg: dict) -> str:
@@ -213,6 +242,30 @@ def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
     return [g for g in groups.values() if g.todo], all_names
 
 
+MAX_CPU_DEVICES = 8
+
+
+def cpu_devices(requested: int | None = None) -> int | None:
+    """Split each group's runs over several CPU devices; call before JAX's first computation.
+
+    XLA:CPU runs one device's program on one stream of small kernels, which keeps about one
+    core busy on these models (measured: one group, 2 cores, 2.7 ms per run-layer-step on one
+    device, 1.4 ms on two); with one device per core the runs' shards run side by side.
+    requested: the count (0: leave JAX's default); None: one per usable core, at most
+    MAX_CPU_DEVICES. XLA_FLAGS=--xla_force_host_platform_device_count=N, when set, wins.
+    Returns the count set, or None. A group's numbers depend in their last bits on how many
+    runs share a device (XLA sums in another order), so cells record the device count."""
+    import jax
+
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or requested == 0:
+        return None
+    if requested is None:
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        requested = min(usable, MAX_CPU_DEVICES)
+    jax.config.update("jax_num_cpu_devices", int(requested))
+    return int(requested)
+
+
 def compile_cache(enabled: bool = True) -> str | None:
     """Turn on JAX's persistent compilation cache for this process; returns its folder.
 
@@ -262,6 +315,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     from .tasks import make_task
     from .train import RunSpec, Trainer, TrainConfig, compiler_options, sample_pool
 
+    sweep = resolve_task(sweep)
     start, cpu_start, load_before = time.time(), time.process_time(), _load()
     cache = CacheCount()
     cells_dir = out / "cells"
@@ -281,10 +335,17 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     train_cfg = TrainConfig(steps=sweep.steps, batch=sweep.batch, chunk=sweep.chunk, heldout=sweep.heldout)
     options = compiler_options(opt_level, xla_options)
     pool = sample_pool(task, train_cfg.pool, train_cfg.pool_seed, options)
-    heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, options)
+    heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, options, split="heldout")
     env = {**environment(), "xla_compile_options": options}
     task_info = {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss,
                  "heldout_optimal_loss": task.nll(heldout)}  # the same for every cell
+    if task.name == "text":
+        from .text import REFERENCE_ORDER
+
+        c = task.corpus
+        task_info.update(reference=f"Witten-Bell {REFERENCE_ORDER}-gram", corpus_sha256=c.sha256,
+                         python=c.python, train_chars=len(c.train), heldout_chars=len(c.heldout),
+                         heldout_topics=list(c.heldout_topics))
     print(f"{len(names)} cells ({skipped} already done) in {len(groups)} compiled groups on "
           f"{env['device_count']} x {env['device_kind']} ({env['platform']}); task {sweep.task}: "
           f"H = {task.optimal_loss:.3f}, unigram = {task.unigram_loss:.3f} nats", file=sys.stderr)
@@ -322,7 +383,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         seconds = time.time() - t0
         for cfg, name, metrics in zip(g.todo, g.names, results):
             summary = failure(metrics["heldout_loss"], metrics["loss"], float(metrics["heldout_loss0"]),
-                              task.optimal_loss)
+                              task.optimal_loss, start=task.unigram_loss if task.name == "text" else None)
             record = {
                 "name": name, "config": cfg, "summary": summary,
                 "task": task_info,
@@ -395,7 +456,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="results folder (default: experiments/results for the unmodified quick preset, "
                         "experiments/results/cpu for the unmodified cpu preset, "
                         "else experiments/runs/<preset>[-custom])")
-    p.add_argument("--task", choices=("markov", "copy"), help="training task (default: the preset's, markov)")
+    p.add_argument("--task", choices=TASKS,
+                   help="training task (default: the preset's, markov); text: characters of CPython's "
+                        "documentation (pydoc_data), its vocabulary the corpus's alphabet")
     p.add_argument("--variants", type=lambda s: tuple(s.split(",")), help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--depths", type=_ints, help="comma list of layer counts, e.g. 6,12")
     p.add_argument("--extra", type=_pairs,
@@ -421,6 +484,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-compile-cache", action="store_true",
                    help="no persistent compilation cache (default: JAX_COMPILATION_CACHE_DIR, else "
                         "~/.cache/twin_blocks/jax, shared by every checkout)")
+    p.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                   help="on CPU, split each group's runs over N devices (default: one per core, at most "
+                        f"{MAX_CPU_DEVICES}; 0: JAX's default of one; XLA_FLAGS' forced device count wins)")
     p.add_argument("--xla-opt-level", type=int, default=1,
                    help="XLA CPU (LLVM) optimisation level; 1 compiles ~3x faster than XLA's default "
                         "3 at equal speed for these models; -1 = XLA's default. Ignored off CPU.")
@@ -448,6 +514,9 @@ def sweep_from_args(args: argparse.Namespace) -> Sweep:
     if args.task == "copy" and args.seq_len is None:
         changes["seq_len"] = sweep.seq_len - 1  # copy: seq_len + 1 tokens split into two halves
     sweep = replace(sweep, **changes)
+    if sweep.task == "text" and "vocab" not in changes:
+        sweep = replace(sweep, vocab=0)  # the corpus's alphabet (resolve_task)
+    sweep = resolve_task(sweep)
     bad = [v for v in sweep.variants + tuple(v for v, _ in sweep.extra) + (sweep.warmup_variants or ())
            if v not in VARIANTS]
     if bad:
@@ -519,8 +588,11 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     compile_cache(not args.no_compile_cache)
+    distributed = args.distributed or args.coordinator or args.num_processes or args.process_id is not None
+    if args.cpu_devices is not None or not distributed:  # several processes: their own XLA_FLAGS
+        cpu_devices(args.cpu_devices)
 
-    if args.distributed or args.coordinator or args.num_processes or args.process_id is not None:
+    if distributed:
         # On CPU the processes exchange data with gloo collectives over TCP (jax's default
         # CPU collectives, set here explicitly); each process brings its own local devices
         # (XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N CPU devices).
@@ -533,11 +605,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is not None:
         out = args.out
-    elif sweep == PRESETS[args.preset] and args.preset in ("quick", "cpu"):
+    elif sweep == resolve_task(PRESETS[args.preset]) and args.preset in ("quick", "cpu"):
         # the committed results are exactly these presets' (quick's at the top, cpu's beside it)
         out = DEFAULT_OUT if args.preset == "quick" else DEFAULT_OUT / args.preset
     else:
-        custom = "" if sweep == PRESETS[args.preset] else "-custom"
+        custom = "" if sweep == resolve_task(PRESETS[args.preset]) else "-custom"
         out = DEFAULT_OUT.parent / "runs" / f"{args.preset}{custom}"
     names = run_sweep(sweep, out, progress=not args.no_progress, max_groups=args.max_groups,
                       opt_level=None if args.xla_opt_level < 0 else args.xla_opt_level,

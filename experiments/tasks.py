@@ -1,7 +1,5 @@
-"""Synthetic sequence tasks, made in code and deterministic from a seed.
-
-Two tasks, both next-token prediction on integer sequences of length seq_len + 1
-(inputs are tokens[:-1], targets tokens[1:]):
+"""The lab's tasks: next-token prediction on integer sequences of length seq_len + 1
+(inputs are tokens[:-1], targets tokens[1:]), deterministic from a seed.
 
 * `markov`: sequences from a random sparse Markov chain over `vocab` symbols. Each
   symbol may be followed by `branching` others, with Dirichlet(1) probabilities; the
@@ -13,6 +11,14 @@ Two tasks, both next-token prediction on integer sequences of length seq_len + 1
 * `copy`: a random prefix a_1..a_k followed by the same k symbols again. Only the
   second copy is scored (loss weight 1), and it is fully predictable by attending k
   positions back: H = 0. It needs attention; an MLP-only model cannot solve it.
+* `text`: real text, characters of the English documentation every CPython ships
+  (`pydoc_data.topics`, see experiments/text.py), windows of seq_len + 1 characters, the
+  training and held-out windows drawn from topics split apart. Its optimum is unknown:
+  `optimal_loss` is a reference measured on the held-out text, the Witten-Bell n-gram of
+  `text.REFERENCE_ORDER` trained on the training text, and `unigram_loss` the add-one
+  unigram's; "trained" means half of the way from the unigram loss to the n-gram's
+  (experiments.analysis.failure, start=unigram), so learning character frequencies is not
+  enough.
 
 A `Task` carries what training and the report need: a jittable `sample(key, batch)`
 returning (tokens (batch, seq_len + 1) int32, weights (seq_len,) float32), the optimal
@@ -23,23 +29,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-TASKS = ("markov", "copy")
+TASKS = ("markov", "copy", "text")
 
 
 @dataclass(frozen=True)
 class Task:
-    """A synthetic task (frozen; its numpy arrays become constants of the jitted sampler).
+    """A task (frozen; its numpy arrays become constants of the jitted sampler).
 
-    name: "markov" or "copy"; vocab: number of symbols; seq_len: model context T.
-    optimal_loss: H, the best achievable mean loss over scored targets (nats).
-    unigram_loss: the loss of the best context-free predictor (nats).
+    name: one of TASKS; vocab: number of symbols; seq_len: model context T.
+    optimal_loss: H, the best achievable mean loss over scored targets (nats); for text, the
+        n-gram reference on the held-out text (not an optimum: a model can beat it).
+    unigram_loss: the loss of the best context-free predictor (nats; text: add-one, held-out).
     log_transition: (vocab, vocab) log P(next | current) (markov only).
     stationary: (vocab,) stationary distribution (markov only).
+    corpus: the experiments.text.Corpus (text only).
     """
 
     name: str
@@ -50,6 +59,7 @@ class Task:
     unigram_loss: float
     log_transition: np.ndarray | None = field(default=None, repr=False, compare=False)
     stationary: np.ndarray | None = field(default=None, repr=False, compare=False)
+    corpus: Any = field(default=None, repr=False, compare=False)
 
     def weights(self) -> jax.Array:
         """(seq_len,) loss weight of each target position (0 = not scored)."""
@@ -59,17 +69,25 @@ class Task:
             return (jnp.arange(self.seq_len) + 1 >= start).astype(jnp.float32)
         return jnp.ones((self.seq_len,), jnp.float32)
 
-    def nll(self, tokens: np.ndarray) -> float:
+    def nll(self, tokens: np.ndarray) -> float | None:
         """Mean loss of the true distribution on the scored targets of `tokens` (n, seq_len + 1):
-        what the best possible model scores on these very sequences (H up to sampling noise)."""
+        what the best possible model scores on these very sequences (H up to sampling noise);
+        None for text (its distribution is unknown)."""
         if self.name == "copy":
             return 0.0
+        if self.name == "text":
+            return None
         tokens = np.asarray(tokens)
         return float(-np.mean(self.log_transition[tokens[:, :-1], tokens[:, 1:]].astype(np.float64)))
 
     def sample(self, key: jax.Array, batch: int) -> jax.Array:
-        """Draw `batch` fresh sequences: int32 tokens of shape (batch, seq_len + 1). Jittable."""
+        """Draw `batch` fresh sequences: int32 tokens of shape (batch, seq_len + 1). Jittable.
+        (text: windows of the training text; the lab draws its text pools with `windows`.)"""
         n = self.seq_len + 1
+        if self.name == "text":
+            ids = jnp.asarray(self.corpus.train)
+            starts = jax.random.randint(key, (batch,), 0, ids.shape[0] - n + 1)
+            return ids[starts[:, None] + jnp.arange(n)]
         if self.name == "copy":
             k = n // 2
             prefix = jax.random.randint(key, (batch, n - k), 0, self.vocab, dtype=jnp.int32)
@@ -86,6 +104,16 @@ class Task:
 
         _, rest = jax.lax.scan(step, x0, gumbel)  # (T, B)
         return jnp.concatenate([x0[:, None], rest.T], axis=1)
+
+    def windows(self, n: int, seed: int, split: str) -> np.ndarray:
+        """text: n windows (n, seq_len + 1) int32 of the "train" or "heldout" text, at offsets
+        drawn by numpy's default_rng(seed) (experiments.text.sample_windows)."""
+        from .text import sample_windows
+
+        if self.name != "text" or split not in ("train", "heldout"):
+            raise ValueError(f"windows(split={split!r}) is for the text task's 'train' or 'heldout' split, "
+                             f"not {self.name!r}")
+        return sample_windows(getattr(self.corpus, split), n, self.seq_len + 1, seed)
 
 
 def entropy(p: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -154,8 +182,26 @@ def copy_task(vocab: int = 32, seq_len: int = 31, seed: int = 0) -> Task:
                 optimal_loss=0.0, unigram_loss=math.log(vocab))
 
 
+def text_task(seq_len: int = 16, vocab: int = 0) -> Task:
+    """Character-level text (see the module docstring). vocab: 0 or the corpus's own
+    (`experiments.text.load_corpus().vocab`); anything else is refused."""
+    from . import text
+
+    corpus = text.load_corpus()
+    if vocab not in (0, corpus.vocab):
+        raise ValueError(f"the text task's vocabulary is its corpus's alphabet, {corpus.vocab} symbols "
+                         f"(Python {corpus.python}); got vocab={vocab} (pass 0 for the corpus's)")
+    if seq_len + 1 > min(len(corpus.train), len(corpus.heldout)):
+        raise ValueError(f"seq_len {seq_len} is longer than the corpus's held-out text ({len(corpus.heldout)} chars)")
+    ref = text.reference(corpus)
+    return Task(name="text", vocab=corpus.vocab, seq_len=seq_len, seed=0, optimal_loss=ref["ngram"],
+                unigram_loss=ref["unigram"], corpus=corpus)
+
+
 def make_task(name: str, *, vocab: int, seq_len: int, seed: int) -> Task:
-    """Build a task by name (see TASKS)."""
+    """Build a task by name (see TASKS); text ignores seed (its windows are drawn by the lab)."""
+    if name == "text":
+        return text_task(seq_len=seq_len, vocab=vocab)
     if name == "markov":
         return markov_task(vocab=vocab, seq_len=seq_len, seed=seed)
     if name == "copy":

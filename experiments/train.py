@@ -135,8 +135,13 @@ def compile_lowered(lowered: jax.stages.Lowered, options: dict[str, Any]) -> jax
         return compile_lowered(lowered, {k: v for k, v in options.items() if k not in unknown})
 
 
-def sample_pool(task: Task, n: int, seed: int, options: dict[str, Any] | None = None) -> np.ndarray:
-    """n task sequences (n, seq_len + 1) int32, drawn once with key(seed)."""
+def sample_pool(task: Task, n: int, seed: int, options: dict[str, Any] | None = None,
+                split: str = "train") -> np.ndarray:
+    """n task sequences (n, seq_len + 1) int32, drawn once with key(seed). split "heldout":
+    the held-out sequences (text: windows of the held-out topics; the synthetic tasks draw
+    both from one distribution, the seeds keeping the streams apart)."""
+    if task.name == "text":
+        return task.windows(n, seed, split)
     key = jax.random.key(seed)
     options = compiler_options() if options is None else options
     program = compile_lowered(jax.jit(task.sample, static_argnums=1).lower(key, n), options)
@@ -190,7 +195,8 @@ class Trainer:
         if pool is None:
             pool = sample_pool(task, train_cfg.pool, train_cfg.pool_seed, self.compiler_options)
         if heldout is None:
-            heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, self.compiler_options)
+            heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, self.compiler_options,
+                                  split="heldout")
         replicated = NamedSharding(self.mesh, P())
         self.pool = jax.device_put(pool, replicated)  # (pool, T + 1) int32
         self.heldout = jax.device_put(heldout, replicated)  # (heldout, T + 1) int32
