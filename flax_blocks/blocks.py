@@ -27,8 +27,18 @@ from flax import nnx
 
 from . import declarations
 from .attention import Attention, attention_path, build_mask, cache_mask, self_attention_masks
-from .config import (FINAL_NORM_BY_DEFAULT, BlockConfig, check_cached_call, check_new_cache, check_parallel,
-                     check_remat, check_width, overflow_message, parallel_update, residual_update)
+from .config import (
+    FINAL_NORM_BY_DEFAULT,
+    BlockConfig,
+    check_cached_call,
+    check_new_cache,
+    check_parallel,
+    check_remat,
+    check_width,
+    overflow_message,
+    parallel_update,
+    residual_update,
+)
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params, dropout, initial_values
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from . import stream
 from .io_errors import torch_load_state_dict

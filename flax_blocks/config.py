@@ -18,8 +18,9 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 NORMS = ("pre", "post", "peri", "out", "none")
@@ -383,7 +384,7 @@ class BlockConfig:
     def gated(self) -> bool:
         return self.mlp != "dense"
 
-    def resolve(self, num_layers: int = 1) -> "BlockConfig":
+    def resolve(self, num_layers: int = 1) -> BlockConfig:
         """Fill the depth-dependent constants left as None, with the published formulas.
 
         DeepNorm, encoder-only stack of N layers: alpha = (2N)^(1/4), beta = (8N)^(-1/4).

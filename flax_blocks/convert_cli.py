@@ -182,8 +182,13 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
 
     from flax_blocks import dialects
     from flax_blocks.config import BlockConfig
-    from flax_blocks.convert import (ConversionError, flax_state_dict, infer_config, load_torch_state_dict,
-                                     torch_state_dict)
+    from flax_blocks.convert import (
+        ConversionError,
+        flax_state_dict,
+        infer_config,
+        load_torch_state_dict,
+        torch_state_dict,
+    )
 
     if not args.dst.endswith(".safetensors"):
         raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file (its metadata carries "

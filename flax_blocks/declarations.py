@@ -23,8 +23,9 @@ methods numpy and JAX share (reshape, transpose, indexing).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -123,7 +124,7 @@ class Component:
     kind: Literal["linear", "norm", "attention", "block"]
     params: tuple[Param, ...]
     width: int = 0  # a norm's normalised width
-    children: tuple[tuple[str, "Component"], ...] = ()
+    children: tuple[tuple[str, Component], ...] = ()
 
 
 def _one(spec: Spec, rows: int = 1) -> Chunks:

@@ -35,8 +35,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from . import declarations
 from .checkpoint_io import ConversionError, read_state_dict

@@ -16,6 +16,7 @@ checked before anything is computed.
 from __future__ import annotations
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np

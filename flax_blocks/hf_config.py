@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import dialects
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig, dtype_name
 from .hf_families import FAMILIES, NOT_COMPUTED, PARTS, Family, Read, audit, not_computed
 from .options import BY_NAME
+
 
 def family_of(config: Mapping[str, Any], part: str | None = None) -> Family:
     """The family table (flax_blocks.hf_families) that reads this config: its model_type's,

@@ -24,8 +24,9 @@ Framework-free: read by `flax_blocks.hf_config` (the stack) and `flax_blocks.hf_
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 TRANSFORMERS = "5.24.0"  # the version these tables mirror (pyproject's hf extra pins it)
 

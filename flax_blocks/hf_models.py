@@ -19,8 +19,9 @@ refused by name. A family without an entry (ViT, Whisper) loads as a stack only
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -9,7 +9,8 @@ distributions. Children are built by the caller.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp

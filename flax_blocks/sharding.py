@@ -47,7 +47,8 @@ What `shard_model` / `partition_specs` do with each Variable:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 from flax import nnx

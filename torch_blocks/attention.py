@@ -21,7 +21,6 @@ from flax_blocks.config import BlockConfig, check_attention_call, is_local, warn
 
 from .layers import Norm, create_params
 
-
 PATHS = ("dense", "fused")
 
 

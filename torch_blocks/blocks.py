@@ -29,9 +29,18 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import (FINAL_NORM_BY_DEFAULT, BlockConfig, check_cached_call, check_new_cache,
-                                check_parallel, check_remat, check_width, overflow_message, parallel_update,
-                                residual_update)
+from flax_blocks.config import (
+    FINAL_NORM_BY_DEFAULT,
+    BlockConfig,
+    check_cached_call,
+    check_new_cache,
+    check_parallel,
+    check_remat,
+    check_width,
+    overflow_message,
+    parallel_update,
+    residual_update,
+)
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
 from .attention import Attention, Mask, attention_path, build_mask, cache_mask

@@ -15,7 +15,6 @@ from ..options import PROBE, PROBES
 from .params import BLOCK_KINDS, LAYER, module_params
 
 
-
 def _names(kind: str, **options: Any) -> dict[str, Param]:
     return {t: p for t, _, p, _ in module_params(kind, replace(PROBE, **options))}
 

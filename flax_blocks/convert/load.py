@@ -18,8 +18,9 @@ device's slice of it) from the file once.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from ..hf_config import check_hf_source, hf_state_dict
 from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
 from .params import LAYER, Expected, expected_torch_params, flax_params
 from .place import place_all
+
 
 def _module_facts(module) -> dict[str, Any]:
     cfg = module.cfg

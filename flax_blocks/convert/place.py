@@ -18,7 +18,8 @@ that fails leaves the module as it was.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
