@@ -247,10 +247,10 @@ def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, sk
     for pi, pj, masked in _pair_groups(nq, nk, bq, bk, causal, window, skip):
         carry, _ = jax.lax.scan(step(masked), carry, (jnp.asarray(pi), jnp.asarray(pj)))
     m, acc = carry
-    l = acc[..., d]
-    has = l > 0
-    out = (acc[..., :d] / jnp.where(has, l, 1.0)[..., None]).astype(vb.dtype)
-    lse = jnp.where(has, m + jnp.log(jnp.where(has, l, 1.0)), 0.0)
+    denom = acc[..., d]  # the softmax's running sum (flash attention's l)
+    has = denom > 0
+    out = (acc[..., :d] / jnp.where(has, denom, 1.0)[..., None]).astype(vb.dtype)
+    lse = jnp.where(has, m + jnp.log(jnp.where(has, denom, 1.0)), 0.0)
     return out, (qs, kb, vb, validb, local, out, lse)
 
 

@@ -158,7 +158,8 @@ class _Block(nnx.Module):
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
 
-    def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None, h: jax.Array) -> tuple[jax.Array, dict]:
+    def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None,
+             h: jax.Array) -> tuple[jax.Array, dict]:
         """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h))).
         Both matmuls on the (B*T, E) token matrix, as 2-D GEMMs (faster on XLA:CPU than on
         (B, T, E))."""
@@ -498,7 +499,8 @@ class Transformer(nnx.Module):
         from dataclasses import replace
 
         self.cfg = cfg
-        self.encoder = Encoder(replace(cfg, causal=False), num_layers=num_encoder_layers, final_norm=final_norm, rngs=rngs)
+        self.encoder = Encoder(replace(cfg, causal=False), num_layers=num_encoder_layers, final_norm=final_norm,
+                               rngs=rngs)
         self.decoder = Decoder(cfg, num_layers=num_decoder_layers, final_norm=final_norm, rngs=rngs)
 
     def __call__(self, src: jax.Array, tgt: jax.Array, *, src_mask=None, tgt_mask=None, memory_mask=None,

@@ -66,7 +66,7 @@ def natural_key(name: str) -> list:
 def ranges(xs: Iterable[int]) -> str:
     xs = sorted(xs)
     parts, start = [], xs[0]
-    for a, b in zip(xs, xs[1:] + [None]):
+    for a, b in zip(xs, [*xs[1:], None], strict=True):
         if b != a + 1:
             parts.append(f"{start}" if start == a else f"{start}-{a}")
             start = b

@@ -466,7 +466,7 @@ def parallel_update(cfg: BlockConfig, x: Any, branches: list, layer: Any = 1) ->
     under "shared_norm" (computed once); s, c as in `residual_update`. branches: (sublayer,
     norm, dropout, scale) per sublayer, in order. Returns (y, the sublayers' aux merged)."""
     y, aux, shared = x, {}, None
-    for i, (sublayer, norm, dropout, scale) in enumerate(branches):
+    for sublayer, norm, dropout, scale in branches:
         if shared is None or cfg.parallel_residual == "two_norms":
             shared = h = norm(x)
             if cfg.layernorm_scaling:
@@ -578,7 +578,8 @@ def _self_caches(tree: Any):
 
 def overflow_message(chunk: int, index: int, length: int) -> str | None:
     if index + chunk > length:
-        return f"cache overflow: a chunk of {chunk} position(s) at position {index} does not fit a cache of max_length {length}"
+        return (f"cache overflow: a chunk of {chunk} position(s) at position {index} does not fit a cache of "
+                f"max_length {length}")
     return None
 
 

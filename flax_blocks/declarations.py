@@ -202,7 +202,7 @@ def attention(cfg: BlockConfig) -> Component:
         w_out, b_in, b_out = ("uniform", 1 / math.sqrt(h * d)), ZERO, ZERO
     params = [
         Param("in_proj_weight", "in_kernel", (sum(rows), e), (None, "d_model"),
-              ("embed", "kv_heads", "qkv", "head_dim"), tuple(zip(rows, w_qkv)), QKV_WEIGHT),
+              ("embed", "kv_heads", "qkv", "head_dim"), tuple(zip(rows, w_qkv, strict=True)), QKV_WEIGHT),
         Param("out_proj.weight", "out_kernel", (e, h * d), ("d_model", None),
               ("heads", "head_dim", "embed"), _one(w_out, e), OUT_HEADS),
     ]
@@ -228,7 +228,8 @@ def residual_scale(cfg: BlockConfig, name: str) -> Param | None:
         return Param(name, name, (), (), (), ((1, ZERO),))
     if cfg.scaling == "layerscale":
         e = cfg.d_model
-        return Param(name, name, (e,), ("d_model",), ("embed",), _one(("const", float(cfg.resolve().layerscale_init)), e))
+        init = ("const", float(cfg.resolve().layerscale_init))
+        return Param(name, name, (e,), ("d_model",), ("embed",), _one(init, e))
     return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from operator import attrgetter
 from typing import Any
 
 from . import dialects
@@ -156,7 +157,7 @@ def check_hf_source(cfg: BlockConfig | None, source: Any, dialect: str | None) -
         same = {"num_kv_heads": lambda c: c.kv_heads, "qkv_bias": lambda c: c.has_qkv_bias}  # None = the default
         problems += [f"{f}={getattr(cfg, f)!r} given, but the {config['model_type']} model has {f}={getattr(want, f)!r}"
                      for f in BY_NAME if f not in _FREE
-                     and same.get(f, lambda c: getattr(c, f))(cfg) != same.get(f, lambda c: getattr(c, f))(want)]
+                     and same.get(f, attrgetter(f))(cfg) != same.get(f, attrgetter(f))(want)]
     if problems:
         raise ConversionError(problems + ["fb.from_hf(model) reads every setting from the model's config"],
                               header=f"the config contradicts the source {type(source).__name__}")

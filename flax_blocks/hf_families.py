@@ -188,8 +188,9 @@ def _rope(c: Read, *, default_theta: float = 10000.0, partial: float | None = No
     theta = params.get("rope_theta", c[theta_key] if c.given(theta_key) else default_theta)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
-        c.refuse("rope_scaling" if c["rope_scaling"] else "rope_parameters", f"rope_type {kind!r} (scaled rotary, as LLaMA 3's llama3 or Phi-3's longrope): "
-                                    "the blocks compute plain rotary positions (rope_theta) only")
+        c.refuse("rope_scaling" if c["rope_scaling"] else "rope_parameters",
+                 f"rope_type {kind!r} (scaled rotary, as LLaMA 3's llama3 or Phi-3's longrope): "
+                 "the blocks compute plain rotary positions (rope_theta) only")
     out: dict[str, Any] = {"rope_theta": float(theta)}
     if partial is not None:
         given = partial_key is not None and c.given(partial_key)
@@ -779,6 +780,5 @@ NOT_COMPUTED = {
 def not_computed(model_type: str, config: Mapping[str, Any]) -> str:
     """The reason a known model_type is refused, with the model's own numbers filled in."""
     reason = NOT_COMPUTED[model_type]
-    fields = {"num_local_experts": config.get("num_local_experts", "?"),
-              "num_experts_per_tok": config.get("num_experts_per_tok", "?"), "num_experts": config.get("num_experts", "?")}
+    fields = {key: config.get(key, "?") for key in ("num_local_experts", "num_experts_per_tok", "num_experts")}
     return reason.format(**fields)

@@ -39,7 +39,7 @@ def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str,
     entries = []  # (module path, Param, [(chunk shape, spec)])
     for path, p in _walk(component):
         shapes = [p.flax_shape(cfg)] if len(p.init) == 1 else [(rows, *p.shape[1:]) for rows, _ in p.init]
-        entries.append((path, p, [(shape, spec) for shape, (_, spec) in zip(shapes, p.init)]))
+        entries.append((path, p, [(shape, spec) for shape, (_, spec) in zip(shapes, p.init, strict=True)]))
     for *_, chunks in entries:
         for _, spec in chunks:
             if spec[0] not in ("const", "uniform", "normal"):
@@ -155,8 +155,6 @@ class Norm(nnx.Module):
         else:
             h = h - jnp.mean(h, axis=-1, keepdims=True)
             h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
-        if self.offset:  # Gemma: times (offset + w) in the statistics' dtype, then cast
-            y = (h * (self.offset + scale.astype(h.dtype))).astype(x.dtype)
-        else:
-            y = h.astype(x.dtype) * scale
+        # Gemma (offset): times (offset + w) in the statistics' dtype, then cast
+        y = (h * (self.offset + scale.astype(h.dtype))).astype(x.dtype) if self.offset else h.astype(x.dtype) * scale
         return y if bias is None else y + bias

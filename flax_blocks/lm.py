@@ -66,7 +66,8 @@ def check_token_mask(mask, shape: tuple[int, int], name: str = "attention_mask")
     if not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)):
         raise TypeError(f"{name} must hold booleans or 0 / 1 numbers, got dtype {dtype}")
     if tuple(jnp.shape(mask)) != tuple(shape):
-        raise ValueError(f"{name} must have the tokens' shape (batch, seq) = {tuple(shape)}, got {tuple(jnp.shape(mask))}")
+        raise ValueError(f"{name} must have the tokens' shape (batch, seq) = {tuple(shape)}, "
+                         f"got {tuple(jnp.shape(mask))}")
     values = _concrete(mask)
     if values is not None:
         odd = values[~np.isin(values, (0, 1))]

@@ -119,8 +119,8 @@ OPTIONS: tuple[Option, ...] = (
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
     Option("param_dtype", "dtype", "parameter dtype on both sides", cli=False,
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
-    Option("attention", "implementation", "attention implementation: 'auto' (dense; the blocked path from 1024 keys, or "
-           "the fused kernel on a GPU, where no weights, explicit mask or attention dropout are asked for), "
+    Option("attention", "implementation", "attention implementation: 'auto' (dense; the blocked path from 1024 keys, "
+           "or the fused kernel on a GPU, where no weights, explicit mask or attention dropout are asked for), "
            "'dense', 'blocked' (memory-efficient, in blocks) or 'fused' (jax.nn.dot_product_attention; torch: SDPA)",
            cli=False),
     Option("attention_block", "implementation", "query and key block size of the blocked path (Flax)", cli=False),

@@ -292,7 +292,8 @@ def indivisible(name: str, shape: Sequence[int], spec: PartitionSpec, mesh: Mesh
     """Each dimension of an array of `shape` that its `spec` splits unevenly on `mesh`, as
     'name: dim d of size s is not divisible by axis=n' (empty: it shards)."""
     errors = []
-    for dim, (size, axis) in enumerate(zip(shape, spec)):
+    # strict=False: a PartitionSpec may be shorter than the shape; the dimensions past its end are not split
+    for dim, (size, axis) in enumerate(zip(shape, spec, strict=False)):
         if axis is None:
             continue
         n = 1

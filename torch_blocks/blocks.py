@@ -113,7 +113,7 @@ class _Block(nn.Module):
         extras: dict[str, Any] = {}
         new_cache: Cache = {}
         branches = []  # a parallel residual's (sublayer, norm, dropout, scale), summed after the loop
-        for sub, dropout in zip(self.sublayers, self.dropouts):
+        for sub, dropout in zip(self.sublayers, self.dropouts, strict=True):
             if sub.kind == "mlp":
                 fn = functools.partial(self._mlp, sub)
             else:

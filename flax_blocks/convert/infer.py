@@ -73,7 +73,7 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
         for name, a in inner.items():  # each dimension that is a config field
             p = declared.get(name)
             if p is not None and len(p.dims) == a.ndim:
-                for dim, size in zip(p.dims, a.shape):
+                for dim, size in zip(p.dims, a.shape, strict=True):
                     if dim is not None:
                         info.setdefault(dim, int(size))
         has = lambda names: any(n in inner for n in names)  # noqa: E731

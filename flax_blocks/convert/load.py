@@ -69,7 +69,8 @@ def _np_dtype(dtype: Any):
     try:
         return np.dtype(name)
     except TypeError:
-        raise TypeError(f"dtype must be float32, float64, bfloat16 or float16 (a name or a dtype object), got {dtype!r}") from None
+        raise TypeError(f"dtype must be float32, float64, bfloat16 or float16 (a name or a dtype object), "
+                        f"got {dtype!r}") from None
 
 
 
@@ -109,7 +110,7 @@ def _config_problems(module, src: _Source) -> list[str]:
     problems = []
     for key in ("d_model", "d_ff", "bias", "final_norm"):
         if key in report.inferred and key in facts and report.inferred[key] != facts[key]:
-            fix = " (pass final_norm=%r)" % report.inferred[key] if key == "final_norm" else ""
+            fix = f" (pass final_norm={report.inferred[key]!r})" if key == "final_norm" else ""
             problems.append(f"config mismatch: {key} is {report.inferred[key]!r} in the checkpoint, "
                             f"{facts[key]!r} in the module{fix}")
     return problems
@@ -334,7 +335,8 @@ def load_flax_state_dict(module, source: Any) -> None:
     strictly and atomically, into `module`."""
     sd = read_state_dict(source, lazy=True)
     params = flax_params(module)
-    problems = [f"missing key {k} (expected shape {tuple(v.get_value().shape)})" for k, v in params.items() if k not in sd]
+    problems = [f"missing key {k} (expected shape {tuple(v.get_value().shape)})"
+                for k, v in params.items() if k not in sd]
     problems += [f"unexpected key {k} (shape {tuple(sd[k].shape)})" for k in sd if k not in params]
     problems += [
         f"shape mismatch for {k}: expected {tuple(params[k].get_value().shape)}, found {tuple(a.shape)}"
