@@ -57,9 +57,10 @@ def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str,
         kind, value = spec
         if kind == "const":
             return jnp.full(shape, value, dtype)
-        n, start = math.prod(shape), used[kind]
+        n, start, pool = math.prod(shape), used[kind], pools[kind]
+        assert pool is not None  # drawn: this kind has entries
         used[kind] += n
-        return (value * pools[kind][start:start + n]).reshape(shape)
+        return (value * pool[start:start + n]).reshape(shape)
 
     out: dict[str, Any] = {}
     for path, p, chunks in entries:
@@ -107,6 +108,11 @@ def dropout(cfg: BlockConfig, rngs: nnx.Rngs) -> nnx.Dropout:
 class Linear(nnx.Module):
     """y = x @ kernel + bias on the last axis. Params: kernel (in, out), bias (out,)."""
 
+    # Set by create_params from the declarations (declarations.linear); annotated here so
+    # that type checkers and IDEs see them.
+    kernel: nnx.Param[jax.Array]
+    bias: nnx.Param[jax.Array] | None
+
     def __init__(self, cfg: BlockConfig, component: Component, *, rngs: nnx.Rngs,
                  values: dict[str, Any] | None = None):
         self.dtype = compute_dtype(cfg)
@@ -128,6 +134,11 @@ class Norm(nnx.Module):
     Gemma's RMSNorm); or DyT (Zhu et al. 2025), scale * tanh(alpha * x) + bias,
     in the compute dtype. Params: scale (width,), bias (width,) for LayerNorm and DyT with
     cfg.has_norm_bias, alpha () for DyT."""
+
+    # Set by create_params from the declarations (declarations.norm); alpha exists for DyT only.
+    scale: nnx.Param[jax.Array]
+    bias: nnx.Param[jax.Array] | None
+    alpha: nnx.Param[jax.Array]
 
     def __init__(self, cfg: BlockConfig, component: Component, *, rngs: nnx.Rngs,
                  values: dict[str, Any] | None = None):
