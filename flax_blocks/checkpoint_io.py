@@ -65,7 +65,8 @@ def natural_key(name: str) -> list:
 
 def ranges(xs: Iterable[int]) -> str:
     xs = sorted(xs)
-    parts, start = [], xs[0]
+    parts: list[str] = []
+    start: int | None = xs[0]  # the current run's first number (None past the last)
     for a, b in zip(xs, [*xs[1:], None], strict=True):
         if b != a + 1:
             parts.append(f"{start}" if start == a else f"{start}-{a}")

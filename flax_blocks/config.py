@@ -392,7 +392,7 @@ class BlockConfig:
         """
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        changes: dict[str, float] = {}
+        changes: dict[str, Any] = {}  # field -> value, for dataclasses.replace
         if self.scaling == "deepnorm":
             if self.deepnorm_alpha is None:
                 changes["deepnorm_alpha"] = (2 * num_layers) ** 0.25
@@ -406,7 +406,9 @@ class BlockConfig:
     def residual_alpha(self) -> float:
         """Weight of the skip path: DeepNorm's alpha, else 1."""
         if self.scaling == "deepnorm":
-            return self.resolve().deepnorm_alpha  # type: ignore[return-value]
+            alpha = self.resolve().deepnorm_alpha
+            assert alpha is not None  # resolve fills it under deepnorm
+            return alpha
         return 1.0
 
 
@@ -440,6 +442,7 @@ def residual_update(
         h = h * layer_scale(layer, h)
     h, aux = sublayer(h)
     if cfg.norm == "peri":
+        assert norm_out is not None  # Peri-LN declares one per sublayer
         h = norm_out(h)
     elif cfg.norm == "out":
         h = norm(h)
@@ -638,9 +641,9 @@ def _outside_caller() -> tuple[int, Any]:
     """(warnings.warn's stacklevel as called in warn_fully_masked, frame) of the first
     caller outside flax_blocks, torch_blocks, jax, flax and torch (as Python 3.12's
     skip_file_prefixes)."""
-    prefixes = tuple(os.path.dirname(m.__file__) + os.sep for name in ("flax_blocks", "torch_blocks", "jax", "flax",
-                                                                        "torch")
-                     if (m := sys.modules.get(name)) is not None and getattr(m, "__file__", None))
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in ("flax_blocks", "torch_blocks", "jax", "flax",
+                                                                             "torch")]
+    prefixes = tuple(os.path.dirname(f) + os.sep for f in files if f)
     frame, level = sys._getframe(2), 2  # warn_fully_masked's caller
     while frame.f_back is not None and frame.f_code.co_filename.startswith(prefixes):
         frame, level = frame.f_back, level + 1

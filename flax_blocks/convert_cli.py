@@ -54,7 +54,7 @@ def _config_fields() -> list[tuple[str, Any, Any]]:
     return [(f.name, hints[f.name], f.default) for f in dataclasses.fields(BlockConfig) if BY_NAME[f.name].cli]
 
 
-def _add_config_flag(ap: argparse.ArgumentParser, name: str, hint: Any, default: Any) -> None:
+def _add_config_flag(ap: argparse._ArgumentGroup, name: str, hint: Any, default: Any) -> None:
     """--name-with-dashes for one BlockConfig field; the value stays None when not given."""
     flag = "--" + name.replace("_", "-")
     base = hint

@@ -83,6 +83,7 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     from . import blocks
     from .convert import from_torch
 
+    config: dict[str, Any] | None
     if isinstance(source, (str, os.PathLike)):
         from .hub import resolve
 

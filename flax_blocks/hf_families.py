@@ -91,7 +91,8 @@ class Read:
     (a reader reading another key is a bug, raised as one); `problems` collects refusals."""
 
     def __init__(self, config: Mapping[str, Any], family: Family):
-        self.config, self.family, self.problems = config, family, []
+        self.config, self.family = config, family
+        self.problems: list[str] = []
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.family.reads:
@@ -194,7 +195,7 @@ def _rope(c: Read, *, default_theta: float = 10000.0, partial: float | None = No
     out: dict[str, Any] = {"rope_theta": float(theta)}
     if partial is not None:
         given = partial_key is not None and c.given(partial_key)
-        factor = params.get("partial_rotary_factor", c[partial_key] if given else partial)
+        factor = params.get("partial_rotary_factor", c[partial_key] if partial_key is not None and given else partial)
         out["partial_rotary_factor"] = float(factor)
         dims = int(head_dim * float(factor))
         if dims % 2 or dims < 2:

@@ -186,6 +186,7 @@ def logical_to_spec(axes: Sequence[Any], rules: Any, mesh: Mesh | None = None) -
             targets = () if m is None else (m,) if isinstance(m, str) else m
             missing = [t for t in targets if mesh_names is not None and t not in mesh_names]
             if missing:
+                assert mesh is not None  # (missing needs mesh_names)
                 raise ValueError(f"rule {name!r} -> {m!r}: the mesh has no axis {missing[0]!r} (its axes: "
                                  f"{tuple(mesh.axis_names)}); map {name!r} to one of them, or to None to replicate")
             return targets
@@ -193,7 +194,7 @@ def logical_to_spec(axes: Sequence[Any], rules: Any, mesh: Mesh | None = None) -
             return (name,)
         if name in LOGICAL_AXES:
             return ()
-        if mesh_names is None:
+        if mesh is None:  # (mesh_names is None)
             return (name,)
         raise ValueError(f"axis name {name!r} of {tuple(axes)} is neither a logical name the rules map "
                          f"({sorted(rules)}) nor a mesh axis {tuple(mesh.axis_names)}; add a rule for it "
@@ -366,6 +367,7 @@ def misplaced(state: Any, mesh: Mesh, rules: Any) -> list[str]:
             return
         s = value.sharding
         ndim = value.ndim
+        actual: PartitionSpec | jax.sharding.Sharding
         if isinstance(s, NamedSharding) and s.mesh.axis_names == mesh.axis_names and \
                 s.mesh.devices.shape == mesh.devices.shape and (s.mesh.devices == mesh.devices).all():
             ok = _placement(s.spec, ndim, mesh) == _placement(spec, ndim, mesh)

@@ -63,7 +63,8 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
     info: dict[str, Any] = {}
     kind = _block_kind({n.split(".")[0] for n in inner})
     if layers:
-        stack = {block: name for name, block in declarations.STACKS.items()}.get(kind, "Encoder")
+        stacks: dict[str | None, str] = {block: name for name, block in declarations.STACKS.items()}
+        stack = stacks.get(kind, "Encoder")
         info.update(kind=stack, num_layers=len(layers), final_norm=f"{FINAL_NORM}.weight" in sd)
         kind = declarations.STACKS[stack]
     elif kind is not None:

@@ -55,7 +55,7 @@ def _suggest_prefix(raw: Mapping[str, Any], expected: Iterable[str]) -> str | No
     expected = list(expected)
     roots = {k.split(".")[0] for k in raw if "." in k}
     counts = {r: sum(f"{r}.{k}" in raw for k in expected) for r in roots}
-    best = max(counts, key=counts.get, default=None)
+    best = max(counts, key=lambda r: counts[r], default=None)
     return f"{best}." if best is not None and counts[best] else None
 
 
@@ -159,7 +159,7 @@ def _tensor_problems(expected: dict[str, Expected], src: _Source, cast) -> list[
             problems.append(f"shape mismatch for {src.prefix}{k}: expected {exp.torch_shape}, found {tuple(a.shape)}")
         if not np.issubdtype(a.dtype, np.floating) and str(a.dtype) != "bfloat16":
             problems.append(f"dtype of {src.prefix}{k}: expected a floating dtype, found {a.dtype}")
-        elif cast is None and a.dtype == np.float64 and not jax.config.jax_enable_x64:
+        elif cast is None and a.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
             silent64.append(src.prefix + k)
     if silent64:
         problems.append(
@@ -201,8 +201,11 @@ def plan(module, src: _Source, expected: dict[str, Expected], cast, params: dict
             depth = params[exp.flax_path].get_value().shape[0]  # the stacked layer axis
             stacks.setdefault(exp.flax_path, [None] * depth)[exp.layer] = a
     for path, items in stacks.items():
-        current = None if all(a is not None for a in items) else np.asarray(params[path].get_value())
-        new[path] = stream.Stacked([current[i] if a is None else a for i, a in enumerate(items)])
+        if all(a is not None for a in items):
+            new[path] = stream.Stacked(items)
+        else:  # the layers the checkpoint lacks keep the module's values
+            current = np.asarray(params[path].get_value())
+            new[path] = stream.Stacked([current[i] if a is None else a for i, a in enumerate(items)])
     return new
 
 
