@@ -322,7 +322,10 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     nq, nk = -(-t // bq), -(-s // bk)
     valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid.astype(jnp.bool_)
     ragged = key_valid is not None or nk * bk != s  # padded keys to mask
-    pad = lambda a, n, axis: jnp.pad(a, [(0, n - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])  # noqa: E731
+
+    def pad(a: jax.Array, n: int, axis: int) -> jax.Array:  # zeros after the end of `axis`, up to length n
+        return jnp.pad(a, [(0, n - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])
+
     qb = pad(q, nq * bq, 1).reshape(b, nq, bq, kv, g, d).transpose(1, 0, 3, 4, 2, 5).reshape(nq, b, kv, g * bq, d)
     kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)

@@ -585,7 +585,7 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
 def layer_weights(stack: _Stack) -> tuple[nnx.State, ...]:
     """Each layer's state (weights) cut out of a stack's stacked state: a tuple of num_layers."""
     _, state = nnx.split(stack.layers)
-    return tuple(jax.tree.map(lambda a: a[i], state) for i in range(stack.num_layers))  # noqa: B023
+    return tuple(jax.tree.map(lambda a, i=i: a[i], state) for i in range(stack.num_layers))
 
 
 def decoding_cache(stack: _Stack, cache: Cache, weights: tuple[nnx.State, ...] | None = None) -> Cache:
@@ -602,7 +602,7 @@ def decoding_cache(stack: _Stack, cache: Cache, weights: tuple[nnx.State, ...] |
     if len(weights) != stack.num_layers:
         raise ValueError(f"weights for {len(weights)} layers, but the stack has {stack.num_layers}")
     layers = cache["layers"]
-    return {**cache, "layers": tuple({"cache": jax.tree.map(lambda a: a[i], layers), "weights": w}  # noqa: B023
+    return {**cache, "layers": tuple({"cache": jax.tree.map(lambda a, i=i: a[i], layers), "weights": w}
                                      for i, w in enumerate(weights))}
 
 

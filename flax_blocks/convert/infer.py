@@ -77,7 +77,10 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
                 for dim, size in zip(p.dims, a.shape, strict=True):
                     if dim is not None:
                         info.setdefault(dim, int(size))
-        has = lambda names: any(n in inner for n in names)  # noqa: E731
+
+        def has(names: set[str]) -> bool:
+            return any(n in inner for n in names)
+
         # `bias` from the biases that follow it alone (out_proj's: the probe fixes qkv_bias, mlp_bias and
         # norm_bias); a FeedForward has none such and says its MLP's (which then follow `bias`)
         own = _only_with(kind, bias=False) or _only_with(kind, bias=False, mlp_bias=None)
