@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import BlockConfig, FullyMaskedWarning, invert_mask
 
@@ -42,7 +42,33 @@ _LAZY = {
     "generate": "generation",
 }
 
-__all__ = ["__version__", "BlockConfig", "FullyMaskedWarning", "invert_mask", *_LAZY]
+# Written out (each lazy name also in _LAZY and below), so that static tools read it.
+__all__ = [
+    "__version__", "BlockConfig", "FullyMaskedWarning", "invert_mask",
+    "ResidualMHA", "FeedForward", "TransformerBlock", "Encoder", "DecoderBlock", "Decoder", "Transformer",
+    "Attention", "build_mask",
+    "from_torch", "load_torch_state_dict", "torch_state_dict", "flax_state_dict", "load_flax_state_dict",
+    "infer_config", "ConversionError",
+    "detect_dialect", "from_hf", "to_hf", "LanguageModel", "LMConfig", "generate",
+]
+
+if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: imported on first use, above)
+    from .attention import Attention, build_mask
+    from .blocks import Decoder, DecoderBlock, Encoder, FeedForward, ResidualMHA, Transformer, TransformerBlock
+    from .convert import (
+        ConversionError,
+        flax_state_dict,
+        from_torch,
+        infer_config,
+        load_flax_state_dict,
+        load_torch_state_dict,
+        torch_state_dict,
+    )
+    from .dialects import detect_dialect
+    from .generation import generate
+    from .hf import from_hf, to_hf
+    from .lm import LanguageModel
+    from .lm_spec import LMConfig
 
 
 def __getattr__(name: str) -> Any:

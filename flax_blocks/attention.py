@@ -101,6 +101,7 @@ def build_mask(
         km = as_bool_mask("key_mask", key_mask, [(batch, keys)])[:, None, None, :]
         mask = km if mask is None else mask & km
     _warn_if_fully_masked(batch, seq, keys, causal, attention_mask, key_mask)
+    assert mask is not None  # one of the masks was given
     rows = jnp.any(mask, axis=-1, keepdims=True)
     return mask | ~rows, rows
 
@@ -247,10 +248,10 @@ def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, sk
     for pi, pj, masked in _pair_groups(nq, nk, bq, bk, causal, window, skip):
         carry, _ = jax.lax.scan(step(masked), carry, (jnp.asarray(pi), jnp.asarray(pj)))
     m, acc = carry
-    l = acc[..., d]
-    has = l > 0
-    out = (acc[..., :d] / jnp.where(has, l, 1.0)[..., None]).astype(vb.dtype)
-    lse = jnp.where(has, m + jnp.log(jnp.where(has, l, 1.0)), 0.0)
+    denom = acc[..., d]  # the softmax's running sum (flash attention's l)
+    has = denom > 0
+    out = (acc[..., :d] / jnp.where(has, denom, 1.0)[..., None]).astype(vb.dtype)
+    lse = jnp.where(has, m + jnp.log(jnp.where(has, denom, 1.0)), 0.0)
     return out, (qs, kb, vb, validb, local, out, lse)
 
 
@@ -321,7 +322,10 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     nq, nk = -(-t // bq), -(-s // bk)
     valid = jnp.ones((b, s), jnp.bool_) if key_valid is None else key_valid.astype(jnp.bool_)
     ragged = key_valid is not None or nk * bk != s  # padded keys to mask
-    pad = lambda a, n, axis: jnp.pad(a, [(0, n - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])  # noqa: E731
+
+    def pad(a: jax.Array, n: int, axis: int) -> jax.Array:  # zeros after the end of `axis`, up to length n
+        return jnp.pad(a, [(0, n - a.shape[axis]) if i == axis else (0, 0) for i in range(a.ndim)])
+
     qb = pad(q, nq * bq, 1).reshape(b, nq, bq, kv, g, d).transpose(1, 0, 3, 4, 2, 5).reshape(nq, b, kv, g * bq, d)
     kb = pad(k, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
     vb = pad(v, nk * bk, 1).reshape(b, nk, bk, kv, d).transpose(1, 0, 3, 2, 4)  # (nk, B, K, bk, hd)
@@ -389,9 +393,12 @@ def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attenti
     am, km = _concrete(attention_mask), _concrete(key_mask)
     if (attention_mask is not None and am is None) or (key_mask is not None and km is None):
         return
+    if am is None and km is None:
+        return  # no mask (build_mask does not call it then)
     if not all(isinstance(n, int) for n in (batch, seq, keys)):
         return  # symbolic shapes (jax.export)
     if am is None:  # a key mask alone: an element has a key if one it may see is real
+        assert km is not None
         has_key = (km[:, :min(seq, keys)] if causal else km).any(axis=1)
     else:  # (booleans, or 0 / 1 numbers that as_bool_mask checked)
         allowed = (am > 0) if am.ndim == 4 else (am > 0).reshape(-1, 1, seq, keys)
@@ -403,7 +410,7 @@ def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attenti
     warn_fully_masked(np.flatnonzero(~has_key), batch, "flax")
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float, dim: int | None = None) -> jax.Array:
+def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: int | None = None) -> jax.Array:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, ..., hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
@@ -457,6 +464,15 @@ class Attention(nnx.Module):
     in_proj_weight ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
     """
 
+    # Set from the declarations (declarations.attention) by create_params and __init__;
+    # annotated here so that type checkers and IDEs see them. None: an option that is off.
+    in_kernel: nnx.Param[jax.Array]
+    in_bias: nnx.Param[jax.Array] | None
+    out_kernel: nnx.Param[jax.Array]
+    out_bias: nnx.Param[jax.Array] | None
+    q_norm: Norm | None
+    k_norm: Norm | None
+
     def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *, rngs: nnx.Rngs,
                  values: dict | None = None):
         component = component or declarations.attention(cfg)
@@ -485,8 +501,10 @@ class Attention(nnx.Module):
         k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, or a traced
         one), whose rotary base is rope_local_theta when given (Gemma 3)."""
         if self.q_norm is not None:
+            assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
+            theta: float | jax.Array
             theta, dim, local_theta = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_local_theta
             if local_theta is not None and local is not False:
                 theta = local_theta if local is True else jnp.where(local, local_theta, theta)
@@ -553,7 +571,7 @@ class Attention(nnx.Module):
         cross: bool = False, memory: jax.Array | None = None, cache: dict[str, jax.Array] | None = None,
         index: jax.Array | int = 0, path: str = "dense", key_valid: jax.Array | None = None,
         positions: jax.Array | None = None, layer: jax.Array | int = 1,
-    ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
+    ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
         """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E).
 
         mask (B|1, H|1, T, S) and rows (B|1, H|1, T, 1) from `build_mask` / `cache_mask` (a
@@ -577,7 +595,8 @@ class Attention(nnx.Module):
         it takes.
 
         Returns (output (B, T, E), attention weights (B, H, T, S), the largest pre-softmax
-        logit over unmasked pairs (), the updated cache or None)."""
+        logit over unmasked pairs (), the updated cache or None); weights and logit None on the
+        blocked and fused paths."""
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
         if path != "dense" and (cross or cache is not None):
@@ -609,6 +628,7 @@ class Attention(nnx.Module):
             if self.q_norm is not None:
                 q = self.qk_normed(self.q_norm, q)
             mem = self.memory_kv(memory) if memory is not None else cache
+            assert mem is not None  # the blocks pass a memory or a cache made with one
             kh, vh = mem["k"], mem["v"]  # (B, K, S, hd)
         s = k.shape[1] if kh is None else kh.shape[2]
         if path == "fused":  # the accelerator path: cuDNN's fused kernel where it can
@@ -631,10 +651,11 @@ class Attention(nnx.Module):
         # keys are contracted over hd in their (B, K, S, hd) layout, so a decoding step reads
         # the cache as it lies (a (B, K, hd, S) operand made XLA copy the whole cache, every
         # layer, every step: 40 % of a d512 batch-8 step).
-        if kh is None:
+        if kh is None or vh is None:  # (set together)
             kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         qh = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # (B, K, G*T, hd)
         if local is not False:  # a sliding-window layer (the causal mask is never None then)
+            assert mask is not None
             mask, rows = self.windowed(mask, rows, index, t, s, local)
         dt = jnp.result_type(qh, kh)
         scores = _head_product(qh, kh, dt)  # (B, K, G*T, S)

@@ -27,8 +27,18 @@ from flax import nnx
 
 from . import declarations
 from .attention import Attention, attention_path, build_mask, cache_mask, self_attention_masks
-from .config import (FINAL_NORM_BY_DEFAULT, BlockConfig, check_cached_call, check_new_cache, check_parallel,
-                     check_remat, check_width, overflow_message, parallel_update, residual_update)
+from .config import (
+    FINAL_NORM_BY_DEFAULT,
+    BlockConfig,
+    check_cached_call,
+    check_new_cache,
+    check_parallel,
+    check_remat,
+    check_width,
+    overflow_message,
+    parallel_update,
+    residual_update,
+)
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params, dropout, initial_values
 
@@ -75,6 +85,9 @@ class _Block(nnx.Module):
     activation (`dropout_act`). Call-time dropout keys: one per block, split."""
 
     kind: str
+    # The modules and parameters are set from the declarations (declarations.block(cfg, kind),
+    # named by declarations.BLOCKS); each subclass annotates its own, so that type checkers
+    # and IDEs see them. None: an option that is off (no norm, no gate, no residual scale).
 
     def __init__(self, cfg: BlockConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg = cfg.resolve()
@@ -148,7 +161,8 @@ class _Block(nnx.Module):
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
 
-    def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None, h: jax.Array) -> tuple[jax.Array, dict]:
+    def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None,
+             h: jax.Array) -> tuple[jax.Array, dict]:
         """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h))).
         Both matmuls on the (B*T, E) token matrix, as 2-D GEMMs (faster on XLA:CPU than on
         (B, T, E))."""
@@ -198,7 +212,7 @@ def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cr
     out, weights, logit_max, new_cache = attn(h, mask, rows, key=key, deterministic=deterministic, cross=cross,
                                               memory=memory, cache=cache, index=index, path=path,
                                               key_valid=key_valid, layer=layer, positions=positions)
-    aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
+    aux: dict[str, Any] = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
         aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
     return out, aux
@@ -209,6 +223,10 @@ class ResidualMHA(_Block):
     form with a second norm on MHA's output. Params: mha, norm, norm_out, scale."""
 
     kind = "ResidualMHA"
+    mha: Attention
+    norm: Norm | None
+    norm_out: Norm | None
+    scale: nnx.Param[jax.Array] | None
 
     def __call__(self, x: jax.Array, *, attention_mask=None, key_mask=None, return_intermediates: bool = False,
                  deterministic: bool | None = None):
@@ -223,6 +241,12 @@ class FeedForward(_Block):
     Params: linear1, linear_gate (gated), linear2, norm, norm_out, scale."""
 
     kind = "FeedForward"
+    linear1: Linear
+    linear_gate: Linear | None
+    linear2: Linear
+    norm: Norm | None
+    norm_out: Norm | None
+    scale: nnx.Param[jax.Array] | None
 
     def __call__(self, x: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
         """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`."""
@@ -237,6 +261,16 @@ class TransformerBlock(_Block):
     """
 
     kind = "TransformerBlock"
+    self_attn: Attention
+    linear1: Linear
+    linear_gate: Linear | None
+    linear2: Linear
+    norm1: Norm | None
+    norm2: Norm | None
+    norm1_out: Norm | None
+    norm2_out: Norm | None
+    scale1: nnx.Param[jax.Array] | None
+    scale2: nnx.Param[jax.Array] | None
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
@@ -261,6 +295,20 @@ class DecoderBlock(_Block):
     """
 
     kind = "DecoderBlock"
+    self_attn: Attention
+    multihead_attn: Attention
+    linear1: Linear
+    linear_gate: Linear | None
+    linear2: Linear
+    norm1: Norm | None
+    norm2: Norm | None
+    norm3: Norm | None
+    norm1_out: Norm | None
+    norm2_out: Norm | None
+    norm3_out: Norm | None
+    scale1: nnx.Param[jax.Array] | None
+    scale2: nnx.Param[jax.Array] | None
+    scale3: nnx.Param[jax.Array] | None
 
     def _block_cache(self, batch: int, length: int, dtype, memory=None) -> Cache:
         cache = super()._block_cache(batch, length, dtype)
@@ -310,6 +358,8 @@ class _Stack(nnx.Module):
     memory with and without), so the pair is refused."""
 
     block: type[_Block]
+    layers: _Block  # one block whose parameters have a leading layer axis
+    norm: Norm | None  # the final norm (declarations.FINAL_NORM), set by name
 
     def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None,
                  remat: str | None = None, scan_layers: bool = True, rngs: nnx.Rngs):
@@ -366,8 +416,7 @@ class _Stack(nnx.Module):
         # it composes with any outer transform (jax.grad over split params, vmap, jit, nnx.jit).
         graphdef, state = nnx.split(self.layers)
         off = self.layers.dropouts[0].deterministic if deterministic is None else deterministic
-        training = self.rngs is not None and not off
-        keys = jax.random.split(self.rngs(), self.num_layers) if training else None
+        keys = jax.random.split(self.rngs(), self.num_layers) if self.rngs is not None and not off else None
         run = _layer_scan_body(graphdef, return_intermediates, deterministic, self.remat, path)
         if isinstance(cache, tuple):  # a decoding cache (`decoding_cache`): layer by layer, weights split out
             if return_intermediates:
@@ -409,6 +458,7 @@ class Encoder(_Stack):
     """`num_layers` TransformerBlocks and an optional final norm (torch's TransformerEncoder)."""
 
     block = TransformerBlock
+    layers: TransformerBlock
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """An empty cache for incremental decoding of up to `max_length` positions (causal only):
@@ -445,6 +495,7 @@ class Decoder(_Stack):
     """`num_layers` DecoderBlocks and an optional final norm (torch's TransformerDecoder)."""
 
     block = DecoderBlock
+    layers: DecoderBlock
 
     def init_cache(self, batch_size: int, max_length: int, memory: jax.Array,
                    memory_key_mask: jax.Array | None = None) -> Cache:
@@ -488,7 +539,8 @@ class Transformer(nnx.Module):
         from dataclasses import replace
 
         self.cfg = cfg
-        self.encoder = Encoder(replace(cfg, causal=False), num_layers=num_encoder_layers, final_norm=final_norm, rngs=rngs)
+        self.encoder = Encoder(replace(cfg, causal=False), num_layers=num_encoder_layers, final_norm=final_norm,
+                               rngs=rngs)
         self.decoder = Decoder(cfg, num_layers=num_decoder_layers, final_norm=final_norm, rngs=rngs)
 
     def __call__(self, src: jax.Array, tgt: jax.Array, *, src_mask=None, tgt_mask=None, memory_mask=None,
@@ -533,7 +585,7 @@ def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memo
 def layer_weights(stack: _Stack) -> tuple[nnx.State, ...]:
     """Each layer's state (weights) cut out of a stack's stacked state: a tuple of num_layers."""
     _, state = nnx.split(stack.layers)
-    return tuple(jax.tree.map(lambda a: a[i], state) for i in range(stack.num_layers))  # noqa: B023
+    return tuple(jax.tree.map(lambda a, i=i: a[i], state) for i in range(stack.num_layers))
 
 
 def decoding_cache(stack: _Stack, cache: Cache, weights: tuple[nnx.State, ...] | None = None) -> Cache:
@@ -550,7 +602,7 @@ def decoding_cache(stack: _Stack, cache: Cache, weights: tuple[nnx.State, ...] |
     if len(weights) != stack.num_layers:
         raise ValueError(f"weights for {len(weights)} layers, but the stack has {stack.num_layers}")
     layers = cache["layers"]
-    return {**cache, "layers": tuple({"cache": jax.tree.map(lambda a: a[i], layers), "weights": w}  # noqa: B023
+    return {**cache, "layers": tuple({"cache": jax.tree.map(lambda a, i=i: a[i], layers), "weights": w}
                                      for i, w in enumerate(weights))}
 
 
@@ -650,7 +702,7 @@ def _unrolled_scan(run, carry, xs):
                  for a in leaves]
     ys = []
     for i in range(n):
-        carry, y = run(carry, treedef.unflatten([p[i] for p in per_layer]))
+        carry, y = run(carry, jax.tree.unflatten(treedef, [p[i] for p in per_layer]))
         carry = (_layer_boundary(carry[0]), *carry[1:])
         ys.append(y)
     return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from . import stream
 from .io_errors import torch_load_state_dict
@@ -64,8 +65,9 @@ def natural_key(name: str) -> list:
 
 def ranges(xs: Iterable[int]) -> str:
     xs = sorted(xs)
-    parts, start = [], xs[0]
-    for a, b in zip(xs, xs[1:] + [None]):
+    parts: list[str] = []
+    start: int | None = xs[0]  # the current run's first number (None past the last)
+    for a, b in zip(xs, [*xs[1:], None], strict=True):
         if b != a + 1:
             parts.append(f"{start}" if start == a else f"{start}-{a}")
             start = b

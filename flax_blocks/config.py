@@ -18,8 +18,9 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 NORMS = ("pre", "post", "peri", "out", "none")
@@ -383,7 +384,7 @@ class BlockConfig:
     def gated(self) -> bool:
         return self.mlp != "dense"
 
-    def resolve(self, num_layers: int = 1) -> "BlockConfig":
+    def resolve(self, num_layers: int = 1) -> BlockConfig:
         """Fill the depth-dependent constants left as None, with the published formulas.
 
         DeepNorm, encoder-only stack of N layers: alpha = (2N)^(1/4), beta = (8N)^(-1/4).
@@ -391,7 +392,7 @@ class BlockConfig:
         """
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        changes: dict[str, float] = {}
+        changes: dict[str, Any] = {}  # field -> value, for dataclasses.replace
         if self.scaling == "deepnorm":
             if self.deepnorm_alpha is None:
                 changes["deepnorm_alpha"] = (2 * num_layers) ** 0.25
@@ -405,7 +406,9 @@ class BlockConfig:
     def residual_alpha(self) -> float:
         """Weight of the skip path: DeepNorm's alpha, else 1."""
         if self.scaling == "deepnorm":
-            return self.resolve().deepnorm_alpha  # type: ignore[return-value]
+            alpha = self.resolve().deepnorm_alpha
+            assert alpha is not None  # resolve fills it under deepnorm
+            return alpha
         return 1.0
 
 
@@ -439,6 +442,7 @@ def residual_update(
         h = h * layer_scale(layer, h)
     h, aux = sublayer(h)
     if cfg.norm == "peri":
+        assert norm_out is not None  # Peri-LN declares one per sublayer
         h = norm_out(h)
     elif cfg.norm == "out":
         h = norm(h)
@@ -465,7 +469,7 @@ def parallel_update(cfg: BlockConfig, x: Any, branches: list, layer: Any = 1) ->
     under "shared_norm" (computed once); s, c as in `residual_update`. branches: (sublayer,
     norm, dropout, scale) per sublayer, in order. Returns (y, the sublayers' aux merged)."""
     y, aux, shared = x, {}, None
-    for i, (sublayer, norm, dropout, scale) in enumerate(branches):
+    for sublayer, norm, dropout, scale in branches:
         if shared is None or cfg.parallel_residual == "two_norms":
             shared = h = norm(x)
             if cfg.layernorm_scaling:
@@ -577,7 +581,8 @@ def _self_caches(tree: Any):
 
 def overflow_message(chunk: int, index: int, length: int) -> str | None:
     if index + chunk > length:
-        return f"cache overflow: a chunk of {chunk} position(s) at position {index} does not fit a cache of max_length {length}"
+        return (f"cache overflow: a chunk of {chunk} position(s) at position {index} does not fit a cache of "
+                f"max_length {length}")
     return None
 
 
@@ -636,9 +641,9 @@ def _outside_caller() -> tuple[int, Any]:
     """(warnings.warn's stacklevel as called in warn_fully_masked, frame) of the first
     caller outside flax_blocks, torch_blocks, jax, flax and torch (as Python 3.12's
     skip_file_prefixes)."""
-    prefixes = tuple(os.path.dirname(m.__file__) + os.sep for name in ("flax_blocks", "torch_blocks", "jax", "flax",
-                                                                        "torch")
-                     if (m := sys.modules.get(name)) is not None and getattr(m, "__file__", None))
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in ("flax_blocks", "torch_blocks", "jax", "flax",
+                                                                             "torch")]
+    prefixes = tuple(os.path.dirname(f) + os.sep for f in files if f)
     frame, level = sys._getframe(2), 2  # warn_fully_masked's caller
     while frame.f_back is not None and frame.f_code.co_filename.startswith(prefixes):
         frame, level = frame.f_back, level + 1

@@ -54,7 +54,7 @@ def _config_fields() -> list[tuple[str, Any, Any]]:
     return [(f.name, hints[f.name], f.default) for f in dataclasses.fields(BlockConfig) if BY_NAME[f.name].cli]
 
 
-def _add_config_flag(ap: argparse.ArgumentParser, name: str, hint: Any, default: Any) -> None:
+def _add_config_flag(ap: argparse._ArgumentGroup, name: str, hint: Any, default: Any) -> None:
     """--name-with-dashes for one BlockConfig field; the value stays None when not given."""
     flag = "--" + name.replace("_", "-")
     base = hint
@@ -182,8 +182,13 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
 
     from flax_blocks import dialects
     from flax_blocks.config import BlockConfig
-    from flax_blocks.convert import (ConversionError, flax_state_dict, infer_config, load_torch_state_dict,
-                                     torch_state_dict)
+    from flax_blocks.convert import (
+        ConversionError,
+        flax_state_dict,
+        infer_config,
+        load_torch_state_dict,
+        torch_state_dict,
+    )
 
     if not args.dst.endswith(".safetensors"):
         raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file (its metadata carries "

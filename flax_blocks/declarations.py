@@ -23,8 +23,9 @@ methods numpy and JAX share (reshape, transpose, indexing).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -120,10 +121,10 @@ class Param:
 class Component:
     """A module's own parameters. kind: which module class each framework builds for it."""
 
-    kind: Literal["linear", "norm", "attention", "block"]
+    kind: Literal["linear", "norm", "attention", "block", "embedding"]  # embedding: lm_spec's tables
     params: tuple[Param, ...]
     width: int = 0  # a norm's normalised width
-    children: tuple[tuple[str, "Component"], ...] = ()
+    children: tuple[tuple[str, Component], ...] = ()
 
 
 def _one(spec: Spec, rows: int = 1) -> Chunks:
@@ -152,7 +153,9 @@ _LINEAR_DIMS = {"up": ("d_ff", "d_model"), "gate": ("d_ff", "d_model"), "down": 
 def linear(cfg: BlockConfig, n_in: int, n_out: int, role: LinearRole) -> Component:
     """An MLP projection: torch weight (out, in) and bias (out,) (cfg.has_mlp_bias); Flax kernel (in, out), bias."""
     if cfg.scaling == "deepnorm":
-        w, b = xavier_normal(n_in, n_out, float(cfg.resolve().deepnorm_beta)), ZERO  # type: ignore[arg-type]
+        beta = cfg.resolve().deepnorm_beta
+        assert beta is not None  # resolve fills it under deepnorm
+        w, b = xavier_normal(n_in, n_out, float(beta)), ZERO
     elif cfg.init == "xavier":
         w, b = xavier_uniform(n_in, n_out), ZERO
     else:  # nn.Linear: kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)), bias the same
@@ -188,8 +191,11 @@ def attention(cfg: BlockConfig) -> Component:
     its G = H/K query heads (slots 0..G-1 q, G k, G+1 v), out_kernel (H, hd, E)."""
     e, h, k, d = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_width
     rows = (h * d, k * d, k * d)
+    w_qkv: tuple[Spec, ...]  # the q, k and v rows' init specs
     if cfg.scaling == "deepnorm":
-        beta = float(cfg.resolve().deepnorm_beta)  # type: ignore[arg-type]
+        resolved = cfg.resolve().deepnorm_beta
+        assert resolved is not None  # resolve fills it under deepnorm
+        beta = float(resolved)
         w_qkv = (xavier_normal(e, rows[0]), xavier_normal(e, rows[1]), xavier_normal(e, rows[2], beta))
         w_out, b_in, b_out = xavier_normal(h * d, e, beta), ZERO, ZERO
     elif cfg.init == "xavier":
@@ -201,7 +207,7 @@ def attention(cfg: BlockConfig) -> Component:
         w_out, b_in, b_out = ("uniform", 1 / math.sqrt(h * d)), ZERO, ZERO
     params = [
         Param("in_proj_weight", "in_kernel", (sum(rows), e), (None, "d_model"),
-              ("embed", "kv_heads", "qkv", "head_dim"), tuple(zip(rows, w_qkv)), QKV_WEIGHT),
+              ("embed", "kv_heads", "qkv", "head_dim"), tuple(zip(rows, w_qkv, strict=True)), QKV_WEIGHT),
         Param("out_proj.weight", "out_kernel", (e, h * d), ("d_model", None),
               ("heads", "head_dim", "embed"), _one(w_out, e), OUT_HEADS),
     ]
@@ -210,7 +216,7 @@ def attention(cfg: BlockConfig) -> Component:
                                ("kv_heads", "qkv", "head_dim"), _one(b_in, sum(rows)), QKV_BIAS))
     if cfg.bias:
         params.append(Param("out_proj.bias", "out_bias", (e,), ("d_model",), ("embed",), _one(b_out, e)))
-    children = ()
+    children: tuple[tuple[str, Component], ...] = ()
     if cfg.qk_norm and cfg.qk_norm_over == "projection":  # OLMo 2: over H * hd and K * hd
         children = (("q_norm", norm(cfg, h * d, dim=None, axis=None, bias=False)),
                     ("k_norm", norm(cfg, k * d, dim=None, axis=None, bias=False)))
@@ -227,7 +233,9 @@ def residual_scale(cfg: BlockConfig, name: str) -> Param | None:
         return Param(name, name, (), (), (), ((1, ZERO),))
     if cfg.scaling == "layerscale":
         e = cfg.d_model
-        return Param(name, name, (e,), ("d_model",), ("embed",), _one(("const", float(cfg.resolve().layerscale_init)), e))
+        eps = cfg.resolve().layerscale_init
+        assert eps is not None  # resolve fills it under layerscale
+        return Param(name, name, (e,), ("d_model",), ("embed",), _one(("const", float(eps)), e))
     return None
 
 

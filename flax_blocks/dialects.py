@@ -35,8 +35,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from . import declarations
 from .checkpoint_io import ConversionError, read_state_dict
@@ -400,7 +401,8 @@ _GEMMA2_RULES = (
     *_norm("norm2_out", "post_feedforward_layernorm"),
 )
 _GEMMA2_SETTINGS = {**_ATTENTION_BIAS, "norm": "peri", "norm_weight_offset": 1.0, "qkv_bias": None}
-for _k in ("attn_logit_softcapping", "query_pre_attn_scalar", "activation", "mlp"):  # read (Gemma 2 / 3: "gelu" is exact)
+# read from the config (Gemma 2 / 3: "gelu" is exact)
+for _k in ("attn_logit_softcapping", "query_pre_attn_scalar", "activation", "mlp"):
     del _GEMMA2_SETTINGS[_k]
 HF_GEMMA2 = Dialect(
     "hf-gemma2", "Hugging Face Gemma 2 (sandwich norms: pre_feedforward_layernorm, post_feedforward_layernorm)",
@@ -571,11 +573,13 @@ class UnknownDialectError(ConversionError):
 
 
 def detect_dialect(source: Any) -> str:
-    """The name of the dialect whose stack keys the state dict holds (one of DIALECTS). source: a mapping of name -> array, a module with .state_dict() or a path.
+    """The name of the dialect whose stack keys the state dict holds (one of DIALECTS).
+    source: a mapping of name -> array, a module with .state_dict() or a path.
     Raises ConversionError when no dialect or several recognise the keys, listing the dialects
     and the keys' roots, and when the one that does is shared by families that compute
-    something else (LLaMA's names; OPT's, whose norm placement they do not say): then only an explicit dialect= (or fb.from_hf, which reads
-    the model's config) says which family the checkpoint is."""
+    something else (LLaMA's names; OPT's, whose norm placement they do not say): then only
+    an explicit dialect= (or fb.from_hf, which reads the model's config) says which family
+    the checkpoint is."""
     keys = list(source.keys()) if isinstance(source, Mapping) else list(read_state_dict(source, lazy=True))
     counts = {name: len(_stack_keys(keys, lay)) for name, lay in DIALECTS.items()}
     best = max(counts.values(), default=0)
@@ -595,9 +599,9 @@ def detect_dialect(source: Any) -> str:
         return winners[0]
     known = "; ".join(f"{lay.name}: {lay.description}" for lay in DIALECTS.values())
     what = "several dialects fit equally" if winners else "no dialect recognises these keys"
-    raise (ConversionError if winners else UnknownDialectError)([f"the keys' roots are {_roots(keys)}", f"dialects: {known}",
-                           "pass dialect= (--dialect) to choose one"],
-                          header=f"cannot detect the checkpoint dialect ({what})")
+    error = ConversionError if winners else UnknownDialectError
+    raise error([f"the keys' roots are {_roots(keys)}", f"dialects: {known}",
+                 "pass dialect= (--dialect) to choose one"], header=f"cannot detect the checkpoint dialect ({what})")
 
 
 # ----------------------------------------------------------------------------------------
@@ -666,7 +670,7 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
             if not have:
                 continue
             for t in r.zero:  # a part the family never has: zeros shaped as a part of the same rows
-                twin = next(u for u, part in zip(r.theirs, r.split) if u != t and u in theirs
+                twin = next(u for u, part in zip(r.theirs, r.split, strict=True) if u != t and u in theirs
                             and part == r.split[r.theirs.index(t)])
                 theirs.setdefault(t, theirs[twin] * 0)
             have = [t for t in r.theirs if t in theirs]
@@ -757,7 +761,7 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
             out[base + r.theirs[0]] = a.T if r.transpose else a
             continue
         start = 0
-        for t, part in zip(r.theirs, r.split):
+        for t, part in zip(r.theirs, r.split, strict=True):
             n = _rows(part, cfg)
             piece = a[start:start + n].T if r.transpose else a[start:start + n]
             start += n

@@ -16,6 +16,7 @@ checked before anything is computed.
 from __future__ import annotations
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -143,8 +144,8 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, temp
         if t > lm.max_positions:
             raise ValueError(f"a prompt of {t} tokens, but the model has {lm.max_positions} learned positions")
         if longest + max_new_tokens > lm.max_positions:
-            raise ValueError(f"a prompt of {longest} real tokens plus max_new_tokens={max_new_tokens} passes the model's "
-                             f"{lm.max_positions} learned positions")
+            raise ValueError(f"a prompt of {longest} real tokens plus max_new_tokens={max_new_tokens} passes the "
+                             f"model's {lm.max_positions} learned positions")
     pad = eos_token_id if pad_token_id is None else pad_token_id
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key

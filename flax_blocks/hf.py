@@ -13,9 +13,10 @@ word_embed_proj_dim != hidden_size projects the token embeddings before the stac
 final hidden state after it: the Flax stack's output is the one before project_out). Rotary
 positions are part of the rotary families' layers and are computed by the Flax stack
 (positions 0..T-1). The settings come from the model's own config (`flax_blocks.hf_config`:
-heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm); what the Flax blocks cannot compute (scaled rotary variants
-such as LLaMA 3's, layer-dependent attention scaling, a window layout the blocks lack) is refused by name,
-never silently approximated. The stack is built for inference: dropout 0.
+heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm);
+what the Flax blocks cannot compute (scaled rotary variants such as LLaMA 3's, layer-dependent
+attention scaling, a window layout the blocks lack) is refused by name, never silently
+approximated. The stack is built for inference: dropout 0.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     from . import blocks
     from .convert import from_torch
 
+    config: dict[str, Any] | None
     if isinstance(source, (str, os.PathLike)):
         from .hub import resolve
 
@@ -170,7 +172,8 @@ def to_hf(module, dialect: str | None = None, *, prefix: str | None = None) -> d
         return to_hf_model(module, dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg),
                            prefix=prefix)
     if type(module).__name__ not in ("Encoder", "Decoder"):
-        raise TypeError(f"to_hf converts an Encoder or a Decoder (a stack) or a LanguageModel, got {type(module).__name__}")
+        raise TypeError(f"to_hf converts an Encoder or a Decoder (a stack) or a LanguageModel, "
+                        f"got {type(module).__name__}")
     prefix = prefix or ""
     dialect = dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg, type(module).__name__)
     if dialect == "torch":

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from operator import attrgetter
+from typing import Any
 
 from . import dialects
 from .checkpoint_io import ConversionError, read_state_dict
 from .config import BlockConfig, dtype_name
 from .hf_families import FAMILIES, NOT_COMPUTED, PARTS, Family, Read, audit, not_computed
 from .options import BY_NAME
+
 
 def family_of(config: Mapping[str, Any], part: str | None = None) -> Family:
     """The family table (flax_blocks.hf_families) that reads this config: its model_type's,
@@ -154,7 +157,7 @@ def check_hf_source(cfg: BlockConfig | None, source: Any, dialect: str | None) -
         same = {"num_kv_heads": lambda c: c.kv_heads, "qkv_bias": lambda c: c.has_qkv_bias}  # None = the default
         problems += [f"{f}={getattr(cfg, f)!r} given, but the {config['model_type']} model has {f}={getattr(want, f)!r}"
                      for f in BY_NAME if f not in _FREE
-                     and same.get(f, lambda c: getattr(c, f))(cfg) != same.get(f, lambda c: getattr(c, f))(want)]
+                     and same.get(f, attrgetter(f))(cfg) != same.get(f, attrgetter(f))(want)]
     if problems:
         raise ConversionError(problems + ["fb.from_hf(model) reads every setting from the model's config"],
                               header=f"the config contradicts the source {type(source).__name__}")

@@ -24,8 +24,9 @@ Framework-free: read by `flax_blocks.hf_config` (the stack) and `flax_blocks.hf_
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 TRANSFORMERS = "5.24.0"  # the version these tables mirror (pyproject's hf extra pins it)
 
@@ -90,7 +91,8 @@ class Read:
     (a reader reading another key is a bug, raised as one); `problems` collects refusals."""
 
     def __init__(self, config: Mapping[str, Any], family: Family):
-        self.config, self.family, self.problems = config, family, []
+        self.config, self.family = config, family
+        self.problems: list[str] = []
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.family.reads:
@@ -187,12 +189,13 @@ def _rope(c: Read, *, default_theta: float = 10000.0, partial: float | None = No
     theta = params.get("rope_theta", c[theta_key] if c.given(theta_key) else default_theta)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
-        c.refuse("rope_scaling" if c["rope_scaling"] else "rope_parameters", f"rope_type {kind!r} (scaled rotary, as LLaMA 3's llama3 or Phi-3's longrope): "
-                                    "the blocks compute plain rotary positions (rope_theta) only")
+        c.refuse("rope_scaling" if c["rope_scaling"] else "rope_parameters",
+                 f"rope_type {kind!r} (scaled rotary, as LLaMA 3's llama3 or Phi-3's longrope): "
+                 "the blocks compute plain rotary positions (rope_theta) only")
     out: dict[str, Any] = {"rope_theta": float(theta)}
     if partial is not None:
         given = partial_key is not None and c.given(partial_key)
-        factor = params.get("partial_rotary_factor", c[partial_key] if given else partial)
+        factor = params.get("partial_rotary_factor", c[partial_key] if partial_key is not None and given else partial)
         out["partial_rotary_factor"] = float(factor)
         dims = int(head_dim * float(factor))
         if dims % 2 or dims < 2:
@@ -778,6 +781,5 @@ NOT_COMPUTED = {
 def not_computed(model_type: str, config: Mapping[str, Any]) -> str:
     """The reason a known model_type is refused, with the model's own numbers filled in."""
     reason = NOT_COMPUTED[model_type]
-    fields = {"num_local_experts": config.get("num_local_experts", "?"),
-              "num_experts_per_tok": config.get("num_experts_per_tok", "?"), "num_experts": config.get("num_experts", "?")}
+    fields = {key: config.get(key, "?") for key in ("num_local_experts", "num_experts_per_tok", "num_experts")}
     return reason.format(**fields)

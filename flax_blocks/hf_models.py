@@ -19,8 +19,9 @@ refused by name. A family without an entry (ViT, Whisper) loads as a stack only
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ STACK_ONLY = {
 
 
 def _family(config: Mapping[str, Any]) -> tuple[str, Outside]:
-    model_type = config.get("model_type")
+    model_type: Any = config.get("model_type")  # a config value (None when absent)
     out = OUTSIDE.get(model_type)
     if out is None:
         why = STACK_ONLY.get(model_type, "no table of the parts around its stack (flax_blocks.hf_models.OUTSIDE)")
@@ -288,8 +289,12 @@ def to_hf_model(model, dialect: str, *, prefix: str | None = None) -> dict[str, 
             raise ConversionError([f"{dialect} has no learned positions"], header="cannot write this whole model")
         hf[base + out.positions] = sd["pos.weight"]
     if lm.token_types:
+        if not out.token_type:
+            raise ConversionError([f"{dialect} has no token-type embeddings"], header="cannot write this whole model")
         hf[base + out.token_type] = sd["token_type.weight"]
     if lm.embed_norm:
+        if not out.embed_norm:
+            raise ConversionError([f"{dialect} has no norm on the embeddings"], header="cannot write this whole model")
         for k in ("weight", "bias"):
             if f"embed_norm.{k}" in sd:
                 hf[base + out.embed_norm + k] = sd[f"embed_norm.{k}"]

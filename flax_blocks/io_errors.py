@@ -44,10 +44,12 @@ def describe_unpickling_error(path: str | os.PathLike, err: BaseException) -> st
     if found:
         what = found.group(1)
         return (f"{path} holds a pickled object ({what}), not a state dict: save module.state_dict() "
-                f"instead (torch.save(model.state_dict(), {os.path.basename(path)!r})), or pass the module object itself")
+                f"instead (torch.save(model.state_dict(), {os.path.basename(path)!r})), "
+                "or pass the module object itself")
     if _is_safetensors(path):
         return f"{path} is a safetensors file with a torch name: rename it to *.safetensors"
-    first = next((line.strip() for line in text.splitlines() if "error:" in line.lower()), text.splitlines()[0] if text else "")
+    lines = text.splitlines()
+    first = next((line.strip() for line in lines if "error:" in line.lower()), lines[0] if lines else "")
     return f"{path} is not a torch state dict that torch.load(weights_only=True) can read ({first[:160]})"
 
 

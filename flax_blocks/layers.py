@@ -9,7 +9,8 @@ distributions. Children are built by the caller.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str,
     entries = []  # (module path, Param, [(chunk shape, spec)])
     for path, p in _walk(component):
         shapes = [p.flax_shape(cfg)] if len(p.init) == 1 else [(rows, *p.shape[1:]) for rows, _ in p.init]
-        entries.append((path, p, [(shape, spec) for shape, (_, spec) in zip(shapes, p.init)]))
+        entries.append((path, p, [(shape, spec) for shape, (_, spec) in zip(shapes, p.init, strict=True)]))
     for *_, chunks in entries:
         for _, spec in chunks:
             if spec[0] not in ("const", "uniform", "normal"):
@@ -56,9 +57,10 @@ def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str,
         kind, value = spec
         if kind == "const":
             return jnp.full(shape, value, dtype)
-        n, start = math.prod(shape), used[kind]
+        n, start, pool = math.prod(shape), used[kind], pools[kind]
+        assert pool is not None  # drawn: this kind has entries
         used[kind] += n
-        return (value * pools[kind][start:start + n]).reshape(shape)
+        return (value * pool[start:start + n]).reshape(shape)
 
     out: dict[str, Any] = {}
     for path, p, chunks in entries:
@@ -106,6 +108,11 @@ def dropout(cfg: BlockConfig, rngs: nnx.Rngs) -> nnx.Dropout:
 class Linear(nnx.Module):
     """y = x @ kernel + bias on the last axis. Params: kernel (in, out), bias (out,)."""
 
+    # Set by create_params from the declarations (declarations.linear); annotated here so
+    # that type checkers and IDEs see them.
+    kernel: nnx.Param[jax.Array]
+    bias: nnx.Param[jax.Array] | None
+
     def __init__(self, cfg: BlockConfig, component: Component, *, rngs: nnx.Rngs,
                  values: dict[str, Any] | None = None):
         self.dtype = compute_dtype(cfg)
@@ -127,6 +134,11 @@ class Norm(nnx.Module):
     Gemma's RMSNorm); or DyT (Zhu et al. 2025), scale * tanh(alpha * x) + bias,
     in the compute dtype. Params: scale (width,), bias (width,) for LayerNorm and DyT with
     cfg.has_norm_bias, alpha () for DyT."""
+
+    # Set by create_params from the declarations (declarations.norm); alpha exists for DyT only.
+    scale: nnx.Param[jax.Array]
+    bias: nnx.Param[jax.Array] | None
+    alpha: nnx.Param[jax.Array]
 
     def __init__(self, cfg: BlockConfig, component: Component, *, rngs: nnx.Rngs,
                  values: dict[str, Any] | None = None):
@@ -154,8 +166,6 @@ class Norm(nnx.Module):
         else:
             h = h - jnp.mean(h, axis=-1, keepdims=True)
             h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
-        if self.offset:  # Gemma: times (offset + w) in the statistics' dtype, then cast
-            y = (h * (self.offset + scale.astype(h.dtype))).astype(x.dtype)
-        else:
-            y = h.astype(x.dtype) * scale
+        # Gemma (offset): times (offset + w) in the statistics' dtype, then cast
+        y = (h * (self.offset + scale.astype(h.dtype))).astype(x.dtype) if self.offset else h.astype(x.dtype) * scale
         return y if bias is None else y + bias

@@ -40,6 +40,8 @@ Cache = dict[str, Any]
 class Embedding(nnx.Module):
     """A lookup table. Params: embedding (rows, E)."""
 
+    embedding: nnx.Param[jax.Array]  # set by create_params
+
     def __init__(self, cfg: BlockConfig, component: declarations.Component, *, rngs: nnx.Rngs):
         self.dtype = compute_dtype(cfg)
         create_params(self, component, cfg, rngs)
@@ -53,7 +55,7 @@ class Embedding(nnx.Module):
 _MODULES = {"embedding": Embedding, "norm": Norm, "linear": Linear}
 
 
-def check_token_mask(mask, shape: tuple[int, int], name: str = "attention_mask") -> jax.Array | None:
+def check_token_mask(mask, shape: tuple[int, ...], name: str = "attention_mask") -> jax.Array | None:
     """A token mask in HF's convention (B, T), 1 / True = real token, as a bool array.
 
     Refused where the values can be read (eager or constant): other shapes; numbers other
@@ -66,7 +68,8 @@ def check_token_mask(mask, shape: tuple[int, int], name: str = "attention_mask")
     if not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)):
         raise TypeError(f"{name} must hold booleans or 0 / 1 numbers, got dtype {dtype}")
     if tuple(jnp.shape(mask)) != tuple(shape):
-        raise ValueError(f"{name} must have the tokens' shape (batch, seq) = {tuple(shape)}, got {tuple(jnp.shape(mask))}")
+        raise ValueError(f"{name} must have the tokens' shape (batch, seq) = {tuple(shape)}, "
+                         f"got {tuple(jnp.shape(mask))}")
     values = _concrete(mask)
     if values is not None:
         odd = values[~np.isin(values, (0, 1))]
@@ -100,6 +103,18 @@ class LanguageModel(nnx.Module):
     embed_norm, encoder, head (None where the model lacks one).
 
     cfg: every layer's BlockConfig (causal for an LM that decodes); lm: the parts around it."""
+
+    # Set from lm_spec.build_order (names and components); None: a part this model lacks (OPTIONAL).
+    embed: Embedding
+    pos: Embedding | None
+    token_type: Embedding | None
+    embed_norm: Norm | None
+    encoder: Encoder  # lm_spec.ENCODER
+    head: Linear | None
+    # Set by fb.from_hf (flax_blocks.hf_models): the family's dialect and model_type, which
+    # to_hf writes the model back in; None for a model built here.
+    hf_dialect: str | None = None
+    hf_family: str | None = None
 
     def __init__(self, cfg: BlockConfig, lm: LMConfig, *, rngs: nnx.Rngs):
         if not isinstance(lm, LMConfig):
@@ -162,15 +177,19 @@ class LanguageModel(nnx.Module):
         if cache is not None and positions is None:
             positions = cache["position"][:, None] + jnp.arange(shape[1], dtype=jnp.int32)
         elif positions is None and self.lm.default_positions != "arange":
-            real = ids != self.lm.pad_token_id if self.lm.default_positions == "ids" else mask
+            real = mask
+            if self.lm.default_positions == "ids":
+                assert self.lm.pad_token_id is not None  # LMConfig pairs it with default_positions="ids"
+                real = jnp.not_equal(ids, self.lm.pad_token_id)
             if real is not None:
                 positions = derived = default_positions(self.lm, real.astype(jnp.int32))
         if self.pos is not None and positions is not None:
-            seen = _concrete(positions)
+            seen, limit = _concrete(positions), self.lm.max_positions
+            assert limit is not None  # a position table (pos) comes with max_positions
             low = -1 if derived is not None else 0  # a derived -1 (padding) reads row position_offset - 1
-            if seen is not None and seen.size and (seen.min() < low or seen.max() >= self.lm.max_positions):
-                raise ValueError(f"positions up to {int(seen.max())}, but the model has {self.lm.max_positions} "
-                                 f"learned positions (0..{self.lm.max_positions - 1})")
+            if seen is not None and seen.size and (seen.min() < low or seen.max() >= limit):
+                raise ValueError(f"positions up to {int(seen.max())}, but the model has {limit} "
+                                 f"learned positions (0..{limit - 1})")
         x = self.embed_tokens(ids, positions, token_type_ids)
         rotary = positions if self.cfg.rope_theta is not None else None
         if cache is not None:

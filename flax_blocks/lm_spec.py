@@ -138,7 +138,7 @@ def components(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component], .
     """The model's own components besides the stack, in torch's order: (name, Component)."""
     e, v, std = cfg.d_model, lm.vocab_size, lm.init_std
     out: list[tuple[str, Component]] = [("embed", _embedding(v, e, "vocab_size", std))]
-    if lm.max_positions is not None:
+    if lm.position_rows is not None:  # learned positions (max_positions)
         out.append(("pos", _embedding(lm.position_rows, e, "position_rows", std)))
     if lm.token_types:
         out.append(("token_type", _embedding(lm.token_types, e, "token_types", std)))

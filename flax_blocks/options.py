@@ -119,8 +119,8 @@ OPTIONS: tuple[Option, ...] = (
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
     Option("param_dtype", "dtype", "parameter dtype on both sides", cli=False,
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
-    Option("attention", "implementation", "attention implementation: 'auto' (dense; the blocked path from 1024 keys, or "
-           "the fused kernel on a GPU, where no weights, explicit mask or attention dropout are asked for), "
+    Option("attention", "implementation", "attention implementation: 'auto' (dense; the blocked path from 1024 keys, "
+           "or the fused kernel on a GPU, where no weights, explicit mask or attention dropout are asked for), "
            "'dense', 'blocked' (memory-efficient, in blocks) or 'fused' (jax.nn.dot_product_attention; torch: SDPA)",
            cli=False),
     Option("attention_block", "implementation", "query and key block size of the blocked path (Flax)", cli=False),
@@ -134,9 +134,11 @@ BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 # (norm_type="dyt" with qk_norm=True) is in a second probe, the first with the option at
 # that value and what refuses it switched off (PROBE_EXCLUDED). Code that needs every name
 # reads the union over PROBES; set differences against PROBE (config inference) stay within one.
-PROBE_EXCLUDED = {"norm_type": ("layernorm", {"qk_norm": False})}  # option: (value in PROBE, what its adds refuses)
-PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, activation="silu",
-                    **{o.name: PROBE_EXCLUDED.get(o.name, (o.adds,))[0] for o in OPTIONS if o.adds is not None})
+# option: (value in PROBE, what its adds refuses)
+PROBE_EXCLUDED: dict[str, tuple[Any, dict[str, Any]]] = {"norm_type": ("layernorm", {"qk_norm": False})}
+_PROBE_VALUES: dict[str, Any] = {o.name: PROBE_EXCLUDED[o.name][0] if o.name in PROBE_EXCLUDED else o.adds
+                                 for o in OPTIONS if o.adds is not None}
+PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, activation="silu", **_PROBE_VALUES)
 PROBES = (PROBE, *(dataclasses.replace(PROBE, **{name: BY_NAME[name].adds}, **off)
                    for name, (_, off) in PROBE_EXCLUDED.items()))
 

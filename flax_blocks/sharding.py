@@ -47,7 +47,8 @@ What `shard_model` / `partition_specs` do with each Variable:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 from flax import nnx
@@ -185,6 +186,7 @@ def logical_to_spec(axes: Sequence[Any], rules: Any, mesh: Mesh | None = None) -
             targets = () if m is None else (m,) if isinstance(m, str) else m
             missing = [t for t in targets if mesh_names is not None and t not in mesh_names]
             if missing:
+                assert mesh is not None  # (missing needs mesh_names)
                 raise ValueError(f"rule {name!r} -> {m!r}: the mesh has no axis {missing[0]!r} (its axes: "
                                  f"{tuple(mesh.axis_names)}); map {name!r} to one of them, or to None to replicate")
             return targets
@@ -192,7 +194,7 @@ def logical_to_spec(axes: Sequence[Any], rules: Any, mesh: Mesh | None = None) -
             return (name,)
         if name in LOGICAL_AXES:
             return ()
-        if mesh_names is None:
+        if mesh is None:  # (mesh_names is None)
             return (name,)
         raise ValueError(f"axis name {name!r} of {tuple(axes)} is neither a logical name the rules map "
                          f"({sorted(rules)}) nor a mesh axis {tuple(mesh.axis_names)}; add a rule for it "
@@ -291,7 +293,8 @@ def indivisible(name: str, shape: Sequence[int], spec: PartitionSpec, mesh: Mesh
     """Each dimension of an array of `shape` that its `spec` splits unevenly on `mesh`, as
     'name: dim d of size s is not divisible by axis=n' (empty: it shards)."""
     errors = []
-    for dim, (size, axis) in enumerate(zip(shape, spec)):
+    # strict=False: a PartitionSpec may be shorter than the shape; the dimensions past its end are not split
+    for dim, (size, axis) in enumerate(zip(shape, spec, strict=False)):
         if axis is None:
             continue
         n = 1
@@ -364,6 +367,7 @@ def misplaced(state: Any, mesh: Mesh, rules: Any) -> list[str]:
             return
         s = value.sharding
         ndim = value.ndim
+        actual: PartitionSpec | jax.sharding.Sharding
         if isinstance(s, NamedSharding) and s.mesh.axis_names == mesh.axis_names and \
                 s.mesh.devices.shape == mesh.devices.shape and (s.mesh.devices == mesh.devices).all():
             ok = _placement(s.spec, ndim, mesh) == _placement(spec, ndim, mesh)

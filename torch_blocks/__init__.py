@@ -8,6 +8,6 @@ from .blocks import Decoder, DecoderBlock, Encoder, FeedForward, ResidualMHA, Tr
 from .convert import to_tensor, to_tensors
 from .lm import LanguageModel
 
-__all__ = ["__version__", "BlockConfig", "invert_mask", "Attention", "ResidualMHA", "FeedForward", "TransformerBlock", "Encoder",
-           "DecoderBlock", "Decoder", "Transformer",
+__all__ = ["__version__", "BlockConfig", "invert_mask", "Attention", "ResidualMHA", "FeedForward", "TransformerBlock",
+           "Encoder", "DecoderBlock", "Decoder", "Transformer",
            "build_mask", "to_tensor", "to_tensors", "LanguageModel"]

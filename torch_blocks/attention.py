@@ -10,7 +10,8 @@ masked give a zero attention output (bias included) and zero weights, as in flax
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,6 @@ from flax_blocks import declarations
 from flax_blocks.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
 
 from .layers import Norm, create_params
-
 
 PATHS = ("dense", "fused")
 
@@ -55,7 +55,7 @@ class Mask(NamedTuple):
     causal: bool = False  # masked is exactly the causal mask (the fused path hands SDPA is_causal instead)
 
 
-def _check_mask(name: str, mask: Tensor, shapes: list[tuple[int, ...]]) -> tuple[Tensor, Tensor | None]:
+def _check_mask(name: str, mask: Tensor, shapes: Sequence[tuple[int, ...]]) -> tuple[Tensor, Tensor | None]:
     """(masked, bias) from a boolean mask (True = may NOT attend) or a float mask, which
     is added to the logits as stock torch does (-inf entries are the masked ones)."""
     if not (mask.dtype == torch.bool or mask.dtype.is_floating_point):
@@ -109,6 +109,7 @@ def build_mask(
         masked = view(m_masked) if masked is None else masked | view(m_masked)
         if m_bias is not None:
             bias = view(m_bias) if bias is None else bias + view(m_bias)
+    assert masked is not None  # one of the masks was given
     masked = masked.expand(-1, -1, seq, keys)  # a key-padding mask alone is (batch, 1, 1, keys)
     rows = ~masked.all(dim=-1, keepdim=True)
     _warn_if_fully_masked(rows, batch)
@@ -119,7 +120,8 @@ def cache_mask(index: int, seq: int, valid: Tensor) -> Mask:
     """The causal mask of a chunk of `seq` queries at positions index .. index+seq-1 over a
     cache of L keys, `valid` (B, L) marking the keys written and not padding."""
     positions = index + torch.arange(seq, device=valid.device)
-    allowed = (torch.arange(valid.shape[1], device=valid.device)[None, :] <= positions[:, None])[None] & valid[:, None, :]
+    keys = torch.arange(valid.shape[1], device=valid.device)
+    allowed = (keys[None, :] <= positions[:, None])[None] & valid[:, None, :]
     allowed = allowed[:, None]  # (B, 1, seq, L)
     rows = allowed.any(dim=-1, keepdim=True)
     return Mask(~allowed & rows, rows)
@@ -153,6 +155,14 @@ def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None) -
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+class _Projection(Protocol):
+    """What `create_params` makes of the dotted names out_proj.weight / out_proj.bias: a
+    plain nn.Module holding the two parameters (bias None when the option is off)."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
+
 class Attention(nn.Module):
     """Self-attention with one packed q/k/v projection (see `declarations.attention`).
 
@@ -160,6 +170,14 @@ class Attention(nn.Module):
     in_proj_bias, out_proj.weight (E, H*hd), out_proj.bias, q_norm / k_norm (over hd).
     With K = H these are nn.MultiheadAttention's names and shapes, so its weights load.
     """
+
+    # Registered from the declarations (declarations.attention) by create_params and
+    # __init__; annotated here so that type checkers and IDEs see them. None: an option that is off.
+    in_proj_weight: nn.Parameter
+    in_proj_bias: nn.Parameter | None
+    out_proj: _Projection
+    q_norm: Norm | None
+    k_norm: Norm | None
 
     def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *,
                  generator: torch.Generator | None = None):
@@ -233,11 +251,13 @@ class Attention(nn.Module):
             if self.q_norm is not None:
                 q = self.qk_normed(self.q_norm, q)
             mem = self.memory_kv(memory) if memory is not None else cache
+            assert mem is not None  # the blocks pass a memory or a cache made with one
             k, v = mem["k"], mem["v"]
         q = q.transpose(1, 2)  # (B, H, T, hd); k and v (B, K, T or S, hd)
         p = cfg.dropout if self.training else 0.0
         weights = logit_max = None
         if local:  # the causal mask is never None then (sliding_window needs causal)
+            assert masked is not None
             masked, rows = self.windowed(masked, rows, index, t, k.shape[2])
         if path == "dense":
             k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # head -> h // G
@@ -255,6 +275,7 @@ class Attention(nn.Module):
             if causal_only and q.shape[2] == k.shape[2]:  # SDPA's own causal kernel: no (T, S) mask
                 is_causal = True
             elif bias is not None:
+                assert masked is not None  # build_mask sets it beside every bias
                 sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
             elif masked is not None:
                 sdpa_mask = ~masked  # SDPA's boolean convention: True = may attend
@@ -278,8 +299,10 @@ class Attention(nn.Module):
         """A local layer's (masked, rows): query i (at position index + i) may NOT attend to key
         j (position j) when j <= i - W; a query whose keys all lie before its window has none
         (rows False, its mask opened up)."""
+        window = self.cfg.sliding_window
+        assert window is not None  # only a local layer is windowed
         qpos = index + torch.arange(t, device=masked.device)
-        outside = torch.arange(s, device=masked.device)[None, :] <= qpos[:, None] - self.cfg.sliding_window
+        outside = torch.arange(s, device=masked.device)[None, :] <= qpos[:, None] - window
         m = masked | outside
         has = ~m.all(dim=-1, keepdim=True)
         return m & has, (has if rows is None else rows & has)
@@ -303,6 +326,7 @@ class Attention(nn.Module):
         k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's, whose rotary base is
         rope_local_theta when given (Gemma 3)."""
         if self.q_norm is not None:
+            assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
             theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim

@@ -20,8 +20,9 @@ max_length)` (a decoder also takes the memory), then `y, cache = m(x_chunk, cach
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -29,15 +30,24 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks import declarations
-from flax_blocks.config import (FINAL_NORM_BY_DEFAULT, BlockConfig, check_cached_call, check_new_cache,
-                                check_parallel, check_remat, check_width, overflow_message, parallel_update,
-                                residual_update)
+from flax_blocks.config import (
+    FINAL_NORM_BY_DEFAULT,
+    BlockConfig,
+    check_cached_call,
+    check_new_cache,
+    check_parallel,
+    check_remat,
+    check_width,
+    overflow_message,
+    parallel_update,
+    residual_update,
+)
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
 from .attention import Attention, Mask, attention_path, build_mask, cache_mask
 from .layers import Linear, Norm, create_params
 
-ACTIVATION_FNS = {
+ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
@@ -72,6 +82,9 @@ class _Block(nn.Module):
     Every sublayer has a dropout on its output; MLP sublayers one more after the activation."""
 
     kind: str
+    # The modules and parameters are registered from the declarations (declarations.block(cfg,
+    # kind), named by declarations.BLOCKS); each subclass annotates its own, so that type
+    # checkers and IDEs see them. None: an option that is off (no norm, no gate, no residual scale).
 
     def __init__(self, cfg: BlockConfig, *, generator: torch.Generator | None = None):
         super().__init__()
@@ -104,7 +117,7 @@ class _Block(nn.Module):
         extras: dict[str, Any] = {}
         new_cache: Cache = {}
         branches = []  # a parallel residual's (sublayer, norm, dropout, scale), summed after the loop
-        for sub, dropout in zip(self.sublayers, self.dropouts):
+        for sub, dropout in zip(self.sublayers, self.dropouts, strict=True):
             if sub.kind == "mlp":
                 fn = functools.partial(self._mlp, sub)
             else:
@@ -143,6 +156,7 @@ class _Block(nn.Module):
         zeros = torch.zeros(batch, cfg.kv_heads, length, cfg.head_width, dtype=dtype, device=device)  # (B, K, L, hd)
         cache: Cache = {"self": {"k": zeros, "v": zeros.clone()}}
         if memory is not None:
+            assert isinstance(self, DecoderBlock)  # the block with a cross-attention
             cache["cross"] = self.multihead_attn.memory_kv(memory)
         return cache
 
@@ -163,7 +177,7 @@ class _Block(nn.Module):
         return _finish(y, unbatched, extras, return_intermediates)
 
 
-def _prepare_self_attention(module: nn.Module, x: Tensor, attn_mask: Tensor | None,
+def _prepare_self_attention(module: _Block | _Stack, x: Tensor, attn_mask: Tensor | None,
                             key_padding_mask: Tensor | None, return_intermediates: bool) -> tuple[str, dict]:
     """The self-attention's path of an uncached call on x (B, T, E) (`attention_path`,
     checked as in Flax) and its prepared masks {"self": Mask or None}."""
@@ -177,7 +191,7 @@ def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross,
                positions=None):
     out, weights, logit_max, new_cache = attn(h, mask, need_weights, cross=cross, memory=memory, cache=cache,
                                               index=index, path=path, layer=layer, positions=positions)
-    aux = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
+    aux: dict[str, Any] = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
     if cache is not None:
         aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
     return out, aux
@@ -188,6 +202,10 @@ class ResidualMHA(_Block):
     form with a second norm on MHA's output. Params: mha.*, norm.*, norm_out.*, scale."""
 
     kind = "ResidualMHA"
+    mha: Attention
+    norm: Norm | None
+    norm_out: Norm | None
+    scale: nn.Parameter | None
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None,
                 *, return_intermediates: bool = False):
@@ -202,6 +220,12 @@ class FeedForward(_Block):
     Params: linear1.*, linear_gate.* (gated), linear2.*, norm.*, norm_out.*, scale."""
 
     kind = "FeedForward"
+    linear1: Linear
+    linear_gate: Linear | None
+    linear2: Linear
+    norm: Norm | None
+    norm_out: Norm | None
+    scale: nn.Parameter | None
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, T, E) or (T, E) -> same shape."""
@@ -217,6 +241,16 @@ class TransformerBlock(_Block):
     """
 
     kind = "TransformerBlock"
+    self_attn: Attention
+    linear1: Linear
+    linear_gate: Linear | None
+    linear2: Linear
+    norm1: Norm | None
+    norm2: Norm | None
+    norm1_out: Norm | None
+    norm2_out: Norm | None
+    scale1: nn.Parameter | None
+    scale2: nn.Parameter | None
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
@@ -238,6 +272,20 @@ class DecoderBlock(_Block):
     """
 
     kind = "DecoderBlock"
+    self_attn: Attention
+    multihead_attn: Attention
+    linear1: Linear
+    linear_gate: Linear | None
+    linear2: Linear
+    norm1: Norm | None
+    norm2: Norm | None
+    norm3: Norm | None
+    norm1_out: Norm | None
+    norm2_out: Norm | None
+    norm3_out: Norm | None
+    scale1: nn.Parameter | None
+    scale2: nn.Parameter | None
+    scale3: nn.Parameter | None
 
     def init_cache(self, batch_size: int, max_length: int, memory: Tensor,
                    memory_key_padding_mask: Tensor | None = None) -> Cache:
@@ -268,6 +316,7 @@ class _Stack(nn.Module):
     recomputed in the backward pass (torch.utils.checkpoint; torch has no named policies)."""
 
     block: type[_Block]
+    norm: Norm | None  # the final norm (declarations.FINAL_NORM), set by name
 
     def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None,
                  remat: str | None = None, generator: torch.Generator | None = None):
@@ -288,9 +337,13 @@ class _Stack(nn.Module):
     def final_norm(self) -> Norm | None:
         return getattr(self, FINAL_NORM)
 
+    def _blocks(self) -> Iterable[_Block]:
+        """The layers, typed as the blocks they are (nn.ModuleList yields plain Modules)."""
+        return cast("Iterable[_Block]", self.layers)
+
     def _stack_cache(self, batch, length, dtype, device, memory=None) -> Cache:
         """Every layer's block cache."""
-        return {"layers": [layer._block_cache(batch, length, dtype, device, memory) for layer in self.layers]}
+        return {"layers": [layer._block_cache(batch, length, dtype, device, memory) for layer in self._blocks()]}
 
     def run_prepared(self, x, masks, need_weights=False, *, path=None, memory=None, cache=None, index=0):
         """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then the
@@ -298,7 +351,7 @@ class _Stack(nn.Module):
         per_layer: list[dict[str, Tensor]] = []
         caches = []
         recompute = self.remat is not None and cache is None and torch.is_grad_enabled()
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self._blocks()):
             if recompute:
                 x, extras, c = torch.utils.checkpoint.checkpoint(
                     layer.run_prepared, x, masks, need_weights, path=path, memory=memory, layer=i + 1,

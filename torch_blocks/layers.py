@@ -51,6 +51,11 @@ def create_params(module: nn.Module, component: Component, cfg: BlockConfig,
 class Linear(nn.Module):
     """y = x W^T + b on the last axis. Params: weight (out, in), bias (out,)."""
 
+    # Registered by create_params from the declarations (declarations.linear); annotated
+    # here so that type checkers and IDEs see them.
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
     def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
         super().__init__()
         create_params(self, component, cfg, generator)
@@ -67,6 +72,11 @@ class Norm(nn.Module):
     or DyT (Zhu et al. 2025), weight * tanh(alpha * x) + bias; with cfg.norm_weight_offset
     (Gemma's RMSNorm: 1) every weight w enters as offset + w. Params: weight (width,), bias
     (width,) for LayerNorm and DyT with cfg.has_norm_bias, alpha () for DyT."""
+
+    # Registered by create_params from the declarations (declarations.norm); alpha for DyT only.
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+    alpha: nn.Parameter
 
     def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
         super().__init__()

@@ -28,6 +28,8 @@ Cache = dict[str, Any]
 class Embedding(nn.Module):
     """A lookup table. Params: weight (rows, E)."""
 
+    weight: nn.Parameter  # registered by create_params
+
     def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
         super().__init__()
         create_params(self, component, cfg, generator)
@@ -59,6 +61,14 @@ class LanguageModel(nn.Module):
     """Token embedding (+ learned positions, token types, embedding norm), the Encoder, and
     a head tied or not (see `flax_blocks.lm_spec.LMConfig`)."""
 
+    # Registered from lm_spec.build_order (names and components); None: a part this model lacks (OPTIONAL).
+    embed: Embedding
+    pos: Embedding | None
+    token_type: Embedding | None
+    embed_norm: Norm | None
+    encoder: Encoder  # lm_spec.ENCODER
+    head: Linear | None
+
     def __init__(self, cfg: BlockConfig, lm: LMConfig, *, generator: torch.Generator | None = None):
         super().__init__()
         self.cfg, self.lm = cfg, lm
@@ -82,7 +92,11 @@ class LanguageModel(nn.Module):
         low = 0  # a derived -1 (padding, OPT's and RoBERTa's default positions) reads row position_offset - 1
         if positions is None and cache is None and self.lm.default_positions != "arange" and (
                 mask is not None or self.lm.default_positions == "ids"):
-            real = input_ids != self.lm.pad_token_id if self.lm.default_positions == "ids" else mask
+            real = mask
+            if self.lm.default_positions == "ids":
+                assert self.lm.pad_token_id is not None  # LMConfig pairs it with default_positions="ids"
+                real = input_ids.ne(self.lm.pad_token_id)  # (!=, which torch's stubs type as bool)
+            assert real is not None  # the condition above: a mask, or positions from the ids
             positions, low = default_positions(self.lm, real.long()), -1
         if positions is None:
             start = cache["position"][:, None] if cache is not None else torch.zeros(b, 1, dtype=torch.long)
@@ -92,8 +106,10 @@ class LanguageModel(nn.Module):
             scale = torch.tensor(self.lm.embed_scale, dtype=torch.float32 if x.element_size() <= 4 else x.dtype)
             x = x * scale.to(x.dtype)
         if self.pos is not None:
-            if int(positions.max()) >= self.lm.max_positions or int(positions.min()) < low:
-                raise ValueError(f"positions up to {int(positions.max())}, but the model has {self.lm.max_positions} "
+            limit = self.lm.max_positions
+            assert limit is not None  # a position table (pos) comes with max_positions
+            if int(positions.max()) >= limit or int(positions.min()) < low:
+                raise ValueError(f"positions up to {int(positions.max())}, but the model has {limit} "
                                  "learned positions")
             x = x + self.pos(positions + self.lm.position_offset)
         if self.token_type is not None:
@@ -137,7 +153,7 @@ def generate(model: LanguageModel, input_ids: Tensor, attention_mask: Tensor | N
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
     if not bool(mask[:, -1].all()):
         raise ValueError("the last token of every row must be real: left-pad the prompts")
-    pad = eos_token_id if pad_token_id is None else pad_token_id
+    pad = eos_token_id if pad_token_id is None else pad_token_id  # read only with an eos_token_id
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     cache = model.init_cache(b, t + max_new_tokens)
     h, cache = model.hidden(input_ids, mask, positions, cache=cache)
@@ -146,11 +162,13 @@ def generate(model: LanguageModel, input_ids: Tensor, attention_mask: Tensor | N
     out = [token]
     for _ in range(max_new_tokens - 1):
         if eos_token_id is not None and bool(done.all()):
+            assert pad is not None  # eos_token_id given: pad defaults to it
             out.append(torch.full_like(token, pad))
             continue
         h, cache = model.hidden(token[:, None], cache=cache)
         nxt = model.logits(h[:, -1]).argmax(-1)
         if eos_token_id is not None:
+            assert pad is not None
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
             done = done | (nxt == eos_token_id)
         token = nxt

@@ -15,7 +15,6 @@ from ..options import PROBE, PROBES
 from .params import BLOCK_KINDS, LAYER, module_params
 
 
-
 def _names(kind: str, **options: Any) -> dict[str, Param]:
     return {t: p for t, _, p, _ in module_params(kind, replace(PROBE, **options))}
 
@@ -64,7 +63,8 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
     info: dict[str, Any] = {}
     kind = _block_kind({n.split(".")[0] for n in inner})
     if layers:
-        stack = {block: name for name, block in declarations.STACKS.items()}.get(kind, "Encoder")
+        stacks: dict[str | None, str] = {block: name for name, block in declarations.STACKS.items()}
+        stack = stacks.get(kind, "Encoder")
         info.update(kind=stack, num_layers=len(layers), final_norm=f"{FINAL_NORM}.weight" in sd)
         kind = declarations.STACKS[stack]
     elif kind is not None:
@@ -74,10 +74,13 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
         for name, a in inner.items():  # each dimension that is a config field
             p = declared.get(name)
             if p is not None and len(p.dims) == a.ndim:
-                for dim, size in zip(p.dims, a.shape):
+                for dim, size in zip(p.dims, a.shape, strict=True):
                     if dim is not None:
                         info.setdefault(dim, int(size))
-        has = lambda names: any(n in inner for n in names)  # noqa: E731
+
+        def has(names: set[str]) -> bool:
+            return any(n in inner for n in names)
+
         # `bias` from the biases that follow it alone (out_proj's: the probe fixes qkv_bias, mlp_bias and
         # norm_bias); a FeedForward has none such and says its MLP's (which then follow `bias`)
         own = _only_with(kind, bias=False) or _only_with(kind, bias=False, mlp_bias=None)

@@ -18,8 +18,9 @@ device's slice of it) from the file once.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from ..hf_config import check_hf_source, hf_state_dict
 from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
 from .params import LAYER, Expected, expected_torch_params, flax_params
 from .place import place_all
+
 
 def _module_facts(module) -> dict[str, Any]:
     cfg = module.cfg
@@ -53,7 +55,7 @@ def _suggest_prefix(raw: Mapping[str, Any], expected: Iterable[str]) -> str | No
     expected = list(expected)
     roots = {k.split(".")[0] for k in raw if "." in k}
     counts = {r: sum(f"{r}.{k}" in raw for k in expected) for r in roots}
-    best = max(counts, key=counts.get, default=None)
+    best = max(counts, key=lambda r: counts[r], default=None)
     return f"{best}." if best is not None and counts[best] else None
 
 
@@ -67,7 +69,8 @@ def _np_dtype(dtype: Any):
     try:
         return np.dtype(name)
     except TypeError:
-        raise TypeError(f"dtype must be float32, float64, bfloat16 or float16 (a name or a dtype object), got {dtype!r}") from None
+        raise TypeError(f"dtype must be float32, float64, bfloat16 or float16 (a name or a dtype object), "
+                        f"got {dtype!r}") from None
 
 
 
@@ -107,7 +110,7 @@ def _config_problems(module, src: _Source) -> list[str]:
     problems = []
     for key in ("d_model", "d_ff", "bias", "final_norm"):
         if key in report.inferred and key in facts and report.inferred[key] != facts[key]:
-            fix = " (pass final_norm=%r)" % report.inferred[key] if key == "final_norm" else ""
+            fix = f" (pass final_norm={report.inferred[key]!r})" if key == "final_norm" else ""
             problems.append(f"config mismatch: {key} is {report.inferred[key]!r} in the checkpoint, "
                             f"{facts[key]!r} in the module{fix}")
     return problems
@@ -156,7 +159,7 @@ def _tensor_problems(expected: dict[str, Expected], src: _Source, cast) -> list[
             problems.append(f"shape mismatch for {src.prefix}{k}: expected {exp.torch_shape}, found {tuple(a.shape)}")
         if not np.issubdtype(a.dtype, np.floating) and str(a.dtype) != "bfloat16":
             problems.append(f"dtype of {src.prefix}{k}: expected a floating dtype, found {a.dtype}")
-        elif cast is None and a.dtype == np.float64 and not jax.config.jax_enable_x64:
+        elif cast is None and a.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
             silent64.append(src.prefix + k)
     if silent64:
         problems.append(
@@ -198,8 +201,11 @@ def plan(module, src: _Source, expected: dict[str, Expected], cast, params: dict
             depth = params[exp.flax_path].get_value().shape[0]  # the stacked layer axis
             stacks.setdefault(exp.flax_path, [None] * depth)[exp.layer] = a
     for path, items in stacks.items():
-        current = None if all(a is not None for a in items) else np.asarray(params[path].get_value())
-        new[path] = stream.Stacked([current[i] if a is None else a for i, a in enumerate(items)])
+        if all(a is not None for a in items):
+            new[path] = stream.Stacked(items)
+        else:  # the layers the checkpoint lacks keep the module's values
+            current = np.asarray(params[path].get_value())
+            new[path] = stream.Stacked([current[i] if a is None else a for i, a in enumerate(items)])
     return new
 
 
@@ -332,7 +338,8 @@ def load_flax_state_dict(module, source: Any) -> None:
     strictly and atomically, into `module`."""
     sd = read_state_dict(source, lazy=True)
     params = flax_params(module)
-    problems = [f"missing key {k} (expected shape {tuple(v.get_value().shape)})" for k, v in params.items() if k not in sd]
+    problems = [f"missing key {k} (expected shape {tuple(v.get_value().shape)})"
+                for k, v in params.items() if k not in sd]
     problems += [f"unexpected key {k} (shape {tuple(sd[k].shape)})" for k in sd if k not in params]
     problems += [
         f"shape mismatch for {k}: expected {tuple(params[k].get_value().shape)}, found {tuple(a.shape)}"

@@ -31,15 +31,17 @@ def module_params(kind: str, cfg: BlockConfig, *, num_layers: Any = None,
         return [(t, f, p, None) for t, f, p in declarations.flatten(declarations.block(cfg, kind))]
     if kind == "Transformer":
         out = []
-        for (prefix, stack), n, fn in zip(declarations.TRANSFORMER.items(), num_layers, final_norm):
-            out += [(f"{prefix}.{t}", f"{prefix}.{f}", p, i) for t, f, p, i in module_params(stack, cfg, num_layers=n, final_norm=fn)]
+        for (prefix, stack), n, fn in zip(declarations.TRANSFORMER.items(), num_layers, final_norm, strict=True):
+            out += [(f"{prefix}.{t}", f"{prefix}.{f}", p, i)
+                    for t, f, p, i in module_params(stack, cfg, num_layers=n, final_norm=fn)]
         return out
     if kind not in declarations.STACKS:
         raise TypeError(f"expected one of {KINDS}, got {kind!r}")
     layer = declarations.flatten(declarations.block(cfg, declarations.STACKS[kind]))
     out = [(f"{LAYERS}.{i}.{t}", f"{LAYERS}.{f}", p, i) for i in range(num_layers or 0) for t, f, p in layer]
     if final_norm:
-        out += [(t, f, p, None) for t, f, p in declarations.flatten(declarations.norm(cfg, cfg.d_model), f"{FINAL_NORM}.")]
+        norm = declarations.norm(cfg, cfg.d_model)
+        out += [(t, f, p, None) for t, f, p in declarations.flatten(norm, f"{FINAL_NORM}.")]
     return out
 
 
@@ -83,5 +85,5 @@ def stack_shape(module) -> tuple[Any, Any]:
 def expected_torch_params(module) -> dict[str, Expected]:
     """{torch name: Expected} for every parameter of `module`, in torch's naming."""
     num_layers, final = stack_shape(module)
-    return {t: Expected(f, layer, p, p.shape)
-            for t, f, p, layer in module_params(module_kind(module), module.cfg, num_layers=num_layers, final_norm=final)}
+    params = module_params(module_kind(module), module.cfg, num_layers=num_layers, final_norm=final)
+    return {t: Expected(f, layer, p, p.shape) for t, f, p, layer in params}

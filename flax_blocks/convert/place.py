@@ -18,7 +18,8 @@ that fails leaves the module as it was.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -39,8 +40,8 @@ def sharding_for(var: Any, mesh: Any, rules: Any, name: str = "") -> Any:
 
     if mesh is not None:  # what shard_model would give it
         try:
-            return NamedSharding(mesh, _variable_spec((name,), var, as_rules(TENSOR_PARALLEL if rules is None else rules),
-                                                      mesh))
+            spec = _variable_spec((name,), var, as_rules(TENSOR_PARALLEL if rules is None else rules), mesh)
+            return NamedSharding(mesh, spec)
         except KeyError as e:
             raise ConversionError([str(e.args[0])], header="cannot place these weights") from None
     value = var.get_value()

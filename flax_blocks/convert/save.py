@@ -8,6 +8,7 @@ import numpy as np
 from ..checkpoint_io import natural_key
 from .params import expected_torch_params, flax_params
 
+
 def torch_state_dict(module) -> dict[str, np.ndarray]:
     """{torch name: numpy array} of a flax_blocks module, in torch's layout and naming
     (loadable with strict=True into the torch_blocks twin, and into stock torch layers
