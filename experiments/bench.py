@@ -39,9 +39,10 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -526,7 +527,7 @@ class Bench:
             if f"{fw} cached" in times:
                 self.ratios.append({"section": "generate", "name": name, "mode": fw, "ratio": "re-run prefix / cached",
                                     **paired_ratio(times[f"{fw} re-run prefix"], times[f"{fw} cached"])})
-        self.log(f"generate: " + ", ".join(f"{k} {(n - 1) / statistics.median(v):.0f} tok/s" for k, v in times.items()))
+        self.log("generate: " + ", ".join(f"{k} {(n - 1) / statistics.median(v):.0f} tok/s" for k, v in times.items()))
 
     # -- rematerialisation: memory and time of the scanned train step ---------------
     def run_remat(self) -> None:
@@ -839,7 +840,7 @@ def doc_table(result: dict[str, Any]) -> str:
             lines.append(f"| {r['name']}, {fw} | {cached['tokens_per_s']:.0f} | {prefix['tokens_per_s']:.0f} | {fmt(r)} |")
     mem = [r for r in rows if r["section"] == "block" and r["contender"] == "jax train" and r.get("xla_temp_bytes")
            and r.get("seq", 0) >= 2048]
-    notes = [f"XLA temp memory of the JAX train step: " + ", ".join(
+    notes = ["XLA temp memory of the JAX train step: " + ", ".join(
         f"{r['name'].rsplit(' ', 1)[0]} {_fmt_bytes(r['xla_temp_bytes'])}" for r in mem) + "."] if mem else []
     remat = [r for r in rows if r["section"] == "remat" and r.get("xla_temp_bytes")]
     if remat:

@@ -421,7 +421,7 @@ def _fig3_section(s: Study) -> list[str]:
                 if not by:
                     continue
                 cell = lambda v, k: _ci(by[v][k], sci=False) if v in by else "-"
-                mark = " (rule)" if L == s.rule_depth else ""
+                mark = " (rule)" if s.rule_depth == L else ""
                 lines.append(f"| {setting} | {STACK_TITLES[stack]} | {L}{mark} | {cell('post', 'w2')} | "
                              f"{cell('pre', 'w2')} | {cell('post', 'layer')} | {cell('pre', 'layer')} |")
     depth = s.rule_depth

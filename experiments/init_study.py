@@ -94,10 +94,11 @@ import math
 import shlex
 import sys
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -315,7 +316,7 @@ class LabSetting:
         return {"lm": grads["encoder"]["layers"]}
 
 
-def make_setting(name: str, study: "Study"):
+def make_setting(name: str, study: Study):
     return XiongSetting(study.xiong) if name == "xiong" else LabSetting(study.lab)
 
 

@@ -23,8 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from . import init_report, plots
-from .analysis import (PLATEAU_FRACTION, clipped_loss, growth_factor, linear_fit, lr_sensitivity,
-                       power_law_exponent, trajectory_max)
+from .analysis import (
+    PLATEAU_FRACTION,
+    clipped_loss,
+    growth_factor,
+    linear_fit,
+    lr_sensitivity,
+    power_law_exponent,
+    trajectory_max,
+)
 from .model import VARIANT_NOTES, VARIANTS
 from .presets import PRESETS
 

@@ -313,7 +313,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
 
     from .model import ModelConfig
     from .tasks import make_task
-    from .train import RunSpec, Trainer, TrainConfig, compiler_options, sample_pool
+    from .train import RunSpec, TrainConfig, Trainer, compiler_options, sample_pool
 
     sweep = resolve_task(sweep)
     start, cpu_start, load_before = time.time(), time.process_time(), _load()

@@ -7,8 +7,9 @@ Errors are relative to the output's scale: max|a - b| / max|b|.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp

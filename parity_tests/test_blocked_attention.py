@@ -7,9 +7,8 @@ twin of each forced path runs in the matrix (cases.py, test_forward_grad.py)."""
 
 from __future__ import annotations
 
-from unittest import mock
-
 from dataclasses import replace
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +19,8 @@ from flax import nnx
 
 import flax_blocks as fb
 import flax_blocks.attention as fa
-from flax_blocks.config import FullyMaskedWarning
 import torch_blocks as tb
+from flax_blocks.config import FullyMaskedWarning
 
 from .cases import BASE, LLAMA
 from .harness import TOL, precision

@@ -20,8 +20,14 @@ from safetensors.numpy import save_file
 
 import flax_blocks as fb
 import torch_blocks as tb
-from flax_blocks.convert import (ConversionError, flax_state_dict, infer_config, load_flax_state_dict,
-                                 load_torch_state_dict, torch_state_dict)
+from flax_blocks.convert import (
+    ConversionError,
+    flax_state_dict,
+    infer_config,
+    load_flax_state_dict,
+    load_torch_state_dict,
+    torch_state_dict,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # heads != head_dim everywhere, so a wrong reshape of the packed projection cannot pass

@@ -16,12 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from block_options import FF, KINDS, MASKED_KINDS, OPTIONS, B, E, H, T, init_spec  # shared with test_torch_blocks.py
 from flax import nnx
 
 import flax_blocks as fb
 from flax_blocks.config import BlockConfig, FullyMaskedWarning, invert_mask
-
-from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T, init_spec  # shared with test_torch_blocks.py
 
 OPTIONS = {
     **OPTIONS,

@@ -79,7 +79,7 @@ def test_quick_study_writes_cells_and_report_and_resumes(quick):
 PATHS = {"enc": ("transformer", "encoder"), "dec": ("transformer", "decoder"), "lm": ("encoder",)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _direct(setting_name: str, variant: str):
     """Draw DRAW of the quick study's (setting, variant) cell, recomputed without the study's
     code: (loss_and_grad, kernels, inputs). kernels = {(stack, "linear1"|"linear2"): (L, in, out)}

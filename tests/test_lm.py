@@ -235,9 +235,9 @@ def test_sampling_is_reproducible_and_warps_as_hf(flax_models):
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
 
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
     from flax_blocks.generation import _choose
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
 
     # probabilities 0.4 0.3 0.15 0.1 0.05 (at temperature 1): top_p 0.8 keeps three tokens,
     # an off-by-one keeps two; top_k 4 drops the last one

@@ -308,8 +308,9 @@ def _full_transformer():
 
 
 def test_whole_transformer_without_prefix_suggests_encoder_prefix():
-    import flax_blocks as fb
     from flax import nnx
+
+    import flax_blocks as fb
 
     module = nnx.eval_shape(lambda: fb.Encoder(_flax_cfg(norm="post"), num_layers=2, final_norm=True, rngs=nnx.Rngs(0)))
     with pytest.raises(fb.ConversionError) as e:
@@ -379,8 +380,9 @@ def test_torch_twin_takes_a_float_additive_mask_like_stock_torch():
 
 
 def _flax_block():
-    import flax_blocks as fb
     from flax import nnx
+
+    import flax_blocks as fb
 
     return fb.TransformerBlock(_flax_cfg(d_model=8, num_heads=2, d_ff=16), rngs=nnx.Rngs(0))
 
@@ -413,9 +415,8 @@ def test_float64_checkpoint_without_x64_is_one_line():
     import flax_blocks as fb
 
     sd = {k: v.double() for k, v in stock_encoder().state_dict().items()}  # 24 float64 tensors
-    with jax.enable_x64(False):
-        with pytest.raises(fb.ConversionError) as e:
-            fb.from_torch(fb.Encoder, _flax_cfg(), sd, num_layers=2, final_norm=False)
+    with jax.enable_x64(False), pytest.raises(fb.ConversionError) as e:
+        fb.from_torch(fb.Encoder, _flax_cfg(), sd, num_layers=2, final_norm=False)
     lines = [ln for ln in str(e.value).splitlines() if "float64" in ln]
     assert len(lines) == 1, "\n".join(lines)
     assert "jax_enable_x64" in lines[0]
@@ -423,7 +424,6 @@ def test_float64_checkpoint_without_x64_is_one_line():
 
 def test_linen_users_can_evaluate_without_dropout():
     import jax
-    import jax.numpy as jnp
     from flax.nnx import bridge
 
     import flax_blocks as fb

@@ -65,7 +65,7 @@ def _setting(post_fails_at: int, lns_gain: float, dyt_deep: float | None, extra_
     for L in (6, 12, 24) + ((48,) if extra_depth else ()):
         for lr in (1e-3, 1e-2):
             cells.append(_cell("pre", L, lr, 2.0 if lr == 1e-3 else 2.1))
-            cells.append(_cell("post", L, lr, 2.0 if L < post_fails_at else 3.4))
+            cells.append(_cell("post", L, lr, 2.0 if post_fails_at > L else 3.4))
             cells.append(_cell("pre-lns", L, lr, 2.0 - (lns_gain * L / 24 if lr == 1e-3 else 0) + 0.001))
             dyt = dyt_deep if L == 24 else 2.02
             cells.append(_cell("pre-dyt", L, lr, dyt))

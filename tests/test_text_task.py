@@ -30,10 +30,28 @@ import numpy as np
 import pytest
 
 import experiments.text as text_module
-from experiments.text import (MAX_OVERLAP, OVERLAP_WINDOW, REFERENCE_ORDER, SEPARATOR, UNKNOWN_CHAR, Corpus,
-                              CorpusError, build_corpus, corpus_sha256, decode, encode, load_corpus, load_topics,
-                              ngram_cross_entropy, reference, sample_windows, split_topics, topic_overlaps,
-                              unigram_cross_entropy, window_overlap)
+from experiments.text import (
+    MAX_OVERLAP,
+    OVERLAP_WINDOW,
+    REFERENCE_ORDER,
+    SEPARATOR,
+    UNKNOWN_CHAR,
+    Corpus,
+    CorpusError,
+    build_corpus,
+    corpus_sha256,
+    decode,
+    encode,
+    load_corpus,
+    load_topics,
+    ngram_cross_entropy,
+    reference,
+    sample_windows,
+    split_topics,
+    topic_overlaps,
+    unigram_cross_entropy,
+    window_overlap,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

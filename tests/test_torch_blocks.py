@@ -3,18 +3,16 @@ True = may NOT attend), dropout modes, initialisation, dtypes and bad input."""
 
 from __future__ import annotations
 
-from unittest import mock
-
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
+from block_options import FF, KINDS, MASKED_KINDS, OPTIONS, B, E, H, T, init_spec  # shared with test_flax_blocks.py
 
 import torch_blocks as tb
 from flax_blocks.config import BlockConfig, FullyMaskedWarning, invert_mask
-
-from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T, init_spec  # shared with test_flax_blocks.py
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -407,7 +408,7 @@ def _gradients(tm, fm, t_in, f_in, seed: int, rules, t64=None) -> tuple[dict[str
 
 def compare(torch_module, flax_module, *inputs, dtype: str = "float64", grads: bool = True,
             match: dict[str, str] | None = None, adapters: dict[str, Callable] | None = None,
-            rules=None, seed: int = 0) -> "PortReport":
+            rules=None, seed: int = 0) -> PortReport:
     """Run `torch_module` and `flax_module` (its NNX port, weights already copied) on the same
     `inputs` (numpy arrays; float ones cast to `dtype`) and report every paired submodule.
 

@@ -23,8 +23,9 @@ all problems are raised together (PortError) and nothing is written unless all i
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -232,7 +233,6 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
     """The pairs copy_weights would write, checked (shapes, every parameter on both sides);
     raises PortError listing every problem."""
     import torch
-
     from flax import nnx
 
     if not isinstance(torch_module, torch.nn.Module):
