@@ -210,7 +210,7 @@ def summary(v: list[float]) -> dict[str, float]:
 
 
 def paired_ratio(a: list[float], b: list[float]) -> dict[str, float]:
-    r = [x / y for x, y in zip(a, b)]
+    r = [x / y for x, y in zip(a, b, strict=True)]
     return {"median": statistics.median(r), "p25": _q(r, 0.25), "p75": _q(r, 0.75)}
 
 
@@ -356,12 +356,12 @@ class Bench:
                 a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
                 ja = jnp.asarray(a, dtype)
                 mm = jax.jit(lambda x, y: x @ y)
-                fns = {"jnp.dot": lambda: mm(ja, ja).block_until_ready()}
+                fns = {"jnp.dot": lambda mm=mm, ja=ja: mm(ja, ja).block_until_ready()}
                 if self.torch:
                     th = self.torch
                     ta = th.torch.from_numpy(a).to(th.device, th.dtype(dtype))
 
-                    def tmm(ta=ta):
+                    def tmm(ta=ta, th=th):
                         th.torch.mm(ta, ta)
                         th.sync()
 

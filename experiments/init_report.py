@@ -330,14 +330,14 @@ def plot_profiles_depths(s: Study, path: Path) -> Path:
 def plot_last_layer(s: Study, path: Path) -> Path:
     """Last layer's W2 gradient vs depth, log-log, with the fitted and the predicted slopes."""
     fig, axes = plt.subplots(1, len(s.settings), figsize=(4.6 * len(s.settings), 3.8), squeeze=False)
-    for ax, setting in zip(axes[0], s.settings):
+    for ax, setting in zip(axes[0], s.settings, strict=True):
         _, rows = s.theorem1(setting)
         for r in rows:
             if not r["counted"]:
                 continue
             v, depths = r["variant"], np.asarray(r["depths"], float)
             m = np.array([float(t[0]) for t in r["last"]])
-            err = np.array([[m_ - float(t[1]), float(t[2]) - m_] for m_, t in zip(m, r["last"])]).T
+            err = np.array([[m_ - float(t[1]), float(t[2]) - m_] for m_, t in zip(m, r["last"], strict=True)]).T
             ax.errorbar(depths, m, yerr=err, color=COLORS[v], marker=MARKERS[v], mfc="none", ls="none", capsize=3,
                         label=f"{v}: fitted p = {r['p'][0]:+.2f}")
             anchor = math.exp(np.mean(np.log(m))) / math.exp(r["p"][0] * np.mean(np.log(depths)))
@@ -420,7 +420,10 @@ def _fig3_section(s: Study) -> list[str]:
                 by = {r["variant"]: r for r in rows if r["stack"] == stack}
                 if not by:
                     continue
-                cell = lambda v, k: _ci(by[v][k], sci=False) if v in by else "-"
+
+                def cell(v, k, by=by):
+                    return _ci(by[v][k], sci=False) if v in by else "-"
+
                 mark = " (rule)" if s.rule_depth == L else ""
                 lines.append(f"| {setting} | {STACK_TITLES[stack]} | {L}{mark} | {cell('post', 'w2')} | "
                              f"{cell('pre', 'w2')} | {cell('post', 'layer')} | {cell('pre', 'layer')} |")
@@ -456,7 +459,7 @@ def _theorem_section(s: Study) -> list[str]:
     for setting in s.settings:
         _, rows = s.theorem1(setting)
         for r in rows:
-            by = dict(zip(r["depths"], r["last"]))
+            by = dict(zip(r["depths"], r["last"], strict=True))
             cells = " | ".join(_ci(by[L], 3) if L in by else "-" for L in s.depths)
             part = r["part"] if r["counted"] else f"({r['part']}, not counted)"
             lines.append(f"| {setting} | {r['variant']} | {STACK_TITLES[r['stack']]} | {cells} | {_ci(r['p'], sci=False)} | "
@@ -489,13 +492,14 @@ def theorem_parts(s: Study, setting: str, v: str) -> dict | None:
     if len(depths) < 2:
         return None
     stack = THEOREM_STACK[setting]
-    get = lambda key: [s.draws(setting, v, L, key) for L in depths]
+    def get(key):
+        return [s.draws(setting, v, L, key) for L in depths]
     g = [a[:, -1] for a in get(f"{stack}_gstream")]
     x = [np.sqrt(a[:, -1]) for a in get(f"{stack}_stream")]
     series = {"w2": [a[:, -1] for a in get(f"{stack}_w2")], "gstream": g, "stream": x,
-              "product": [a * b for a, b in zip(g, x)]}
+              "product": [a * b for a, b in zip(g, x, strict=True)]}
     out = {k: exponent_ci(depths, q) for k, q in series.items()}
-    out["loss"] = [(L, float(a.mean())) for L, a in zip(depths, get("loss"))]
+    out["loss"] = [(L, float(a.mean())) for L, a in zip(depths, get("loss"), strict=True)]
     return out
 
 
@@ -536,7 +540,10 @@ def _reason_section(s: Study) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in _reason_rows(s):
         names = SUBLAYERS[r["stack"]]
-        fmt = lambda a: ", ".join(f"{n} {_f(float(x))}" for n, x in zip(names, a))
+
+        def fmt(a, names=names):
+            return ", ".join(f"{n} {_f(float(x))}" for n, x in zip(names, a, strict=True))
+
         x0 = r["x0"]
         lines.append(f"| {r['setting']} | {r['variant']} | {r['depth']} | {STACK_TITLES[r['stack']]} | "
                      f"{_f(r['loss'])} | {_f(x0[0])} + {_f(x0[1])} = {_f(x0[2])} | {fmt(r['ratio_mean'])} | {fmt(r['ratio_first'])} | "
@@ -619,7 +626,8 @@ def _contrast(s: Study) -> str:
         here = [(setting, stack) for setting, stack in _panels(s) if (setting, v, stack) in rows]
         if not here:
             continue
-        where = lambda st, sk: f"{st} {STACK_TITLES[sk]}"
+        def where(st, sk):
+            return f"{st} {STACK_TITLES[sk]}"
         out.append(
             f"At depth {s.rule_depth}, {v}-LN's stream gradient ||dLoss/dx_l|| changes from input to output by "
             + ", ".join(f"{_ci(rows[(st, v, sk)]['gstream'], sci=False)} ({where(st, sk)})" for st, sk in here)

@@ -425,7 +425,8 @@ def sublayer_gradients(g: dict[str, jax.Array], post: bool) -> jax.Array:
     """Probe gradients of one stack -> (L, S, 2): ||dLoss/d.|| at z_s = x_s + F_s and at the
     sublayer's output stream x_{s+1} (post: Norm(z_s); pre: z_s). The gradient at its input
     stream x_s is the previous sublayer's output one, or the layer boundary's ("gstream")."""
-    norm = lambda a: jnp.sqrt(jnp.sum(jnp.square(a), axis=(-3, -2, -1)))
+    def norm(a):
+        return jnp.sqrt(jnp.sum(jnp.square(a), axis=(-3, -2, -1)))
     gz = norm(g["z"])  # (L, S)
     return jnp.stack([gz, norm(g["n"]) if post else gz], axis=-1)
 
@@ -573,7 +574,7 @@ def run_study(study: Study, out: Path, *, command: str | None = None, progress: 
     (out / "init.json").write_text(json.dumps(meta, indent=1))  # a partial study can be reported
     options = compiler_options(study.xla_opt_level)
     env = {**environment(), "xla_compile_options": options}
-    todo = [(cfg, name) for cfg, name in zip(configs, names) if read_cell(cells_dir / f"{name}.json") is None]
+    todo = [(cfg, name) for cfg, name in zip(configs, names, strict=True) if read_cell(cells_dir / f"{name}.json") is None]
     with ThreadPoolExecutor(max_workers=2) as pool:
         ahead: deque = deque()
         queue = iter(todo)

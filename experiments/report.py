@@ -136,7 +136,8 @@ class Data:
                 continue
             init, peak = trajectory_max(traj[0]), trajectory_max(traj[1:])
             inits.append(init), peaks.append(peak), ratios.append(peak / init)
-        mean = lambda v: float(np.nanmean(v)) if v and np.any(np.isfinite(v)) else float("nan")
+        def mean(v):
+            return float(np.nanmean(v)) if v and np.any(np.isfinite(v)) else float("nan")
         return mean(inits), mean(peaks), mean(ratios)
 
     def stream_profile(self, variant: str, depth: int, when: int) -> np.ndarray:

@@ -234,7 +234,7 @@ def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
 
         done = np.asarray(multihost_utils.broadcast_one_to_all(done))
     groups: dict[tuple[str, int], Group] = {}
-    for (variant, depth, cfg), name, skip in zip(configs, all_names, done):
+    for (variant, depth, cfg), name, skip in zip(configs, all_names, done, strict=True):
         g = groups.setdefault((variant, depth), Group(variant, depth))
         if not skip:
             g.todo.append(cfg)
@@ -373,7 +373,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         specs.append(sp)
 
     done_work = 0.0
-    for i, (g, tr, sp) in enumerate(zip(groups, trainers, specs)):
+    for i, (g, tr, sp) in enumerate(zip(groups, trainers, specs, strict=True)):
         label = f"{g.variant} L{g.depth} x{len(sp)} runs"
         bar.update(done_work, f"{label}: compiling", force=True)
         compiled[i].result()
@@ -381,7 +381,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         for steps_done, results in tr.run(sp):
             bar.update(done_work + cost[i] * steps_done, f"{label}: step {steps_done}/{sweep.steps}")
         seconds = time.time() - t0
-        for cfg, name, metrics in zip(g.todo, g.names, results):
+        for cfg, name, metrics in zip(g.todo, g.names, results, strict=True):
             summary = failure(metrics["heldout_loss"], metrics["loss"], float(metrics["heldout_loss0"]),
                               task.optimal_loss, start=task.unigram_loss if task.name == "text" else None)
             record = {

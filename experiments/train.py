@@ -250,7 +250,8 @@ class Trainer:
         """
         base = jax.random.key(seed)
         _, fresh, rest = create_params(self.model_cfg, jax.random.fold_in(base, 0))
-        pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(first, x, y), a, b)
+        def pick(a, b):
+            return jax.tree.map(lambda x, y: jnp.where(first, x, y), a, b)
         params = pick(fresh, state["params"])
         opt = pick(self.adam.init(fresh), state["opt"])
         t0 = jnp.where(first, 0, state["step"])

@@ -78,7 +78,7 @@ def test_forced_path_equals_dense_forward_and_gradients(kind, cfg, path, dtype):
             forced = getattr(fb, kind)(replace(cfg, attention=path, attention_block=block), rngs=nnx.Rngs(0), **kw)
             y, g = _forward_and_grads(forced, x, r, keys)
             assert _rel(y, y0) <= TOL["forward", dtype], (block, _rel(y, y0))
-            worst = max(_rel(a, b) for a, b in zip(g, g0))
+            worst = max(_rel(a, b) for a, b in zip(g, g0, strict=True))
             assert worst <= TOL["grad", dtype], (block, worst)
 
 
@@ -127,7 +127,7 @@ def test_flash_gradients_equal_the_dense_softmax(causal):
         assert _rel(flash(q, k, v), dense(q, k, v)) <= 1e-12
         got = jax.jit(jax.grad(loss(flash), argnums=(0, 1, 2)))(q, k, v)
         want = jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)
-        for a, b in zip(got, want):
+        for a, b in zip(got, want, strict=True):
             assert np.isfinite(np.asarray(a)).all()
             assert _rel(a, b) <= 1e-12
         _, has_key = fa.blocked_attention(q, k, v, causal=causal, key_valid=keys, block=4)
@@ -161,7 +161,7 @@ def test_flash_negative_twins_would_show():
         # a sliding window of 3 over blocks of 2: exactly the block pairs holding a pair q - 3 < k <= q
         i, j = fa._block_pairs(4, 4, 2, 2, causal=True, window=3)
         want = {(a // 2, b // 2) for a in range(8) for b in range(8) if a - 3 < b <= a}
-        assert set(zip(i.tolist(), j.tolist())) == want and (3, 0) not in want
+        assert set(zip(i.tolist(), j.tolist(), strict=True)) == want and (3, 0) not in want
         off_by_one = lambda *a, **kw: tuple(x[j < i] for x in (i, j))  # noqa: E731, ARG005
         real = fa._block_pairs
         try:
@@ -184,7 +184,7 @@ def test_unmasked_block_pairs_hold_only_allowed_positions(window):
     groups = fa._pair_groups(nq, nk, bq, bk, True, window, skip=window is not None)
     seen = set()
     for i, j, masked in groups:
-        for a, b in zip(i.tolist(), j.tolist()):
+        for a, b in zip(i.tolist(), j.tolist(), strict=True):
             pairs = {(q, kk) for q in range(a * bq, a * bq + bq) for kk in range(b * bk, b * bk + bk)}
             allowed = {(q, kk) for q, kk in pairs if kk <= q and (window is None or kk > q - window)}
             assert masked or pairs == allowed, (a, b)

@@ -408,7 +408,7 @@ def test_dropout_train_and_eval(kind):
     x = np.concatenate([rand(1, T, E)] * 2)  # two copies: train-mode dropout treats them differently
     m = build(kind, make_cfg(dropout=0.3))
     ref = build(kind, make_cfg(dropout=0.0))  # same seed: same parameters
-    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(m, nnx.Param)), nnx.to_flat_state(nnx.state(ref, nnx.Param))):
+    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(m, nnx.Param)), nnx.to_flat_state(nnx.state(ref, nnx.Param)), strict=True):
         assert diff(a[...], b[...]) == 0, p
     y, y0 = npy(call(m, x)), npy(call(ref, x))
     assert diff(y[0], y[1]) > 1e-3 and diff(y, y0) > 1e-3 and diff(y0[0], y0[1]) == 0
@@ -680,9 +680,9 @@ def test_bad_masks(kind):
         (additive, None, ValueError, ["attention_mask", "float32", "-inf", "additive", "mask == 0"]),
         (None, np.full((B, T), 2, np.int32), ValueError, ["key_mask", "int32", "[2]", "1 (may attend) and 0"]),
     ]:
-        runs = [lambda: call(m, x, attn, key_mask)]
+        runs = [lambda attn=attn, key_mask=key_mask: call(m, x, attn, key_mask)]
         if "additive" not in fragments and "[2]" not in fragments:  # shapes and dtypes: traced too
-            runs.append(lambda: traced(m, x, attn, key_mask))
+            runs.append(lambda attn=attn, key_mask=key_mask: traced(m, x, attn, key_mask))
         for run in runs:
             with pytest.raises(exc) as e:
                 run()

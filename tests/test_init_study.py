@@ -199,7 +199,8 @@ def test_statistics_recover_planted_factors_and_exponents():
     """Per-draw data with a known answer: profiles rising 2x from the first layer to the last,
     last-layer norms ~ L^-1/2, each with 10% lognormal noise over 32 draws."""
     rng = np.random.default_rng(1)
-    noise = lambda *shape: np.exp(0.1 * rng.standard_normal(shape))
+    def noise(*shape):
+        return np.exp(0.1 * rng.standard_normal(shape))
     profile = 2.0 ** np.linspace(0, 1, 6) * noise(32, 6)
     f, lo, hi = init_report.factor_ci(profile)
     assert lo < 2.0 < hi and hi - lo < 0.3

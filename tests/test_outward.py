@@ -29,7 +29,8 @@ def test_text_task_draws_training_and_heldout_windows_from_their_own_topics():
     train = sample_pool(task, 64, seed=1)
     held = sample_pool(task, 64, seed=2, split="heldout")
     assert train.shape == held.shape == (64, 17) and train.dtype == held.dtype == np.int32
-    text = lambda ids: "".join(corpus.alphabet[i] if i < len(corpus.alphabet) else "?" for i in ids)
+    def text(ids):
+        return "".join(corpus.alphabet[i] if i < len(corpus.alphabet) else "?" for i in ids)
     train_text = text(corpus.train)
     held_text = text(corpus.heldout)
     assert all(text(w) in train_text for w in train[:8]) and all(text(w) in held_text for w in held[:8])

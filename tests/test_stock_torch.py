@@ -160,7 +160,7 @@ def test_gradients_match_stock():
     r = torch.randn(B, T, E, generator=torch.Generator().manual_seed(3))  # random cotangent
     for m in (stock, ours):
         (m(x, src_mask=causal, src_key_padding_mask=kpm) * r * (~kpm)[..., None]).sum().backward()
-    for (name, p), q in zip(stock.named_parameters(), ours.parameters()):
+    for (name, p), q in zip(stock.named_parameters(), ours.parameters(), strict=True):
         assert (p.grad - q.grad).abs().max() <= 1e-5 * max(1.0, p.grad.abs().max().item()), name
 
 

@@ -277,7 +277,7 @@ def test_corpus_texts_alphabet_and_arrays(corpus, topics):
     unknown = [ch not in corpus.alphabet for ch in heldout_text]
     np.testing.assert_array_equal(corpus.heldout == corpus.unknown, unknown)
     assert decode(corpus.heldout, corpus.alphabet) == "".join(UNKNOWN_CHAR if u else ch
-                                                              for ch, u in zip(heldout_text, unknown))
+                                                              for ch, u in zip(heldout_text, unknown, strict=True))
     assert not corpus.train.flags.writeable and not corpus.heldout.flags.writeable
     assert corpus.python == platform.python_version()
     assert corpus.sha256 == corpus_sha256(topics) == hashlib.sha256(

@@ -450,7 +450,7 @@ def test_param_dtype(param_dtype):
     m = build("Encoder", make_cfg(norm="pre", param_dtype=param_dtype))
     assert all(p.dtype == dt for p in m.parameters()) and all(p.dtype == torch.float32 for p in m32.parameters())
     # same draws, stored in the other dtype
-    for (k, p), q in zip(m.state_dict().items(), m32.state_dict().values()):
+    for (k, p), q in zip(m.state_dict().items(), m32.state_dict().values(), strict=True):
         torch.testing.assert_close(p, q.to(dt), rtol=0, atol=0, msg=k)
     x = rand(B, T, E)
     with torch.no_grad():

@@ -63,22 +63,22 @@ class Mistake:
 def _norm_eps(eps_values: list[float]) -> Iterator[Mistake]:
     import torch.nn.functional as F
 
-    for eps in eps_values:
+    for value in eps_values:  # not `eps`: that is the name of the argument torch's code passes
         seen: list = []
 
-        def layer_norm(f, e=eps, seen=seen):
+        def layer_norm(f, e=value, seen=seen):
             def wrong(x, shape, w=None, b=None, eps=1e-5):
                 seen.append(f"{eps:g}")
                 return f(x, shape, w, b, e)
             return wrong
 
-        def rms_norm(f, e=eps, seen=seen):
+        def rms_norm(f, e=value, seen=seen):
             def wrong(x, shape, w=None, eps=None):
                 seen.append("None (the dtype's machine epsilon)" if eps is None else f"{eps:g}")
                 return f(x, shape, w, e)
             return wrong
 
-        yield Mistake(f"norm eps: the flax port uses eps={eps:g} where torch uses eps={{seen}}",
+        yield Mistake(f"norm eps: the flax port uses eps={value:g} where torch uses eps={{seen}}",
                       {(F, "layer_norm"): layer_norm, (F, "rms_norm"): rms_norm}, seen)
 
 
