@@ -269,7 +269,7 @@ def main() -> None:
     params = 0
     for f in files:
         with safe_open(str(f), "np") as sf:
-            params += sum(int(np.prod(sf.get_slice(k).get_shape())) for k in sf.keys())
+            params += sum(int(np.prod(sf.get_slice(k).get_shape())) for k in sf.keys())  # noqa: SIM118 (safe_open is no dict: it has keys(), no __iter__)
     print(f"checkpoint: {params / 1e6:.1f}M parameters, {n_bytes / 1e9:.3f} GB in {len(files)} shards")
 
     root = Path(__file__).resolve().parent.parent

@@ -378,7 +378,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         bar.update(done_work, f"{label}: compiling", force=True)
         compiled[i].result()
         t0 = time.time()
-        for steps_done, results in tr.run(sp):
+        for steps_done, results in tr.run(sp):  # noqa: B007 (the last yield carries the results, read below)
             bar.update(done_work + cost[i] * steps_done, f"{label}: step {steps_done}/{sweep.steps}")
         seconds = time.time() - t0
         for cfg, name, metrics in zip(g.todo, g.names, results, strict=True):

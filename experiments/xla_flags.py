@@ -53,7 +53,7 @@ def child(reps: int) -> dict:
         graphdef, params, rest = nnx.split(fb.TransformerBlock(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
         x, r = np.random.default_rng(0).standard_normal((2, batch, seq, d)).astype(np.float32)
         xj, rj = jnp.asarray(x), jnp.asarray(r)
-        
+
         def loss(p, x, r, graphdef=graphdef, rest=rest):
             return jnp.sum(nnx.merge(graphdef, p, rest)(x) * r)
 

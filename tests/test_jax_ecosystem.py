@@ -133,7 +133,7 @@ def test_jax_grad_and_nnx_grad(kind):
         return  # (nnx.grad of the Encoder: one more large compile; its blocks are covered)
     # nnx.grad on the module itself (under nnx.jit) gives the same gradients
     g_nnx = nnx.jit(nnx.grad(lambda m: jnp.sum(m(X, attention_mask=ATTN, key_mask=KEY_MASK) * r)))(m)
-    for (path, a), (_, b) in zip(nnx.to_flat_state(g), nnx.to_flat_state(g_nnx), strict=True):
+    for (_path, a), (_, b) in zip(nnx.to_flat_state(g), nnx.to_flat_state(g_nnx), strict=True):
         close(a[...], b[...], atol=1e-4)
 
 

@@ -308,9 +308,9 @@ def test_eval_no_grad_path_agrees(kind):
     x = rand(B, T, E)
     m.eval()
     F = torch.nn.functional
-    with mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as kernel:
-        with torch.no_grad():
-            fast = call(m, x, attn, kpm)
+    with (mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as kernel,
+          torch.no_grad()):
+        fast = call(m, x, attn, kpm)
     assert kernel.called  # the fused kernel did run
     with torch.no_grad():
         slow, _ = call(m, x, attn, kpm, return_intermediates=True)

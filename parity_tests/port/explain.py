@@ -183,7 +183,7 @@ def mistakes(eps_values: list[float]) -> Iterator[Mistake]:
     def tanh_gelu(x):
         return F.gelu(x, approximate="tanh")
 
-    for a, b, fa, fb in (("gelu", "silu", F.gelu, F.silu), ("silu", "gelu", F.silu, F.gelu),
+    for a, b, _fa, fb in (("gelu", "silu", F.gelu, F.silu), ("silu", "gelu", F.silu, F.gelu),
                          ("silu", "tanh GELU (jax.nn.gelu's default)", F.silu, tanh_gelu),
                          ("relu", "gelu", F.relu, F.gelu), ("relu", "tanh GELU (jax.nn.gelu's default)", F.relu, tanh_gelu),
                          ("gelu", "relu", F.gelu, F.relu)):
