@@ -462,7 +462,8 @@ def _theorem_section(s: Study) -> list[str]:
             by = dict(zip(r["depths"], r["last"], strict=True))
             cells = " | ".join(_ci(by[L], 3) if L in by else "-" for L in s.depths)
             part = r["part"] if r["counted"] else f"({r['part']}, not counted)"
-            lines.append(f"| {setting} | {r['variant']} | {STACK_TITLES[r['stack']]} | {cells} | {_ci(r['p'], sci=False)} | "
+            lines.append(f"| {setting} | {r['variant']} | {STACK_TITLES[r['stack']]} | {cells} | "
+                         f"{_ci(r['p'], sci=False)} | "
                          f"{PREDICTED[r['variant']]:+.1f} | {part} |")
     lines += ["", "![last layer vs depth](last_layer.png)", "",
               "What the last layer's W2 gradient is made of, against depth (the stack next to the loss): the "
@@ -471,7 +472,8 @@ def _theorem_section(s: Study) -> list[str]:
               "||x_L|| / sqrt(d) there (a final LayerNorm's backward scales by its inverse), and of their product "
               "(what reaches the final norm from the loss; ~ L^0 if the head's gradient does not change with depth), "
               "with the mean loss at init at each depth.", "",
-              "| setting | variant | W2 last layer | ||dL/dx_L|| | ||x_L|| / sqrt(d) | product | loss at init by depth |",
+              "| setting | variant | W2 last layer | ||dL/dx_L|| | ||x_L|| / sqrt(d) | product "
+              "| loss at init by depth |",
               "|---|---|---|---|---|---|---|"]
     for setting in s.settings:
         for v in ("post", "pre"):
@@ -546,7 +548,8 @@ def _reason_section(s: Study) -> list[str]:
 
         x0 = r["x0"]
         lines.append(f"| {r['setting']} | {r['variant']} | {r['depth']} | {STACK_TITLES[r['stack']]} | "
-                     f"{_f(r['loss'])} | {_f(x0[0])} + {_f(x0[1])} = {_f(x0[2])} | {fmt(r['ratio_mean'])} | {fmt(r['ratio_first'])} | "
+                     f"{_f(r['loss'])} | {_f(x0[0])} + {_f(x0[1])} = {_f(x0[2])} | "
+                     f"{fmt(r['ratio_mean'])} | {fmt(r['ratio_first'])} | "
                      f"{fmt(r['ratio_last'])} | {_f(r['stream'][0])} -> {_f(r['stream'][1])} | "
                      f"{_ci(r['gstream'], sci=False)} |")
     return lines + ["", "![branch ratios and stream gradients](ratios.png)", "", *_sublayer_section(s)]
@@ -656,11 +659,13 @@ def _contrast(s: Study) -> str:
     pre = {st: p for st, p in pre.items() if p is not None}
     if pre:
         out.append("Theorem 1, pre-LN, in the stack next to the loss: the stream where the last layer's FFN joins it "
-                   "grows as ||x_L|| ~ L^p with p = " + ", ".join(f"{_ci(p['stream'], sci=False)} ({st})" for st, p in pre.items())
+                   "grows as ||x_L|| ~ L^p with p = "
+                   + ", ".join(f"{_ci(p['stream'], sci=False)} ({st})" for st, p in pre.items())
                    + "; the stream's gradient there goes as " + ", ".join(f"{_ci(p['gstream'], sci=False)} ({st})"
                                                                          for st, p in pre.items())
                    + "; their product, what reaches the final norm from the loss, as " + ", ".join(
-                       f"{_ci(p['product'], sci=False)} ({st}; loss at init {_f(p['loss'][0][1])} at L={p['loss'][0][0]}, "
+                       f"{_ci(p['product'], sci=False)} ({st}; loss at init {_f(p['loss'][0][1])} "
+                       f"at L={p['loss'][0][0]}, "
                        f"{_f(p['loss'][-1][1])} at L={p['loss'][-1][0]})" for st, p in pre.items()) + ".")
     x0 = {st: rows[(st, v, sk)]["x0"][2] for (st, v, sk) in rows}
     out.append("The embedded input's mean square per coordinate is "
@@ -691,7 +696,8 @@ def write_report(out: Path) -> Path:
     wall = "; ".join(f"{r['wall_seconds']:.0f} s wall ({r['cpu_seconds']:.0f} s CPU) computing "
                      f"{r['cells_computed']} cells, load average {r['load_average_before']} before and "
                      f"{r['load_average_after']} after" for r in runs) or "not recorded"
-    per_cell = ["| setting | variant | depth | draws | compile s | run s | s per draw |", "|---|---|---|---|---|---|---|"]
+    per_cell = ["| setting | variant | depth | draws | compile s | run s | s per draw |",
+                "|---|---|---|---|---|---|---|"]
     for (setting, v, L), rec in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
         n = rec["config"]["draws"]
         per_cell.append(f"| {setting} | {v} | {L} | {n} | {rec['timing']['compile_s']:.1f} | "
@@ -753,7 +759,8 @@ def write_report(out: Path) -> Path:
         f"d_ff {lab['d_ff']}, {lab['num_heads']} heads{lab_note}, the Markov task over "
         f"{lab['vocab']} symbols, {lab['seq_len']} positions, batch {lab['batch']}, mean cross-entropy.",
         f"- Depths {', '.join(map(str, s.depths))} layers per stack (Xiong's: encoder = decoder = L); "
-        f"{study['draws']} draws per cell ({study['deep_draws']} in Xiong's setting from {study['deep_from']} layers on, "
+        f"{study['draws']} draws per cell ({study['deep_draws']} in Xiong's setting "
+        f"from {study['deep_from']} layers on, "
         "where a draw costs most), each a fresh init and a fresh batch (draw i: JAX key "
         f"({study['seed']}, impl {next(iter(cells.values()))['config'].get('prng', 'threefry2x32')}) folded with i, "
         "the same in every cell). One jitted function per (setting, variant, depth), looped over draws.",
