@@ -89,9 +89,11 @@ def run(args) -> dict:
                 jax.block_until_ready(fb.generate(lm, ids, max_new_tokens=new))
                 compile_s = time.perf_counter() - t0
                 fns = {
-                    "fb": lambda lm=lm, ids=ids, new=new: jax.block_until_ready(fb.generate(lm, ids, max_new_tokens=new)),
-                    "hf": lambda hf=hf, tids=tids, new=new: hf.generate(tids, attention_mask=torch.ones_like(tids), max_new_tokens=new,
-                                              do_sample=False, pad_token_id=0),
+                    "fb": lambda lm=lm, ids=ids, new=new: jax.block_until_ready(
+                        fb.generate(lm, ids, max_new_tokens=new)),
+                    "hf": lambda hf=hf, tids=tids, new=new: hf.generate(tids, attention_mask=torch.ones_like(tids),
+                                                                        max_new_tokens=new,
+                                                                        do_sample=False, pad_token_id=0),
                     "twin": lambda twin=twin, tids=tids, new=new: twin_generate(twin, tids, max_new_tokens=new),
                 }
                 with torch.no_grad():
@@ -115,7 +117,8 @@ def run(args) -> dict:
             jax.block_until_ready(rerun(graphdef, state, jnp.asarray(ids), new=new))
             jax.block_until_ready(fb.generate(lm, ids, max_new_tokens=new))
             times = interleaved({
-                "cached": lambda lm=lm, ids=ids, new=new: jax.block_until_ready(fb.generate(lm, ids, max_new_tokens=new)),
+                "cached": lambda lm=lm, ids=ids, new=new: jax.block_until_ready(
+                    fb.generate(lm, ids, max_new_tokens=new)),
                 "rerun": lambda graphdef=graphdef, state=state, ids=ids, new=new: jax.block_until_ready(
                     rerun(graphdef, state, jnp.asarray(ids), new=new)),
             }, args.reps, warmup=1)

@@ -513,7 +513,8 @@ QUICK = Study(
 def cell_config(study: Study, setting: str, variant: str, depth: int) -> dict:
     """Everything that determines one cell's numbers."""
     return {"version": CELL_VERSION, "setting": setting, "variant": variant, "depth": depth,
-            "draws": study.draws_of(setting, depth), "seed": study.seed, "prng": PRNG_IMPL, "setup": asdict(getattr(study, setting))}
+            "draws": study.draws_of(setting, depth), "seed": study.seed, "prng": PRNG_IMPL,
+            "setup": asdict(getattr(study, setting))}
 
 
 def cell_name(cfg: dict) -> str:
@@ -574,7 +575,8 @@ def run_study(study: Study, out: Path, *, command: str | None = None, progress: 
     (out / "init.json").write_text(json.dumps(meta, indent=1))  # a partial study can be reported
     options = compiler_options(study.xla_opt_level)
     env = {**environment(), "xla_compile_options": options}
-    todo = [(cfg, name) for cfg, name in zip(configs, names, strict=True) if read_cell(cells_dir / f"{name}.json") is None]
+    todo = [(cfg, name) for cfg, name in zip(configs, names, strict=True)
+            if read_cell(cells_dir / f"{name}.json") is None]
     with ThreadPoolExecutor(max_workers=2) as pool:
         ahead: deque = deque()
         queue = iter(todo)
@@ -624,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     study = QUICK if args.quick else Study()
     changes = {k: getattr(args, k) for k in ("draws", "depths", "settings") if getattr(args, k) is not None}
     if changes.get("settings") and set(changes["settings"]) - set(SETTINGS):
-        raise SystemExit(f"unknown setting(s) {sorted(set(changes['settings']) - set(SETTINGS))}; choose from {SETTINGS}")
+        raise SystemExit(f"unknown setting(s) {sorted(set(changes['settings']) - set(SETTINGS))}; "
+                         f"choose from {SETTINGS}")
     study = replace(study, **changes)
     command = " ".join(["python -m experiments.init_study", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     run_study(study, args.out, command=command, progress=not args.no_progress)

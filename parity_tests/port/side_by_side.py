@@ -71,7 +71,8 @@ def _refuse_self_comparison(torch_module, flax_module) -> None:
         if isinstance(node, nnx.Module):
             for attr, v in vars(node).items():
                 if isinstance(v, (torch.nn.Module, torch.Tensor)):
-                    raise TypeError(f"compare: the Flax module runs torch code (flax {'.'.join(map(str, path)) or '(root)'}"
+                    raise TypeError(f"compare: the Flax module runs torch code "
+                                    f"(flax {'.'.join(map(str, path)) or '(root)'}"
                                     f".{attr} is a {type(v).__name__}): torch would be compared with itself")
 
 
@@ -94,7 +95,8 @@ def _flax_copy(module, dtype: str):
     m = nnx.clone(module)
     want = jnp.dtype(dtype)
     for v in flax_variables(m).values():
-        if isinstance(v, nnx.Variable) and hasattr(v.get_value(), "dtype") and jnp.issubdtype(v.get_value().dtype, jnp.floating):
+        if (isinstance(v, nnx.Variable) and hasattr(v.get_value(), "dtype")
+                and jnp.issubdtype(v.get_value().dtype, jnp.floating)):
             v.set_value(v.get_value().astype(want))
     for node in flax_modules(m).values():
         for attr in ("dtype", "param_dtype"):
@@ -642,5 +644,6 @@ def _statuses(rows: list[Row], first: Divergence | None) -> None:
             if r.torch_path == first.torch_path:
                 r.status = first.kind
                 break
-            if r.status in ("inside", "inherited") and (r.torch_path == "" or first.torch_path.startswith(r.torch_path + ".")):
+            if r.status in ("inside", "inherited") and (r.torch_path == ""
+                                                        or first.torch_path.startswith(r.torch_path + ".")):
                 r.status = "contains"
