@@ -147,7 +147,8 @@ def failure_heatmap(records: list[dict], path: Path) -> Path:
                     recs = by.get((v, w, depth, lr), [])
                     if recs:
                         rate[a, b] = np.mean([r["summary"]["status"] != "trained" for r in recs])
-                        ax.text(b, a, f"{rate[a, b]:.2f}".rstrip("0").rstrip(".") if rate[a, b] % 1 else f"{rate[a, b]:.0f}",
+                        ax.text(b, a,
+                                f"{rate[a, b]:.2f}".rstrip("0").rstrip(".") if rate[a, b] % 1 else f"{rate[a, b]:.0f}",
                                 ha="center", va="center", fontsize=8,
                                 color="white" if rate[a, b] > 0.5 else "black")
             ax.imshow(np.ma.masked_invalid(rate), cmap="Reds", vmin=0, vmax=1, origin="upper", aspect="auto")

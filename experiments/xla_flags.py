@@ -65,7 +65,8 @@ def child(reps: int) -> dict:
             tm.zero_grad(set_to_none=True)
             (tm(xt) * rt).sum().backward()
 
-        times = interleaved({"jax": lambda step=step, params=params, xj=xj, rj=rj: jax.block_until_ready(step(params, xj, rj)),
+        times = interleaved({"jax": lambda step=step, params=params, xj=xj, rj=rj: jax.block_until_ready(
+                                 step(params, xj, rj)),
                              "torch": t_step},
                             reps if seq <= 512 else max(3, reps // (4 if seq <= 2048 else 8)))
         out[f"d{d} T{seq} B{batch}{' causal' if causal else ''}"] = {k: 1e3 * statistics.median(v)

@@ -383,7 +383,8 @@ def test_long_sequence_train_step_memory():
     256 MiB with the blocked path that auto takes on a CPU (measured 240 MiB), where the
     dense logits alone are 2 GiB (measured 8.3 GiB in all). Compiled only, never run."""
     cfg = fb.BlockConfig(d_model=256, num_heads=8, d_ff=1024, norm="pre", dropout=0.0)
-    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: fb.TransformerBlock(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
+    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: fb.TransformerBlock(cfg, rngs=nnx.Rngs(0))),
+                                       nnx.Param, ...)
     x = jax.ShapeDtypeStruct((1, 8192, 256), jnp.float32)
 
     def loss(p, x):

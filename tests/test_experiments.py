@@ -323,7 +323,8 @@ def test_plots_of_a_grid_are_written(tmp_path):
     cells = _wortsman_cells() + [_cell("post", 2, lr, final=None if lr == 1e-1 else 2.5, warmup=w)
                                  for lr in LRS for w in (0, 50)]
     written = plots.write_all(cells, tmp_path)
-    assert set(written) >= {"depth_loss.png", "lr_sweep.png", "attn_logit_max.png", "stream_norm_trained.png", "failure_heatmap.png",
+    assert set(written) >= {"depth_loss.png", "lr_sweep.png", "attn_logit_max.png", "stream_norm_trained.png",
+                            "failure_heatmap.png",
                             "train_grad_norms.png"}
     for path in written.values():
         assert path.stat().st_size > 1000, path

@@ -408,7 +408,8 @@ def test_dropout_train_and_eval(kind):
     x = np.concatenate([rand(1, T, E)] * 2)  # two copies: train-mode dropout treats them differently
     m = build(kind, make_cfg(dropout=0.3))
     ref = build(kind, make_cfg(dropout=0.0))  # same seed: same parameters
-    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(m, nnx.Param)), nnx.to_flat_state(nnx.state(ref, nnx.Param)), strict=True):
+    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(m, nnx.Param)), nnx.to_flat_state(nnx.state(ref, nnx.Param)),
+                              strict=True):
         assert diff(a[...], b[...]) == 0, p
     y, y0 = npy(call(m, x)), npy(call(ref, x))
     assert diff(y[0], y[1]) > 1e-3 and diff(y, y0) > 1e-3 and diff(y0[0], y0[1]) == 0
@@ -634,7 +635,8 @@ def test_unbatched_input(kind):
     if kind != "Encoder":  # (each eager Encoder call compiles)
         close(call(m, x[0]), y_b[0])
     for k, v in extra.items():  # the largest logit is one number per layer
-        close(v, extra_b[k] if k == "attention_logits_max" else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0])
+        close(v, extra_b[k] if k == "attention_logits_max"
+              else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0])
 
 
 # ------------------------------------------------------------------------------------

@@ -225,7 +225,8 @@ def test_stability_variants_and_depths_run_only_what_was_asked():
 
     pairs = lambda argv: sweep_from_args(parse_args(argv)).pairs()  # noqa: E731
     assert pairs(["--variants", "pre,post", "--depths", "2"]) == [("post", 2), ("pre", 2)]
-    assert pairs(["--depths", "2"]) == [("post", 2), ("pre", 2), ("deepnorm", 2), ("peri", 2)]  # the quick preset's variants
+    # the quick preset's variants
+    assert pairs(["--depths", "2"]) == [("post", 2), ("pre", 2), ("deepnorm", 2), ("peri", 2)]
     assert ("noskip", 6) in pairs([]) and ("noskip", 6) in pairs(["--seeds", "1"])  # the quick preset's own grid
     assert ("noskip", 2) in pairs(["--depths", "2", "--extra", "noskip:2"])
     assert PRESETS["quick"].extra == (("noskip", 6),)
@@ -448,4 +449,5 @@ def test_python_api_names_a_pickled_module_in_one_line(tmp_path):
     with pytest.raises(ValueError) as e:
         fb.from_torch(fb.Encoder, _flax_cfg(), str(tmp_path / "module.pt"), num_layers=2, final_norm=False)
     assert len(str(e.value).splitlines()) == 1 and "save module.state_dict()" in str(e.value)
-    _assert_loaded(fb.from_torch(fb.Encoder, _flax_cfg(), model, num_layers=2, final_norm=False), model)  # the module itself
+    # the module itself
+    _assert_loaded(fb.from_torch(fb.Encoder, _flax_cfg(), model, num_layers=2, final_norm=False), model)

@@ -470,7 +470,8 @@ def test_unbatched_input(kind):
             y, extra = call(m, x[0], return_intermediates=True)
             _, extra_b = call(m, x, return_intermediates=True)
             for k, v in extra.items():  # the largest logit is one number per layer
-                vb = extra_b[k] if k == "attention_logits_max" else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0]
+                vb = (extra_b[k] if k == "attention_logits_max"
+                      else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0])
                 torch.testing.assert_close(v, vb, rtol=0, atol=1e-6, msg=k)
 
 
@@ -495,7 +496,8 @@ def test_bad_masks(kind):
     for attn, kpm, exc, fragments in [
         (torch.zeros(T, T + 1, dtype=torch.bool), None, ValueError, ["attn_mask", f"({T}, {T + 1})", f"({T}, {T})"]),
         (torch.zeros(B + 1, T, T, dtype=torch.bool), None, ValueError, ["attn_mask", f"({B + 1}, {T}, {T})"]),
-        (None, torch.zeros(B, T + 1, dtype=torch.bool), ValueError, ["key_padding_mask", f"({B}, {T + 1})", f"({B}, {T})"]),
+        (None, torch.zeros(B, T + 1, dtype=torch.bool), ValueError,
+         ["key_padding_mask", f"({B}, {T + 1})", f"({B}, {T})"]),
         (None, torch.zeros(T, dtype=torch.bool), ValueError, ["key_padding_mask", f"({T},)"]),
         (torch.zeros(T, T, dtype=torch.int32), None, TypeError, ["attn_mask", "torch.int32", "bool", "float"]),
         (None, torch.zeros(B, T, dtype=torch.int64), TypeError, ["key_padding_mask", "torch.int64", "bool"]),

@@ -164,7 +164,8 @@ def test_forward_mode_through_the_unrolled_stack(x64, pairs):
         dp = dp or jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape)), p)
         tangent = _loss_jvp(g, p, rest, x, r, dp, v)
         _, (gp, gx) = _value_and_grad(g, p, rest, x, r)
-        expected = jnp.sum(gx * v) + sum(jnp.sum(a * b) for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(dp), strict=True))
+        expected = jnp.sum(gx * v) + sum(jnp.sum(a * b) for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(dp),
+                                                                        strict=True))
         assert abs(float(tangent - expected)) <= 1e-12 * abs(float(expected))
         tangents.append(float(tangent))
     assert abs(tangents[0] - tangents[1]) <= 1e-12 * abs(tangents[0])
