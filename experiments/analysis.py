@@ -6,7 +6,7 @@ Nothing here imports JAX, so the report can be regenerated from the JSON cells a
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -39,9 +39,10 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -205,11 +206,12 @@ def interleaved(fns: dict[str, Callable[[], Any]], reps: int, warmup: int = 1, m
 
 
 def summary(v: list[float]) -> dict[str, float]:
-    return {"median_ms": 1e3 * statistics.median(v), "p25_ms": 1e3 * _q(v, 0.25), "p75_ms": 1e3 * _q(v, 0.75), "n": len(v)}
+    return {"median_ms": 1e3 * statistics.median(v), "p25_ms": 1e3 * _q(v, 0.25), "p75_ms": 1e3 * _q(v, 0.75),
+            "n": len(v)}
 
 
 def paired_ratio(a: list[float], b: list[float]) -> dict[str, float]:
-    r = [x / y for x, y in zip(a, b)]
+    r = [x / y for x, y in zip(a, b, strict=True)]
     return {"median": statistics.median(r), "p25": _q(r, 0.25), "p75": _q(r, 0.75)}
 
 
@@ -355,12 +357,12 @@ class Bench:
                 a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
                 ja = jnp.asarray(a, dtype)
                 mm = jax.jit(lambda x, y: x @ y)
-                fns = {"jnp.dot": lambda: mm(ja, ja).block_until_ready()}
+                fns = {"jnp.dot": lambda mm=mm, ja=ja: mm(ja, ja).block_until_ready()}
                 if self.torch:
                     th = self.torch
                     ta = th.torch.from_numpy(a).to(th.device, th.dtype(dtype))
 
-                    def tmm(ta=ta):
+                    def tmm(ta=ta, th=th):
                         th.torch.mm(ta, ta)
                         th.sync()
 
@@ -430,7 +432,8 @@ class Bench:
             if self.torch and contender.startswith("torch") and self.torch.cuda:
                 extra["peak_bytes"] = self.torch.peak_memory(fns[k])
             self.add(section, name, k, v, flops=size.flops(mode == "train"), dtype=dtype, mode=mode,
-                     d_model=size.d_model, seq=size.seq, batch=size.batch, layers=size.layers, target=size.target, **extra)
+                      d_model=size.d_model, seq=size.seq, batch=size.batch, layers=size.layers, target=size.target,
+                      **extra)
         for mode in ("fwd", "train"):
             for base in ("torch", "torch.compile"):
                 for cont in ("jax", "jax+xla_tuned", "jax unrolled"):
@@ -449,7 +452,8 @@ class Bench:
 
     # -- compile time against depth -------------------------------------------------
     def run_depth(self) -> None:
-        size = Size("depth", 64, 4, 256, 32, 32, block=False) if not self.args.quick else Size("depth", 16, 2, 32, 2, 8, block=False)
+        size = (Size("depth", 64, 4, 256, 32, 32, block=False) if not self.args.quick
+                else Size("depth", 16, 2, 32, 2, 8, block=False))
         x = jnp.ones((size.batch, size.seq, size.d_model), jnp.float32)
         r = jnp.ones_like(x)
         for mode, depths in (("scan", self.args.scan_depths), ("unrolled", self.args.unrolled_depths)):
@@ -461,7 +465,8 @@ class Bench:
                 graphdef, params, rest = nnx.split(model, nnx.Param, ...)
                 _, train = jax_step_fns(graphdef, rest)
                 _, lower_s, compile_s, _ = compile_jax(train, params, x, r)
-                self.rows.append({"section": "depth", "name": f"encoder d{size.d_model} train step", "contender": f"{mode} {depth} layers",
+                self.rows.append({"section": "depth", "name": f"encoder d{size.d_model} train step",
+                                  "contender": f"{mode} {depth} layers",
                                   "mode": mode, "layers": depth, "lower_s": lower_s, "compile_s": compile_s,
                                   "total_s": lower_s + compile_s})
                 self.log(f"depth {mode} {depth}: trace+lower {lower_s:.2f} s, compile {compile_s:.2f} s")
@@ -526,14 +531,15 @@ class Bench:
             if f"{fw} cached" in times:
                 self.ratios.append({"section": "generate", "name": name, "mode": fw, "ratio": "re-run prefix / cached",
                                     **paired_ratio(times[f"{fw} re-run prefix"], times[f"{fw} cached"])})
-        self.log(f"generate: " + ", ".join(f"{k} {(n - 1) / statistics.median(v):.0f} tok/s" for k, v in times.items()))
+        self.log("generate: " + ", ".join(f"{k} {(n - 1) / statistics.median(v):.0f} tok/s" for k, v in times.items()))
 
     # -- rematerialisation: memory and time of the scanned train step ---------------
     def run_remat(self) -> None:
         """Encoder train step (the experiments' width) with each layer rematerialised or not:
         XLA's temp memory and the time, interleaved with torch eager on the same stack."""
         a = self.args
-        base = Size("remat", 16, 2, 32, 2, 8, block=False) if a.quick else Size("remat", 64, 4, 256, 32, 32, block=False)
+        base = (Size("remat", 16, 2, 32, 2, 8, block=False) if a.quick
+                else Size("remat", 64, 4, 256, 32, 32, block=False))
         rng = np.random.default_rng(2)
         xn = rng.standard_normal((base.batch, base.seq, base.d_model)).astype(np.float32)
         rn = rng.standard_normal((base.batch, base.seq, base.d_model)).astype(np.float32)
@@ -562,15 +568,18 @@ class Bench:
             for k, v in times.items():
                 self.add("remat", name, k, v, layers=depth, flops=size.flops(True), **meta.get(k, {}))
                 if k != "torch eager" and "torch eager" in times:
-                    self.ratios.append({"section": "remat", "name": name, "mode": "train", "ratio": f"{k} / torch eager",
+                    self.ratios.append({"section": "remat", "name": name, "mode": "train",
+                                        "ratio": f"{k} / torch eager",
                                         "target": False, **paired_ratio(v, times["torch eager"])})
             self.log(f"remat {name}: " + ", ".join(
-                f"{k} {1e3 * statistics.median(v):.1f} ms {_fmt_bytes(meta.get(k, {}).get('xla_temp_bytes'))}" for k, v in times.items()))
+                f"{k} {1e3 * statistics.median(v):.1f} ms {_fmt_bytes(meta.get(k, {}).get('xla_temp_bytes'))}"
+                for k, v in times.items()))
 
     # -- seeds under vmap -----------------------------------------------------------
     def run_seeds(self) -> None:
         a = self.args
-        lm = TinyLM(layers=a.seed_layers, d_model=a.seed_d_model, vocab=32, seq=a.seed_seq, heads=4, d_ff=4 * a.seed_d_model)
+        lm = TinyLM(layers=a.seed_layers, d_model=a.seed_d_model, vocab=32, seq=a.seed_seq, heads=4,
+                    d_ff=4 * a.seed_d_model)
         S, K, B = a.seeds, a.seed_steps, a.seed_batch
         tokens = jax.random.randint(jax.random.key(0), (S, K, B, lm.seq + 1), 0, lm.vocab)
         states = [lm.init(jax.random.key(s)) for s in range(S)]
@@ -593,9 +602,11 @@ class Bench:
             steps_per_s = S * K / statistics.median(v)
             self.add("seeds", name, k, v, compile_s=cs1 if k == "sequential" else csv, steps_per_s=steps_per_s,
                      tokens_per_s=steps_per_s * B * lm.seq)
-        self.ratios.append({"section": "seeds", "name": name, "mode": "train", "ratio": "sequential / vmap (throughput gain)",
+        self.ratios.append({"section": "seeds", "name": name, "mode": "train",
+                            "ratio": "sequential / vmap (throughput gain)",
                             "target": True, **paired_ratio(times["sequential"], times["vmap"])})
-        self.log(f"seeds: sequential {statistics.median(times['sequential']):.2f} s, vmap {statistics.median(times['vmap']):.2f} s")
+        self.log(f"seeds: sequential {statistics.median(times['sequential']):.2f} s, "
+                 f"vmap {statistics.median(times['vmap']):.2f} s")
 
 
 @dataclass(frozen=True)
@@ -663,21 +674,24 @@ class TinyLM:
 def check_targets(b: Bench) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for r in b.ratios:
-        if r["section"] == "block" and r["target"] and r["mode"] == "train" and r["ratio"] in ("jax / torch", "jax / torch.compile",
-                                                                                                "jax+xla_tuned / torch", "jax+xla_tuned / torch.compile"):
+        if r["section"] == "block" and r["target"] and r["mode"] == "train" and r["ratio"] in (
+                "jax / torch", "jax / torch.compile",
+                "jax+xla_tuned / torch", "jax+xla_tuned / torch.compile"):
             out.append({"target": f"train step {r['ratio']} <= 1.0, {r['name']}", "value": r["median"],
                         "pass": r["median"] <= 1.0, "spread": f"[{r['p25']:.2f}, {r['p75']:.2f}]"})
     for row in b.rows:
         if row["section"] == "block" and row.get("d_model", 0) >= 256 and row.get("mode") == "train" \
                 and row["contender"].startswith("jax") and "pct_peak" in row:
-            out.append({"target": f"{row['contender']} >= 50% of matmul peak, {row['name']}", "value": row["pct_peak"] / 100,
+            out.append({"target": f"{row['contender']} >= 50% of matmul peak, {row['name']}",
+                        "value": row["pct_peak"] / 100,
                         "pass": row["pct_peak"] >= 50, "spread": ""})
     depth = {(r["mode"], r["layers"]): r["total_s"] for r in b.rows if r["section"] == "depth"}
     scans = sorted(layers for mode, layers in depth if mode == "scan")
     if len(scans) >= 2:
         lo, hi = scans[0], scans[-1]
         ratio = depth[("scan", hi)] / depth[("scan", lo)]
-        out.append({"target": f"compile {hi} layers / {lo} layers (scan) <= 1.5", "value": ratio, "pass": ratio <= 1.5, "spread": ""})
+        out.append({"target": f"compile {hi} layers / {lo} layers (scan) <= 1.5", "value": ratio,
+                    "pass": ratio <= 1.5, "spread": ""})
     # issue 15: the experiments' small deep stacks, T 512, the T 8192 memory bound, remat memory
     for r in b.ratios:
         if r["ratio"] not in JAX_VS_TORCH_EAGER or r["mode"] != "train":
@@ -687,9 +701,11 @@ def check_targets(b: Bench) -> list[dict[str, Any]]:
             out.append({"target": f"train step {r['ratio']} <= {limit}, {r['name']}", "value": r["median"],
                         "pass": r["median"] <= limit, "spread": f"[{r['p25']:.2f}, {r['p75']:.2f}]"})
     for row in b.rows:
-        if row["section"] == "block" and row.get("seq", 0) == 8192 and row["contender"] == "jax train" and row.get("xla_temp_bytes"):
+        if (row["section"] == "block" and row.get("seq", 0) == 8192 and row["contender"] == "jax train"
+                and row.get("xla_temp_bytes")):
             mib = row["xla_temp_bytes"] / 2 ** 20
-            out.append({"target": f"XLA temp MiB <= 256, train step {row['name']}", "value": mib, "pass": mib <= 256, "spread": ""})
+            out.append({"target": f"XLA temp MiB <= 256, train step {row['name']}", "value": mib,
+                        "pass": mib <= 256, "spread": ""})
     # issue 26: long sequences at torch's speed (block d256 B1, T 2048 and 8192, causal and not)
     for r in b.ratios:
         if r["section"] == "block" and r["ratio"] == "jax / torch" and r["d_model"] == 256 \
@@ -725,7 +741,8 @@ def _fmt_bytes(n: int | None) -> str:
 def markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     lines = [f"# Benchmark: twin blocks, JAX vs PyTorch ({m['date']})", "",
-             f"Device: {m['device']} ({m['jax_backend']}), {m['cpu_count']} CPU cores; jax {m['jax']}, flax {m['flax']}, "
+             f"Device: {m['device']} ({m['jax_backend']}), {m['cpu_count']} CPU cores; "
+             f"jax {m['jax']}, flax {m['flax']}, "
              f"torch {m.get('torch', 'n/a')} ({m.get('torch_threads', '?')} threads). "
              f"Load average before / after: {m['load_before']} / {m['load_after']}. Wall time {m['wall_s']:.0f} s. "
              f"XLA_FLAGS: `{m['xla_flags'] or '(none: XLA defaults)'}`.", "",
@@ -736,8 +753,10 @@ def markdown(result: dict[str, Any]) -> str:
     if peak:
         lines += ["## Matmul peak (best of repeats; rows below use medians)", "",
                   "| matmul | contender | median ms | GFLOP/s at median | best GFLOP/s |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {r['name']} | {r['contender']} | {r['median_ms']:.1f} | {r['gflops']:.1f} | {r['best_gflops']:.1f} |" for r in peak]
-        lines += ["", f"Peak used for % peak: {', '.join(f'{k} {v / 1e9:.1f} GFLOP/s' for k, v in result['peak_flops'].items())}."]
+        lines += [f"| {r['name']} | {r['contender']} | {r['median_ms']:.1f} | {r['gflops']:.1f} | "
+                  f"{r['best_gflops']:.1f} |" for r in peak]
+        lines += ["", "Peak used for % peak: "
+                  f"{', '.join(f'{k} {v / 1e9:.1f} GFLOP/s' for k, v in result['peak_flops'].items())}."]
         lines.append("")
     for section in ("block", "encoder"):
         sec = [r for r in rows if r["section"] == section]
@@ -759,20 +778,26 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "memory: XLA's temp buffers of the compiled step (JAX); device peak (torch on GPU).", ""]
     ratios = [r for r in result["ratios"] if r["section"] in ("block", "encoder")]
     if ratios:
-        lines += ["## Ratios (time / time; < 1 means the first is faster)", "", "| config | mode | ratio | median [IQR] |", "|---|---|---|---:|"]
-        lines += [f"| {r['name']} | {r['mode']} | {r['ratio']} | {r['median']:.2f} [{r['p25']:.2f}, {r['p75']:.2f}] |" for r in ratios]
+        lines += ["## Ratios (time / time; < 1 means the first is faster)", "",
+                  "| config | mode | ratio | median [IQR] |", "|---|---|---|---:|"]
+        lines += [f"| {r['name']} | {r['mode']} | {r['ratio']} | "
+                  f"{r['median']:.2f} [{r['p25']:.2f}, {r['p75']:.2f}] |" for r in ratios]
         lines.append("")
     depth = [r for r in rows if r["section"] == "depth"]
     if depth:
-        lines += ["## Compile time against depth (Encoder train step)", "", "| layers applied by | layers | trace+lower s | compile s | total s |",
+        lines += ["## Compile time against depth (Encoder train step)", "",
+                  "| layers applied by | layers | trace+lower s | compile s | total s |",
                   "|---|---:|---:|---:|---:|"]
-        lines += [f"| {r['mode']} | {r['layers']} | {r['lower_s']:.2f} | {r['compile_s']:.2f} | {r['total_s']:.2f} |" for r in depth]
+        lines += [f"| {r['mode']} | {r['layers']} | {r['lower_s']:.2f} | {r['compile_s']:.2f} | "
+                  f"{r['total_s']:.2f} |" for r in depth]
         lines.append("")
     seeds = [r for r in rows if r["section"] == "seeds"]
     if seeds:
-        lines += ["## Seeds: one vmapped program vs sequential runs", "", "| workload | contender | median s | steps/s (all seeds) | compile s |",
+        lines += ["## Seeds: one vmapped program vs sequential runs", "",
+                  "| workload | contender | median s | steps/s (all seeds) | compile s |",
                   "|---|---|---:|---:|---:|"]
-        lines += [f"| {r['name']} | {r['contender']} | {r['median_ms'] / 1e3:.2f} | {r['steps_per_s']:.1f} | {r['compile_s']:.1f} |" for r in seeds]
+        lines += [f"| {r['name']} | {r['contender']} | {r['median_ms'] / 1e3:.2f} | {r['steps_per_s']:.1f} | "
+                  f"{r['compile_s']:.1f} |" for r in seeds]
         lines.append("")
     gen = [r for r in rows if r["section"] == "generate"]
     if gen:
@@ -793,13 +818,17 @@ def markdown(result: dict[str, Any]) -> str:
         for r in remat:
             q = vs_torch.get((r["name"], r["contender"]))
             temp, ref = r.get("xla_temp_bytes"), none.get(r["name"])
-            lines.append(f"| {r['name']} | {r['contender']} | {r['median_ms']:.1f} [{r['p25_ms']:.1f}, {r['p75_ms']:.1f}] | "
-                         + (f"{q['median']:.2f} [{q['p25']:.2f}, {q['p75']:.2f}]" if q else "") + f" | {_fmt_bytes(temp)} | "
+            lines.append(f"| {r['name']} | {r['contender']} | "
+                         f"{r['median_ms']:.1f} [{r['p25_ms']:.1f}, {r['p75_ms']:.1f}] | "
+                         + (f"{q['median']:.2f} [{q['p25']:.2f}, {q['p75']:.2f}]" if q else "")
+                         + f" | {_fmt_bytes(temp)} | "
                          + (f"{temp / ref:.2f}" if temp and ref else "") + " |")
         lines.append("")
     if result["targets"]:
-        lines += ["## Targets of issues 6, 15 and 26 (this run)", "", "| target | value | IQR | holds |", "|---|---:|---|---|"]
-        lines += [f"| {t['target']} | {t['value']:.2f} | {t['spread']} | {'yes' if t['pass'] else 'NO'} |" for t in result["targets"]]
+        lines += ["## Targets of issues 6, 15 and 26 (this run)", "", "| target | value | IQR | holds |",
+                  "|---|---:|---|---|"]
+        lines += [f"| {t['target']} | {t['value']:.2f} | {t['spread']} | {'yes' if t['pass'] else 'NO'} |"
+                  for t in result["targets"]]
         lines.append("")
     if result["skipped"]:
         lines += ["Skipped: " + "; ".join(result["skipped"]), ""]
@@ -826,20 +855,23 @@ def doc_table(result: dict[str, Any]) -> str:
         comp = None if unrolled else next((c for c in ratios if c["ratio"] == "jax / torch.compile"
                                            and c["name"] == r["name"] and c["mode"] == r["mode"]), None)
         jax_row = by_row.get((r["name"], f"{r['ratio'].split(' / ')[0]} {r['mode']}"), {})
-        shape = r["name"].rsplit(" ", 1)[0] + (", unrolled (scan_layers=False)" if unrolled else "")  # without the dtype
+        shape = r["name"].rsplit(" ", 1)[0] + (", unrolled (scan_layers=False)" if unrolled else "")
+        # ^ without the dtype
         lines.append(f"| {shape} | {'forward' if r['mode'] == 'fwd' else 'train'} | {fmt(r)} | "
                      f"{fmt(comp) if comp else ''} | {jax_row.get('pct_peak', 0):.0f} % |")
     gen = [r for r in ratios if r["section"] == "generate"]
     if gen:
-        lines += ["", "| generation | positions/s, cached | positions/s, re-running the prefix | prefix / cached time [IQR] |",
+        lines += ["", "| generation | positions/s, cached | positions/s, re-running the prefix "
+                  "| prefix / cached time [IQR] |",
                   "|---|---:|---:|---|"]
         for r in gen:
             fw = r["mode"]
             cached, prefix = by_row[(r["name"], f"{fw} cached")], by_row[(r["name"], f"{fw} re-run prefix")]
-            lines.append(f"| {r['name']}, {fw} | {cached['tokens_per_s']:.0f} | {prefix['tokens_per_s']:.0f} | {fmt(r)} |")
+            lines.append(f"| {r['name']}, {fw} | {cached['tokens_per_s']:.0f} | {prefix['tokens_per_s']:.0f} | "
+                         f"{fmt(r)} |")
     mem = [r for r in rows if r["section"] == "block" and r["contender"] == "jax train" and r.get("xla_temp_bytes")
            and r.get("seq", 0) >= 2048]
-    notes = [f"XLA temp memory of the JAX train step: " + ", ".join(
+    notes = ["XLA temp memory of the JAX train step: " + ", ".join(
         f"{r['name'].rsplit(' ', 1)[0]} {_fmt_bytes(r['xla_temp_bytes'])}" for r in mem) + "."] if mem else []
     remat = [r for r in rows if r["section"] == "remat" and r.get("xla_temp_bytes")]
     if remat:
@@ -982,7 +1014,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "xla_tuned": xla_tuned(), "xla_base_options": dict(BASE_OPTIONS), "load_before": _load(), "quick": args.quick,
     }
     if torch_side:
-        meta.update(torch=torch_side.torch.__version__, torch_threads=torch_side.torch.get_num_threads(), torch_device=torch_side.device)
+        meta.update(torch=torch_side.torch.__version__, torch_threads=torch_side.torch.get_num_threads(),
+                    torch_device=torch_side.device)
     b = Bench(args, clock, torch_side)
     b.log(f"sizes={args.sizes} dtypes={args.dtypes} budget={args.budget:.0f}s load {meta['load_before']}")
     sizes = SIZES[args.sizes]

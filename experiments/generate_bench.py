@@ -89,10 +89,12 @@ def run(args) -> dict:
                 jax.block_until_ready(fb.generate(lm, ids, max_new_tokens=new))
                 compile_s = time.perf_counter() - t0
                 fns = {
-                    "fb": lambda: jax.block_until_ready(fb.generate(lm, ids, max_new_tokens=new)),
-                    "hf": lambda: hf.generate(tids, attention_mask=torch.ones_like(tids), max_new_tokens=new,
-                                              do_sample=False, pad_token_id=0),
-                    "twin": lambda: twin_generate(twin, tids, max_new_tokens=new),
+                    "fb": lambda lm=lm, ids=ids, new=new: jax.block_until_ready(
+                        fb.generate(lm, ids, max_new_tokens=new)),
+                    "hf": lambda hf=hf, tids=tids, new=new: hf.generate(tids, attention_mask=torch.ones_like(tids),
+                                                                        max_new_tokens=new,
+                                                                        do_sample=False, pad_token_id=0),
+                    "twin": lambda twin=twin, tids=tids, new=new: twin_generate(twin, tids, max_new_tokens=new),
                 }
                 with torch.no_grad():
                     same = {k: np.asarray(f() if k != "fb" else fb.generate(lm, ids, max_new_tokens=new))
@@ -115,8 +117,10 @@ def run(args) -> dict:
             jax.block_until_ready(rerun(graphdef, state, jnp.asarray(ids), new=new))
             jax.block_until_ready(fb.generate(lm, ids, max_new_tokens=new))
             times = interleaved({
-                "cached": lambda: jax.block_until_ready(fb.generate(lm, ids, max_new_tokens=new)),
-                "rerun": lambda: jax.block_until_ready(rerun(graphdef, state, jnp.asarray(ids), new=new)),
+                "cached": lambda lm=lm, ids=ids, new=new: jax.block_until_ready(
+                    fb.generate(lm, ids, max_new_tokens=new)),
+                "rerun": lambda graphdef=graphdef, state=state, ids=ids, new=new: jax.block_until_ready(
+                    rerun(graphdef, state, jnp.asarray(ids), new=new)),
             }, args.reps, warmup=1)
             agree = bool(np.array_equal(np.asarray(rerun(graphdef, state, jnp.asarray(ids), new=new)),
                                         np.asarray(fb.generate(lm, ids, max_new_tokens=new))))

@@ -330,14 +330,14 @@ def plot_profiles_depths(s: Study, path: Path) -> Path:
 def plot_last_layer(s: Study, path: Path) -> Path:
     """Last layer's W2 gradient vs depth, log-log, with the fitted and the predicted slopes."""
     fig, axes = plt.subplots(1, len(s.settings), figsize=(4.6 * len(s.settings), 3.8), squeeze=False)
-    for ax, setting in zip(axes[0], s.settings):
+    for ax, setting in zip(axes[0], s.settings, strict=True):
         _, rows = s.theorem1(setting)
         for r in rows:
             if not r["counted"]:
                 continue
             v, depths = r["variant"], np.asarray(r["depths"], float)
             m = np.array([float(t[0]) for t in r["last"]])
-            err = np.array([[m_ - float(t[1]), float(t[2]) - m_] for m_, t in zip(m, r["last"])]).T
+            err = np.array([[m_ - float(t[1]), float(t[2]) - m_] for m_, t in zip(m, r["last"], strict=True)]).T
             ax.errorbar(depths, m, yerr=err, color=COLORS[v], marker=MARKERS[v], mfc="none", ls="none", capsize=3,
                         label=f"{v}: fitted p = {r['p'][0]:+.2f}")
             anchor = math.exp(np.mean(np.log(m))) / math.exp(r["p"][0] * np.mean(np.log(depths)))
@@ -420,8 +420,11 @@ def _fig3_section(s: Study) -> list[str]:
                 by = {r["variant"]: r for r in rows if r["stack"] == stack}
                 if not by:
                     continue
-                cell = lambda v, k: _ci(by[v][k], sci=False) if v in by else "-"
-                mark = " (rule)" if L == s.rule_depth else ""
+
+                def cell(v, k, by=by):
+                    return _ci(by[v][k], sci=False) if v in by else "-"
+
+                mark = " (rule)" if s.rule_depth == L else ""
                 lines.append(f"| {setting} | {STACK_TITLES[stack]} | {L}{mark} | {cell('post', 'w2')} | "
                              f"{cell('pre', 'w2')} | {cell('post', 'layer')} | {cell('pre', 'layer')} |")
     depth = s.rule_depth
@@ -456,10 +459,11 @@ def _theorem_section(s: Study) -> list[str]:
     for setting in s.settings:
         _, rows = s.theorem1(setting)
         for r in rows:
-            by = dict(zip(r["depths"], r["last"]))
+            by = dict(zip(r["depths"], r["last"], strict=True))
             cells = " | ".join(_ci(by[L], 3) if L in by else "-" for L in s.depths)
             part = r["part"] if r["counted"] else f"({r['part']}, not counted)"
-            lines.append(f"| {setting} | {r['variant']} | {STACK_TITLES[r['stack']]} | {cells} | {_ci(r['p'], sci=False)} | "
+            lines.append(f"| {setting} | {r['variant']} | {STACK_TITLES[r['stack']]} | {cells} | "
+                         f"{_ci(r['p'], sci=False)} | "
                          f"{PREDICTED[r['variant']]:+.1f} | {part} |")
     lines += ["", "![last layer vs depth](last_layer.png)", "",
               "What the last layer's W2 gradient is made of, against depth (the stack next to the loss): the "
@@ -468,7 +472,8 @@ def _theorem_section(s: Study) -> list[str]:
               "||x_L|| / sqrt(d) there (a final LayerNorm's backward scales by its inverse), and of their product "
               "(what reaches the final norm from the loss; ~ L^0 if the head's gradient does not change with depth), "
               "with the mean loss at init at each depth.", "",
-              "| setting | variant | W2 last layer | ||dL/dx_L|| | ||x_L|| / sqrt(d) | product | loss at init by depth |",
+              "| setting | variant | W2 last layer | ||dL/dx_L|| | ||x_L|| / sqrt(d) | product "
+              "| loss at init by depth |",
               "|---|---|---|---|---|---|---|"]
     for setting in s.settings:
         for v in ("post", "pre"):
@@ -489,13 +494,14 @@ def theorem_parts(s: Study, setting: str, v: str) -> dict | None:
     if len(depths) < 2:
         return None
     stack = THEOREM_STACK[setting]
-    get = lambda key: [s.draws(setting, v, L, key) for L in depths]
+    def get(key):
+        return [s.draws(setting, v, L, key) for L in depths]
     g = [a[:, -1] for a in get(f"{stack}_gstream")]
     x = [np.sqrt(a[:, -1]) for a in get(f"{stack}_stream")]
     series = {"w2": [a[:, -1] for a in get(f"{stack}_w2")], "gstream": g, "stream": x,
-              "product": [a * b for a, b in zip(g, x)]}
+              "product": [a * b for a, b in zip(g, x, strict=True)]}
     out = {k: exponent_ci(depths, q) for k, q in series.items()}
-    out["loss"] = [(L, float(a.mean())) for L, a in zip(depths, get("loss"))]
+    out["loss"] = [(L, float(a.mean())) for L, a in zip(depths, get("loss"), strict=True)]
     return out
 
 
@@ -536,10 +542,14 @@ def _reason_section(s: Study) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in _reason_rows(s):
         names = SUBLAYERS[r["stack"]]
-        fmt = lambda a: ", ".join(f"{n} {_f(float(x))}" for n, x in zip(names, a))
+
+        def fmt(a, names=names):
+            return ", ".join(f"{n} {_f(float(x))}" for n, x in zip(names, a, strict=True))
+
         x0 = r["x0"]
         lines.append(f"| {r['setting']} | {r['variant']} | {r['depth']} | {STACK_TITLES[r['stack']]} | "
-                     f"{_f(r['loss'])} | {_f(x0[0])} + {_f(x0[1])} = {_f(x0[2])} | {fmt(r['ratio_mean'])} | {fmt(r['ratio_first'])} | "
+                     f"{_f(r['loss'])} | {_f(x0[0])} + {_f(x0[1])} = {_f(x0[2])} | "
+                     f"{fmt(r['ratio_mean'])} | {fmt(r['ratio_first'])} | "
                      f"{fmt(r['ratio_last'])} | {_f(r['stream'][0])} -> {_f(r['stream'][1])} | "
                      f"{_ci(r['gstream'], sci=False)} |")
     return lines + ["", "![branch ratios and stream gradients](ratios.png)", "", *_sublayer_section(s)]
@@ -619,7 +629,8 @@ def _contrast(s: Study) -> str:
         here = [(setting, stack) for setting, stack in _panels(s) if (setting, v, stack) in rows]
         if not here:
             continue
-        where = lambda st, sk: f"{st} {STACK_TITLES[sk]}"
+        def where(st, sk):
+            return f"{st} {STACK_TITLES[sk]}"
         out.append(
             f"At depth {s.rule_depth}, {v}-LN's stream gradient ||dLoss/dx_l|| changes from input to output by "
             + ", ".join(f"{_ci(rows[(st, v, sk)]['gstream'], sci=False)} ({where(st, sk)})" for st, sk in here)
@@ -648,11 +659,13 @@ def _contrast(s: Study) -> str:
     pre = {st: p for st, p in pre.items() if p is not None}
     if pre:
         out.append("Theorem 1, pre-LN, in the stack next to the loss: the stream where the last layer's FFN joins it "
-                   "grows as ||x_L|| ~ L^p with p = " + ", ".join(f"{_ci(p['stream'], sci=False)} ({st})" for st, p in pre.items())
+                   "grows as ||x_L|| ~ L^p with p = "
+                   + ", ".join(f"{_ci(p['stream'], sci=False)} ({st})" for st, p in pre.items())
                    + "; the stream's gradient there goes as " + ", ".join(f"{_ci(p['gstream'], sci=False)} ({st})"
                                                                          for st, p in pre.items())
                    + "; their product, what reaches the final norm from the loss, as " + ", ".join(
-                       f"{_ci(p['product'], sci=False)} ({st}; loss at init {_f(p['loss'][0][1])} at L={p['loss'][0][0]}, "
+                       f"{_ci(p['product'], sci=False)} ({st}; loss at init {_f(p['loss'][0][1])} "
+                       f"at L={p['loss'][0][0]}, "
                        f"{_f(p['loss'][-1][1])} at L={p['loss'][-1][0]})" for st, p in pre.items()) + ".")
     x0 = {st: rows[(st, v, sk)]["x0"][2] for (st, v, sk) in rows}
     out.append("The embedded input's mean square per coordinate is "
@@ -683,7 +696,8 @@ def write_report(out: Path) -> Path:
     wall = "; ".join(f"{r['wall_seconds']:.0f} s wall ({r['cpu_seconds']:.0f} s CPU) computing "
                      f"{r['cells_computed']} cells, load average {r['load_average_before']} before and "
                      f"{r['load_average_after']} after" for r in runs) or "not recorded"
-    per_cell = ["| setting | variant | depth | draws | compile s | run s | s per draw |", "|---|---|---|---|---|---|---|"]
+    per_cell = ["| setting | variant | depth | draws | compile s | run s | s per draw |",
+                "|---|---|---|---|---|---|---|"]
     for (setting, v, L), rec in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
         n = rec["config"]["draws"]
         per_cell.append(f"| {setting} | {v} | {L} | {n} | {rec['timing']['compile_s']:.1f} | "
@@ -745,7 +759,8 @@ def write_report(out: Path) -> Path:
         f"d_ff {lab['d_ff']}, {lab['num_heads']} heads{lab_note}, the Markov task over "
         f"{lab['vocab']} symbols, {lab['seq_len']} positions, batch {lab['batch']}, mean cross-entropy.",
         f"- Depths {', '.join(map(str, s.depths))} layers per stack (Xiong's: encoder = decoder = L); "
-        f"{study['draws']} draws per cell ({study['deep_draws']} in Xiong's setting from {study['deep_from']} layers on, "
+        f"{study['draws']} draws per cell ({study['deep_draws']} in Xiong's setting "
+        f"from {study['deep_from']} layers on, "
         "where a draw costs most), each a fresh init and a fresh batch (draw i: JAX key "
         f"({study['seed']}, impl {next(iter(cells.values()))['config'].get('prng', 'threefry2x32')}) folded with i, "
         "the same in every cell). One jitted function per (setting, variant, depth), looped over draws.",

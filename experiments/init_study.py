@@ -94,10 +94,11 @@ import math
 import shlex
 import sys
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -315,7 +316,7 @@ class LabSetting:
         return {"lm": grads["encoder"]["layers"]}
 
 
-def make_setting(name: str, study: "Study"):
+def make_setting(name: str, study: Study):
     return XiongSetting(study.xiong) if name == "xiong" else LabSetting(study.lab)
 
 
@@ -424,7 +425,8 @@ def sublayer_gradients(g: dict[str, jax.Array], post: bool) -> jax.Array:
     """Probe gradients of one stack -> (L, S, 2): ||dLoss/d.|| at z_s = x_s + F_s and at the
     sublayer's output stream x_{s+1} (post: Norm(z_s); pre: z_s). The gradient at its input
     stream x_s is the previous sublayer's output one, or the layer boundary's ("gstream")."""
-    norm = lambda a: jnp.sqrt(jnp.sum(jnp.square(a), axis=(-3, -2, -1)))
+    def norm(a):
+        return jnp.sqrt(jnp.sum(jnp.square(a), axis=(-3, -2, -1)))
     gz = norm(g["z"])  # (L, S)
     return jnp.stack([gz, norm(g["n"]) if post else gz], axis=-1)
 
@@ -511,7 +513,8 @@ QUICK = Study(
 def cell_config(study: Study, setting: str, variant: str, depth: int) -> dict:
     """Everything that determines one cell's numbers."""
     return {"version": CELL_VERSION, "setting": setting, "variant": variant, "depth": depth,
-            "draws": study.draws_of(setting, depth), "seed": study.seed, "prng": PRNG_IMPL, "setup": asdict(getattr(study, setting))}
+            "draws": study.draws_of(setting, depth), "seed": study.seed, "prng": PRNG_IMPL,
+            "setup": asdict(getattr(study, setting))}
 
 
 def cell_name(cfg: dict) -> str:
@@ -572,7 +575,8 @@ def run_study(study: Study, out: Path, *, command: str | None = None, progress: 
     (out / "init.json").write_text(json.dumps(meta, indent=1))  # a partial study can be reported
     options = compiler_options(study.xla_opt_level)
     env = {**environment(), "xla_compile_options": options}
-    todo = [(cfg, name) for cfg, name in zip(configs, names) if read_cell(cells_dir / f"{name}.json") is None]
+    todo = [(cfg, name) for cfg, name in zip(configs, names, strict=True)
+            if read_cell(cells_dir / f"{name}.json") is None]
     with ThreadPoolExecutor(max_workers=2) as pool:
         ahead: deque = deque()
         queue = iter(todo)
@@ -622,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     study = QUICK if args.quick else Study()
     changes = {k: getattr(args, k) for k in ("draws", "depths", "settings") if getattr(args, k) is not None}
     if changes.get("settings") and set(changes["settings"]) - set(SETTINGS):
-        raise SystemExit(f"unknown setting(s) {sorted(set(changes['settings']) - set(SETTINGS))}; choose from {SETTINGS}")
+        raise SystemExit(f"unknown setting(s) {sorted(set(changes['settings']) - set(SETTINGS))}; "
+                         f"choose from {SETTINGS}")
     study = replace(study, **changes)
     command = " ".join(["python -m experiments.init_study", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     run_study(study, args.out, command=command, progress=not args.no_progress)

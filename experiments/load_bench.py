@@ -74,7 +74,8 @@ def library_state(root: Path) -> dict[str, Any]:
     h = hashlib.sha256()
     for f in sorted((root / "flax_blocks").rglob("*.py")):
         h.update(str(f.relative_to(root)).encode() + f.read_bytes())
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True).stdout.strip()
+    def git(*a):
+        return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True).stdout.strip()
     commit = git("rev-parse", "HEAD") or None
     dirty = len(git("status", "--porcelain", "flax_blocks").splitlines()) if commit else None
     return dict(root=str(root), commit=commit, dirty=dirty, sha256=h.hexdigest()[:16])
@@ -187,7 +188,8 @@ def stats(xs: list[float]) -> dict[str, float]:
 
 def write_summary(out: Path, res: dict[str, Any]) -> None:
     ck, gb = res["checkpoint"], 1e9
-    x = lambda v: f"{v / ck['bytes']:.2f}"
+    def x(v):
+        return f"{v / ck['bytes']:.2f}"
     rows = ["| loader | load (s) min / med / max | peak over baseline after load: GB, x ckpt min / med / max "
             "| RSS after load (GB) | + first read of every weight (s) | peak over baseline after read: GB, x ckpt "
             "| RSS after read: anon / file (GB) |", "|---|---|---|---|---|---|---|"]
@@ -267,7 +269,7 @@ def main() -> None:
     params = 0
     for f in files:
         with safe_open(str(f), "np") as sf:
-            params += sum(int(np.prod(sf.get_slice(k).get_shape())) for k in sf.keys())
+            params += sum(int(np.prod(sf.get_slice(k).get_shape())) for k in sf.keys())  # noqa: SIM118 (safe_open is no dict: it has keys(), no __iter__)
     print(f"checkpoint: {params / 1e6:.1f}M parameters, {n_bytes / 1e9:.3f} GB in {len(files)} shards")
 
     root = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import matplotlib
 
@@ -147,7 +147,8 @@ def failure_heatmap(records: list[dict], path: Path) -> Path:
                     recs = by.get((v, w, depth, lr), [])
                     if recs:
                         rate[a, b] = np.mean([r["summary"]["status"] != "trained" for r in recs])
-                        ax.text(b, a, f"{rate[a, b]:.2f}".rstrip("0").rstrip(".") if rate[a, b] % 1 else f"{rate[a, b]:.0f}",
+                        ax.text(b, a,
+                                f"{rate[a, b]:.2f}".rstrip("0").rstrip(".") if rate[a, b] % 1 else f"{rate[a, b]:.0f}",
                                 ha="center", va="center", fontsize=8,
                                 color="white" if rate[a, b] > 0.5 else "black")
             ax.imshow(np.ma.masked_invalid(rate), cmap="Reds", vmin=0, vmax=1, origin="upper", aspect="auto")
@@ -167,7 +168,8 @@ def _init_panels(records: list[dict], path: Path, get: Callable[[dict], np.ndarr
     depths = sorted({r["config"]["depth"] for r in recs})
     fig, axes = _axes(len(depths))
     by = _by(recs, "depth", "variant")
-    for ax, depth in zip(axes, depths):
+    # strict=False: _axes makes at least one axis, so with no depths one is spare
+    for ax, depth in zip(axes, depths, strict=False):
         here = sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get)
         for v in here:
             ys = [get(r) for r in by[(depth, v)]]
@@ -227,9 +229,11 @@ def update_size(records: list[dict], path: Path, max_steps: int | None = None) -
     depths = sorted({r["config"]["depth"] for r in recs})
     fig, axes = _axes(len(depths))
     by = _by(recs, "depth", "variant")
-    for ax, depth in zip(axes, depths):
+    # strict=False: _axes makes at least one axis, so with no depths one is spare
+    for ax, depth in zip(axes, depths, strict=False):
         for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
-            get = lambda r: _arr(r["metrics"]["update"])[:max_steps]
+            def get(r):
+                return _arr(r["metrics"]["update"])[:max_steps]
             n = len(get(by[(depth, v)][0]))
             _mean_curves(ax, by[(depth, v)], get, x=np.arange(1, n + 1), **style(v, n))
         ax.set_yscale("log")
@@ -249,7 +253,8 @@ def grad_norm(records: list[dict], path: Path) -> Path:
     depths = sorted({r["config"]["depth"] for r in recs})
     fig, axes = _axes(len(depths))
     by = _by(recs, "depth", "variant")
-    for ax, depth in zip(axes, depths):
+    # strict=False: _axes makes at least one axis, so with no depths one is spare
+    for ax, depth in zip(axes, depths, strict=False):
         for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
             _mean_curves(ax, by[(depth, v)], lambda r: _arr(r["metrics"]["grad_norm"]),
                          **style(v, len(by[(depth, v)][0]["metrics"]["grad_norm"])))
@@ -285,7 +290,8 @@ def lr_sweep(records: list[dict], path: Path) -> Path:
     depths = sorted({r["config"]["depth"] for r in records})
     fig, axes = _axes(len(depths), width=4.6, height=3.6)
     by = _by(records, "depth", "variant", "warmup", "lr")
-    for ax, depth in zip(axes, depths):
+    # strict=False: _axes makes at least one axis, so with no depths one is spare
+    for ax, depth in zip(axes, depths, strict=False):
         here = sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get)
         for v in here:
             shift = 2 ** offset(v, here, width=0.25)  # multiplicative: the x axis is logarithmic
@@ -294,7 +300,7 @@ def lr_sweep(records: list[dict], path: Path) -> Path:
                 ys = [[clipped_loss(r["summary"]["final_loss"], float(r["metrics"]["heldout_loss0"]))
                        for r in by[(depth, v, w, lr)]] for lr in lrs]
                 kw = style(v) if w == 0 else dict(style(v), ls=":", lw=1.0, ms=3, label=f"{v}, warmup {w}")
-                for lr, y in zip(lrs, ys):
+                for lr, y in zip(lrs, ys, strict=True):
                     ax.plot([lr * shift] * len(y), y, ".", color=COLORS.get(v, "k"), alpha=0.35, ms=3)
                 ax.plot([lr * shift for lr in lrs], [np.mean(y) for y in ys], **kw)
         ax.axhline(h, color="k", ls=":", lw=1, label=f"H = {h:.2f}")
@@ -328,7 +334,7 @@ def depth_loss(records: list[dict], path: Path) -> Path:
             lr = min(per_lr, key=lambda x: np.mean(per_lr[x]))
             best.append(per_lr[lr])
         shift = 2 ** offset(v, variants, width=0.15)
-        for depth, y in zip(depths, best):
+        for depth, y in zip(depths, best, strict=True):
             ax.plot([depth * shift] * len(y), y, ".", color=COLORS.get(v, "k"), alpha=0.35, ms=3)
         ax.plot([d * shift for d in depths], [np.mean(y) for y in best], **style(v))
     ax.axhline(h, color="k", ls=":", lw=1, label=f"H = {h:.2f}")
@@ -351,7 +357,8 @@ def attn_logit_max(records: list[dict], path: Path) -> Path:
     depths = sorted({r["config"]["depth"] for r in recs})
     fig, axes = _axes(len(depths))
     by = _by(recs, "depth", "variant")
-    for ax, depth in zip(axes, depths):
+    # strict=False: _axes makes at least one axis, so with no depths one is spare
+    for ax, depth in zip(axes, depths, strict=False):
         for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
             def get(r: dict) -> np.ndarray:  # max over layers; all NaN if the cells hold no logits
                 a = _arr(r["metrics"]["attn_logit_max"])

@@ -23,8 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from . import init_report, plots
-from .analysis import (PLATEAU_FRACTION, clipped_loss, growth_factor, linear_fit, lr_sensitivity,
-                       power_law_exponent, trajectory_max)
+from .analysis import (
+    PLATEAU_FRACTION,
+    clipped_loss,
+    growth_factor,
+    linear_fit,
+    lr_sensitivity,
+    power_law_exponent,
+    trajectory_max,
+)
 from .model import VARIANT_NOTES, VARIANTS
 from .presets import PRESETS
 
@@ -129,7 +136,8 @@ class Data:
                 continue
             init, peak = trajectory_max(traj[0]), trajectory_max(traj[1:])
             inits.append(init), peaks.append(peak), ratios.append(peak / init)
-        mean = lambda v: float(np.nanmean(v)) if v and np.any(np.isfinite(v)) else float("nan")
+        def mean(v):
+            return float(np.nanmean(v)) if v and np.any(np.isfinite(v)) else float("nan")
         return mean(inits), mean(peaks), mean(ratios)
 
     def stream_profile(self, variant: str, depth: int, when: int) -> np.ndarray:
@@ -599,19 +607,40 @@ def claim_lns(d: Data) -> tuple[str, str]:
 
 
 CLAIMS = [
-    ("Xiong et al. 2020, Fig. 3", "At initialisation post-LN's per-layer gradient norm grows toward the output; pre-LN's is level.", claim_init_gradients),
-    ("Xiong et al. 2020, Theorem 1", "The last layer's gradient is flat in depth for post-LN and shrinks like 1/sqrt(L) for pre-LN.", claim_last_layer),
-    ("Xiong et al. 2020, Lemma 2", "Activations' squared norm grows linearly with the layer index in pre-LN and stays constant in post-LN.", claim_stream),
+    ("Xiong et al. 2020, Fig. 3",
+     "At initialisation post-LN's per-layer gradient norm grows toward the output; pre-LN's is level.",
+     claim_init_gradients),
+    ("Xiong et al. 2020, Theorem 1",
+     "The last layer's gradient is flat in depth for post-LN and shrinks like 1/sqrt(L) for pre-LN.",
+     claim_last_layer),
+    ("Xiong et al. 2020, Lemma 2",
+     "Activations' squared norm grows linearly with the layer index in pre-LN and stays constant in post-LN.",
+     claim_stream),
     ("Xiong et al. 2020, Fig. 2 / Sec. 3.2", "Post-LN needs learning-rate warmup.", claim_warmup),
-    ("Liu et al. 2020 (Admin), Fig. 1", "Post-LN trains at 6 layers and fails deeper (12, 18) where pre-LN trains.", claim_depth),
-    ("Liu et al. 2020 (Admin), Sec. 4", "Post-LN amplifies the output change of an update, more so as depth grows.", claim_amplification),
-    ("Wang et al. 2022 (DeepNet), Fig. 5", "Post-LN's early model update explodes and grows with depth; DeepNorm keeps it small and flat.", claim_deepnorm),
+    ("Liu et al. 2020 (Admin), Fig. 1",
+     "Post-LN trains at 6 layers and fails deeper (12, 18) where pre-LN trains.",
+     claim_depth),
+    ("Liu et al. 2020 (Admin), Sec. 4",
+     "Post-LN amplifies the output change of an update, more so as depth grows.",
+     claim_amplification),
+    ("Wang et al. 2022 (DeepNet), Fig. 5",
+     "Post-LN's early model update explodes and grows with depth; DeepNorm keeps it small and flat.",
+     claim_deepnorm),
     ("Skip ablation", "Without the identity path a 6-layer stack fails where post-LN and pre-LN train.", claim_skip),
-    ("Wortsman et al. 2023", "Without QK-norm the largest attention logit grows at high learning rates and training degrades; QK-norm keeps it bounded and lowers LR sensitivity.", claim_wortsman),
-    ("Peri-LN (Kim et al. 2025)", "Pre-LN's hidden-state magnitude grows with depth during training; Peri-LN's stays flat.", claim_peri),
-    ("NormFormer (Shleifer et al. 2021), Fig. 2", "During training pre-LN's gradient norms are larger in early layers than in late ones.", claim_normformer),
+    ("Wortsman et al. 2023",
+     "Without QK-norm the largest attention logit grows at high learning rates and training degrades; QK-norm keeps "
+     "it bounded and lowers LR sensitivity.",
+     claim_wortsman),
+    ("Peri-LN (Kim et al. 2025)",
+     "Pre-LN's hidden-state magnitude grows with depth during training; Peri-LN's stays flat.",
+     claim_peri),
+    ("NormFormer (Shleifer et al. 2021), Fig. 2",
+     "During training pre-LN's gradient norms are larger in early layers than in late ones.",
+     claim_normformer),
     ("Zhu et al. 2025 (DyT)", "Dynamic Tanh in place of every norm matches the normalised Transformer.", claim_dyt),
-    ("Sun et al. 2025 (Curse of Depth)", "LayerNorm Scaling (pre-norm output / sqrt(l)) improves pre-LN, more so at depth.", claim_lns),
+    ("Sun et al. 2025 (Curse of Depth)",
+     "LayerNorm Scaling (pre-norm output / sqrt(l)) improves pre-LN, more so at depth.",
+     claim_lns),
 ]
 
 
@@ -636,7 +665,8 @@ def answer(d: Data, verdicts: list[tuple[str, str, str, str]]) -> str:
     said = " ".join(f"**{k.capitalize()}**: {'; '.join(by_verdict[k])}." for k in
                      ("agrees", "partly agrees", "does not agree", "inconclusive", "not measured") if by_verdict[k])
     return (
-        "Which placements train here (held-out loss past half-way to H by the failure rule under Setup, majority of seeds, no warmup), "
+        "Which placements train here (held-out loss past half-way to H by the failure rule under Setup, "
+        "majority of seeds, no warmup), "
         "by depth: the learning rates at which each trains -- " + "; ".join(parts) + ". "
         f"At {deepest} layers, the best final loss over the LR grid (H = {h:.3f}): "
         + ", ".join(f"`{v}` {x:.3f} (lr {lr:g})" for v, (lr, x) in ranked) + ". "
@@ -650,15 +680,18 @@ def answer(d: Data, verdicts: list[tuple[str, str, str, str]]) -> str:
 
 
 def results_table(d: Data) -> str:
-    lines = ["| variant | depth | lr | warmup | seeds | failed | statuses (fail step) | final held-out loss | excess over H |",
+    lines = ["| variant | depth | lr | warmup | seeds | failed | statuses (fail step) | final held-out loss "
+             "| excess over H |",
              "|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(d.by, key=lambda k: (ORDER[k[0]], k[1], k[2], k[3])):
         recs = d.by[key]
         h = recs[0]["task"]["optimal_loss"]
         mean = _mean_final(recs)
-        status = ", ".join(f"{r['summary']['status']}" + (f" ({r['summary']['step']})" if r["summary"]["step"] is not None else "")
+        status = ", ".join(f"{r['summary']['status']}"
+                           + (f" ({r['summary']['step']})" if r["summary"]["step"] is not None else "")
                            for r in sorted(recs, key=lambda r: r["config"]["seed"]))
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {len(recs)} | {sum(r['summary']['status'] != 'trained' for r in recs)} | "
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]:g} | {key[3]} | {len(recs)} | "
+                     f"{sum(r['summary']['status'] != 'trained' for r in recs)} | "
                      f"{status} | {_fmt(mean, 3)} | {_fmt(mean - h, 3)} |")
     return "\n".join(lines)
 
@@ -747,7 +780,8 @@ def entropy_table(d: Data) -> str:
             recs = d.get(v, L)
             ent = np.array([_arr(r["metrics"]["attn_entropy"]) for r in recs])  # (seeds, chunks, L)
             gn = [np.nanmean(_arr(r["metrics"]["grad_norm"])[-10:]) for r in recs]
-            lines.append(f"| {v} | {L} | {_fmt(float(np.nanmean(ent[:, 0])))} | {_fmt(float(np.nanmean(ent[:, -1])))} | "
+            lines.append(f"| {v} | {L} | {_fmt(float(np.nanmean(ent[:, 0])))} | "
+                         f"{_fmt(float(np.nanmean(ent[:, -1])))} | "
                          f"{_fmt(float(np.nanmean(gn)), 3)} |")
     return "\n".join(lines)
 

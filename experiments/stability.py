@@ -234,7 +234,7 @@ def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
 
         done = np.asarray(multihost_utils.broadcast_one_to_all(done))
     groups: dict[tuple[str, int], Group] = {}
-    for (variant, depth, cfg), name, skip in zip(configs, all_names, done):
+    for (variant, depth, cfg), name, skip in zip(configs, all_names, done, strict=True):
         g = groups.setdefault((variant, depth), Group(variant, depth))
         if not skip:
             g.todo.append(cfg)
@@ -313,7 +313,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
 
     from .model import ModelConfig
     from .tasks import make_task
-    from .train import RunSpec, Trainer, TrainConfig, compiler_options, sample_pool
+    from .train import RunSpec, TrainConfig, Trainer, compiler_options, sample_pool
 
     sweep = resolve_task(sweep)
     start, cpu_start, load_before = time.time(), time.process_time(), _load()
@@ -373,15 +373,15 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         specs.append(sp)
 
     done_work = 0.0
-    for i, (g, tr, sp) in enumerate(zip(groups, trainers, specs)):
+    for i, (g, tr, sp) in enumerate(zip(groups, trainers, specs, strict=True)):
         label = f"{g.variant} L{g.depth} x{len(sp)} runs"
         bar.update(done_work, f"{label}: compiling", force=True)
         compiled[i].result()
         t0 = time.time()
-        for steps_done, results in tr.run(sp):
+        for steps_done, results in tr.run(sp):  # noqa: B007 (the last yield carries the results, read below)
             bar.update(done_work + cost[i] * steps_done, f"{label}: step {steps_done}/{sweep.steps}")
         seconds = time.time() - t0
-        for cfg, name, metrics in zip(g.todo, g.names, results):
+        for cfg, name, metrics in zip(g.todo, g.names, results, strict=True):
             summary = failure(metrics["heldout_loss"], metrics["loss"], float(metrics["heldout_loss0"]),
                               task.optimal_loss, start=task.unigram_loss if task.name == "text" else None)
             record = {

@@ -114,7 +114,7 @@ def _window_owners(texts: list[str], window: int) -> tuple[np.ndarray, np.ndarra
     keys = np.zeros((-(-window // per_word), len(owner)), np.uint64)
     dense = dense.astype(np.uint64)
     start = out = 0
-    for c, n in zip(codes, counts):
+    for c, n in zip(codes, counts, strict=True):
         d = dense[start:start + len(c)]
         start += len(c)
         for j in range(window):

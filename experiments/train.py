@@ -37,8 +37,9 @@ host's devices, `runs_mesh()` spans them, and every host passes the same inputs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +47,8 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from flax_blocks import LanguageModel
 
@@ -248,7 +250,8 @@ class Trainer:
         """
         base = jax.random.key(seed)
         _, fresh, rest = create_params(self.model_cfg, jax.random.fold_in(base, 0))
-        pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(first, x, y), a, b)
+        def pick(a, b):
+            return jax.tree.map(lambda x, y: jnp.where(first, x, y), a, b)
         params = pick(fresh, state["params"])
         opt = pick(self.adam.init(fresh), state["opt"])
         t0 = jnp.where(first, 0, state["step"])

@@ -53,15 +53,21 @@ def child(reps: int) -> dict:
         graphdef, params, rest = nnx.split(fb.TransformerBlock(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
         x, r = np.random.default_rng(0).standard_normal((2, batch, seq, d)).astype(np.float32)
         xj, rj = jnp.asarray(x), jnp.asarray(r)
-        step = jax.jit(jax.value_and_grad(lambda p, x, r: jnp.sum(nnx.merge(graphdef, p, rest)(x) * r)))
+
+        def loss(p, x, r, graphdef=graphdef, rest=rest):
+            return jnp.sum(nnx.merge(graphdef, p, rest)(x) * r)
+
+        step = jax.jit(jax.value_and_grad(loss))
         tm = tb.TransformerBlock(cfg)
         xt, rt = torch.from_numpy(x), torch.from_numpy(r)
 
-        def t_step():
+        def t_step(tm=tm, xt=xt, rt=rt):
             tm.zero_grad(set_to_none=True)
             (tm(xt) * rt).sum().backward()
 
-        times = interleaved({"jax": lambda: jax.block_until_ready(step(params, xj, rj)), "torch": t_step},
+        times = interleaved({"jax": lambda step=step, params=params, xj=xj, rj=rj: jax.block_until_ready(
+                                 step(params, xj, rj)),
+                             "torch": t_step},
                             reps if seq <= 512 else max(3, reps // (4 if seq <= 2048 else 8)))
         out[f"d{d} T{seq} B{batch}{' causal' if causal else ''}"] = {k: 1e3 * statistics.median(v)
                                                                     for k, v in times.items()}
@@ -98,7 +104,7 @@ def table(results: dict) -> tuple[str, bool]:
     good = []
     for row in rows:
         med = {(s, fw): statistics.median(p[row][fw] for p in results[s]) for s in results for fw in ("jax", "torch")}
-        ratio = {fw: [f[row][fw] / d[row][fw] for d, f in zip(results["default"], results["flag"])]
+        ratio = {fw: [f[row][fw] / d[row][fw] for d, f in zip(results["default"], results["flag"], strict=True)]
                  for fw in ("jax", "torch")}
         r = {fw: (statistics.median(v), _q(v, 0.25), _q(v, 0.75)) for fw, v in ratio.items()}
         good.append(r["jax"][0] < 1 - GAIN and abs(r["torch"][0] - 1) <= TORCH_TOL)

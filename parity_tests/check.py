@@ -12,7 +12,8 @@ heads, norm placement, activation and eps are then checked against the flags; el
 torch rebuilt from the state dict and the flags, which cannot tell a wrong head count: a
 state dict does not record it, and the table says so). A file holding a whole pickled stock
 module (`torch.save(model, path)`) is checked against that module, its own heads included,
-with `--trust-pickle` (loading it runs the file's pickle code). A Hugging Face save_pretrained folder is checked against the
+with `--trust-pickle` (loading it runs the file's pickle code).
+A Hugging Face save_pretrained folder is checked against the
 HF model rebuilt from it, with its config's settings (`python -m parity_tests.check FOLDER`).
 The table's header names the reference used.
 """
@@ -220,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="torch-named checkpoint: .pt/.pth (a state dict) or .safetensors; or a "
-                                       "Hugging Face save_pretrained folder (BERT, RoBERTa, DistilBERT, GPT-2, OPT, ViT, "
+                                       "Hugging Face save_pretrained folder "
+                                       "(BERT, RoBERTa, DistilBERT, GPT-2, OPT, ViT, "
                                        "LLaMA, Mistral, Qwen2, Phi-3), "
                                        "checked against the HF model itself with the settings of its config.json")
     ap.add_argument("--num-heads", type=int, help="attention heads (not inferable from the tensors; required for a "

@@ -402,13 +402,16 @@ def run_case(family: str, config: dict[str, Any], seed: int = 0) -> Outcome:
                 try:
                     hf64 = _reference(family, folder, part, float64=True)[0]
                 except Exception as e:  # noqa: BLE001 - GPT-2's reorder_and_upcast_attn asserts float32
-                    return Outcome(family, "wrong", f"{part}: relative error {err:.1e} (HF from our float64 {err64:.1e}, "
+                    return Outcome(family, "wrong", f"{part}: relative error {err:.1e} "
+                                                    f"(HF from our float64 {err64:.1e}, "
                                                     f"our float32 from our float64 {noise:.1e}; HF cannot run in "
-                                                    f"float64 to settle it: {type(e).__name__}: {str(e)[:100]})", config, err)
+                                                    f"float64 to settle it: {type(e).__name__}: {str(e)[:100]})",
+                                   config, err)
                 rows = np.isfinite(hf64).all(axis=tuple(range(1, hf64.ndim)))  # HF's float64 NaNs a padded element
                 both = _relative(exact[rows], hf64[rows], live[rows]) if rows.any() else float("inf")
                 if not both <= RTOL:
-                    return Outcome(family, "wrong", f"{part}: relative error {err:.1e} (HF from our float64 {err64:.1e}, "
+                    return Outcome(family, "wrong", f"{part}: relative error {err:.1e} "
+                                                    f"(HF from our float64 {err64:.1e}, "
                                                     f"our float32 from our float64 {noise:.1e}, HF's float64 from ours "
                                                     f"{both:.1e})", config, err)
                 detail = (f"{part}; float32 noise: HF {err64:.1e} from our float64, ours {noise:.1e}; HF's float64 "

@@ -7,8 +7,9 @@ Errors are relative to the output's scale: max|a - b| / max|b|.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +85,8 @@ class Case:
         """Constructor arguments beyond the config (an Encoder's depth and final norm)."""
         if self.kind not in STACKS:
             return {}
-        return {"num_layers": self.num_layers, "final_norm": self.final_norm} | ({"remat": self.remat} if self.remat else {})
+        return ({"num_layers": self.num_layers, "final_norm": self.final_norm}
+                | ({"remat": self.remat} if self.remat else {}))
 
     @property
     def name(self) -> str:
@@ -227,7 +229,8 @@ def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> R
 def run_flax(case: Case, module, inp: Inputs, dtype: str) -> Result:
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
     opt = lambda m: None if m is None else jnp.asarray(m)  # noqa: E731
-    masks = {} if case.kind == "FeedForward" else {"attention_mask": opt(inp.attention_mask), "key_mask": opt(inp.key_mask)}
+    masks = {} if case.kind == "FeedForward" else {"attention_mask": opt(inp.attention_mask),
+                                                   "key_mask": opt(inp.key_mask)}
     if case.kind in DECODERS:
         masks["memory_key_mask"] = opt(inp.memory_key_mask)
 

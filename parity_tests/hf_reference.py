@@ -202,7 +202,7 @@ def flax_runs(module, x: np.ndarray, ct: np.ndarray, keys: np.ndarray,
         model = nnx.merge(graphdef, state)
         out = {}
         for masked in cases:
-            y, vjp = jax.vjp(lambda h: model(h, key_mask=keys if masked else None), x)
+            y, vjp = jax.vjp(lambda h, masked=masked: model(h, key_mask=keys if masked else None), x)
             out[masked] = (y, vjp(ct)[0])
         return out
 

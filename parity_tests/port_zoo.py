@@ -3,12 +3,14 @@ Flax NNX ports, each port with switches that plant a known porting mistake. The 
 checker's tests (parity_tests/test_port.py) and docs/porting.md use them.
 
     torch model                      flax port                      mistakes it can plant
-    GPT (fused qkv, manual softmax)  GPT                            tanh GELU in one layer, head split, 1/d scale, mask sense
+    GPT (fused qkv, manual softmax)  GPT                            tanh GELU in one layer, head split, 1/d scale,
+                                                                    mask sense
     block on nn.MultiheadAttention   block on nnx.MultiHeadAttention padding-mask sense, eps
     ViT (patch Conv2d)               ViT (nnx.Conv)                 eps
     T5-style encoder (rel. bias)     T5-style encoder               1/sqrt(d) scale T5 does not use, RMSNorm eps
     Conv1d mixer (causal, gated)     Conv1d mixer                   tanh GELU in layer 1, padding on the wrong side
-    MLP-Mixer                        MLP-Mixer                      nnx.LayerNorm's default eps (1e-6 for 1e-5), tokens not transposed
+    MLP-Mixer                        MLP-Mixer                      nnx.LayerNorm's default eps (1e-6 for 1e-5),
+                                                                    tokens not transposed
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ class TorchMHABlock(tnn.Module):
 class FlaxMHABlock(nnx.Module):
     """mistakes: mask="inverted" (torch's padding mask used as flax's may-attend mask), eps=1e-6."""
 
-    def __init__(self, d: int = 16, heads: int = 2, *, mask: str = "right", eps: float = 1e-5, rngs: nnx.Rngs | None = None):
+    def __init__(self, d: int = 16, heads: int = 2, *, mask: str = "right", eps: float = 1e-5,
+                 rngs: nnx.Rngs | None = None):
         rngs = rngs or nnx.Rngs(0)
         self.mask = mask
         self.ln1 = nnx.LayerNorm(d, epsilon=eps, use_fast_variance=False, rngs=rngs)
@@ -295,7 +298,8 @@ class FlaxT5Layer(nnx.Module):
         self.norm1 = nnx.RMSNorm(d, epsilon=eps, rngs=rngs)
         self.norm2 = nnx.RMSNorm(d, epsilon=1e-6, rngs=rngs)
         self.q, self.k, self.v, self.o = (nnx.Linear(d, d, use_bias=False, rngs=rngs) for _ in range(4))
-        self.wi, self.wo = nnx.Linear(d, 2 * d, use_bias=False, rngs=rngs), nnx.Linear(2 * d, d, use_bias=False, rngs=rngs)
+        self.wi, self.wo = (nnx.Linear(d, 2 * d, use_bias=False, rngs=rngs),
+                            nnx.Linear(2 * d, d, use_bias=False, rngs=rngs))
 
     def __call__(self, x, bias):
         b, t, d = x.shape
@@ -429,7 +433,8 @@ class FlaxMixerLayerMLP(nnx.Module):
         self.transpose = transpose
         gelu = lambda a: jax.nn.gelu(a, approximate=False)  # noqa: E731
         self.norm1 = nnx.LayerNorm(d, epsilon=eps, use_fast_variance=False, rngs=rngs)
-        self.tokens = nnx.Sequential(nnx.Linear(tokens, 2 * tokens, rngs=rngs), gelu, nnx.Linear(2 * tokens, tokens, rngs=rngs))
+        self.tokens = nnx.Sequential(nnx.Linear(tokens, 2 * tokens, rngs=rngs), gelu,
+                                     nnx.Linear(2 * tokens, tokens, rngs=rngs))
         self.norm2 = nnx.LayerNorm(d, epsilon=1e-5, use_fast_variance=False, rngs=rngs)
         self.channels = nnx.Sequential(nnx.Linear(d, 2 * d, rngs=rngs), gelu, nnx.Linear(2 * d, d, rngs=rngs))
 

@@ -23,7 +23,8 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
   Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
   Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
-             peri: x + s Norm_out(F(Norm(x)));  out: x + s Norm(F(x)) (OLMo 2);  none: x + s F(x);  residual "none" drops
+             peri: x + s Norm_out(F(Norm(x)));  out: x + s Norm(F(x)) (OLMo 2);  none: x + s F(x);
+             residual "none" drops
              the skip term; alpha is DeepNorm's (2N)^(1/4) (Wang et al. 2022) for an
              encoder of N layers, s the ReZero / LayerScale gate read from the state dict.
 """
@@ -41,8 +42,10 @@ import numpy as np
 HANDLED = frozenset({
     "d_model", "num_heads", "d_ff", "activation", "layer_norm_eps", "bias", "norm", "residual",
     "scaling", "deepnorm_alpha", "causal",
-    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta", "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "sliding_window_pattern", "rope_local_theta", "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling", "parallel_residual",
+    "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
+    "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
+    "sliding_window_pattern", "rope_local_theta", "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling",
+    "parallel_residual",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -247,7 +250,8 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     q = q.reshape(b, t, h, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd)
     k = k.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)  # (B, K, S, hd)
     v = v.reshape(b, s, k_heads, hd).transpose(0, 2, 1, 3)
-    if _opt(cfg, "qk_norm", False) and _opt(cfg, "qk_norm_over", "head") == "head":  # scale-only (OLMo 2, Gemma 3): no bias whatever cfg.bias says
+    # scale-only (OLMo 2, Gemma 3): no bias whatever cfg.bias says
+    if _opt(cfg, "qk_norm", False) and _opt(cfg, "qk_norm_over", "head") == "head":
         q = _norm(cfg, p, prefix + "q_norm.", q, bias=False)
         k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     theta = _opt(cfg, "rope_theta", None)
@@ -418,7 +422,8 @@ def forward(kind: str, cfg: Any, state_dict: dict[str, Any], x: Any, *, attn_mas
     unbatched = x.ndim == 2
     expand = lambda m: None if m is None else np.asarray(_numpy(m))[None]  # noqa: E731
     if unbatched:
-        x, key_padding_mask, memory_key_padding_mask = x[None], expand(key_padding_mask), expand(memory_key_padding_mask)
+        x, key_padding_mask, memory_key_padding_mask = (x[None], expand(key_padding_mask),
+                                                        expand(memory_key_padding_mask))
         memory = None if memory is None else np.asarray(_numpy(memory), np.float64)[None]
         attn_mask = attn_mask if attn_mask is None or np.ndim(attn_mask) == 2 else expand(attn_mask)
         memory_mask = memory_mask if memory_mask is None or np.ndim(memory_mask) == 2 else expand(memory_mask)

@@ -23,7 +23,8 @@ from .trajectory import compare_trajectories
 
 def build(cases=CASES, trajectories: bool = True) -> str:
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU, jax {jax.__version__}, torch {torch.__version__}.",
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU, jax {jax.__version__}, "
+        f"torch {torch.__version__}.",
         "Errors are max|flax - torch| / max|torch|; gradients: the worst parameter. "
         f"Tolerances: float32 forward {TOL['forward', 'float32']:.0e}, gradient {TOL['grad', 'float32']:.0e}; "
         f"float64 forward {TOL['forward', 'float64']:.0e}, gradient {TOL['grad', 'float64']:.0e}.",
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.report", description=__doc__)
     ap.add_argument("--out", help="also write the table to this file")
     ap.add_argument("--doc", metavar="FILE",
-                    help=f"replace the table between this markdown file's parity-report markers (the committed one: {DOC})")
+                    help="replace the table between this markdown file's parity-report markers "
+                         f"(the committed one: {DOC})")
     args = ap.parse_args(argv)
     if args.doc:  # fail before the minutes of measuring, not after
         with open(args.doc) as f:

@@ -25,7 +25,8 @@ def _no_gpu_reason() -> str:
     """Why the accelerator tests cannot run here ("" when they can)."""
     missing = []
     if not _jax_gpu():
-        missing.append(f"JAX {jax.__version__} sees no GPU (backend {jax.default_backend()}; a CUDA jaxlib plugin is needed)")
+        missing.append(f"JAX {jax.__version__} sees no GPU (backend {jax.default_backend()}; "
+                       "a CUDA jaxlib plugin is needed)")
     if not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build"
         missing.append(f"torch {torch.__version__} ({build}) sees no CUDA device")
@@ -37,7 +38,8 @@ needs_gpu = pytest.mark.skipif(bool(NO_GPU), reason=NO_GPU)
 
 
 @needs_gpu
-@pytest.mark.parametrize("case", [c for c in CASES if c.kind in ("TransformerBlock", "Encoder")][:6], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if c.kind in ("TransformerBlock", "Encoder")][:6],
+                         ids=lambda c: c.name)
 def test_float32_parity_on_gpu(case):
     """JAX runs on its default device (the GPU); torch's twin stays on CPU as reference,
     so this measures the GPU kernels against the CPU ones."""

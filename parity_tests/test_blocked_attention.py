@@ -7,9 +7,8 @@ twin of each forced path runs in the matrix (cases.py, test_forward_grad.py)."""
 
 from __future__ import annotations
 
-from unittest import mock
-
 from dataclasses import replace
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +19,8 @@ from flax import nnx
 
 import flax_blocks as fb
 import flax_blocks.attention as fa
-from flax_blocks.config import FullyMaskedWarning
 import torch_blocks as tb
+from flax_blocks.config import FullyMaskedWarning
 
 from .cases import BASE, LLAMA
 from .harness import TOL, precision
@@ -79,7 +78,7 @@ def test_forced_path_equals_dense_forward_and_gradients(kind, cfg, path, dtype):
             forced = getattr(fb, kind)(replace(cfg, attention=path, attention_block=block), rngs=nnx.Rngs(0), **kw)
             y, g = _forward_and_grads(forced, x, r, keys)
             assert _rel(y, y0) <= TOL["forward", dtype], (block, _rel(y, y0))
-            worst = max(_rel(a, b) for a, b in zip(g, g0))
+            worst = max(_rel(a, b) for a, b in zip(g, g0, strict=True))
             assert worst <= TOL["grad", dtype], (block, worst)
 
 
@@ -128,7 +127,7 @@ def test_flash_gradients_equal_the_dense_softmax(causal):
         assert _rel(flash(q, k, v), dense(q, k, v)) <= 1e-12
         got = jax.jit(jax.grad(loss(flash), argnums=(0, 1, 2)))(q, k, v)
         want = jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v)
-        for a, b in zip(got, want):
+        for a, b in zip(got, want, strict=True):
             assert np.isfinite(np.asarray(a)).all()
             assert _rel(a, b) <= 1e-12
         _, has_key = fa.blocked_attention(q, k, v, causal=causal, key_valid=keys, block=4)
@@ -162,7 +161,7 @@ def test_flash_negative_twins_would_show():
         # a sliding window of 3 over blocks of 2: exactly the block pairs holding a pair q - 3 < k <= q
         i, j = fa._block_pairs(4, 4, 2, 2, causal=True, window=3)
         want = {(a // 2, b // 2) for a in range(8) for b in range(8) if a - 3 < b <= a}
-        assert set(zip(i.tolist(), j.tolist())) == want and (3, 0) not in want
+        assert set(zip(i.tolist(), j.tolist(), strict=True)) == want and (3, 0) not in want
         off_by_one = lambda *a, **kw: tuple(x[j < i] for x in (i, j))  # noqa: E731, ARG005
         real = fa._block_pairs
         try:
@@ -185,7 +184,7 @@ def test_unmasked_block_pairs_hold_only_allowed_positions(window):
     groups = fa._pair_groups(nq, nk, bq, bk, True, window, skip=window is not None)
     seen = set()
     for i, j, masked in groups:
-        for a, b in zip(i.tolist(), j.tolist()):
+        for a, b in zip(i.tolist(), j.tolist(), strict=True):
             pairs = {(q, kk) for q in range(a * bq, a * bq + bq) for kk in range(b * bk, b * bk + bk)}
             allowed = {(q, kk) for q, kk in pairs if kk <= q and (window is None or kk > q - window)}
             assert masked or pairs == allowed, (a, b)
@@ -384,7 +383,8 @@ def test_long_sequence_train_step_memory():
     256 MiB with the blocked path that auto takes on a CPU (measured 240 MiB), where the
     dense logits alone are 2 GiB (measured 8.3 GiB in all). Compiled only, never run."""
     cfg = fb.BlockConfig(d_model=256, num_heads=8, d_ff=1024, norm="pre", dropout=0.0)
-    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: fb.TransformerBlock(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
+    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: fb.TransformerBlock(cfg, rngs=nnx.Rngs(0))),
+                                       nnx.Param, ...)
     x = jax.ShapeDtypeStruct((1, 8192, 256), jnp.float32)
 
     def loss(p, x):

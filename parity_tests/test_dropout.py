@@ -7,7 +7,6 @@ the eval output; keep rate and 1/(1-p) scaling show in the fraction and size of 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import torch

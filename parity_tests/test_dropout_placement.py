@@ -40,7 +40,8 @@ def _stock(kind: str, norm_first: bool) -> nn.Module:
         return layer
     layer = nn.TransformerEncoderLayer(E, H, FF, P, "relu", batch_first=True, norm_first=norm_first)
     if kind == "Encoder":
-        layer = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(E) if norm_first else None, enable_nested_tensor=False)
+        layer = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(E) if norm_first else None,
+                                      enable_nested_tensor=False)
     _perturb(layer, 1)  # after the deep copy: the Encoder's layers differ
     return layer
 
@@ -121,7 +122,8 @@ def assert_same_distribution(samples: dict[str, np.ndarray], what: str) -> None:
         worst = float((np.abs(m - m_s) / (se + 1e-7)).max())
         assert worst < 5, f"{what}: {side} mean differs from stock by {worst:.1f} standard errors"
         ratio = sd / np.maximum(sd_s, 1e-7)
-        assert np.abs(ratio - 1).max() < 0.1, f"{what}: {side} std / stock std in [{ratio.min():.3f}, {ratio.max():.3f}]"
+        assert np.abs(ratio - 1).max() < 0.1, (f"{what}: {side} std / stock std in "
+                                               f"[{ratio.min():.3f}, {ratio.max():.3f}]")
 
 
 @pytest.mark.parametrize("kind,norm_first", [("TransformerBlock", True), ("TransformerBlock", False), ("Encoder", True),

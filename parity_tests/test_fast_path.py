@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 
 import flax_blocks as fb
 from flax_blocks.config import invert_mask

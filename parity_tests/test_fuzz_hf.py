@@ -103,7 +103,8 @@ def test_the_whisper_encoder_saved_alone_loads(tmp_path):
     import transformers
 
     config = transformers.WhisperConfig(d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=40,
-                                        decoder_attention_heads=4, decoder_ffn_dim=40, num_mel_bins=8, max_source_positions=16)
+                                        decoder_attention_heads=4, decoder_ffn_dim=40, num_mel_bins=8,
+                                        max_source_positions=16)
     torch.manual_seed(0)
     whole = transformers.WhisperModel(config).eval()
     whole.encoder.save_pretrained(tmp_path)
@@ -115,7 +116,8 @@ def test_the_whisper_encoder_saved_alone_loads(tmp_path):
 
 @pytest.mark.parametrize("model_type,words", [
     ("falcon", "ALiBi or rotary"), ("bloom", "ALiBi position biases"), ("gptj", "interleaved"),
-    ("codegen", "interleaved rotary"), ("phi", "phi3 is supported"), ("mixtral", "router and 4 expert MLPs, 2 per token"),
+    ("codegen", "interleaved rotary"), ("phi", "phi3 is supported"),
+    ("mixtral", "router and 4 expert MLPs, 2 per token"),
     ("frobnet", "no table reads it; supported: bert")])
 def test_model_types_the_blocks_do_not_compute_are_refused_with_the_reason(model_type, words):
     with pytest.raises(fb.ConversionError, match=words):

@@ -277,7 +277,8 @@ def _torch_attention(sd: dict[str, torch.Tensor], x: torch.Tensor, h: int, k: in
         q = F.layer_norm(q, (hd,), sd["q_norm.weight"], sd.get("q_norm.bias"), eps)
         kk = F.layer_norm(kk, (hd,), sd["k_norm.weight"], sd.get("k_norm.bias"), eps)
     if theta is not None:
-        freqs = torch.outer(torch.arange(t, dtype=torch.float64), 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        freqs = torch.outer(torch.arange(t, dtype=torch.float64),
+                            1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
         rot = torch.polar(torch.ones_like(freqs), freqs)  # e^{i pos f}, (T, hd/2)
 
         def rope(a):
@@ -308,7 +309,8 @@ def test_reference_attention_matches_torch_functional(kv, qk_norm, theta, causal
     x = torch.randn(2, t, e, generator=g, dtype=torch.float64)
     kpm = torch.zeros(2, t, dtype=torch.bool)
     kpm[1, -2:] = True
-    masked = (torch.ones(t, t, dtype=torch.bool).triu(1) if causal else torch.zeros(t, t, dtype=torch.bool)) | kpm[:, None, :]
+    masked = (torch.ones(t, t, dtype=torch.bool).triu(1) if causal
+              else torch.zeros(t, t, dtype=torch.bool)) | kpm[:, None, :]
     want = _torch_attention(sd, x, h, kv, qk_norm=qk_norm, theta=theta, bias=True, eps=1e-4,
                             mask=~masked[:, None])
     cfg = ns(d_model=e, num_heads=h, num_kv_heads=kv, qk_norm=qk_norm is not None, rope_theta=theta,
@@ -365,7 +367,8 @@ def test_reference_peri_and_gates_by_hand():
     """peri x + s Norm_out(F(Norm_in(x))) with a LayerScale gate, and DeepNorm's alpha, by hand
     from stock modules."""
     lin1, lin2 = nn.Linear(E, FF, dtype=torch.float64), nn.Linear(FF, E, dtype=torch.float64)
-    n_in, n_out = perturb(nn.RMSNorm(E, eps=1e-6, dtype=torch.float64), 8), perturb(nn.RMSNorm(E, eps=1e-6, dtype=torch.float64), 9)
+    n_in, n_out = (perturb(nn.RMSNorm(E, eps=1e-6, dtype=torch.float64), 8),
+                   perturb(nn.RMSNorm(E, eps=1e-6, dtype=torch.float64), 9))
     gate = rand(E, seed=9)
     x = rand(B, T, E, seed=10)
     ff = lambda a: lin2(F.relu(lin1(a)))  # noqa: E731
@@ -435,15 +438,18 @@ def twin_runs(case: Case):
             out = tmod(torch.from_numpy(inp.x), *args, **kw)
             t = (out[0].numpy(), {k: v.numpy() for k, v in out[1].items()}) if intermediates else (out.numpy(), {})
         opt = lambda m: None if m is None else jnp.asarray(m)  # noqa: E731
-        fkw = {} if case.kind == "FeedForward" else {"attention_mask": opt(inp.attention_mask), "key_mask": opt(inp.key_mask)}
+        fkw = {} if case.kind == "FeedForward" else {"attention_mask": opt(inp.attention_mask),
+                                                     "key_mask": opt(inp.key_mask)}
         if decoder:
             fkw["memory_key_mask"] = opt(inp.memory_key_mask)
         fmod.eval()
         # one compiled program per case: 40% less time over CASES than op-by-op dispatch; a
         # fresh function, so it is traced anew and sees the code as it is now (test_mutations)
-        call = nnx.jit(lambda m, args, masks: m(*args, **masks, **({"return_intermediates": True} if intermediates else {})))
+        call = nnx.jit(lambda m, args, masks: m(*args, **masks,
+                                                **({"return_intermediates": True} if intermediates else {})))
         out = call(fmod, (jnp.asarray(inp.x),) + ((jnp.asarray(inp.memory),) if decoder else ()), fkw)
-        f = (np.asarray(out[0]), {k: np.asarray(v) for k, v in out[1].items()}) if intermediates else (np.asarray(out), {})
+        f = ((np.asarray(out[0]), {k: np.asarray(v) for k, v in out[1].items()}) if intermediates
+             else (np.asarray(out), {}))
     sd = {k: v.numpy() for k, v in tmod.state_dict().items()}
     final_norm = case.final_norm if case.final_norm is not None else case.cfg.norm in ("pre", "peri", "out")
 

@@ -16,7 +16,7 @@ import flax_blocks as fb
 from experiments import bench
 from experiments.model import ModelConfig
 from experiments.tasks import make_task
-from experiments.train import RunSpec, Trainer, TrainConfig
+from experiments.train import RunSpec, TrainConfig, Trainer
 
 PLATFORMS = ("cuda", "tpu")
 

@@ -72,7 +72,8 @@ def test_generation_bench_quick_run_checks_its_tokens(tmp_path):
     assert rows == result["rows"] and rows
     for row in rows:
         assert all(row["same_tokens"].values()) if isinstance(row["same_tokens"], dict) else row["same_tokens"], row
-        assert all(row[k] > 0 for k in row if k.endswith("_tok_s")) and row.get("cached_speedup", {"median": 1})["median"] > 0
+        assert (all(row[k] > 0 for k in row if k.endswith("_tok_s"))
+                and row.get("cached_speedup", {"median": 1})["median"] > 0)
     assert "| fb / HF |" in (tmp_path / "generate.md").read_text()
 
 

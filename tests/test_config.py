@@ -209,7 +209,8 @@ def test_deepnorm_known_values_and_explicit_values_kept():
     assert make(scaling="deepnorm").residual_alpha == pytest.approx(2 ** 0.25)
 
 
-@pytest.mark.parametrize("n,eps", [(1, 0.1), (12, 0.1), (18, 0.1), (19, 1e-5), (24, 1e-5), (25, 1e-6), (36, 1e-6), (200, 1e-6)])
+@pytest.mark.parametrize("n,eps", [(1, 0.1), (12, 0.1), (18, 0.1), (19, 1e-5), (24, 1e-5), (25, 1e-6), (36, 1e-6),
+                                   (200, 1e-6)])
 def test_layerscale_eps_by_depth(n, eps):
     r = make(scaling="layerscale", norm="pre").resolve(n)
     assert r.layerscale_init == eps
@@ -267,7 +268,8 @@ def test_init_spec_grouped_query_packs_fewer_rows():
         assert s == ("uniform", pytest.approx(math.sqrt(6 / (E + 32))))
     x = spec_cfg(num_kv_heads=2, init="xavier")
     (w,) = [p for p in attention(x).params if p.torch == "in_proj_weight"]
-    assert [s[1] for _, s in w.init] == pytest.approx([math.sqrt(6 / (2 * E)), math.sqrt(6 / (E + 8)), math.sqrt(6 / (E + 8))])
+    assert [s[1] for _, s in w.init] == pytest.approx([math.sqrt(6 / (2 * E)), math.sqrt(6 / (E + 8)),
+                                                       math.sqrt(6 / (E + 8))])
 
 
 def test_init_spec_xavier_scheme():

@@ -20,8 +20,14 @@ from safetensors.numpy import save_file
 
 import flax_blocks as fb
 import torch_blocks as tb
-from flax_blocks.convert import (ConversionError, flax_state_dict, infer_config, load_flax_state_dict,
-                                 load_torch_state_dict, torch_state_dict)
+from flax_blocks.convert import (
+    ConversionError,
+    flax_state_dict,
+    infer_config,
+    load_flax_state_dict,
+    load_torch_state_dict,
+    torch_state_dict,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # heads != head_dim everywhere, so a wrong reshape of the packed projection cannot pass
@@ -67,7 +73,8 @@ def assert_same_bytes(a: dict, b: dict) -> None:
 
 def stock_encoder(num_layers: int = 6, seed: int = 0) -> torch.nn.TransformerEncoder:
     torch.manual_seed(seed)
-    layer = torch.nn.TransformerEncoderLayer(12, 2, 20, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+    layer = torch.nn.TransformerEncoderLayer(12, 2, 20, dropout=0.0, activation="gelu", batch_first=True,
+                                             norm_first=True)
     model = torch.nn.TransformerEncoder(layer, num_layers, norm=torch.nn.LayerNorm(12), enable_nested_tensor=False)
     with torch.no_grad():  # stock deep-copies one layer: make the layers (and norms) differ
         for p in model.parameters():
@@ -131,7 +138,8 @@ import numpy as np, jax.numpy as jnp
 import flax_blocks as fb
 cfg = fb.BlockConfig(d_model=12, num_heads=2, d_ff=20, dropout=0.0, norm="pre", activation="gelu")
 enc = fb.from_torch(fb.Encoder, cfg, {str(path)!r}, num_layers=6)
-err = np.abs(np.asarray(enc(jnp.asarray(np.load({str(tmp_path / 'x.npy')!r})))) - np.load({str(tmp_path / 'want.npy')!r})).max()
+x = np.load({str(tmp_path / 'x.npy')!r})
+err = np.abs(np.asarray(enc(jnp.asarray(x))) - np.load({str(tmp_path / 'want.npy')!r})).max()
 assert err <= 1e-5, err
 sd = fb.torch_state_dict(enc)
 try:
@@ -225,7 +233,8 @@ def _good(kind="Encoder"):
 
 
 FAILURES = {
-    "missing": (lambda sd: {k: v for k, v in sd.items() if k != "layers.1.linear1.bias"}, {}, ["missing key layers.1.linear1.bias (expected shape (20,))"]),
+    "missing": (lambda sd: {k: v for k, v in sd.items() if k != "layers.1.linear1.bias"}, {},
+                ["missing key layers.1.linear1.bias (expected shape (20,))"]),
     "unexpected": (lambda sd: sd.update({"layers.0.extra.weight": torch.ones(3)}) or sd, {},
                    ["unexpected key layers.0.extra.weight (shape (3,))"]),
     "shape": (lambda sd: sd.update({"layers.2.self_attn.in_proj_weight": torch.ones(12, 36)}) or sd, {},
@@ -234,7 +243,8 @@ FAILURES = {
               ["dtype of layers.0.norm1.weight: expected a floating dtype, found int32"]),
     "prefix": (lambda sd: sd, {"prefix": "encoder."}, ["prefix 'encoder.' matches no key"]),
     "layers": (lambda sd: {k: v for k, v in sd.items() if not k.startswith("layers.2.")}, {},
-               ["layer count: checkpoint has layers 0-1 (2), module has 3 (0-2)", "missing key layers.2.self_attn.in_proj_weight"]),
+               ["layer count: checkpoint has layers 0-1 (2), module has 3 (0-2)",
+                "missing key layers.2.self_attn.in_proj_weight"]),
     "width": (lambda sd: torch_module("Encoder", replace(CFG, d_model=16), seed=1).state_dict(), {},
               ["config mismatch: d_model is 16 in the checkpoint, 12 in the module"]),
 }

@@ -246,14 +246,15 @@ def test_remat_keeps_outputs_and_gradients_and_saves_memory():
     r = jax.random.normal(jax.random.key(1), (B, T, E))
     out = {}
     for name in (None, remat):
-        m = nnx.jit(lambda: fb.Encoder(cfg, num_layers=4, remat=name, rngs=nnx.Rngs(0)))()
+        m = nnx.jit(lambda name=name: fb.Encoder(cfg, num_layers=4, remat=name, rngs=nnx.Rngs(0)))()
         g, p, rest = nnx.split(m, nnx.Param, ...)
-        f = jax.jit(jax.grad(lambda p, x: jnp.sum(nnx.merge(g, p, rest)(x) * r), argnums=(0, 1))).lower(p, x).compile()
+        f = jax.jit(jax.grad(lambda p, x, g=g, rest=rest: jnp.sum(nnx.merge(g, p, rest)(x) * r),
+                             argnums=(0, 1))).lower(p, x).compile()
         out[name] = (f.memory_analysis().temp_size_in_bytes, f(p, x))
     (mem0, (gp0, gx0)), (mem1, (gp1, gx1)) = out[None], out[remat]
     assert mem1 < mem0, (mem0, mem1)
     # equal up to float32 rounding: recomputing a layer may fuse (and so round) differently
-    for a, b in zip([gx1, *jax.tree.leaves(gp1)], [gx0, *jax.tree.leaves(gp0)]):
+    for a, b in zip([gx1, *jax.tree.leaves(gp1)], [gx0, *jax.tree.leaves(gp0)], strict=True):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         assert np.abs(a - b).max() <= 1e-6 * np.abs(b).max(), np.abs(a - b).max() / np.abs(b).max()
     t, t_remat = tb.Encoder(cfg, num_layers=2), tb.Encoder(cfg, num_layers=2, remat=remat)
@@ -261,7 +262,7 @@ def test_remat_keeps_outputs_and_gradients_and_saves_memory():
     xt = torch.randn(B, T, E, requires_grad=True)
     for m in (t, t_remat):
         m(xt).sum().backward()
-    for (n, a), b in zip(t.named_parameters(), t_remat.parameters()):
+    for (n, a), b in zip(t.named_parameters(), t_remat.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=n)
     for bad in ("everything", "ful", "save_only_these_names"):  # a typo, a policy factory: both twins refuse
         with pytest.raises(ValueError, match="remat must be None, 'full' or a jax.checkpoint_policies name"):

@@ -22,10 +22,12 @@ def _ours(cfg: fb.BlockConfig, layers: int = 2, final: bool = True) -> dict[str,
     from flax_blocks.convert import module_params
 
     rng = np.random.default_rng(0)
-    return {t: rng.normal(size=p.shape) for t, _, p, _ in module_params("Encoder", cfg, num_layers=layers, final_norm=final)}
+    return {t: rng.normal(size=p.shape)
+            for t, _, p, _ in module_params("Encoder", cfg, num_layers=layers, final_norm=final)}
 
 
-BERT = replace(CFG, num_kv_heads=None, norm="post", norm_type="layernorm", mlp="dense", activation="gelu", rope_theta=None,
+BERT = replace(CFG, num_kv_heads=None, norm="post", norm_type="layernorm", mlp="dense", activation="gelu",
+               rope_theta=None,
                bias=True, qkv_bias=None, causal=False)
 GPT2 = replace(BERT, norm="pre", causal=True, activation="gelu_tanh")
 CASES = {"hf-llama": (CFG, "model."), "hf-bert": (BERT, "bert."), "hf-gpt2": (GPT2, "transformer.")}
@@ -78,7 +80,8 @@ def test_translation_errors_name_the_keys():
         dialects.translate(theirs)
     text = str(info.value)
     assert "missing key encoder.layer.1.attention.self.key.weight" in text
-    assert "encoder.layer.0.crossattention.self.query.weight (shape (16, 16)): not a parameter the hf-bert dialect knows" in text
+    assert ("encoder.layer.0.crossattention.self.query.weight (shape (16, 16)): "
+            "not a parameter the hf-bert dialect knows") in text
 
 
 def test_a_config_the_family_cannot_hold_is_refused_naming_fields():
@@ -97,7 +100,8 @@ def test_from_torch_reads_an_hf_state_dict_with_its_dialect(caplog):
     sd = fb.torch_state_dict(enc)
     want = _ours(GPT2)
     assert all(np.allclose(sd[k], want[k].astype(np.float32)) for k in want)
-    with pytest.raises(ConversionError, match=r"no key matches encoder\.layer\.\{i\}\. \(the keys' roots are \['transformer\.'\]\)"):
+    with pytest.raises(ConversionError,
+                       match=r"no key matches encoder\.layer\.\{i\}\. \(the keys' roots are \['transformer\.'\]\)"):
         fb.from_torch(fb.Encoder, GPT2, theirs, num_layers=2, dialect="hf-bert")
 
 

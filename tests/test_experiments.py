@@ -22,8 +22,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.analysis import (clipped_loss, failure, growth_factor, linear_fit, lr_sensitivity,
-                                  power_law_exponent, trajectory_max)
+from experiments.analysis import (
+    clipped_loss,
+    failure,
+    growth_factor,
+    linear_fit,
+    lr_sensitivity,
+    power_law_exponent,
+    trajectory_max,
+)
 from experiments.model import VARIANTS
 from experiments.stability import PRESETS, Sweep, cell_config, cell_name, run_sweep
 from experiments.tasks import copy_task, markov_task
@@ -311,12 +318,13 @@ def test_dyt_lns_verdict_rules_and_the_answer():
 
 def test_plots_of_a_grid_are_written(tmp_path):
     from experiments import plots
-    from experiments.report import logit_table, lr_sensitivity_table, Data
+    from experiments.report import Data, logit_table, lr_sensitivity_table
 
     cells = _wortsman_cells() + [_cell("post", 2, lr, final=None if lr == 1e-1 else 2.5, warmup=w)
                                  for lr in LRS for w in (0, 50)]
     written = plots.write_all(cells, tmp_path)
-    assert set(written) >= {"depth_loss.png", "lr_sweep.png", "attn_logit_max.png", "stream_norm_trained.png", "failure_heatmap.png",
+    assert set(written) >= {"depth_loss.png", "lr_sweep.png", "attn_logit_max.png", "stream_norm_trained.png",
+                            "failure_heatmap.png",
                             "train_grad_norms.png"}
     for path in written.values():
         assert path.stat().st_size > 1000, path
@@ -443,7 +451,7 @@ def _check_init_probe(rec: dict) -> None:
     import jax
     import jax.numpy as jnp
 
-    from experiments.model import LanguageModel, ModelConfig, create_params
+    from experiments.model import ModelConfig, create_params
     from experiments.train import TrainConfig
 
     c = rec["config"]

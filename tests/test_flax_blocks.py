@@ -16,12 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from block_options import FF, KINDS, MASKED_KINDS, OPTIONS, B, E, H, T, init_spec  # shared with test_torch_blocks.py
 from flax import nnx
 
 import flax_blocks as fb
 from flax_blocks.config import BlockConfig, FullyMaskedWarning, invert_mask
-
-from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T, init_spec  # shared with test_torch_blocks.py
 
 OPTIONS = {
     **OPTIONS,
@@ -409,7 +408,8 @@ def test_dropout_train_and_eval(kind):
     x = np.concatenate([rand(1, T, E)] * 2)  # two copies: train-mode dropout treats them differently
     m = build(kind, make_cfg(dropout=0.3))
     ref = build(kind, make_cfg(dropout=0.0))  # same seed: same parameters
-    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(m, nnx.Param)), nnx.to_flat_state(nnx.state(ref, nnx.Param))):
+    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(m, nnx.Param)), nnx.to_flat_state(nnx.state(ref, nnx.Param)),
+                              strict=True):
         assert diff(a[...], b[...]) == 0, p
     y, y0 = npy(call(m, x)), npy(call(ref, x))
     assert diff(y[0], y[1]) > 1e-3 and diff(y, y0) > 1e-3 and diff(y0[0], y0[1]) == 0
@@ -635,7 +635,8 @@ def test_unbatched_input(kind):
     if kind != "Encoder":  # (each eager Encoder call compiles)
         close(call(m, x[0]), y_b[0])
     for k, v in extra.items():  # the largest logit is one number per layer
-        close(v, extra_b[k] if k == "attention_logits_max" else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0])
+        close(v, extra_b[k] if k == "attention_logits_max"
+              else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0])
 
 
 # ------------------------------------------------------------------------------------
@@ -681,9 +682,9 @@ def test_bad_masks(kind):
         (additive, None, ValueError, ["attention_mask", "float32", "-inf", "additive", "mask == 0"]),
         (None, np.full((B, T), 2, np.int32), ValueError, ["key_mask", "int32", "[2]", "1 (may attend) and 0"]),
     ]:
-        runs = [lambda: call(m, x, attn, key_mask)]
+        runs = [lambda attn=attn, key_mask=key_mask: call(m, x, attn, key_mask)]
         if "additive" not in fragments and "[2]" not in fragments:  # shapes and dtypes: traced too
-            runs.append(lambda: traced(m, x, attn, key_mask))
+            runs.append(lambda attn=attn, key_mask=key_mask: traced(m, x, attn, key_mask))
         for run in runs:
             with pytest.raises(exc) as e:
                 run()

@@ -260,5 +260,5 @@ def test_a_stack_draws_its_parameters_in_one_random_draw(scheme):
     cfg = BlockConfig(d_model=10, num_heads=2, d_ff=14, dropout=0.0, **scheme)
     for build in (lambda: fb.Encoder(cfg, num_layers=3, rngs=nnx.Rngs(0)),
                   lambda: fb.Decoder(cfg, num_layers=2, rngs=nnx.Rngs(0))):
-        counts = _primitives(jax.make_jaxpr(lambda: nnx.state(build()))().jaxpr, {})
+        counts = _primitives(jax.make_jaxpr(lambda build=build: nnx.state(build()))().jaxpr, {})
         assert counts.get("random_bits") == 1, counts

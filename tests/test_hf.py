@@ -29,11 +29,9 @@ only: a padded query's output is meaningless on both sides and differs by constr
 
 from __future__ import annotations
 
-
 from dataclasses import replace
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -45,8 +43,7 @@ import flax_blocks.dialects  # noqa: E402,F401  (fb.dialects below)
 import torch_blocks as tb  # noqa: E402
 from flax_blocks.hf_config import hf_config  # noqa: E402
 from parity_tests.check import main as check_main  # noqa: E402
-from parity_tests.hf_reference import (embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run,  # noqa: E402
-                                       rel_at)
+from parity_tests.hf_reference import embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run, rel_at  # noqa: E402
 
 B, T, E, PAD = 2, 7, 64, 3
 TINY = dict(vocab_size=16, num_hidden_layers=2)

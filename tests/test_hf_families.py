@@ -354,7 +354,7 @@ def test_docs_table_is_what_the_writer_writes(built):
     fresh = families.table({n: built(n) for n in FAMILIES}).strip().splitlines()
     assert len(committed) == len(fresh)
     number = re.compile(r"\d(?:\.\d+)?e[-+]\d\d")
-    for old, new in zip(committed, fresh):
+    for old, new in zip(committed, fresh, strict=True):
         assert number.sub("#", old) == number.sub("#", new), (old, new)
-        for a, b in zip(map(float, number.findall(old)), map(float, number.findall(new))):
+        for a, b in zip(map(float, number.findall(old)), map(float, number.findall(new)), strict=True):
             assert a == b or (a > 0 and b > 0 and 0.1 <= a / b <= 10), (old, new)

@@ -80,7 +80,7 @@ def test_an_unknown_key_is_refused_by_name_and_ignore_keys_passes_it_over():
 
 
 def test_the_model_types_and_their_dialects_agree():
-    assert dialects.MODEL_TYPES == {t: f.dialect for t, f in FAMILIES.items()}
+    assert {t: f.dialect for t, f in FAMILIES.items()} == dialects.MODEL_TYPES
 
 
 def test_a_reader_reads_only_the_keys_its_table_declares():

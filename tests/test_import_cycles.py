@@ -132,5 +132,6 @@ def test_lazy_names_count_as_imports(tmp_path):
         (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / "flax_blocks" / "__init__.py").write_text('_LAZY = {"from_hf": "hf"}\n')
     (tmp_path / "flax_blocks" / "hf.py").write_text("from .convert import x\n")
-    (tmp_path / "flax_blocks" / "convert.py").write_text("def f():\n    import flax_blocks as fb\n    return fb.from_hf\n")
+    (tmp_path / "flax_blocks" / "convert.py").write_text(
+        "def f():\n    import flax_blocks as fb\n    return fb.from_hf\n")
     assert cycles(import_graph(tmp_path)) == [["flax_blocks.convert", "flax_blocks.hf"]]

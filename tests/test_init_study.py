@@ -79,7 +79,7 @@ def test_quick_study_writes_cells_and_report_and_resumes(quick):
 PATHS = {"enc": ("transformer", "encoder"), "dec": ("transformer", "decoder"), "lm": ("encoder",)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _direct(setting_name: str, variant: str):
     """Draw DRAW of the quick study's (setting, variant) cell, recomputed without the study's
     code: (loss_and_grad, kernels, inputs). kernels = {(stack, "linear1"|"linear2"): (L, in, out)}
@@ -199,7 +199,8 @@ def test_statistics_recover_planted_factors_and_exponents():
     """Per-draw data with a known answer: profiles rising 2x from the first layer to the last,
     last-layer norms ~ L^-1/2, each with 10% lognormal noise over 32 draws."""
     rng = np.random.default_rng(1)
-    noise = lambda *shape: np.exp(0.1 * rng.standard_normal(shape))
+    def noise(*shape):
+        return np.exp(0.1 * rng.standard_normal(shape))
     profile = 2.0 ** np.linspace(0, 1, 6) * noise(32, 6)
     f, lo, hi = init_report.factor_ci(profile)
     assert lo < 2.0 < hi and hi - lo < 0.3

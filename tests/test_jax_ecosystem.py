@@ -121,11 +121,11 @@ def test_jax_grad_and_nnx_grad(kind):
     leaves = [np.asarray(a) for a in leaves]
     rng = np.random.default_rng(3)
     direction = [rng.standard_normal(a.shape).astype(np.float32) for a in leaves]
-    dot = sum(float(np.vdot(np.asarray(a), d)) for a, d in zip(jax.tree.leaves(g), direction))
+    dot = sum(float(np.vdot(np.asarray(a), d)) for a, d in zip(jax.tree.leaves(g), direction, strict=True))
     eps = 1e-4  # (curvature makes 1e-3 too coarse; float32 rounding is still far below 1%)
 
     def at(s):
-        p = jax.tree.unflatten(treedef, [a + np.float32(s) * d for a, d in zip(leaves, direction)])
+        p = jax.tree.unflatten(treedef, [a + np.float32(s) * d for a, d in zip(leaves, direction, strict=True)])
         return float(np.sum(np.asarray(f(p, rest, X, ATTN, KEY_MASK), np.float64) * r))
 
     assert (at(eps) - at(-eps)) / (2 * eps) == pytest.approx(dot, rel=1e-2)
@@ -133,7 +133,7 @@ def test_jax_grad_and_nnx_grad(kind):
         return  # (nnx.grad of the Encoder: one more large compile; its blocks are covered)
     # nnx.grad on the module itself (under nnx.jit) gives the same gradients
     g_nnx = nnx.jit(nnx.grad(lambda m: jnp.sum(m(X, attention_mask=ATTN, key_mask=KEY_MASK) * r)))(m)
-    for (path, a), (_, b) in zip(nnx.to_flat_state(g), nnx.to_flat_state(g_nnx)):
+    for (_path, a), (_, b) in zip(nnx.to_flat_state(g), nnx.to_flat_state(g_nnx), strict=True):
         close(a[...], b[...], atol=1e-4)
 
 

@@ -22,13 +22,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_lm import NO_SPECIAL, E, V, _batch, _build, greedy_equals_hf  # noqa: E402  (tests/ is on sys.path: pytest prepends it)
+
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
-from flax_blocks.hf_models import lm_config, load  # noqa: E402
 from flax_blocks.hf_config import hf_state_dict  # noqa: E402
+from flax_blocks.hf_models import lm_config, load  # noqa: E402
 from torch_blocks.lm import generate as torch_generate  # noqa: E402
-
-from test_lm import NO_SPECIAL, E, V, _batch, _build, greedy_equals_hf  # noqa: E402  (tests/ is on sys.path: pytest prepends it)
 
 ROTARY = dict(vocab_size=V, hidden_size=E, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
               num_hidden_layers=2, max_position_embeddings=64, **NO_SPECIAL)

@@ -225,7 +225,8 @@ def test_stability_variants_and_depths_run_only_what_was_asked():
 
     pairs = lambda argv: sweep_from_args(parse_args(argv)).pairs()  # noqa: E731
     assert pairs(["--variants", "pre,post", "--depths", "2"]) == [("post", 2), ("pre", 2)]
-    assert pairs(["--depths", "2"]) == [("post", 2), ("pre", 2), ("deepnorm", 2), ("peri", 2)]  # the quick preset's variants
+    # the quick preset's variants
+    assert pairs(["--depths", "2"]) == [("post", 2), ("pre", 2), ("deepnorm", 2), ("peri", 2)]
     assert ("noskip", 6) in pairs([]) and ("noskip", 6) in pairs(["--seeds", "1"])  # the quick preset's own grid
     assert ("noskip", 2) in pairs(["--depths", "2", "--extra", "noskip:2"])
     assert PRESETS["quick"].extra == (("noskip", 6),)
@@ -308,8 +309,9 @@ def _full_transformer():
 
 
 def test_whole_transformer_without_prefix_suggests_encoder_prefix():
-    import flax_blocks as fb
     from flax import nnx
+
+    import flax_blocks as fb
 
     module = nnx.eval_shape(lambda: fb.Encoder(_flax_cfg(norm="post"), num_layers=2, final_norm=True, rngs=nnx.Rngs(0)))
     with pytest.raises(fb.ConversionError) as e:
@@ -379,8 +381,9 @@ def test_torch_twin_takes_a_float_additive_mask_like_stock_torch():
 
 
 def _flax_block():
-    import flax_blocks as fb
     from flax import nnx
+
+    import flax_blocks as fb
 
     return fb.TransformerBlock(_flax_cfg(d_model=8, num_heads=2, d_ff=16), rngs=nnx.Rngs(0))
 
@@ -413,9 +416,8 @@ def test_float64_checkpoint_without_x64_is_one_line():
     import flax_blocks as fb
 
     sd = {k: v.double() for k, v in stock_encoder().state_dict().items()}  # 24 float64 tensors
-    with jax.enable_x64(False):
-        with pytest.raises(fb.ConversionError) as e:
-            fb.from_torch(fb.Encoder, _flax_cfg(), sd, num_layers=2, final_norm=False)
+    with jax.enable_x64(False), pytest.raises(fb.ConversionError) as e:
+        fb.from_torch(fb.Encoder, _flax_cfg(), sd, num_layers=2, final_norm=False)
     lines = [ln for ln in str(e.value).splitlines() if "float64" in ln]
     assert len(lines) == 1, "\n".join(lines)
     assert "jax_enable_x64" in lines[0]
@@ -423,7 +425,6 @@ def test_float64_checkpoint_without_x64_is_one_line():
 
 def test_linen_users_can_evaluate_without_dropout():
     import jax
-    import jax.numpy as jnp
     from flax.nnx import bridge
 
     import flax_blocks as fb
@@ -448,4 +449,5 @@ def test_python_api_names_a_pickled_module_in_one_line(tmp_path):
     with pytest.raises(ValueError) as e:
         fb.from_torch(fb.Encoder, _flax_cfg(), str(tmp_path / "module.pt"), num_layers=2, final_norm=False)
     assert len(str(e.value).splitlines()) == 1 and "save module.state_dict()" in str(e.value)
-    _assert_loaded(fb.from_torch(fb.Encoder, _flax_cfg(), model, num_layers=2, final_norm=False), model)  # the module itself
+    # the module itself
+    _assert_loaded(fb.from_torch(fb.Encoder, _flax_cfg(), model, num_layers=2, final_norm=False), model)

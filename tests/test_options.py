@@ -4,6 +4,7 @@ each Hugging Face dialect, the converter CLI, docs/options.md, and the probe con
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import typing
 from pathlib import Path
@@ -124,10 +125,8 @@ def test_the_probes_have_every_name_an_adds_value_brings():
             continue
         allowed = []
         for probe in PROBES:
-            try:
+            with contextlib.suppress(ValueError):
                 allowed.append(dataclasses.replace(probe, **{o.name: o.adds}))
-            except ValueError:
-                pass
         assert allowed, f"{o.name}={o.adds!r} fits no probe: add it to PROBE_EXCLUDED in flax_blocks/options.py"
         assert all(names(cfg) <= every for cfg in allowed), o.name
 

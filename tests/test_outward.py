@@ -29,7 +29,8 @@ def test_text_task_draws_training_and_heldout_windows_from_their_own_topics():
     train = sample_pool(task, 64, seed=1)
     held = sample_pool(task, 64, seed=2, split="heldout")
     assert train.shape == held.shape == (64, 17) and train.dtype == held.dtype == np.int32
-    text = lambda ids: "".join(corpus.alphabet[i] if i < len(corpus.alphabet) else "?" for i in ids)
+    def text(ids):
+        return "".join(corpus.alphabet[i] if i < len(corpus.alphabet) else "?" for i in ids)
     train_text = text(corpus.train)
     held_text = text(corpus.heldout)
     assert all(text(w) in train_text for w in train[:8]) and all(text(w) in held_text for w in held[:8])
@@ -65,7 +66,7 @@ def _setting(post_fails_at: int, lns_gain: float, dyt_deep: float | None, extra_
     for L in (6, 12, 24) + ((48,) if extra_depth else ()):
         for lr in (1e-3, 1e-2):
             cells.append(_cell("pre", L, lr, 2.0 if lr == 1e-3 else 2.1))
-            cells.append(_cell("post", L, lr, 2.0 if L < post_fails_at else 3.4))
+            cells.append(_cell("post", L, lr, 2.0 if post_fails_at > L else 3.4))
             cells.append(_cell("pre-lns", L, lr, 2.0 - (lns_gain * L / 24 if lr == 1e-3 else 0) + 0.001))
             dyt = dyt_deep if L == 24 else 2.02
             cells.append(_cell("pre-dyt", L, lr, dyt))

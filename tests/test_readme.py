@@ -259,7 +259,8 @@ def test_readme_parity_figures_are_the_worst_of_the_table():
     quoted = {float(n) for n in NUMBER.findall(bullet)}
     table = GENERATED.findall((DOCS / "parity.md").read_text())[0]
     num = r"(\d\.\de-\d\d)"
-    rows = [[float(x) for x in m] for m in re.findall(rf"^\| [^|]+ \| {num} \| {num} \| {num} \| {num} \|$", table, re.M)]
+    rows = [[float(x) for x in m]
+            for m in re.findall(rf"^\| [^|]+ \| {num} \| {num} \| {num} \| {num} \|$", table, re.M)]
     assert len(rows) > 10
     worst = {max(r[i] for r in rows) for i in (0, 2, 3)}  # f32 forward, f64 forward, f64 gradient
     traj = re.search(r"^\| float64 \| (\S+) \| (\S+) \|", table, re.M)
@@ -307,7 +308,8 @@ def test_speed_rows_are_the_committed_benchmark():
     ratio = re.compile(r"\d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]")
     table = "\n".join(line for line in section.splitlines() if re.match(r"\| (block|encoder) ", line))
     shown = ratio.findall(table)
-    measured = re.findall(r"\| jax(?: unrolled)? / torch(?:\.compile)? \| (\d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]) \|", bench)
+    measured = re.findall(r"\| jax(?: unrolled)? / torch(?:\.compile)? \| "
+                          r"(\d+\.\d\d \[\d+\.\d\d, \d+\.\d\d\]) \|", bench)
     assert shown and measured
     assert set(shown) <= set(measured), set(shown) - set(measured)
     assert sorted(shown) == sorted(measured)
@@ -326,7 +328,8 @@ def test_speed_table_is_what_the_bench_writes(tmp_path):
     from the committed bench.json: regenerated, not edited."""
     copy = tmp_path / "speed.md"
     copy.write_text(SPEED.read_text())
-    out = subprocess.run([sys.executable, "-m", "experiments.bench", "--from-json", str(BENCH_JSON), "--doc", str(copy)],
+    out = subprocess.run([sys.executable, "-m", "experiments.bench", "--from-json", str(BENCH_JSON),
+                          "--doc", str(copy)],
                          cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert copy.read_text() == SPEED.read_text(), "docs/speed.md's table differs from the committed bench.json's"

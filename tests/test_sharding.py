@@ -116,7 +116,8 @@ def test_tensor_parallel_specs_of_a_stacked_encoder():
     assert specs["self_attn/out_kernel"] == P("model", None, None)  # (H, hd, E): the same heads, in group order
     assert specs["linear_gate/kernel"] == P(None, "model") and specs["self_attn/q_norm/scale"] == P(None)
     # the layer axis can be mapped too (e.g. to stage layers over a mesh axis)
-    staged = {p: s for p, _, s in S.describe(nnx.state(Encoder(cfg, num_layers=3, rngs=nnx.Rngs(0))), {"layers": "data"})}
+    staged = {p: s for p, _, s in S.describe(nnx.state(Encoder(cfg, num_layers=3, rngs=nnx.Rngs(0))),
+                                             {"layers": "data"})}
     assert staged["layers/linear1/kernel"] == P("data", None, None)
 
 

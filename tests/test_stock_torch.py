@@ -131,7 +131,8 @@ def test_stock_encoder_layer_loads_and_matches(norm_first, activation, bias, mas
     ours = tb.TransformerBlock(cfg_for(norm_first, activation, bias))
     ours.load_state_dict(stock.state_dict(), strict=True)
     x, kpm, causal = inputs()
-    assert compare(stock, ours, x, mask_kwargs(mask, kpm, causal), kpm, mode) <= (FAST_TOL if mode == "fastpath" else TOL)
+    assert compare(stock, ours, x, mask_kwargs(mask, kpm, causal), kpm, mode) <= (
+        FAST_TOL if mode == "fastpath" else TOL)
 
 
 @pytest.mark.parametrize("mode", ["train", "fastpath"])
@@ -160,7 +161,7 @@ def test_gradients_match_stock():
     r = torch.randn(B, T, E, generator=torch.Generator().manual_seed(3))  # random cotangent
     for m in (stock, ours):
         (m(x, src_mask=causal, src_key_padding_mask=kpm) * r * (~kpm)[..., None]).sum().backward()
-    for (name, p), q in zip(stock.named_parameters(), ours.parameters()):
+    for (name, p), q in zip(stock.named_parameters(), ours.parameters(), strict=True):
         assert (p.grad - q.grad).abs().max() <= 1e-5 * max(1.0, p.grad.abs().max().item()), name
 
 
@@ -202,7 +203,8 @@ def test_mismatch_is_detected(mismatch):
         _perturb(stock, seed=9)
         ours = tb.Encoder(cfg, num_layers=2)
         sd = stock.state_dict()
-        swapped = {k.replace("layers.0.", "layers.X.").replace("layers.1.", "layers.0.").replace("layers.X.", "layers.1."): v
+        swapped = {k.replace("layers.0.", "layers.X.").replace("layers.1.", "layers.0.")
+                   .replace("layers.X.", "layers.1."): v
                    for k, v in sd.items()}
         ours.load_state_dict(swapped, strict=True)
     else:

@@ -30,10 +30,28 @@ import numpy as np
 import pytest
 
 import experiments.text as text_module
-from experiments.text import (MAX_OVERLAP, OVERLAP_WINDOW, REFERENCE_ORDER, SEPARATOR, UNKNOWN_CHAR, Corpus,
-                              CorpusError, build_corpus, corpus_sha256, decode, encode, load_corpus, load_topics,
-                              ngram_cross_entropy, reference, sample_windows, split_topics, topic_overlaps,
-                              unigram_cross_entropy, window_overlap)
+from experiments.text import (
+    MAX_OVERLAP,
+    OVERLAP_WINDOW,
+    REFERENCE_ORDER,
+    SEPARATOR,
+    UNKNOWN_CHAR,
+    Corpus,
+    CorpusError,
+    build_corpus,
+    corpus_sha256,
+    decode,
+    encode,
+    load_corpus,
+    load_topics,
+    ngram_cross_entropy,
+    reference,
+    sample_windows,
+    split_topics,
+    topic_overlaps,
+    unigram_cross_entropy,
+    window_overlap,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -259,7 +277,7 @@ def test_corpus_texts_alphabet_and_arrays(corpus, topics):
     unknown = [ch not in corpus.alphabet for ch in heldout_text]
     np.testing.assert_array_equal(corpus.heldout == corpus.unknown, unknown)
     assert decode(corpus.heldout, corpus.alphabet) == "".join(UNKNOWN_CHAR if u else ch
-                                                              for ch, u in zip(heldout_text, unknown))
+                                                              for ch, u in zip(heldout_text, unknown, strict=True))
     assert not corpus.train.flags.writeable and not corpus.heldout.flags.writeable
     assert corpus.python == platform.python_version()
     assert corpus.sha256 == corpus_sha256(topics) == hashlib.sha256(

@@ -3,18 +3,16 @@ True = may NOT attend), dropout modes, initialisation, dtypes and bad input."""
 
 from __future__ import annotations
 
-from unittest import mock
-
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
+from block_options import FF, KINDS, MASKED_KINDS, OPTIONS, B, E, H, T, init_spec  # shared with test_flax_blocks.py
 
 import torch_blocks as tb
 from flax_blocks.config import BlockConfig, FullyMaskedWarning, invert_mask
-
-from block_options import B, E, FF, H, KINDS, MASKED_KINDS, OPTIONS, T, init_spec  # shared with test_flax_blocks.py
 
 torch.set_num_threads(1)
 
@@ -310,9 +308,9 @@ def test_eval_no_grad_path_agrees(kind):
     x = rand(B, T, E)
     m.eval()
     F = torch.nn.functional
-    with mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as kernel:
-        with torch.no_grad():
-            fast = call(m, x, attn, kpm)
+    with (mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as kernel,
+          torch.no_grad()):
+        fast = call(m, x, attn, kpm)
     assert kernel.called  # the fused kernel did run
     with torch.no_grad():
         slow, _ = call(m, x, attn, kpm, return_intermediates=True)
@@ -452,7 +450,7 @@ def test_param_dtype(param_dtype):
     m = build("Encoder", make_cfg(norm="pre", param_dtype=param_dtype))
     assert all(p.dtype == dt for p in m.parameters()) and all(p.dtype == torch.float32 for p in m32.parameters())
     # same draws, stored in the other dtype
-    for (k, p), q in zip(m.state_dict().items(), m32.state_dict().values()):
+    for (k, p), q in zip(m.state_dict().items(), m32.state_dict().values(), strict=True):
         torch.testing.assert_close(p, q.to(dt), rtol=0, atol=0, msg=k)
     x = rand(B, T, E)
     with torch.no_grad():
@@ -472,7 +470,8 @@ def test_unbatched_input(kind):
             y, extra = call(m, x[0], return_intermediates=True)
             _, extra_b = call(m, x, return_intermediates=True)
             for k, v in extra.items():  # the largest logit is one number per layer
-                vb = extra_b[k] if k == "attention_logits_max" else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0]
+                vb = (extra_b[k] if k == "attention_logits_max"
+                      else extra_b[k][:, 0] if kind == "Encoder" else extra_b[k][0])
                 torch.testing.assert_close(v, vb, rtol=0, atol=1e-6, msg=k)
 
 
@@ -497,7 +496,8 @@ def test_bad_masks(kind):
     for attn, kpm, exc, fragments in [
         (torch.zeros(T, T + 1, dtype=torch.bool), None, ValueError, ["attn_mask", f"({T}, {T + 1})", f"({T}, {T})"]),
         (torch.zeros(B + 1, T, T, dtype=torch.bool), None, ValueError, ["attn_mask", f"({B + 1}, {T}, {T})"]),
-        (None, torch.zeros(B, T + 1, dtype=torch.bool), ValueError, ["key_padding_mask", f"({B}, {T + 1})", f"({B}, {T})"]),
+        (None, torch.zeros(B, T + 1, dtype=torch.bool), ValueError,
+         ["key_padding_mask", f"({B}, {T + 1})", f"({B}, {T})"]),
         (None, torch.zeros(T, dtype=torch.bool), ValueError, ["key_padding_mask", f"({T},)"]),
         (torch.zeros(T, T, dtype=torch.int32), None, TypeError, ["attn_mask", "torch.int32", "bool", "float"]),
         (None, torch.zeros(B, T, dtype=torch.int64), TypeError, ["key_padding_mask", "torch.int64", "bool"]),

@@ -93,7 +93,7 @@ def test_unrolled_equals_scan_forward_and_gradients(x64, pairs, cls, cfg):
     memory = (jnp.asarray(rng.normal(size=(2, 5, 16))),) if cls is fb.Decoder else ()
     (v0, g0), (v1, g1) = (_value_and_grad(g, p, rest, x, r, memory) for _, g, p, rest in pairs(cls, cfg))
     assert abs(float(v0 - v1)) <= 1e-12 * abs(float(v0))
-    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
         assert a.shape == b.shape
         assert _rel(a, b) < 1e-13
 
@@ -164,7 +164,8 @@ def test_forward_mode_through_the_unrolled_stack(x64, pairs):
         dp = dp or jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape)), p)
         tangent = _loss_jvp(g, p, rest, x, r, dp, v)
         _, (gp, gx) = _value_and_grad(g, p, rest, x, r)
-        expected = jnp.sum(gx * v) + sum(jnp.sum(a * b) for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(dp)))
+        expected = jnp.sum(gx * v) + sum(jnp.sum(a * b) for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(dp),
+                                                                        strict=True))
         assert abs(float(tangent - expected)) <= 1e-12 * abs(float(expected))
         tangents.append(float(tangent))
     assert abs(tangents[0] - tangents[1]) <= 1e-12 * abs(tangents[0])

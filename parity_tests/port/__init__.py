@@ -10,9 +10,9 @@
 (docs/porting.md walks through a port).
 """
 
-from .side_by_side import compare
 from .errors import rel_err
 from .report import Divergence, PortReport, Row
+from .side_by_side import compare
 from .weights import Copied, PortError, Transform, copy_weights, plan
 
 __all__ = ["compare", "copy_weights", "plan", "rel_err", "Copied", "Divergence", "PortError", "PortReport", "Row",

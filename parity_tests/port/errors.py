@@ -26,7 +26,8 @@ def same_nan_err(flax: list, torch: list) -> float:
     """rel_err_leaves where both sides may hold non-finite values in the same places (a fully
     masked row): those places must agree, the rest is compared."""
     errs = []
-    for a, b in zip(flax, torch):
+    # strict=False: a wrong port may give more or fewer leaves than torch; compare the ones both give
+    for a, b in zip(flax, torch, strict=False):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         if a.shape != b.shape or not np.array_equal(~np.isfinite(a), ~np.isfinite(b)):
             return float("inf")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -62,22 +63,22 @@ class Mistake:
 def _norm_eps(eps_values: list[float]) -> Iterator[Mistake]:
     import torch.nn.functional as F
 
-    for eps in eps_values:
+    for value in eps_values:  # not `eps`: that is the name of the argument torch's code passes
         seen: list = []
 
-        def layer_norm(f, e=eps, seen=seen):
+        def layer_norm(f, e=value, seen=seen):
             def wrong(x, shape, w=None, b=None, eps=1e-5):
                 seen.append(f"{eps:g}")
                 return f(x, shape, w, b, e)
             return wrong
 
-        def rms_norm(f, e=eps, seen=seen):
+        def rms_norm(f, e=value, seen=seen):
             def wrong(x, shape, w=None, eps=None):
                 seen.append("None (the dtype's machine epsilon)" if eps is None else f"{eps:g}")
                 return f(x, shape, w, e)
             return wrong
 
-        yield Mistake(f"norm eps: the flax port uses eps={eps:g} where torch uses eps={{seen}}",
+        yield Mistake(f"norm eps: the flax port uses eps={value:g} where torch uses eps={{seen}}",
                       {(F, "layer_norm"): layer_norm, (F, "rms_norm"): rms_norm}, seen)
 
 
@@ -121,7 +122,8 @@ def _head_split(f):
     def split(self, *shape):
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         out = f(self, *shape)
-        if out.ndim == self.ndim + 1 and out.shape[:-2] == self.shape[:-1] and out.shape[-1] != 1 and out.shape[-2] != 1:
+        if (out.ndim == self.ndim + 1 and out.shape[:-2] == self.shape[:-1] and out.shape[-1] != 1
+                and out.shape[-2] != 1):
             a, b = out.shape[-2:]
             return f(self, *out.shape[:-2], b, a).transpose(-1, -2)
         return out
@@ -177,23 +179,29 @@ def mistakes(eps_values: list[float]) -> Iterator[Mistake]:
 
     yield Mistake("GELU: the flax port computes the tanh approximation where torch computes exact GELU "
                   "(jax.nn.gelu and nnx.gelu default to approximate=True; use approximate=False)",
-                  {(F, "gelu"): lambda f: lambda x, approximate="none": f(x, approximate="tanh" if approximate == "none" else "none")})
+                  {(F, "gelu"): lambda f: lambda x, approximate="none": f(
+                      x, approximate="tanh" if approximate == "none" else "none")})
     yield from _norm_eps(eps_values)
     def tanh_gelu(x):
         return F.gelu(x, approximate="tanh")
 
-    for a, b, fa, fb in (("gelu", "silu", F.gelu, F.silu), ("silu", "gelu", F.silu, F.gelu),
+    for a, b, _fa, fb in (("gelu", "silu", F.gelu, F.silu), ("silu", "gelu", F.silu, F.gelu),
                          ("silu", "tanh GELU (jax.nn.gelu's default)", F.silu, tanh_gelu),
-                         ("relu", "gelu", F.relu, F.gelu), ("relu", "tanh GELU (jax.nn.gelu's default)", F.relu, tanh_gelu),
+                         ("relu", "gelu", F.relu, F.gelu),
+                         ("relu", "tanh GELU (jax.nn.gelu's default)", F.relu, tanh_gelu),
                          ("gelu", "relu", F.gelu, F.relu)):
         yield Mistake(f"activation: the flax port computes {b} where torch computes {a}",
                       {(F, a): lambda f, g=fb: lambda x, *args, **kw: g(x)})
     yield Mistake("norm: the flax port scales by (1 + w) where torch scales by w",
-                  {(F, "layer_norm"): lambda f: lambda x, s, w=None, b=None, eps=1e-5: f(x, s, None if w is None else 1 + w, b, eps),
-                   (F, "rms_norm"): lambda f: lambda x, s, w=None, eps=None: f(x, s, None if w is None else 1 + w, eps)})
+                  {(F, "layer_norm"): lambda f: lambda x, s, w=None, b=None, eps=1e-5: f(
+                      x, s, None if w is None else 1 + w, b, eps),
+                   (F, "rms_norm"): lambda f: lambda x, s, w=None, eps=None: f(
+                       x, s, None if w is None else 1 + w, eps)})
     yield Mistake("norm: the flax port scales by w where torch scales by (1 + w)",
-                  {(F, "layer_norm"): lambda f: lambda x, s, w=None, b=None, eps=1e-5: f(x, s, None if w is None else w - 1, b, eps),
-                   (F, "rms_norm"): lambda f: lambda x, s, w=None, eps=None: f(x, s, None if w is None else w - 1, eps)})
+                  {(F, "layer_norm"): lambda f: lambda x, s, w=None, b=None, eps=1e-5: f(
+                      x, s, None if w is None else w - 1, b, eps),
+                   (F, "rms_norm"): lambda f: lambda x, s, w=None, eps=None: f(
+                       x, s, None if w is None else w - 1, eps)})
     yield Mistake("norm: the flax port normalises with RMSNorm (no mean subtracted) where torch uses LayerNorm",
                   {(F, "layer_norm"): _as_rms})
     yield Mistake("norm: the flax port normalises with LayerNorm (mean subtracted) where torch uses RMSNorm",
@@ -225,11 +233,13 @@ def mistakes(eps_values: list[float]) -> Iterator[Mistake]:
                           f"(a scale of 1/{d} for 1/sqrt({d}), or none)",
                           {(F, "softmax"): lambda f, c=c: lambda x, dim=None, *a, **k: f(x * c, dim, *a, **k),
                            (torch, "softmax"): lambda f, c=c: lambda x, dim=None, *a, **k: f(x * c, dim, *a, **k),
-                           (torch.Tensor, "softmax"): lambda f, c=c: lambda self, dim=None, *a, **k: f(self * c, dim, *a, **k)})
+                           (torch.Tensor, "softmax"): lambda f, c=c: lambda self, dim=None, *a, **k: f(
+                               self * c, dim, *a, **k)})
     for d in (4, 8, 16, 32, 64, 128, 256):
         for c, said in ((1 / math.sqrt(d), f"an extra 1/sqrt({d})"), (math.sqrt(d), f"sqrt({d}) less")):
             yield Mistake(f"softmax scale: the flax port's attention logits (a matmul of queries and keys) "
-                          f"carry {said} than torch's", {(torch.Tensor, "__matmul__"): lambda f, c=c: lambda a, b: f(a, b) * c})
+                          f"carry {said} than torch's",
+                          {(torch.Tensor, "__matmul__"): lambda f, c=c: lambda a, b: f(a, b) * c})
     for kind in ("conv1d", "conv2d"):
         for says, pad in (("'SAME' (k//2 each side)", lambda k: ((k - 1) // 2, k // 2)),
                           ("'VALID' (none)", lambda k: (0, 0)),

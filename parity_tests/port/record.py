@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +26,8 @@ class Call:
     kwargs: dict
     end: int = -1
     output: Any = None
-    children: list["Call"] = field(default_factory=list)
-    parent: "Call | None" = None
+    children: list[Call] = field(default_factory=list)
+    parent: Call | None = None
 
 
 def leaves(obj: Any) -> list[Any]:
@@ -154,8 +155,8 @@ def record_flax(module, names: dict[str, Any]) -> Iterator[list[Call]]:
 
     try:
         for owner, original in owners.items():
-            setattr(owner, "__call__", wrap(original))
+            owner.__call__ = wrap(original)
         yield tree.calls
     finally:
         for owner, original in owners.items():
-            setattr(owner, "__call__", original)
+            owner.__call__ = original

@@ -77,7 +77,8 @@ class PortReport:
         head = (f"port check ({self.dtype}, tolerance {self.tol:.0e}"
                 f"{' per module from the float32 noise floor' if self.dtype == 'float32' else ''}): "
                 f"{'OK' if self.ok else 'DIVERGES'}; output error {self.output_error:.1e}")
-        lines = [head, "", f"{'torch module':32} {'flax module':32} {'accum':>8} {'input':>8} {'local':>8} {'grad':>8}  status"]
+        lines = [head, "", f"{'torch module':32} {'flax module':32} {'accum':>8} {'input':>8} {'local':>8} "
+                           f"{'grad':>8}  status"]
         for r in self.rows:
             name = r.torch_path or "(root)"
             fname = r.flax_path or "(root)"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,8 @@ def _refuse_self_comparison(torch_module, flax_module) -> None:
         if isinstance(node, nnx.Module):
             for attr, v in vars(node).items():
                 if isinstance(v, (torch.nn.Module, torch.Tensor)):
-                    raise TypeError(f"compare: the Flax module runs torch code (flax {'.'.join(map(str, path)) or '(root)'}"
+                    raise TypeError(f"compare: the Flax module runs torch code "
+                                    f"(flax {'.'.join(map(str, path)) or '(root)'}"
                                     f".{attr} is a {type(v).__name__}): torch would be compared with itself")
 
 
@@ -93,7 +95,8 @@ def _flax_copy(module, dtype: str):
     m = nnx.clone(module)
     want = jnp.dtype(dtype)
     for v in flax_variables(m).values():
-        if isinstance(v, nnx.Variable) and hasattr(v.get_value(), "dtype") and jnp.issubdtype(v.get_value().dtype, jnp.floating):
+        if (isinstance(v, nnx.Variable) and hasattr(v.get_value(), "dtype")
+                and jnp.issubdtype(v.get_value().dtype, jnp.floating)):
             v.set_value(v.get_value().astype(want))
     for node in flax_modules(m).values():
         for attr in ("dtype", "param_dtype"):
@@ -293,9 +296,10 @@ def _run_alone(fcall: Call, torch_in: list[np.ndarray]) -> Any:
     import jax.numpy as jnp
 
     flat = [a for a in leaves((fcall.args, fcall.kwargs)) if is_float(a)]
-    if len(torch_in) < len(flat) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(flat, torch_in)):
+    # strict=False: torch_in may hold more leaves than flat (the extra ones go unused)
+    if len(torch_in) < len(flat) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(flat, torch_in, strict=False)):
         return None
-    swap = {id(a): jnp.asarray(b, dtype=a.dtype) for a, b in zip(flat, torch_in)}
+    swap = {id(a): jnp.asarray(b, dtype=a.dtype) for a, b in zip(flat, torch_in, strict=False)}
 
     args, kwargs = map_nested(lambda o: swap.get(id(o), o), (fcall.args, fcall.kwargs))
     return call_module(fcall.module, args, kwargs)
@@ -326,7 +330,7 @@ def _flax_run(fm, f_in: list, names: dict[str, Any]) -> tuple[Any, list[Call]]:
             out = fm(*f_in)
         return out, calls
     calls = box["calls"]
-    for c, skel in zip(calls, box["skel"]):
+    for c, skel in zip(calls, box["skel"], strict=True):
         c.args, c.kwargs, c.output = _rebuild(skel, arrays)
         c.module = names[c.path]
     return out, calls
@@ -343,7 +347,7 @@ def _torch_grads(tm, t_in, cots) -> dict[str, np.ndarray]:
     with torch.enable_grad():
         tm.zero_grad(set_to_none=True)
         out = [a for a in leaves(tm(*t_in)) if a.is_floating_point()]
-        sum((a * torch.from_numpy(c).to(a.dtype)).sum() for a, c in zip(out, cots)).backward()
+        sum((a * torch.from_numpy(c).to(a.dtype)).sum() for a, c in zip(out, cots, strict=True)).backward()
     return {n: (p.grad.detach().numpy() if p.grad is not None else np.zeros(tuple(p.shape)))
             for n, p in tm.named_parameters()}
 
@@ -381,7 +385,8 @@ def _gradients(tm, fm, t_in, f_in, seed: int, rules, t64=None) -> tuple[dict[str
     def loss(params):
         m = nnx.merge(graphdef, params, rest)
         outs = [a for a in leaves(m(*f_in)) if jnp.issubdtype(a.dtype, jnp.floating)]
-        return sum(jnp.vdot(a, jnp.asarray(c, a.dtype)) for a, c in zip(outs, cots))
+        # strict=False: a wrong port may give more or fewer float outputs than torch, whose shapes made cots
+        return sum(jnp.vdot(a, jnp.asarray(c, a.dtype)) for a, c in zip(outs, cots, strict=False))
 
     g = jax.jit(jax.grad(loss))(params)
     gm = nnx.merge(graphdef, g, rest)
@@ -407,7 +412,7 @@ def _gradients(tm, fm, t_in, f_in, seed: int, rules, t64=None) -> tuple[dict[str
 
 def compare(torch_module, flax_module, *inputs, dtype: str = "float64", grads: bool = True,
             match: dict[str, str] | None = None, adapters: dict[str, Callable] | None = None,
-            rules=None, seed: int = 0) -> "PortReport":
+            rules=None, seed: int = 0) -> PortReport:
     """Run `torch_module` and `flax_module` (its NNX port, weights already copied) on the same
     `inputs` (numpy arrays; float ones cast to `dtype`) and report every paired submodule.
 
@@ -445,7 +450,8 @@ def compare(torch_module, flax_module, *inputs, dtype: str = "float64", grads: b
             t64 = _torch_copy(torch_module, "float64")
             with torch.no_grad(), record_torch(t64) as calls64:
                 t64(*[x.double() if x.is_floating_point() else x for x in t_in])
-            for c32, c64 in zip(tcalls, calls64):
+            # strict=False: the float64 copy may record other calls (a module that branches on dtype)
+            for c32, c64 in zip(tcalls, calls64, strict=False):
                 noise[(c32.path, c32.index)] = rel_err_leaves(_float_leaves(c32.output), _float_leaves(c64.output))
 
         def adapt_of(t: Call, f: Call) -> Callable | None:
@@ -508,7 +514,7 @@ def _locate(pairs, rows, locals_, adapt_of) -> Divergence | None:
     first that is wrong on a right input is searched for a child that explains it, else the
     fault is its own ("inside")."""
     cand = None
-    for (t, f), row in zip(pairs, rows):
+    for (t, f), row in zip(pairs, rows, strict=True):
         if cand is not None and not _within(t, cand[0][0]):
             break
         bad_local = row.local is not None and row.local > row.tol
@@ -537,7 +543,8 @@ def _swapped_axes(t: Call, f: Call, adapt, tol: float) -> str | None:
     """The Flax module was given torch's input with two axes swapped (a transpose missing or
     extra in the parent's code: a square layout fits either way)."""
     t_in, f_in = _float_leaves((t.args, t.kwargs), adapt), _float_leaves((f.args, f.kwargs))
-    for a, b in zip(f_in, t_in):
+    # strict=False: a wrong port may take more or fewer float inputs than torch
+    for a, b in zip(f_in, t_in, strict=False):
         for i in range(b.ndim):
             for j in range(i + 1, b.ndim):
                 if b.shape[i] == b.shape[j] and rel_err(a, np.swapaxes(b, i, j)) <= tol:
@@ -595,7 +602,7 @@ def _explain(t: Call, f: Call, locals_, adapt_of, tol: float) -> str:
         return ("the flax module computes in float32 inside the float64 run (a dtype=jnp.float32 or an astype in "
                 f"{f.path or 'the root'}'s code)")
     again = _float_leaves(_run_alone(f, _float_leaves((t.args, t.kwargs), adapt_of(t, f))))
-    if any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(again, target)):
+    if any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(again, target, strict=True)):
         return "train mode / dropout left on: the flax module gives two outputs for the same input"
     eps = sorted({float(getattr(n, a)) for n in flax_modules(f.module).values()
                   for a in ("epsilon", "eps") if isinstance(getattr(n, a, None), (int, float))} | set(EPS))
@@ -637,5 +644,6 @@ def _statuses(rows: list[Row], first: Divergence | None) -> None:
             if r.torch_path == first.torch_path:
                 r.status = first.kind
                 break
-            if r.status in ("inside", "inherited") and (r.torch_path == "" or first.torch_path.startswith(r.torch_path + ".")):
+            if r.status in ("inside", "inherited") and (r.torch_path == ""
+                                                        or first.torch_path.startswith(r.torch_path + ".")):
                 r.status = "contains"

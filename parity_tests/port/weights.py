@@ -23,8 +23,9 @@ all problems are raised together (PortError) and nothing is written unless all i
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -123,7 +124,8 @@ def torch_units(module) -> dict[str, Any]:
             continue
         if isinstance(m, _absorbing()):
             absorbed.append(name)
-        if isinstance(m, _absorbing()) or list(m.named_parameters(recurse=False)) or list(m.named_buffers(recurse=False)):
+        if (isinstance(m, _absorbing()) or list(m.named_parameters(recurse=False))
+                or list(m.named_buffers(recurse=False))):
             units[name] = m
     return units
 
@@ -232,7 +234,6 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
     """The pairs copy_weights would write, checked (shapes, every parameter on both sides);
     raises PortError listing every problem."""
     import torch
-
     from flax import nnx
 
     if not isinstance(torch_module, torch.nn.Module):
@@ -266,7 +267,8 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
                 continue
             tf = NAMED.get(transform, transform) if isinstance(transform, str) else transform
             if isinstance(transform, str) and transform not in NAMED:
-                raise ValueError(f"rule {pattern!r}: transform {transform!r} is not one of {sorted(NAMED)} or a callable")
+                raise ValueError(f"rule {pattern!r}: transform {transform!r} is not one of {sorted(NAMED)} "
+                                 "or a callable")
             if not isinstance(tf, Transform):
                 tf = Transform(getattr(tf, "__name__", "rule"), tf)
             pairs.append((n, re.sub(pattern, target, n), tf))
@@ -281,7 +283,8 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
             pairs += [(k, None, f"not copied (tied to {tied[k]}, which is)") for k in own]
             continue
         if fm is None:
-            problems.append(f"torch {name or '(root)'} ({type(tm).__name__}: {', '.join(k.rsplit('.', 1)[-1] for k in own)}) "
+            problems.append(f"torch {name or '(root)'} "
+                            f"({type(tm).__name__}: {', '.join(k.rsplit('.', 1)[-1] for k in own)}) "
                             f"has no flax module at {name or '(root)'}")
             continue
         layer = _layer_pairs(tm, fm, name, name)
@@ -292,7 +295,8 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
                 if t not in ruled:
                     pairs.append((t, f, tf))
             if isinstance(tm, torch.nn.modules.batchnorm._BatchNorm):
-                pairs.append((_join(name, "num_batches_tracked"), None, "not copied (a counter nnx.BatchNorm does not keep)"))
+                pairs.append((_join(name, "num_batches_tracked"), None,
+                              "not copied (a counter nnx.BatchNorm does not keep)"))
             continue
         for k in own:  # a module of no known type: by name, orientation by shape
             v = state[k]
@@ -306,7 +310,8 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
             ts, fs = tuple(v.shape), tuple(fv.get_value().shape)
             if v.ndim == 2 and ts[0] == ts[1] and k not in ruled:
                 problems.append(f"torch parameter {k} {ts} is square: its shape cannot say whether flax {k} holds it "
-                                f"as is or transposed; give a rule, e.g. rules=[({re.escape(k)!r}, {k!r}, 'transpose')]")
+                                f"as is or transposed; give a rule, e.g. "
+                                f"rules=[({re.escape(k)!r}, {k!r}, 'transpose')]")
             elif ts == fs:
                 pairs.append((k, k, IDENTITY))
             elif v.ndim == 2 and ts[::-1] == fs:
