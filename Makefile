@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine (each installs into .venv first):
 #   make run    the main job: the quick depth-stability experiment, report and plots
-#   make test   the whole test suite
+#   make test   ruff and mypy, then the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -21,6 +21,8 @@ run: $(STAMP)
 	$(PY) -m experiments.stability    # quick preset -> experiments/results/ (report.md + plots)
 
 test: $(STAMP)
+	$(PY) -m ruff check flax_blocks torch_blocks parity_tests experiments tests
+	$(PY) -m mypy    # flax_blocks and torch_blocks (pyproject.toml's [tool.mypy])
 	$(PY) -m pytest -q -n 2
 
 clean:
