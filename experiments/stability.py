@@ -93,9 +93,12 @@ def resolve_task(sweep: Sweep) -> Sweep:
     (a preset says 0); another number is refused. Synthetic tasks: unchanged."""
     if sweep.task != "text":
         return sweep
-    from .text import load_corpus
+    from .text import CorpusError, load_corpus
 
-    vocab = load_corpus().vocab
+    try:
+        vocab = load_corpus().vocab
+    except CorpusError as err:  # one line, not a traceback: the message says what to install
+        raise SystemExit(f"--task text: {err}") from None
     if sweep.vocab not in (0, vocab):
         raise SystemExit(f"--task text: the vocabulary is the corpus's alphabet ({vocab} symbols); "
                          f"got --vocab {sweep.vocab} (leave it out)")

@@ -133,3 +133,20 @@ def test_outward_settings_share_the_depth_studys_grid():
     assert markov.depths == DEPTHS and set(DEPTHS) <= set(depth.depths)
     assert (markov.d_model, markov.num_heads, markov.d_ff) == (64, 4, 256)
     assert PRESETS["full-text"].task == "text" and PRESETS["full-text"].d_model == 128
+
+
+def test_text_task_without_its_corpus_or_with_another_vocab_is_one_clear_line(monkeypatch):
+    from experiments import text
+    from experiments.presets import PRESETS
+    from experiments.stability import parse_args, resolve_task, sweep_from_args
+
+    with pytest.raises(SystemExit, match="vocabulary is the corpus's alphabet .* got --vocab 32"):
+        sweep_from_args(parse_args(["--task", "text", "--vocab", "32"]))
+    assert sweep_from_args(parse_args(["--task", "text"])).vocab == load_corpus().vocab
+    monkeypatch.setitem(sys.modules, "pydoc_data.topics", None)  # a Python without pydoc_data
+    text.load_corpus.cache_clear()
+    try:
+        with pytest.raises(SystemExit, match="--task text: .*pydoc_data.topics"):
+            resolve_task(PRESETS["outward-text"])
+    finally:
+        text.load_corpus.cache_clear()
