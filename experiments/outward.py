@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -115,7 +116,7 @@ def flips(results: dict[str, dict[str, tuple[str, str]]]) -> list[str]:
     return said
 
 
-def _setting_line(label: str, folder: Path) -> str:
+def _setting_line(label: str, folder: Path, out: Path) -> str:
     meta, records = load(folder)
     s, task = meta["sweep"], records[0]["task"]
     env = records[0]["environment"]
@@ -123,8 +124,7 @@ def _setting_line(label: str, folder: Path) -> str:
             f"H = {task['optimal_loss']:.3f}" + (" (the n-gram reference)" if s["task"] == "text" else "")
             + f", unigram {task['unigram_loss']:.3f}; {len(records)} runs on {env['device_count']} x "
             f"{env['device_kind']}, cell version {records[0]['config']['version']}; "
-            f"[report]({folder.relative_to(OUT.parent) if folder.parent != OUT else folder.name + '/'}"
-            f"{'report.md' if folder.parent == OUT else '/report.md'})")
+            f"[report]({os.path.relpath(folder / 'report.md', out)})")
 
 
 def write_report(out: Path = OUT) -> Path:
@@ -146,7 +146,7 @@ def write_report(out: Path = OUT) -> Path:
         ("Where the answer differs from the d32 Markov one: " + " ".join(said)) if said
         else "Every verdict is the same in the three settings.", "",
         "## Settings", "",
-        *[_setting_line(label, folder) for label, _, folder in SETTINGS], "",
+        *[_setting_line(label, folder, out) for label, _, folder in SETTINGS], "",
         "Each setting's report holds its loss curves, its rules' tables and the literature verdicts of the depth "
         "study in that setting. On text, H is not an optimum but a reference measured by the lab on the same "
         "held-out text: a Witten-Bell n-gram model of the training text (experiments/text.py), and a run "

@@ -150,3 +150,27 @@ def test_text_task_without_its_corpus_or_with_another_vocab_is_one_clear_line(mo
             resolve_task(PRESETS["outward-text"])
     finally:
         text.load_corpus.cache_clear()
+
+
+def test_outward_report_from_three_settings_on_disk(tmp_path, monkeypatch):
+    from experiments import outward
+
+    settings = []
+    for i, (label, post_fails_at) in enumerate((("Markov d32", 12), ("Markov d64", 12), ("text d64", 24))):
+        folder = tmp_path / ("depth" if i == 0 else f"outward/{label.split()[0].lower()}")
+        (folder / "cells").mkdir(parents=True)
+        cells = _setting(post_fails_at=post_fails_at, lns_gain=0.1, dyt_deep=2.02)
+        names = []
+        for j, rec in enumerate(cells):
+            rec["config"]["version"] = 4
+            rec["environment"] = {"device_count": 2, "device_kind": "cpu"}
+            names.append(f"c{j}")
+            (folder / "cells" / f"c{j}.json").write_text(json.dumps(rec))
+        sweep = {"task": "text" if "text" in label else "markov", "d_model": 64, "num_heads": 4, "d_ff": 256}
+        (folder / "sweep.json").write_text(json.dumps({"sweep": sweep, "cells": names}))
+        settings.append((label, "x", folder))
+    monkeypatch.setattr(outward, "SETTINGS", tuple(settings))
+    text = outward.write_report(tmp_path / "outward").read_text()
+    assert "text d64: post-LN's failure depth is `24` where Markov d32 has `12`." in text
+    assert text.count(" **flips** (") == 1 and "[report](../depth/report.md)" in text  # one table cell flips
+    assert "[report](text/report.md)" in text and "(the n-gram reference)" in text
