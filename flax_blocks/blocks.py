@@ -366,7 +366,7 @@ class _Stack(nnx.Module):
         if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
         if not isinstance(scan_layers, bool):
-            raise TypeError(f"scan_layers must be True or False, got {scan_layers!r}")
+            raise ValueError(f"scan_layers must be True or False, got {scan_layers!r}")
         _remat_policy(remat)  # a bad name fails here, not at the first call
         if remat is not None and not scan_layers:
             raise ValueError(f"remat={remat!r} needs scan_layers=True: with the layers unrolled XLA merges the "

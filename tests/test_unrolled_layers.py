@@ -229,5 +229,5 @@ def test_unrolled_refuses_remat():
 
 
 def test_scan_layers_must_be_a_bool():
-    with pytest.raises(TypeError, match="scan_layers must be True or False, got 'no'"):
+    with pytest.raises(ValueError, match="scan_layers must be True or False, got 'no'"):
         fb.Encoder(BASE, num_layers=2, rngs=nnx.Rngs(0), scan_layers="no")
