@@ -131,7 +131,7 @@ def write_report(out: Path = OUT) -> Path:
     """out/report.md from the three settings' cells; returns its path."""
     results = {}
     for label, _, folder in SETTINGS:
-        _, records = load(folder)
+        _, records = load(folder) if (folder / "sweep.json").exists() else ({}, [])
         if not records:
             raise SystemExit(f"no cells for {label} in {folder}: run python -m experiments.outward")
         results[label] = verdicts(records)
@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             compile_cache()
             run_sweep(sweep, folder, progress=not args.no_progress,
                       command=f"python -m experiments.outward ({label}: --preset {preset} --out {folder})")
+        elif not (folder / "sweep.json").exists():
+            raise SystemExit(f"--report: no cells for {label} in {folder}; run python -m experiments.outward")
         single.write_report(folder)
     if args.estimate:
         return 0

@@ -174,3 +174,11 @@ def test_outward_report_from_three_settings_on_disk(tmp_path, monkeypatch):
     assert "text d64: post-LN's failure depth is `24` where Markov d32 has `12`." in text
     assert text.count(" **flips** (") == 1 and "[report](../depth/report.md)" in text  # one table cell flips
     assert "[report](text/report.md)" in text and "(the n-gram reference)" in text
+
+
+def test_outward_report_without_a_settings_cells_says_what_to_run(tmp_path, monkeypatch):
+    from experiments import outward
+
+    monkeypatch.setattr(outward, "SETTINGS", (("Markov d64", "outward-markov", tmp_path / "none"),))
+    with pytest.raises(SystemExit, match="no cells for Markov d64 .* run python -m experiments.outward"):
+        outward.write_report(tmp_path / "outward")
