@@ -39,7 +39,6 @@ import json
 import math
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from .presets import PRESETS
@@ -166,22 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true", help="only write the reports from the cells on disk")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    from .stability import cpu_devices, estimate, resolve_task
-
-    if not args.report:
-        cpu_devices()
-    import jax  # noqa: F401  (after the device count is set)
-
     from . import report as single
-    from .stability import compile_cache, run_sweep
+    from .stability import compile_cache, cpu_devices, estimate, resolve_task, run_sweep
 
+    if not args.report and not args.estimate:
+        cpu_devices()  # before JAX's first computation
+        compile_cache()
     for label, preset, folder in SETTINGS:
-        sweep = resolve_task(PRESETS[preset])
+        sweep = resolve_task(PRESETS[preset])  # Markov d32: the whole depth study, what would run
         if args.estimate:
-            print(f"{label}: " + estimate(replace(sweep, depths=DEPTHS) if preset == "depth" else sweep))
+            print(f"{label}: " + estimate(sweep))
             continue
         if not args.report:
-            compile_cache()
             run_sweep(sweep, folder, progress=not args.no_progress,
                       command=f"python -m experiments.outward ({label}: --preset {preset} --out {folder})")
         elif not (folder / "sweep.json").exists():
