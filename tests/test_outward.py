@@ -127,7 +127,8 @@ def test_outward_settings_share_the_depth_studys_grid():
     from experiments.presets import PRESETS
 
     depth, markov, text = PRESETS["depth"], PRESETS["outward-markov"], PRESETS["outward-text"]
-    assert text == replace(markov, name="outward-text", task="text", vocab=0)
+    # text: the same grid, more steps (sized by a pilot of the pre-LN control; presets.py)
+    assert text == replace(markov, name="outward-text", task="text", vocab=0, steps=800, chunk=100)
     grid = ("variants", "lrs", "warmups", "seeds", "steps", "batch", "chunk", "heldout", "seq_len")
     assert all(getattr(markov, k) == getattr(depth, k) for k in grid)
     assert markov.depths == DEPTHS and set(DEPTHS) <= set(depth.depths)
