@@ -9,9 +9,11 @@ Three settings, one grid: the depth study's six placements (post-LN, pre-LN, Dee
 pre-LN with DyT, pre-LN with LayerNorm Scaling) at 6, 12 and 24 layers, learning rates 1e-3,
 3e-3, 1e-2, 2 seeds, batch 16 x 16 tokens, held-out batch 32, 200 steps (text: 800, sized by a
 pilot of the pre-LN control alone before the sweep; experiments/presets.py):
-  Markov d32   the depth study's own cells (`--preset depth`, experiments/results/depth; run
-               first if missing), its 48-layer groups left out so that every column has the same
-               depths;
+  Markov d32   the depth study's preset at 6, 12 and 24 layers (`--preset depth --depths
+               6,12,24`) -> outward/markov-d32: the depth study's own runs (same groups of six
+               runs over the same devices, so the same numbers as its cells there), its 48-layer
+               groups left out so that every column has the same depths, and run here so that
+               the study does not need the depth study's cells (which are not committed);
   Markov d64   the `outward-markov` preset: d_model 64, 4 heads, d_ff 256 -> outward/markov;
   text d64     the `outward-text` preset: the same model on characters of CPython's
                documentation (experiments/text.py) -> outward/text.
@@ -40,6 +42,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .presets import PRESETS
@@ -49,7 +52,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "outward"
 DEPTHS = (6, 12, 24)
 SETTINGS = (  # (label, preset, folder)
-    ("Markov d32", "depth", RESULTS / "depth"),
+    ("Markov d32", "depth", OUT / "markov-d32"),
     ("Markov d64", "outward-markov", OUT / "markov"),
     ("text d64", "outward-text", OUT / "text"),
 )
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_devices()  # before JAX's first computation
         compile_cache()
     for label, preset, folder in SETTINGS:
-        sweep = resolve_task(PRESETS[preset])  # Markov d32: the whole depth study, what would run
+        sweep = replace(resolve_task(PRESETS[preset]), depths=DEPTHS)  # depth: its 48 layers left out
         if args.estimate:
             print(f"{label}: " + estimate(sweep))
             continue
