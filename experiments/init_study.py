@@ -343,7 +343,7 @@ def _embedding_stats(tok: jax.Array, pos: jax.Array) -> dict[str, jax.Array]:
 
 class _Tap:
     """Stands in for a block's dropout (identity at rate 0): keeps the sublayer's branch output
-    F(x), which `residual_update` passes through the dropout, and returns F(x) + probe, a zero
+    F(x), which the block's `residual` passes through the dropout, and returns F(x) + probe, a zero
     probe whose gradient is the loss's gradient with respect to z = x + F(x)."""
 
     def __init__(self, sink: list, probe: jax.Array):

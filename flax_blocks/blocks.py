@@ -4,8 +4,9 @@ DecoderBlock, and the stacks Encoder, Decoder and Transformer.
 Each is built as `X(cfg, rngs=nnx.Rngs(0))` (the stacks also take `num_layers=`) and called
 on x of shape (batch, seq, d_model) or (seq, d_model), returning that shape. Masks follow
 flax's convention: True means "may attend" (see `attention.build_mask`). A block's modules
-and sublayers come from `declarations.BLOCKS`; the residual formula from
-`config.residual_update`, both shared with the torch twins.
+and sublayers come from `declarations.BLOCKS`, shared with the torch twins; each placement's
+order of operations is written out in `_Block.residual` (and `_Block.parallel`), as in the
+torch twin's method of the same name.
 
 Causal modules decode incrementally: `cache = m.init_cache(batch, max_length)` (a decoder
 also takes the memory, whose keys and values are computed once), then
@@ -19,6 +20,7 @@ outputs from then on are meaningless: check the flag, e.g. once after a generati
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -35,9 +37,9 @@ from .config import (
     check_parallel,
     check_remat,
     check_width,
+    layer_scale,
     overflow_message,
-    parallel_update,
-    residual_update,
+    residual_add,
 )
 from .declarations import FINAL_NORM, Sublayer
 from .layers import Linear, Norm, create_params, dropout, initial_values
@@ -129,37 +131,89 @@ class _Block(nnx.Module):
         keys = [None] * (2 * n) if key is None else list(jax.random.split(key, 2 * n))
         extras: dict[str, jax.Array] = {}
         new_cache: Cache = {}
-        branches = []  # a parallel residual's (sublayer, norm, dropout, scale), summed after the loop
+        branches = []  # a parallel residual's (sublayer, f, dropout), summed by `parallel`
         for i, sub in enumerate(self.sublayers):
             k_inner, k_out = keys[2 * i], keys[2 * i + 1]
             part = "cross" if sub.kind == "cross_attention" else "self"
             if sub.kind == "mlp":
-                fn = functools.partial(self._mlp, sub, k_inner, deterministic)
+                f = functools.partial(self._mlp, sub, k_inner, deterministic)
             else:
                 mask, rows = masks.get(part, (None, None))
-                fn = functools.partial(
+                f = functools.partial(
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=mask, rows=rows, key=k_inner, deterministic=deterministic, cross=part == "cross",
                     memory=memory, cache=None if cache is None else cache[part], index=index,
                     path="dense" if part == "cross" else path, key_valid=masks.get("key_valid"), layer=layer,
                     positions=masks.get("positions"),
                 )
-            s = getattr(self, sub.scale)
-            norm, drop = getattr(self, sub.norm) or _identity, _with_key(self.dropouts[i], k_out, deterministic)
-            s = None if s is None else s[...].astype(x.dtype)
+            drop = _with_key(self.dropouts[i], k_out, deterministic)
             if self.cfg.parallel_residual != "none":
-                branches.append((fn, norm, drop, s))
+                branches.append((sub, f, drop))
                 continue
-            x, aux = residual_update(self.cfg, x, fn, norm, drop, s, getattr(self, sub.norm_out), layer=layer)
+            x, aux = self.residual(sub, x, f, drop, layer)
             if "cache" in aux:
                 new_cache[part] = aux.pop("cache")
             extras.update(aux)
         if branches:  # (a parallel block's one attention is a self-attention: its cache is "self")
-            x, aux = parallel_update(self.cfg, x, branches, layer=layer)
+            x, aux = self.parallel(x, branches, layer)
             if "cache" in aux:
                 new_cache["self"] = aux.pop("cache")
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
+
+    def residual(self, sub: Sublayer, x: jax.Array, f: Callable, drop: Callable,
+                 layer: jax.Array | int = 1) -> tuple[jax.Array, dict]:
+        """One residual sublayer of this block: x (B, T, E) -> (y (B, T, E), what f returned
+        beside its output). f: the sublayer (attention or MLP) on (B, T, E); drop: its output
+        dropout; layer: the block's index in its stack, from 1. Each placement (cfg.norm):
+
+            post:  y = Norm(alpha * x + s * Dropout(F(x)))          Vaswani et al., BERT
+            pre:   y = x + s * Dropout(F(c * Norm(x)))              GPT-2, LLaMA
+            peri:  y = x + s * Dropout(Norm_out(F(Norm(x))))        Peri-LN, sandwich norm
+            out:   y = x + s * Dropout(Norm(F(x)))                  OLMo 2
+            none:  y = x + s * Dropout(F(x))
+
+        alpha: DeepNorm's (else 1); s: the ReZero / LayerScale gate (else 1); c = 1 / sqrt(layer)
+        under LayerNorm Scaling (Sun et al. 2025; else 1); residual="none" drops the skip term.
+        The torch twin's `_Block.residual` computes the same, step for step."""
+        cfg, norm, s = self.cfg, getattr(self, sub.norm), getattr(self, sub.scale)
+        h = norm(x) if cfg.norm in ("pre", "peri") else x  # pre-LN, Peri-LN: the norm first
+        if cfg.layernorm_scaling:
+            h = h * layer_scale(layer, h)  # c * Norm(x)
+        h, aux = f(h)  # the sublayer
+        if cfg.norm == "peri":
+            h = getattr(self, sub.norm_out)(h)  # Peri-LN: its own norm on the output too
+        elif cfg.norm == "out":
+            h = norm(h)  # OLMo 2: the norm on the output only
+        h = drop(h)
+        if s is not None:
+            h = s[...].astype(x.dtype) * h  # the ReZero / LayerScale gate
+        y = residual_add(cfg, x, h)  # x + h; DeepNorm: alpha * x + h
+        if cfg.norm == "post":
+            y = norm(y)  # post-LN: the norm last, on the sum
+        return y, aux
+
+    def parallel(self, x: jax.Array, branches: Sequence[tuple[Sublayer, Callable, Callable]],
+                 layer: jax.Array | int = 1) -> tuple[jax.Array, dict]:
+        """The parallel residual (GPT-J, GPT-NeoX, StableLM; PaLM) over this block's attention and
+        MLP, branches [(sublayer, f, drop)] in order: x (B, T, E) -> (y (B, T, E), their aux merged).
+
+            y = x + s1 * Dropout(F1(c * Norm1(x))) + s2 * Dropout(F2(c * Norm2(x)))
+
+        with Norm2 = Norm1 under parallel_residual="shared_norm" (computed once), s and c as in
+        `residual`. The torch twin's `_Block.parallel` computes the same, step for step."""
+        cfg, y, aux, h_in = self.cfg, x, {}, None
+        for sub, f, drop in branches:
+            if h_in is None or cfg.parallel_residual == "two_norms":
+                h_in = (getattr(self, sub.norm) or _identity)(x)  # each branch's norm, or the shared one
+                if cfg.layernorm_scaling:
+                    h_in = h_in * layer_scale(layer, h_in)
+            h, a = f(h_in)  # the sublayer, on the normed input
+            h = drop(h)
+            s = getattr(self, sub.scale)
+            y = y + (h if s is None else s[...].astype(x.dtype) * h)  # both added to the same x
+            aux.update(a)
+        return y, aux
 
     def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None,
              h: jax.Array) -> tuple[jax.Array, dict]:

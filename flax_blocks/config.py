@@ -18,7 +18,6 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -417,42 +416,13 @@ class BlockConfig:
 # ----------------------------------------------------------------------------------
 
 
-def residual_update(
-    cfg: BlockConfig,
-    x: Any,
-    sublayer: Callable[[Any], tuple[Any, Any]],
-    norm: Callable[[Any], Any],
-    dropout: Callable[[Any], Any],
-    scale: Any = None,
-    norm_out: Callable[[Any], Any] | None = None,
-    layer: Any = 1,
-) -> tuple[Any, Any]:
-    """One residual sublayer of layer `layer` (counted from 1); returns (y, whatever
-    `sublayer` returned beside its output).
-
-    post: y = Norm(alpha * x + s * Dropout(F(x)))     pre: y = x + s * Dropout(F(c * Norm(x)))
-    peri: y = x + s * Dropout(Norm_out(F(Norm(x))))    none: y = x + s * Dropout(F(x))
-    out:  y = x + s * Dropout(Norm(F(x)))  (OLMo 2)
-    with alpha = DeepNorm's alpha (else 1), s = the ReZero / LayerScale gate (else 1),
-    c = 1 / sqrt(layer) with layernorm_scaling (Sun et al. 2025), else 1;
-    residual="none" drops the skip term (alpha * x). `layer` may be a traced integer.
-    """
-    h = norm(x) if cfg.norm in ("pre", "peri") else x
-    if cfg.layernorm_scaling:
-        h = h * layer_scale(layer, h)
-    h, aux = sublayer(h)
-    if cfg.norm == "peri":
-        assert norm_out is not None  # Peri-LN declares one per sublayer
-        h = norm_out(h)
-    elif cfg.norm == "out":
-        h = norm(h)
-    h = dropout(h)
-    if scale is not None:
-        h = scale * h
-    if cfg.residual == "add":
-        alpha = cfg.residual_alpha
-        h = (x * alpha if alpha != 1.0 else x) + h
-    return (norm(h) if cfg.norm == "post" else h), aux
+def residual_add(cfg: BlockConfig, x: Any, h: Any) -> Any:
+    """The residual's add, shared by both twins' `_Block.residual`: x + h, with DeepNorm's
+    alpha on the skip (alpha * x + h); residual="none" drops the skip (h alone)."""
+    if cfg.residual != "add":
+        return h
+    alpha = cfg.residual_alpha
+    return (x * alpha if alpha != 1.0 else x) + h
 
 
 def check_parallel(cfg: BlockConfig, kind: str, sublayers: tuple) -> None:
@@ -461,24 +431,6 @@ def check_parallel(cfg: BlockConfig, kind: str, sublayers: tuple) -> None:
     if cfg.parallel_residual != "none" and [s.kind for s in sublayers] != ["attention", "mlp"]:
         raise ValueError(f"BlockConfig.parallel_residual={cfg.parallel_residual!r} runs an attention and an MLP "
                          f"side by side: a TransformerBlock or Encoder has them, a {kind} does not")
-
-
-def parallel_update(cfg: BlockConfig, x: Any, branches: list, layer: Any = 1) -> tuple[Any, dict]:
-    """The parallel residual (GPT-J, GPT-NeoX, StableLM; Wang & Komatsuzaki 2021, PaLM):
-    y = x + s1 * Dropout(F1(c * Norm1(x))) + s2 * Dropout(F2(c * Norm2(x))), with Norm2 = Norm1
-    under "shared_norm" (computed once); s, c as in `residual_update`. branches: (sublayer,
-    norm, dropout, scale) per sublayer, in order. Returns (y, the sublayers' aux merged)."""
-    y, aux, shared = x, {}, None
-    for sublayer, norm, dropout, scale in branches:
-        if shared is None or cfg.parallel_residual == "two_norms":
-            shared = h = norm(x)
-            if cfg.layernorm_scaling:
-                shared = h = h * layer_scale(layer, h)
-        h, a = sublayer(shared)
-        h = dropout(h)
-        y = y + (h if scale is None else scale * h)
-        aux.update(a)
-    return y, aux
 
 
 def is_local(cfg: BlockConfig, layer: Any) -> Any:

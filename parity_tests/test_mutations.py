@@ -38,10 +38,12 @@ WHERE = {
     "torch norm": (torch_blocks.layers.Norm, "__init__"),  # sets self.eps from the config
     "flax gelu": (flax_blocks.blocks.ACTIVATION_FNS, "gelu"),
     "torch gelu": (torch_blocks.blocks.ACTIVATION_FNS, "gelu"),
-    "flax residual update": (flax_blocks.blocks, "residual_update"),  # the shared formula, as imported
-    "torch residual update": (torch_blocks.blocks, "residual_update"),
-    "flax parallel update": (flax_blocks.blocks, "parallel_update"),  # the shared parallel residual, as imported
-    "torch parallel update": (torch_blocks.blocks, "parallel_update"),
+    "flax residual add": (flax_blocks.blocks, "residual_add"),  # the shared skip + branch, as imported
+    "torch residual add": (torch_blocks.blocks, "residual_add"),
+    "flax layer scale": (flax_blocks.blocks, "layer_scale"),  # LayerNorm Scaling's 1/sqrt(l), as imported
+    "torch layer scale": (torch_blocks.blocks, "layer_scale"),
+    "flax parallel residual": (flax_blocks.blocks._Block, "parallel"),  # the block's own method
+    "torch parallel residual": (torch_blocks.blocks._Block, "parallel"),
 }
 
 
@@ -102,26 +104,23 @@ class _NoAlpha:
         return 1.0 if name == "residual_alpha" else getattr(self._cfg, name)
 
 
-def _drop_alpha(residual_update, hits):
-    return _counted(lambda cfg, *a, **kw: residual_update(_NoAlpha(cfg), *a, **kw), hits)
+def _drop_alpha(residual_add, hits):
+    return _counted(lambda cfg, x, h: residual_add(_NoAlpha(cfg), x, h), hits)
 
 
-def _layer_squared(residual_update, hits):  # LayerNorm Scaling by 1/l: 1/sqrt(l^2)
-    def patched(*a, layer=1, **kw):
-        hits.append(1)
-        return residual_update(*a, layer=layer * layer, **kw)
-
-    return patched
+def _layer_squared(layer_scale, hits):  # LayerNorm Scaling by 1/l: 1/sqrt(l^2)
+    return _counted(lambda layer, like: layer_scale(layer * layer, like), hits)
 
 
-def _sequential(parallel_update, hits):  # GPT-NeoX's parallel residual run one branch after the other
-    def patched(cfg, x, branches, layer=1):
+def _sequential(parallel, hits):  # GPT-NeoX's parallel residual run one branch after the other
+    def patched(self, x, branches, layer=1):
         hits.append(1)
         aux = {}
-        for sublayer, norm, dropout, scale in branches:
-            h, a = sublayer(norm(x))
-            h = dropout(h)
-            x = x + (h if scale is None else scale * h)
+        for sub, f, drop in branches:
+            h, a = f(getattr(self, sub.norm)(x))
+            h = drop(h)
+            s = getattr(self, sub.scale)
+            x = x + (h if s is None else s[...] * h)
             aux.update(a)
         return x, aux
 
@@ -137,17 +136,17 @@ PATCHES = {
     ],
     "torch twin's norms at eps 1e-5 whatever layer_norm_eps says": [("torch norm", _norm_init_eps_1e5)],
     "exact GELU replaced by its tanh approximation": [("flax gelu", _tanh_gelu), ("torch gelu", _tanh_gelu)],
-    "DeepNorm's alpha dropped from the shared residual update": [
-        ("flax residual update", _drop_alpha),
-        ("torch residual update", _drop_alpha),
+    "DeepNorm's alpha dropped from the shared residual add": [
+        ("flax residual add", _drop_alpha),
+        ("torch residual add", _drop_alpha),
     ],
-    "LayerNorm Scaling by 1/l in the shared residual update": [
-        ("flax residual update", _layer_squared),
-        ("torch residual update", _layer_squared),
+    "LayerNorm Scaling by 1/l in the shared layer scale": [
+        ("flax layer scale", _layer_squared),
+        ("torch layer scale", _layer_squared),
     ],
-    "the parallel residual computed sequentially in the shared update": [
-        ("flax parallel update", _sequential),
-        ("torch parallel update", _sequential),
+    "the parallel residual computed sequentially in both blocks": [
+        ("flax parallel residual", _sequential),
+        ("torch parallel residual", _sequential),
     ],
 }
 
@@ -175,13 +174,13 @@ PLANTS = {
     "exact GELU replaced by its tanh approximation": Plant(
         _first(CASES, lambda c: c.cfg.activation == "gelu" and c.kind == "FeedForward"),
         ("torch", "flax"), "computes tanh GELU where exact GELU is asked"),
-    "DeepNorm's alpha dropped from the shared residual update": Plant(
+    "DeepNorm's alpha dropped from the shared residual add": Plant(
         _first(CASES, lambda c: c.cfg.scaling == "deepnorm"), ("torch", "flax"), "drops DeepNorm's alpha"),
     # a stack (LayerNorm Scaling is the identity in a block alone), unrolled: no cached scan body
-    "LayerNorm Scaling by 1/l in the shared residual update": Plant(
+    "LayerNorm Scaling by 1/l in the shared layer scale": Plant(
         [c for c in CASES if c.cfg.layernorm_scaling and not c.scan_layers][:1], ("torch", "flax"),
         "scales layer l's pre-norms by 1/l"),
-    "the parallel residual computed sequentially in the shared update": Plant(
+    "the parallel residual computed sequentially in both blocks": Plant(
         _first(CASES, lambda c: c.cfg.parallel_residual == "two_norms"), ("torch", "flax"),
         "runs the parallel residual's branches one after the other"),
 }

@@ -1,5 +1,5 @@
 """BlockConfig: validation, depth-dependent constants, the declared init distributions, the
-shared residual update, and the promise that the config imports no framework.
+shared residual add, and the promise that the config imports no framework.
 
 Nothing here imports jax or torch (the import checks run in subprocesses)."""
 
@@ -26,7 +26,6 @@ from flax_blocks.config import (
     BlockConfig,
     check_width,
     invert_mask,
-    residual_update,
 )
 
 BASE = dict(d_model=12, num_heads=3, d_ff=20)
@@ -307,54 +306,9 @@ def test_init_spec_gates():
 
 
 # ------------------------------------------------------------------------------------
-# residual_update, check_width, invert_mask (framework-free, checked with numpy)
+# check_width, invert_mask (framework-free, checked with numpy; the residual formulas are
+# in tests/test_residual_order.py)
 # ------------------------------------------------------------------------------------
-
-X = np.array([[1.0, 2.0, -3.0]])
-
-
-def _parts():
-    sub = lambda h: (h * 2.0 + 1.0, "aux")  # noqa: E731
-    norm = lambda h: h / 10.0  # noqa: E731  (a marker, not a real LayerNorm)
-    drop = lambda h: h - 0.5  # noqa: E731
-    return sub, norm, drop
-
-
-@pytest.mark.parametrize(
-    "kw,scale,expected",
-    [
-        (dict(norm="post"), None, lambda x: (x + (2 * x + 1 - 0.5)) / 10),
-        (dict(norm="pre"), None, lambda x: x + (2 * (x / 10) + 1 - 0.5)),
-        (dict(norm="none"), None, lambda x: x + (2 * x + 1 - 0.5)),
-        (dict(norm="post", residual="none"), None, lambda x: (2 * x + 1 - 0.5) / 10),
-        (dict(norm="pre", residual="none"), None, lambda x: 2 * (x / 10) + 1 - 0.5),
-        (dict(norm="none", residual="none"), None, lambda x: 2 * x + 1 - 0.5),
-        (dict(norm="none", scaling="rezero"), 0.25, lambda x: x + 0.25 * (2 * x + 1 - 0.5)),
-        (dict(norm="pre", scaling="layerscale"), np.array([0.1, 0.2, 0.3]),
-         lambda x: x + np.array([0.1, 0.2, 0.3]) * (2 * (x / 10) + 1 - 0.5)),
-        (dict(norm="post", scaling="deepnorm"), None, lambda x: (2 ** 0.25 * x + (2 * x + 1 - 0.5)) / 10),
-        (dict(norm="post", scaling="deepnorm", deepnorm_alpha=3.0), None, lambda x: (3 * x + (2 * x + 1 - 0.5)) / 10),
-        (dict(norm="peri"), None, lambda x: x + ((2 * (x / 10) + 1) * 7 - 0.5)),
-        (dict(norm="peri", scaling="layerscale"), np.array([0.1, 0.2, 0.3]),
-         lambda x: x + np.array([0.1, 0.2, 0.3]) * ((2 * (x / 10) + 1) * 7 - 0.5)),
-    ],
-)
-def test_residual_update_formulas(kw, scale, expected):
-    sub, norm, drop = _parts()
-    norm_out = lambda h: h * 7.0  # noqa: E731  (peri's output norm, another marker)
-    y, aux = residual_update(make(**kw), X, sub, norm, drop, scale, norm_out)
-    assert aux == "aux"
-    np.testing.assert_allclose(y, expected(X), rtol=1e-14)
-
-
-@pytest.mark.parametrize("layer", [1, 3, np.int32(4)])
-def test_residual_update_layernorm_scaling(layer):
-    """LayerNorm Scaling (Sun et al. 2025): layer l's pre-norm output times 1 / sqrt(l)."""
-    sub, norm, drop = _parts()
-    y, _ = residual_update(make(norm="pre", layernorm_scaling=True), X, sub, norm, drop, layer=layer)
-    np.testing.assert_allclose(y, X + (2 * (X / 10) / math.sqrt(int(layer)) + 1 - 0.5), rtol=1e-14)
-    y1, _ = residual_update(make(norm="pre"), X, sub, norm, drop, layer=layer)  # off: the index is ignored
-    np.testing.assert_allclose(y1, X + (2 * (X / 10) + 1 - 0.5), rtol=1e-14)
 
 
 def test_check_width():

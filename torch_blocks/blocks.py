@@ -7,8 +7,9 @@ linear1, norm1, ...), `DecoderBlock` like `nn.TransformerDecoderLayer` (+ multih
 norm3), `Encoder` / `Decoder` like `nn.TransformerEncoder` / `nn.TransformerDecoder`
 (layers.{i}., norm.) and `Transformer` like `nn.Transformer` (encoder., decoder.), so stock
 state dicts load with strict=True, and masks are taken as stock torch takes them. A
-block's modules and sublayers come from `declarations.BLOCKS`, the residual formula from
-`config.residual_update`, both shared with the Flax twins. Masks follow torch's
+block's modules and sublayers come from `declarations.BLOCKS`, shared with the Flax twins;
+each placement's order of operations is written out in `_Block.residual` (and
+`_Block.parallel`), as in the Flax twin's method of the same name. Masks follow torch's
 convention: a True entry means "may NOT attend" (a float mask is added, as in stock
 torch). Rows in which every key is masked give a zero attention output (flax_blocks does
 the same), where torch's own MultiheadAttention gives NaN.
@@ -20,7 +21,7 @@ max_length)` (a decoder also takes the memory), then `y, cache = m(x_chunk, cach
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -38,9 +39,9 @@ from flax_blocks.config import (
     check_parallel,
     check_remat,
     check_width,
+    layer_scale,
     overflow_message,
-    parallel_update,
-    residual_update,
+    residual_add,
 )
 from flax_blocks.declarations import FINAL_NORM, Sublayer
 
@@ -116,33 +117,86 @@ class _Block(nn.Module):
         layernorm_scaling; a block called alone is layer 1."""
         extras: dict[str, Any] = {}
         new_cache: Cache = {}
-        branches = []  # a parallel residual's (sublayer, norm, dropout, scale), summed after the loop
-        for sub, dropout in zip(self.sublayers, self.dropouts, strict=True):
+        branches = []  # a parallel residual's (sublayer, f, dropout), summed by `parallel`
+        for sub, drop in zip(self.sublayers, self.dropouts, strict=True):
+            part = "cross" if sub.kind == "cross_attention" else "self"
             if sub.kind == "mlp":
-                fn = functools.partial(self._mlp, sub)
+                f = functools.partial(self._mlp, sub)
             else:
-                part = "cross" if sub.kind == "cross_attention" else "self"
-                fn = functools.partial(
+                f = functools.partial(
                     _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
                     mask=masks.get(part), need_weights=need_weights, cross=part == "cross", memory=memory,
                     cache=None if cache is None else cache[part], index=index,
                     path=None if part == "cross" else path, layer=layer, positions=masks.get("positions"),
                 )
-            norm = getattr(self, sub.norm) or nn.Identity()
             if self.cfg.parallel_residual != "none":
-                branches.append((fn, norm, dropout, getattr(self, sub.scale)))
+                branches.append((sub, f, drop))
                 continue
-            x, aux = residual_update(self.cfg, x, fn, norm, dropout, getattr(self, sub.scale),
-                                     getattr(self, sub.norm_out), layer=layer)
+            x, aux = self.residual(sub, x, f, drop, layer)
             if "cache" in aux:
-                new_cache["cross" if sub.kind == "cross_attention" else "self"] = aux.pop("cache")
+                new_cache[part] = aux.pop("cache")
             extras.update(aux)
         if branches:  # (a parallel block's one attention is a self-attention: its cache is "self")
-            x, aux = parallel_update(self.cfg, x, branches, layer=layer)
+            x, aux = self.parallel(x, branches, layer)
             if "cache" in aux:
                 new_cache["self"] = aux.pop("cache")
             extras.update(aux)
         return x, extras, (new_cache if cache is not None else None)
+
+    def residual(self, sub: Sublayer, x: Tensor, f: Callable, drop: Callable,
+                 layer: Tensor | int = 1) -> tuple[Tensor, dict]:
+        """One residual sublayer of this block: x (B, T, E) -> (y (B, T, E), what f returned
+        beside its output). f: the sublayer (attention or MLP) on (B, T, E); drop: its output
+        dropout; layer: the block's index in its stack, from 1. Each placement (cfg.norm):
+
+            post:  y = Norm(alpha * x + s * Dropout(F(x)))          Vaswani et al., BERT
+            pre:   y = x + s * Dropout(F(c * Norm(x)))              GPT-2, LLaMA
+            peri:  y = x + s * Dropout(Norm_out(F(Norm(x))))        Peri-LN, sandwich norm
+            out:   y = x + s * Dropout(Norm(F(x)))                  OLMo 2
+            none:  y = x + s * Dropout(F(x))
+
+        alpha: DeepNorm's (else 1); s: the ReZero / LayerScale gate (else 1); c = 1 / sqrt(layer)
+        under LayerNorm Scaling (Sun et al. 2025; else 1); residual="none" drops the skip term.
+        The Flax twin's `_Block.residual` computes the same, step for step."""
+        cfg, norm, s = self.cfg, getattr(self, sub.norm), getattr(self, sub.scale)
+        h = norm(x) if cfg.norm in ("pre", "peri") else x  # pre-LN, Peri-LN: the norm first
+        if cfg.layernorm_scaling:
+            h = h * layer_scale(layer, h)  # c * Norm(x)
+        h, aux = f(h)  # the sublayer
+        if cfg.norm == "peri":
+            h = getattr(self, sub.norm_out)(h)  # Peri-LN: its own norm on the output too
+        elif cfg.norm == "out":
+            h = norm(h)  # OLMo 2: the norm on the output only
+        h = drop(h)
+        if s is not None:
+            h = s * h  # the ReZero / LayerScale gate
+        y = residual_add(cfg, x, h)  # x + h; DeepNorm: alpha * x + h
+        if cfg.norm == "post":
+            y = norm(y)  # post-LN: the norm last, on the sum
+        return y, aux
+
+    def parallel(self, x: Tensor, branches: Sequence[tuple[Sublayer, Callable, Callable]],
+                 layer: Tensor | int = 1) -> tuple[Tensor, dict]:
+        """The parallel residual (GPT-J, GPT-NeoX, StableLM; PaLM) over this block's attention and
+        MLP, branches [(sublayer, f, drop)] in order: x (B, T, E) -> (y (B, T, E), their aux merged).
+
+            y = x + s1 * Dropout(F1(c * Norm1(x))) + s2 * Dropout(F2(c * Norm2(x)))
+
+        with Norm2 = Norm1 under parallel_residual="shared_norm" (computed once), s and c as in
+        `residual`. The Flax twin's `_Block.parallel` computes the same, step for step."""
+        cfg, y, aux, h_in = self.cfg, x, {}, None
+        for sub, f, drop in branches:
+            if h_in is None or cfg.parallel_residual == "two_norms":
+                norm = getattr(self, sub.norm)
+                h_in = x if norm is None else norm(x)  # each branch's norm, or the shared one
+                if cfg.layernorm_scaling:
+                    h_in = h_in * layer_scale(layer, h_in)
+            h, a = f(h_in)  # the sublayer, on the normed input
+            h = drop(h)
+            s = getattr(self, sub.scale)
+            y = y + (h if s is None else s * h)  # both added to the same x
+            aux.update(a)
+        return y, aux
 
     def _mlp(self, sub: Sublayer, h: Tensor) -> tuple[Tensor, dict]:
         """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h)))."""
