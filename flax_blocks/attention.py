@@ -439,6 +439,22 @@ def _head_product(q: jax.Array, k: jax.Array, dtype) -> jax.Array:
     return jax.lax.dot_general(q.astype(dtype), k.astype(dtype), (((3,), (3,)), ((0, 1), (0, 1))))
 
 
+def _cache_write(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, index: jax.Array | int) -> tuple:
+    """A cached self-attention's keys and values, head-major (B, K, L, hd), with the chunk's
+    k, v (B, T, K, hd) at positions index .. index+T-1: (keys, values, step, cache). A decoding
+    step (T = 1) leaves the cache as it is and hands its new key and value over as `step`, to
+    be written after the products have read the cache (`_write_after_reading`); a longer chunk
+    is written at once (step None)."""
+    start = (0 * index, 0 * index, index, 0 * index)  # one integer dtype (int64 under x64 too)
+    k_new = k.transpose(0, 2, 1, 3).astype(cache["k"].dtype)
+    v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
+    if k.shape[1] == 1:  # a decoding step: see `_write_after_reading`
+        return cache["k"], cache["v"], (k_new, v_new, start), cache
+    kh = jax.lax.dynamic_update_slice(cache["k"], k_new, start)
+    vh = jax.lax.dynamic_update_slice(cache["v"], v_new, start)
+    return kh, vh, None, {"k": kh, "v": vh}
+
+
 def _write_after_reading(k_cache, v_cache, step, scores, out) -> dict[str, jax.Array]:
     """A decoding step's cache (B, K, L, hd): the new key and value written into their slot
     once the products have read the cache as it was (scores (B, K, G, L), out (B, K, G, hd)).
@@ -603,83 +619,104 @@ class Attention(nnx.Module):
             raise ValueError(f"the {path} attention path serves uncached self-attention only; cached decoding "
                              "and cross-attention take the dense path")
         x, w_in, b_in, w_out, b_out = self._weights(x)
-        b, t, e = x.shape
-        _, kv, slots, d = w_in.shape
-        g, h = slots - 2, w_out.shape[0]
         local = False if cross else is_local(self.cfg, layer)  # a sliding-window layer (a bool, or a traced one)
         step = None  # a decoding step's new key and value (B, K, 1, hd) and their slot
-        if not cross:
-            qkv = self._project(x, w_in, b_in)  # (B, T, K, G+2, hd)
-            q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
-            q, k = self.position_qk(q, k, index + jnp.arange(t) if positions is None else positions, local)
-            kh = vh = None  # the keys and values head-major, (B, K, S, hd)
+        if cross:  # queries from x, keys and values from the memory (or its cache)
+            q, kh, vh = self._cross_qkv(x, w_in, b_in, memory, cache)
+            k = v = None
+        else:
+            q, k, v = self._self_qkv(x, w_in, b_in, index + jnp.arange(x.shape[1]) if positions is None else positions,
+                                     local)
             if cache is not None:
-                start = (0 * index, 0 * index, index, 0 * index)  # one integer dtype (int64 under x64 too)
-                k_new = k.transpose(0, 2, 1, 3).astype(cache["k"].dtype)
-                v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
-                if t == 1:  # a decoding step: see `_write_after_reading`
-                    kh, vh, step = cache["k"], cache["v"], (k_new, v_new, start)
-                else:
-                    kh = jax.lax.dynamic_update_slice(cache["k"], k_new, start)
-                    vh = jax.lax.dynamic_update_slice(cache["v"], v_new, start)
-                    cache = {"k": kh, "v": vh}
-        else:  # cross-attention: queries from x, keys and values from the memory (or its cache)
-            q = self._project(x, w_in[:, :, :g], None if b_in is None else b_in[:, :g])
-            if self.q_norm is not None:
-                q = self.qk_normed(self.q_norm, q)
-            mem = self.memory_kv(memory) if memory is not None else cache
-            assert mem is not None  # the blocks pass a memory or a cache made with one
-            kh, vh = mem["k"], mem["v"]  # (B, K, S, hd)
-        s = k.shape[1] if kh is None else kh.shape[2]
+                kh, vh, step, cache = _cache_write(cache, k, v, index)
+            else:  # the keys and values head-major, (B, K, S, hd)
+                kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        if path != "dense":  # uncached self-attention: q, k, v are set
+            assert k is not None and v is not None
+            out, has_key = self._efficient(path, q, k, v, key_valid, local)
+            return jnp.where(has_key[..., None], self._out(out, w_out, b_out), 0.0), None, None, cache
+        if local is not False:  # a sliding-window layer (the causal mask is never None then)
+            assert mask is not None
+            mask, rows = self.windowed(mask, rows, index, x.shape[1], kh.shape[2], local)
+        out, weights, logit_max, written = self._dense(q, kh, vh, step, mask, rows, index, key, deterministic)
+        cache = written if written is not None else cache  # a decoding step writes after its products
+        out = self._out(out, w_out, b_out)
+        if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
+            out = jnp.where(jnp.any(rows, axis=1), out, 0.0)
+        return out, weights, logit_max, cache
+
+    def _self_qkv(self, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, positions: jax.Array,
+                  local: bool | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Self-attention's q (B, T, K, G, hd) and k, v (B, T, K, hd) of x (B, T, E), QK-norm and
+        rotary (at positions, (T,) or (B, T)) applied."""
+        g = w_in.shape[2] - 2
+        qkv = self._project(x, w_in, b_in)  # (B, T, K, G+2, hd)
+        q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
+        q, k = self.position_qk(q, k, positions, local)
+        return q, k, v
+
+    def _cross_qkv(self, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, memory: jax.Array | None,
+                   cache: dict[str, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Cross-attention's q (B, T, K, G, hd) of x (B, T, E) and the memory's keys and values
+        (B, K, S, hd), computed from memory (B, S, E) or read from its cache (`memory_kv`)."""
+        g = w_in.shape[2] - 2
+        q = self._project(x, w_in[:, :, :g], None if b_in is None else b_in[:, :g])
+        if self.q_norm is not None:
+            q = self.qk_normed(self.q_norm, q)
+        mem = self.memory_kv(memory) if memory is not None else cache
+        assert mem is not None  # the blocks pass a memory or a cache made with one
+        return q, mem["k"], mem["v"]
+
+    def _efficient(self, path: str, q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array | None,
+                   local: bool | jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The fused or blocked path of an uncached self-attention: (out (B, T, H, hd), has_key (B, T))."""
+        cfg = self.cfg
         if path == "fused":  # the accelerator path: cuDNN's fused kernel where it can
-            out, has_key = fused_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid,
-                                           scale=self.cfg.attention_scale,
-                                           window=self.cfg.sliding_window if local is True else None)
-        elif path == "blocked":  # memory-efficient path: no weights, no (T, S) logits
-            out, has_key = blocked_attention(q, k, v, causal=self.cfg.causal, key_valid=key_valid,
-                                             block=self.cfg.attention_block, scale=self.cfg.attention_scale,
-                                             softcap=self.cfg.attn_logit_softcapping,
-                                             window=self.cfg.sliding_window, local=local)
-        if path != "dense":
-            out = jnp.dot(out.reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
-            if b_out is not None:
-                out = out + b_out
-            out = jnp.where(has_key[..., None], out, 0.0)  # a query with no key gets no output
-            return out, None, None, cache
+            return fused_attention(q, k, v, causal=cfg.causal, key_valid=key_valid, scale=cfg.attention_scale,
+                                   window=cfg.sliding_window if local is True else None)
+        return blocked_attention(q, k, v, causal=cfg.causal, key_valid=key_valid,  # memory-efficient: no (T, S)
+                                 block=cfg.attention_block, scale=cfg.attention_scale,
+                                 softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local)
+
+    def _dense(self, q: jax.Array, kh: jax.Array, vh: jax.Array, step: tuple | None, mask: jax.Array | None,
+               rows: jax.Array | None, index: jax.Array | int, key: jax.Array | None,
+               deterministic: bool | None) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
+        """The explicit softmax over q (B, T, K, G, hd) and head-major kh, vh (B, K, S, hd) (a
+        decoding step's new key and value in `step`): (out (B, T, H, hd), weights (B, H, T, S),
+        the largest unmasked logit (), the cache a decoding step wrote, else None)."""
+        b, t, kv, g, d = q.shape
+        s = kh.shape[2]
         # Batched matmuls over (B, K), a kv head's G query heads as G*T rows: XLA:CPU runs them
         # faster than the equivalent einsums ("btkgd,bskd->bkgts"), forward and backward; the
         # keys are contracted over hd in their (B, K, S, hd) layout, so a decoding step reads
         # the cache as it lies (a (B, K, hd, S) operand made XLA copy the whole cache, every
         # layer, every step: 40 % of a d512 batch-8 step).
-        if kh is None or vh is None:  # (set together)
-            kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         qh = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # (B, K, G*T, hd)
-        if local is not False:  # a sliding-window layer (the causal mask is never None then)
-            assert mask is not None
-            mask, rows = self.windowed(mask, rows, index, t, s, local)
         dt = jnp.result_type(qh, kh)
         scores = _head_product(qh, kh, dt)  # (B, K, G*T, S)
         if step is not None:  # the new token's key, in its slot
             column = jnp.arange(s) == index
             scores = jnp.where(column, _head_product(qh, step[0], dt), scores)
-        logits = self.logits(scores.reshape(b, h, t, s), mask)  # head = kv * G + g
+        logits = self.logits(scores.reshape(b, kv * g, t, s), mask)  # head = kv * G + g
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = jax.nn.softmax(logits, axis=-1)
         if rows is not None:
             weights = jnp.where(rows, weights, 0.0)
         weights = weights.astype(vh.dtype)
         dropped = self.dropout(weights, deterministic=deterministic, rngs=key).reshape(b, kv, g * t, s)
+        cache = None
         if step is None:
             out = dropped @ vh
         else:  # the new token's value, in its slot
             new_weight = jnp.sum(jnp.where(column, dropped, 0), -1, keepdims=True)  # (B, K, G, 1)
             out = jnp.where(column, 0, dropped) @ vh + new_weight * step[1]
             cache = _write_after_reading(kh, vh, step, scores, out)
-        out = out.reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4)
-        out = out.reshape(b * t, h * d)
-        out = jnp.dot(out, w_out.reshape(h * d, e)).reshape(b, t, e)
-        if b_out is not None:
-            out = out + b_out
-        if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
-            out = jnp.where(jnp.any(rows, axis=1), out, 0.0)
-        return out, weights, logit_max, cache
+        return out.reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4), weights, logit_max, cache
+
+    @staticmethod
+    def _out(out: jax.Array, w_out: jax.Array, b_out: jax.Array | None) -> jax.Array:
+        """The heads' outputs (B, T, ..., hd) through the output projection w_out (H, hd, E) -> (B, T, E)."""
+        b, t = out.shape[:2]
+        h, d, e = w_out.shape
+        out = jnp.dot(out.reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
+        return out if b_out is None else out + b_out

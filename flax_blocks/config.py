@@ -223,6 +223,13 @@ class BlockConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
+        self._check_sizes()
+        self._check_choices()
+        self._check_positions()
+        self._check_combinations()
+
+    def _check_sizes(self) -> None:
+        """Sizes, rates and eps: positive where they must be."""
         for name in ("d_model", "num_heads", "d_ff"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -239,6 +246,9 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"BlockConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+
+    def _check_choices(self) -> None:
+        """Each choice among its allowed values, each flag a bool, the norms' and heads' numbers."""
         _allowed("activation", self.activation, ACTIVATIONS)
         _allowed("norm", self.norm, NORMS)
         _allowed("norm_type", self.norm_type, NORM_TYPES)
@@ -289,6 +299,9 @@ class BlockConfig:
                 f"BlockConfig.num_kv_heads must be None or a positive divisor of num_heads "
                 f"({self.num_heads}), got {kv!r}"
             )
+
+    def _check_positions(self) -> None:
+        """Rotary, soft-caps and sliding windows: their values and what each needs."""
         if self.rope_theta is not None:
             if not self.rope_theta > 0:
                 raise ValueError(f"BlockConfig.rope_theta must be > 0 or None, got {self.rope_theta!r}")
@@ -320,6 +333,9 @@ class BlockConfig:
             if self.rope_theta is None or self.sliding_window is None:
                 raise ValueError("BlockConfig.rope_local_theta is the rotary base of the local (sliding-window) "
                                  "layers and needs rope_theta and sliding_window")
+
+    def _check_combinations(self) -> None:
+        """Options that contradict each other (or an attention path that cannot compute them)."""
         if self.sliding_window_pattern is not None and self.attention == "fused":
             raise ValueError("BlockConfig.attention='fused' takes a sliding window only in every layer "
                              "(sliding_window_pattern=None): a stack of local and global layers scans one layer, "
@@ -345,6 +361,7 @@ class BlockConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"BlockConfig.{name} must be > 0 or None, got {value!r}")
+
 
     @property
     def head_width(self) -> int:

@@ -34,7 +34,6 @@ from .hf_config import hf_config, hf_model_config, hf_state_dict, read_folder
 log = logging.getLogger("flax_blocks")
 
 
-
 def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 0, ignore_keys: tuple[str, ...] = (),
             mesh: Any = None, rules: Any = None, revision: str | None = None):
     """A Flax `Encoder` computing a Hugging Face model's transformer stack, or (part=) the
@@ -80,19 +79,7 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     every n-th layer global); a layout the blocks cannot express is refused.
     The stack remembers its family's dialect (`hf_dialect`), which `to_hf` writes back.
     """
-    from . import blocks
-    from .convert import from_torch
-
-    config: dict[str, Any] | None
-    if isinstance(source, (str, os.PathLike)):
-        from .hub import resolve
-
-        config, sd = read_folder(resolve(os.fspath(source), revision))
-    elif (config := hf_model_config(source)) is not None:
-        sd = read_state_dict(hf_state_dict(source))
-    else:
-        raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
-    sd = _whole_model_names(config, sd)
+    config, sd = _read_source(source, revision)
     if isinstance(ignore_keys, str):
         raise TypeError(f"ignore_keys must be a tuple of config keys, e.g. ({ignore_keys!r},), got the string "
                         f"{ignore_keys!r}")
@@ -104,6 +91,31 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
                               rules=rules)
     if part not in ("stack", "encoder", "decoder"):
         raise ValueError(f"part must be one of 'stack', 'encoder', 'decoder', 'model', 'causal-lm', got {part!r}")
+    return _load_stack(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh, rules=rules)
+
+
+def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config.json's dict, the state dict named as in the whole model) of a folder, a Hub id
+    or a transformers model object (see `from_hf`)."""
+    config: dict[str, Any] | None
+    if isinstance(source, (str, os.PathLike)):
+        from .hub import resolve
+
+        config, sd = read_folder(resolve(os.fspath(source), revision))
+    elif (config := hf_model_config(source)) is not None:
+        sd = read_state_dict(hf_state_dict(source))
+    else:
+        raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
+    return config, _whole_model_names(config, sd)
+
+
+def _load_stack(config: dict[str, Any], sd: dict[str, Any], part: str, *, dtype: Any, seed: int,
+                ignore_keys: tuple[str, ...], mesh: Any, rules: Any):
+    """`from_hf`'s part "stack", "encoder" or "decoder": the Encoder (or Decoder) of the
+    family's layers, remembering its dialect."""
+    from . import blocks
+    from .convert import from_torch
+
     dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype, part=None if part == "stack" else part,
                                                      ignore_keys=ignore_keys)
     stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads).state_dict

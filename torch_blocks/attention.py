@@ -228,65 +228,92 @@ class Attention(nn.Module):
         if path == "fused" and need_weights:
             raise ValueError("the fused path (SDPA) returns no attention weights: take path='dense'")
         b, t, _ = x.shape
-        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_width
         masked, rows, bias, causal_only = mask if mask is not None else (None, None, None, False)
         local = not cross and is_local(cfg, layer)  # a sliding-window layer
         if not cross:
-            qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
-            q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
-            q, k, v = q.view(b, t, h, d), k.view(b, t, kv, d), v.view(b, t, kv, d)
             if positions is None:  # (B, T) per-row rotary positions (HF's position_ids), else index onwards
                 positions = index + torch.arange(t, device=x.device)
-            q, k = self.position_qk(q, k, positions, local)
-            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, K, T, hd)
+            q, k, v = self._self_qkv(x, positions, local)
             if cache is not None:
                 k_all, v_all = cache["k"].clone(), cache["v"].clone()
                 k_all[:, :, index:index + t], v_all[:, :, index:index + t] = k, v
                 cache = {"k": k_all, "v": v_all}
                 k, v = k_all, v_all
-        else:
-            n = h * d
-            q = F.linear(x, self.in_proj_weight[:n], None if self.in_proj_bias is None else self.in_proj_bias[:n])
-            q = q.view(b, t, h, d)
-            if self.q_norm is not None:
-                q = self.qk_normed(self.q_norm, q)
-            mem = self.memory_kv(memory) if memory is not None else cache
-            assert mem is not None  # the blocks pass a memory or a cache made with one
-            k, v = mem["k"], mem["v"]
-        q = q.transpose(1, 2)  # (B, H, T, hd); k and v (B, K, T or S, hd)
+        else:  # queries from x, keys and values from the memory (or its cache)
+            q, k, v = self._cross_qkv(x, memory, cache)
         p = cfg.dropout if self.training else 0.0
         weights = logit_max = None
         if local:  # the causal mask is never None then (sliding_window needs causal)
             assert masked is not None
             masked, rows = self.windowed(masked, rows, index, t, k.shape[2])
         if path == "dense":
-            k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)  # head -> h // G
-            logits = self.logits(q @ k.transpose(-1, -2), masked, bias)  # (B, H, T, S)
-            logit_max = logits.max() if rows is None else logits.masked_fill(~rows, float("-inf")).max()
-            weights = logits.softmax(dim=-1)
-            if rows is not None:
-                weights = torch.where(rows, weights, 0.0)
-            weights = weights.to(v.dtype)
-            out = F.dropout(weights, p, self.training) @ v  # (B, H, T, hd)
+            out, weights, logit_max = self._dense(q, k, v, masked, rows, bias, p)
             if not need_weights:
                 weights = logit_max = None
-        else:  # fused kernel; masked rows were opened up by build_mask, so none is empty
-            sdpa_mask, is_causal = None, False
-            if causal_only and q.shape[2] == k.shape[2]:  # SDPA's own causal kernel: no (T, S) mask
-                is_causal = True
-            elif bias is not None:
-                assert masked is not None  # build_mask sets it beside every bias
-                sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
-            elif masked is not None:
-                sdpa_mask = ~masked  # SDPA's boolean convention: True = may attend
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p, is_causal=is_causal,
-                                                 enable_gqa=kv != h, scale=cfg.attention_scale)
-            if rows is not None and rows.shape[1] > 1:  # a head with no key (per-head masks) gives no output
-                out = torch.where(rows, out, 0.0)
-        out = F.linear(out.transpose(1, 2).reshape(b, t, h * d), self.out_proj.weight, self.out_proj.bias)
+        else:
+            out = self._fused(q, k, v, masked, rows, bias, causal_only, p)
+        out = F.linear(out.transpose(1, 2).reshape(b, t, -1), self.out_proj.weight, self.out_proj.bias)
         if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
             out = torch.where(rows.any(dim=1), out, 0.0)
         return out, weights, logit_max, cache
+
+    def _self_qkv(self, x: Tensor, positions: Tensor, local: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's q (B, H, T, hd) and k, v (B, K, T, hd) of x (B, T, E), QK-norm and
+        rotary (at positions, (T,) or (B, T)) applied."""
+        cfg = self.cfg
+        b, t, _ = x.shape
+        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_width
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
+        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
+        q, k, v = q.view(b, t, h, d), k.view(b, t, kv, d), v.view(b, t, kv, d)
+        q, k = self.position_qk(q, k, positions, local)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _cross_qkv(self, x: Tensor, memory: Tensor | None,
+                   cache: dict[str, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross-attention's q (B, H, T, hd) of x (B, T, E) and the memory's keys and values
+        (B, K, S, hd), computed from memory (B, S, E) or read from its cache (`memory_kv`)."""
+        b, t, _ = x.shape
+        n = self.cfg.num_heads * self.cfg.head_width
+        q = F.linear(x, self.in_proj_weight[:n], None if self.in_proj_bias is None else self.in_proj_bias[:n])
+        q = q.view(b, t, self.cfg.num_heads, self.cfg.head_width)
+        if self.q_norm is not None:
+            q = self.qk_normed(self.q_norm, q)
+        mem = self.memory_kv(memory) if memory is not None else cache
+        assert mem is not None  # the blocks pass a memory or a cache made with one
+        return q.transpose(1, 2), mem["k"], mem["v"]
+
+    def _dense(self, q: Tensor, k: Tensor, v: Tensor, masked: Tensor | None, rows: Tensor | None,
+               bias: Tensor | None, p: float) -> tuple[Tensor, Tensor, Tensor]:
+        """The explicit softmax over q (B, H, T, hd) and k, v (B, K, S, hd): (out (B, H, T, hd),
+        weights (B, H, T, S), the largest unmasked logit ())."""
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # head -> h // G
+        logits = self.logits(q @ k.transpose(-1, -2), masked, bias)  # (B, H, T, S)
+        logit_max = logits.max() if rows is None else logits.masked_fill(~rows, float("-inf")).max()
+        weights = logits.softmax(dim=-1)
+        if rows is not None:
+            weights = torch.where(rows, weights, 0.0)
+        weights = weights.to(v.dtype)
+        return F.dropout(weights, p, self.training) @ v, weights, logit_max
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, masked: Tensor | None, rows: Tensor | None,
+               bias: Tensor | None, causal_only: bool, p: float) -> Tensor:
+        """SDPA over q (B, H, T, hd) and k, v (B, K, S, hd) -> (B, H, T, hd); masked rows were
+        opened up by build_mask, so none is empty."""
+        sdpa_mask, is_causal = None, False
+        if causal_only and q.shape[2] == k.shape[2]:  # SDPA's own causal kernel: no (T, S) mask
+            is_causal = True
+        elif bias is not None:
+            assert masked is not None  # build_mask sets it beside every bias
+            sdpa_mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
+        elif masked is not None:
+            sdpa_mask = ~masked  # SDPA's boolean convention: True = may attend
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=p, is_causal=is_causal,
+                                             enable_gqa=k.shape[1] != q.shape[1], scale=self.cfg.attention_scale)
+        if rows is not None and rows.shape[1] > 1:  # a head with no key (per-head masks) gives no output
+            out = torch.where(rows, out, 0.0)
+        return out
 
     def qk_normed(self, norm: Norm, a: Tensor) -> Tensor:
         """QK-norm of a (B, T, heads, hd): over each head, or (qk_norm_over="projection",
