@@ -397,7 +397,7 @@ def stack_diagnostics(stack, x: jax.Array, masks: dict, memory: jax.Array | None
         if post:
             for i, sub in enumerate(block.sublayers):
                 object.__setattr__(block, sub.norm, _Probed(norms[i], p_n[i]))
-        y, _, _ = block.run_prepared(h, masks, None, True, path="dense", memory=memory, layer=layer)
+        y, _, _ = block.run_prepared(h, masks, key=None, deterministic=True, path="dense", memory=memory, layer=layer)
         ratios, cur = [], h
         for norm, f in zip(norms, branches, strict=True):
             ratios.append(_rms(f) / _rms(cur))

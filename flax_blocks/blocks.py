@@ -108,8 +108,8 @@ class _Block(nnx.Module):
         self.dropouts = nnx.List([dropout(cfg, rngs) for _ in self.sublayers])
 
     def run_prepared(
-        self, x: jax.Array, masks: dict[str, Any], key: jax.Array | None = None,
-        deterministic: bool | None = None, *, path: str = "dense", memory: jax.Array | None = None,
+        self, x: jax.Array, masks: dict[str, Any], *, key: jax.Array | None = None,
+        deterministic: bool | None = None, path: str = "dense", memory: jax.Array | None = None,
         cache: Cache | None = None, index: jax.Array | int = 0, layer: jax.Array | int = 1,
     ) -> tuple[jax.Array, dict[str, jax.Array], Cache | None]:
         """x (B, T, E) with prepared masks {"self": (mask, rows), "cross": (mask, rows),
@@ -462,7 +462,7 @@ class _Stack(nnx.Module):
 
         return jax.vmap(one)(state)
 
-    def run_prepared(self, x, masks, deterministic, *, path="dense", memory=None, cache=None, index=0,
+    def run_prepared(self, x, masks, *, deterministic=None, path="dense", memory=None, cache=None, index=0,
                      return_intermediates=False):
         """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then
         the final norm -> (y, per-layer intermediates, new caches)."""
@@ -540,7 +540,7 @@ class Encoder(_Stack):
         path, masks = _prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
         if positions is not None:
             masks["positions"] = positions
-        y, per_layer, _ = self.run_prepared(x, masks, deterministic, path=path,
+        y, per_layer, _ = self.run_prepared(x, masks, deterministic=deterministic, path=path,
                                             return_intermediates=return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
@@ -576,7 +576,7 @@ class Decoder(_Stack):
         path, masks = _prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
         masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
                                     keys=memory.shape[1], causal=False)
-        y, per_layer, _ = self.run_prepared(x, masks, deterministic, path=path, memory=memory,
+        y, per_layer, _ = self.run_prepared(x, masks, deterministic=deterministic, path=path, memory=memory,
                                             return_intermediates=return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
@@ -706,8 +706,8 @@ def _cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask
         rows = jnp.any(m, axis=-1, keepdims=True)
         masks["cross"] = (m | ~rows, rows)
     if stacked:
-        y, per_layer, layers = module.run_prepared(x, masks, deterministic, cache=cache["layers"], index=index,
-                                                   return_intermediates=return_intermediates)
+        y, per_layer, layers = module.run_prepared(x, masks, deterministic=deterministic, cache=cache["layers"],
+                                                   index=index, return_intermediates=return_intermediates)
         out = module._finish_stack(y, per_layer, False, return_intermediates)
     else:
         y, extras, layers = module.run_prepared(x, masks, deterministic=deterministic, cache=cache["layers"],
@@ -736,7 +736,8 @@ def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool |
         h, masks, memory, index = carry
         layer_state, key, cache, layer = xs
         h, extras, cache = nnx.merge(graphdef, layer_state).run_prepared(
-            h, masks, key, deterministic, path=path, memory=memory, cache=cache, index=index, layer=layer)
+            h, masks, key=key, deterministic=deterministic, path=path, memory=memory, cache=cache, index=index,
+            layer=layer)
         return (h, masks, memory, index), ((h, extras) if return_intermediates else None, cache)
 
     if remat is not None:  # recompute inside each layer in the backward pass (prevent_cse off, as in a scan)

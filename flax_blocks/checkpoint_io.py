@@ -64,7 +64,10 @@ def natural_key(name: str) -> list:
 
 
 def ranges(xs: Iterable[int]) -> str:
+    """Integers as runs: [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"; none -> ""."""
     xs = sorted(xs)
+    if not xs:
+        return ""
     parts: list[str] = []
     start: int | None = xs[0]  # the current run's first number (None past the last)
     for a, b in zip(xs, [*xs[1:], None], strict=True):

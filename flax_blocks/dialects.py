@@ -76,6 +76,9 @@ class Rule:
     zero: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if self.split and len(self.split) != len(self.theirs):
+            raise ValueError(f"{self.ours}: a split rule names one part per tensor of theirs, got split={self.split} "
+                             f"for theirs={self.theirs}")
         if self.chunk is not None and (len(self.theirs) != 1 or self.transpose or self.split):
             raise ValueError(f"{self.ours}: a chunk rule takes one tensor of theirs, untransposed and unsplit")
         if self.per_head and (len(self.theirs) != 1 or self.transpose or self.split or self.chunk):

@@ -387,3 +387,10 @@ def test_cli_round_trip_and_errors(tmp_path):
     entry = subprocess.run([sys.executable, "-m", "flax_blocks.convert", "--help"], capture_output=True, text=True,
                            cwd=ROOT, timeout=120)
     assert entry.returncode == 0 and "--num-heads" in entry.stdout
+
+
+def test_ranges_writes_runs_and_nothing_for_none():
+    from flax_blocks.checkpoint_io import ranges
+
+    assert ranges([8, 0, 1, 2, 5, 7]) == "0-2, 5, 7-8"
+    assert ranges([3]) == "3" and ranges([]) == ""

@@ -187,3 +187,15 @@ def test_the_converter_cli_leaves_the_callers_x64_setting_as_it_was(tmp_path):
 def test_the_old_layout_keyword_names_its_new_name():
     with pytest.raises(TypeError, match=r"takes dialect= .*layout= was its old name"):
         fb.from_torch(fb.Encoder, CFG, _ours(CFG), num_layers=2, layout="hf-llama")
+
+
+def test_a_dialect_rule_that_could_not_be_read_both_ways_is_refused_where_it_is_written():
+    from flax_blocks.dialects import Rule
+
+    with pytest.raises(ValueError, match="a split rule names one part per tensor of theirs"):
+        Rule("self_attn.in_proj_weight", ("q.weight", "k.weight", "v.weight"), split=("q", "kv"))
+    with pytest.raises(ValueError, match="a chunk rule takes one tensor of theirs"):
+        Rule("linear1.weight", ("a.weight", "b.weight"), chunk=(0, 2))
+    with pytest.raises(ValueError, match="a per-head rule takes one tensor of theirs"):
+        Rule("self_attn.in_proj_weight", ("qkv.weight",), per_head=3, transpose=True)
+    Rule("self_attn.in_proj_weight", ("q.weight", "k.weight", "v.weight"), split=("q", "kv", "kv"))  # well formed

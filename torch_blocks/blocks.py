@@ -103,7 +103,7 @@ class _Block(nn.Module):
         self.dropout_act = nn.Dropout(cfg.dropout)
         self.dropouts = nn.ModuleList(nn.Dropout(cfg.dropout) for _ in self.sublayers)
 
-    def run_prepared(self, x: Tensor, masks: dict[str, Mask | None], need_weights: bool = False, *,
+    def run_prepared(self, x: Tensor, masks: dict[str, Mask | None], *, need_weights: bool = False,
                      path: str | None = None, memory: Tensor | None = None, cache: Cache | None = None,
                      index: int = 0, layer: int = 1):
         """x (B, T, E) with prepared masks {"self": Mask, "cross": Mask} -> (y (B, T, E),
@@ -227,7 +227,7 @@ class _Block(nn.Module):
             memory = _batched_memory(self.cfg, memory, x, unbatched)
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
                                         x.device, keys=memory.shape[1], causal=False)
-        y, extras, _ = self.run_prepared(x, masks, return_intermediates, path=path, memory=memory)
+        y, extras, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
 
 
@@ -399,7 +399,7 @@ class _Stack(nn.Module):
         """Every layer's block cache."""
         return {"layers": [layer._block_cache(batch, length, dtype, device, memory) for layer in self._blocks()]}
 
-    def run_prepared(self, x, masks, need_weights=False, *, path=None, memory=None, cache=None, index=0):
+    def run_prepared(self, x, masks, *, need_weights=False, path=None, memory=None, cache=None, index=0):
         """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then the
         final norm -> (y, stacked intermediates, cache)."""
         per_layer: list[dict[str, Tensor]] = []
@@ -408,11 +408,12 @@ class _Stack(nn.Module):
         for i, layer in enumerate(self._blocks()):
             if recompute:
                 x, extras, c = torch.utils.checkpoint.checkpoint(
-                    layer.run_prepared, x, masks, need_weights, path=path, memory=memory, layer=i + 1,
+                    layer.run_prepared, x, masks, need_weights=need_weights, path=path, memory=memory, layer=i + 1,
                     use_reentrant=False)
             else:
-                x, extras, c = layer.run_prepared(x, masks, need_weights, path=path, memory=memory, index=index,
-                                                  cache=None if cache is None else cache["layers"][i], layer=i + 1)
+                x, extras, c = layer.run_prepared(x, masks, need_weights=need_weights, path=path, memory=memory,
+                                                  index=index, cache=None if cache is None else cache["layers"][i],
+                                                  layer=i + 1)
             caches.append(c)
             if need_weights:
                 per_layer.append({"residual": x, **extras})
@@ -455,7 +456,7 @@ class Encoder(_Stack):
         path, masks = _prepare_self_attention(self, x, mask, src_key_padding_mask, return_intermediates)
         if positions is not None:
             masks["positions"] = positions
-        y, stacked, _ = self.run_prepared(x, masks, return_intermediates, path=path)
+        y, stacked, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
 
@@ -487,7 +488,7 @@ class Decoder(_Stack):
         path, masks = _prepare_self_attention(self, x, tgt_mask, tgt_key_padding_mask, return_intermediates)
         masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
                                     x.device, keys=memory.shape[1], causal=False)
-        y, stacked, _ = self.run_prepared(x, masks, return_intermediates, path=path, memory=memory)
+        y, stacked, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path, memory=memory)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
 
@@ -576,7 +577,8 @@ def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_m
         mv = cache["memory_valid"][:, None, None, :].expand(b, 1, t, -1)
         rows = mv.any(dim=-1, keepdim=True)
         masks["cross"] = Mask(~mv & rows, rows)
-    y, extras, layers = module.run_prepared(x, masks, return_intermediates, cache=cache["layers"], index=index)
+    y, extras, layers = module.run_prepared(x, masks, need_weights=return_intermediates, cache=cache["layers"],
+                                            index=index)
     new = {**cache, "index": index + t, "valid": valid, "layers": layers}
     if "position" in cache:
         new["position"] = positions[:, -1] + 1

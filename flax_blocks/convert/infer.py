@@ -59,7 +59,7 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
     layers = sorted({int(m.group(1)) for n in sd if (m := LAYER.match(n))})
     inner = {(m.group(2) if (m := LAYER.match(n)) else n): a for n, a in sd.items()}
     if layers:
-        inner = {n: a for n, a in inner.items() if not n.startswith(f"{FINAL_NORM}.")} if layers else inner
+        inner = {n: a for n, a in inner.items() if not n.startswith(f"{FINAL_NORM}.")}
     info: dict[str, Any] = {}
     kind = _block_kind({n.split(".")[0] for n in inner})
     if layers:
