@@ -11,9 +11,11 @@ pre-LN with DyT, pre-LN with LayerNorm Scaling) at 6, 12 and 24 layers, learning
 pilot of the pre-LN control alone before the sweep; experiments/presets.py):
   Markov d32   the depth study's preset at 6, 12 and 24 layers (`--preset depth --depths
                6,12,24`) -> outward/markov-d32: the depth study's own runs (same groups of six
-               runs over the same devices, so the same numbers as its cells there), its 48-layer
-               groups left out so that every column has the same depths, and run here so that
-               the study does not need the depth study's cells (which are not committed);
+               runs over the same devices), its 48-layer groups left out so that every column
+               has the same depths, re-run here because the depth study's cells are not
+               committed. On one machine a re-run gives the same numbers bit for bit; on
+               another CPU the last bits can differ and chaos amplifies them (outward's report
+               says by how much against the committed depth report);
   Markov d64   the `outward-markov` preset: d_model 64, 4 heads, d_ff 256 -> outward/markov;
   text d64     the `outward-text` preset: the same model on characters of CPython's
                documentation (experiments/text.py) -> outward/text.
