@@ -54,10 +54,6 @@ MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
 Cache = dict[str, Any]
 
 
-def _identity(x: jax.Array) -> jax.Array:
-    return x
-
-
 def _compute_dtype(cfg: BlockConfig, x_dtype) -> Any:
     dtype = jnp.dtype(cfg.dtype) if cfg.dtype is not None else jnp.promote_types(x_dtype, cfg.param_dtype)
     return jax.dtypes.canonicalize_dtype(dtype)
@@ -205,7 +201,8 @@ class _Block(nnx.Module):
         cfg, y, aux, h_in = self.cfg, x, {}, None
         for sub, f, drop in branches:
             if h_in is None or cfg.parallel_residual == "two_norms":
-                h_in = (getattr(self, sub.norm) or _identity)(x)  # each branch's norm, or the shared one
+                norm = getattr(self, sub.norm)
+                h_in = x if norm is None else norm(x)  # each branch's norm, or the shared one
                 if cfg.layernorm_scaling:
                     h_in = h_in * layer_scale(layer, h_in)
             h, a = f(h_in)  # the sublayer, on the normed input
