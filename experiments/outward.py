@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if not args.report:
             run_sweep(sweep, folder, progress=not args.no_progress,
-                      command=f"python -m experiments.outward ({label}: --preset {preset} --out {folder})")
+                      command=f"python -m experiments.outward ({label}: --preset {preset} "
+                              f"--depths {','.join(map(str, DEPTHS))} --out "
+                              f"{os.path.relpath(folder, RESULTS.parent.parent)})")
         elif not (folder / "sweep.json").exists():
             raise SystemExit(f"--report: no cells for {label} in {folder}; run python -m experiments.outward")
         single.write_report(folder)
