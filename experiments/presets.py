@@ -132,6 +132,9 @@ PRESETS: dict[str, Sweep] = {
     # documentation; vocab 0 = the corpus's alphabet). Sized before it was run: 108 runs,
     # 302k run-layer-steps per setting, ~3.8 ms each at d64 with the runs split over the two
     # cores (measured on one group under load and scaled): ~19 min per setting on this CPU.
+    # Ran (2026-12-02, the machine shared with test runs part of the time): Markov d64 in
+    # 970 s, text at 800 steps (1.21 M run-layer-steps) in 3,766 s, ~3.1 ms per
+    # run-layer-step; `--estimate`'s FLOP scaling from d32 says 4.3-7.7 ms (too slow at d64).
     "outward-markov": Sweep(
         name="outward-markov", variants=("post", "pre", "deepnorm", "peri", "pre-dyt", "pre-lns"),
         depths=(6, 12, 24), lrs=(1e-3, 3e-3, 1e-2), warmups=(0,), seeds=2,
