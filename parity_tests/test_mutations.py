@@ -197,6 +197,10 @@ def test_planted_bug_is_caught_by_reference(bug, monkeypatch):
             monkeypatch.setitem(target, name, factory(target[name], hits))
         else:
             monkeypatch.setattr(target, name, factory(getattr(target, name), hits))
+            if isinstance(target, type):  # a subclass holding its own copy (NNX's capture leaves one) is patched too
+                for sub in target.__subclasses__():
+                    if name in sub.__dict__:
+                        monkeypatch.setattr(sub, name, factory(sub.__dict__[name], hits))
     # The plants act on Python-level code that the twins run (torch) or trace (Flax, a fresh
     # nnx.jit per case) at every call; no Encoder here, whose cached scan body could outlive
     # a patch (LayerNorm Scaling's plant takes an unrolled Encoder: a Python loop over the
