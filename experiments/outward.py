@@ -132,11 +132,17 @@ def _setting_line(label: str, folder: Path, out: Path) -> str:
             f"[report]({os.path.relpath(folder / 'report.md', out)})")
 
 
+def _has_cells(folder: Path) -> bool:
+    """Whether a setting's sweep and its cells are on disk (a fresh clone has the committed
+    sweep.json and reports but not the cells, which are not committed)."""
+    return (folder / "sweep.json").exists() and any((folder / "cells").glob("*.json"))
+
+
 def write_report(out: Path = OUT) -> Path:
     """out/report.md from the three settings' cells; returns its path."""
     results = {}
     for label, _, folder in SETTINGS:
-        _, records = load(folder) if (folder / "sweep.json").exists() else ({}, [])
+        _, records = load(folder) if _has_cells(folder) else ({}, [])
         if not records:
             raise SystemExit(f"no cells for {label} in {folder}: run python -m experiments.outward")
         results[label] = verdicts(records)
@@ -189,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                       command=f"python -m experiments.outward ({label}: --preset {preset} "
                               f"--depths {','.join(map(str, DEPTHS))} --out "
                               f"{os.path.relpath(folder, RESULTS.parent.parent)})")
-        elif not (folder / "sweep.json").exists():
+        elif not _has_cells(folder):
             raise SystemExit(f"--report: no cells for {label} in {folder}; run python -m experiments.outward")
         single.write_report(folder)
     if args.estimate:

@@ -183,3 +183,10 @@ def test_outward_report_without_a_settings_cells_says_what_to_run(tmp_path, monk
     monkeypatch.setattr(outward, "SETTINGS", (("Markov d64", "outward-markov", tmp_path / "none"),))
     with pytest.raises(SystemExit, match="no cells for Markov d64 .* run python -m experiments.outward"):
         outward.write_report(tmp_path / "outward")
+    # a fresh clone: the committed sweep.json and reports, no cells (they are not committed)
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "sweep.json").write_text("{}")
+    with pytest.raises(SystemExit, match="no cells for Markov d64 .* run python -m experiments.outward"):
+        outward.write_report(tmp_path / "outward")
+    with pytest.raises(SystemExit, match="--report: no cells for Markov d64 .* run python -m experiments.outward"):
+        outward.main(["--report"])
