@@ -51,8 +51,9 @@ import optax
 from flax import nnx
 
 from flax_blocks import BlockConfig
-from flax_blocks.blocks import Encoder, TransformerBlock
-from flax_blocks.convert import torch_state_dict
+from flax_blocks.blocks import TransformerBlock
+from flax_blocks.checkpoints.convert import torch_state_dict
+from flax_blocks.stacks import Encoder
 
 DEFAULT_OUT = Path("experiments/results/bench")
 

@@ -106,9 +106,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from flax_blocks import BlockConfig, declarations
+from flax_blocks import BlockConfig
 from flax_blocks.attention import build_mask, self_attention_masks
-from flax_blocks.blocks import Transformer
+from flax_blocks.spec import declarations
+from flax_blocks.stacks import Transformer
 
 from . import init_report
 from .model import ModelConfig, create_params

@@ -126,7 +126,7 @@ def worker(loader: str, folder: str, logits_out: str | None) -> dict[str, Any]:
         from flax import nnx
 
         import flax_blocks as fb
-        for name in ("flax_blocks.hf", "flax_blocks.hf_models"):  # lazy modules from_hf uses
+        for name in ("flax_blocks.checkpoints.hf", "flax_blocks.checkpoints.hf_models"):  # lazy modules from_hf uses
             importlib.import_module(name)
         jax.block_until_ready(jnp.ones(8) + 1)
     else:

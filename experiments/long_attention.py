@@ -32,9 +32,10 @@ from flax import nnx
 
 import flax_blocks as fb
 import flax_blocks.attention as fa
+import flax_blocks.flash as flash
 import torch_blocks as tb
 from experiments.bench import compile_jax, interleaved
-from flax_blocks.config import BlockConfig
+from flax_blocks.spec.config import BlockConfig
 
 
 def old_blocked_attention(rev: str):
@@ -42,7 +43,7 @@ def old_blocked_attention(rev: str):
     src = subprocess.run(["git", "show", f"{rev}:flax_blocks/attention.py"], check=True, capture_output=True,
                          text=True).stdout
     node = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "blocked_attention")
-    ns = dict(vars(fa))
+    ns = {**vars(fa), **vars(flash)}  # its helpers (flax_blocks/flash.py since 0.2.0)
     exec(compile(ast.Module([node], []), "<old blocked_attention>", "exec"), ns)  # noqa: S102
     return ns["blocked_attention"]
 

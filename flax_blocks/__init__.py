@@ -10,7 +10,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from .config import BlockConfig, FullyMaskedWarning, invert_mask
+from .spec.config import BlockConfig, FullyMaskedWarning, invert_mask
 
 try:
     __version__ = version("twin-blocks")  # pyproject.toml's, as installed
@@ -21,24 +21,24 @@ _LAZY = {
     "ResidualMHA": "blocks",
     "FeedForward": "blocks",
     "TransformerBlock": "blocks",
-    "Encoder": "blocks",
+    "Encoder": "stacks",
     "DecoderBlock": "blocks",
-    "Decoder": "blocks",
-    "Transformer": "blocks",
+    "Decoder": "stacks",
+    "Transformer": "stacks",
     "Attention": "attention",
     "build_mask": "attention",
-    "from_torch": "convert",
-    "load_torch_state_dict": "convert",
-    "torch_state_dict": "convert",
-    "flax_state_dict": "convert",
-    "load_flax_state_dict": "convert",
-    "infer_config": "convert",
-    "ConversionError": "convert",
-    "detect_dialect": "dialects",
-    "from_hf": "hf",
-    "to_hf": "hf",
+    "from_torch": "checkpoints.convert",
+    "load_torch_state_dict": "checkpoints.convert",
+    "torch_state_dict": "checkpoints.convert",
+    "flax_state_dict": "checkpoints.convert",
+    "load_flax_state_dict": "checkpoints.convert",
+    "infer_config": "checkpoints.convert",
+    "ConversionError": "checkpoints.convert",
+    "detect_dialect": "checkpoints.dialects",
+    "from_hf": "checkpoints.hf",
+    "to_hf": "checkpoints.hf",
     "LanguageModel": "lm",
-    "LMConfig": "lm_spec",
+    "LMConfig": "spec.lm_spec",
     "generate": "generation",
 }
 
@@ -54,8 +54,8 @@ __all__ = [
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: imported on first use, above)
     from .attention import Attention, build_mask
-    from .blocks import Decoder, DecoderBlock, Encoder, FeedForward, ResidualMHA, Transformer, TransformerBlock
-    from .convert import (
+    from .blocks import DecoderBlock, FeedForward, ResidualMHA, TransformerBlock
+    from .checkpoints.convert import (
         ConversionError,
         flax_state_dict,
         from_torch,
@@ -64,11 +64,12 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: im
         load_torch_state_dict,
         torch_state_dict,
     )
-    from .dialects import detect_dialect
+    from .checkpoints.dialects import detect_dialect
+    from .checkpoints.hf import from_hf, to_hf
     from .generation import generate
-    from .hf import from_hf, to_hf
     from .lm import LanguageModel
-    from .lm_spec import LMConfig
+    from .spec.lm_spec import LMConfig
+    from .stacks import Decoder, Encoder, Transformer
 
 
 def __getattr__(name: str) -> Any:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .blocks import decoding_cache, layer_weights
+from .caches import decoding_cache, layer_weights
 from .lm import check_token_ids, check_token_mask
 
 

@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .config import BlockConfig
-from .declarations import Component, Param
 from .sharding import param_metadata
+from .spec.config import BlockConfig, check_width
+from .spec.declarations import Component, Param
 
 
 def _walk(comp: Component, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Param]]:
@@ -169,3 +169,25 @@ class Norm(nnx.Module):
         # Gemma (offset): times (offset + w) in the statistics' dtype, then cast
         y = (h * (self.offset + scale.astype(h.dtype))).astype(x.dtype) if self.offset else h.astype(x.dtype) * scale
         return y if bias is None else y + bias
+
+
+def stream_dtype(cfg: BlockConfig, x_dtype) -> Any:
+    dtype = jnp.dtype(cfg.dtype) if cfg.dtype is not None else jnp.promote_types(x_dtype, cfg.param_dtype)
+    return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def as_batched(cfg: BlockConfig, x: jax.Array, what: str = "input") -> tuple[jax.Array, bool]:
+    check_width(cfg, x.shape, what)
+    # Cast to the computation dtype (cfg.dtype, else x promoted with the parameters), as flax
+    # layers cast their inputs: the residual stream then keeps one dtype, and the Encoder's
+    # scan carry has the same dtype in and out.
+    x = jnp.asarray(x, stream_dtype(cfg, x.dtype))
+    return (x, False) if x.ndim == 3 else (x[None], True)
+
+
+def batched_memory(cfg: BlockConfig, memory: jax.Array, x: jax.Array, unbatched: bool) -> jax.Array:
+    """memory (B, S, E), or (S, E) beside an unbatched x: batched like x, and of x's batch."""
+    memory, _ = as_batched(cfg, memory[None] if unbatched else memory, "memory")
+    if memory.shape[0] != x.shape[0]:
+        raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
+    return memory

@@ -5,7 +5,7 @@
     cache = lm.init_cache(batch, max_length); logits, cache = lm(chunk, cache=cache)
 
 The parts around the stack (token embedding, learned positions, token types, embedding norm,
-head tied or not) are declared in `flax_blocks.lm_spec`, shared with the torch twin
+head tied or not) are declared in `flax_blocks.spec.lm_spec`, shared with the torch twin
 `torch_blocks.lm.LanguageModel`; the stack is the library's `Encoder`. Masks take Hugging
 Face's convention for token masks: attention_mask (B, T), 1 / True = a real token, 0 / False
 = padding (the same on both twins). positions (B, T) are HF's position_ids: for rotary
@@ -26,13 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import declarations, stream
 from .attention import _concrete
-from .blocks import Encoder
-from .checkpoint_io import ConversionError, read_state_dict
-from .config import BlockConfig
+from .checkpoints import stream
+from .checkpoints.io import ConversionError, read_state_dict
 from .layers import Linear, Norm, compute_dtype, create_params
-from .lm_spec import ENCODER, OPTIONAL, LMConfig, build_order, components, default_positions
+from .spec import declarations
+from .spec.config import BlockConfig
+from .spec.lm_spec import ENCODER, OPTIONAL, LMConfig, build_order, components, default_positions
+from .stacks import Encoder
 
 Cache = dict[str, Any]
 
@@ -111,7 +112,7 @@ class LanguageModel(nnx.Module):
     embed_norm: Norm | None
     encoder: Encoder  # lm_spec.ENCODER
     head: Linear | None
-    # Set by fb.from_hf (flax_blocks.hf_models): the family's dialect and model_type, which
+    # Set by fb.from_hf (flax_blocks.checkpoints.hf_models): the family's dialect and model_type, which
     # to_hf writes the model back in; None for a model built here.
     hf_dialect: str | None = None
     hf_family: str | None = None
@@ -235,7 +236,7 @@ class LanguageModel(nnx.Module):
 
     def _torch_state_dict(self) -> dict[str, np.ndarray]:
         """{torch name: numpy array} (the twin's names; `flax_blocks.torch_state_dict` calls it)."""
-        from .convert import torch_state_dict
+        from .checkpoints.convert import torch_state_dict
 
         out: dict[str, np.ndarray] = {}
         for name, comp in components(self.lm, self.cfg):
@@ -251,9 +252,9 @@ class LanguageModel(nnx.Module):
         problem of the model's own parts is raised before the stack is loaded, and the
         stack's (by the converter) before anything is written. A file is read tensor by
         tensor as each is placed (on `mesh` by `rules` when given: `load_torch_state_dict`)."""
-        from .convert import load_torch_state_dict
-        from .convert.load import _np_dtype
-        from .convert.place import place_all
+        from .checkpoints.convert import load_torch_state_dict
+        from .checkpoints.convert.load import _np_dtype
+        from .checkpoints.convert.place import place_all
 
         if not strict:
             raise ValueError("a LanguageModel loads strictly (strict=False is for blocks and stacks)")
@@ -279,9 +280,9 @@ class LanguageModel(nnx.Module):
 def from_torch_state_dict(cfg: BlockConfig, lm: LMConfig, source: Any, *, seed: int = 0, dtype: Any = None,
                           prefix: str = "", mesh: Any = None, rules: Any = None) -> LanguageModel:
     """A new LanguageModel whose parameters all come from a torch-named state dict (the
-    twin's, or one `flax_blocks.hf` translated), built without drawing random values;
+    twin's, or one `flax_blocks.checkpoints.hf` translated), built without drawing random values;
     with `mesh`, each parameter is created sharded over it by `rules` as it is read."""
-    from .convert import materialize_rng_state
+    from .checkpoints.convert import materialize_rng_state
 
     model = nnx.eval_shape(lambda: LanguageModel(cfg, lm, rngs=nnx.Rngs(seed)))
     model._load_torch_state_dict(source, prefix=prefix, dtype=dtype, mesh=mesh, rules=rules)

@@ -26,8 +26,8 @@ import sys
 
 import numpy as np
 
-from flax_blocks.config import BlockConfig
-from flax_blocks.convert import ConversionError, infer_config, read_state_dict
+from flax_blocks.checkpoints.convert import ConversionError, infer_config, read_state_dict
+from flax_blocks.spec.config import BlockConfig
 
 from .check_report import CheckReport
 from .harness import TOL, Case, Inputs, flax_twin, precision, rel_err, run_flax, run_torch
@@ -140,7 +140,7 @@ def _rel_at(a: np.ndarray, b: np.ndarray, live: np.ndarray) -> float:
 def _contradictions(checkpoint, cfg: BlockConfig) -> list[str]:
     """A source module's own settings that the given flags contradict, one line each (the
     converter's own check, `check_against_source`)."""
-    from flax_blocks.dialects import check_against_source
+    from flax_blocks.checkpoints.dialects import check_against_source
 
     try:
         check_against_source(cfg, checkpoint)
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     import pickle
 
-    from flax_blocks.io_errors import describe_unpickling_error
+    from flax_blocks.checkpoints.io_errors import describe_unpickling_error
 
     checkpoint = a.checkpoint
     try:

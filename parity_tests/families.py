@@ -359,9 +359,9 @@ def describe(name: str) -> dict[str, str]:
     """The table's words for one family, from the dialect table, the config reader and REFUSALS."""
     import dataclasses
 
-    from flax_blocks import dialects
-    from flax_blocks.config import BlockConfig
-    from flax_blocks.hf_families import FAMILIES as TABLES
+    from flax_blocks.checkpoints import dialects
+    from flax_blocks.checkpoints.hf_families import FAMILIES as TABLES
+    from flax_blocks.spec.config import BlockConfig
 
     cfg = config(name)
     model_type = cfg["model_type"]

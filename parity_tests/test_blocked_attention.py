@@ -19,8 +19,9 @@ from flax import nnx
 
 import flax_blocks as fb
 import flax_blocks.attention as fa
+import flax_blocks.flash as fl
 import torch_blocks as tb
-from flax_blocks.config import FullyMaskedWarning
+from flax_blocks.spec.config import FullyMaskedWarning
 
 from .cases import BASE, LLAMA
 from .harness import TOL, precision
@@ -122,7 +123,7 @@ def test_flash_gradients_equal_the_dense_softmax(causal):
         def loss(f):
             return lambda q, k, v: jnp.sum(f(q, k, v) * r)
 
-        flash = lambda q, k, v: fa.blocked_attention(q, k, v, causal=causal, key_valid=keys, block=4)[0]  # noqa: E731
+        flash = lambda q, k, v: fl.blocked_attention(q, k, v, causal=causal, key_valid=keys, block=4)[0]  # noqa: E731
         dense = lambda q, k, v: _dense_attention_jax(q, k, v, allowed)  # noqa: E731
         assert _rel(flash(q, k, v), dense(q, k, v)) <= 1e-12
         got = jax.jit(jax.grad(loss(flash), argnums=(0, 1, 2)))(q, k, v)
@@ -130,7 +131,7 @@ def test_flash_gradients_equal_the_dense_softmax(causal):
         for a, b in zip(got, want, strict=True):
             assert np.isfinite(np.asarray(a)).all()
             assert _rel(a, b) <= 1e-12
-        _, has_key = fa.blocked_attention(q, k, v, causal=causal, key_valid=keys, block=4)
+        _, has_key = fl.blocked_attention(q, k, v, causal=causal, key_valid=keys, block=4)
         np.testing.assert_array_equal(has_key, np.asarray(allowed).any(-1))
 
 
@@ -149,26 +150,26 @@ def test_flash_negative_twins_would_show():
         validb = keys.reshape(2, 2, 4).swapaxes(0, 1)
         rb = rows(r)
         static = (True, 4, 4 ** -0.5, None, None, False)  # causal, bq, scale, softcap, window, skip
-        out, res = fa._flash_fwd(qb, kb, vb, validb, jnp.asarray(True), *static)
+        out, res = fl._flash_fwd(qb, kb, vb, validb, jnp.asarray(True), *static)
         unblock = lambda a: a.reshape(2, 2, 2, 2, 4, 4).transpose(1, 0, 4, 2, 3, 5).reshape(q.shape)  # noqa: E731
-        dq = unblock(fa._flash_bwd(*static, res, rb)[0])
+        dq = unblock(fl._flash_bwd(*static, res, rb)[0])
         assert _rel(dq, dq_dense) <= 1e-12
-        no_d = unblock(fa._flash_bwd(*static, res[:5] + (jnp.zeros_like(out), res[6]), rb)[0])  # D = 0
+        no_d = unblock(fl._flash_bwd(*static, res[:5] + (jnp.zeros_like(out), res[6]), rb)[0])  # D = 0
         assert _rel(no_d, dq_dense) > 1e-3
 
-        i, j = fa._block_pairs(4, 4, 4, 4, causal=True)
+        i, j = fl._block_pairs(4, 4, 4, 4, causal=True)
         assert (j <= i).all() and len(i) == 4 * 5 // 2  # blocks above the diagonal: never visited
         # a sliding window of 3 over blocks of 2: exactly the block pairs holding a pair q - 3 < k <= q
-        i, j = fa._block_pairs(4, 4, 2, 2, causal=True, window=3)
+        i, j = fl._block_pairs(4, 4, 2, 2, causal=True, window=3)
         want = {(a // 2, b // 2) for a in range(8) for b in range(8) if a - 3 < b <= a}
         assert set(zip(i.tolist(), j.tolist(), strict=True)) == want and (3, 0) not in want
         off_by_one = lambda *a, **kw: tuple(x[j < i] for x in (i, j))  # noqa: E731, ARG005
-        real = fa._block_pairs
+        real = fl._block_pairs
         try:
-            fa._block_pairs = off_by_one
-            skipped = fa.blocked_attention(q, k, v, causal=True, key_valid=keys, block=4)[0]
+            fl._block_pairs = off_by_one
+            skipped = fl.blocked_attention(q, k, v, causal=True, key_valid=keys, block=4)[0]
         finally:
-            fa._block_pairs = real
+            fl._block_pairs = real
         assert _rel(skipped, _dense_attention_jax(q, k, v, allowed)) > 1e-3
 
 
@@ -181,7 +182,7 @@ def test_unmasked_block_pairs_hold_only_allowed_positions(window):
     its future)."""
     nq = nk = 4
     bq = bk = 2
-    groups = fa._pair_groups(nq, nk, bq, bk, True, window, skip=window is not None)
+    groups = fl._pair_groups(nq, nk, bq, bk, True, window, skip=window is not None)
     seen = set()
     for i, j, masked in groups:
         for a, b in zip(i.tolist(), j.tolist(), strict=True):
@@ -196,12 +197,12 @@ def test_unmasked_block_pairs_hold_only_allowed_positions(window):
         (q, k, v, _), _ = _flash_inputs(np.random.default_rng(3), seq=8)
         allowed = np.tri(8, dtype=bool) if window is None else np.tri(8, dtype=bool) & ~np.tri(8, k=-window, dtype=bool)
         want = _dense_attention_jax(q, k, v, np.broadcast_to(allowed, (2, 8, 8)))
-        got = fa.blocked_attention(q, k, v, causal=True, key_valid=None, block=2, window=window)[0]
+        got = fl.blocked_attention(q, k, v, causal=True, key_valid=None, block=2, window=window)[0]
         assert _rel(got, want) <= 1e-12
-        real = fa._pair_groups
+        real = fl._pair_groups
         unmasked = lambda *a: [(i, j, False) for i, j, _ in real(*a)]  # noqa: E731
-        with mock.patch.object(fa, "_pair_groups", unmasked):
-            wrong = fa.blocked_attention(q, k, v, causal=True, key_valid=None, block=2, window=window)[0]
+        with mock.patch.object(fl, "_pair_groups", unmasked):
+            wrong = fl.blocked_attention(q, k, v, causal=True, key_valid=None, block=2, window=window)[0]
         assert _rel(wrong, want) > 1e-3
 
 
@@ -213,7 +214,7 @@ def test_a_wrong_causal_comparison_in_the_blocked_path_would_show():
     with jax.enable_x64(True):
         rng = np.random.default_rng(0)
         q, k, v = rng.normal(size=(2, T, 2, 2, 4)), rng.normal(size=(2, T, 2, 4)), rng.normal(size=(2, T, 2, 4))
-        out, _ = fa.blocked_attention(*map(jnp.asarray, (q, k, v)), causal=True, key_valid=None, block=4)
+        out, _ = fl.blocked_attention(*map(jnp.asarray, (q, k, v)), causal=True, key_valid=None, block=4)
         i, j = np.arange(T)[:, None], np.arange(T)[None, :]
         assert _rel(out, _softmax_attention(q, k, v, j <= i)) <= 1e-12
         assert _rel(out, _softmax_attention(q, k, v, j < i)) > 1e-3

@@ -9,7 +9,7 @@ import torch
 
 import flax_blocks as fb
 import torch_blocks as tb
-from flax_blocks.convert import ConversionError
+from flax_blocks.checkpoints.convert import ConversionError
 
 from .cases import CASES
 from .check import check, main

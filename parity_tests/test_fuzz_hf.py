@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
-from flax_blocks.hf_config import hf_config  # noqa: E402
+from flax_blocks.checkpoints.hf_config import hf_config  # noqa: E402
 from parity_tests.fuzz_hf import MODELS, Outcome, fuzz, run_case  # noqa: E402
 
 ROTARY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
@@ -144,7 +144,7 @@ def test_a_wrong_eps_is_a_wrong_load_for_the_fuzzer(monkeypatch):
     """The 1e-5 rule (and its float64 fallback) fails an eps read ten times too large."""
     import dataclasses
 
-    from flax_blocks import hf_families
+    from flax_blocks.checkpoints import hf_families
 
     llama = hf_families.FAMILIES["llama"]
     wrong = dataclasses.replace(llama, reader=lambda c: {**llama.reader(c), "layer_norm_eps": 10 * c["rms_norm_eps"]})

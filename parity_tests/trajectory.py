@@ -74,7 +74,7 @@ def _data(tc: TrainConfig, d_model: int, seed: int = 7) -> tuple[np.ndarray, np.
 
 def train_flax(module, tc: TrainConfig, xs: np.ndarray, target: np.ndarray, dtype: str):
     """Returns (per-step losses (steps,), final params as {torch name: array})."""
-    from flax_blocks.convert import torch_state_dict
+    from flax_blocks.checkpoints.convert import torch_state_dict
 
     clip = clip_by_global_norm_torch(tc.clip_norm) if tc.torch_clip else optax.clip_by_global_norm(tc.clip_norm)
     opt = optax.chain(clip, optax.adamw(tc.schedule(), b1=tc.b1, b2=tc.b2, eps=tc.eps, weight_decay=tc.weight_decay))

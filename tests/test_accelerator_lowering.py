@@ -52,7 +52,8 @@ def test_bench_block_steps_lower_for_accelerators(size):
 
 
 def _abstract(s: bench.Size):
-    from flax_blocks.blocks import Encoder, TransformerBlock
+    from flax_blocks.blocks import TransformerBlock
+    from flax_blocks.stacks import Encoder
 
     cfg = s.cfg("float32")
     return nnx.eval_shape(lambda: TransformerBlock(cfg, rngs=nnx.Rngs(0)) if s.block

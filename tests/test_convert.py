@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 import flax_blocks as fb
 import torch_blocks as tb
-from flax_blocks.convert import (
+from flax_blocks.checkpoints.convert import (
     ConversionError,
     flax_state_dict,
     infer_config,
@@ -339,7 +339,7 @@ def test_flax_named_checkpoint_round_trip(tmp_path):
 
 CLI_RUNNER = """
 import contextlib, io, json, sys
-from flax_blocks.convert_cli import main
+from flax_blocks.checkpoints.convert.cli import main
 results = []
 for argv in json.loads(sys.argv[1]):
     out, err = io.StringIO(), io.StringIO()
@@ -384,13 +384,13 @@ def test_cli_round_trip_and_errors(tmp_path):
     assert wrong_shape.returncode == 1
     assert not (tmp_path / "o.safetensors").exists()
     assert "shape mismatch for layers.1.linear1.weight: expected (20, 12), found (20, 5)" in wrong_shape.stderr
-    entry = subprocess.run([sys.executable, "-m", "flax_blocks.convert", "--help"], capture_output=True, text=True,
-                           cwd=ROOT, timeout=120)
+    entry = subprocess.run([sys.executable, "-m", "flax_blocks.checkpoints.convert", "--help"], capture_output=True,
+                           text=True, cwd=ROOT, timeout=120)
     assert entry.returncode == 0 and "--num-heads" in entry.stdout
 
 
 def test_ranges_writes_runs_and_nothing_for_none():
-    from flax_blocks.checkpoint_io import ranges
+    from flax_blocks.checkpoints.io import ranges
 
     assert ranges([8, 0, 1, 2, 5, 7]) == "0-2, 5, 7-8"
     assert ranges([3]) == "3" and ranges([]) == ""

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import flax_blocks as fb
-from flax_blocks import dialects
-from flax_blocks.convert import ConversionError
+from flax_blocks.checkpoints import dialects
+from flax_blocks.checkpoints.convert import ConversionError
 
 torch = pytest.importorskip("torch")
 
@@ -19,7 +19,7 @@ CFG = fb.BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, d_ff=24, norm="pre
 
 def _ours(cfg: fb.BlockConfig, layers: int = 2, final: bool = True) -> dict[str, np.ndarray]:
     """A random torch-named Encoder state dict of `cfg` (every declared parameter)."""
-    from flax_blocks.convert import module_params
+    from flax_blocks.checkpoints.convert import module_params
 
     rng = np.random.default_rng(0)
     return {t: rng.normal(size=p.shape)
@@ -172,7 +172,7 @@ def test_the_converter_cli_leaves_the_callers_x64_setting_as_it_was(tmp_path):
     import jax
     from safetensors.numpy import save_file
 
-    from flax_blocks.convert_cli import main
+    from flax_blocks.checkpoints.convert.cli import main
 
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
     save_file({k: v.detach().numpy().astype("float64") for k, v in layer.state_dict().items()},
@@ -190,7 +190,7 @@ def test_the_old_layout_keyword_names_its_new_name():
 
 
 def test_a_dialect_rule_that_could_not_be_read_both_ways_is_refused_where_it_is_written():
-    from flax_blocks.dialects import Rule
+    from flax_blocks.checkpoints.dialects import Rule
 
     with pytest.raises(ValueError, match="a split rule names one part per tensor of theirs"):
         Rule("self_attn.in_proj_weight", ("q.weight", "k.weight", "v.weight"), split=("q", "kv"))

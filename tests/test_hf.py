@@ -39,9 +39,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
-import flax_blocks.dialects  # noqa: E402,F401  (fb.dialects below)
+import flax_blocks.checkpoints.dialects  # noqa: E402,F401  (fb.checkpoints.dialects below)
 import torch_blocks as tb  # noqa: E402
-from flax_blocks.hf_config import hf_config  # noqa: E402
+from flax_blocks.checkpoints.hf_config import hf_config  # noqa: E402
 from parity_tests.check import main as check_main  # noqa: E402
 from parity_tests.hf_reference import embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run, rel_at  # noqa: E402
 
@@ -162,7 +162,7 @@ def test_parity_check_uses_the_hf_model_and_fails_wrong_heads(tmp_path, capsys):
 def test_cli_converts_an_hf_folder_and_writes_hf_names_back(tmp_path, capsys):
     from safetensors.numpy import load_file
 
-    from flax_blocks.convert_cli import main as convert_main
+    from flax_blocks.checkpoints.convert.cli import main as convert_main
 
     model = _build("llama", torch.float32)
     model.save_pretrained(tmp_path / "hf")
@@ -238,7 +238,7 @@ def test_llama_names_alone_need_an_explicit_dialect():
     with pytest.raises(fb.ConversionError, match=r"(?s)which Gemma.*pass dialect='hf-llama' \(--dialect hf-llama\) "
                                                  r"if the checkpoint is one of llama, mistral, qwen2"):
         fb.detect_dialect(sd)
-    assert fb.dialects.translate(sd, "hf-llama").dialect == "hf-llama"
+    assert fb.checkpoints.dialects.translate(sd, "hf-llama").dialect == "hf-llama"
 
 
 def test_folders_as_hf_writes_them(tmp_path):

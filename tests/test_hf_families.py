@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
-from flax_blocks import dialects  # noqa: E402
-from flax_blocks.hf_config import NOT_COMPUTED, hf_config, read_folder  # noqa: E402
+from flax_blocks.checkpoints import dialects  # noqa: E402
+from flax_blocks.checkpoints.hf_config import NOT_COMPUTED, hf_config, read_folder  # noqa: E402
 from parity_tests import families  # noqa: E402
 from parity_tests.families import FAMILIES, REFUSALS, config, forward, measure  # noqa: E402
 from parity_tests.hf_reference import rel_at  # noqa: E402
@@ -321,7 +321,7 @@ def test_whisper_decoder_matches_the_hf_decoder(whisper_decoder, built):
 def test_cli_and_parity_check_on_family_folders(built, tmp_path, capsys):
     from safetensors.numpy import load_file
 
-    from flax_blocks.convert_cli import main as convert_main
+    from flax_blocks.checkpoints.convert.cli import main as convert_main
     from parity_tests.check import main as check_main
 
     m = built("phi3")

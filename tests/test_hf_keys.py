@@ -1,5 +1,5 @@
 """The key audit (issue 33, item 2): every key of every supported family's config class is
-classified by that family's table in flax_blocks.hf_families (read, or inert with a reason),
+classified by that family's table in flax_blocks.checkpoints.hf_families (read, or inert with a reason),
 the table's defaults are the config class's own, and a key no table knows is refused by name.
 
 A transformers upgrade that adds a key to a config class fails here, loudly, until the key is
@@ -15,9 +15,9 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
-from flax_blocks import dialects  # noqa: E402
-from flax_blocks.hf_config import hf_config  # noqa: E402
-from flax_blocks.hf_families import FAMILIES, PARTS, TRANSFORMERS, Family, audit  # noqa: E402
+from flax_blocks.checkpoints import dialects  # noqa: E402
+from flax_blocks.checkpoints.hf_config import hf_config  # noqa: E402
+from flax_blocks.checkpoints.hf_families import FAMILIES, PARTS, TRANSFORMERS, Family, audit  # noqa: E402
 
 TABLES = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
 # Keys read that are no field of the config class: older names the class rewrites (rope_theta,
@@ -84,7 +84,7 @@ def test_the_model_types_and_their_dialects_agree():
 
 
 def test_a_reader_reads_only_the_keys_its_table_declares():
-    from flax_blocks.hf_families import Read
+    from flax_blocks.checkpoints.hf_families import Read
 
     c = Read({"model_type": "llama"}, FAMILIES["llama"])
     with pytest.raises(KeyError, match="the llama reader asked for 'sliding_window'"):

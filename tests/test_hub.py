@@ -1,4 +1,4 @@
-"""flax_blocks.hub.resolve: a local folder is returned as is; a Hub id resolves to its snapshot
+"""flax_blocks.checkpoints.hub.resolve: a local folder is returned as is; a Hub id resolves to its snapshot
 folder in a fake huggingface_hub cache (laid out as the library lays it out); each failure is one
 single-line exception naming what to do.
 
@@ -17,7 +17,7 @@ pytest.importorskip("huggingface_hub")
 import huggingface_hub  # noqa: E402
 from huggingface_hub import errors  # noqa: E402
 
-from flax_blocks.hub import resolve  # noqa: E402
+from flax_blocks.checkpoints.hub import resolve  # noqa: E402
 
 HASH = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"

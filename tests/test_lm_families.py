@@ -26,8 +26,8 @@ from test_lm import NO_SPECIAL, E, V, _batch, _build, greedy_equals_hf  # noqa: 
 
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
-from flax_blocks.hf_config import hf_state_dict  # noqa: E402
-from flax_blocks.hf_models import lm_config, load  # noqa: E402
+from flax_blocks.checkpoints.hf_config import hf_state_dict  # noqa: E402
+from flax_blocks.checkpoints.hf_models import lm_config, load  # noqa: E402
 from torch_blocks.lm import generate as torch_generate  # noqa: E402
 
 ROTARY = dict(vocab_size=V, hidden_size=E, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,

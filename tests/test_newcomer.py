@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 LEAD = "lead: issue 13 library row"
 # bench first: it sets XLA_FLAGS, which must happen before any JAX backend exists
-CLI_MODULES = ["experiments.bench", "flax_blocks.convert", "parity_tests.check", "parity_tests.report",
+CLI_MODULES = ["experiments.bench", "flax_blocks.checkpoints.convert", "parity_tests.check", "parity_tests.report",
                "experiments.stability", "experiments.report"]
 
 
@@ -91,7 +91,7 @@ def _parser_of(main, argv, monkeypatch) -> argparse.ArgumentParser:
 def test_every_cli_option_has_help_text(module, monkeypatch):
     import importlib
 
-    name = "flax_blocks.convert_cli" if module == "flax_blocks.convert" else module
+    name = "flax_blocks.checkpoints.convert.cli" if module == "flax_blocks.checkpoints.convert" else module
     main = importlib.import_module(name).main
     parser = _parser_of(main, ["--xla-defaults"] if module == "experiments.bench" else [], monkeypatch)
     bare = [a.option_strings or [a.dest] for a in parser._actions
@@ -140,12 +140,12 @@ def test_converter_cli_destinations_flags_metadata_and_pickled_modules(tmp_path)
     torch.save(model.state_dict(), pt)
     torch.save(model, module_pt)  # the whole pickled module, a common first try
     given, bare, to_pt, back_pt, pickled, check_pickled = _cli(
-        ("flax_blocks.convert_cli", [str(pt), str(tmp_path / "given.safetensors"), "--num-heads", "4",
+        ("flax_blocks.checkpoints.convert.cli", [str(pt), str(tmp_path / "given.safetensors"), "--num-heads", "4",
                                      "--norm", "pre", "--activation", "gelu", "--layer-norm-eps", "1e-6"]),
-        ("flax_blocks.convert_cli", [str(pt), str(tmp_path / "bare.safetensors"), "--num-heads", "4"]),
-        ("flax_blocks.convert_cli", [str(pt), str(tmp_path / "out.pt"), "--num-heads", "4"]),
-        ("flax_blocks.convert_cli", [str(tmp_path / "given.safetensors"), str(tmp_path / "back.pt")]),
-        ("flax_blocks.convert_cli", [str(module_pt), str(tmp_path / "m.safetensors"), "--num-heads", "4"]),
+        ("flax_blocks.checkpoints.convert.cli", [str(pt), str(tmp_path / "bare.safetensors"), "--num-heads", "4"]),
+        ("flax_blocks.checkpoints.convert.cli", [str(pt), str(tmp_path / "out.pt"), "--num-heads", "4"]),
+        ("flax_blocks.checkpoints.convert.cli", [str(tmp_path / "given.safetensors"), str(tmp_path / "back.pt")]),
+        ("flax_blocks.checkpoints.convert.cli", [str(module_pt), str(tmp_path / "m.safetensors"), "--num-heads", "4"]),
         ("parity_tests.check", [str(module_pt), "--num-heads", "4"]),
     )
     # Given flags are recorded; inferred facts are recorded; nothing is guessed.
@@ -179,7 +179,7 @@ def test_converter_cli_destinations_flags_metadata_and_pickled_modules(tmp_path)
 def test_safetensors_bytes_under_a_pt_name_is_named(tmp_path):
     from safetensors.numpy import save_file
 
-    from flax_blocks.io_errors import CheckpointReadError, torch_load_state_dict
+    from flax_blocks.checkpoints.io_errors import CheckpointReadError, torch_load_state_dict
 
     save_file({"w": np.ones(3, np.float32)}, str(tmp_path / "x.pt"))  # what the old CLI wrote
     with pytest.raises(CheckpointReadError, match=r"is a safetensors file with a torch name: rename it"):

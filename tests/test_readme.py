@@ -283,7 +283,7 @@ def test_broken_readme_copy_fails(tmp_path):
     out = run_python_blocks(extract((tmp_path / "README.md").read_text()), work, env)
     assert out.returncode != 0 and "ALL BLOCKS RAN" not in out.stdout
     assert f'File "README.md", line {bad_line}' in out.stderr and "BlockConfg" in out.stderr, out.stderr[-2000:]
-    cmd = next(s for s in extract(text) if s.kind == "shell" and "flax_blocks.convert" in s.text)
+    cmd = next(s for s in extract(text) if s.kind == "shell" and "flax_blocks.checkpoints.convert" in s.text)
     out = run_shell(cmd.text.replace("--num-heads", "--num-heds"), work, env)  # a broken command fails too
     assert out.returncode != 0 and "--num-heds" in out.stderr
 

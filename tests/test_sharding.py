@@ -28,7 +28,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from flax_blocks import BlockConfig  # noqa: E402
 from flax_blocks import sharding as S  # noqa: E402
-from flax_blocks.blocks import Decoder, Encoder, FeedForward, ResidualMHA, TransformerBlock  # noqa: E402
+from flax_blocks.blocks import FeedForward, ResidualMHA, TransformerBlock  # noqa: E402
+from flax_blocks.stacks import Decoder, Encoder  # noqa: E402
 
 
 @pytest.mark.parametrize("options", [dict(scaling="none"), dict(scaling="rezero"), dict(scaling="layerscale"),
@@ -231,7 +232,7 @@ _SCRIPT = textwrap.dedent(
     from flax import nnx
     from flax_blocks import BlockConfig
     from flax_blocks import sharding as S
-    from flax_blocks.blocks import Encoder
+    from flax_blocks.stacks import Encoder
 
     assert jax.device_count() == 8, jax.devices()
     # heads (8) and d_ff (64) divide by every model-axis size used; heads != head_dim; the
@@ -319,7 +320,7 @@ _TRAIN_SCRIPT = textwrap.dedent(
     from jax.sharding import PartitionSpec as P
     from flax_blocks import BlockConfig
     from flax_blocks import sharding as S
-    from flax_blocks.blocks import Encoder
+    from flax_blocks.stacks import Encoder
 
     assert jax.device_count() == 8, jax.devices()
     # float32, dropout on (train mode, an explicit dropout stream). No q/k/v biases: the key

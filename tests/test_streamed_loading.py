@@ -1,4 +1,4 @@
-"""Checkpoints streamed in (flax_blocks.stream, flax_blocks.convert.place): lazy tensors equal
+"""Checkpoints streamed in (flax_blocks.checkpoints.stream, flax_blocks.checkpoints.convert.place): lazy tensors equal
 numpy's moves on any slice; a folder loads bit for bit as the in-memory model does, reading
 nothing before every check has passed; bfloat16 stays bfloat16; .bin files through a memory
 map; on 8 simulated devices each parameter is created sharded (logits and greedy tokens
@@ -21,9 +21,9 @@ import pytest
 from flax import nnx
 
 import flax_blocks as fb
-from flax_blocks import stream
-from flax_blocks.checkpoint_io import ConversionError
-from flax_blocks.io_errors import CheckpointReadError
+from flax_blocks.checkpoints import stream
+from flax_blocks.checkpoints.io import ConversionError
+from flax_blocks.checkpoints.io_errors import CheckpointReadError
 
 ROOT = Path(__file__).resolve().parents[1]
 transformers = pytest.importorskip("transformers")
@@ -123,7 +123,7 @@ def test_folder_loads_as_the_model_object_bit_for_bit(folder):
 
 
 def test_large_slices_built_a_chunk_at_a_time_equal_the_whole(folder, monkeypatch):
-    from flax_blocks.convert import place
+    from flax_blocks.checkpoints.convert import place
 
     whole = _params(fb.from_hf(folder, part="causal-lm"))
     monkeypatch.setattr(place, "CHUNK_BYTES", 300)  # every parameter above it: layers, rows of the file

@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 import flax_blocks as fb
-from flax_blocks import blocks as fbb
+from flax_blocks import caches, stacks
 
 BASE = fb.BlockConfig(d_model=16, num_heads=4, d_ff=24, dropout=0.0, norm="pre", dtype="float64", param_dtype="float64")
 LLAMA = fb.BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, d_ff=24, dropout=0.0, norm="pre", norm_type="rmsnorm",
@@ -134,7 +134,7 @@ def test_decoding_cache_decodes_as_the_stacked_cache(x64, pairs):
     refuses what it cannot give (intermediates, another depth)."""
     x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 6, 16)))
     (scanned, g0, p0, rest0), _ = pairs(fb.Encoder, LLAMA)
-    stacked, split = scanned.init_cache(2, 6), fbb.decoding_cache(scanned, scanned.init_cache(2, 6))
+    stacked, split = scanned.init_cache(2, 6), caches.decoding_cache(scanned, scanned.init_cache(2, 6))
     assert isinstance(split["layers"], tuple) and len(split["layers"]) == 3
     for t0, t1 in ((0, 2), (2, 3), (3, 6)):
         want, stacked = _decode(g0, p0, rest0, x[:, t0:t1], stacked)
@@ -143,14 +143,14 @@ def test_decoding_cache_decodes_as_the_stacked_cache(x64, pairs):
     np.testing.assert_allclose(np.stack([e["cache"]["self"]["k"] for e in split["layers"]]),
                                stacked["layers"]["self"]["k"], rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="return_intermediates"):
-        scanned(x[:, :1], cache=fbb.decoding_cache(scanned, scanned.init_cache(2, 6)), return_intermediates=True)
-    short = fbb.decoding_cache(scanned, scanned.init_cache(2, 6))
+        scanned(x[:, :1], cache=caches.decoding_cache(scanned, scanned.init_cache(2, 6)), return_intermediates=True)
+    short = caches.decoding_cache(scanned, scanned.init_cache(2, 6))
     with pytest.raises(ValueError, match="of 2 layers for a stack of 3"):
         scanned(x[:, :1], cache={**short, "layers": short["layers"][:2]})
-    given = fbb.decoding_cache(scanned, scanned.init_cache(2, 6), fbb.layer_weights(scanned))  # cut beforehand
+    given = caches.decoding_cache(scanned, scanned.init_cache(2, 6), caches.layer_weights(scanned))  # cut beforehand
     assert _rel(_decode(g0, p0, rest0, x[:, :2], given)[0], _decode(g0, p0, rest0, x[:, :2], short)[0]) == 0
     with pytest.raises(ValueError, match="weights for 2 layers, but the stack has 3"):
-        fbb.decoding_cache(scanned, scanned.init_cache(2, 6), fbb.layer_weights(scanned)[:2])
+        caches.decoding_cache(scanned, scanned.init_cache(2, 6), caches.layer_weights(scanned)[:2])
 
 
 def test_forward_mode_through_the_unrolled_stack(x64, pairs):
@@ -219,7 +219,7 @@ def test_unrolled_backward_is_linear_in_depth(monkeypatch):
     three layers 7-9 add 1.50 x what layers 4-6 add; at depths 4, 8, 12: 1.41). With the
     boundary, 1.02 (1.01)."""
     assert _growth() < 1.1
-    monkeypatch.setattr(fbb, "_layer_boundary", lambda h: h)  # the mistake: no boundary
+    monkeypatch.setattr(stacks, "_layer_boundary", lambda h: h)  # the mistake: no boundary
     assert _growth() > 1.2
 
 

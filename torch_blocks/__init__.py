@@ -1,12 +1,13 @@
 """Residual transformer blocks for PyTorch, twins of `flax_blocks`, named like torch's own layers."""
 
 from flax_blocks import __version__
-from flax_blocks.config import BlockConfig, invert_mask
+from flax_blocks.spec.config import BlockConfig, invert_mask
 
 from .attention import Attention, build_mask
-from .blocks import Decoder, DecoderBlock, Encoder, FeedForward, ResidualMHA, Transformer, TransformerBlock
+from .blocks import DecoderBlock, FeedForward, ResidualMHA, TransformerBlock
 from .convert import to_tensor, to_tensors
 from .lm import LanguageModel
+from .stacks import Decoder, Encoder, Transformer
 
 __all__ = ["__version__", "BlockConfig", "invert_mask", "Attention", "ResidualMHA", "FeedForward", "TransformerBlock",
            "Encoder", "DecoderBlock", "Decoder", "Transformer",

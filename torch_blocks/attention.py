@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flax_blocks import declarations
-from flax_blocks.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from flax_blocks.spec import declarations
+from flax_blocks.spec.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
 
 from .layers import Norm, create_params
 

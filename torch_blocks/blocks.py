@@ -1,5 +1,5 @@
-"""Residual transformer blocks in PyTorch: ResidualMHA, FeedForward, TransformerBlock,
-DecoderBlock, and the stacks Encoder, Decoder and Transformer.
+"""Residual transformer blocks in PyTorch: ResidualMHA, FeedForward, TransformerBlock and
+DecoderBlock (their stacks Encoder, Decoder and Transformer are in `stacks.py`).
 
 Twins of `flax_blocks`, with parameter names of torch's own modules:
 `TransformerBlock` is named like `nn.TransformerEncoderLayer` (self_attn.in_proj_weight,
@@ -21,32 +21,26 @@ max_length)` (a decoder also takes the memory), then `y, cache = m(x_chunk, cach
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from flax_blocks import declarations
-from flax_blocks.config import (
-    FINAL_NORM_BY_DEFAULT,
+from flax_blocks.spec import declarations
+from flax_blocks.spec.config import (
     BlockConfig,
-    check_cached_call,
-    check_new_cache,
     check_parallel,
-    check_remat,
-    check_width,
     layer_scale,
-    overflow_message,
     residual_add,
 )
-from flax_blocks.declarations import FINAL_NORM, Sublayer
+from flax_blocks.spec.declarations import Sublayer
 
-from .attention import Attention, Mask, attention_path, build_mask, cache_mask
-from .layers import Linear, Norm, create_params
+from .attention import Attention, Mask, attention_path, build_mask
+from .caches import Cache, cached_call, new_cache
+from .layers import Linear, Norm, as_batched, batched_memory, create_params
 
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -55,20 +49,6 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,
 }
 MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
-Cache = dict[str, Any]
-
-
-def _as_batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
-    check_width(cfg, tuple(x.shape), what)
-    return (x, False) if x.dim() == 3 else (x[None], True)
-
-
-def _batched_memory(cfg: BlockConfig, memory: Tensor, x: Tensor, unbatched: bool) -> Tensor:
-    """memory (B, S, E), or (S, E) beside an unbatched x: batched like x, and of x's batch."""
-    memory, _ = _as_batched(cfg, memory[None] if unbatched else memory, "memory")
-    if memory.shape[0] != x.shape[0]:
-        raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
-    return memory
 
 
 def _finish(y: Tensor, unbatched: bool, extras: dict[str, Any], return_intermediates: bool):
@@ -76,6 +56,13 @@ def _finish(y: Tensor, unbatched: bool, extras: dict[str, Any], return_intermedi
         y = y[0]
         extras = {k: (v[0] if v is not None and v.dim() else v) for k, v in extras.items()}
     return (y, extras) if return_intermediates else y
+
+
+class _Configured(Protocol):
+    """A block or a stack, as `prepare_self_attention` reads it."""
+
+    cfg: BlockConfig
+    training: bool
 
 
 class _Block(nn.Module):
@@ -216,22 +203,22 @@ class _Block(nn.Module):
 
     def _forward(self, x, attn_mask, key_padding_mask, return_intermediates, *, memory=None, memory_mask=None,
                  memory_key_padding_mask=None, cache=None):
-        x, unbatched = _as_batched(self.cfg, x)
+        x, unbatched = as_batched(self.cfg, x)
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return _cached_call(self, x, cache, key_padding_mask, attn_mask, memory, memory_mask,
+            return cached_call(self, x, cache, key_padding_mask, attn_mask, memory, memory_mask,
                                 return_intermediates)
-        path, masks = _prepare_self_attention(self, x, attn_mask, key_padding_mask, return_intermediates)
+        path, masks = prepare_self_attention(self, x, attn_mask, key_padding_mask, return_intermediates)
         if memory is not None:
-            memory = _batched_memory(self.cfg, memory, x, unbatched)
+            memory = batched_memory(self.cfg, memory, x, unbatched)
             masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
                                         x.device, keys=memory.shape[1], causal=False)
         y, extras, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path, memory=memory)
         return _finish(y, unbatched, extras, return_intermediates)
 
 
-def _prepare_self_attention(module: _Block | _Stack, x: Tensor, attn_mask: Tensor | None,
+def prepare_self_attention(module: _Configured, x: Tensor, attn_mask: Tensor | None,
                             key_padding_mask: Tensor | None, return_intermediates: bool) -> tuple[str, dict]:
     """The self-attention's path of an uncached call on x (B, T, E) (`attention_path`,
     checked as in Flax) and its prepared masks {"self": Mask or None}."""
@@ -308,7 +295,7 @@ class TransformerBlock(_Block):
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
-        return _new_cache(self, batch_size, max_length, self._block_cache)
+        return new_cache(self, batch_size, max_length, self._block_cache)
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 *, return_intermediates: bool = False, cache: Cache | None = None):
@@ -345,7 +332,7 @@ class DecoderBlock(_Block):
                    memory_key_padding_mask: Tensor | None = None) -> Cache:
         """An empty self-attention cache of `max_length` positions and the cross-attention
         keys and values of `memory` (B, S, E), computed once; memory_key_padding_mask (B, S)."""
-        return _new_cache(self, batch_size, max_length, self._block_cache, memory, memory_key_padding_mask)
+        return new_cache(self, batch_size, max_length, self._block_cache, memory, memory_key_padding_mask)
 
     def forward(self, tgt: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
@@ -360,226 +347,3 @@ class DecoderBlock(_Block):
             raise ValueError("DecoderBlock needs a memory (B, S, d_model), or a cache made with one")
         return self._forward(tgt, tgt_mask, tgt_key_padding_mask, return_intermediates, memory=memory,
                              memory_mask=memory_mask, memory_key_padding_mask=memory_key_padding_mask, cache=cache)
-
-
-class _Stack(nn.Module):
-    """`num_layers` independently initialised blocks and an optional final norm (layers.{i}.*,
-    norm.*). `final_norm` defaults to True for pre-LN, Peri-LN and "out" (OLMo 2), False
-    otherwise.
-    remat: None, or any of the Flax twin's values ("full", a policy name): each layer is
-    recomputed in the backward pass (torch.utils.checkpoint; torch has no named policies)."""
-
-    block: type[_Block]
-    norm: Norm | None  # the final norm (declarations.FINAL_NORM), set by name
-
-    def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None,
-                 remat: str | None = None, generator: torch.Generator | None = None):
-        super().__init__()
-        check_remat(remat)
-        self.remat = remat
-        if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
-            raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
-        self.cfg = cfg = cfg.resolve(num_layers)
-        self.num_layers = num_layers
-        self.layers = nn.ModuleList(self.block(cfg, generator=generator) for _ in range(num_layers))
-        if final_norm is None:
-            final_norm = cfg.norm in FINAL_NORM_BY_DEFAULT
-        norm = Norm(cfg, declarations.norm(cfg, cfg.d_model), generator=generator) if final_norm else None
-        setattr(self, FINAL_NORM, norm)
-
-    @property
-    def final_norm(self) -> Norm | None:
-        return getattr(self, FINAL_NORM)
-
-    def _blocks(self) -> Iterable[_Block]:
-        """The layers, typed as the blocks they are (nn.ModuleList yields plain Modules)."""
-        return cast("Iterable[_Block]", self.layers)
-
-    def _stack_cache(self, batch, length, dtype, device, memory=None) -> Cache:
-        """Every layer's block cache."""
-        return {"layers": [layer._block_cache(batch, length, dtype, device, memory) for layer in self._blocks()]}
-
-    def run_prepared(self, x, masks, *, need_weights=False, path=None, memory=None, cache=None, index=0):
-        """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then the
-        final norm -> (y, stacked intermediates, cache)."""
-        per_layer: list[dict[str, Tensor]] = []
-        caches = []
-        recompute = self.remat is not None and cache is None and torch.is_grad_enabled()
-        for i, layer in enumerate(self._blocks()):
-            if recompute:
-                x, extras, c = torch.utils.checkpoint.checkpoint(
-                    layer.run_prepared, x, masks, need_weights=need_weights, path=path, memory=memory, layer=i + 1,
-                    use_reentrant=False)
-            else:
-                x, extras, c = layer.run_prepared(x, masks, need_weights=need_weights, path=path, memory=memory,
-                                                  index=index, cache=None if cache is None else cache["layers"][i],
-                                                  layer=i + 1)
-            caches.append(c)
-            if need_weights:
-                per_layer.append({"residual": x, **extras})
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        stacked = {k: torch.stack([d[k] for d in per_layer]) for k in per_layer[0]} if need_weights else {}
-        return x, stacked, ({"layers": caches} if cache is not None else None)
-
-    def _finish_stack(self, y, stacked, unbatched, return_intermediates):
-        if not return_intermediates:
-            return y[0] if unbatched else y
-        if unbatched:
-            stacked = {k: (v[:, 0] if v.dim() > 1 else v) for k, v in stacked.items()}
-        return (y[0] if unbatched else y), stacked
-
-
-class Encoder(_Stack):
-    """TransformerBlocks and an optional final norm, named like nn.TransformerEncoder."""
-
-    block = TransformerBlock
-
-    def init_cache(self, batch_size: int, max_length: int) -> Cache:
-        """An empty cache for incremental decoding of up to `max_length` positions (causal only)."""
-        return _new_cache(self, batch_size, max_length, self._stack_cache)
-
-    def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
-                *, return_intermediates: bool = False, cache: Cache | None = None, positions: Tensor | None = None):
-        """src: (B, T, E) or (T, E) -> same shape. With return_intermediates, also
-        {"residual": (L, B, T, E), "attention_weights": (L, B, H, T, T), "attention_logits_max": (L,)}.
-        cache (from `init_cache`): src is the next chunk; returns (y, cache).
-        positions: (B, T) integer rotary positions per row (HF's position_ids); None: 0..T-1,
-        or with a cache each row's next position onwards."""
-        x, unbatched = _as_batched(self.cfg, src)
-        positions = _checked_positions(positions, tuple(x.shape[:2]))
-        if cache is not None:
-            if unbatched:
-                raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return _cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates,
-                                positions=positions)
-        path, masks = _prepare_self_attention(self, x, mask, src_key_padding_mask, return_intermediates)
-        if positions is not None:
-            masks["positions"] = positions
-        y, stacked, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path)
-        return self._finish_stack(y, stacked, unbatched, return_intermediates)
-
-
-class Decoder(_Stack):
-    """DecoderBlocks and an optional final norm, named like nn.TransformerDecoder."""
-
-    block = DecoderBlock
-
-    def init_cache(self, batch_size: int, max_length: int, memory: Tensor,
-                   memory_key_padding_mask: Tensor | None = None) -> Cache:
-        """An empty self-attention cache per layer and every layer's cross-attention keys
-        and values of `memory` (B, S, E), computed once."""
-        return _new_cache(self, batch_size, max_length, self._stack_cache, memory, memory_key_padding_mask)
-
-    def forward(self, tgt: Tensor, memory: Tensor | None = None, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, tgt_key_padding_mask: Tensor | None = None,
-                memory_key_padding_mask: Tensor | None = None, *, return_intermediates: bool = False,
-                cache: Cache | None = None):
-        """tgt (B, T, E) or (T, E), memory (B, S, E) or (S, E); masks as `DecoderBlock`."""
-        x, unbatched = _as_batched(self.cfg, tgt)
-        if cache is not None:
-            if unbatched:
-                raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return _cached_call(self, x, cache, tgt_key_padding_mask, tgt_mask, memory, memory_mask,
-                                return_intermediates)
-        if memory is None:
-            raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
-        memory = _batched_memory(self.cfg, memory, x, unbatched)
-        path, masks = _prepare_self_attention(self, x, tgt_mask, tgt_key_padding_mask, return_intermediates)
-        masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
-                                    x.device, keys=memory.shape[1], causal=False)
-        y, stacked, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path, memory=memory)
-        return self._finish_stack(y, stacked, unbatched, return_intermediates)
-
-
-class Transformer(nn.Module):
-    """An Encoder and a Decoder, named like nn.Transformer (encoder.*, decoder.*).
-
-    `cfg` serves both; the encoder is never causal, the decoder's self-attention is causal
-    when cfg.causal. Both have a final norm by default, as nn.Transformer."""
-
-    def __init__(self, cfg: BlockConfig, *, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
-                 final_norm: bool = True, generator: torch.Generator | None = None):
-        super().__init__()
-        self.cfg = cfg
-        self.encoder = Encoder(replace(cfg, causal=False), num_layers=num_encoder_layers, final_norm=final_norm,
-                               generator=generator)
-        self.decoder = Decoder(cfg, num_layers=num_decoder_layers, final_norm=final_norm, generator=generator)
-
-    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
-                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None) -> Tensor:
-        """src (B, S, E), tgt (B, T, E) -> (B, T, E); masks as nn.Transformer's."""
-        memory = self.encoder(src, src_mask, src_key_padding_mask)
-        return self.decoder(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask)
-
-
-# ----------------------------------------------------------------------------------------
-# Cached incremental decoding
-# ----------------------------------------------------------------------------------------
-
-
-def _new_cache(module, batch_size: int, max_length: int, make, memory=None, memory_key_padding_mask=None) -> Cache:
-    cfg = module.cfg
-    check_new_cache(cfg, type(module).__name__, batch_size, max_length)
-    p = next(module.parameters())
-    # "overflow": the Flax twin's flag for traced calls; here an overflow always raises, so it stays False
-    cache: Cache = {"index": 0, "valid": torch.zeros(batch_size, max_length, dtype=torch.bool, device=p.device),
-                    "overflow": False,
-                    "position": torch.zeros(batch_size, dtype=torch.long, device=p.device)}  # each row's next position
-    if memory is not None:
-        memory, _ = _as_batched(cfg, memory, "memory")
-        if memory.shape[0] != batch_size:
-            raise ValueError(f"memory has batch {memory.shape[0]}, the cache batch_size {batch_size}")
-        with torch.no_grad():
-            cache["layers"] = make(batch_size, max_length, p.dtype, p.device, memory)
-        kpm = memory_key_padding_mask
-        if kpm is not None and (kpm.dtype != torch.bool or tuple(kpm.shape) != tuple(memory.shape[:2])):
-            raise ValueError(f"memory_key_padding_mask must be a boolean (batch, memory length) = "
-                             f"{tuple(memory.shape[:2])} tensor, got {kpm.dtype} {tuple(kpm.shape)}")
-        cache["memory_valid"] = torch.ones(memory.shape[:2], dtype=torch.bool, device=p.device) if kpm is None else ~kpm
-    else:
-        cache["layers"] = make(batch_size, max_length, p.dtype, p.device)
-    return cache
-
-
-def _checked_positions(positions: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
-    """positions (B, T), checked against x's (B, T); None stays None."""
-    if positions is None:
-        return None
-    if positions.dtype.is_floating_point or positions.dtype == torch.bool or tuple(positions.shape) != shape:
-        raise ValueError(f"positions must be an integer (batch, seq) = {shape} tensor (HF's position_ids), "
-                         f"got {positions.dtype} {tuple(positions.shape)}")
-    return positions
-
-
-def _cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates,
-                 positions=None):
-    b, t, length = check_cached_call(module.cfg, type(module).__name__, cache, tuple(x.shape),
-                                     masks=attn_mask is not None or memory_mask is not None,
-                                     memory=memory is not None)
-    index = int(cache["index"])
-    message = overflow_message(t, index, length)
-    if message:
-        raise ValueError(message)
-    kpm = key_padding_mask
-    if kpm is not None and (kpm.dtype != torch.bool or tuple(kpm.shape) != (b, t)):
-        raise ValueError(f"the key padding mask of a cached call must be a boolean (batch, chunk) = {(b, t)} "
-                         f"tensor, got {kpm.dtype} {tuple(kpm.shape)}")
-    valid = cache["valid"].clone()
-    valid[:, index:index + t] = True if kpm is None else ~kpm
-    masks = {"self": cache_mask(index, t, valid)}
-    if positions is None and "position" in cache:  # per-row positions: given, or each row's next ones
-        positions = cache["position"][:, None] + torch.arange(t, device=x.device)
-    if positions is not None:
-        masks["positions"] = positions
-    if "memory_valid" in cache:
-        mv = cache["memory_valid"][:, None, None, :].expand(b, 1, t, -1)
-        rows = mv.any(dim=-1, keepdim=True)
-        masks["cross"] = Mask(~mv & rows, rows)
-    y, extras, layers = module.run_prepared(x, masks, need_weights=return_intermediates, cache=cache["layers"],
-                                            index=index)
-    new = {**cache, "index": index + t, "valid": valid, "layers": layers}
-    if "position" in cache:
-        new["position"] = positions[:, -1] + 1
-    return (y, extras, new) if return_intermediates else (y, new)

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flax_blocks.config import BlockConfig
-from flax_blocks.declarations import Component
+from flax_blocks.spec.config import BlockConfig, check_width
+from flax_blocks.spec.declarations import Component
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -108,3 +108,16 @@ class Norm(nn.Module):
         if self.dyt:
             return f"dyt({self.width})"
         return f"{'rms' if self.rms else 'layer'}norm({self.width}, eps={self.eps})"
+
+
+def as_batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
+    check_width(cfg, tuple(x.shape), what)
+    return (x, False) if x.dim() == 3 else (x[None], True)
+
+
+def batched_memory(cfg: BlockConfig, memory: Tensor, x: Tensor, unbatched: bool) -> Tensor:
+    """memory (B, S, E), or (S, E) beside an unbatched x: batched like x, and of x's batch."""
+    memory, _ = as_batched(cfg, memory[None] if unbatched else memory, "memory")
+    if memory.shape[0] != x.shape[0]:
+        raise ValueError(f"memory has batch {memory.shape[0]}, the input {x.shape[0]}")
+    return memory

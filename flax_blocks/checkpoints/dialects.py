@@ -17,7 +17,7 @@ family of PyTorch checkpoints names the same tensors, read in both directions:
                  else: names alone never choose such a dialect (`detect_dialect` refuses).
     settings:    BlockConfig fields the family fixes (norm placement, norm type, MLP kind...),
                  checked when writing a checkpoint of that family;
-    reads:       BlockConfig fields read from the family's own config (flax_blocks.hf.hf_config).
+    reads:       BlockConfig fields read from the family's own config (flax_blocks.checkpoints.hf.hf_config).
                  Every option that changes the computation is in one of the two (a guard test
                  checks it), so a new option cannot be written into a family that lacks it.
 
@@ -39,10 +39,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import declarations
-from .checkpoint_io import ConversionError, read_state_dict
-from .config import BlockConfig
-from .options import PROBES
+from ..spec import declarations
+from ..spec.config import BlockConfig
+from ..spec.options import PROBES
+from .io import ConversionError, read_state_dict
 
 log = logging.getLogger("flax_blocks")
 
@@ -278,7 +278,7 @@ HF_OPT = Dialect(
 
 # ViT: the names of the checkpoint files (save_pretrained writes them still); transformers 5's
 # own ViTModel names its modules layers.{i}.attention.q_proj, ... and converts when loading. A
-# model object is read as save_pretrained writes it (flax_blocks.hf_config.hf_state_dict).
+# model object is read as save_pretrained writes it (flax_blocks.checkpoints.hf_config.hf_state_dict).
 HF_VIT = Dialect(
     "hf-vit", "Hugging Face ViT checkpoints (encoder.layer.{i}.attention.attention.query.weight, ...)",
     layer="encoder.layer.{i}.", final_norm="layernorm",
@@ -523,7 +523,7 @@ DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT
                                                           HF_STABLELM, HF_WHISPER, HF_WHISPER_DECODER)}
 
 # A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
-# its config by flax_blocks.hf_config). Families not listed are refused by name.
+# its config by flax_blocks.checkpoints.hf_config). Families not listed are refused by name.
 MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama",
                "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3",
                "qwen3": "hf-qwen3", "gemma": "hf-gemma", "olmo2": "hf-olmo2", "gpt_neox": "hf-gpt-neox",

@@ -9,7 +9,7 @@ lists of Params; blocks are named components arranged in residual sublayers (`BL
 Everything else is derived from these declarations, not kept beside them:
   - both frameworks create and initialise their parameters from them
     (flax_blocks.layers, torch_blocks.layers);
-  - the converter's torch <-> Flax rules (flax_blocks.convert), both directions;
+  - the converter's torch <-> Flax rules (flax_blocks.checkpoints.convert), both directions;
   - the sharding annotations (each Flax Param carries its `axes` as `out_sharding`);
   - config inference from a checkpoint's shapes (`dims`).
 

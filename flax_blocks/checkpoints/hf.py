@@ -12,7 +12,7 @@ poolers and LM heads stay on the HF side, as do OPT's project_in / project_out (
 word_embed_proj_dim != hidden_size projects the token embeddings before the stack and the
 final hidden state after it: the Flax stack's output is the one before project_out). Rotary
 positions are part of the rotary families' layers and are computed by the Flax stack
-(positions 0..T-1). The settings come from the model's own config (`flax_blocks.hf_config`:
+(positions 0..T-1). The settings come from the model's own config (`flax_blocks.checkpoints.hf_config`:
 heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm);
 what the Flax blocks cannot compute (scaled rotary variants such as LLaMA 3's, layer-dependent
 attention scaling, a window layout the blocks lack) is refused by name, never silently
@@ -26,10 +26,10 @@ import os
 from dataclasses import replace
 from typing import Any
 
+from ..spec.config import BlockConfig
 from . import dialects
-from .checkpoint_io import ConversionError, read_state_dict
-from .config import BlockConfig
 from .hf_config import hf_config, hf_model_config, hf_state_dict, read_folder
+from .io import ConversionError, read_state_dict
 
 log = logging.getLogger("flax_blocks")
 
@@ -48,7 +48,7 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
       the model with its LM head, tied or not: tokens -> logits (the causal families: GPT-2,
       OPT, LLaMA, Mistral, Qwen2, Phi-3, Qwen3, Gemma 1-3, OLMo 2, GPT-NeoX, StableLM,
       Starcoder2; OPT's position offset, Gemma's embedding scale and final soft-cap
-      included). Either reads the family's table in `flax_blocks.hf_models` (what a family
+      included). Either reads the family's table in `flax_blocks.checkpoints.hf_models` (what a family
       computes there that the model does not, OPT's project_in, is refused by name);
       `fb.generate` decodes a "causal-lm".
 
@@ -69,7 +69,7 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
       FFN width over "model", the rest replicated).
     ignore_keys: config keys to pass over, as transformers does with keys its model does not
       read. Every config key is read as the family's transformers code reads it
-      (`flax_blocks.hf_families`); a key no family table knows is refused by name unless
+      (`flax_blocks.checkpoints.hf_families`); a key no family table knows is refused by name unless
       named here.
     Returns an Encoder (with .cfg and .num_layers) mapping hidden states (B, T, E) to the
     HF model's last hidden state for those inputs embedded (after its embeddings), with
@@ -113,7 +113,7 @@ def _load_stack(config: dict[str, Any], sd: dict[str, Any], part: str, *, dtype:
                 ignore_keys: tuple[str, ...], mesh: Any, rules: Any):
     """`from_hf`'s part "stack", "encoder" or "decoder": the Encoder (or Decoder) of the
     family's layers, remembering its dialect."""
-    from . import blocks
+    from .. import stacks
     from .convert import from_torch
 
     dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype, part=None if part == "stack" else part,
@@ -124,7 +124,7 @@ def _load_stack(config: dict[str, Any], sd: dict[str, Any], part: str, *, dtype:
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
             cfg = replace(cfg, param_dtype=dtypes.pop())
     log.info("from_hf: %s model, dialect %s, %d layers", config.get("model_type"), dialect, num_layers)
-    cls = getattr(blocks, dialects.DIALECTS[dialect].stack)
+    cls = getattr(stacks, dialects.DIALECTS[dialect].stack)
     module = from_torch(cls, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
                         dtype=dtype, seed=seed, mesh=mesh, rules=rules)
     module.hf_dialect = dialect  # a plain attribute (static in nnx.split): to_hf's default
@@ -160,11 +160,11 @@ def dialect_for(cfg: BlockConfig, stack: str = "Encoder") -> str:
 def to_hf(module, dialect: str | None = None, *, prefix: str | None = None) -> dict[str, Any]:
     """{HF name: numpy array} of a Flax Encoder's stack: its layers and final norm; of a
     whole `LanguageModel` (from_hf(..., part="model" / "causal-lm")), every weight, named as
-    HF's model.state_dict() (`flax_blocks.hf_models.to_hf_model`: LlamaForCausalLM's
+    HF's model.state_dict() (`flax_blocks.checkpoints.hf_models.to_hf_model`: LlamaForCausalLM's
     model.embed_tokens.weight ... lm_head.weight; a base model's without prefix), loadable
     with strict=True (BERT: all but the pooler).
 
-    dialect: one of flax_blocks.dialects.DIALECTS' hf-* names (None: the one the module was
+    dialect: one of flax_blocks.checkpoints.dialects.DIALECTS' hf-* names (None: the one the module was
       read from by from_hf, else the one whose family settings the module's cfg has; a
       config the family cannot hold is refused, naming the fields).
     prefix: put before every name, e.g. "model." for LlamaForCausalLM, "bert." for

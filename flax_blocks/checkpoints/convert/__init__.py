@@ -5,11 +5,11 @@
     torch_state_dict(module)                                            Flax  -> {torch name: array}
     infer_config(source)                                                what a checkpoint fixes
 
-Both directions read the parameter declarations (`flax_blocks.declarations`): each
+Both directions read the parameter declarations (`flax_blocks.spec.declarations`): each
 Param's torch name, Flax path and Transform (torch tensor <-> Flax array). An Encoder's
 torch `layers.{i}.` maps to index i of the Flax layers' leading (stacked) axis. Nothing
 here imports torch: a `.pt` file needs it, a `.safetensors` file or a mapping of arrays
-does not. Other checkpoints' key names (Hugging Face families) are `flax_blocks.dialects`.
+does not. Other checkpoints' key names (Hugging Face families) are `flax_blocks.checkpoints.dialects`.
 
 Loading is strict by default and atomic: every problem (missing or unexpected keys, shape
 mismatches, non-floating dtypes, a prefix that matches nothing, a layer count that differs)
@@ -18,10 +18,10 @@ Dtypes are preserved (float32, float64, bfloat16) unless `dtype=` asks for a cas
 
 Modules: `params` (which parameters a module has, both namings), `infer` (config
 inference), `load` (validate -> plan -> apply), `save` (state dicts out); `__main__` is the
-command line (`python -m flax_blocks.convert`, see `flax_blocks.convert_cli`).
+command line (`python -m flax_blocks.checkpoints.convert`, see `flax_blocks.checkpoints.convert.cli`).
 """
 
-from ..checkpoint_io import ConversionError, read_state_dict, to_numpy
+from ..io import ConversionError, read_state_dict, to_numpy
 from .infer import ConfigReport, infer_config
 from .load import LoadResult, from_torch, load_flax_state_dict, load_torch_state_dict, materialize_rng_state
 from .params import Expected, expected_torch_params, module_params

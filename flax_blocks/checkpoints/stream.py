@@ -4,7 +4,7 @@ slice at a time, later.
 A `Lazy` tensor has a shape and a dtype and reads any part of itself on demand:
 `read(index)` returns the numpy array of the rows / columns `index` picks. The loaders
 translate and lay out a checkpoint with these (a transpose, a reshape, rows picked or
-concatenated, a cast: the few moves `flax_blocks.dialects` and the parameter transforms
+concatenated, a cast: the few moves `flax_blocks.checkpoints.dialects` and the parameter transforms
 make), so that validation reads only the files' headers and placement reads each
 parameter (or each device's slice of it) from the files once, through a memory map:
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checkpoint_io import natural_key
+from ..io import natural_key
 from .params import expected_torch_params, flax_params
 
 

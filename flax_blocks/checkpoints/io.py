@@ -32,7 +32,7 @@ def read_state_dict(source: Any, *, lazy: bool = False) -> dict[str, Any]:
     """A mapping of arrays/tensors, a module with .state_dict(), or a path to a
     .safetensors / .pt / .pth / .bin file -> {name: numpy array}.
 
-    lazy: files are not read, only described: {name: `flax_blocks.stream.Lazy`} whose shapes
+    lazy: files are not read, only described: {name: `flax_blocks.checkpoints.stream.Lazy`} whose shapes
     and dtypes come from the file's header (safetensors) or a memory map (torch.load's
     mmap=True), and whose values are read, a tensor or a slice at a time, when placed. A
     mapping's Lazy values are kept as they are (read here when lazy is False)."""

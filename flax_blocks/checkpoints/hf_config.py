@@ -1,9 +1,9 @@
 """What a Hugging Face model says about itself: its config (config.json) read into a
-BlockConfig (`hf_config`, through its family's table in `flax_blocks.hf_families`, refusing by
+BlockConfig (`hf_config`, through its family's table in `flax_blocks.checkpoints.hf_families`, refusing by
 name whatever the blocks do not compute and every key the table does not know), and the
 weights of a save_pretrained folder (`read_folder`, following HF's index files).
 
-Framework-free; read by `flax_blocks.hf` (from_hf / to_hf) and by the converter, which
+Framework-free; read by `flax_blocks.checkpoints.hf` (from_hf / to_hf) and by the converter, which
 checks an HF model object handed to `from_torch` against its own config.
 """
 
@@ -15,15 +15,15 @@ from collections.abc import Mapping
 from operator import attrgetter
 from typing import Any
 
+from ..spec.config import BlockConfig, dtype_name
+from ..spec.options import BY_NAME
 from . import dialects
-from .checkpoint_io import ConversionError, read_state_dict
-from .config import BlockConfig, dtype_name
 from .hf_families import FAMILIES, NOT_COMPUTED, PARTS, Family, Read, audit, not_computed
-from .options import BY_NAME
+from .io import ConversionError, read_state_dict
 
 
 def family_of(config: Mapping[str, Any], part: str | None = None) -> Family:
-    """The family table (flax_blocks.hf_families) that reads this config: its model_type's,
+    """The family table (flax_blocks.checkpoints.hf_families) that reads this config: its model_type's,
     or for an encoder-decoder family (Whisper) its part's. Unknown and unsupported model_types
     are refused by name, with what the unsupported ones compute."""
     model_type = config.get("model_type")
@@ -45,7 +45,7 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | None 
               ignore_keys: tuple[str, ...] = ()) -> tuple[str, BlockConfig, int, bool]:
     """An HF config (config.json as a dict) -> (dialect, BlockConfig, num_layers, final_norm).
 
-    The family's table (`flax_blocks.hf_families`) reads the keys its transformers model reads,
+    The family's table (`flax_blocks.checkpoints.hf_families`) reads the keys its transformers model reads,
     with its config class's defaults for the keys the file leaves out; what the dialect's layers
     fix comes from the dialect. Raises ConversionError naming every key whose value the blocks
     do not compute, and every key the table does not know (ignore_keys: keys to pass over as
@@ -104,7 +104,7 @@ def weight_files(path: str) -> list[str]:
 
 def read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, state dict) of a save_pretrained folder (see `weight_files`): the state
-    dict's values are `flax_blocks.stream.Lazy`, described by the files' headers, not read."""
+    dict's values are `flax_blocks.checkpoints.stream.Lazy`, described by the files' headers, not read."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json (expected a folder written by save_pretrained)")

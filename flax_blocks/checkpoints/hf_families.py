@@ -9,7 +9,7 @@ dialect of its weights, and one table of its config keys, every key in one of th
     inert   key -> why it changes no output of the loaded model (dropout rates in eval, init
             ranges, generation defaults, heads we do not load ...);
     lm      the keys read around the stack (vocabulary, tied head, learned positions, soft-cap),
-            by `flax_blocks.hf_models`; part of `reads`.
+            by `flax_blocks.checkpoints.hf_models`; part of `reads`.
 
 A key in none of them (`COMMON` holds PretrainedConfig's own) is refused by name: a key we do
 not know is a question, not noise (a Mistral config relabelled `llama` carries a window that
@@ -19,7 +19,7 @@ transformers 5.24's source; tests/test_hf_keys.py walks every config class and f
 key no table classifies, and parity_tests/fuzz_hf.py draws configs over these keys and
 compares the loads with transformers.
 
-Framework-free: read by `flax_blocks.hf_config` (the stack) and `flax_blocks.hf_models`.
+Framework-free: read by `flax_blocks.checkpoints.hf_config` (the stack) and `flax_blocks.checkpoints.hf_models`.
 """
 
 from __future__ import annotations

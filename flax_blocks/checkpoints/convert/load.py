@@ -7,11 +7,11 @@ Loading runs in three steps, each one concern:
                    collected into one list;
     plan(...)      the new value of every Flax parameter (torch tensor -> Flax layout,
                    cast, stacked over layers), computed without touching the module;
-    apply(...)     the plan placed (`flax_blocks.convert.place`: on the default device, or
+    apply(...)     the plan placed (`flax_blocks.checkpoints.convert.place`: on the default device, or
                    sharded over a mesh as it is read) and written into the module at once.
 A problem in `validate` raises one `ConversionError` before `plan` runs: nothing changes.
 A checkpoint file is not read until `apply`: validation and planning see only its header's
-names, shapes and dtypes (`flax_blocks.stream`), and `apply` reads each parameter (or each
+names, shapes and dtypes (`flax_blocks.checkpoints.stream`), and `apply` reads each parameter (or each
 device's slice of it) from the file once.
 """
 
@@ -24,11 +24,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import declarations, dialects, stream
-from ..checkpoint_io import ConversionError, few, natural_key, ranges, read_state_dict
-from ..config import dtype_name
-from ..declarations import FINAL_NORM
+from ...spec import declarations
+from ...spec.config import dtype_name
+from ...spec.declarations import FINAL_NORM
+from .. import dialects, stream
 from ..hf_config import check_hf_source, hf_state_dict
+from ..io import ConversionError, few, natural_key, ranges, read_state_dict
 from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
 from .params import LAYER, Expected, expected_torch_params, flax_params
 from .place import place_all
@@ -227,7 +228,7 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
     dtype: cast every tensor to this dtype (a name or a numpy / JAX / torch dtype);
       None keeps the checkpoint's dtypes.
     dialect: the checkpoint's key names ("torch", "hf-bert", "hf-gpt2", "hf-llama", ...; see
-      flax_blocks.dialects.DIALECTS); None detects it from the key names. A transformers model
+      flax_blocks.checkpoints.dialects.DIALECTS); None detects it from the key names. A transformers model
       object says its own family and is read as its save_pretrained writes it.
     mesh, rules: place every parameter sharded over `mesh` as it is read, by its declared
       logical axes through `rules` (`flax_blocks.sharding`; default TENSOR_PARALLEL: heads and

@@ -1,4 +1,4 @@
-"""`python -m flax_blocks.convert SRC DST`: convert a checkpoint between torch names
+"""`python -m flax_blocks.checkpoints.convert SRC DST`: convert a checkpoint between torch names
 and a Flax-layout .safetensors file, print a summary, exit 1 listing every problem.
 
 torch -> Flax: SRC is a .pt/.pth (needs torch) or .safetensors with torch names; DST must be
@@ -9,14 +9,15 @@ Flax -> torch: SRC is such a Flax .safetensors; DST a .safetensors, or a .pt/.pt
   with torch.save (needs torch) holding a state dict with torch names.
 
 Other PyTorch checkpoint dialects (--dialect, detected from the key names by default): the
-  Hugging Face families of flax_blocks.dialects.DIALECTS (hf-bert, hf-gpt2, hf-llama, ...; listed
+  Hugging Face families of flax_blocks.checkpoints.dialects.DIALECTS (hf-bert, hf-gpt2, hf-llama, ...; listed
   by --help and in docs/dialects.md); only the stack (layers, final norm) is read. A
   Hugging Face save_pretrained folder as SRC carries its own config: no flags needed.
   Flax -> torch with --dialect hf-*: DST gets the Hugging Face names of the stack.
 
-  python -m flax_blocks.convert encoder.pt encoder_flax.safetensors --num-heads 8 --norm pre --activation gelu
-  python -m flax_blocks.convert encoder_flax.safetensors back.pt
-  python -m flax_blocks.convert ./tiny-llama llama_flax.safetensors
+  python -m flax_blocks.checkpoints.convert encoder.pt encoder_flax.safetensors \
+      --num-heads 8 --norm pre --activation gelu
+  python -m flax_blocks.checkpoints.convert encoder_flax.safetensors back.pt
+  python -m flax_blocks.checkpoints.convert ./tiny-llama llama_flax.safetensors
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from flax_blocks.dialects import DIALECTS
+from flax_blocks.checkpoints.dialects import DIALECTS
 
 FORMAT = "flax_blocks"
 TORCH_SUFFIXES = (".pt", ".pth")
@@ -46,9 +47,9 @@ FINAL_NORM_HELP = "an Encoder's final norm (default: as the checkpoint has it, n
 
 def _config_fields() -> list[tuple[str, Any, Any]]:
     """(name, type hint, default) of every BlockConfig field the CLI takes as a flag (the
-    options declared with cli=True in flax_blocks.options)."""
-    from flax_blocks.config import BlockConfig
-    from flax_blocks.options import BY_NAME
+    options declared with cli=True in flax_blocks.spec.options)."""
+    from flax_blocks.spec.config import BlockConfig
+    from flax_blocks.spec.options import BY_NAME
 
     hints = typing.get_type_hints(BlockConfig)
     return [(f.name, hints[f.name], f.default) for f in dataclasses.fields(BlockConfig) if BY_NAME[f.name].cli]
@@ -61,7 +62,7 @@ def _add_config_flag(ap: argparse._ArgumentGroup, name: str, hint: Any, default:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: the flag takes an X
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
         base = inner[0] if len(inner) == 1 else hint
-    from flax_blocks.options import BY_NAME
+    from flax_blocks.spec.options import BY_NAME
 
     text = BY_NAME[name].help
     default_note = " (not recorded unless given)"
@@ -74,7 +75,7 @@ def _add_config_flag(ap: argparse._ArgumentGroup, name: str, hint: Any, default:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m flax_blocks.convert", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m flax_blocks.checkpoints.convert", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", help="checkpoint to read: torch names (.pt/.pth/.safetensors) or a Flax .safetensors "
                                 "written by this tool")
@@ -101,11 +102,11 @@ def _build(kind: str, cfg_dict: dict, num_layers: int | None, final_norm: bool |
     Fields missing from cfg_dict take BlockConfig's defaults (they do not change the tensors)."""
     from flax import nnx
 
-    from flax_blocks import blocks
-    from flax_blocks.config import BlockConfig
+    from flax_blocks import blocks, stacks
+    from flax_blocks.spec.config import BlockConfig
 
     cfg = BlockConfig(**cfg_dict)
-    cls = getattr(blocks, kind)
+    cls = getattr(stacks if kind == "Encoder" else blocks, kind)  # a stack, or a block
     kw = {"num_layers": num_layers, "final_norm": final_norm} if kind == "Encoder" else {}
     return nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0), **kw))
 
@@ -151,7 +152,7 @@ def _flax_to_torch(args: argparse.Namespace) -> int:
     from safetensors import safe_open
     from safetensors.numpy import save_file
 
-    from flax_blocks.convert import load_flax_state_dict, torch_state_dict
+    from flax_blocks.checkpoints.convert import load_flax_state_dict, torch_state_dict
 
     if not args.dst.endswith((".safetensors", *TORCH_SUFFIXES)):
         raise ValueError(f"cannot write {args.dst}: Flax -> torch writes a .safetensors, .pt or .pth file")
@@ -166,7 +167,7 @@ def _flax_to_torch(args: argparse.Namespace) -> int:
     load_flax_state_dict(module, args.src)
     sd = torch_state_dict(module)
     if args.dialect not in (None, "torch"):
-        from flax_blocks.hf import to_hf
+        from flax_blocks.checkpoints.hf import to_hf
 
         sd = to_hf(module, args.dialect)
     if args.dst.endswith(TORCH_SUFFIXES):
@@ -180,20 +181,20 @@ def _flax_to_torch(args: argparse.Namespace) -> int:
 def _torch_to_flax(args: argparse.Namespace) -> int:
     from safetensors.numpy import save_file
 
-    from flax_blocks import dialects
-    from flax_blocks.config import BlockConfig
-    from flax_blocks.convert import (
+    from flax_blocks.checkpoints import dialects
+    from flax_blocks.checkpoints.convert import (
         ConversionError,
         flax_state_dict,
         infer_config,
         load_torch_state_dict,
         torch_state_dict,
     )
+    from flax_blocks.spec.config import BlockConfig
 
     if not args.dst.endswith(".safetensors"):
         raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file (its metadata carries "
-                         "the config); name the destination *.safetensors. To write torch names to a .pt, "
-                         "convert that Flax file back: python -m flax_blocks.convert FLAX.safetensors OUT.pt")
+                         "the config); name the destination *.safetensors. To write torch names to a .pt, convert "
+                         "that Flax file back: python -m flax_blocks.checkpoints.convert FLAX.safetensors OUT.pt")
     if os.path.isdir(args.src):
         return _hf_to_flax(args)
     sd, args.prefix, _ = dialects.prepare(args.src, args.dialect, args.prefix, args.num_heads)  # our names
@@ -247,9 +248,9 @@ def _hf_to_flax(args: argparse.Namespace) -> int:
     """A Hugging Face save_pretrained folder -> a Flax .safetensors: every setting from its config."""
     from safetensors.numpy import save_file
 
-    from flax_blocks.convert import flax_state_dict, torch_state_dict
-    from flax_blocks.hf import from_hf
-    from flax_blocks.hf_config import hf_config, read_folder
+    from flax_blocks.checkpoints.convert import flax_state_dict, torch_state_dict
+    from flax_blocks.checkpoints.hf import from_hf
+    from flax_blocks.checkpoints.hf_config import hf_config, read_folder
 
     if not args.dst.endswith(".safetensors"):
         raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file")
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from flax_blocks.convert import ConversionError
+    from flax_blocks.checkpoints.convert import ConversionError
 
     try:
         with jax.enable_x64(True):  # keep float64 checkpoints float64; the caller's setting is restored

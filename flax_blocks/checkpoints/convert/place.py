@@ -1,4 +1,4 @@
-"""Planned values (`flax_blocks.stream.Lazy`) -> placed JAX arrays, without the whole model
+"""Planned values (`flax_blocks.checkpoints.stream.Lazy`) -> placed JAX arrays, without the whole model
 ever in one place.
 
     place_all(variables, values, mesh=None, rules=None)
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import stream
-from ..checkpoint_io import ConversionError
+from ..io import ConversionError
 
 CHUNK_BYTES = 4 * 2**20  # a slice above this is built on its device a chunk of about this size at a time
 
@@ -36,7 +36,7 @@ def sharding_for(var: Any, mesh: Any, rules: Any, name: str = "") -> Any:
     import jax
     from jax.sharding import NamedSharding
 
-    from ..sharding import TENSOR_PARALLEL, _variable_spec, as_rules
+    from ...sharding import TENSOR_PARALLEL, _variable_spec, as_rules
 
     if mesh is not None:  # what shard_model would give it
         try:
@@ -51,7 +51,7 @@ def sharding_for(var: Any, mesh: Any, rules: Any, name: str = "") -> Any:
 
 
 def _problems(variables: Mapping[str, Any], values: Mapping[str, Any], shardings: Mapping[str, Any]) -> list[str]:
-    from ..sharding import indivisible
+    from ...sharding import indivisible
 
     problems = []
     for path, a in values.items():

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import declarations
-from ..checkpoint_io import read_state_dict
-from ..declarations import FINAL_NORM, Param
-from ..options import PROBE, PROBES
+from ...spec import declarations
+from ...spec.declarations import FINAL_NORM, Param
+from ...spec.options import PROBE, PROBES
+from ..io import read_state_dict
 from .params import BLOCK_KINDS, LAYER, module_params
 
 

@@ -1,6 +1,6 @@
 """Whole Hugging Face models <-> `flax_blocks.lm.LanguageModel`: the parts around the stack.
 
-The stack (layers, final norm) is translated by the family's dialect (`flax_blocks.dialects`);
+The stack (layers, final norm) is translated by the family's dialect (`flax_blocks.checkpoints.dialects`);
 this module's table (`OUTSIDE`, one entry per model_type) says where each family keeps the
 rest: the token embedding, learned positions, token types, the embedding norm and the LM
 head, relative to the base model (LlamaModel, GPT2Model, BertModel), and the base model's
@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from ..spec.lm_spec import ENCODER, LMConfig
 from . import dialects, stream
-from .checkpoint_io import ConversionError
 from .hf_config import family_of, hf_config
 from .hf_families import Read
-from .lm_spec import ENCODER, LMConfig
+from .io import ConversionError
 
 log = logging.getLogger("flax_blocks")
 
@@ -95,7 +95,8 @@ def _family(config: Mapping[str, Any]) -> tuple[str, Outside]:
     model_type: Any = config.get("model_type")  # a config value (None when absent)
     out = OUTSIDE.get(model_type)
     if out is None:
-        why = STACK_ONLY.get(model_type, "no table of the parts around its stack (flax_blocks.hf_models.OUTSIDE)")
+        why = STACK_ONLY.get(model_type, "no table of the parts around its stack "
+                                         "(flax_blocks.checkpoints.hf_models.OUTSIDE)")
         raise ConversionError([f"{model_type}: {why}; only its transformer stack is read (part='stack')"],
                               header=f"cannot load a whole {model_type} model")
     return model_type, out
@@ -176,10 +177,10 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
 
     Every tensor is read or the load is refused naming it. A head stored beside a config that
     says tie_word_embeddings: what from_pretrained does, the file's head is kept (untied when it
-    differs from the embedding). The state dict's values may be `flax_blocks.stream.Lazy`
+    differs from the embedding). The state dict's values may be `flax_blocks.checkpoints.stream.Lazy`
     (a folder's files, described by their headers): they are read as they are placed, on
     `mesh` by `rules` when given."""
-    from .lm import from_torch_state_dict
+    from ..lm import from_torch_state_dict
 
     dialect, cfg, lm = lm_config(config, part, ignore_keys=ignore_keys)
     out = OUTSIDE[config["model_type"]]
@@ -230,7 +231,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
             cfg = replace(cfg, param_dtype=dtypes.pop())
     else:
-        from .config import dtype_name
+        from ..spec.config import dtype_name
 
         cfg = replace(cfg, param_dtype=dtype_name(dtype))
     log.info("from_hf: %s model as part=%s (%s head)", config.get("model_type"), part, lm.head)
