@@ -8,6 +8,7 @@ distributions. Children are built by the caller.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -29,14 +30,10 @@ def _walk(comp: Component, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[s
         yield from _walk(child, path + (name,))
 
 
-def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str, Any]:
-    """The initial values of every parameter of `component` and its children, nested by
-    name ({flax name: array, child name: {...}}), in the Flax layout. All "uniform"
-    entries are one U(-1, 1) draw scaled per chunk, all "normal" ones one N(0, 1) draw;
-    a parameter of one distribution is drawn directly in the Flax layout, one of several
-    (q / k / v chunks) in torch's layout, then moved."""
-    dtype = jnp.dtype(cfg.param_dtype)
-    entries = []  # (module path, Param, [(chunk shape, spec)])
+def _entries(component: Component, cfg: BlockConfig) -> tuple[list, dict[str, int]]:
+    """[(module path, Param, [(chunk shape, spec)])] of every parameter of `component` and its
+    children, and how many values each random kind ("uniform", "normal") needs in all."""
+    entries = []
     for path, p in _walk(component):
         shapes = [p.flax_shape(cfg)] if len(p.init) == 1 else [(rows, *p.shape[1:]) for rows, _ in p.init]
         entries.append((path, p, [(shape, spec) for shape, (_, spec) in zip(shapes, p.init, strict=True)]))
@@ -46,11 +43,31 @@ def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str,
                 raise ValueError(f"unknown init spec {spec!r}")
     sizes = {kind: sum(math.prod(shape) for *_, chunks in entries for shape, spec in chunks if spec[0] == kind)
              for kind in ("uniform", "normal")}
-    k_uniform, k_normal = jax.random.split(key)
-    pools = {  # (a kind that is not used is not drawn: each random kernel costs compile time)
-        "uniform": jax.random.uniform(k_uniform, (sizes["uniform"],), dtype, -1.0, 1.0) if sizes["uniform"] else None,
-        "normal": jax.random.normal(k_normal, (sizes["normal"],), dtype) if sizes["normal"] else None,
-    }
+    return entries, sizes
+
+
+def _bucket(n: int) -> int:
+    """n rounded up to one of four sizes an octave (at most 25 % more; at least 256)."""
+    if n <= 256:
+        return 256
+    step = 1 << (n.bit_length() - 3)
+    return -(-n // step) * step
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _pool(key: jax.Array, kind: str, size: int, dtype: Any) -> jax.Array:
+    """`size` draws of U(-1, 1) or N(0, 1): one program per (kind, size, dtype), shared by every
+    component whose draw rounds up to that size (`_bucket`)."""
+    if kind == "uniform":
+        return jax.random.uniform(key, (size,), dtype, -1.0, 1.0)
+    return jax.random.normal(key, (size,), dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _assemble(pools: dict[str, jax.Array | None], component: Component, cfg: BlockConfig) -> dict[str, Any]:
+    """The parameters of `component` cut from the pools in order, scaled, in the Flax layout."""
+    dtype = jnp.dtype(cfg.param_dtype)
+    entries, _ = _entries(component, cfg)
     used = {"uniform": 0, "normal": 0}
 
     def draw(shape: tuple[int, ...], spec: tuple[str, float]) -> jax.Array:
@@ -72,14 +89,26 @@ def _values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str,
     return out
 
 
-# Every parameter of a component tree (a whole block) in one jitted function, from one
-# uniform and one normal draw: a block's first construction compiles one small program
-# instead of one random-number kernel per parameter shape, which dominated construction
-# time on a CPU (a threefry kernel takes ~0.5 s to compile; a 2-layer d64 Encoder took
-# 5-7 s to build, now ~1 s). A block draws its tree once and hands each child its part
-# (`values=`); a module built alone draws its own.
-initial_values = jax.jit(_values, static_argnums=(1, 2))
-initial_values.__doc__ = _values.__doc__
+def initial_values(key: jax.Array, component: Component, cfg: BlockConfig) -> dict[str, Any]:
+    """The initial values of every parameter of `component` and its children, nested by
+    name ({flax name: array, child name: {...}}), in the Flax layout. All "uniform"
+    entries are one U(-1, 1) draw scaled per chunk, all "normal" ones one N(0, 1) draw;
+    a parameter of one distribution is drawn directly in the Flax layout, one of several
+    (q / k / v chunks) in torch's layout, then moved.
+
+    A block draws its tree once and hands each child its part (`values=`); a module built
+    alone draws its own. Compile time, not arithmetic, is what construction costs on a CPU
+    (a threefry kernel takes ~0.3-0.5 s to compile; a 2-layer d64 Encoder once took 5-7 s
+    to build): the draws are one program per pool size (`_pool`, sizes rounded up by
+    `_bucket`, so components of many configs share it), the cutting one small program per
+    component. The threefry stream is prefix-stable (element i depends on the key and i
+    only), so a rounded-up pool gives the values a draw of the exact size would."""
+    _, sizes = _entries(component, cfg)
+    dtype = jnp.dtype(cfg.param_dtype)
+    k_uniform, k_normal = jax.random.split(key)
+    pools = {kind: _pool(k, kind, _bucket(sizes[kind]), dtype) if sizes[kind] else None  # an unused kind: no draw
+             for kind, k in (("uniform", k_uniform), ("normal", k_normal))}
+    return _assemble(pools, component, cfg)
 
 
 def create_params(module: nnx.Module, component: Component, cfg: BlockConfig, rngs: nnx.Rngs,
