@@ -245,7 +245,8 @@ _MESH = textwrap.dedent("""
     import jax, numpy as np
     from flax import nnx
     import flax_blocks as fb
-    from flax_blocks import sharding as S, stream
+    from flax_blocks import sharding as S
+    from flax_blocks.checkpoints import stream
     folder = sys.argv[1]
     ids = np.arange(24).reshape(2, 12) % 96
     ref = fb.from_hf(folder, part="causal-lm")
@@ -301,7 +302,8 @@ _PROCESS = textwrap.dedent("""
     from flax import nnx
     from jax.experimental import multihost_utils
     import flax_blocks as fb
-    from flax_blocks import sharding as S, stream
+    from flax_blocks import sharding as S
+    from flax_blocks.checkpoints import stream
     ids = np.arange(24).reshape(2, 12) % 96
     # "model" across the processes: its positions 0, 2 on process 0's devices, 1, 3 on process 1's
     mine, theirs = jax.local_devices(), [d for d in jax.devices() if d.process_index != jax.process_index()]
