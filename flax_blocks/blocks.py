@@ -31,12 +31,7 @@ from .attention import Attention, attention_path, build_mask, self_attention_mas
 from .caches import Cache, cached_call, new_cache
 from .layers import Linear, Norm, as_batched, batched_memory, create_params, dropout, initial_values
 from .spec import declarations
-from .spec.config import (
-    BlockConfig,
-    check_parallel,
-    layer_scale,
-    residual_add,
-)
+from .spec.config import BlockConfig, check_parallel, layer_scale, residual_add
 from .spec.declarations import Sublayer
 
 ACTIVATION_FNS = {

@@ -26,16 +26,10 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from flax_blocks.spec import declarations
-from flax_blocks.spec.config import (
-    BlockConfig,
-    check_parallel,
-    layer_scale,
-    residual_add,
-)
+from flax_blocks.spec.config import BlockConfig, check_parallel, layer_scale, residual_add
 from flax_blocks.spec.declarations import Sublayer
 
 from .attention import Attention, Mask, attention_path, build_mask
