@@ -23,7 +23,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check flax_blocks torch_blocks parity_tests experiments tests
 	$(PY) -m mypy    # flax_blocks and torch_blocks (pyproject.toml's [tool.mypy])
-	$(PY) -m pytest -q -n 2 --dist loadgroup    # a file marked xdist_group runs on one worker
+	$(PY) -m pytest -q -n 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

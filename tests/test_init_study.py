@@ -26,8 +26,6 @@ from experiments import init_report, init_study, report
 from experiments.train import compile_lowered, compiler_options
 
 QUICK = init_study.QUICK
-# One worker runs this file (make test's --dist loadgroup), so the quick study (~15 s) is computed once.
-pytestmark = pytest.mark.xdist_group("init_study")
 DEPTH = QUICK.depths[0]
 DRAW = 1
 
