@@ -546,6 +546,26 @@ def test_encoder_deepnorm_init_uses_depth():
     assert q.std() == pytest.approx(1.0, rel=0.15)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pooled_draws_are_exact_size_draws(dtype):
+    """Construction draws from pools of rounded-up sizes (one compiled program per size, shared
+    across configs): each value must be the one an exact-size draw gives, or every parameter
+    would depend on how the sizes round. A pool that started elsewhere in the stream (the
+    mistake: an offset) is caught."""
+    from flax_blocks import layers
+
+    key = jax.random.key(3)
+    for n in (1, 1000):
+        size = layers._bucket(n)
+        assert n <= size <= max(256, 1.25 * n)
+        for kind, exact in (("uniform", lambda k, m: jax.random.uniform(k, (m,), dtype, -1.0, 1.0)),
+                            ("normal", lambda k, m: jax.random.normal(k, (m,), dtype))):
+            pool = layers._pool(key, kind, size, jnp.dtype(dtype))
+            np.testing.assert_array_equal(np.asarray(pool[:n], np.float32), np.asarray(exact(key, n), np.float32))
+            if n > 1:
+                assert not np.array_equal(np.asarray(pool[1:n + 1], np.float32), np.asarray(exact(key, n), np.float32))
+
+
 def test_seed_reproducibility():
     a, b, c = (params(build("Encoder", make_cfg(), seed=s)) for s in (0, 0, 1))
     assert all(np.array_equal(a[k], b[k]) for k in a)
