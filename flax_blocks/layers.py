@@ -3,7 +3,8 @@
 `create_params` turns a component's declared `Param`s into `nnx.Param` attributes (each
 carrying its logical axes as Flax's sharding annotation, `out_sharding` metadata, which
 `nnx.get_partition_spec` and `flax_blocks.sharding` read), drawn from the declared
-distributions. Children are built by the caller.
+distributions. Children are built by the caller. Also the input helpers every block and
+stack uses: `as_batched` (the stream's dtype, a batch axis) and `batched_memory`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ def _walk(comp: Component, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[s
         yield from _walk(child, path + (name,))
 
 
+@functools.lru_cache(maxsize=256)
 def _entries(component: Component, cfg: BlockConfig) -> tuple[list, dict[str, int]]:
     """[(module path, Param, [(chunk shape, spec)])] of every parameter of `component` and its
-    children, and how many values each random kind ("uniform", "normal") needs in all."""
+    children, and how many values each random kind ("uniform", "normal") needs in all. Cached:
+    `initial_values` reads the sizes at every construction, `_assemble` the entries when it
+    traces (both read only)."""
     entries = []
     for path, p in _walk(component):
         shapes = [p.flax_shape(cfg)] if len(p.init) == 1 else [(rows, *p.shape[1:]) for rows, _ in p.init]
@@ -201,11 +205,14 @@ class Norm(nnx.Module):
 
 
 def stream_dtype(cfg: BlockConfig, x_dtype) -> Any:
+    """The residual stream's dtype: cfg.dtype, else x's dtype promoted with the parameters'."""
     dtype = jnp.dtype(cfg.dtype) if cfg.dtype is not None else jnp.promote_types(x_dtype, cfg.param_dtype)
     return jax.dtypes.canonicalize_dtype(dtype)
 
 
 def as_batched(cfg: BlockConfig, x: jax.Array, what: str = "input") -> tuple[jax.Array, bool]:
+    """x (B, T, E) or (T, E), its width checked -> ((B, T, E) in the stream's dtype, whether a
+    batch axis was added)."""
     check_width(cfg, x.shape, what)
     # Cast to the computation dtype (cfg.dtype, else x promoted with the parameters), as flax
     # layers cast their inputs: the residual stream then keeps one dtype, and the Encoder's

@@ -2,7 +2,8 @@
 
 `create_params` registers one nn.Parameter per declared `Param` (dotted torch names nest
 plain submodules, e.g. out_proj.weight), drawn from the declared distributions with an
-optional torch.Generator. Children are built by the caller.
+optional torch.Generator. Children are built by the caller. Also the input helpers every
+block and stack uses: `as_batched` and `batched_memory`.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class Norm(nn.Module):
 
 
 def as_batched(cfg: BlockConfig, x: Tensor, what: str = "input") -> tuple[Tensor, bool]:
+    """x (B, T, E) or (T, E), its width checked -> ((B, T, E), whether a batch axis was added)."""
     check_width(cfg, tuple(x.shape), what)
     return (x, False) if x.dim() == 3 else (x[None], True)
 
