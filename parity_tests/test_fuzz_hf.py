@@ -126,7 +126,9 @@ def test_model_types_the_blocks_do_not_compute_are_refused_with_the_reason(model
 
 # The budget ---------------------------------------------------------------------------------
 
-EXAMPLES = int(os.environ.get("FUZZ_HF_EXAMPLES", "3"))
+# Two per family in the suite (the committed fuzz run, experiments/results/fuzz_hf, holds 3610);
+# FUZZ_HF_EXAMPLES=N draws more.
+EXAMPLES = int(os.environ.get("FUZZ_HF_EXAMPLES", "2"))
 
 
 @pytest.mark.parametrize("family", list(MODELS))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import replace
 
 import jax
@@ -32,8 +33,19 @@ DRAW = 1
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("init")
-    assert init_study.main(["--out", str(out), "--quick", "--no-progress"]) == 0
+    """The quick study's folder, computed once for the session: under pytest-xdist the
+    workers share the base temporary folder's parent, and a file lock lets the first worker
+    compute it while another waits (then reads it; no test rewrites a cell)."""
+    from filelock import FileLock  # torch's dependency, so always here with the test extras
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    out = shared / "init_quick"
+    with FileLock(str(out) + ".lock"):
+        if not (out / "done").exists():
+            assert init_study.main(["--out", str(out), "--quick", "--no-progress"]) == 0
+            (out / "done").touch()
     return out
 
 

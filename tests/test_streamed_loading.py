@@ -285,7 +285,11 @@ _MESH = textwrap.dedent("""
 
 
 def _env(devices: int) -> dict:
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    """The suite's environment (its XLA flags kept: conftest's fast-compile settings) with
+    `devices` simulated CPU devices."""
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count"))
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}")
 
 
 def test_mesh_load_shards_every_parameter_as_it_is_read(folder):
