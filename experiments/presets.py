@@ -59,6 +59,10 @@ class Sweep:
         return [(v, L, lr, w, seed) for v, L in self.pairs()
                 for lr, w, seed in itertools.product(self.lrs, self.warmups_of(v), range(self.seeds))]
 
+    def group_sizes(self) -> list[int]:
+        """The number of runs of each (variant, depth) group, in `pairs` order."""
+        return [len(self.lrs) * len(self.warmups_of(v)) * self.seeds for v, _ in self.pairs()]
+
     def work(self) -> dict[str, float]:
         """Size of the sweep: runs, run-layer-steps and training FLOPs (analytic, see `step_flops`)."""
         runs = self.runs()

@@ -17,9 +17,10 @@ skips cells already on disk, so an interrupted sweep resumes where it stopped an
 same numbers. Diverged runs are results (status "diverged"), not errors. At the end: a
 summary table on stdout, and OUT/report.md with PNG plots (experiments/report.py).
 
-On CPU, each group's runs are split over one simulated CPU device per core (at most 8;
---cpu-devices N): XLA:CPU keeps about one core busy per device on these small programs, so
-two devices on two cores train a group ~1.9x faster than one. A run's numbers depend in their
+On CPU, each group's runs are split over one simulated CPU device per core (at most 8, and
+at least MIN_RUNS_PER_DEVICE runs of the sweep's smallest group on each; --cpu-devices N):
+XLA:CPU keeps about one core busy per device on these small programs, so two devices on two
+cores train a 20-run group ~1.9x faster than one. A run's numbers depend in their
 last bits on how many runs share its device; the cells record the device count.
 On CPU, programs are compiled at XLA/LLVM optimisation level 1 (--xla-opt-level): ~3x
 faster to compile than the default and as fast to run for these small models. Programs are
@@ -248,14 +249,31 @@ def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
 MAX_CPU_DEVICES = 8
 
 
-def cpu_devices(requested: int | None = None) -> int | None:
+MIN_RUNS_PER_DEVICE = 3  # the default splits a group only as far as every device gets this many runs
+
+
+def default_cpu_devices(usable: int, smallest_group: int | None = None) -> int:
+    """One device per usable core, at most MAX_CPU_DEVICES, and at most one per
+    MIN_RUNS_PER_DEVICE runs of the smallest group (at least one)."""
+    count = min(usable, MAX_CPU_DEVICES)
+    if smallest_group is not None:
+        count = min(count, smallest_group // MIN_RUNS_PER_DEVICE)
+    return max(1, count)
+
+
+def cpu_devices(requested: int | None = None, smallest_group: int | None = None) -> int | None:
     """Split each group's runs over several CPU devices; call before JAX's first computation.
 
     XLA:CPU runs one device's program on one stream of small kernels, which keeps about one
     core busy on these models (measured: one group, 2 cores, 2.7 ms per run-layer-step on one
     device, 1.4 ms on two); with one device per core the runs' shards run side by side.
     requested: the count (0: leave JAX's default); None: one per usable core, at most
-    MAX_CPU_DEVICES. XLA_FLAGS=--xla_force_host_platform_device_count=N, when set, wins.
+    MAX_CPU_DEVICES, and no more than leaves MIN_RUNS_PER_DEVICE runs of the sweep's smallest
+    group (`smallest_group` runs) on each device: a smaller share costs more in padding and
+    cross-device work than the second core gains (measured, the quick preset's 3-run groups:
+    `make run` 96 s cold on two devices, 78 s on one; 174 -> 132 s of CPU time). The count
+    comes from the whole sweep, not from the runs still to do, so a resumed sweep runs on the
+    layout it started on. XLA_FLAGS=--xla_force_host_platform_device_count=N, when set, wins.
     Returns the count set, or None. A group's numbers depend in their last bits on how many
     runs share a device (XLA sums in another order), so cells record the device count."""
     import jax
@@ -264,7 +282,7 @@ def cpu_devices(requested: int | None = None) -> int | None:
         return None
     if requested is None:
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        requested = min(usable, MAX_CPU_DEVICES)
+        requested = default_cpu_devices(usable, smallest_group)
     jax.config.update("jax_num_cpu_devices", int(requested))
     return int(requested)
 
@@ -489,7 +507,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "~/.cache/twin_blocks/jax, shared by every checkout)")
     p.add_argument("--cpu-devices", type=int, default=None, metavar="N",
                    help="on CPU, split each group's runs over N devices (default: one per core, at most "
-                        f"{MAX_CPU_DEVICES}; 0: JAX's default of one; XLA_FLAGS' forced device count wins)")
+                        f"{MAX_CPU_DEVICES}, at most one per {MIN_RUNS_PER_DEVICE} runs of the smallest group; "
+                        "0: JAX's default of one; XLA_FLAGS' forced device count wins)")
     p.add_argument("--xla-opt-level", type=int, default=1,
                    help="XLA CPU (LLVM) optimisation level; 1 compiles ~3x faster than XLA's default "
                         "3 at equal speed for these models; -1 = XLA's default. Ignored off CPU.")
@@ -592,8 +611,9 @@ def main(argv: list[str] | None = None) -> int:
 
     compile_cache(not args.no_compile_cache)
     distributed = args.distributed or args.coordinator or args.num_processes or args.process_id is not None
+    sweep = sweep_from_args(args)
     if args.cpu_devices is not None or not distributed:  # several processes: their own XLA_FLAGS
-        cpu_devices(args.cpu_devices)
+        cpu_devices(args.cpu_devices, smallest_group=min(sweep.group_sizes()))
 
     if distributed:
         # On CPU the processes exchange data with gloo collectives over TCP (jax's default
@@ -602,7 +622,6 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                    process_id=args.process_id)
-    sweep = sweep_from_args(args)
     if args.estimate:
         print(estimate(sweep))
         return 0

@@ -32,7 +32,7 @@ from experiments.analysis import (
     trajectory_max,
 )
 from experiments.model import VARIANTS
-from experiments.stability import PRESETS, Sweep, cell_config, cell_name, run_sweep
+from experiments.stability import PRESETS, Sweep, cell_config, cell_name, default_cpu_devices, run_sweep
 from experiments.tasks import copy_task, markov_task
 from experiments.train import compiler_options, sample_pool
 
@@ -164,6 +164,16 @@ def test_cell_names_depend_on_every_setting():
     assert cell_name(base) == cell_name(dict(base))
     for key, value in [("steps", 8), ("lr", 2e-2), ("seed", 1), ("d_model", 16), ("task_seed", 1)]:
         assert cell_name({**base, key: value}) != cell_name(base)
+
+
+def test_default_cpu_devices_leave_three_runs_a_device():
+    """A group is split over the cores only as far as each device keeps three runs: the quick
+    preset's 3-run groups on one device, the cpu preset's 20 and the depth study's 6 on two."""
+    assert [PRESETS[p].group_sizes()[0] for p in ("quick", "cpu", "depth")] == [3, 20, 6]
+    assert [default_cpu_devices(2, min(PRESETS[p].group_sizes())) for p in ("quick", "cpu", "depth")] == [1, 2, 2]
+    assert default_cpu_devices(16, 20) == 6 and default_cpu_devices(64) == 8 and default_cpu_devices(2, 1) == 1
+    cpu = PRESETS["cpu"]  # warmup runs only for post-LN and pre-LN: their groups are twice the others'
+    assert sum(cpu.group_sizes()) == len(cpu.runs()) and min(cpu.group_sizes()) == 10
 
 
 def test_presets_are_valid():
