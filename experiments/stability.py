@@ -48,6 +48,7 @@ import platform
 import shlex
 import shutil
 import sys
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -249,31 +250,39 @@ def plan(sweep: Sweep, cells_dir: Path) -> tuple[list[Group], list[str]]:
 MAX_CPU_DEVICES = 8
 
 
-MIN_RUNS_PER_DEVICE = 3  # the default splits a group only as far as every device gets this many runs
+MIN_RUNS_PER_DEVICE = 3  # a group is split only as far as every device gets this many runs
 
 
-def default_cpu_devices(usable: int, smallest_group: int | None = None) -> int:
-    """One device per usable core, at most MAX_CPU_DEVICES, and at most one per
-    MIN_RUNS_PER_DEVICE runs of the smallest group (at least one)."""
-    count = min(usable, MAX_CPU_DEVICES)
-    if smallest_group is not None:
-        count = min(count, smallest_group // MIN_RUNS_PER_DEVICE)
-    return max(1, count)
+def place_groups(sweep: Sweep, groups: list[Group], devices: list,
+                 min_runs: int | None = MIN_RUNS_PER_DEVICE) -> list[list]:
+    """The devices each group's runs are split over. On CPU (one process), with min_runs: a
+    group of R runs (R of the whole sweep's group, so a resumed sweep keeps its layout) gets
+    min(len(devices), R // min_runs) devices, at least one (measured, the quick preset's 3-run
+    groups on two devices carried a padding run and cross-device work, and took more time
+    and a quarter more CPU than on one). Groups narrower than the devices take disjoint slices
+    in turn, so they train side by side. Elsewhere, with several processes or min_runs None
+    (a device count the user chose): every group over every device."""
+    size = dict(zip(sweep.pairs(), sweep.group_sizes(), strict=True))
+    placed, turn = [], 0
+    for g in groups:
+        width = len(devices)
+        if min_runs and devices[0].platform == "cpu" and len({d.process_index for d in devices}) == 1:
+            width = max(1, min(len(devices), size[(g.variant, g.depth)] // min_runs))
+        slices = len(devices) // width
+        placed.append(devices[(turn % slices) * width:(turn % slices + 1) * width])
+        turn += width < len(devices)
+    return placed
 
 
-def cpu_devices(requested: int | None = None, smallest_group: int | None = None) -> int | None:
+def cpu_devices(requested: int | None = None) -> int | None:
     """Split each group's runs over several CPU devices; call before JAX's first computation.
 
     XLA:CPU runs one device's program on one stream of small kernels, which keeps about one
     core busy on these models (measured: one group, 2 cores, 2.7 ms per run-layer-step on one
     device, 1.4 ms on two); with one device per core the runs' shards run side by side.
     requested: the count (0: leave JAX's default); None: one per usable core, at most
-    MAX_CPU_DEVICES, and no more than leaves MIN_RUNS_PER_DEVICE runs of the sweep's smallest
-    group (`smallest_group` runs) on each device: a smaller share costs more in padding and
-    cross-device work than the second core gains (measured, the quick preset's 3-run groups:
-    `make run` 96 s cold on two devices, 78 s on one; 174 -> 132 s of CPU time). The count
-    comes from the whole sweep, not from the runs still to do, so a resumed sweep runs on the
-    layout it started on. XLA_FLAGS=--xla_force_host_platform_device_count=N, when set, wins.
+    MAX_CPU_DEVICES. A group smaller than MIN_RUNS_PER_DEVICE runs a device is split over
+    fewer (`place_groups`). XLA_FLAGS=--xla_force_host_platform_device_count=N, when set, wins.
     Returns the count set, or None. A group's numbers depend in their last bits on how many
     runs share a device (XLA sums in another order), so cells record the device count."""
     import jax
@@ -282,7 +291,7 @@ def cpu_devices(requested: int | None = None, smallest_group: int | None = None)
         return None
     if requested is None:
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        requested = default_cpu_devices(usable, smallest_group)
+        requested = min(usable, MAX_CPU_DEVICES)
     jax.config.update("jax_num_cpu_devices", int(requested))
     return int(requested)
 
@@ -324,13 +333,15 @@ class CacheCount:
 
 def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int | None = None,
               opt_level: int | None = 1, xla_options: dict[str, Any] | None = None,
-              command: str | None = None) -> list[str]:
+              command: str | None = None, min_runs_per_device: int | None = MIN_RUNS_PER_DEVICE) -> list[str]:
     """Run every missing cell of `sweep`, writing each to out/cells as its group finishes.
 
     max_groups: stop after that many groups. opt_level, xla_options: how XLA compiles
-    (train.compiler_options). Returns the names of all the sweep's cells.
+    (train.compiler_options). min_runs_per_device: see `place_groups`. Returns the names of
+    all the sweep's cells.
     """
     import jax
+    from jax.sharding import Mesh
 
     from .model import ModelConfig
     from .tasks import make_task
@@ -381,10 +392,12 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     trainers: list[Trainer] = []
     specs: list[list[RunSpec]] = []
     compiled: list[Future] = []
-    for g in groups:
+    placed = place_groups(sweep, groups, jax.devices(), min_runs_per_device)
+    for g, devices in zip(groups, placed, strict=True):
         mcfg = ModelConfig(g.variant, g.depth, vocab=sweep.vocab, seq_len=sweep.seq_len,
                            d_model=sweep.d_model, num_heads=sweep.num_heads, d_ff=sweep.d_ff)
-        tr = Trainer(mcfg, task, train_cfg, pool=pool, heldout=heldout, options=options)
+        tr = Trainer(mcfg, task, train_cfg, pool=pool, heldout=heldout, options=options,
+                     mesh=Mesh(np.array(devices), ("runs",)))
         sp = [RunSpec(c["lr"], c["warmup"], c["seed"]) for c in g.todo]
         if jax.process_count() > 1:  # every process traces in the same order (collectives in lockstep)
             compiled.append(pool_ex.submit(tr.compile, tr.lower(sp)))
@@ -393,15 +406,38 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         trainers.append(tr)
         specs.append(sp)
 
-    done_work = 0.0
-    for i, (g, tr, sp) in enumerate(zip(groups, trainers, specs, strict=True)):
-        label = f"{g.variant} L{g.depth} x{len(sp)} runs"
-        bar.update(done_work, f"{label}: compiling", force=True)
+    # Train: a group waits for the groups before it on any of its devices, so groups on
+    # disjoint devices (small groups, one device each) train side by side.
+    steps_of = [0] * len(groups)
+    lock = threading.Lock()
+
+    def train(i: int, after: list[Future]) -> tuple[list[dict], float]:
+        for f in after:
+            f.result()
+        label = f"{groups[i].variant} L{groups[i].depth} x{len(specs[i])} runs"
+        with lock:
+            bar.update(sum(c * s for c, s in zip(cost, steps_of, strict=True)), f"{label}: compiling", force=True)
         compiled[i].result()
         t0 = time.time()
-        for steps_done, results in tr.run(sp):  # noqa: B007 (the last yield carries the results, read below)
-            bar.update(done_work + cost[i] * steps_done, f"{label}: step {steps_done}/{sweep.steps}")
-        seconds = time.time() - t0
+        for steps_done, results in trainers[i].run(specs[i]):  # noqa: B007 (the last yield carries the results)
+            with lock:
+                steps_of[i] = steps_done
+                bar.update(sum(c * s for c, s in zip(cost, steps_of, strict=True)),
+                           f"{label}: step {steps_done}/{sweep.steps}")
+        return results, time.time() - t0
+
+    n_devices = len(jax.devices())
+    train_ex = ThreadPoolExecutor(max_workers=n_devices)  # FIFO: a group starts after every earlier one started
+    last: dict[Any, Future] = {}
+    running: list[Future] = []
+    for i, devices in enumerate(placed):
+        running.append(train_ex.submit(train, i, [last[d] for d in devices if d in last]))
+        last.update({d: running[i] for d in devices})
+
+    done_work = 0.0
+    for i, g in enumerate(groups):
+        results, seconds = running[i].result()
+        label = f"{g.variant} L{g.depth} x{len(specs[i])} runs"
         for cfg, name, metrics in zip(g.todo, g.names, results, strict=True):
             summary = failure(metrics["heldout_loss"], metrics["loss"], float(metrics["heldout_loss0"]),
                               task.optimal_loss, start=task.unigram_loss if task.name == "text" else None)
@@ -409,13 +445,15 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
                 "name": name, "config": cfg, "summary": summary,
                 "task": task_info,
                 "metrics": metrics,
-                "environment": {**env, "group_seconds": round(seconds, 2), "group_runs": len(sp)},
+                "environment": {**env, "group_seconds": round(seconds, 2), "group_runs": len(specs[i]),
+                                "group_devices": len(placed[i])},
             }
             if jax.process_index() == 0:  # multi-host: every process holds the results; one writes
                 write_cell(cells_dir / f"{name}.json", record)
         done_work += cost[i] * sweep.steps
         bar.update(done_work, f"{label}: written", force=True)
     pool_ex.shutdown()
+    train_ex.shutdown()
     bar.close()
     if jax.process_index() == 0:
         meta["last_run"] = {"cells_computed": sum(len(g.todo) for g in groups),
@@ -613,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     distributed = args.distributed or args.coordinator or args.num_processes or args.process_id is not None
     sweep = sweep_from_args(args)
     if args.cpu_devices is not None or not distributed:  # several processes: their own XLA_FLAGS
-        cpu_devices(args.cpu_devices, smallest_group=min(sweep.group_sizes()))
+        cpu_devices(args.cpu_devices)
+    chosen = args.cpu_devices is not None or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
 
     if distributed:
         # On CPU the processes exchange data with gloo collectives over TCP (jax's default
@@ -635,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         out = DEFAULT_OUT.parent / "runs" / f"{args.preset}{custom}"
     names = run_sweep(sweep, out, progress=not args.no_progress, max_groups=args.max_groups,
                       opt_level=None if args.xla_opt_level < 0 else args.xla_opt_level,
+                      min_runs_per_device=None if chosen else MIN_RUNS_PER_DEVICE,
                       xla_options=dict(_xla_option(o) for o in args.xla_option),
                       command=" ".join(["python -m experiments.stability", *map(shlex.quote, argv or sys.argv[1:])]))
     if jax.process_index() != 0:

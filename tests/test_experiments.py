@@ -32,7 +32,7 @@ from experiments.analysis import (
     trajectory_max,
 )
 from experiments.model import VARIANTS
-from experiments.stability import PRESETS, Sweep, cell_config, cell_name, default_cpu_devices, run_sweep
+from experiments.stability import PRESETS, Sweep, cell_config, cell_name, place_groups, plan, run_sweep
 from experiments.tasks import copy_task, markov_task
 from experiments.train import compiler_options, sample_pool
 
@@ -166,14 +166,27 @@ def test_cell_names_depend_on_every_setting():
         assert cell_name({**base, key: value}) != cell_name(base)
 
 
-def test_default_cpu_devices_leave_three_runs_a_device():
-    """A group is split over the cores only as far as each device keeps three runs: the quick
-    preset's 3-run groups on one device, the cpu preset's 20 and the depth study's 6 on two."""
-    assert [PRESETS[p].group_sizes()[0] for p in ("quick", "cpu", "depth")] == [3, 20, 6]
-    assert [default_cpu_devices(2, min(PRESETS[p].group_sizes())) for p in ("quick", "cpu", "depth")] == [1, 2, 2]
-    assert default_cpu_devices(16, 20) == 6 and default_cpu_devices(64) == 8 and default_cpu_devices(2, 1) == 1
+def test_small_groups_train_side_by_side_on_their_own_devices(tmp_path):
+    """A group is split over the devices only as far as each keeps three runs: the quick
+    preset's 3-run groups one device each, in turn over the devices (so they train side by
+    side); the cpu preset's (10 or 20 runs) and the depth study's (6) over both; a count the
+    user chose (min_runs None), several processes or another platform: every device."""
+    from types import SimpleNamespace
+
+    two = [SimpleNamespace(platform="cpu", process_index=0, id=i) for i in range(2)]
+    groups = {p: plan(PRESETS[p], tmp_path / p)[0] for p in ("quick", "cpu", "depth")}
+    assert [len(g.todo) for g in groups["quick"]] == [3] * 9
+    quick = place_groups(PRESETS["quick"], groups["quick"], two)
+    assert [[d.id for d in ds] for ds in quick] == [[0], [1]] * 4 + [[0]]
+    for p in ("cpu", "depth"):
+        assert all(ds == two for ds in place_groups(PRESETS[p], groups[p], two))
+    assert all(ds == two for ds in place_groups(PRESETS["quick"], groups["quick"], two, min_runs=None))
+    hosts = [SimpleNamespace(platform="cpu", process_index=i, id=i) for i in range(2)]
+    assert all(ds == hosts for ds in place_groups(PRESETS["quick"], groups["quick"], hosts))
+    gpus = [SimpleNamespace(platform="gpu", process_index=0, id=i) for i in range(2)]
+    assert all(ds == gpus for ds in place_groups(PRESETS["quick"], groups["quick"], gpus))
     cpu = PRESETS["cpu"]  # warmup runs only for post-LN and pre-LN: their groups are twice the others'
-    assert sum(cpu.group_sizes()) == len(cpu.runs()) and min(cpu.group_sizes()) == 10
+    assert sum(cpu.group_sizes()) == len(cpu.runs()) and sorted(set(cpu.group_sizes())) == [10, 20]
 
 
 def test_presets_are_valid():
