@@ -17,11 +17,12 @@ skips cells already on disk, so an interrupted sweep resumes where it stopped an
 same numbers. Diverged runs are results (status "diverged"), not errors. At the end: a
 summary table on stdout, and OUT/report.md with PNG plots (experiments/report.py).
 
-On CPU, each group's runs are split over one simulated CPU device per core (at most 8, and
-at least MIN_RUNS_PER_DEVICE runs of the sweep's smallest group on each; --cpu-devices N):
-XLA:CPU keeps about one core busy per device on these small programs, so two devices on two
-cores train a 20-run group ~1.9x faster than one. A run's numbers depend in their
-last bits on how many runs share its device; the cells record the device count.
+On CPU, each group's runs are split over one simulated CPU device per core (at most 8;
+--cpu-devices N): XLA:CPU keeps about one core busy per device on these small programs, so
+two devices on two cores train a 20-run group ~1.9x faster than one. By default a group is
+split only as far as each device keeps MIN_RUNS_PER_DEVICE of its runs, and narrower groups
+train side by side on their own devices (place_groups). A run's numbers depend in their last
+bits on how many runs share its device; the cells record the device count.
 On CPU, programs are compiled at XLA/LLVM optimisation level 1 (--xla-opt-level): ~3x
 faster to compile than the default and as fast to run for these small models. Programs are
 traced and compiled on two worker threads, in order, while earlier groups train, through JAX's
@@ -407,37 +408,30 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         specs.append(sp)
 
     # Train: a group waits for the groups before it on any of its devices, so groups on
-    # disjoint devices (small groups, one device each) train side by side.
+    # disjoint devices (small groups, one device each) train side by side; each group's cells
+    # are written as soon as it ends. An error or an interrupt stops the others at their next
+    # chunk; the cells already written stay.
     steps_of = [0] * len(groups)
-    lock = threading.Lock()
+    lock, stop = threading.Lock(), threading.Event()
 
-    def train(i: int, after: list[Future]) -> tuple[list[dict], float]:
+    def progress_to(text: str, force: bool = False) -> None:
+        with lock:
+            bar.update(sum(c * s for c, s in zip(cost, steps_of, strict=True)), text, force=force)
+
+    def train(i: int, after: list[Future]) -> None:
         for f in after:
             f.result()
-        label = f"{groups[i].variant} L{groups[i].depth} x{len(specs[i])} runs"
-        with lock:
-            bar.update(sum(c * s for c, s in zip(cost, steps_of, strict=True)), f"{label}: compiling", force=True)
+        g = groups[i]
+        label = f"{g.variant} L{g.depth} x{len(specs[i])} runs"
+        progress_to(f"{label}: compiling", force=True)
         compiled[i].result()
         t0 = time.time()
         for steps_done, results in trainers[i].run(specs[i]):  # noqa: B007 (the last yield carries the results)
-            with lock:
-                steps_of[i] = steps_done
-                bar.update(sum(c * s for c, s in zip(cost, steps_of, strict=True)),
-                           f"{label}: step {steps_done}/{sweep.steps}")
-        return results, time.time() - t0
-
-    n_devices = len(jax.devices())
-    train_ex = ThreadPoolExecutor(max_workers=n_devices)  # FIFO: a group starts after every earlier one started
-    last: dict[Any, Future] = {}
-    running: list[Future] = []
-    for i, devices in enumerate(placed):
-        running.append(train_ex.submit(train, i, [last[d] for d in devices if d in last]))
-        last.update({d: running[i] for d in devices})
-
-    done_work = 0.0
-    for i, g in enumerate(groups):
-        results, seconds = running[i].result()
-        label = f"{g.variant} L{g.depth} x{len(specs[i])} runs"
+            if stop.is_set():
+                raise RuntimeError(f"{label}: stopped (another group failed or the sweep was interrupted)")
+            steps_of[i] = steps_done
+            progress_to(f"{label}: step {steps_done}/{sweep.steps}")
+        seconds = time.time() - t0
         for cfg, name, metrics in zip(g.todo, g.names, results, strict=True):
             summary = failure(metrics["heldout_loss"], metrics["loss"], float(metrics["heldout_loss0"]),
                               task.optimal_loss, start=task.unigram_loss if task.name == "text" else None)
@@ -450,10 +444,21 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
             }
             if jax.process_index() == 0:  # multi-host: every process holds the results; one writes
                 write_cell(cells_dir / f"{name}.json", record)
-        done_work += cost[i] * sweep.steps
-        bar.update(done_work, f"{label}: written", force=True)
-    pool_ex.shutdown()
-    train_ex.shutdown()
+        progress_to(f"{label}: written", force=True)
+
+    train_ex = ThreadPoolExecutor(max_workers=len(jax.devices()))  # FIFO: a group starts after every earlier one
+    last: dict[Any, Future] = {}
+    running: list[Future] = []
+    try:
+        for i, devices in enumerate(placed):
+            running.append(train_ex.submit(train, i, [last[d] for d in devices if d in last]))
+            last.update({d: running[i] for d in devices})
+        for f in running:
+            f.result()
+    finally:
+        stop.set()
+        train_ex.shutdown(cancel_futures=True)
+        pool_ex.shutdown(cancel_futures=True)
     bar.close()
     if jax.process_index() == 0:
         meta["last_run"] = {"cells_computed": sum(len(g.todo) for g in groups),
