@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 from dataclasses import dataclass
 
@@ -60,8 +61,9 @@ class Sweep:
                 for lr, w, seed in itertools.product(self.lrs, self.warmups_of(v), range(self.seeds))]
 
     def group_sizes(self) -> list[int]:
-        """The number of runs of each (variant, depth) group, in `pairs` order."""
-        return [len(self.lrs) * len(self.warmups_of(v)) * self.seeds for v, _ in self.pairs()]
+        """The number of runs of each (variant, depth) group, in `pairs` order (counted from `runs`)."""
+        count = collections.Counter((v, L) for v, L, *_ in self.runs())
+        return [count[p] for p in self.pairs()]
 
     def work(self) -> dict[str, float]:
         """Size of the sweep: runs, run-layer-steps and training FLOPs (analytic, see `step_flops`)."""

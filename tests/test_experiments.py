@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from xla_env import xla_flags  # the suite's XLA flags, the device count replaced
 
 from experiments.analysis import (
     clipped_loss,
@@ -62,10 +63,7 @@ def _free_port() -> int:
 def _subprocess(args: list[str], cache: Path, devices: int = 1) -> subprocess.Popen:
     """`python -m experiments.stability ARGS` on CPU (`devices` simulated CPU devices), sharing
     compiled programs through JAX's persistent cache."""
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()  # the suite's fast-compile flags kept
-                     if not f.startswith("--xla_force_host_platform_device_count"))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache), XLA_FLAGS=xla_flags(devices),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return subprocess.Popen([sys.executable, "-m", "experiments.stability", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

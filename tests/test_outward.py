@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from xla_env import xla_flags  # the suite's XLA flags, the device count replaced
 
 from experiments.analysis import failure
 from experiments.tasks import make_task
@@ -97,9 +98,8 @@ def test_outward_verdicts_and_flips():
 def test_text_sweep_through_the_cli_on_two_cpu_devices(tmp_path):
     """--task text at d_model 64 through the lab's CLI, its runs split over 2 CPU devices: the
     cells record the task and the corpus's hash, and the loss at init is near ln(vocab)."""
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()  # no forced device count: --cpu-devices
-                     if not f.startswith("--xla_force_host_platform_device_count"))
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu",  # no forced device count: --cpu-devices
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"))
     args = ["--task", "text", "--variants", "pre", "--depths", "1", "--d-model", "64", "--num-heads", "4",
             "--d-ff", "256", "--lrs", "1e-3", "--seeds", "2", "--steps", "2", "--chunk", "1", "--batch", "4",
             "--heldout", "32", "--cpu-devices", "2", "--no-report", "--no-progress", "--xla-opt-level", "0",

@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 import pytest
+from xla_env import xla_flags  # the suite's XLA flags, the device count replaced
 
 jax = pytest.importorskip("jax")
 import flax.linen as nn  # noqa: E402
@@ -299,9 +300,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _run_on_8_devices(script: str) -> str:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-    env["JAX_PLATFORMS"] = "cpu"
+    env = dict(os.environ, XLA_FLAGS=xla_flags(8), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from xla_env import xla_flags  # the suite's XLA flags, the device count replaced
 
 import flax_blocks as fb
 from flax_blocks.checkpoints import stream
@@ -287,9 +288,7 @@ _MESH = textwrap.dedent("""
 def _env(devices: int) -> dict:
     """The suite's environment (its XLA flags kept: conftest's fast-compile settings) with
     `devices` simulated CPU devices."""
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                     if not f.startswith("--xla_force_host_platform_device_count"))
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}")
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices))
 
 
 def test_mesh_load_shards_every_parameter_as_it_is_read(folder):
