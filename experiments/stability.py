@@ -564,7 +564,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-processes", type=int, help="multi-process: number of processes (implies --distributed)")
     p.add_argument("--process-id", type=int, help="multi-process: this process's index, 0..N-1 (implies --distributed)")
     p.add_argument("--max-groups", type=int, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.cpu_devices is not None and args.cpu_devices < 0:
+        p.error(f"--cpu-devices: a count of CPU devices, or 0 for JAX's default of one; got {args.cpu_devices}")
+    return args
 
 
 def sweep_from_args(args: argparse.Namespace) -> Sweep:

@@ -33,7 +33,7 @@ from experiments.analysis import (
     trajectory_max,
 )
 from experiments.model import VARIANTS
-from experiments.stability import PRESETS, Sweep, cell_config, cell_name, place_groups, plan, run_sweep
+from experiments.stability import PRESETS, Sweep, cell_config, cell_name, parse_args, place_groups, plan, run_sweep
 from experiments.tasks import copy_task, markov_task
 from experiments.train import compiler_options, sample_pool
 
@@ -185,6 +185,13 @@ def test_small_groups_train_side_by_side_on_their_own_devices(tmp_path):
     assert all(ds == gpus for ds in place_groups(PRESETS["quick"], groups["quick"], gpus))
     cpu = PRESETS["cpu"]  # warmup runs only for post-LN and pre-LN: their groups are twice the others'
     assert sum(cpu.group_sizes()) == len(cpu.runs()) and sorted(set(cpu.group_sizes())) == [10, 20]
+
+
+def test_a_negative_cpu_device_count_is_refused_by_name(capsys):
+    assert parse_args(["--cpu-devices", "0"]).cpu_devices == 0
+    with pytest.raises(SystemExit):
+        parse_args(["--cpu-devices", "-1"])
+    assert "--cpu-devices: a count of CPU devices, or 0 for JAX's default of one; got -1" in capsys.readouterr().err
 
 
 def test_presets_are_valid():
