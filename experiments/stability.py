@@ -303,7 +303,9 @@ def compile_cache(enabled: bool = True) -> str | None:
     JAX_COMPILATION_CACHE_DIR wins when set; else the user's cache folder
     ($XDG_CACHE_HOME or ~/.cache, then twin_blocks/jax), shared by every checkout, so a second
     `make run` (or a fresh clone on the same machine) loads its programs instead of compiling
-    them. enabled False (--no-compile-cache): no persistent cache."""
+    them. Every program is kept, however quickly it compiled (JAX keeps only those over 1 s by
+    default; the task's samplers and the small helpers took ~2 s of a warm run). enabled False
+    (--no-compile-cache): no persistent cache."""
     import jax
 
     if not enabled:
@@ -312,6 +314,7 @@ def compile_cache(enabled: bool = True) -> str | None:
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "twin_blocks" / "jax")
     jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return folder
 
 
