@@ -349,7 +349,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
 
     from .model import ModelConfig
     from .tasks import make_task
-    from .train import RunSpec, TrainConfig, Trainer, compiler_options, sample_pool
+    from .train import PROGRAMS, RunSpec, TrainConfig, Trainer, compiler_options, sample_pool
 
     sweep = resolve_task(sweep)
     start, cpu_start, load_before = time.time(), time.process_time(), _load()
@@ -386,10 +386,10 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
           f"{env['device_count']} x {env['device_kind']} ({env['platform']}); task {sweep.task}: "
           f"H = {task.optimal_loss:.3f}, unigram = {task.unigram_loss:.3f} nats", file=sys.stderr)
 
-    # Trace and compile every group's program on two worker threads, in order (XLA compiles
-    # without the GIL), while earlier groups train: the first group starts as soon as its own
-    # program is ready, not after every program is traced. Several processes trace here, in
-    # one order, so that their collectives meet.
+    # Trace and compile every group's three programs (train.PROGRAMS) on two worker threads,
+    # in order (XLA compiles without the GIL), while earlier groups train: the first group
+    # starts as soon as its own programs are ready, not after every program is traced.
+    # Several processes trace here, in one order, so that their collectives meet.
     cost = [g.depth * len(g.todo) for g in groups]  # work ~ layers x runs
     bar = Progress(sum(cost) * sweep.steps, enabled=progress)
     pool_ex = ThreadPoolExecutor(max_workers=2)
@@ -403,10 +403,12 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         tr = Trainer(mcfg, task, train_cfg, pool=pool, heldout=heldout, options=options,
                      mesh=Mesh(np.array(devices), ("runs",)))
         sp = [RunSpec(c["lr"], c["warmup"], c["seed"]) for c in g.todo]
-        if jax.process_count() > 1:  # every process traces in the same order (collectives in lockstep)
-            compiled.append(pool_ex.submit(tr.compile, tr.lower(sp)))
-        else:
-            compiled.append(pool_ex.submit(lambda tr=tr, sp=sp: tr.compile(tr.lower(sp))))  # traced there too
+        for program in PROGRAMS:  # the largest first: the two threads compile a group's programs at once
+            if jax.process_count() > 1:  # every process traces in the same order (collectives in lockstep)
+                lowered = tr.trace(sp, program).lower()
+                compiled.append(pool_ex.submit(lambda tr=tr, lo=lowered, p=program: tr.keep(p, lo)))
+            else:  # traced there too
+                compiled.append(pool_ex.submit(tr.compile, sp, program))
         trainers.append(tr)
         specs.append(sp)
 
@@ -427,7 +429,8 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         g = groups[i]
         label = f"{g.variant} L{g.depth} x{len(specs[i])} runs"
         progress_to(f"{label}: compiling", force=True)
-        compiled[i].result()
+        for f in compiled[i * len(PROGRAMS):(i + 1) * len(PROGRAMS)]:
+            f.result()
         t0 = time.time()
         for steps_done, results in trainers[i].run(specs[i]):  # noqa: B007 (the last yield carries the results)
             if stop.is_set():

@@ -1,11 +1,13 @@
 """Jitted training of many runs at once: steps under lax.scan, layers under scan, runs under vmap.
 
 A *group* is a set of runs sharing one model shape and variant (one `ModelConfig`) and
-differing in learning rate, warmup and seed. A group is ONE compiled program, vmapped
-over its runs; the leading "runs" axis is sharded across the available devices (a 1-D
-mesh), so the same code runs on one CPU, several (simulated) CPU devices, a GPU or a TPU
-slice. Python only loops over chunks of `TrainConfig.chunk` steps (so a progress bar can
-move); the steps inside a chunk are one `lax.scan`.
+differing in learning rate, warmup and seed. A group is three compiled programs
+(`PROGRAMS`), each vmapped over its runs: "init" (the fresh models), "probe" (the held-out
+pass with its intermediates, at init and after every chunk) and "chunk" (`TrainConfig.chunk`
+steps, one `lax.scan`); compiled apart, two threads compile them at once. The leading "runs"
+axis is sharded across the available devices (a 1-D mesh), so the same code runs on one CPU,
+several (simulated) CPU devices, a GPU or a TPU slice. Python only loops over the chunks (so
+a progress bar can move).
 
 Each run is a pure function of its (seed, lr, warmup): its model is initialised from
 key(seed) and its batches are drawn with key(seed) from a pool of task sequences shared by
@@ -60,9 +62,9 @@ PER_STEP = ("loss", "grad_norm", "heldout_loss", "update")
 PER_GRAD = ("layer_grad_norm", "w2_grad_norm", "attn_grad_norm")
 PER_GRAD_MEAN = tuple(f"{k}_mean" for k in PER_GRAD)
 PER_PROBE = ("stream_norm", "attn_entropy")
-PER_CHUNK = PER_GRAD + PER_GRAD_MEAN + PER_PROBE
 # at init and after every chunk: (n_chunks + 1, ...)
 TRAJECTORY = ("attn_logit_max", "logit_rms", "logit_absmax", "stream_norm_probe")
+PROGRAMS = ("chunk", "init", "probe")  # a group's compiled programs, the largest first
 
 
 @dataclass(frozen=True)
@@ -202,8 +204,16 @@ class Trainer:
         replicated = NamedSharding(self.mesh, P())
         self.pool = jax.device_put(pool, replicated)  # (pool, T + 1) int32
         self.heldout = jax.device_put(heldout, replicated)  # (heldout, T + 1) int32
-        self._chunk = jax.jit(jax.vmap(self._chunk_one, in_axes=(0, 0, 0, 0, None, None, None)))
-        self._program: jax.stages.Compiled | None = None
+        # Three programs, vmapped over the runs: the fresh models, the probe (at init and after
+        # each chunk) and a chunk of steps; compiled apart, so two threads compile them at once.
+        # Every output keeps the runs axis sharded (the fresh models' constant leaves too).
+        runs = NamedSharding(self.mesh, P("runs"))
+        self._jitted = {
+            "chunk": jax.jit(jax.vmap(self._chunk_one, in_axes=(0, 0, 0, None, None)), out_shardings=runs),
+            "init": jax.jit(jax.vmap(self._init_one), out_shardings=runs),
+            "probe": jax.jit(jax.vmap(self._probe, in_axes=(0, 0, None)), out_shardings=runs),
+        }
+        self._programs: dict[str, jax.stages.Compiled] = {}
 
     # -- one run -------------------------------------------------------------------------
 
@@ -241,23 +251,19 @@ class Trainer:
             "logit_absmax": jnp.max(jnp.abs(logits)),
         }
 
-    def _chunk_one(self, state: dict, seed: jax.Array, lr: jax.Array, warmup: jax.Array,
-                   first: jax.Array, pool: jax.Array, heldout: jax.Array) -> tuple[dict, dict]:
-        """One run: start from init if `first`, then `chunk` steps under lax.scan.
+    def _init_one(self, seed: jax.Array) -> dict:
+        """One run's fresh state: the model initialised from key(seed), Adam's zero moments,
+        step 0 (`rest`: the Dropouts' RNG state, unused at rate 0)."""
+        _, params, rest = create_params(self.model_cfg, jax.random.fold_in(jax.random.key(seed), 0))
+        return {"params": params, "rest": rest, "opt": self.adam.init(params), "step": jnp.zeros((), jnp.int32),
+                "seed": seed}
 
-        The fresh model is built on every call (a few ms of random numbers) and selected
-        with `first`, so one compiled program serves the first chunk and all later ones.
-        """
-        base = jax.random.key(seed)
-        _, fresh, rest = create_params(self.model_cfg, jax.random.fold_in(base, 0))
-        def pick(a, b):
-            return jax.tree.map(lambda x, y: jnp.where(first, x, y), a, b)
-        params = pick(fresh, state["params"])
-        opt = pick(self.adam.init(fresh), state["opt"])
-        t0 = jnp.where(first, 0, state["step"])
-        start = self._probe(params, rest, heldout)  # at init when `first`
-        y0 = jnp.where(first, start["y"], state["y0"])
-        data_key = jax.random.fold_in(base, 1)
+    def _chunk_one(self, state: dict, lr: jax.Array, warmup: jax.Array, pool: jax.Array,
+                   heldout: jax.Array) -> tuple[dict, dict]:
+        """One run: `chunk` steps under lax.scan from `state` -> (state, per-step and per-layer metrics).
+        state["y0"]: the encoder output on the held-out batch at initialisation (the update size's origin)."""
+        rest, y0 = state["rest"], state["y0"]
+        data_key = jax.random.fold_in(jax.random.key(state["seed"]), 1)
 
         def step(carry: tuple, _: None) -> tuple[tuple, dict]:
             params, opt, t = carry
@@ -279,35 +285,20 @@ class Trainer:
             }
             return (params, opt, t + 1), out
 
-        (params, opt, t), per_step = jax.lax.scan(step, (params, opt, t0), None, length=self.train_cfg.chunk)
-        end = self._probe(params, rest, heldout)  # after the chunk's last update
+        carry = (state["params"], state["opt"], state["step"])
+        (params, opt, t), per_step = jax.lax.scan(step, carry, None, length=self.train_cfg.chunk)
         metrics = {k: per_step[k] for k in PER_STEP}
         metrics.update({k: per_step[k][0] for k in PER_GRAD})  # at the chunk's first step
         metrics.update({f"{k}_mean": jnp.mean(per_step[k], axis=0) for k in PER_GRAD})  # over the chunk
-        metrics.update({k: start[k] for k in PER_PROBE})  # at the chunk's start
-        for k in TRAJECTORY:
-            src = "stream_norm" if k == "stream_norm_probe" else k
-            metrics[f"{k}_start"], metrics[f"{k}_end"] = start[src], end[src]
-        metrics["heldout_loss_start"] = start["loss"]
-        return {"params": params, "opt": opt, "step": t, "y0": y0}, metrics
+        return {**state, "params": params, "opt": opt, "step": t}, metrics
 
     # -- the group -----------------------------------------------------------------------
 
     def _shard(self, x: np.ndarray) -> jax.Array:
         return jax.device_put(x, NamedSharding(self.mesh, P("runs")))
 
-    def _empty_state(self, n: int) -> dict:
-        """Zeros shaped like the state of n runs (replaced by the fresh model on the first chunk)."""
-        def one() -> dict:
-            params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._params_shape)
-            y0 = jnp.zeros((self.train_cfg.heldout, self.model_cfg.seq_len, self.model_cfg.d_model))
-            return {"params": params, "opt": self.adam.init(params), "step": jnp.zeros((), jnp.int32), "y0": y0}
-
-        shapes = jax.eval_shape(one)  # abstract: nothing is computed or compiled
-        return jax.tree.map(lambda s: self._shard(np.zeros((n, *s.shape), s.dtype)), shapes)
-
-    def _inputs(self, specs: list[RunSpec]) -> tuple:
-        """Sharded (state, seeds, lrs, warmups), padded to a multiple of the device count by
+    def _inputs(self, specs: list[RunSpec]) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Sharded (seeds, lrs, warmups), padded to a multiple of the device count by
         repeating the last run."""
         if not specs:
             raise ValueError("no runs given")
@@ -315,41 +306,69 @@ class Trainer:
         seeds = self._shard(np.array([s.seed for s in padded], np.int32))
         lrs = self._shard(np.array([s.lr for s in padded], np.float32))
         warmups = self._shard(np.array([s.warmup for s in padded], np.int32))
-        return self._empty_state(len(padded)), seeds, lrs, warmups
+        return seeds, lrs, warmups
 
-    def lower(self, specs: list[RunSpec]) -> jax.stages.Lowered:
-        """Trace the group's program for these runs."""
-        state, seeds, lrs, warmups = self._inputs(specs)
-        return self._chunk.lower(state, seeds, lrs, warmups, jnp.asarray(True), self.pool, self.heldout)
+    def trace(self, specs: list[RunSpec], program: str) -> jax.stages.Traced:
+        """Trace one of the group's programs ("chunk", "init" or "probe") for these runs;
+        nothing is computed (the state's shapes come from `jax.eval_shape`)."""
+        seeds, lrs, warmups = self._inputs(specs)
+        init = self._jitted["init"]
+        if program == "init":
+            return init.trace(seeds)
+        state = jax.eval_shape(init, seeds)
+        sharded = NamedSharding(self.mesh, P("runs"))
+        state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharded), state)
+        if program == "probe":
+            return self._jitted["probe"].trace(state["params"], state["rest"], self.heldout)
+        y0 = jax.ShapeDtypeStruct((len(seeds), self.train_cfg.heldout, self.model_cfg.seq_len, self.model_cfg.d_model),
+                                  jnp.float32, sharding=sharded)
+        return self._jitted["chunk"].trace({**state, "y0": y0}, lrs, warmups, self.pool, self.heldout)
 
-    def compile(self, lowered: jax.stages.Lowered) -> jax.stages.Compiled:
-        """Compile a `lower` result (thread-safe: XLA compiles without the GIL) and keep it for `run`."""
-        self._program = compile_lowered(lowered, self.compiler_options)
-        return self._program
+    def compile(self, specs: list[RunSpec], program: str) -> jax.stages.Compiled:
+        """Trace, lower and compile one program and keep it for `run`."""
+        return self.keep(program, self.trace(specs, program).lower())
+
+    def keep(self, program: str, lowered: jax.stages.Lowered) -> jax.stages.Compiled:
+        """Compile a lowered program and keep it for `run` (XLA compiles without the GIL: two
+        threads compile two programs at once)."""
+        self._programs[program] = compiled = compile_lowered(lowered, self.compiler_options)
+        return compiled
 
     def run(self, specs: list[RunSpec]) -> Iterator[tuple[int, list[Metrics] | None]]:
         """Train every run in `specs` together. Yields (steps done, None) after each chunk,
         then (steps, results): one dict of numpy metrics per spec, in order (padding dropped).
         """
         n = len(specs)
-        state, seeds, lrs, warmups = self._inputs(specs)
-        program = self._program or self.compile(self.lower(specs))
-        chunks: list[dict] = []
-        for c in range(self.train_cfg.steps // self.train_cfg.chunk):
-            state, m = program(state, seeds, lrs, warmups, jnp.asarray(c == 0), self.pool, self.heldout)
+        seeds, lrs, warmups = self._inputs(specs)
+        init, probe, chunk = (self._programs.get(p) or self.compile(specs, p) for p in ("init", "probe", "chunk"))
+
+        def fetch(tree: dict) -> Metrics:
             if jax.process_count() > 1:  # gather the runs axis from every host
-                m = multihost_utils.process_allgather(m, tiled=True)
-            chunks.append(jax.device_get(m))
+                tree = multihost_utils.process_allgather(tree, tiled=True)
+            return jax.device_get(tree)
+
+        state = init(seeds)
+        at_init = probe(state["params"], state["rest"], self.heldout)
+        state["y0"] = at_init.pop("y")
+        probes, chunks = [fetch(at_init)], []
+        for c in range(self.train_cfg.steps // self.train_cfg.chunk):
+            state, m = chunk(state, lrs, warmups, self.pool, self.heldout)
+            after = probe(state["params"], state["rest"], self.heldout)
+            after.pop("y")
+            chunks.append(fetch(m))
+            probes.append(fetch(after))
             yield (c + 1) * self.train_cfg.chunk, None
 
         out: dict[str, np.ndarray] = {}
         for k in PER_STEP:  # (R, steps)
             out[k] = np.concatenate([m[k] for m in chunks], axis=1)
-        for k in PER_CHUNK:  # (R, n_chunks, ...)
+        for k in PER_GRAD + PER_GRAD_MEAN:  # (R, n_chunks, ...)
             out[k] = np.stack([m[k] for m in chunks], axis=1)
+        for k in PER_PROBE:  # (R, n_chunks, ...): at each chunk's start
+            out[k] = np.stack([p[k] for p in probes[:-1]], axis=1)
         for k in TRAJECTORY:  # (R, n_chunks + 1, ...): at init, then after each chunk
-            out[k] = np.stack([chunks[0][f"{k}_start"]] + [m[f"{k}_end"] for m in chunks], axis=1)
-        out["heldout_loss0"] = chunks[0]["heldout_loss_start"]  # (R,)
+            out[k] = np.stack([p["stream_norm" if k == "stream_norm_probe" else k] for p in probes], axis=1)
+        out["heldout_loss0"] = probes[0]["loss"]  # (R,)
         results = []
         for i in range(n):
             r = {k: v[i] for k, v in out.items()}

@@ -16,7 +16,7 @@ import flax_blocks as fb
 from experiments import bench
 from experiments.model import ModelConfig
 from experiments.tasks import make_task
-from experiments.train import RunSpec, TrainConfig, Trainer
+from experiments.train import PROGRAMS, RunSpec, TrainConfig, Trainer
 
 PLATFORMS = ("cuda", "tpu")
 
@@ -26,17 +26,19 @@ def _lower_everywhere(traced: jax.stages.Traced) -> dict[str, str]:
     return {p: traced.lower(lowering_platforms=(p,)).as_text() for p in PLATFORMS}
 
 
-def _lab_step(trainer_cls: type = Trainer) -> jax.stages.Traced:
+def _lab_step(trainer_cls: type = Trainer, program: str = "chunk") -> jax.stages.Traced:
     task = make_task("markov", vocab=16, seq_len=8, seed=0)
     cfg = ModelConfig("pre", 2, vocab=16, seq_len=8, d_model=16, num_heads=2, d_ff=32)
     tr = trainer_cls(cfg, task, TrainConfig(steps=4, batch=4, chunk=2, heldout=4, pool=64))
-    state, seeds, lrs, warmups = tr._inputs([RunSpec(1e-3, 0, 0), RunSpec(1e-2, 2, 1)])
-    return tr._chunk.trace(state, seeds, lrs, warmups, jnp.asarray(True), tr.pool, tr.heldout)
+    return tr.trace([RunSpec(1e-3, 0, 0), RunSpec(1e-2, 2, 1)], program)
 
 
-def test_lab_train_step_lowers_for_accelerators():
-    hlo = _lower_everywhere(_lab_step())
-    assert all("while" in text for text in hlo.values())  # the steps' scan is in the program
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_lab_programs_lower_for_accelerators(program):
+    """The chunk of train steps, the fresh models and the held-out probe."""
+    hlo = _lower_everywhere(_lab_step(program=program))
+    if program == "chunk":
+        assert all("while" in text for text in hlo.values())  # the steps' scan is in the program
 
 
 @pytest.mark.parametrize("size", ["block d1024 T2048", "encoder d1024 L12", "block d32 T16 llama-like"])
