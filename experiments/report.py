@@ -879,11 +879,11 @@ def write_report(out: Path) -> Path:
         f"{sweep['chunk']} steps and their means over the chunk; on the held-out batch, at the start of every "
         "chunk the attention entropy, and at init and after every chunk ||x_l||^2 / d per layer, the largest "
         "attention logit per layer and the RMS and largest |value| of the output logits.",
-        "- Everything jitted: one compiled program per (variant, depth), steps under `lax.scan`, layers "
-        "under the Encoder's scan, runs (lr x warmup x seed) under `vmap`, sharded over the devices. A run "
-        "is a pure function of its config: a resumed sweep gives the same numbers bit for bit; runs "
-        "computed in a group of another size or on another device count agree up to float32 rounding "
-        "(XLA may sum in another order).",
+        "- Everything jitted: three compiled programs per (variant, depth) (the fresh models, the held-out "
+        "probe, a chunk of steps), steps under `lax.scan`, layers under the Encoder's scan, runs (lr x warmup "
+        "x seed) under `vmap`, sharded over the devices. A run is a pure function of its config: a resumed "
+        "sweep gives the same numbers bit for bit; runs computed in a group of another size or on another "
+        "device count agree up to float32 rounding (XLA may sum in another order).",
         f"- Ran on {env['device_count']} x {env['device_kind']} ({env['platform']}), jax {env['jax']}, "
         f"flax {env['flax']}; {len(records)} runs; {timing}.",
         "",

@@ -10,7 +10,8 @@
 The grid is task x variant x depth x learning rate x warmup x seed; the task is a random
 Markov chain (markov, the default), a copy task, or real text (--task text: characters of
 CPython's documentation, experiments/text.py). Runs that share a
-(variant, depth) are one compiled program, vmapped over their (lr, warmup, seed) and
+(variant, depth) are compiled together (three programs: the fresh models, the held-out
+probe, a chunk of steps), vmapped over their (lr, warmup, seed) and
 sharded over the devices (see experiments/train.py). Every finished run ("cell") is written
 at once to OUT/cells/<name>-<hash>.json with its config, metrics and environment; a rerun
 skips cells already on disk, so an interrupted sweep resumes where it stopped and gives the
