@@ -191,8 +191,7 @@ class Trainer:
         self.model_cfg, self.task, self.train_cfg = model_cfg, task, train_cfg
         self.mesh = mesh or runs_mesh()
         self.n_devices = self.mesh.devices.size
-        self.graphdef, params_shape, _ = nnx.eval_shape(lambda: create_params(model_cfg, jax.random.key(0)))
-        self._params_shape = params_shape  # ShapeDtypeStructs of one run's parameters
+        self.graphdef, _, _ = nnx.eval_shape(lambda: create_params(model_cfg, jax.random.key(0)))
         self.adam = optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps)
         self.weights = task.weights()  # (T,) loss weight per target position
         self.compiler_options = compiler_options() if options is None else options
@@ -214,6 +213,7 @@ class Trainer:
             "probe": jax.jit(jax.vmap(self._probe, in_axes=(0, 0, None)), out_shardings=runs),
         }
         self._programs: dict[str, jax.stages.Compiled] = {}
+        self._shapes: dict[int, dict] = {}  # run count -> the fresh state's shapes (`_state_shapes`)
 
     # -- one run -------------------------------------------------------------------------
 
@@ -312,17 +312,25 @@ class Trainer:
         """Trace one of the group's programs ("chunk", "init" or "probe") for these runs;
         nothing is computed (the state's shapes come from `jax.eval_shape`)."""
         seeds, lrs, warmups = self._inputs(specs)
-        init = self._jitted["init"]
         if program == "init":
-            return init.trace(seeds)
-        state = jax.eval_shape(init, seeds)
+            return self._jitted["init"].trace(seeds)
+        state = self._state_shapes(seeds)
         sharded = NamedSharding(self.mesh, P("runs"))
-        state = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharded), state)
         if program == "probe":
             return self._jitted["probe"].trace(state["params"], state["rest"], self.heldout)
         y0 = jax.ShapeDtypeStruct((len(seeds), self.train_cfg.heldout, self.model_cfg.seq_len, self.model_cfg.d_model),
                                   jnp.float32, sharding=sharded)
         return self._jitted["chunk"].trace({**state, "y0": y0}, lrs, warmups, self.pool, self.heldout)
+
+    def _state_shapes(self, seeds: jax.Array) -> dict:
+        """The fresh state's ShapeDtypeStructs for these (padded) runs, sharded on the runs axis
+        (traced once per run count, shared by the probe's and the chunk's tracing)."""
+        n = len(seeds)
+        if n not in self._shapes:
+            sharded = NamedSharding(self.mesh, P("runs"))
+            self._shapes[n] = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharded),
+                                           jax.eval_shape(self._jitted["init"], seeds))
+        return self._shapes[n]
 
     def compile(self, specs: list[RunSpec], program: str) -> jax.stages.Compiled:
         """Trace, lower and compile one program and keep it for `run`."""
