@@ -276,6 +276,11 @@ def place_groups(sweep: Sweep, groups: list[Group], devices: list,
     return placed
 
 
+def forced_device_count() -> bool:
+    """True if XLA_FLAGS forces a simulated CPU device count (it wins over --cpu-devices)."""
+    return "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+
+
 def cpu_devices(requested: int | None = None) -> int | None:
     """Split each group's runs over several CPU devices; call before JAX's first computation.
 
@@ -289,7 +294,7 @@ def cpu_devices(requested: int | None = None) -> int | None:
     runs share a device (XLA sums in another order), so cells record the device count."""
     import jax
 
-    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or requested == 0:
+    if forced_device_count() or requested == 0:
         return None
     if requested is None:
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -396,7 +401,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     pool_ex = ThreadPoolExecutor(max_workers=2)
     trainers: list[Trainer] = []
     specs: list[list[RunSpec]] = []
-    compiled: list[Future] = []
+    compiled: list[list[Future]] = []  # each group's programs
     placed = place_groups(sweep, groups, jax.devices(), min_runs_per_device)
     for g, devices in zip(groups, placed, strict=True):
         mcfg = ModelConfig(g.variant, g.depth, vocab=sweep.vocab, seq_len=sweep.seq_len,
@@ -404,12 +409,13 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         tr = Trainer(mcfg, task, train_cfg, pool=pool, heldout=heldout, options=options,
                      mesh=Mesh(np.array(devices), ("runs",)))
         sp = [RunSpec(c["lr"], c["warmup"], c["seed"]) for c in g.todo]
+        compiled.append([])
         for program in PROGRAMS:  # the largest first: the two threads compile a group's programs at once
             if jax.process_count() > 1:  # every process traces in the same order (collectives in lockstep)
                 lowered = tr.trace(sp, program).lower()
-                compiled.append(pool_ex.submit(tr.keep, program, lowered))
+                compiled[-1].append(pool_ex.submit(tr.keep, program, lowered))
             else:  # traced there too
-                compiled.append(pool_ex.submit(tr.compile, sp, program))
+                compiled[-1].append(pool_ex.submit(tr.compile, sp, program))
         trainers.append(tr)
         specs.append(sp)
 
@@ -430,7 +436,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         g = groups[i]
         label = f"{g.variant} L{g.depth} x{len(specs[i])} runs"
         progress_to(f"{label}: compiling", force=True)
-        for f in compiled[i * len(PROGRAMS):(i + 1) * len(PROGRAMS)]:
+        for f in compiled[i]:
             f.result()
         t0 = time.time()
         for steps_done, results in trainers[i].run(specs[i]):  # noqa: B007 (the last yield carries the results)
@@ -667,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = sweep_from_args(args)
     if args.cpu_devices is not None or not distributed:  # several processes: their own XLA_FLAGS
         cpu_devices(args.cpu_devices)
-    chosen = args.cpu_devices is not None or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    chosen = args.cpu_devices is not None or forced_device_count()
 
     if distributed:
         # On CPU the processes exchange data with gloo collectives over TCP (jax's default

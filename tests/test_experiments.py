@@ -64,7 +64,7 @@ def _subprocess(args: list[str], cache: Path, devices: int = 1) -> subprocess.Po
     """`python -m experiments.stability ARGS` on CPU (`devices` simulated CPU devices), sharing
     compiled programs through JAX's persistent cache."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache), XLA_FLAGS=xla_flags(devices),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return subprocess.Popen([sys.executable, "-m", "experiments.stability", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
