@@ -311,6 +311,8 @@ class Trainer:
     def trace(self, specs: list[RunSpec], program: str) -> jax.stages.Traced:
         """Trace one of the group's programs ("chunk", "init" or "probe") for these runs;
         nothing is computed (the state's shapes come from `jax.eval_shape`)."""
+        if program not in PROGRAMS:
+            raise ValueError(f"program must be one of {PROGRAMS}, got {program!r}")
         seeds, lrs, warmups = self._inputs(specs)
         if program == "init":
             return self._jitted["init"].trace(seeds)

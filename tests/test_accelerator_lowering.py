@@ -41,6 +41,11 @@ def test_lab_programs_lower_for_accelerators(program):
         assert all("while" in text for text in hlo.values())  # the steps' scan is in the program
 
 
+def test_an_unknown_program_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"program must be one of \('chunk', 'init', 'probe'\), got 'train'"):
+        _lab_step(program="train")
+
+
 @pytest.mark.parametrize("size", ["block d1024 T2048", "encoder d1024 L12", "block d32 T16 llama-like"])
 def test_bench_block_steps_lower_for_accelerators(size):
     """The bench's GPU rows (the blocked attention at T 2048; a 12-layer scan) and the
