@@ -206,7 +206,7 @@ class Trainer:
         # Three programs, vmapped over the runs: the fresh models, the probe (at init and after
         # each chunk) and a chunk of steps; compiled apart, so two threads compile them at once.
         # Every output keeps the runs axis sharded (the fresh models' constant leaves too).
-        runs = NamedSharding(self.mesh, P("runs"))
+        self.runs_sharding = runs = NamedSharding(self.mesh, P("runs"))  # the runs axis over the devices
         self._jitted = {
             "chunk": jax.jit(jax.vmap(self._chunk_one, in_axes=(0, 0, 0, None, None)), out_shardings=runs),
             "init": jax.jit(jax.vmap(self._init_one), out_shardings=runs),
@@ -295,7 +295,7 @@ class Trainer:
     # -- the group -----------------------------------------------------------------------
 
     def _shard(self, x: np.ndarray) -> jax.Array:
-        return jax.device_put(x, NamedSharding(self.mesh, P("runs")))
+        return jax.device_put(x, self.runs_sharding)
 
     def _inputs(self, specs: list[RunSpec]) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sharded (seeds, lrs, warmups), padded to a multiple of the device count by
@@ -317,11 +317,10 @@ class Trainer:
         if program == "init":
             return self._jitted["init"].trace(seeds)
         state = self._state_shapes(seeds)
-        sharded = NamedSharding(self.mesh, P("runs"))
         if program == "probe":
             return self._jitted["probe"].trace(state["params"], state["rest"], self.heldout)
         y0 = jax.ShapeDtypeStruct((len(seeds), self.train_cfg.heldout, self.model_cfg.seq_len, self.model_cfg.d_model),
-                                  jnp.float32, sharding=sharded)
+                                  jnp.float32, sharding=self.runs_sharding)
         return self._jitted["chunk"].trace({**state, "y0": y0}, lrs, warmups, self.pool, self.heldout)
 
     def _state_shapes(self, seeds: jax.Array) -> dict:
@@ -329,9 +328,9 @@ class Trainer:
         (traced once per run count, shared by the probe's and the chunk's tracing)."""
         n = len(seeds)
         if n not in self._shapes:
-            sharded = NamedSharding(self.mesh, P("runs"))
-            self._shapes[n] = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharded),
-                                           jax.eval_shape(self._jitted["init"], seeds))
+            shapes = jax.eval_shape(self._jitted["init"], seeds)
+            self._shapes[n] = jax.tree.map(
+                lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.runs_sharding), shapes)
         return self._shapes[n]
 
     def compile(self, specs: list[RunSpec], program: str) -> jax.stages.Compiled:
