@@ -499,7 +499,9 @@ def _ints(s: str) -> tuple[int, ...]:
 
 
 def _xla_option(s: str) -> tuple[str, Any]:
-    name, _, value = s.partition("=")
+    name, eq, value = s.partition("=")
+    if not eq or not name.strip():
+        raise argparse.ArgumentTypeError(f"NAME=VALUE, e.g. xla_cpu_parallel_codegen_split_count=1; got {s!r}")
     if value.lower() in ("true", "false"):
         return name, value.lower() == "true"
     try:
@@ -568,8 +570,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--xla-opt-level", type=int, default=1,
                    help="XLA CPU (LLVM) optimisation level; 1 compiles ~3x faster than XLA's default "
                         "3 at equal speed for these models; -1 = XLA's default. Ignored off CPU.")
-    p.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
-                   help="extra XLA compile option, e.g. xla_cpu_use_fusion_emitters=false (repeatable)")
+    p.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE", type=_xla_option,
+                   help="extra XLA compile option, e.g. xla_cpu_parallel_codegen_split_count=1 (repeatable; "
+                        "a name this XLA build does not know is an error)")
     p.add_argument("--distributed", action="store_true",
                    help="call jax.distributed.initialize() first (auto-detected cluster, or the three flags below)")
     p.add_argument("--coordinator", metavar="HOST:PORT",
@@ -693,11 +696,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         custom = "" if sweep == resolve_task(PRESETS[args.preset]) else "-custom"
         out = DEFAULT_OUT.parent / "runs" / f"{args.preset}{custom}"
-    names = run_sweep(sweep, out, progress=not args.no_progress, max_groups=args.max_groups,
-                      opt_level=None if args.xla_opt_level < 0 else args.xla_opt_level,
-                      min_runs_per_device=None if chosen else MIN_RUNS_PER_DEVICE,
-                      xla_options=dict(_xla_option(o) for o in args.xla_option),
-                      command=" ".join(["python -m experiments.stability", *map(shlex.quote, argv or sys.argv[1:])]))
+    from .train import UnknownCompileOption
+
+    try:
+        names = run_sweep(sweep, out, progress=not args.no_progress, max_groups=args.max_groups,
+                          opt_level=None if args.xla_opt_level < 0 else args.xla_opt_level,
+                          min_runs_per_device=None if chosen else MIN_RUNS_PER_DEVICE,
+                          xla_options=dict(args.xla_option),
+                          command=" ".join(["python -m experiments.stability",
+                                            *map(shlex.quote, argv or sys.argv[1:])]))
+    except UnknownCompileOption as err:
+        raise SystemExit(f"--xla-option: {err}") from None
     if jax.process_index() != 0:
         return 0
     print(f"\nsweep '{sweep.name}': cells in {out / 'cells'}\n")

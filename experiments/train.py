@@ -110,6 +110,7 @@ def runs_mesh() -> Mesh:
 
 
 CPU_OPT_LEVEL = 1
+OWN_OPTIONS = ("xla_backend_optimization_level", "xla_cpu_use_fusion_emitters")  # what compiler_options sets
 
 
 def compiler_options(opt_level: int | None = CPU_OPT_LEVEL, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -124,18 +125,28 @@ def compiler_options(opt_level: int | None = CPU_OPT_LEVEL, extra: dict[str, Any
     """
     options: dict[str, Any] = {}
     if opt_level is not None and jax.default_backend() == "cpu":
-        options = {"xla_backend_optimization_level": int(opt_level), "xla_cpu_use_fusion_emitters": False}
+        options = dict(zip(OWN_OPTIONS, (int(opt_level), False), strict=True))
     return {**options, **(extra or {})}
 
 
+class UnknownCompileOption(ValueError):
+    """A compile option the user gave (--xla-option) that this XLA build does not know."""
+
+
 def compile_lowered(lowered: jax.stages.Lowered, options: dict[str, Any]) -> jax.stages.Compiled:
-    """lowered.compile(options), dropping options this XLA build does not know."""
+    """lowered.compile(options). The options `compiler_options` sets itself are dropped where
+    this XLA build does not know them; any other unknown name is an UnknownCompileOption
+    naming it (a misspelt --xla-option would otherwise be ignored without a word)."""
     try:
         return lowered.compile(options)
     except Exception as err:  # XLA raises a plain runtime error for an unknown option name
         unknown = [k for k in options if f"No such compile option: '{k}'" in str(err)]
         if not unknown:
             raise
+        theirs = [k for k in unknown if k not in OWN_OPTIONS]
+        if theirs:
+            raise UnknownCompileOption(f"XLA compile option(s) {theirs} unknown to this XLA build (jaxlib "
+                                       f"{jax.lib.__version__}); check the name given to --xla-option") from None
         return compile_lowered(lowered, {k: v for k, v in options.items() if k not in unknown})
 
 

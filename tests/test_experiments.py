@@ -503,3 +503,20 @@ def _check_init_probe(rec: dict) -> None:
         assert np.all(np.isfinite(m["attn_logit_max"]))
     else:
         assert all(v is None for v in m["attn_logit_max"][0])  # NaN on disk, not a made-up number
+
+
+def test_xla_options_are_name_value_pairs_and_an_unknown_name_is_an_error():
+    from experiments.train import UnknownCompileOption, compile_lowered
+
+    assert parse_args(["--xla-option", "xla_cpu_parallel_codegen_split_count=1"]).xla_option == [
+        ("xla_cpu_parallel_codegen_split_count", 1)]
+    with pytest.raises(SystemExit):  # argparse: "NAME=VALUE, e.g. ...; got 'nope'"
+        parse_args(["--xla-option", "nope"])
+    import jax
+    import jax.numpy as jnp
+
+    lowered = jax.jit(lambda x: x + 1).lower(jnp.ones(3))
+    with pytest.raises(UnknownCompileOption, match=r"\['xla_nope_option'\] unknown to this XLA build"):
+        compile_lowered(lowered, {"xla_nope_option": 1})
+    # the options compiler_options sets itself are still dropped where a build does not know them
+    assert compile_lowered(lowered, compiler_options(1)) is not None
