@@ -182,16 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     from . import report as single
     from .stability import compile_cache, cpu_devices, estimate, resolve_task, run_sweep
 
+    cache_dir = None
     if not args.report and not args.estimate:
         cpu_devices()  # before JAX's first computation
-        compile_cache()
+        cache_dir = compile_cache()
     for label, preset, folder in SETTINGS:
         sweep = replace(resolve_task(PRESETS[preset]), depths=DEPTHS)  # depth: its 48 layers left out
         if args.estimate:
             print(f"{label}: " + estimate(sweep))
             continue
         if not args.report:
-            run_sweep(sweep, folder, progress=not args.no_progress,
+            run_sweep(sweep, folder, progress=not args.no_progress, cache_dir=cache_dir,
                       command=f"python -m experiments.outward ({label}: --preset {preset} "
                               f"--depths {','.join(map(str, DEPTHS))} --out "
                               f"{os.path.relpath(folder, RESULTS.parent.parent)})")

@@ -828,7 +828,11 @@ def write_report(out: Path) -> Path:
         timing = (f"the last invocation computed {last['cells_computed']} of them in {last['wall_seconds']:.0f} s "
                   f"wall-clock{cpu} (compiling, training and writing; not counting imports and this report)")
         cc = last.get("compile_cache")
-        if cc and cc.get("dir"):
+        if cc and cc.get("programs"):  # the lab's program cache (one process)
+            p = cc["programs"]
+            timing += (f"; {p['loaded']} of the {p['loaded'] + p['compiled']} compiled programs came from the "
+                       "program cache (loaded without tracing)")
+        elif cc and cc.get("dir"):  # JAX's persistent cache (several processes)
             timing += (f"; {cc['hits']} of the {cc['requests']} compiled programs came from the persistent "
                        "compilation cache")
         loads = [x for x in (last.get("load_average_before"), last.get("load_average_after")) if x]

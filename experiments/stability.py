@@ -26,9 +26,10 @@ train side by side on their own devices (place_groups). A run's numbers depend i
 bits on how many runs share its device; the cells record the device count.
 On CPU, programs are compiled at XLA/LLVM optimisation level 1 (--xla-opt-level): ~3x
 faster to compile than the default and as fast to run for these small models. Programs are
-traced and compiled on two worker threads, in order, while earlier groups train, through JAX's
-persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else ~/.cache/twin_blocks/jax;
---no-compile-cache turns it off): a second run loads its programs instead of compiling them.
+traced and compiled on two worker threads, in order, while earlier groups train (the task's
+pools are sampled beside them), and kept in the lab's program cache (JAX_COMPILATION_CACHE_DIR,
+else ~/.cache/twin_blocks/jax; --no-compile-cache turns it off; experiments/program_cache.py):
+a second run loads its programs and pools from there without tracing anything.
 Several processes or hosts: start the same command in each with --coordinator HOST:PORT
 --num-processes N --process-id I (or --distributed where jax detects the cluster); each
 group's runs are sharded over every process's devices, and process 0 writes the cells.
@@ -303,15 +304,20 @@ def cpu_devices(requested: int | None = None) -> int | None:
     return int(requested)
 
 
-def compile_cache(enabled: bool = True) -> str | None:
-    """Turn on JAX's persistent compilation cache for this process; returns its folder.
+def compile_cache(enabled: bool = True, jax_cache: bool = False) -> str | None:
+    """The folder of the lab's persistent caches; returns it (None when `enabled` is False,
+    --no-compile-cache).
 
-    JAX_COMPILATION_CACHE_DIR wins when set; else the user's cache folder
-    ($XDG_CACHE_HOME or ~/.cache, then twin_blocks/jax), shared by every checkout, so a second
-    `make run` (or a fresh clone on the same machine) loads its programs instead of compiling
-    them. Every program is kept, however quickly it compiled (JAX keeps only those over 1 s by
-    default; the task's two samplers alone took ~0.9 s of a warm group run). enabled False
-    (--no-compile-cache): no persistent cache."""
+    JAX_COMPILATION_CACHE_DIR wins when set; else the user's cache folder ($XDG_CACHE_HOME or
+    ~/.cache, then twin_blocks/jax), shared by every checkout, so a second `make run` (or a
+    fresh clone on the same machine) loads its programs instead of compiling them. One process
+    keeps its programs and task pools in the lab's program cache, <folder>/programs
+    (experiments/program_cache.py), which loads them without tracing. With `jax_cache` (several
+    processes, which trace in lockstep for their collectives) JAX's own persistent cache is
+    turned on in the folder instead, keeping every program however quickly it compiled (JAX
+    keeps only those over 1 s by default). The two are not mixed: an executable JAX loaded
+    from its cache cannot be serialized again (XLA:CPU writes it without its compiled
+    functions; measured, the next process fails with "Function ... not found")."""
     import jax
 
     if not enabled:
@@ -319,8 +325,11 @@ def compile_cache(enabled: bool = True) -> str | None:
         return None
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "twin_blocks" / "jax")
-    jax.config.update("jax_compilation_cache_dir", folder)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # JAX_COMPILATION_CACHE_DIR alone would turn JAX's on: one process has the program cache instead
+    jax.config.update("jax_enable_compilation_cache", jax_cache)
+    jax.config.update("jax_compilation_cache_dir", folder if jax_cache else None)
+    if jax_cache:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return folder
 
 
@@ -343,17 +352,20 @@ class CacheCount:
 
 def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int | None = None,
               opt_level: int | None = 1, xla_options: dict[str, Any] | None = None,
-              command: str | None = None, min_runs_per_device: int | None = MIN_RUNS_PER_DEVICE) -> list[str]:
+              command: str | None = None, min_runs_per_device: int | None = MIN_RUNS_PER_DEVICE,
+              cache_dir: str | Path | None = None) -> list[str]:
     """Run every missing cell of `sweep`, writing each to out/cells as its group finishes.
 
     max_groups: stop after that many groups. opt_level, xla_options: how XLA compiles
-    (train.compiler_options). min_runs_per_device: see `place_groups`. Returns the names of
-    all the sweep's cells.
+    (train.compiler_options). min_runs_per_device: see `place_groups`. cache_dir: the folder
+    of `compile_cache`; one process keeps its programs and pools in the program cache there.
+    Returns the names of all the sweep's cells.
     """
     import jax
     from jax.sharding import Mesh
 
     from .model import ModelConfig
+    from .program_cache import ProgramCache
     from .tasks import make_task
     from .train import PROGRAMS, RunSpec, TrainConfig, Trainer, compiler_options, sample_pool
 
@@ -376,18 +388,22 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     task = make_task(sweep.task, vocab=sweep.vocab, seq_len=sweep.seq_len, seed=sweep.task_seed)
     train_cfg = TrainConfig(steps=sweep.steps, batch=sweep.batch, chunk=sweep.chunk, heldout=sweep.heldout)
     options = compiler_options(opt_level, xla_options)
-    pool = sample_pool(task, train_cfg.pool, train_cfg.pool_seed, options)
-    heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, options, split="heldout")
     env = {**environment(), "xla_compile_options": options}
-    task_info = {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss,
-                 "heldout_optimal_loss": task.nll(heldout)}  # the same for every cell
-    if task.name == "text":
-        from .text import REFERENCE_ORDER
+    # The program cache (one process): a warm run loads every program and the task's pools
+    # from it without tracing anything.
+    programs = ProgramCache(Path(cache_dir) / "programs") if cache_dir and jax.process_count() == 1 else None
 
-        c = task.corpus
-        task_info.update(reference=f"Witten-Bell {REFERENCE_ORDER}-gram", corpus_sha256=c.sha256,
-                         python=c.python, train_chars=len(c.train), heldout_chars=len(c.heldout),
-                         heldout_topics=list(c.heldout_topics))
+    def sample(n: int, seed: int, split: str = "train") -> np.ndarray:
+        if programs is None:
+            return sample_pool(task, n, seed, options, split=split)
+        what = {"task": [task.name, task.vocab, task.seq_len, task.seed, getattr(task.corpus, "sha256", None)],
+                "n": n, "seed": seed, "split": split, "options": options}
+        return programs.array(what, lambda: sample_pool(task, n, seed, options, split=split))
+
+    # The pools are sampled on their own thread while the programs are traced and compiled.
+    data_ex = ThreadPoolExecutor(max_workers=1)
+    data = data_ex.submit(lambda: (sample(train_cfg.pool, train_cfg.pool_seed),
+                                   sample(train_cfg.heldout, train_cfg.heldout_seed, "heldout")))
     print(f"{len(names)} cells ({skipped} already done) in {len(groups)} compiled groups on "
           f"{env['device_count']} x {env['device_kind']} ({env['platform']}); task {sweep.task}: "
           f"H = {task.optimal_loss:.3f}, unigram = {task.unigram_loss:.3f} nats", file=sys.stderr)
@@ -406,8 +422,8 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     for g, devices in zip(groups, placed, strict=True):
         mcfg = ModelConfig(g.variant, g.depth, vocab=sweep.vocab, seq_len=sweep.seq_len,
                            d_model=sweep.d_model, num_heads=sweep.num_heads, d_ff=sweep.d_ff)
-        tr = Trainer(mcfg, task, train_cfg, pool=pool, heldout=heldout, options=options,
-                     mesh=Mesh(np.array(devices), ("runs",)))
+        tr = Trainer(mcfg, task, train_cfg, options=options, mesh=Mesh(np.array(devices), ("runs",)),
+                     program_cache=programs)
         sp = [RunSpec(c["lr"], c["warmup"], c["seed"]) for c in g.todo]
         compiled.append([])
         for program in PROGRAMS:  # the largest first: the two threads compile a group's programs at once
@@ -418,6 +434,19 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
                 compiled[-1].append(pool_ex.submit(tr.compile, sp, program))
         trainers.append(tr)
         specs.append(sp)
+    pool, heldout = data.result()
+    data_ex.shutdown()
+    task_info = {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss,
+                 "heldout_optimal_loss": task.nll(heldout)}  # the same for every cell
+    if task.name == "text":
+        from .text import REFERENCE_ORDER
+
+        c = task.corpus
+        task_info.update(reference=f"Witten-Bell {REFERENCE_ORDER}-gram", corpus_sha256=c.sha256,
+                         python=c.python, train_chars=len(c.train), heldout_chars=len(c.heldout),
+                         heldout_topics=list(c.heldout_topics))
+    for tr in trainers:
+        tr.use_data(pool, heldout)
 
     # Train: a group waits for the groups before it on any of its devices, so groups on
     # disjoint devices (small groups, one device each) train side by side; each group's cells
@@ -478,8 +507,11 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
                             "wall_seconds": round(time.time() - start, 1),
                             "cpu_seconds": round(time.process_time() - cpu_start, 1),
                             "load_average_before": load_before, "load_average_after": _load(),
-                            "compile_cache": {"dir": jax.config.jax_compilation_cache_dir,
-                                              "requests": cache.requests, "hits": cache.hits},
+                            "compile_cache": {"dir": str(cache_dir) if cache_dir else None,
+                                              "requests": cache.requests, "hits": cache.hits,  # JAX's cache
+                                              "programs": programs and {"loaded": programs.loaded["program"],
+                                                                         "compiled": programs.made["program"]},
+                                              "pools_loaded": programs.loaded["array"] if programs else 0},
                             "environment": env}
         (out / "sweep.json").write_text(json.dumps(meta, indent=1))
     return names
@@ -671,8 +703,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import jax
 
-    compile_cache(not args.no_compile_cache)
     distributed = args.distributed or args.coordinator or args.num_processes or args.process_id is not None
+    cache_dir = compile_cache(not args.no_compile_cache, jax_cache=bool(distributed))
     sweep = sweep_from_args(args)
     if args.cpu_devices is not None or not distributed:  # several processes: their own XLA_FLAGS
         cpu_devices(args.cpu_devices)
@@ -702,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
         names = run_sweep(sweep, out, progress=not args.no_progress, max_groups=args.max_groups,
                           opt_level=None if args.xla_opt_level < 0 else args.xla_opt_level,
                           min_runs_per_device=None if chosen else MIN_RUNS_PER_DEVICE,
-                          xla_options=dict(args.xla_option),
+                          xla_options=dict(args.xla_option), cache_dir=cache_dir,
                           command=" ".join(["python -m experiments.stability",
                                             *map(shlex.quote, argv or sys.argv[1:])]))
     except UnknownCompileOption as err:

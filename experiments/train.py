@@ -39,8 +39,10 @@ host's devices, `runs_mesh()` spans them, and every host passes the same inputs.
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import jax
@@ -55,6 +57,7 @@ from jax.sharding import PartitionSpec as P
 from flax_blocks import LanguageModel
 
 from .model import ModelConfig, create_params
+from .program_cache import ProgramCache
 from .tasks import Task
 
 Metrics = dict[str, np.ndarray]
@@ -109,6 +112,7 @@ def runs_mesh() -> Mesh:
     return Mesh(np.array(jax.devices()), ("runs",))
 
 
+TRACING = threading.Lock()  # one thread traces at a time (`Trainer.compile`)
 CPU_OPT_LEVEL = 1
 OWN_OPTIONS = ("xla_backend_optimization_level", "xla_cpu_use_fusion_emitters")  # what compiler_options sets
 
@@ -195,25 +199,30 @@ class Trainer:
 
     def __init__(self, model_cfg: ModelConfig, task: Task, train_cfg: TrainConfig, *,
                  mesh: Mesh | None = None, pool: np.ndarray | None = None,
-                 heldout: np.ndarray | None = None, options: dict[str, Any] | None = None):
+                 heldout: np.ndarray | None = None, options: dict[str, Any] | None = None,
+                 program_cache: ProgramCache | None = None):
         if model_cfg.seq_len != task.seq_len or model_cfg.vocab != task.vocab:
             raise ValueError(f"model (vocab {model_cfg.vocab}, seq_len {model_cfg.seq_len}) does not "
                              f"match task (vocab {task.vocab}, seq_len {task.seq_len})")
         self.model_cfg, self.task, self.train_cfg = model_cfg, task, train_cfg
         self.mesh = mesh or runs_mesh()
         self.n_devices = self.mesh.devices.size
-        self.graphdef, _, _ = nnx.eval_shape(lambda: create_params(model_cfg, jax.random.key(0)))
         self.adam = optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps)
         self.weights = task.weights()  # (T,) loss weight per target position
         self.compiler_options = compiler_options() if options is None else options
-        if pool is None:
-            pool = sample_pool(task, train_cfg.pool, train_cfg.pool_seed, self.compiler_options)
-        if heldout is None:
-            heldout = sample_pool(task, train_cfg.heldout, train_cfg.heldout_seed, self.compiler_options,
-                                  split="heldout")
+        self.program_cache = program_cache  # where `compile` loads its programs from, when it holds them
+        # The task data: (pool, T + 1) and (heldout, T + 1) int32, replicated; the programs are
+        # traced from these shapes, so the data may come later (`use_data`; else sampled by `run`).
+        t = task.seq_len + 1
         replicated = NamedSharding(self.mesh, P())
-        self.pool = jax.device_put(pool, replicated)  # (pool, T + 1) int32
-        self.heldout = jax.device_put(heldout, replicated)  # (heldout, T + 1) int32
+        self.data_shapes = (jax.ShapeDtypeStruct((train_cfg.pool, t), jnp.int32, sharding=replicated),
+                            jax.ShapeDtypeStruct((train_cfg.heldout, t), jnp.int32, sharding=replicated))
+        self.pool: jax.Array | None = None
+        self.heldout: jax.Array | None = None
+        if pool is not None or heldout is not None:
+            if pool is None or heldout is None:
+                raise ValueError("give both pool and heldout, or neither (then `run` samples them)")
+            self.use_data(pool, heldout)
         # Three programs, vmapped over the runs: the fresh models, the probe (at init and after
         # each chunk) and a chunk of steps; compiled apart, so two threads compile them at once.
         # Every output keeps the runs axis sharded (the fresh models' constant leaves too).
@@ -225,6 +234,21 @@ class Trainer:
         }
         self._programs: dict[str, jax.stages.Compiled] = {}
         self._shapes: dict[int, dict] = {}  # run count -> the fresh state's shapes (`_state_shapes`)
+
+    @functools.cached_property
+    def graphdef(self) -> nnx.GraphDef:
+        """The model's structure (built abstractly, once: only tracing needs it)."""
+        return nnx.eval_shape(lambda: create_params(self.model_cfg, jax.random.key(0)))[0]
+
+    def use_data(self, pool: np.ndarray | jax.Array, heldout: np.ndarray | jax.Array) -> None:
+        """The task data every run draws from: pool (train_cfg.pool, T + 1) and heldout
+        (train_cfg.heldout, T + 1) token arrays, integer, placed on this group's devices."""
+        for name, x, want in (("pool", pool, self.data_shapes[0]), ("heldout", heldout, self.data_shapes[1])):
+            if tuple(x.shape) != want.shape or not np.issubdtype(x.dtype, np.integer):
+                raise ValueError(f"{name} must be integer tokens of shape {want.shape} (train_cfg and the "
+                                 f"task's seq_len + 1), got {x.dtype} {tuple(x.shape)}")
+        self.pool = jax.device_put(np.asarray(pool, np.int32), self.data_shapes[0].sharding)
+        self.heldout = jax.device_put(np.asarray(heldout, np.int32), self.data_shapes[1].sharding)
 
     # -- one run -------------------------------------------------------------------------
 
@@ -329,10 +353,10 @@ class Trainer:
             return self._jitted["init"].trace(seeds)
         state = self._state_shapes(seeds)
         if program == "probe":
-            return self._jitted["probe"].trace(state["params"], state["rest"], self.heldout)
+            return self._jitted["probe"].trace(state["params"], state["rest"], self.data_shapes[1])
         y0 = jax.ShapeDtypeStruct((len(seeds), self.train_cfg.heldout, self.model_cfg.seq_len, self.model_cfg.d_model),
                                   jnp.float32, sharding=self.runs_sharding)
-        return self._jitted["chunk"].trace({**state, "y0": y0}, lrs, warmups, self.pool, self.heldout)
+        return self._jitted["chunk"].trace({**state, "y0": y0}, lrs, warmups, *self.data_shapes)
 
     def _state_shapes(self, seeds: jax.Array) -> dict:
         """The fresh state's ShapeDtypeStructs for these (padded) runs, sharded on the runs axis
@@ -345,8 +369,36 @@ class Trainer:
         return self._shapes[n]
 
     def compile(self, specs: list[RunSpec], program: str) -> jax.stages.Compiled:
-        """Trace, lower and compile one program and keep it for `run`."""
-        return self.keep(program, self.trace(specs, program).lower())
+        """Trace, lower and compile one program and keep it for `run`; with a program cache,
+        load it from there when it holds it (nothing is traced) and store it when not.
+        Tracing holds the GIL, so threads trace one at a time, the first to ask first (the
+        largest program's compile, which runs without the GIL, starts sooner)."""
+
+        def build() -> jax.stages.Compiled:
+            with TRACING:
+                lowered = self.trace(specs, program).lower()
+            return compile_lowered(lowered, self.compiler_options)
+
+        if self.program_cache is None:
+            compiled = build()
+        else:
+            compiled = self.program_cache.program(self.describe(specs, program), self.mesh.devices.flat, build)
+        self._programs[program] = compiled
+        return compiled
+
+    def describe(self, specs: list[RunSpec], program: str) -> dict[str, Any]:
+        """What one of the group's programs is a function of, besides the code and the devices
+        (`program_cache.environment_key`, the program cache's key): its name, the model,
+        training and task configs, the (padded) run count, the data's shapes and the compile
+        options."""
+        if program not in PROGRAMS:
+            raise ValueError(f"program must be one of {PROGRAMS}, got {program!r}")
+        task = self.task
+        return {"program": program, "runs": len(specs) + (-len(specs)) % self.n_devices,
+                "model": asdict(self.model_cfg), "train": asdict(self.train_cfg),
+                "task": {"name": task.name, "vocab": task.vocab, "seq_len": task.seq_len, "seed": task.seed,
+                         "corpus": getattr(task.corpus, "sha256", None)},
+                "options": self.compiler_options}
 
     def keep(self, program: str, lowered: jax.stages.Lowered) -> jax.stages.Compiled:
         """Compile a lowered program and keep it for `run` (XLA compiles without the GIL: two
@@ -359,6 +411,10 @@ class Trainer:
         then (steps, results): one dict of numpy metrics per spec, in order (padding dropped).
         """
         n = len(specs)
+        if self.pool is None or self.heldout is None:
+            tc = self.train_cfg
+            self.use_data(sample_pool(self.task, tc.pool, tc.pool_seed, self.compiler_options),
+                          sample_pool(self.task, tc.heldout, tc.heldout_seed, self.compiler_options, split="heldout"))
         seeds, lrs, warmups = self._inputs(specs)
         init, probe, chunk = (self._programs.get(p) or self.compile(specs, p) for p in ("init", "probe", "chunk"))
 

@@ -1,0 +1,142 @@
+"""The lab's program cache (experiments/program_cache.py): what it stores it loads without
+compiling, any change of what it is keyed by is another entry, a bad entry is compiled again.
+That loaded programs give the same cells bit for bit is checked end to end by
+tests/test_experiments.py (the killed sweep's rerun)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import program_cache
+from experiments.model import ModelConfig
+from experiments.program_cache import ProgramCache
+from experiments.tasks import make_task
+from experiments.train import RunSpec, TrainConfig, Trainer
+
+X = jnp.arange(6.0)
+
+
+def _compile(scale: float = 3.0):
+    return lambda: jax.jit(lambda x: jnp.sin(x) * scale).lower(X).compile()
+
+
+def _never():
+    raise AssertionError("compiled, though the cache held the program")
+
+
+def test_a_stored_program_is_loaded_without_compiling(tmp_path):
+    devices = jax.devices()[:1]
+    first = ProgramCache(tmp_path)
+    want = np.asarray(first.program({"f": "sin"}, devices, _compile())(X))
+    assert first.made == {"program": 1, "array": 0}
+    again = ProgramCache(tmp_path)  # another process's view of the same folder
+    got = again.program({"f": "sin"}, devices, _never)
+    np.testing.assert_array_equal(np.asarray(got(X)), want)
+    assert again.loaded == {"program": 1, "array": 0} and again.made["program"] == 0
+    # another description is another program: compiled, not the stored one
+    other = again.program({"f": "sin", "scale": 4}, devices, _compile(4.0))
+    np.testing.assert_allclose(np.asarray(other(X)), np.sin(np.arange(6.0)) * 4, rtol=1e-6)
+    assert again.made["program"] == 1
+    assert not list(tmp_path.glob(".*.tmp"))  # written whole: no temporary file left
+
+
+def test_a_corrupt_entry_is_compiled_again(tmp_path):
+    devices = jax.devices()[:1]
+    ProgramCache(tmp_path).program({"f": "sin"}, devices, _compile())
+    (entry,) = tmp_path.glob("program-*.pkl")
+    entry.write_bytes(b"not a program")
+    cache = ProgramCache(tmp_path)
+    got = cache.program({"f": "sin"}, devices, _compile())
+    np.testing.assert_allclose(np.asarray(got(X)), np.sin(np.arange(6.0)) * 3, rtol=1e-6)
+    assert cache.made["program"] == 1 and cache.loaded["program"] == 0
+    assert ProgramCache(tmp_path).program({"f": "sin"}, devices, _never) is not None  # rewritten whole
+
+
+def test_arrays_are_stored_and_loaded(tmp_path):
+    made = np.arange(12, dtype=np.int32).reshape(3, 4)
+    cache = ProgramCache(tmp_path)
+    np.testing.assert_array_equal(cache.array({"pool": 1}, lambda: made), made)
+    got = ProgramCache(tmp_path).array({"pool": 1}, _never)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, made)
+    assert ProgramCache(tmp_path).array({"pool": 2}, lambda: made + 1)[0, 0] == 1  # another key
+
+
+def test_the_key_follows_the_code_the_flags_and_the_config(tmp_path, monkeypatch):
+    cache = ProgramCache(tmp_path)
+    key = cache.key("program", {"f": "sin"})
+    assert cache.key("program", {"f": "sin"}) == key  # stable
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    assert cache.key("program", {"f": "sin"}) != key
+    monkeypatch.delenv("XLA_FLAGS")
+    with jax.default_matmul_precision("highest"):
+        assert cache.key("program", {"f": "sin"}) != key
+    # a package's source: every byte of every .py file
+    package = tmp_path / "pkg_under_test"
+    package.mkdir()
+    (package / "__init__.py").write_text("SCALE = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(program_cache, "PACKAGES", ("pkg_under_test",))
+    try:
+        program_cache.code_digest.cache_clear()
+        before = program_cache.code_digest()
+        (package / "__init__.py").write_text("SCALE = 4\n")
+        program_cache.code_digest.cache_clear()
+        assert program_cache.code_digest() != before
+    finally:
+        program_cache.code_digest.cache_clear()
+
+
+def _trainer(**kw) -> Trainer:
+    task = make_task("markov", vocab=16, seq_len=8, seed=0)
+    cfg = ModelConfig(kw.pop("variant", "pre"), 2, vocab=16, seq_len=8, d_model=16, num_heads=2, d_ff=32)
+    return Trainer(cfg, task, TrainConfig(steps=4, batch=4, chunk=2, heldout=4, pool=64), **kw)
+
+
+def test_a_trainers_programs_are_described_by_everything_they_compute_from():
+    runs = [RunSpec(1e-3, 0, 0), RunSpec(1e-2, 2, 1)]
+    a = _trainer().describe(runs, "chunk")
+    assert a == _trainer().describe([RunSpec(3e-3, 5, 7), RunSpec(1e-1, 0, 2)], "chunk")  # runtime values
+    assert a != _trainer().describe(runs, "probe")
+    assert a != _trainer(variant="post").describe(runs, "chunk")
+    assert a != _trainer().describe(runs[:1], "chunk")  # another run count
+    assert a != _trainer(options={"xla_backend_optimization_level": 0}).describe(runs, "chunk")
+    with pytest.raises(ValueError, match="program must be one of"):
+        _trainer().describe(runs, "train")
+
+
+def test_task_data_of_the_wrong_shape_is_refused_by_name():
+    tr = _trainer()
+    pool, heldout = np.zeros((64, 9), np.int32), np.zeros((4, 9), np.int32)
+    tr.use_data(pool + 1, heldout)
+    with pytest.raises(ValueError, match=r"pool must be integer tokens of shape \(64, 9\).*got int32 \(64, 8\)"):
+        tr.use_data(pool[:, :8], heldout)
+    with pytest.raises(ValueError, match=r"heldout must be integer tokens of shape \(4, 9\).*got float32"):
+        tr.use_data(pool, heldout.astype(np.float32))
+    assert int(tr.pool[0, 0]) == 1  # a refused call changed nothing
+    with pytest.raises(ValueError, match="give both pool and heldout"):
+        _trainer(pool=pool)
+
+
+def test_one_process_uses_the_program_cache_and_not_jaxs(tmp_path, monkeypatch):
+    """An executable JAX loaded from its own cache cannot be serialized again (XLA:CPU writes it
+    without its compiled functions), so the lab never has both caches on."""
+    from experiments.stability import compile_cache
+
+    before = {k: jax.config.values[k] for k in ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
+                                                "jax_persistent_cache_min_compile_time_secs")}
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    try:
+        assert compile_cache() == str(tmp_path)
+        assert not jax.config.values["jax_enable_compilation_cache"]
+        assert jax.config.values["jax_compilation_cache_dir"] is None
+        assert compile_cache(jax_cache=True) == str(tmp_path)  # several processes: JAX's, in the same folder
+        assert jax.config.values["jax_enable_compilation_cache"]
+        assert jax.config.values["jax_compilation_cache_dir"] == str(tmp_path)
+        assert compile_cache(enabled=False) is None
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
