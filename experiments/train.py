@@ -41,24 +41,24 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from flax_blocks import LanguageModel
-
-from .model import ModelConfig, create_params
+from .model import ModelConfig, model_binder, pure_params
 from .program_cache import ProgramCache
 from .tasks import Task
+
+if TYPE_CHECKING:
+    from flax_blocks import LanguageModel
 
 Metrics = dict[str, np.ndarray]
 PER_STEP = ("loss", "grad_norm", "heldout_loss", "update")
@@ -112,7 +112,7 @@ def runs_mesh() -> Mesh:
     return Mesh(np.array(jax.devices()), ("runs",))
 
 
-TRACING = threading.Lock()  # one thread traces at a time (`Trainer.compile`)
+TRACING = threading.Lock()  # one thread traces at a time (`Trainer.compile`, `sample_pool`)
 CPU_OPT_LEVEL = 1
 OWN_OPTIONS = ("xla_backend_optimization_level", "xla_cpu_use_fusion_emitters")  # what compiler_options sets
 
@@ -163,8 +163,9 @@ def sample_pool(task: Task, n: int, seed: int, options: dict[str, Any] | None = 
         return task.windows(n, seed, split)
     key = jax.random.key(seed)
     options = compiler_options() if options is None else options
-    program = compile_lowered(jax.jit(task.sample, static_argnums=1).lower(key, n), options)
-    return np.asarray(program(key))
+    with TRACING:  # beside a group's tracing (experiments.stability): one at a time
+        lowered = jax.jit(task.sample, static_argnums=1).lower(key, n)
+    return np.asarray(compile_lowered(lowered, options)(key))
 
 
 # ------------------------------------------------------------------------------------
@@ -236,9 +237,9 @@ class Trainer:
         self._shapes: dict[int, dict] = {}  # run count -> the fresh state's shapes (`_state_shapes`)
 
     @functools.cached_property
-    def graphdef(self) -> nnx.GraphDef:
-        """The model's structure (built abstractly, once: only tracing needs it)."""
-        return nnx.eval_shape(lambda: create_params(self.model_cfg, jax.random.key(0)))[0]
+    def _bind(self) -> Callable[[dict, dict], LanguageModel]:
+        """(params, rest) -> the model (built once, and only where a program is traced)."""
+        return model_binder(self.model_cfg)
 
     def use_data(self, pool: np.ndarray | jax.Array, heldout: np.ndarray | jax.Array) -> None:
         """The task data every run draws from: pool (train_cfg.pool, T + 1) and heldout
@@ -252,26 +253,27 @@ class Trainer:
 
     # -- one run -------------------------------------------------------------------------
 
-    def _model(self, params: nnx.State, rest: nnx.State) -> LanguageModel:
-        """The model with these parameters (`rest`: the Dropouts' RNG state, unused at rate 0)."""
-        return nnx.merge(self.graphdef, params, rest)
+    def _model(self, params: dict, rest: dict) -> LanguageModel:
+        """The model with these parameters (`rest`: the Dropouts' RNG state, unused at rate 0),
+        both nested dicts of arrays as the programs take and return them (`model.pure_params`)."""
+        return self._bind(params, rest)
 
     def _mean_ce(self, logits: jax.Array, tokens: jax.Array) -> jax.Array:
         """Mean cross-entropy over scored targets: logits (B, T, V), tokens (B, T + 1) -> scalar."""
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])  # (B, T)
         return jnp.sum(ce * self.weights) / (tokens.shape[0] * jnp.sum(self.weights))
 
-    def _train_loss(self, params: nnx.State, rest: nnx.State, tokens: jax.Array) -> jax.Array:
+    def _train_loss(self, params: dict, rest: dict, tokens: jax.Array) -> jax.Array:
         """Mean loss on a batch of tokens (B, T + 1)."""
         return self._mean_ce(self._model(params, rest)(tokens[:, :-1]), tokens)
 
-    def _heldout(self, params: nnx.State, rest: nnx.State, heldout: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def _heldout(self, params: dict, rest: dict, heldout: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Held-out loss and encoder output y (heldout, T, E)."""
         model = self._model(params, rest)
         y = model.hidden(heldout[:, :-1])
         return self._mean_ce(model.logits(y), heldout), y
 
-    def _probe(self, params: nnx.State, rest: nnx.State, heldout: jax.Array) -> dict[str, jax.Array]:
+    def _probe(self, params: dict, rest: dict, heldout: jax.Array) -> dict[str, jax.Array]:
         """The held-out forward pass with its intermediates: loss, encoder output y
         (heldout, T, E), stream norms ||x_l||^2 / d (L + 1,), attention entropy (L,), the
         largest attention logit of each layer (L,), and the RMS and max |.| of the output
@@ -289,7 +291,7 @@ class Trainer:
     def _init_one(self, seed: jax.Array) -> dict:
         """One run's fresh state: the model initialised from key(seed), Adam's zero moments,
         step 0 (`rest`: the Dropouts' RNG state, unused at rate 0)."""
-        _, params, rest = create_params(self.model_cfg, jax.random.fold_in(jax.random.key(seed), 0))
+        params, rest = pure_params(self.model_cfg, jax.random.fold_in(jax.random.key(seed), 0))
         return {"params": params, "rest": rest, "opt": self.adam.init(params), "step": jnp.zeros((), jnp.int32),
                 "seed": seed}
 

@@ -140,3 +140,26 @@ def test_one_process_uses_the_program_cache_and_not_jaxs(tmp_path, monkeypatch):
     finally:
         for k, v in before.items():
             jax.config.update(k, v)
+
+
+def test_the_programs_trees_name_no_flax_class_and_bind_each_array_at_its_path(tmp_path):
+    """The lab's programs take and return a model's states as nested dicts, so a warm run loads
+    them without importing Flax; the model bound from such dicts is the model they came from."""
+    import pickle
+
+    from flax import nnx
+
+    from experiments.model import create_params, model_binder, pure_params
+
+    tr = _trainer(program_cache=ProgramCache(tmp_path))
+    runs = [RunSpec(1e-3, 0, 0), RunSpec(1e-2, 2, 1)]
+    for program in ("init", "probe"):
+        compiled = tr.compile(runs, program)
+        assert b"flax" not in pickle.dumps((compiled.in_tree, compiled.out_tree)), program
+    cfg, key = tr.model_cfg, jax.random.key(3)
+    params, rest = pure_params(cfg, key)
+    bound = nnx.state(model_binder(cfg)(params, rest), nnx.Param)
+    _, want, _ = create_params(cfg, key)
+    for (path, got), (want_path, value) in zip(nnx.to_flat_state(bound), nnx.to_flat_state(want), strict=True):
+        assert path == want_path
+        np.testing.assert_array_equal(np.asarray(got.get_value()), np.asarray(value.get_value()), err_msg=str(path))
