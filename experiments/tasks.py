@@ -61,13 +61,13 @@ class Task:
     stationary: np.ndarray | None = field(default=None, repr=False, compare=False)
     corpus: Any = field(default=None, repr=False, compare=False)
 
-    def weights(self) -> jax.Array:
-        """(seq_len,) loss weight of each target position (0 = not scored)."""
+    def weights(self) -> np.ndarray:
+        """(seq_len,) float32 loss weight of each target position (0 = not scored)."""
         if self.name == "copy":
             n = self.seq_len + 1
             start = n - n // 2  # the second copy starts at token `start`; target j is token j + 1
-            return (jnp.arange(self.seq_len) + 1 >= start).astype(jnp.float32)
-        return jnp.ones((self.seq_len,), jnp.float32)
+            return (np.arange(self.seq_len) + 1 >= start).astype(np.float32)
+        return np.ones((self.seq_len,), np.float32)
 
     def nll(self, tokens: np.ndarray) -> float | None:
         """Mean loss of the true distribution on the scored targets of `tokens` (n, seq_len + 1):
