@@ -4,7 +4,10 @@ A *group* is a set of runs sharing one model shape and variant (one `ModelConfig
 differing in learning rate, warmup and seed. A group is three compiled programs
 (`PROGRAMS`), each vmapped over its runs: "init" (the fresh models), "probe" (the held-out
 pass with its intermediates, at init and after every chunk) and "chunk" (`TrainConfig.chunk`
-steps, one `lax.scan`); compiled apart, two threads compile them at once. The leading "runs"
+steps, one `lax.scan`); compiled apart, two threads compile them at once, and kept in the
+program cache when one is given (experiments/program_cache.py: a warm run loads them without
+tracing). The programs take and return each run's model as nested dicts of arrays
+(`model.pure_params`), so a loaded program needs no Flax class. The leading "runs"
 axis is sharded across the available devices (a 1-D mesh), so the same code runs on one CPU,
 several (simulated) CPU devices, a GPU or a TPU slice. Python only loops over the chunks (so
 a progress bar can move).
