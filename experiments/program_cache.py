@@ -8,7 +8,8 @@ instead by what a program is a function of:
   - the code: the bytes of every .py file of `flax_blocks` and `experiments`, and the versions of
     Python, jax, jaxlib, flax, optax and numpy;
   - how it is compiled: XLA_FLAGS, every JAX configuration value (the cache's own settings
-    excepted), the compile options, the platform, the process count and the devices it runs on;
+    excepted), the compile options, the platform, the host CPU's instruction-set extensions,
+    the process count and the devices it runs on;
   - the program's own description, given by its caller (for a Trainer: the program's name, the
     model, training and task configs, the run count and the shapes of the data it takes).
 
@@ -68,11 +69,27 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+@cache
+def host_cpu() -> str:
+    """The host's architecture and instruction-set extensions (XLA:CPU compiles for them, so a
+    cache folder shared between machines must not hand one's programs to another)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1] for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} " + " ".join(sorted(flags.split()))
+
+
 def environment_key() -> dict[str, Any]:
-    """How this process compiles: XLA_FLAGS, JAX's configuration, platform, processes."""
+    """How this process compiles: XLA_FLAGS, JAX's configuration, the platform and its version,
+    the host CPU, the process count."""
     config = {k: v for k, v in sorted(jax.config.values.items()) if k not in CONFIG_IGNORED}
+    device = jax.devices()[0]
     return {"code": code_digest(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "config": config,
-            "platform": jax.default_backend(), "process_count": jax.process_count()}
+            "platform": [jax.default_backend(), device.client.platform_version, device.device_kind],
+            "host": host_cpu(), "process_count": jax.process_count()}
 
 
 class ProgramCache:

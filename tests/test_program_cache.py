@@ -65,7 +65,7 @@ def test_arrays_are_stored_and_loaded(tmp_path):
     assert ProgramCache(tmp_path).array({"pool": 2}, lambda: made + 1)[0, 0] == 1  # another key
 
 
-def test_the_key_follows_the_code_the_flags_and_the_config(tmp_path, monkeypatch):
+def test_the_key_follows_the_code_the_flags_the_config_and_the_host(tmp_path, monkeypatch):
     cache = ProgramCache(tmp_path)
     key = cache.key("program", {"f": "sin"})
     assert cache.key("program", {"f": "sin"}) == key  # stable
@@ -73,6 +73,9 @@ def test_the_key_follows_the_code_the_flags_and_the_config(tmp_path, monkeypatch
     assert cache.key("program", {"f": "sin"}) != key
     monkeypatch.delenv("XLA_FLAGS")
     with jax.default_matmul_precision("highest"):
+        assert cache.key("program", {"f": "sin"}) != key
+    with monkeypatch.context() as m:  # another machine sharing the folder (another instruction set)
+        m.setattr(program_cache, "host_cpu", lambda: "x86_64 avx2")
         assert cache.key("program", {"f": "sin"}) != key
     # a package's source: every byte of every .py file
     package = tmp_path / "pkg_under_test"
