@@ -7,9 +7,9 @@ The group: pre-LN, 6 layers, the `cpu` preset's model (d_model 32, 2 heads, d_ff
 16, batch 16, held-out batch 32) and its 5 learning rates x 2 warmups x 2 seeds = 20 runs, 100
 steps each (a slice of the preset's 400).
   lab cold   `python -m experiments.stability --preset cpu --variants pre --depths 6 --steps 100`
-             in a fresh process with an empty persistent compilation cache (tracing and
-             compiling included), wall time of the process; the lab's default layout (the
-             runs split over one CPU device per core);
+             in a fresh process with an empty cache folder (JAX_COMPILATION_CACHE_DIR, the
+             lab's program cache; tracing and compiling included), wall time of the process;
+             the lab's default layout (the runs split over one CPU device per core);
   lab warm   the same command again, into a new folder, with the cache the cold run filled;
   torch      the torch twin (`torch_blocks.LanguageModel`, the lab's config and init
              distributions) trained run after run, as a researcher writes it: Adam (b1 0.9,
