@@ -435,8 +435,13 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
                 compiled[-1].append(pool_ex.submit(tr.compile, sp, program))
         trainers.append(tr)
         specs.append(sp)
-    pool, heldout = data.result()
-    data_ex.shutdown()
+    try:
+        pool, heldout = data.result()
+    except BaseException:  # a failed sampling stops the compiles it was beside
+        pool_ex.shutdown(cancel_futures=True)
+        raise
+    finally:
+        data_ex.shutdown()
     task_info = {"optimal_loss": task.optimal_loss, "unigram_loss": task.unigram_loss,
                  "heldout_optimal_loss": task.nll(heldout)}  # the same for every cell
     if task.name == "text":

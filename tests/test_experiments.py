@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -522,3 +523,17 @@ def test_xla_options_are_name_value_pairs_and_an_unknown_name_is_an_error():
         compile_lowered(lowered, {"xla_nope_option": 1})
     # the options compiler_options sets itself are still dropped where a build does not know them
     assert compile_lowered(lowered, compiler_options(1)) is not None
+
+
+def test_a_failed_sampling_of_the_pools_is_raised_and_writes_no_cell(tmp_path, monkeypatch):
+    """The pools are sampled beside the compiles: an error there is the sweep's error, and the
+    compiles beside it stop."""
+    import experiments.train
+
+    def broken(*args, **kwargs):
+        raise ValueError("the task's sampler failed")
+
+    monkeypatch.setattr(experiments.train, "sample_pool", broken)
+    with pytest.raises(ValueError, match="the task's sampler failed"):
+        run_sweep(replace(TINY, variants=("pre",)), tmp_path, progress=False)
+    assert not list((tmp_path / "cells").glob("*.json"))
