@@ -101,6 +101,7 @@ class ProgramCache:
         self.folder = Path(folder)
         self.loaded = {"program": 0, "array": 0}
         self.made = {"program": 0, "array": 0}
+        self.writable = True  # False after a write failed (warned once; the run goes on uncached)
 
     def key(self, kind: str, description: dict[str, Any]) -> str:
         """The entry's file stem: kind, then the sha256 of the description and the environment."""
@@ -159,7 +160,9 @@ class ProgramCache:
 
     def _write(self, path: Path, data: bytes) -> None:
         """Write whole or not at all (a temporary file in the folder, renamed). A folder that
-        cannot be written is a warning, as for JAX's own cache: the run goes on uncached."""
+        cannot be written is one warning, as for JAX's own cache: the run goes on uncached."""
+        if not self.writable:
+            return
         tmp = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -168,7 +171,9 @@ class ProgramCache:
                 f.write(data)
             os.replace(tmp, path)
         except OSError as err:
-            warnings.warn(f"program cache: could not write {path} ({err}); running uncached", stacklevel=2)
+            self.writable = False
+            warnings.warn(f"program cache: could not write in {self.folder} ({err}); running without it",
+                          stacklevel=3)
         finally:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)

@@ -166,3 +166,15 @@ def test_the_programs_trees_name_no_flax_class_and_bind_each_array_at_its_path(t
     for (path, got), (want_path, value) in zip(nnx.to_flat_state(bound), nnx.to_flat_state(want), strict=True):
         assert path == want_path
         np.testing.assert_array_equal(np.asarray(got.get_value()), np.asarray(value.get_value()), err_msg=str(path))
+
+
+def test_a_folder_that_cannot_be_written_is_one_warning_and_the_run_goes_on(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    cache = ProgramCache(blocker / "programs")  # below a file: no folder can be made there
+    devices = jax.devices()[:1]
+    with pytest.warns(UserWarning, match="could not write in .*a_file/programs") as warned:
+        got = cache.program({"f": "sin"}, devices, _compile())
+        cache.array({"pool": 1}, lambda: np.zeros(3, np.int32))
+    assert len(warned) == 1
+    np.testing.assert_allclose(np.asarray(got(X)), np.sin(np.arange(6.0)) * 3, rtol=1e-6)
