@@ -92,6 +92,14 @@ def environment_key() -> dict[str, Any]:
             "host": host_cpu(), "process_count": jax.process_count()}
 
 
+def jax_cache_on() -> bool:
+    """Whether JAX's persistent compilation cache is on in this process. An executable JAX
+    loaded from it cannot be serialized again (XLA:CPU, jaxlib 0.10.2, writes it without its
+    compiled functions: the next process fails with "Function ... not found"), so programs
+    compiled while it is on are not stored here."""
+    return bool(jax.config.values["jax_enable_compilation_cache"] and jax.config.values["jax_compilation_cache_dir"])
+
+
 class ProgramCache:
     """Compiled programs (`program`) and sampled arrays (`array`) under `folder`, keyed by a
     description of what they compute together with `environment_key()`. `loaded` and `made`
@@ -129,7 +137,8 @@ class ProgramCache:
                 return loaded
         self.made["program"] += 1
         compiled = compile_fn()
-        self._write(path, pickle.dumps(serialize_executable.serialize(compiled)))
+        if not jax_cache_on():  # else it may be JAX's cached copy, which cannot be serialized again
+            self._write(path, pickle.dumps(serialize_executable.serialize(compiled)))
         return compiled
 
     def array(self, description: dict[str, Any], make: Callable[[], np.ndarray]) -> np.ndarray:

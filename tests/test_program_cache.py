@@ -178,3 +178,21 @@ def test_a_folder_that_cannot_be_written_is_one_warning_and_the_run_goes_on(tmp_
         cache.array({"pool": 1}, lambda: np.zeros(3, np.int32))
     assert len(warned) == 1
     np.testing.assert_allclose(np.asarray(got(X)), np.sin(np.arange(6.0)) * 3, rtol=1e-6)
+
+
+def test_nothing_is_stored_while_jaxs_own_cache_is_on(tmp_path, monkeypatch):
+    """Its executables may be JAX's cached copies, which XLA:CPU cannot serialize again."""
+    before = {k: jax.config.values[k] for k in ("jax_enable_compilation_cache", "jax_compilation_cache_dir")}
+    try:  # the switch read from JAX's config (nothing compiled meanwhile: JAX sets its cache up on a compile)
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+        assert program_cache.jax_cache_on()
+        jax.config.update("jax_enable_compilation_cache", False)
+        assert not program_cache.jax_cache_on()
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+    monkeypatch.setattr(program_cache, "jax_cache_on", lambda: True)
+    cache = ProgramCache(tmp_path / "programs")
+    cache.program({"f": "sin"}, jax.devices()[:1], _compile())
+    assert cache.made["program"] == 1 and not list((tmp_path / "programs").glob("program-*"))
