@@ -15,7 +15,8 @@ instead by what a program is a function of:
 
 Any change to any of these is another key, so an entry is never used for another program; an
 entry that cannot be read is recomputed (and overwritten). Entries are written whole (a
-temporary file renamed), so an interrupted run leaves none half-written. Programs are stored
+temporary file renamed), so an interrupted run leaves none half-written; past `MAX_BYTES`
+(1 GiB) the least recently used go, since every edit of the code makes new keys. Programs are stored
 with `jax.experimental.serialize_executable` (loading one runs code from this folder: it is a
 cache of this user's own runs, never a download). One process only: several processes trace in
 lockstep for their collectives, so the lab bypasses this cache there.
@@ -23,6 +24,7 @@ lockstep for their collectives, so the lab bypasses this cache there.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -100,13 +102,17 @@ def jax_cache_on() -> bool:
     return bool(jax.config.values["jax_enable_compilation_cache"] and jax.config.values["jax_compilation_cache_dir"])
 
 
+MAX_BYTES = 1 << 30  # the folder's size past which the least recently used entries go (1 GiB)
+
+
 class ProgramCache:
     """Compiled programs (`program`) and sampled arrays (`array`) under `folder`, keyed by a
     description of what they compute together with `environment_key()`. `loaded` and `made`
     count, per kind, the entries found and the ones computed (and stored)."""
 
-    def __init__(self, folder: str | os.PathLike):
+    def __init__(self, folder: str | os.PathLike, max_bytes: int = MAX_BYTES):
         self.folder = Path(folder)
+        self.max_bytes = max_bytes
         self.loaded = {"program": 0, "array": 0}
         self.made = {"program": 0, "array": 0}
         self.writable = True  # False after a write failed (warned once; the run goes on uncached)
@@ -162,10 +168,36 @@ class ProgramCache:
 
     @staticmethod
     def _read(path: Path) -> bytes | None:
+        """The entry's bytes (its time touched: `_trim` drops the least recently used), or None."""
         try:
-            return path.read_bytes()
+            data = path.read_bytes()
         except OSError:
             return None
+        with contextlib.suppress(OSError):  # a folder others share read-only still serves
+            os.utime(path)
+        return data
+
+    def _trim(self, keep: Path) -> None:
+        """Keys follow every edit of the code, so old entries pile up: past `max_bytes`, drop the
+        least recently used entries (never `keep`, the one just written) down to three quarters
+        of it. Another process reading a dropped entry compiles it again."""
+        entries = []
+        for path in self.folder.glob("*-*.*"):
+            try:
+                st = path.stat()
+            except OSError:  # dropped by another process meanwhile
+                continue
+            if path.suffix in (".pkl", ".npy"):
+                entries.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        if total <= self.max_bytes:
+            return
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes * 3 // 4:
+                break
+            if path != keep:
+                path.unlink(missing_ok=True)
+                total -= size
 
     def _write(self, path: Path, data: bytes) -> None:
         """Write whole or not at all (a temporary file in the folder, renamed). A folder that
@@ -179,6 +211,7 @@ class ProgramCache:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
+            self._trim(keep=path)
         except OSError as err:
             self.writable = False
             warnings.warn(f"program cache: could not write in {self.folder} ({err}); running without it",

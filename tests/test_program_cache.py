@@ -196,3 +196,17 @@ def test_nothing_is_stored_while_jaxs_own_cache_is_on(tmp_path, monkeypatch):
     cache = ProgramCache(tmp_path / "programs")
     cache.program({"f": "sin"}, jax.devices()[:1], _compile())
     assert cache.made["program"] == 1 and not list((tmp_path / "programs").glob("program-*"))
+
+
+def test_past_its_size_the_least_recently_used_entries_go(tmp_path):
+    import os
+    import time
+
+    cache = ProgramCache(tmp_path, max_bytes=4000)
+    name = {i: f"{cache.key('array', {'pool': i})}.npy" for i in range(4)}
+    for i in range(3):  # three entries of 1128 bytes, written long ago, one after another
+        cache.array({"pool": i}, lambda: np.zeros(250, np.int32))
+        os.utime(tmp_path / name[i], (time.time() - 100 + i,) * 2)
+    cache.array({"pool": 0}, _never)  # read: now the most recently used
+    cache.array({"pool": 3}, lambda: np.zeros(250, np.int32))  # 4512 bytes > 4000: down to 3000
+    assert {p.name for p in tmp_path.glob("*.npy")} == {name[0], name[3]}
