@@ -63,7 +63,7 @@ def torch_loop(runs: list[tuple[float, int, int]] | None = None, steps: int = ST
 
     from .model import ModelConfig
     from .tasks import make_task
-    from .train import TrainConfig, sample_pool
+    from .train import TrainConfig, sample_data
 
     if threads:
         torch.set_num_threads(threads)
@@ -74,8 +74,7 @@ def torch_loop(runs: list[tuple[float, int, int]] | None = None, steps: int = ST
                       d_ff=sw.d_ff)
     tc = TrainConfig(steps=steps, batch=sw.batch, chunk=steps, heldout=sw.heldout)
     rng = np.random.default_rng(0)  # batch indices into the task's pool (the lab draws them with JAX)
-    pool = torch.from_numpy(np.array(sample_pool(task, tc.pool, tc.pool_seed))).long()
-    heldout = torch.from_numpy(np.array(sample_pool(task, tc.heldout, tc.heldout_seed, split="heldout"))).long()
+    pool, heldout = (torch.from_numpy(np.array(x)).long() for x in sample_data(task, tc))
     weights = torch.from_numpy(np.array(task.weights(), np.float32))
     start, last = time.perf_counter(), []
     for lr, warmup, seed in runs:

@@ -367,8 +367,8 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
 
     from .model import ModelConfig
     from .program_cache import ProgramCache
-    from .tasks import make_task
-    from .train import PROGRAMS, RunSpec, TrainConfig, Trainer, compiler_options, sample_pool
+    from .tasks import Task, make_task
+    from .train import PROGRAMS, RunSpec, TrainConfig, Trainer, compiler_options, sample_data, sample_pool
 
     sweep = resolve_task(sweep)
     start, cpu_start, load_before = time.time(), time.process_time(), _load()
@@ -394,17 +394,13 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     # from it without tracing anything.
     programs = ProgramCache(Path(cache_dir) / "programs") if cache_dir and jax.process_count() == 1 else None
 
-    def sample(n: int, seed: int, split: str = "train") -> np.ndarray:
-        if programs is None:
-            return sample_pool(task, n, seed, options, split=split)
-        what = {"task": [task.name, task.vocab, task.seq_len, task.seed, getattr(task.corpus, "sha256", None)],
-                "n": n, "seed": seed, "split": split, "options": options}
+    def cached_sample(task: Task, n: int, seed: int, options: dict[str, Any], split: str = "train") -> np.ndarray:
+        what = {"task": task.identity(), "n": n, "seed": seed, "split": split, "options": options}
         return programs.array(what, lambda: sample_pool(task, n, seed, options, split=split))
 
     # The pools are sampled on their own thread while the programs are traced and compiled.
     data_ex = ThreadPoolExecutor(max_workers=1)
-    data = data_ex.submit(lambda: (sample(train_cfg.pool, train_cfg.pool_seed),
-                                   sample(train_cfg.heldout, train_cfg.heldout_seed, "heldout")))
+    data = data_ex.submit(sample_data, task, train_cfg, options, cached_sample if programs else sample_pool)
     print(f"{len(names)} cells ({skipped} already done) in {len(groups)} compiled groups on "
           f"{env['device_count']} x {env['device_kind']} ({env['platform']}); task {sweep.task}: "
           f"H = {task.optimal_loss:.3f}, unigram = {task.unigram_loss:.3f} nats", file=sys.stderr)

@@ -61,6 +61,12 @@ class Task:
     stationary: np.ndarray | None = field(default=None, repr=False, compare=False)
     corpus: Any = field(default=None, repr=False, compare=False)
 
+    def identity(self) -> dict[str, Any]:
+        """What the task's sequences are a function of (the lab's program cache keys by it):
+        name, vocab, seq_len, seed and, for text, the corpus's sha256."""
+        return {"name": self.name, "vocab": self.vocab, "seq_len": self.seq_len, "seed": self.seed,
+                "corpus": getattr(self.corpus, "sha256", None)}
+
     def weights(self) -> np.ndarray:
         """(seq_len,) float32 loss weight of each target position (0 = not scored)."""
         if self.name == "copy":

@@ -171,6 +171,14 @@ def sample_pool(task: Task, n: int, seed: int, options: dict[str, Any] | None = 
     return np.asarray(compile_lowered(lowered, options)(key))
 
 
+def sample_data(task: Task, train_cfg: TrainConfig, options: dict[str, Any] | None = None,
+                sample: Callable[..., np.ndarray] = sample_pool) -> tuple[np.ndarray, np.ndarray]:
+    """The task data of `train_cfg`: the pool (train_cfg.pool, T + 1) and the held-out
+    sequences (train_cfg.heldout, T + 1), each drawn by `sample` (sample_pool's signature)."""
+    return (sample(task, train_cfg.pool, train_cfg.pool_seed, options),
+            sample(task, train_cfg.heldout, train_cfg.heldout_seed, options, split="heldout"))
+
+
 # ------------------------------------------------------------------------------------
 # Reductions used by the measurements
 # ------------------------------------------------------------------------------------
@@ -398,11 +406,8 @@ class Trainer:
         options."""
         if program not in PROGRAMS:
             raise ValueError(f"program must be one of {PROGRAMS}, got {program!r}")
-        task = self.task
         return {"program": program, "runs": len(specs) + (-len(specs)) % self.n_devices,
-                "model": asdict(self.model_cfg), "train": asdict(self.train_cfg),
-                "task": {"name": task.name, "vocab": task.vocab, "seq_len": task.seq_len, "seed": task.seed,
-                         "corpus": getattr(task.corpus, "sha256", None)},
+                "model": asdict(self.model_cfg), "train": asdict(self.train_cfg), "task": self.task.identity(),
                 "options": self.compiler_options}
 
     def keep(self, program: str, lowered: jax.stages.Lowered) -> jax.stages.Compiled:
@@ -417,9 +422,7 @@ class Trainer:
         """
         n = len(specs)
         if self.pool is None or self.heldout is None:
-            tc = self.train_cfg
-            self.use_data(sample_pool(self.task, tc.pool, tc.pool_seed, self.compiler_options),
-                          sample_pool(self.task, tc.heldout, tc.heldout_seed, self.compiler_options, split="heldout"))
+            self.use_data(*sample_data(self.task, self.train_cfg, self.compiler_options))
         seeds, lrs, warmups = self._inputs(specs)
         init, probe, chunk = (self._programs.get(p) or self.compile(specs, p) for p in ("init", "probe", "chunk"))
 
