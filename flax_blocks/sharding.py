@@ -34,6 +34,14 @@ The rules are a `ShardingRules` mapping; `.as_flax_rules()` is the same rules in
     with nn.logical_axis_rules(HYBRID.as_flax_rules()):   # Flax's recipe
         specs = nnx.get_partition_spec(nnx.state(model))
 
+An axis that its mesh axes do not divide is never refused: on a mesh, each parameter axis
+keeps the longest leading part of its mesh axes whose sizes' product divides it, and is
+replicated over the rest (`fit_spec`). A single mesh axis that does not divide it is dropped:
+2 KV heads on a 4-way "model" axis replicate the q/k/v kernel over "model", while the query
+heads of the output projection and the FFN width stay split. `partition_specs(..., mesh=)`,
+`named_shardings`, `shard_model`, `misplaced` and loading with `mesh=` all give this one
+placement (Flax's own recipe, `nnx.get_named_sharding`, does not: JAX refuses the uneven split).
+
 What `shard_model` / `partition_specs` do with each Variable:
   - annotated (`out_sharding`, ours or a user's `nnx.with_partitioning`): each name is
     looked up in the rules, else taken as a mesh axis name (Flax's convention), else (a
@@ -231,8 +239,28 @@ def annotation(var: nnx.Variable) -> tuple[Any, ...] | None:
     return tuple(a)
 
 
+def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+    """`spec` for an array of `shape` on `mesh`, each dimension keeping the longest leading
+    part of its mesh axes whose sizes' product divides it (the rest replicate): the policy
+    for a parameter axis that its mesh axes do not divide (e.g. 2 KV heads, "model" = 4)."""
+    out: list[MeshAxes] = []
+    for size, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        n, keep = 1, 0
+        for name in names:
+            if size % (n * mesh.shape[name]):
+                break
+            n, keep = n * mesh.shape[name], keep + 1
+        kept = names[:keep]
+        out.append(None if not kept else kept[0] if isinstance(entry, str) else kept)
+    while out and out[-1] is None and len(out) > len(spec):
+        out.pop()
+    return PartitionSpec(*out)
+
+
 def _variable_spec(path: Sequence[Any], leaf: Any, rules: ShardingRules, mesh: Mesh | None) -> PartitionSpec:
-    """The spec of one leaf of a state; raises KeyError for a leaf that must be annotated."""
+    """The spec of one leaf of a state (on `mesh`: fitted to its shape, `fit_spec`); raises
+    KeyError for a leaf that must be annotated."""
     value = leaf.get_value() if _is_variable(leaf) else leaf
     shape = getattr(value, "shape", None)
     if shape is None or jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
@@ -253,9 +281,16 @@ def _variable_spec(path: Sequence[Any], leaf: Any, rules: ShardingRules, mesh: M
     if len(axes) > len(shape):
         raise KeyError(f"{p!r}: annotation {axes} has more axes than its shape {tuple(shape)}")
     try:
-        return logical_to_spec(axes, rules, mesh)
+        spec = logical_to_spec(axes, rules, mesh)
     except ValueError as e:
         raise KeyError(f"{p!r}: {e}") from None
+    return spec if mesh is None else fit_spec(spec, shape, mesh)
+
+
+def variable_sharding(path: Sequence[Any], var: Any, rules: Any, mesh: Mesh) -> NamedSharding:
+    """The NamedSharding one Variable is placed with on `mesh` by `rules` (what `shard_model`
+    gives it); raises KeyError for a Param without annotation."""
+    return NamedSharding(mesh, _variable_spec(path, var, as_rules(rules), mesh))
 
 
 def partition_specs(state: Any, rules: Any, *, mesh: Mesh | None = None) -> Any:
@@ -263,7 +298,8 @@ def partition_specs(state: Any, rules: Any, *, mesh: Mesh | None = None) -> Any:
     PartitionSpec in place of every array; Variables are kept as containers
     (`Variable.replace(spec)`, as `nnx.get_partition_spec` does), so the result matches
     `state` for jit's in_shardings. Each spec comes from the Variable's annotation through
-    `rules` (see the module docstring); every leaf that is refused is reported at once."""
+    `rules` (see the module docstring), fitted to its shape on `mesh` when given
+    (`fit_spec`); every leaf that is refused is reported at once."""
     rules = as_rules(rules)
     errors: list[str] = []
 
@@ -289,38 +325,10 @@ def _is_spec(x: Any) -> bool:
     return isinstance(x, (PartitionSpec, NamedSharding))
 
 
-def indivisible(name: str, shape: Sequence[int], spec: PartitionSpec, mesh: Mesh) -> list[str]:
-    """Each dimension of an array of `shape` that its `spec` splits unevenly on `mesh`, as
-    'name: dim d of size s is not divisible by axis=n' (empty: it shards)."""
-    errors = []
-    # strict=False: a PartitionSpec may be shorter than the shape; the dimensions past its end are not split
-    for dim, (size, axis) in enumerate(zip(shape, spec, strict=False)):
-        if axis is None:
-            continue
-        n = 1
-        for m in (axis,) if isinstance(axis, str) else axis:
-            n *= mesh.shape[m]
-        if size % n:
-            errors.append(f"{name}: dim {dim} of size {size} is not divisible by {axis}={n}")
-    return errors
-
-
-def _check_divisible(state: Any, specs: Any, mesh: Mesh) -> None:
-    errors: list[str] = []
-
-    def check(path, leaf, spec):
-        errors.extend(indivisible(path_str(path), getattr(_unwrap(leaf), "shape", ()), _unwrap(spec), mesh))
-
-    jax.tree_util.tree_map_with_path(check, state, specs, is_leaf=_is_variable)
-    if errors:
-        raise ValueError("cannot shard on this mesh:\n  " + "\n  ".join(errors))
-
-
 def named_shardings(state: Any, mesh: Mesh, rules: Any) -> Any:
-    """Like `partition_specs`, with a NamedSharding on `mesh` in place of every spec
-    (checked: every sharded dimension divides by its mesh axes)."""
+    """Like `partition_specs` on `mesh`, with a NamedSharding in place of every spec (every
+    split dimension divides by its mesh axes: `fit_spec`)."""
     specs = partition_specs(state, rules, mesh=mesh)
-    _check_divisible(state, specs, mesh)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=_is_spec)
 
 
@@ -397,13 +405,14 @@ def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = Non
                          devices=devices[: data * model])
 
 
-def describe(state: Any, rules: Any) -> list[tuple[str, tuple[int, ...], PartitionSpec]]:
-    """(path, shape, spec) for every Param of `state`: a readable table of the rules."""
+def describe(state: Any, rules: Any, mesh: Mesh | None = None) -> list[tuple[str, tuple[int, ...], PartitionSpec]]:
+    """(path, shape, spec) for every Param of `state`: a readable table of the rules (on
+    `mesh`: the specs fitted to each shape, as placed)."""
     rows: list[tuple[str, tuple[int, ...], PartitionSpec]] = []
 
     def add(path, leaf, spec):
         if isinstance(leaf, nnx.Param):
             rows.append((path_str(path), tuple(leaf.get_value().shape), _unwrap(spec)))
 
-    jax.tree_util.tree_map_with_path(add, state, partition_specs(state, rules), is_leaf=_is_variable)
+    jax.tree_util.tree_map_with_path(add, state, partition_specs(state, rules, mesh=mesh), is_leaf=_is_variable)
     return rows

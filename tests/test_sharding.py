@@ -1,10 +1,12 @@
 """flax_blocks.sharding: every parameter carries Flax's sharding annotation (logical names,
 "layers" in front of stacked ones), the rules work through `shard_model` and through Flax's
 own `nn.logical_axis_rules` alike, user annotations and optimizer state are placed (or refused
-by name); 1-device, data-parallel, tensor-parallel and 2-D sharding rules on 8 simulated CPU
-devices give the same outputs and gradients (float64, so a wrong all-reduce cannot hide under
-float32 rounding), and a full sharded AdamW train step (FSDP x tensor-parallel, dropout on)
-equals the unsharded one, with every parameter and optimizer-state array placed as declared.
+by name); an axis a mesh axis does not divide is replicated over it, never refused (4 KV heads on an
+8-way "model" axis); 1-device, data-parallel, tensor-parallel and 2-D sharding rules on 8
+simulated CPU devices give the same outputs and gradients (float64, so a wrong all-reduce
+cannot hide under float32 rounding), and a full sharded AdamW train step (FSDP x
+tensor-parallel, dropout on) equals the unsharded one, with every parameter and
+optimizer-state array placed as declared.
 
 The multi-device check runs in a subprocess: XLA's host device count is fixed when JAX
 initialises its CPU backend, which the pytest process may already have done with 1 device.
@@ -123,6 +125,26 @@ def test_tensor_parallel_specs_of_a_stacked_encoder():
     assert staged["layers/linear1/kernel"] == P("data", None, None)
 
 
+def test_an_axis_the_mesh_does_not_divide_is_replicated_over_it():
+    """2 KV heads on a 4-way "model" axis: the q/k/v kernel (split by KV head) is replicated
+    over "model", the output projection (8 query heads) and the FFN width stay split; a
+    dimension over several mesh axes keeps the longest leading part of them that divides it."""
+    from jax.sharding import AbstractMesh
+
+    mesh = AbstractMesh((2, 4), ("data", "model"))
+    assert S.fit_spec(P(None, "model", ("data", "model")), (3, 2, 12), mesh) == P(None, None, "data")
+    assert S.fit_spec(P(None, "model", ("data", "model")), (3, 8, 16), mesh) == P(None, "model", ("data", "model"))
+    assert S.fit_spec(P("model"), (6, 5), mesh) == P(None)
+    cfg = BlockConfig(d_model=16, num_heads=8, num_kv_heads=2, d_ff=24, mlp="swiglu", activation="silu")
+    state = nnx.state(Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0)))
+    placed = {p: s for p, _, s in S.describe(state, S.FSDP | S.TENSOR_PARALLEL, mesh=mesh)}
+    assert placed["layers/self_attn/in_kernel"] == P(None, "data", None, None, None)  # (L, E, K=2, G+2, hd)
+    assert placed["layers/self_attn/out_kernel"] == P(None, "model", None, "data")  # (L, H=8, hd, E)
+    assert placed["layers/linear_gate/kernel"] == P(None, "data", "model")  # (L, E, F=24)
+    declared = {p: s for p, _, s in S.describe(state, S.FSDP | S.TENSOR_PARALLEL)}  # no mesh: the rules' own
+    assert declared["layers/self_attn/in_kernel"] == P(None, "data", "model", None, None)
+
+
 def test_unknown_parameters_are_all_reported():
     class Extra(nnx.Module):
         def __init__(self):
@@ -236,9 +258,10 @@ _SCRIPT = textwrap.dedent(
     from flax_blocks.stacks import Encoder
 
     assert jax.device_count() == 8, jax.devices()
-    # heads (8) and d_ff (64) divide by every model-axis size used; heads != head_dim; the
-    # Encoder's layers are TransformerBlocks with a stacked leading layer axis
-    cfg = BlockConfig(d_model=24, num_heads=8, d_ff=64, dropout=0.0, norm="pre", causal=True,
+    # heads (8) and d_ff (64) divide by every model-axis size used, KV heads (4) by 4 but not
+    # by 8 (replicated there); heads != head_dim; the Encoder's layers are TransformerBlocks
+    # with a stacked leading layer axis
+    cfg = BlockConfig(d_model=24, num_heads=8, num_kv_heads=4, d_ff=64, dropout=0.0, norm="pre", causal=True,
                       scaling="layerscale", param_dtype="float64")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 6, 24))
@@ -252,6 +275,7 @@ _SCRIPT = textwrap.dedent(
         model = nnx.merge(graphdef0, state0, copy=True)  # fresh Variables on the same arrays
         if mesh is not None:
             S.shard_model(model, mesh, rules)
+            assert S.misplaced(nnx.state(model), mesh, rules) == []
             xs = jax.device_put(x, S.input_sharding(mesh, rules))
             rs = jax.device_put(r, S.input_sharding(mesh, rules))
             km = jax.device_put(key_mask, S.input_sharding(mesh, rules, ("batch", "seq")))
@@ -283,8 +307,11 @@ _SCRIPT = textwrap.dedent(
         n_model, n_data = mesh.shape["model"], mesh.shape["data"]
         w1 = params["layers"]["linear1"]["kernel"][...]  # (L, E, F)
         assert w1.addressable_shards[0].data.shape == (2, 24, 64 // n_model), (lname, w1.sharding)
-        qkv = params["layers"]["self_attn"]["in_kernel"][...]  # (L, E, K, G+2, hd), K = H = 8, G = 1
-        assert qkv.addressable_shards[0].data.shape == (2, 24, 8 // n_model, 3, 3), (lname, qkv.sharding)
+        qkv = params["layers"]["self_attn"]["in_kernel"][...]  # (L, E, K, G+2, hd), K = 4, G = 2
+        k_local = 4 // n_model if 4 % n_model == 0 else 4  # 8 devices on "model": replicated
+        assert qkv.addressable_shards[0].data.shape == (2, 24, k_local, 4, 3), (lname, qkv.sharding)
+        out = params["layers"]["self_attn"]["out_kernel"][...]  # (L, H, hd, E): split whatever K does
+        assert out.addressable_shards[0].data.shape == (2, 8 // n_model, 3, 24), (lname, out.sharding)
         assert y.addressable_shards[0].data.shape[0] == 8 // n_data and len(y.devices()) == 8
         g_w1 = gp["layers"]["linear1"]["kernel"][...]
         assert g_w1.sharding.is_equivalent_to(w1.sharding, 3), (lname, g_w1.sharding, w1.sharding)

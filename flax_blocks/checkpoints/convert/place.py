@@ -5,14 +5,14 @@ ever in one place.
 
 Each value becomes a `jax.Array` with the variable's sharding: with a mesh, the
 `NamedSharding` its declared logical axes give through `rules` (default: attention heads
-and the FFN width over "model", the rest replicated; `flax_blocks.sharding`); without one,
-the default device. For each distinct slice its devices hold, the slice alone is read from
-the checkpoint (a process of a multi-host run reads only its own devices' slices), once,
-and copied to those devices. A slice larger than CHUNK_BYTES is built on the device a
-chunk at a time (one layer's rows, along the file's rows; an in-place update of a donated
-buffer), so the host
-never holds more than a chunk of it. All values are made before any is written: a read
-that fails leaves the module as it was.
+and the FFN width over "model", the rest replicated; an axis a mesh axis does not divide is
+replicated over it: `flax_blocks.sharding`); without one, the default device. For each
+distinct slice its devices hold, the slice alone is read from the checkpoint (a process of
+a multi-host run reads only its own devices' slices), once, and copied to those devices. A
+slice larger than CHUNK_BYTES is built on the device a chunk at a time (one layer's rows,
+along the file's rows; an in-place update of a donated buffer), so the host never holds
+more than a chunk of it. All values are made before any is written: a read that fails
+leaves the module as it was.
 """
 
 from __future__ import annotations
@@ -31,17 +31,16 @@ CHUNK_BYTES = 4 * 2**20  # a slice above this is built on its device a chunk of 
 
 def sharding_for(var: Any, mesh: Any, rules: Any, name: str = "") -> Any:
     """The sharding a variable's value is placed with: on `mesh`, its annotation through
-    `rules`; else the sharding of a value it already has (a module loaded in place keeps
-    its placement); else None (the default device, uncommitted)."""
+    `rules` (`flax_blocks.sharding.variable_sharding`, as `shard_model` gives it); else the
+    sharding of a value it already has (a module loaded in place keeps its placement); else
+    None (the default device, uncommitted)."""
     import jax
-    from jax.sharding import NamedSharding
 
-    from ...sharding import TENSOR_PARALLEL, _variable_spec, as_rules
+    from ...sharding import TENSOR_PARALLEL, variable_sharding
 
-    if mesh is not None:  # what shard_model would give it
+    if mesh is not None:
         try:
-            spec = _variable_spec((name,), var, as_rules(TENSOR_PARALLEL if rules is None else rules), mesh)
-            return NamedSharding(mesh, spec)
+            return variable_sharding((name,), var, TENSOR_PARALLEL if rules is None else rules, mesh)
         except KeyError as e:
             raise ConversionError([str(e.args[0])], header="cannot place these weights") from None
     value = var.get_value()
@@ -50,16 +49,12 @@ def sharding_for(var: Any, mesh: Any, rules: Any, name: str = "") -> Any:
     return None
 
 
-def _problems(variables: Mapping[str, Any], values: Mapping[str, Any], shardings: Mapping[str, Any]) -> list[str]:
-    from ...sharding import indivisible
-
+def _problems(variables: Mapping[str, Any], values: Mapping[str, Any]) -> list[str]:
     problems = []
     for path, a in values.items():
         want = tuple(variables[path].get_value().shape)
         if tuple(a.shape) != want:
             problems.append(f"{path}: planned shape {tuple(a.shape)}, the parameter's is {want}")
-        elif (s := shardings[path]) is not None:
-            problems += indivisible(path, want, s.spec, s.mesh)
     return problems
 
 
@@ -68,10 +63,10 @@ def place_all(variables: Mapping[str, Any], values: Mapping[str, Any], *, mesh: 
     """Write `values` ({path: Lazy or array}) into `variables` ({path: nnx.Variable}), each
     placed with `sharding_for` its variable; all are made before any is written."""
     values = {p: stream.lazy(a) for p, a in values.items()}
-    shardings = {p: sharding_for(variables[p], mesh, rules, p) for p in values}
-    problems = _problems(variables, values, shardings)
+    problems = _problems(variables, values)
     if problems:
         raise ConversionError(problems, header="cannot place these weights")
+    shardings = {p: sharding_for(variables[p], mesh, rules, p) for p in values}
     progress = stream.Progress(sum(a.nbytes for a in values.values()), what)
     made = {}
     try:
