@@ -1,8 +1,12 @@
 """Checkpoints streamed in (flax_blocks.checkpoints.stream, flax_blocks.checkpoints.convert.place): lazy tensors equal
-numpy's moves on any slice; a folder loads bit for bit as the in-memory model does, reading
-nothing before every check has passed; bfloat16 stays bfloat16; .bin files through a memory
-map; on 8 simulated devices each parameter is created sharded (logits and greedy tokens
-equal the unsharded model's); two processes read only their devices' slices."""
+numpy's moves on any slice, read whole or written into any buffer; a folder loads bit for
+bit as the in-memory model does, reading nothing before every check has passed; every placed
+value of LLaMA, Phi-3 (fused q/k/v), GPT-NeoX (per-head q/k/v) and GPT-2 (transposed Conv1D)
+folders in float32, bfloat16 and float16 equals numpy's moves bit for bit, each move done in
+the one copy; the CPU's arrays are their host buffers, kept alive; bfloat16 stays bfloat16;
+.bin files through a memory map; on 8 simulated devices each parameter is created sharded
+(logits and greedy tokens equal the unsharded model's; 2 KV heads on a 4-way "model" axis
+replicated), every family bit for bit; two processes read only their devices' slices."""
 
 from __future__ import annotations
 
@@ -54,6 +58,32 @@ def folder(tmp_path_factory) -> Path:
     return _llama(tmp_path_factory.mktemp("llama") / "m")
 
 
+FAMILIES = {  # name: (transformers class, config): tiny, 4 heads (GPT-NeoX's fused per head, GPT-2's transposed)
+    "llama": ("LlamaForCausalLM", "LlamaConfig", dict(intermediate_size=64, num_attention_heads=4,
+                                                      num_key_value_heads=2, tie_word_embeddings=False)),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(intermediate_size=64, num_attention_heads=4,
+                                                   num_key_value_heads=2, pad_token_id=0)),
+    "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(intermediate_size=64, num_attention_heads=4)),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)),
+}
+
+
+def _family(folder: Path, family: str, dtype: str) -> Path:
+    model_cls, config_cls, kw = FAMILIES[family]
+    size = dict(n_embd=32, n_layer=2) if family == "gpt2" else dict(hidden_size=32, num_hidden_layers=2)
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(vocab_size=96, **size, **kw)
+    getattr(transformers, model_cls)(config).to(getattr(torch, dtype)).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory) -> dict[str, Path]:
+    """{"<family>-<dtype>": folder} for every family of FAMILIES in float32, bfloat16 and float16."""
+    root = tmp_path_factory.mktemp("families")
+    return {f"{f}-{d}": _family(root / f"{f}-{d}", f, d) for f in FAMILIES for d in ("float32", "bfloat16", "float16")}
+
+
 def _params(model) -> dict:
     return {"/".join(map(str, p)): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
@@ -94,6 +124,45 @@ def test_lazy_moves_equal_numpys_on_any_slice(tmp_path):
             assert np.array_equal(lz.read(index), want), (name, index)
 
 
+@pytest.mark.parametrize("run_bytes", [stream.RUN_BYTES, 8])  # 8: transposing copies in blocks of 2 floats
+def test_read_into_any_buffer_equals_numpys_moves(tmp_path, monkeypatch, run_bytes):
+    """`read_into` writes through views of the buffer it is given (C order, Fortran order,
+    transposed, another dtype): the same values as numpy's moves, on any slice."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    monkeypatch.setattr(stream, "RUN_BYTES", run_bytes)
+    rng = np.random.default_rng(1)
+    A, C = rng.standard_normal((12, 8)).astype(np.float32), rng.standard_normal((24, 5)).astype(np.float32)
+    save_file({"a": A, "c": C}, str(tmp_path / "x.safetensors"))
+    sd = stream.read_safetensors(tmp_path / "x.safetensors")
+    a, c, bf16 = sd["a"], sd["c"], ml_dtypes.bfloat16
+    cases = {
+        "qkv-like": (a.reshape(-1, 2, 8)[np.array([3, 0, 5])].reshape(3, 2, 2, 4).transpose(3, 0, 1, 2),
+                     A.reshape(-1, 2, 8)[np.array([3, 0, 5])].reshape(3, 2, 2, 4).transpose(3, 0, 1, 2)),
+        "per-head regroup": (c.reshape(2, 3, 4, 5).swapaxes(0, 1).reshape(24, 5).reshape(-1, 4, 5)[[5, 0, 3, 1, 2, 4]],
+                             C.reshape(2, 3, 4, 5).swapaxes(0, 1).reshape(24, 5).reshape(-1, 4, 5)[[5, 0, 3, 1, 2, 4]]),
+        "concat T": (np.concatenate([a.T, a.T * 2], axis=1), np.concatenate([A.T, A.T * 2], axis=1)),
+        "stack": (np.stack([a.T, a.T]), np.stack([A.T, A.T])),
+        "cast": (a.astype(bf16).T, A.astype(bf16).T),
+        "rounded, then cast back": (a.astype(bf16).astype(np.float32).T, A.astype(bf16).astype(np.float32).T),
+        "in memory": (stream.lazy(A).T.reshape(2, 4, 12), A.T.reshape(2, 4, 12)),
+    }
+    for name, (lz, ref) in cases.items():
+        for trial in range(12):
+            index = None if trial == 0 else tuple(
+                None if rng.random() < 0.4 else rng.choice(n, rng.integers(1, n + 1), replace=False) for n in ref.shape)
+            want = ref
+            for axis, i in enumerate(index or ()):
+                want = want if i is None else np.take(want, i, axis=axis)
+            for out in (np.zeros(want.shape, want.dtype), np.zeros(want.shape, np.float64),
+                        np.zeros(want.shape[::-1], want.dtype).T, np.asfortranarray(np.zeros(want.shape, want.dtype))):
+                lz.read_into(out, index)
+                assert np.array_equal(out, want.astype(out.dtype)), (name, index, out.dtype, out.strides)
+    with pytest.raises(ValueError, match=r"out has shape \(8, 12\), the read gives \(12, 8\)"):
+        a.read_into(np.zeros((8, 12), np.float32))
+
+
 def test_a_slice_reads_only_its_rows(tmp_path):
     from safetensors.numpy import save_file
 
@@ -123,17 +192,60 @@ def test_folder_loads_as_the_model_object_bit_for_bit(folder):
     np.testing.assert_allclose(np.asarray(model(IDS)), want, rtol=1e-4, atol=1e-5)
 
 
-def test_large_slices_built_a_chunk_at_a_time_equal_the_whole(folder, monkeypatch):
+def test_placed_values_equal_numpys_moves_bit_for_bit(families, monkeypatch):
+    """Every value placed from a folder (LLaMA, Phi-3's fused q/k/v and gate-up, GPT-NeoX's q/k/v
+    fused per head, GPT-2's transposed Conv1D; float32, bfloat16, float16; as stored and cast)
+    equals numpy's moves on the file's tensors (`Lazy.read`, the way placement read before),
+    bit for bit, and no byte goes through a temporary: each move is done in the one copy."""
     from flax_blocks.checkpoints.convert import place
 
+    placed, real = [], place.read
+    monkeypatch.setattr(place, "read", lambda a, index=None, pool=None: placed.append((a, index, real(a, index, pool)))
+                        or placed[-1][2])
+    for name, folder in families.items():
+        for dtype in (None, "float32"):
+            placed.clear()
+            staged = stream.staged_bytes()
+            fb.from_hf(folder, part="causal-lm", dtype=dtype)
+            assert len(placed) >= 10 and stream.staged_bytes() == staged, (name, dtype)
+            for a, index, got in placed:
+                want = a.read(index)
+                assert got.dtype == want.dtype and got.shape == want.shape, (name, a)
+                bits = f"u{got.itemsize}"
+                assert np.array_equal(got.view(bits), want.view(bits)), (name, dtype, a)
+
+
+def test_reads_split_over_threads_equal_one_read(folder, monkeypatch):
+    from flax_blocks.checkpoints.convert import place
+
+    monkeypatch.setattr(place, "READERS", 1)
     whole = _params(fb.from_hf(folder, part="causal-lm"))
-    monkeypatch.setattr(place, "CHUNK_BYTES", 300)  # every parameter above it: layers, rows of the file
-    chunks = []
-    real = place._chunks
-    monkeypatch.setattr(place, "_chunks", lambda a, shape: chunks.append(shape) or real(a, shape))
-    chunked = _params(fb.from_hf(folder, part="causal-lm"))
-    assert len(chunks) >= 7  # the head (the file's rows along its second axis), embedding, every stacked kernel
-    assert all(np.array_equal(chunked[k], whole[k]) for k in whole)
+    tasks, real = [], place._tasks
+    monkeypatch.setattr(place, "READERS", 3)
+    monkeypatch.setattr(place, "TASK_BYTES", 1000)  # layers, then spans of the file's rows (the head: its columns)
+    monkeypatch.setattr(place, "_tasks", lambda a, index, out: tasks.append(real(a, index, out)) or tasks[-1])
+    split = _params(fb.from_hf(folder, part="causal-lm"))
+    assert max(len(t) for t in tasks) >= 8 and sum(len(t) for t in tasks) >= 40, [len(t) for t in tasks]
+    assert all(np.array_equal(split[k], whole[k]) for k in whole)
+
+
+def test_cpu_arrays_are_their_host_buffers_kept_alive():
+    """On a CPU the placed array is its host buffer (the memory bound: no second copy), and
+    holds it: freed by nobody else, overwritten by nothing allocated after."""
+    import jax
+
+    from flax_blocks.checkpoints.convert import place
+
+    want = np.arange(3 * 1024 * 1024, dtype=np.float32).reshape(3072, 1024)
+    lz = stream.lazy(want).T
+    host = place.read(lz)
+    x = jax.device_put(host)
+    assert x.unsafe_buffer_pointer() == host.ctypes.data and host.ctypes.data % place.ALIGN == 0
+    x = place.place(lz)
+    del host
+    gc.collect()
+    junk = [np.full(want.shape, 7.0, np.float32) for _ in range(8)]  # memory freed above would be reused here
+    assert np.array_equal(np.asarray(x), want.T) and len(junk) == 8
 
 
 def test_bfloat16_stays_bfloat16_unless_asked(tmp_path):
@@ -281,7 +393,37 @@ _MESH = textwrap.dedent("""
     a = np.asarray(fb.generate(ref, prompt, max_new_tokens=6))
     b = np.asarray(fb.generate(model, prompt, max_new_tokens=6))
     assert (a == b).all(), (a, b)
-    print("OK", err)
+
+    # every family and dtype: each device's slices equal the whole load's, bit for bit
+    for name, path in json.loads(sys.argv[2]).items():
+        whole, parts = fb.from_hf(path, part="causal-lm"), fb.from_hf(path, part="causal-lm", mesh=mesh)
+        for (p, w), (_, v) in zip(nnx.to_flat_state(nnx.state(whole, nnx.Param)),
+                                  nnx.to_flat_state(nnx.state(parts, nnx.Param)), strict=True):
+            w = np.asarray(w.get_value())
+            bits = f"u{w.itemsize}"
+            for shard in v.get_value().addressable_shards:
+                assert np.array_equal(np.asarray(shard.data).view(bits), w[shard.index].view(bits)), (name, p)
+
+    # 2 KV heads on a 4-way "model" axis: the q/k/v kernel replicated over it, the rest split
+    qwen = sys.argv[3]
+    model = fb.from_hf(qwen, part="causal-lm", mesh=mesh)
+    specs = {"/".join(map(str, p)): tuple(v.get_value().sharding.spec)
+             for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    assert "model" not in specs["encoder/layers/self_attn/in_kernel"], specs  # (L, E, K=2, G+2, hd)
+    assert "model" not in specs["encoder/layers/self_attn/in_bias"], specs
+    assert specs["encoder/layers/self_attn/out_kernel"][1] == "model", specs  # (L, H=8, hd, E)
+    assert specs["encoder/layers/linear1/kernel"][2] == "model", specs  # (L, E, F)
+    assert specs["encoder/layers/linear2/kernel"][1] == "model", specs  # (L, F, E)
+    assert S.misplaced(nnx.state(model), mesh, S.TENSOR_PARALLEL) == []
+    unsharded = fb.from_hf(qwen, part="causal-lm")
+    placed = S.shard_model(fb.from_hf(qwen, part="causal-lm"), mesh, S.TENSOR_PARALLEL)  # one policy
+    assert {"/".join(map(str, p)): tuple(v.get_value().sharding.spec)
+            for p, v in nnx.to_flat_state(nnx.state(placed, nnx.Param))} == specs
+    want = np.asarray(unsharded(ids))
+    got = np.asarray(nnx.jit(lambda m, x: m(x))(model, ids))
+    qerr = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert qerr <= 1e-6, qerr
+    print("OK", err, qerr)
 """)
 
 
@@ -291,9 +433,20 @@ def _env(devices: int) -> dict:
     return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices))
 
 
-def test_mesh_load_shards_every_parameter_as_it_is_read(folder):
-    proc = subprocess.run([sys.executable, "-c", _MESH, str(folder)], env=_env(8), cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+def _qwen2(folder: Path) -> Path:
+    """A Qwen2 of 8 query heads and 2 KV heads (fewer than a 4-way "model" axis)."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
+    transformers.Qwen2ForCausalLM(cfg).eval().save_pretrained(folder)
+    return folder
+
+
+def test_mesh_load_shards_every_parameter_as_it_is_read(folder, families, tmp_path):
+    chosen = {k: str(v) for k, v in families.items() if not k.endswith("float16") or k.endswith("bfloat16")}
+    qwen = _qwen2(tmp_path / "qwen")
+    proc = subprocess.run([sys.executable, "-c", _MESH, str(folder), json.dumps(chosen), str(qwen)], env=_env(8),
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 

@@ -16,6 +16,15 @@ Numpy functions on a Lazy (`np.concatenate`, `np.stack`, `np.transpose`, `np.res
 `np.swapaxes`) stay lazy; any other one reads the tensor whole (`np.asarray(lazy)`).
 `bytes_read()` counts the bytes read from files, for tests and progress bars.
 
+Placement writes a value straight into its final buffer: `read_into(out, index)` hands each
+move a view of `out` (a transpose writes through a transposed view, picked or concatenated
+rows land in their rows, a cast happens in the copy), so the bytes of a file go from the page
+cache into `out` in one copy: `os.preadv` where `out` takes whole rows as they are stored,
+else a copy from a memory map of the rows it needs, in blocks that stay in cache where it
+transposes. A move with no view (an elementwise function, a reshape the view's strides cannot
+take) goes through a temporary of at most STAGE_BYTES at a time; `staged_bytes()` counts
+those bytes.
+
 An index is one entry per axis: None (the whole axis) or a 1-D array of positions.
 """
 
@@ -23,9 +32,11 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +45,11 @@ import numpy as np
 
 Index = tuple[Any, ...]
 
-_READ = {"bytes": 0}
+_READ = {"bytes": 0, "staged": 0}
+_LOCK = threading.Lock()  # the counters are added to from placement's reader threads
+
+RUN_BYTES = 256  # a copy that transposes writes runs of this many bytes (64 bytes: 2.6x slower, measured)
+STAGE_BYTES = 4 * 2**20  # a move with no view goes through temporaries of about this size
 
 
 def bytes_read() -> int:
@@ -42,8 +57,14 @@ def bytes_read() -> int:
     return _READ["bytes"]
 
 
-def _count(nbytes: int) -> None:
-    _READ["bytes"] += int(nbytes)
+def staged_bytes() -> int:
+    """Bytes `read_into` passed through a temporary array (moves it could not do in the copy)."""
+    return _READ["staged"]
+
+
+def _count(nbytes: int, key: str = "bytes") -> None:
+    with _LOCK:
+        _READ[key] += int(nbytes)
 
 
 def _norm_index(index: Any, shape: tuple[int, ...]) -> Index:
@@ -76,6 +97,130 @@ def _take(a: np.ndarray, index: Index, start: int = 0) -> np.ndarray:
     return a
 
 
+def _positions(i: Any, n: int) -> np.ndarray:
+    return np.arange(n) if i is None else i
+
+
+def _runs(i: Any, n: int) -> list[tuple[int, int, int]]:
+    """Positions `i` (None: 0..n-1) as runs of consecutive ones: (first, stop, where the run
+    starts in `i`)."""
+    if i is None:
+        return [(0, n, 0)]
+    if not len(i):
+        return []
+    breaks = np.flatnonzero(np.diff(i) != 1) + 1
+    starts, stops = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(i)]])
+    return [(int(i[a]), int(i[a]) + int(b - a), int(a)) for a, b in zip(starts, stops, strict=True)]
+
+
+def _along(axis: int, start: int, stop: int) -> tuple[slice, ...]:
+    """The key of positions start..stop on `axis` (every position on the axes before it)."""
+    return (slice(None),) * axis + (slice(start, stop),)
+
+
+def _fastest(a: np.ndarray) -> int:
+    """The axis along which `a`'s elements lie closest in memory (size-1 axes skipped)."""
+    axes = [ax for ax in range(a.ndim) if a.shape[ax] > 1] or [a.ndim - 1]
+    return min(axes, key=lambda ax: abs(a.strides[ax]))
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """np.copyto(dst, src), cast as astype casts. Where the two are laid out across each other
+    (a transpose), in blocks of RUN_BYTES along dst's fastest axis: numpy's own loop walks one
+    side across memory, a cache miss per element (8x slower on a (2816, 1024) float32 matrix,
+    measured); a block writes runs of RUN_BYTES into dst and reads rows of src that stay in
+    cache."""
+    step = max(1, RUN_BYTES // dst.itemsize)
+    if dst.ndim < 2 or _fastest(dst) == _fastest(src) or dst.shape[_fastest(dst)] <= step:
+        np.copyto(dst, src, casting="unsafe")
+        return
+    axis = _fastest(dst)
+    for s in range(0, dst.shape[axis], step):
+        key = _along(axis, s, s + step)
+        np.copyto(dst[key], src[key], casting="unsafe")
+
+
+def _through_temporary(a: Lazy, out: np.ndarray, index: Index, dtype: np.dtype | None = None) -> None:
+    """`a`'s values at `index` (cast to `dtype` first, when given) written into `out` through
+    temporaries of about STAGE_BYTES, along the axis the source's rows run."""
+    m = a.major_axis()
+    if m is None or not out.ndim or out.nbytes <= STAGE_BYTES:
+        pieces = [(index, out)]
+    else:
+        pos, step = _positions(index[m], a.shape[m]), max(1, STAGE_BYTES * out.shape[m] // out.nbytes)
+        pieces = [(index[:m] + (pos[s:s + step],) + index[m + 1:], out[_along(m, s, s + step)])
+                  for s in range(0, out.shape[m], step)]
+    for sub, view in pieces:
+        x = a._read(sub)
+        _count(x.nbytes, "staged")
+        _copy(view, x if dtype is None else x.astype(dtype))
+
+
+def _into(src: Lazy, out: np.ndarray, index: Index, dtype: np.dtype) -> None:
+    """Write `src`'s values cast to `dtype` into `out` (of any dtype): in the one copy where
+    one of the two casts is none, else through a temporary (a rounding to keep)."""
+    if not out.size:
+        return
+    if src.dtype == dtype or out.dtype == dtype:
+        src._read_into(out, index)
+    else:
+        _through_temporary(src, out, index, dtype)
+
+
+def _copy_rows(src: np.ndarray, out: np.ndarray, index: Index) -> int:
+    """`src` (in memory, or mapped from a file) at `index` written into `out`: each run of
+    rows and of columns picked is a view, copied in one piece (positions picked on the axes
+    past the second are taken through a temporary). Returns the bytes of `src` read."""
+    if not src.ndim:
+        np.copyto(out, src, casting="unsafe")
+        return src.nbytes
+    columns = _runs(index[1], src.shape[1]) if src.ndim > 1 else [(0, 0, 0)]
+    deeper, read = any(i is not None for i in index[2:]), 0
+    for first, stop, at in _runs(index[0], src.shape[0]):
+        for c_first, c_stop, c_at in columns:
+            key = (slice(first, stop),) + ((slice(c_first, c_stop),) if src.ndim > 1 else ())
+            block = src[key]
+            read += block.nbytes
+            if deeper:
+                block = _take(block, index, 2)
+                _count(block.nbytes, "staged")
+            _copy(out[(slice(at, at + stop - first),) + ((slice(c_at, c_at + c_stop - c_first),)
+                                                          if src.ndim > 1 else ())], block)
+    return read
+
+
+def _pread(fd: int, buf: np.ndarray, offset: int, path: str) -> None:
+    """Fill `buf` (C-contiguous) with the file's bytes from `offset`: the kernel copies from
+    the page cache into it, nothing mapped."""
+    view, done = memoryview(buf.reshape(-1).view(np.uint8).data), 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            from .io_errors import CheckpointReadError
+
+            raise CheckpointReadError(f"{path}: the file ended at byte {offset + done} while reading (it changed "
+                                      "after its header was read)")
+        done += n
+
+
+def _flat_positions(picks: Sequence[Any], dims: Sequence[int]) -> np.ndarray:
+    """The positions on one axis of size prod(dims) that a read picking `picks` (None: all)
+    on each of the axes it splits into (of sizes `dims`) reads."""
+    flat = np.zeros(1, np.int64)
+    for p, n in zip(picks, dims, strict=True):
+        flat = (flat[:, None] * n + (np.arange(n) if p is None else p)[None, :]).reshape(-1)
+    return flat
+
+
+def _view_as(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """`out` reshaped to `shape` as a view of the same memory, or None where its strides
+    cannot take that shape."""
+    try:
+        return np.reshape(out, shape, copy=False)
+    except ValueError:
+        return None
+
+
 class Lazy:
     """A tensor known by its shape and dtype, read (all or part) on demand; see the module
     docstring. Subclasses implement `_read(index)` for a full-length normalised index."""
@@ -90,6 +235,22 @@ class Lazy:
 
     def _read(self, index: Index) -> np.ndarray:
         raise NotImplementedError
+
+    def read_into(self, out: np.ndarray, index: Any = None) -> None:
+        """Write the values at `index` (None: all) into `out`, a numpy array (or a view of one,
+        any strides) of the read's shape and any dtype: the values cast as astype casts,
+        the moves done in the copy where they can be (see the module docstring)."""
+        index = _norm_index(index, self.shape)
+        want = tuple(_size(i, n) for i, n in zip(index, self.shape, strict=True))
+        if tuple(out.shape) != want:
+            raise ValueError(f"read_into: out has shape {tuple(out.shape)}, the read gives {want}")
+        if out.size:
+            self._read_into(out, index)
+
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        """`read_into` for a full-length normalised index and a non-empty `out`; by default
+        through a temporary (a subclass whose move has a view overrides it)."""
+        _through_temporary(self, out, index)
 
     def major_axis(self) -> int | None:
         """The axis along which the source's rows run (a slice of it reads whole rows of the
@@ -223,10 +384,15 @@ class Array(Lazy):
     def _read(self, index: Index) -> np.ndarray:
         return np.array(_take(self.a, index))
 
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        _copy_rows(self.a, out, index)
+
 
 class FileTensor(Lazy):
-    """A tensor stored contiguously (C order) at `offset` bytes into a file; each read maps
-    the file, copies the rows asked for, and unmaps it."""
+    """A tensor stored contiguously (C order) at `offset` bytes into a file. `read` maps the
+    file, copies the rows asked for, and unmaps it; `read_into` reads rows with `os.preadv`
+    straight into `out` where `out` holds them as stored (contiguous, this dtype), else copies
+    them from a map of just those rows, dropped when done."""
 
     def __init__(self, path: str, offset: int, shape: tuple[int, ...], dtype: np.dtype, name: str = ""):
         self.path, self.offset, self.shape, self.dtype, self.name = path, offset, tuple(shape), dtype, name
@@ -249,6 +415,38 @@ class FileTensor(Lazy):
             del rows
         del mm  # unmapped: the pages read leave this process's memory
         return a
+
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        runs = _runs(index[0], self.shape[0]) if self.shape else [(0, 1, 0)]
+        whole_rows = self.shape and all(i is None for i in index[1:]) and out.dtype == self.dtype
+        if whole_rows and all(out[at:at + stop - first].flags.c_contiguous for first, stop, at in runs):
+            row = math.prod(self.shape[1:]) * self.dtype.itemsize
+            fd = os.open(self.path, os.O_RDONLY)
+            try:  # straight into place: the kernel copies from the page cache, nothing mapped
+                for first, stop, at in runs:
+                    _pread(fd, out[at:at + stop - first], self.offset + first * row, self.path)
+                    _count((stop - first) * row)
+            finally:
+                os.close(fd)
+            return
+        # rearranged (a transpose, a cast, columns picked): from a map of the rows it needs,
+        # dropped when done (the pages read leave this process's memory)
+        first, stop = min(r[0] for r in runs), max(r[1] for r in runs)
+        rows = self._map(first, stop)
+        _count(_copy_rows(rows, out, index if not self.shape else (_positions(index[0], self.shape[0]) - first,
+                                                                    *index[1:])))
+        del rows
+
+    def _map(self, first: int, stop: int) -> np.ndarray:
+        """Rows first..stop of the tensor (a scalar: itself), mapped read-only from the file."""
+        row_items = math.prod(self.shape[1:]) if self.shape else 1
+        start = self.offset + first * row_items * self.dtype.itemsize
+        skew = start % mmap.ALLOCATIONGRANULARITY
+        with open(self.path, "rb") as f:
+            m = mmap.mmap(f.fileno(), skew + (stop - first) * row_items * self.dtype.itemsize,
+                          access=mmap.ACCESS_READ, offset=start - skew)
+        a = np.frombuffer(m, self.dtype, count=(stop - first) * row_items, offset=skew)
+        return a.reshape((stop - first, *self.shape[1:]) if self.shape else ())
 
 
 def _rows(i: Any, n: int) -> Any:
@@ -276,6 +474,9 @@ class TorchTensor(Lazy):
         _count(t.numel() * t.element_size())
         return np.array(_take(to_numpy(t), index, 1))
 
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        _count(_copy_rows(to_numpy(self.t), out, index))
+
 
 def _torch_index(i: np.ndarray) -> Any:
     import torch
@@ -299,6 +500,12 @@ class Transposed(Lazy):
             inner[src_axis] = index[out_axis]
         return self.src._read(tuple(inner)).transpose(self.axes)
 
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        inner: list[Any] = [None] * self.ndim
+        for out_axis, src_axis in enumerate(self.axes):
+            inner[src_axis] = index[out_axis]
+        self.src._read_into(out.transpose(np.argsort(self.axes)), tuple(inner))
+
     def major_axis(self) -> int | None:
         m = self.src.major_axis()
         return None if m is None else self.axes.index(m)
@@ -312,10 +519,15 @@ class Picked(Lazy):
         self.shape = tuple(_size(i, n) for i, n in zip(index, src.shape, strict=True))
         self.dtype = src.dtype
 
+    def _inner(self, index: Index) -> Index:
+        return tuple(mine if theirs is None else (theirs if mine is None else mine[theirs])
+                     for mine, theirs in zip(self.index, index, strict=True))
+
     def _read(self, index: Index) -> np.ndarray:
-        inner = tuple(mine if theirs is None else (theirs if mine is None else mine[theirs])
-                      for mine, theirs in zip(self.index, index, strict=True))
-        return self.src._read(inner)
+        return self.src._read(self._inner(index))
+
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        self.src._read_into(out, self._inner(index))
 
     def major_axis(self) -> int | None:
         return self.src.major_axis()
@@ -341,10 +553,7 @@ class Reshaped(Lazy):
                 sizes += [self.shape[a] for a in new]
             elif len(old) == 1:  # one axis split in several: the flat positions picked
                 dims = [self.shape[a] for a in new]
-                flat = np.zeros(1, np.int64)
-                for p, n in zip(picks, dims, strict=True):
-                    flat = (flat[:, None] * n + (np.arange(n) if p is None else p)[None, :]).reshape(-1)
-                inner.append(flat)
+                inner.append(_flat_positions(picks, dims))
                 after += [None] * len(new)
                 sizes += [_size(p, n) for p, n in zip(picks, dims, strict=True)]
             else:
@@ -353,6 +562,57 @@ class Reshaped(Lazy):
                 sizes += [self.shape[a] for a in new]
         a = self.src._read(tuple(inner)).reshape(sizes)
         return _take(a, tuple(after))
+
+    MAX_PIECES = 4096  # a read into `out` that splits into more pieces goes through a temporary
+
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        """Through views of `out` reshaped to the source's shape: a read picking positions on
+        an axis merged from several is cut into runs within the last of them (GPT-NeoX's
+        per-head rows: one run per head and part), each a view."""
+        pieces: list[tuple[list[Any], list[Any]]] = [([], [])]  # (the source's index, the key into out)
+        for old, new in self.groups:
+            picks = [index[a] for a in new]
+            options: list[tuple[list[Any], list[Any]]]
+            if all(p is None for p in picks):
+                options = [([None] * len(old), [slice(None)] * len(new))]
+            elif len(old) == 1:
+                options = [([_flat_positions(picks, [self.shape[a] for a in new])], [slice(None)] * len(new))]
+            elif len(new) == 1 and old:
+                options = self._segments([self.src.shape[a] for a in old], picks[0])
+            else:
+                options = []
+            pieces = [(i + oi, k + ok) for i, k in pieces for oi, ok in options]
+            if not options or len(pieces) > self.MAX_PIECES:
+                _through_temporary(self, out, index)
+                return
+        for inner, key in pieces:
+            view = out[tuple(key)]
+            shape = tuple(_size(i, n) for i, n in zip(inner, self.src.shape, strict=True))
+            as_src = _view_as(view, shape)
+            if as_src is None:  # strides a view cannot take: this piece through a temporary
+                x = self.src._read(tuple(inner))
+                _count(x.nbytes, "staged")
+                _copy(view, x.reshape(view.shape))
+            else:
+                self.src._read_into(as_src, tuple(inner))
+
+    def _segments(self, dims: list[int], picks: np.ndarray) -> list[tuple[list[Any], list[Any]]]:
+        """Positions picked on one axis merged from axes of sizes `dims`, as runs that stay
+        within one row of the last: ([one position on each axis but the last, a range on the
+        last], [the run's positions in the read]) each; [] where they are too many."""
+        if not len(picks):
+            return []
+        last = dims[-1]
+        breaks = np.flatnonzero((np.diff(picks) != 1) | (picks[1:] % last == 0)) + 1
+        if len(breaks) >= self.MAX_PIECES:
+            return []
+        starts, stops = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(picks)]])
+        out = []
+        for a, b in zip(starts, stops, strict=True):
+            coords = np.unravel_index(int(picks[a]), dims)
+            out.append(([np.array([c]) for c in coords[:-1]] + [np.arange(coords[-1], coords[-1] + b - a)],
+                        [slice(int(a), int(b))]))
+        return out
 
     def major_axis(self) -> int | None:
         m = self.src.major_axis()
@@ -419,6 +679,18 @@ class Concat(Lazy):
                 np.moveaxis(out, ax, 0)[mine] = np.moveaxis(p._read(sub), ax, 0)
         return out
 
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        ax, picks = self.axis, index[self.axis]
+        for k, part in enumerate(self.parts):
+            lo, hi = int(self.starts[k]), int(self.starts[k + 1])
+            if picks is None:
+                _into(part, out[_along(ax, lo, hi)], index, self.dtype)
+                continue
+            mine = np.flatnonzero((picks >= lo) & (picks < hi))  # where this part's rows go in out
+            for first, stop, _ in _runs(mine, len(picks)):
+                sub = index[:ax] + (picks[first:stop] - lo,) + index[ax + 1:]
+                _into(part, out[_along(ax, first, stop)], sub, self.dtype)
+
     def major_axis(self) -> int | None:
         axes = {p.major_axis() for p in self.parts}
         return axes.pop() if len(axes) == 1 else None
@@ -442,6 +714,11 @@ class Stacked(Lazy):
             out[j] = self.items[int(i)]._read(index[1:])
         return out
 
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        which = range(self.shape[0]) if index[0] is None else index[0]
+        for j, i in enumerate(which):
+            _into(self.items[int(i)], out[j], index[1:], self.dtype)
+
 
 class Cast(Lazy):
     def __init__(self, src: Lazy, dtype: np.dtype):
@@ -449,6 +726,9 @@ class Cast(Lazy):
 
     def _read(self, index: Index) -> np.ndarray:
         return self.src._read(index).astype(self.dtype)
+
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        _into(self.src, out, index, self.dtype)
 
     def major_axis(self) -> int | None:
         return self.src.major_axis()
@@ -473,6 +753,9 @@ class Zeros(Lazy):
 
     def _read(self, index: Index) -> np.ndarray:
         return np.zeros(tuple(_size(i, n) for i, n in zip(index, self.shape, strict=True)), self.dtype)
+
+    def _read_into(self, out: np.ndarray, index: Index) -> None:
+        out[...] = 0
 
 
 def _concatenate(arrays: Sequence[Any], axis: int = 0, **kw: Any) -> Lazy:

@@ -305,13 +305,14 @@ def materialize_rng_state(module, seed: int, *, mesh: Any = None) -> None:
     import jax.numpy as jnp
     from flax import nnx
 
-    root = jax.random.key(seed)
+    root = None  # made on first use: a module without dropout has no key, and no program compiles
     left = []
     for path, node in nnx.iter_graph(module):
         if not isinstance(node, nnx.Variable) or not isinstance(node.get_value(), jax.ShapeDtypeStruct):
             continue
         shape, name = node.get_value().shape, ".".join(map(str, path))
         if isinstance(node, nnx.RngKey):
+            root = jax.random.key(seed) if root is None else root
             key = jax.random.fold_in(root, zlib.crc32(name.encode()))
             keys = jax.random.split(key, math.prod(shape)).reshape(shape)
             node.set_value(keys if mesh is None else jax.random.wrap_key_data(
