@@ -74,8 +74,8 @@ def _snap(obj: Any) -> Any:
     return map_nested(lambda o: o.detach().clone() if isinstance(o, torch.Tensor) else o, obj)
 
 
-class _Tree:
-    """Calls nested as they ran."""
+class Recording:
+    """Calls nested as they ran: `calls` in the order they started, `stack` the open ones."""
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
@@ -102,9 +102,9 @@ class _Tree:
 
 
 @contextlib.contextmanager
-def record_torch(module) -> Iterator[list[Call]]:
+def record_torch(module) -> Iterator[Recording]:
     """Record every submodule call of a torch module during the block (forward hooks)."""
-    tree = _Tree()
+    tree = Recording()
     handles = []
     open_calls: dict[int, list[Call]] = {}
 
@@ -120,7 +120,7 @@ def record_torch(module) -> Iterator[list[Call]]:
         for name, m in module.named_modules():
             handles.append(m.register_forward_pre_hook(pre(name), with_kwargs=True))
             handles.append(m.register_forward_hook(post, with_kwargs=True))
-        yield tree.calls
+        yield tree
     finally:
         for h in handles:
             h.remove()
@@ -130,7 +130,7 @@ def record_torch(module) -> Iterator[list[Call]]:
 def record_flax(module, names: dict[str, Any]) -> Iterator[list[Call]]:
     """Record every call of the NNX submodules `names` (dotted name -> module) during the
     block: each class that defines the __call__ they use is wrapped, and restored after."""
-    tree = _Tree()
+    tree = Recording()
     by_id = {id(m): n for n, m in names.items()}
     owners: dict[type, Any] = {}
     for m in names.values():

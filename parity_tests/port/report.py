@@ -28,6 +28,16 @@ class Row:
     status: str = "ok"
     note: str = ""
     grad_tol: float | None = None  # float32: from torch's own float32 error on that gradient
+    input_tol: float | None = None  # None: tol (a float32 island upstream loosens what a module is given)
+    local_tol: float | None = None  # None: tol (float64's for a module with no float32 island inside)
+
+    @property
+    def tol_in(self) -> float:
+        return self.tol if self.input_tol is None else self.input_tol
+
+    @property
+    def tol_local(self) -> float:
+        return self.tol if self.local_tol is None else self.local_tol
 
 
 @dataclass
@@ -65,6 +75,8 @@ class PortReport:
     output_error: float
     unpaired: list[str] = field(default_factory=list)
     grads: dict[str, float] = field(default_factory=dict)
+    islands: list[str] = field(default_factory=list)  # "LlamaRMSNorm computes in float32 in torch: ..."
+    notes: list[str] = field(default_factory=list)  # arguments not reconciled, rows not compared, ...
 
     @property
     def ok(self) -> bool:
@@ -77,14 +89,18 @@ class PortReport:
         head = (f"port check ({self.dtype}, tolerance {self.tol:.0e}"
                 f"{' per module from the float32 noise floor' if self.dtype == 'float32' else ''}): "
                 f"{'OK' if self.ok else 'DIVERGES'}; output error {self.output_error:.1e}")
-        lines = [head, "", f"{'torch module':32} {'flax module':32} {'accum':>8} {'input':>8} {'local':>8} "
+        names = [(r.torch_path or "(root)") + (f" #{r.call}" if r.call else "") for r in self.rows]
+        fnames = [r.flax_path or "(root)" for r in self.rows]
+        w1, w2 = max([12, *map(len, names)]), max([11, *map(len, fnames)])
+        lines = [head, "", f"{'torch module':{w1}} {'flax module':{w2}} {'accum':>8} {'input':>8} {'local':>8} "
                            f"{'grad':>8}  status"]
-        for r in self.rows:
-            name = r.torch_path or "(root)"
-            fname = r.flax_path or "(root)"
-            name += f" #{r.call}" if r.call else ""
-            lines.append(f"{name[:32]:32} {fname[:32]:32} {f(r.accumulated):>8} {f(r.input):>8} {f(r.local):>8} "
+        for r, name, fname in zip(self.rows, names, fnames, strict=True):
+            lines.append(f"{name:{w1}} {fname:{w2}} {f(r.accumulated):>8} {f(r.input):>8} {f(r.local):>8} "
                          f"{f(r.grad):>8}  {r.status}{' ' + r.note if r.note else ''}")
+        if self.islands:
+            lines += [""] + self.islands
+        if self.notes:
+            lines += [""] + self.notes
         if self.unpaired:
             lines += ["", "unpaired: " + ", ".join(self.unpaired)]
         lines += ["", str(self.first_divergence) if self.first_divergence else "every module within tolerance"]
@@ -120,7 +136,7 @@ class PortReport:
         tols = [r.tol for r in self.rows]
         ax.step(x, tols, "k-", where="mid", lw=1, label="tolerance")
         if self.first_divergence:
-            i = next(i for i, r in enumerate(self.rows) if r.torch_path == self.first_divergence.torch_path)
+            i = next((i for i, r in enumerate(self.rows) if r.torch_path == self.first_divergence.torch_path), 0)
             ax.axvline(i, color="red", lw=1, alpha=0.6, label=f"first divergence: {self.first_divergence.torch_path}")
         ax.set_xticks(list(x), [(r.torch_path or "(root)") for r in self.rows], rotation=90, fontsize=6)
         ax.set_ylabel("relative error")

@@ -12,6 +12,9 @@ layout transform each pair of layer types needs:
     nn.BatchNorm1d/2d      nnx.BatchNorm          weight, bias, running_mean, running_var
     nn.MultiheadAttention  nnx.MultiHeadAttention in_proj (3E, E) -> query/key/value (E, H, D),
                                                   out_proj (E, E) -> out (H, D, E)
+    HF's Conv1D            nnx.Linear             weight (in, out) -> kernel as it is (GPT-2's layers)
+    a hand-written norm    nnx.RMSNorm / LayerNorm weight -> scale, bias -> bias (LlamaRMSNorm and its
+                                                  cousins: one weight vector, recognised by what it computes)
 
 A parameter of any other module pairs with the Flax variable of the same path: equal shapes
 copy as they are, a non-square matrix stored transposed is transposed, and a square matrix
@@ -22,7 +25,9 @@ all problems are raised together (PortError) and nothing is written unless all i
 
 from __future__ import annotations
 
+import difflib
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -189,9 +194,49 @@ def _flax_name(m) -> str:
     return f"nnx.{cls.__name__}" if cls.__module__.startswith("flax.nnx") else f"{cls.__module__}.{cls.__name__}"
 
 
+def _hf_conv1d() -> tuple:
+    """transformers' Conv1D class when transformers is loaded (a model of it is in hand)."""
+    conv = getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+    return (conv,) if conv is not None else ()
+
+
+def _is_nnx_builtin(m) -> bool:
+    return type(m).__module__.startswith("flax.")
+
+
+def _norm_pairs(tm, fm, name: str, fpath: str) -> tuple[list[tuple[str, str, Transform]], list[str]] | None:
+    """A torch module holding one weight vector that computes a norm (LlamaRMSNorm, T5's,
+    Gemma's, ...) facing nnx.RMSNorm or nnx.LayerNorm: weight -> scale, bias -> bias; None
+    when `fm` is no NNX norm or `tm` computes no norm."""
+    from flax import nnx
+
+    from .behaviour import norm_of
+
+    if not isinstance(fm, (nnx.RMSNorm, nnx.LayerNorm)):
+        return None
+    n = norm_of(tm)
+    if n is None:
+        return None
+    params = dict(tm.named_parameters(recurse=False))
+    weight = next(k for k, p in params.items() if "bias" not in k)
+    bias = next((k for k in params if "bias" in k), None)
+    f_bias = getattr(fm, "bias", None) is not None
+    what = f"torch {name} ({type(tm).__name__}) computes {n.words()}"
+    if bias is not None and not f_bias:
+        return [], [f"{what} with a bias but flax {fpath} is {_flax_name(fm)} without one: nothing holds {bias}"]
+    if f_bias and bias is None:
+        return [], [f"{what} without a bias but flax {fpath} is {_flax_name(fm)} with one: nothing fills it "
+                    f"(use_bias=False)"]
+    pairs = [(_join(name, weight), _join(fpath, "scale"), IDENTITY)]
+    if bias is not None:
+        pairs.append((_join(name, bias), _join(fpath, "bias"), IDENTITY))
+    return pairs, []
+
+
 def _layer_pairs(tm, fm, name: str, fpath: str) -> tuple[list[tuple[str, str, Transform]], list[str]] | None:
     """The pairs of a known torch layer and its NNX counterpart; None for a module of no known
-    type. A known torch layer facing another NNX type is a problem naming both."""
+    type, or a known one facing a module of the port's own (paired by name then). A known
+    torch layer facing another NNX type is a problem naming both."""
     import torch.nn as nn
     from flax import nnx
 
@@ -199,6 +244,8 @@ def _layer_pairs(tm, fm, name: str, fpath: str) -> tuple[list[tuple[str, str, Tr
     bn = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
     table: list[tuple[Any, Any, dict[str, tuple[str, Transform]], str]] = [
         (nn.Linear, nnx.Linear, {"weight": ("kernel", TRANSPOSE), "bias": ("bias", IDENTITY)}, "a linear layer"),
+        (_hf_conv1d(), nnx.Linear, {"weight": ("kernel", IDENTITY), "bias": ("bias", IDENTITY)},
+         "a linear layer storing its weight (in, out)"),
         (nn.LayerNorm, nnx.LayerNorm, {"weight": ("scale", IDENTITY), "bias": ("bias", IDENTITY)},
          "it subtracts the mean"),
         (nn.RMSNorm, nnx.RMSNorm, {"weight": ("scale", IDENTITY)}, "it does not subtract the mean"),
@@ -209,18 +256,23 @@ def _layer_pairs(tm, fm, name: str, fpath: str) -> tuple[list[tuple[str, str, Tr
     ]
     if isinstance(tm, nn.MultiheadAttention):
         if not isinstance(fm, nnx.MultiHeadAttention):
+            if not _is_nnx_builtin(fm):
+                return None
             return [], [f"torch {name} is nn.MultiheadAttention but flax {fpath or '(root)'} is "
                         f"{_flax_name(fm)}, not nnx.MultiHeadAttention"]
         return _mha(tm, fm, name, fpath)
     for ttype, ftype, names, what in table:
-        if isinstance(tm, ttype):
+        if ttype and isinstance(tm, ttype):
+            if not isinstance(fm, ftype) and not _is_nnx_builtin(fm):
+                return None  # a module of the port's own: its variables by name
             if not isinstance(fm, ftype):
-                return [], [f"torch {name or '(root)'} is nn.{type(tm).__name__} ({what}) but flax {fpath or '(root)'} "
+                kind = f"nn.{type(tm).__name__}" if type(tm).__module__.startswith("torch") else type(tm).__name__
+                return [], [f"torch {name or '(root)'} is {kind} ({what}) but flax {fpath or '(root)'} "
                             f"is {_flax_name(fm)}, not nnx.{ftype.__name__}"]
             pairs = [(_join(name, t), _join(fpath, f), tf) for t, (f, tf) in names.items()
                      if getattr(tm, t, None) is not None]
             return pairs, []
-    return None
+    return _norm_pairs(tm, fm, name, fpath)
 
 
 # ----------------------------------------------------------------------------------------
@@ -230,31 +282,9 @@ def _layer_pairs(tm, fm, name: str, fpath: str) -> tuple[list[tuple[str, str, Tr
 Rule = tuple[str, "str | None", "str | Callable[[np.ndarray], np.ndarray] | Transform"]
 
 
-def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Copied]:
-    """The pairs copy_weights would write, checked (shapes, every parameter on both sides);
-    raises PortError listing every problem."""
-    import torch
-    from flax import nnx
-
-    if not isinstance(torch_module, torch.nn.Module):
-        raise TypeError(f"copy_weights: expected a torch.nn.Module first, got {type(torch_module).__name__}")
-    if not isinstance(flax_module, nnx.Module):
-        raise TypeError(f"copy_weights: expected a flax.nnx.Module second, got {type(flax_module).__name__}")
-    state = torch_module.state_dict(keep_vars=True)
-    params = {n for n, _ in torch_module.named_parameters()}
-    fvars = flax_variables(flax_module)
-    fparams = {k for k, v in fvars.items() if isinstance(v, nnx.Param)}
-    fmods = flax_modules(flax_module)
+def _rules(rules, state: dict, problems: list[str]) -> tuple[list, set[str]]:
+    """The pairs the rules say, and the torch names they cover."""
     pairs: list[tuple[str, str | None, Transform | str]] = []
-    problems: list[str] = []
-
-    first: dict[int, str] = {}
-    tied: dict[str, str] = {}  # a name that shares its tensor with an earlier one (GPT-2's head and embedding)
-    for k, v in state.items():
-        if id(v) in first:
-            tied[k] = first[id(v)]
-        else:
-            first[id(v)] = k
     ruled: set[str] = set()
     for pattern, target, transform in rules or []:
         hits = [n for n in state if re.fullmatch(pattern, n)]
@@ -272,8 +302,103 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
             if not isinstance(tf, Transform):
                 tf = Transform(getattr(tf, "__name__", "rule"), tf)
             pairs.append((n, re.sub(pattern, target, n), tf))
+    return pairs, ruled
 
-    for name, tm in torch_units(torch_module).items():
+
+def _by_name(k: str, v, fv, ruled: set[str], params: set[str]) -> tuple[tuple | None, str | None]:
+    """A parameter of a module of no known type paired with the Flax variable of its path:
+    (pair, problem)."""
+    if fv is None:
+        if k in params:
+            return None, f"torch parameter {k} {tuple(v.shape)} has no flax variable at {k}"
+        return (k, None, "not copied (a buffer the flax port does not store)"), None
+    ts, fs = tuple(v.shape), tuple(fv.get_value().shape)
+    if v.ndim == 2 and ts[0] == ts[1] and k not in ruled:
+        return None, (f"torch parameter {k} {ts} is square: its shape cannot say whether flax {k} holds it "
+                      f"as is or transposed; give a rule, e.g. rules=[({re.escape(k)!r}, {k!r}, 'transpose')]")
+    if v.ndim == 2 and ts != fs and ts[::-1] == fs:
+        return (k, k, TRANSPOSE), None
+    return (k, k, IDENTITY), None  # a wrong shape is named by the shape check
+
+
+def _by_shape(own: list[str], name: str, state: dict, fvars: dict, params: set[str]) -> dict[str, str]:
+    """A module's parameters that have no Flax variable of their name, paired with its Flax
+    variables of no torch name when each shape is held once on each side (a hand-written
+    norm's `weight` against the port's `scale`)."""
+    lost = [k for k in own if k in params and k not in fvars]
+    taken = {k for k in own if k in fvars}
+    free = [v for v in fvars if _owner(v) == name and v not in taken and v.rsplit(".", 1)[-1] not in ("rngs",)]
+    shapes = [tuple(state[k].shape) for k in lost]
+    fshapes = [tuple(fvars[v].get_value().shape) for v in free]
+    if not lost or len(lost) != len(free) or len(set(shapes)) != len(shapes) or sorted(shapes) != sorted(fshapes):
+        return {}
+    return {k: free[fshapes.index(tuple(state[k].shape))] for k in lost}
+
+
+def _nearest(name: str, candidates: list[str]) -> str | None:
+    """The candidate path most like `name`, when one is alike enough."""
+    best = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
+    return best[0] if best else None
+
+
+def _renamed(missing: list[str], fmods: dict, fparams: set[str], taken: set[str]) -> tuple[dict[str, str], str | None]:
+    """For torch modules with no flax module at their path: the nearest flax module holding
+    parameters (not at a torch path), and a sentence naming a rename several of them share
+    (torch `h.` is flax `blocks.`)."""
+    holders = sorted({k.rsplit(".", 1)[0] if "." in k else "" for k in fparams})
+    free = [h for h in holders if h not in taken and h in fmods]
+    near = {m: n for m in missing if (n := _nearest(m, free)) is not None}
+    renames: dict[tuple[str, str], int] = {}
+    for t, f in near.items():
+        a, b = t.split("."), f.split(".")
+        k = 0
+        while k < min(len(a), len(b)) and a[-1 - k] == b[-1 - k]:
+            k += 1
+        if k:
+            key = (".".join(a[:len(a) - k]), ".".join(b[:len(b) - k]))
+            key = (re.sub(r"\d+", "N", key[0]), re.sub(r"\d+", "N", key[1]))
+            renames[key] = renames.get(key, 0) + 1
+    if not renames:
+        return near, None
+    (t, f), n = max(renames.items(), key=lambda kv: kv[1])
+    if n < 2:
+        return near, None
+    return near, (f"the port's names look renamed: torch {t or '(root)'!r} is flax {f or '(root)'!r} in {n} "
+                  f"modules (copy_weights pairs by path: name the port's attributes as torch's, or give rules)")
+
+
+def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Copied]:
+    """The pairs copy_weights would write, checked (shapes, every parameter on both sides);
+    raises PortError listing every problem once (each torch or flax parameter named in one
+    problem at most; an unmatched path with the nearest one on the other side)."""
+    import torch
+    from flax import nnx
+
+    if not isinstance(torch_module, torch.nn.Module):
+        raise TypeError(f"copy_weights: expected a torch.nn.Module first, got {type(torch_module).__name__}")
+    if not isinstance(flax_module, nnx.Module):
+        raise TypeError(f"copy_weights: expected a flax.nnx.Module second, got {type(flax_module).__name__}")
+    state = torch_module.state_dict(keep_vars=True)
+    params = {n for n, _ in torch_module.named_parameters()}
+    fvars = flax_variables(flax_module)
+    fparams = {k for k, v in fvars.items() if isinstance(v, nnx.Param)}
+    fmods = flax_modules(flax_module)
+    problems: list[str] = []
+    named_t: set[str] = set()  # torch names a problem already names
+    named_f: set[str] = set()
+
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}  # a name that shares its tensor with an earlier one (GPT-2's head and embedding)
+    for k, v in state.items():
+        if id(v) in first:
+            tied[k] = first[id(v)]
+        else:
+            first[id(v)] = k
+    pairs, ruled = _rules(rules, state, problems)
+
+    missing: dict[str, tuple[Any, list[str]]] = {}
+    units = torch_units(torch_module)
+    for name, tm in units.items():
         absorbing = isinstance(tm, _absorbing())
         own = sorted(k for k in state if k not in ruled and (_owner(k) == name or (absorbing and _inside(k, name))))
         if not own:
@@ -283,41 +408,45 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
             pairs += [(k, None, f"not copied (tied to {tied[k]}, which is)") for k in own]
             continue
         if fm is None:
-            problems.append(f"torch {name or '(root)'} "
-                            f"({type(tm).__name__}: {', '.join(k.rsplit('.', 1)[-1] for k in own)}) "
-                            f"has no flax module at {name or '(root)'}")
+            missing[name] = (tm, own)
+            named_t.update(own)
             continue
         layer = _layer_pairs(tm, fm, name, name)
         if layer is not None:
             got, bad = layer
             problems += bad
-            for t, f, tf in got:
-                if t not in ruled:
-                    pairs.append((t, f, tf))
+            if bad:
+                named_t.update(own)
+                named_f.update(k for k in fparams if _owner(k) == name)
+            pairs += [(t, f, tf) for t, f, tf in got if t not in ruled]
             if isinstance(tm, torch.nn.modules.batchnorm._BatchNorm):
                 pairs.append((_join(name, "num_batches_tracked"), None,
                               "not copied (a counter nnx.BatchNorm does not keep)"))
             continue
+        renamed = _by_shape(own, name, state, fvars, params)
         for k in own:  # a module of no known type: by name, orientation by shape
-            v = state[k]
-            fv = fvars.get(k)
-            if fv is None:
-                if k in params:
-                    problems.append(f"torch parameter {k} {tuple(v.shape)} has no flax variable at {k}")
-                else:
-                    pairs.append((k, None, "not copied (a buffer the flax port does not store)"))
+            if k in renamed:
+                pairs.append((k, renamed[k], IDENTITY))
                 continue
-            ts, fs = tuple(v.shape), tuple(fv.get_value().shape)
-            if v.ndim == 2 and ts[0] == ts[1] and k not in ruled:
-                problems.append(f"torch parameter {k} {ts} is square: its shape cannot say whether flax {k} holds it "
-                                f"as is or transposed; give a rule, e.g. "
-                                f"rules=[({re.escape(k)!r}, {k!r}, 'transpose')]")
-            elif ts == fs:
-                pairs.append((k, k, IDENTITY))
-            elif v.ndim == 2 and ts[::-1] == fs:
-                pairs.append((k, k, TRANSPOSE))
-            else:
-                pairs.append((k, k, IDENTITY))  # the shape check below names it
+            pair, bad = _by_name(k, state[k], fvars.get(k), ruled, params)
+            if bad:
+                have = sorted(v.rsplit(".", 1)[-1] for v in fvars if _owner(v) == name)
+                problems.append(bad + (f" (flax {name or '(root)'} holds: {', '.join(have)})"
+                                       if have and "no flax variable" in bad else ""))
+                named_t.add(k)
+            if pair is not None:
+                pairs.append(pair)
+
+    near, rename = _renamed(list(missing), fmods, fparams, set(units))
+    if rename:
+        problems.insert(0, rename)
+    for name, (tm, own) in missing.items():
+        hint = f"; nearest flax module: {near[name]}" if name in near else ""
+        problems.append(f"torch {name or '(root)'} ({type(tm).__name__}: "
+                        f"{', '.join(k.rsplit('.', 1)[-1] for k in own)}) has no flax module at {name or '(root)'}"
+                        + hint)
+        if name in near:
+            named_f.update(k for k in fparams if _owner(k) == near[name])
 
     out: list[Copied] = []
     used_f: set[str] = set()
@@ -329,6 +458,7 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
         fv = fvars.get(f)
         if fv is None:
             problems.append(f"torch {t} -> flax {f}: no such flax variable")
+            named_t.add(t)
             continue
         used_f.add(f)
         try:
@@ -340,10 +470,14 @@ def plan(torch_module, flax_module, rules: list[Rule] | None = None) -> list[Cop
             problems.append(f"torch {t} {tuple(state[t].shape)} -> flax {f}: {tf} gives {shape}, "
                             f"flax holds {tuple(fv.get_value().shape)}")
         out.append(Copied(t, f, tf))
-    for t in sorted(params - used_t):
+    for t in sorted(params - used_t - named_t):
         problems.append(f"torch parameter {t} {tuple(state[t].shape)} is not copied anywhere")
-    for f in sorted(fparams - used_f):
-        problems.append(f"flax parameter {f} {tuple(fvars[f].get_value().shape)} is filled from no torch parameter")
+    left = sorted(fparams - used_f - named_f)
+    torch_left = sorted(params - used_t)
+    for f in left:
+        hint = _nearest(f, torch_left)
+        problems.append(f"flax parameter {f} {tuple(fvars[f].get_value().shape)} is filled from no torch parameter"
+                        + (f"; nearest torch parameter: {hint}" if hint else ""))
     if problems:
         raise PortError(list(dict.fromkeys(problems)))
     return out

@@ -1,0 +1,308 @@
+"""Where a port first goes wrong, and why: walk the paired calls in the order they started
+(a parent before its children) and name the first module that is given a wrong input
+("between": its parent's code is at fault) or computes something else on a right one
+("inside"); then say what the figures show: a module the port never calls, a term left out,
+an argument that differs (a mask shifted, rotary pairs interleaved), weights that are not
+torch's, or the known mistake that makes torch compute what the port computes (explain.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import rel_err
+from .pairing import Pairing, compare_values, fit
+from .record import Call
+from .report import Divergence, Row
+
+
+@dataclass
+class Paired:
+    """One torch call and its Flax counterpart with their figures: the row, how their
+    arguments pair, the torch-to-flax layout adapter and the Flax module's output when run
+    alone on torch's input (None: it could not run)."""
+
+    t: Call
+    f: Call
+    row: Row
+    args: Pairing
+    adapt: Callable | None
+    alone: Any
+
+
+@dataclass
+class Context:
+    """What the diagnoses need beyond the pairs: every torch call, the Flax modules by path
+    and the paths the port called, the state of each copied weight (flax path -> "same" /
+    "transposed" / "differs" and its torch name), and the explainer of one pair."""
+
+    tcalls: list[Call]
+    fmodules: dict[str, Any]
+    fcalled: set[str]
+    weights: dict[str, tuple[str, str]]
+    explain: Callable[[Paired], str]
+
+
+def locate(pairs: list[Paired], ctx: Context) -> Divergence | None:
+    """The first divergence of the forward pass, or None."""
+    index = {id(p.t): p for p in pairs}
+    cand: Paired | None = None
+    for p in pairs:
+        if cand is not None and not within(p.t, cand.t):
+            break
+        row = p.row
+        if row.input > row.tol_in:
+            parent = paired_parent(p.t, index)
+            prev = previous(p.t, parent, pairs)
+            if parent is None:
+                return Divergence(p.t.path, p.f.path, "inherited", row.local if row.local is not None else float("nan"),
+                                  "the inputs differ before any module runs (an adapter?)")
+            return _between(p, index[id(parent)], prev, pairs, ctx)
+        bad_local = row.local is not None and row.local > row.tol_local
+        if bad_local or (row.local is None and row.accumulated > row.tol):
+            cand = p
+    if cand is None:
+        return None
+    skipped = _skipped_inside(cand, pairs, ctx)
+    if skipped is not None:
+        return skipped
+    local = cand.row.local if cand.row.local is not None else cand.row.accumulated
+    return Divergence(cand.t.path, cand.f.path, "inside", local, _inside_why(cand, ctx))
+
+
+# ----------------------------------------------------------------------------------------
+# The call tree
+# ----------------------------------------------------------------------------------------
+
+
+def within(c: Call | None, ancestor: Call) -> bool:
+    while c is not None:
+        if c is ancestor:
+            return True
+        c = c.parent
+    return False
+
+
+def descendants(c: Call) -> Iterator[Call]:
+    for k in c.children:
+        yield k
+        yield from descendants(k)
+
+
+def paired_parent(t: Call, index: dict[int, Paired]) -> Call | None:
+    c = t.parent
+    while c is not None and id(c) not in index:
+        c = c.parent
+    return c
+
+
+def previous(t: Call, parent: Call | None, pairs: list[Paired]) -> Call | None:
+    """The last paired call inside `parent` that ended before `t` started."""
+    done = [p.t for p in pairs if p.t.end < t.start and p.t is not parent and (parent is None or within(p.t, parent))]
+    return max(done, key=lambda c: c.end) if done else None
+
+
+def _has_params(m) -> bool:
+    return any(True for _ in m.parameters())
+
+
+def _never_called(c: Call, ctx: Context) -> bool:
+    """A torch call of a module with parameters whose Flax module exists and never ran."""
+    return c.path in ctx.fmodules and c.path not in ctx.fcalled and _has_params(c.module)
+
+
+# ----------------------------------------------------------------------------------------
+# Diagnoses
+# ----------------------------------------------------------------------------------------
+
+
+def _float_out(c: Call, adapt) -> list[np.ndarray]:
+    from .record import is_float, leaves, to_numpy
+
+    out = [to_numpy(a) for a in leaves(c.output) if is_float(a)]
+    return [adapt(a) for a in out] if adapt else out
+
+
+def _data_pair(p: Paired):
+    """The first float (data) argument pair of a call, the one a missing term would show in."""
+    return next((a for a in p.args.pairs if a.torch is not None and a.flax.kind == "float" and not a.note), None)
+
+
+def _term(p: Paired, c: Call, tol: float) -> str:
+    """"leaves out" / "adds twice" when the port's input to `p` is torch's less / plus `c`'s
+    output (broadcast), else ""."""
+    a = _data_pair(p)
+    outs = _float_out(c, None)
+    if a is None or not outs:
+        return ""
+    t_in = fit(a.torch.value, a.flax.value.shape)
+    term = fit(outs[0], a.flax.value.shape) if t_in is not None else None
+    if term is None:
+        try:
+            term = np.broadcast_to(outs[0], a.flax.value.shape)
+        except ValueError:
+            return ""
+    if t_in is None:
+        return ""
+    for sign, words in ((-1, "leaves out"), (1, "adds")):
+        if rel_err(a.flax.value, t_in + sign * term) <= max(tol, 1e-9):
+            return words
+    return ""
+
+
+def _skipped(c: Call, parent: Call, before: Call, pairs: list[Paired], ctx: Context, tol: float,
+             p: Paired | None) -> Divergence:
+    prev = previous(c, parent, pairs)
+    term = _term(p, c, tol) if p is not None else ""
+    said = f"the flax port never calls {c.path} ({type(c.module).__name__}), which torch calls in " \
+           f"{parent.path or '(root)'}'s code"
+    if term == "leaves out":
+        said += f": its input to {before.path} is torch's less {c.path}'s output"
+    elif p is None and before is parent:
+        said += f" last: the flax port returns {c.path}'s input"
+    return Divergence(c.path, c.path, "between", float("nan"), said, parent=parent.path,
+                      previous=prev.path if prev else None)
+
+
+def _between(p: Paired, parent: Paired, prev: Call | None, pairs: list[Paired], ctx: Context) -> Divergence:
+    """`p` is given a wrong input by `parent`'s code: a module the port skips there, a term
+    left out, an argument that differs, axes swapped, or a known mistake in `parent`."""
+    t, pt = p.t, parent.t
+    for c in descendants(pt):  # a module torch calls there that the port never does
+        if c.start < t.start and c.path not in {q.t.path for q in pairs} and _never_called(c, ctx):
+            return _skipped(c, pt, t, pairs, ctx, p.row.tol_in, p)
+    index = {id(q.t): q for q in pairs}
+    why = _argument_differs(p) or _left_out(p, pt, index) or _swapped_axes(p) or _weights_of(parent, ctx, own=True) \
+        or ctx.explain(parent)
+    ran = [c.path for c in descendants(pt) if (prev.end if prev else pt.start) < c.start and c.end < t.start]
+    gap = f" (torch runs {', '.join(ran)} there)" if ran else ""
+    return Divergence(t.path, p.f.path, "between", p.row.local if p.row.local is not None else float("nan"),
+                      why + gap, parent=pt.path, previous=prev.path if prev else None)
+
+
+def _skipped_inside(cand: Paired, pairs: list[Paired], ctx: Context) -> Divergence | None:
+    """A module of `cand` that torch calls and the port never does (a final norm skipped)."""
+    paths = {q.t.path for q in pairs}
+    for c in descendants(cand.t):
+        if c.path not in paths and _never_called(c, ctx):
+            parent = c.parent
+            while parent is not None and parent.path not in paths:
+                parent = parent.parent
+            d = _skipped(c, parent or cand.t, parent or cand.t, pairs, ctx, cand.row.tol, None)
+            out_t = [a for a in _float_out(c, None)]
+            if out_t and cand.alone is not None:
+                from .record import is_float, leaves, to_numpy
+
+                got = [to_numpy(a) for a in leaves(cand.alone) if is_float(a)]
+                c_in = [to_numpy(a) for a in leaves((c.args, c.kwargs)) if is_float(a)]
+                if got and c_in and (compare_values(got[0], c_in[0]) or float("inf")) <= max(cand.row.tol_local, 1e-9):
+                    d.explanation = (f"the flax port never calls {c.path} ({type(c.module).__name__}): its "
+                                     f"{cand.f.path or '(root)'} returns what torch gives {c.path}")
+            return d
+    return None
+
+
+def _argument_differs(p: Paired) -> str:
+    """Words for an argument of `p` that holds other values than torch's: a mask, positions,
+    or a rotary table in the other layout."""
+    for a in p.args.pairs:
+        if a.torch is None or a.note or a.err <= p.row.tol_in:
+            continue
+        if a.differs:
+            return (f"mask: the mask the flax port gives {p.f.path or '(root)'} ({a.flax.name}) differs from "
+                    f"torch's ({a.torch.name}): {a.differs}")
+        if a.flax.kind == "int":
+            return (f"{a.flax.name}: the flax port gives {p.f.path or '(root)'} other integers than torch gives it "
+                    f"({a.torch.name}: ids or positions)")
+        if a.flax.kind == "float" and a is not _data_pair(p):
+            said = _layout(a.flax.value, a.torch.value)
+            if said:
+                return f"{a.flax.name} given to {p.f.path or '(root)'}: {said}"
+    return ""
+
+
+def _layout(f: np.ndarray, t: np.ndarray) -> str:
+    """A rotary table (cos or sin) holding torch's values with its last axis laid out the
+    other way: interleaved (f0 f0 f1 f1 ...) against halves (f0 f1 ... f0 f1 ...)."""
+    r = t.shape[-1]
+    if r % 2:
+        return ""
+    half = t[..., : r // 2]
+    inter = np.repeat(half, 2, axis=-1)
+    g = fit(inter, f.shape)
+    if g is not None and rel_err(f, g) <= 1e-6:
+        return ("rotary: the flax port's table holds the frequencies interleaved (f0 f0 f1 f1 ...: GPT-J's and "
+                "Meta's layout) where torch's holds them in halves (f0 f1 ... f0 f1 ...: HF's rotate_half)")
+    return ""
+
+
+def _left_out(p: Paired, parent: Call, index: dict[int, Paired]) -> str:
+    """The port's input to `p` is torch's less (or plus) the output of a module that ran
+    before it in `parent` (one with parameters first: a dropout passes its input on)."""
+    ran = [c for c in descendants(parent) if c.end < p.t.start and c.parent is parent]
+    for c in sorted(reversed(ran), key=lambda c: not _has_params(c.module)):
+        words = _term(p, c, max(p.row.tol_in, index[id(c)].row.tol if id(c) in index else 0.0))
+        if words == "leaves out":
+            return (f"the flax port leaves out {c.path}'s output ({type(c.module).__name__}), which torch adds in "
+                    f"{parent.path or '(root)'}'s code before {p.t.path}")
+        if words == "adds":
+            return (f"the flax port adds {c.path}'s output ({type(c.module).__name__}) to {p.t.path}'s input, "
+                    f"which torch does not (a residual added twice, or a parallel residual x + attn(x) + mlp(x) "
+                    f"read as sequential)")
+    return ""
+
+
+def _swapped_axes(p: Paired) -> str:
+    """The Flax module was given torch's input with two axes swapped (a transpose missing or
+    extra in the parent's code: a square layout fits either way)."""
+    for a in p.args.pairs:
+        if a.torch is None or a.flax.kind != "float":
+            continue
+        f, t = a.flax.value, a.torch.value
+        for i in range(t.ndim):
+            for j in range(i + 1, t.ndim):
+                if t.shape[i] == t.shape[j] and f.shape == t.shape and rel_err(f, np.swapaxes(t, i, j)) <= p.row.tol_in:
+                    return (f"layout: the flax port gives {p.f.path} torch's input with axes {i} and {j} swapped "
+                            f"(a transpose missing or extra before it; the shape is square there, so it ran)")
+    return ""
+
+
+def _weights_of(p: Paired, ctx: Context, own: bool = False) -> str:
+    """Words for weights of `p`'s Flax module (its own only, or its whole subtree) that are
+    not torch's."""
+    path = p.f.path
+    def held(k: str) -> bool:
+        owner = k.rsplit(".", 1)[0] if "." in k else ""
+        return owner == path or (not own and (path == "" or k.startswith(path + ".")))
+
+    mine = {k: v for k, v in ctx.weights.items() if held(k)}
+    flipped = [(k, tn) for k, (state, tn) in mine.items() if state == "transposed"]
+    if flipped:
+        k, tn = flipped[0]
+        return (f"kernel: flax {k} holds torch's {tn} transposed (a square kernel: its shape cannot tell; torch's "
+                f"nn.Linear stores (out, in), HF's Conv1D (in, out), flax (in, out))")
+    differ = [k for k, (state, _) in mine.items() if state == "differs"]
+    if differ:
+        every = all(state != "same" for state, _ in ctx.weights.values())
+        if every:
+            return (f"weights: none of the port's {len(ctx.weights)} parameters holds torch's values "
+                    f"(copy_weights(torch_module, flax_module) not called, or called on another model?)")
+        return (f"weights: flax {', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''} do not hold torch's "
+                f"values (changed after copy_weights?)")
+    return ""
+
+
+def _inside_why(p: Paired, ctx: Context) -> str:
+    """Why `p`'s Flax module computes something else than torch's on torch's input."""
+    said = _weights_of(p, ctx) or ctx.explain(p)
+    if said.startswith("unexplained"):
+        inverted = next((a for a in p.args.pairs if a.torch is not None and a.sense == "inverted"), None)
+        if inverted is not None:
+            return (f"mask: the flax port gives {p.f.path or '(root)'} its mask ({inverted.flax.name}) in the "
+                    f"opposite sense to torch's ({inverted.torch.name}) and {p.f.path or 'it'} reads it as torch "
+                    f"reads its own")
+    return said
