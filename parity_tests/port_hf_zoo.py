@@ -10,8 +10,10 @@ that plant one known porting mistake. The port checker's tests on real models
                                             final norm skipped, position embeddings dropped
     BertModel            FlaxBertModel      gelu (tanh for exact), eps, padding mask inverted,
                                             token-type embeddings dropped, fast variance
-    LlamaModel           FlaxLlamaModel     rotary interleaved, GQA tiled, norm eps outside the root,
-                                            (1 + w) scale, LayerNorm for RMSNorm, norm eps
+    LlamaModel           FlaxLlamaModel     rotary interleaved (in attention, or the model's tables), GQA
+                                            tiled, norm eps outside the root, (1 + w) scale, LayerNorm for
+                                            RMSNorm, norm eps, GELU for SiLU, causal offset (mask built
+                                            by the model)
     Qwen2Model           FlaxLlamaModel     (biases on q, k, v)
     GPTNeoXModel         FlaxGPTNeoXModel   rotary interleaved, parallel residual read as sequential
 
@@ -128,7 +130,8 @@ class FlaxGPT2Attention(nnx.Module):
         d = q.shape[-1]
         mask = causal(t, self.causal_offset)
         mask = mask if keep is None else mask & keep
-        return self.c_proj(merge_heads(attend(q, k, v, mask, 1 / d if self.scale == "d" else d ** -0.5)))
+        scale = {"d": 1 / d, "none": 1.0}.get(self.scale, d ** -0.5)
+        return self.c_proj(merge_heads(attend(q, k, v, mask, scale)))
 
 
 class FlaxGPT2MLP(nnx.Module):
@@ -155,8 +158,8 @@ class FlaxGPT2Block(nnx.Module):
 
 
 class FlaxGPT2Model(nnx.Module):
-    """GPT2Model's port. mistakes: exact_gelu, scale="d", causal_offset=+-1, split="heads-last",
-    skip_ln_f, no_wpe (each in every layer)."""
+    """GPT2Model's port. mistakes: exact_gelu, scale="d" / "none", causal_offset=+-1,
+    split="heads-last", skip_ln_f, no_wpe (each in every layer)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, exact_gelu: bool = False, scale: str = "sqrt", causal_offset: int = 0,
                  split: str = "heads-first", skip_ln_f: bool = False, no_wpe: bool = False):
@@ -313,6 +316,12 @@ def make_norm(dim: int, eps: float, norm: str, *, rngs: nnx.Rngs) -> nnx.Module:
     return nnx.RMSNorm(dim, epsilon=eps, rngs=rngs)
 
 
+def rotate_pairs(x: jax.Array) -> jax.Array:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): adjacent features pair up."""
+    pairs = x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
+    return jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
+
+
 class FlaxLlamaAttention(nnx.Module):
     def __init__(self, cfg, *, rngs: nnx.Rngs, rope: str, gqa: str):
         h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_attention_heads
@@ -329,33 +338,39 @@ class FlaxLlamaAttention(nnx.Module):
         t = x.shape[1]
         q = split_heads(self.q_proj(x), self.n_heads)
         k, v = split_heads(self.k_proj(x), self.n_kv), split_heads(self.v_proj(x), self.n_kv)
-        q, k = (apply_rotary(a, cos, sin, interleaved=self.rope == "interleaved") for a in (q, k))
+        if self.rope == "interleaved-tables":  # the tables come interleaved from the model
+            q, k = (a * cos + rotate_pairs(a) * sin for a in (q, k))
+        else:
+            q, k = (apply_rotary(a, cos, sin, interleaved=self.rope == "interleaved") for a in (q, k))
         n_rep = self.n_heads // self.n_kv
         if self.gqa == "tile":
             k, v = jnp.tile(k, (1, n_rep, 1, 1)), jnp.tile(v, (1, n_rep, 1, 1))
         else:
             k, v = jnp.repeat(k, n_rep, axis=1), jnp.repeat(v, n_rep, axis=1)
-        mask = causal(t) if keep is None else causal(t) & keep
-        return self.o_proj(merge_heads(attend(q, k, v, mask, self.head_dim ** -0.5)))
+        if keep is None or keep.shape[-2] == 1:  # a padding mask: the causal part is applied here
+            keep = causal(t) if keep is None else causal(t) & keep
+        return self.o_proj(merge_heads(attend(q, k, v, keep, self.head_dim ** -0.5)))
 
 
 class FlaxLlamaMLP(nnx.Module):
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, act: str):
         h, i = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = nnx.Linear(h, i, use_bias=False, rngs=rngs)
         self.up_proj = nnx.Linear(h, i, use_bias=False, rngs=rngs)
         self.down_proj = nnx.Linear(i, h, use_bias=False, rngs=rngs)
+        self.act = act
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        act = jax.nn.gelu if self.act == "gelu" else jax.nn.silu
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class FlaxLlamaDecoderLayer(nnx.Module):
-    def __init__(self, cfg, *, rngs: nnx.Rngs, norm: str, eps: float, **attn):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, norm: str, eps: float, act: str, **attn):
         self.input_layernorm = make_norm(cfg.hidden_size, eps, norm, rngs=rngs)
         self.self_attn = FlaxLlamaAttention(cfg, rngs=rngs, **attn)
         self.post_attention_layernorm = make_norm(cfg.hidden_size, eps, norm, rngs=rngs)
-        self.mlp = FlaxLlamaMLP(cfg, rngs=rngs)
+        self.mlp = FlaxLlamaMLP(cfg, rngs=rngs, act=act)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, keep: jax.Array | None) -> jax.Array:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, keep)
@@ -364,23 +379,32 @@ class FlaxLlamaDecoderLayer(nnx.Module):
 
 class FlaxLlamaModel(nnx.Module):
     """LlamaModel's (and Qwen2Model's) port; (cos, sin) of shape (T, head_dim) computed here.
-    mistakes: rope="interleaved", gqa="tile", norm="layernorm" / "eps-outside" / "one-plus",
-    eps (every norm)."""
+    Variations: mask_in_root (the model builds the (B, 1, T, T) causal-and-padding mask its
+    layers take). mistakes: rope="interleaved" (in attention) / "interleaved-tables" (the
+    model's tables and attention's rotation both pair adjacent features), gqa="tile",
+    norm="layernorm" / "eps-outside" / "one-plus", eps (every norm), act="gelu",
+    causal_offset=+-1 (with mask_in_root)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, rope: str = "halves", gqa: str = "repeat", norm: str = "rms",
-                 eps: float | None = None):
+                 eps: float | None = None, act: str = "silu", mask_in_root: bool = False, causal_offset: int = 0):
         eps = cfg.rms_norm_eps if eps is None else eps
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
-        self.layers = nnx.List([FlaxLlamaDecoderLayer(cfg, rngs=rngs, norm=norm, eps=eps, rope=rope, gqa=gqa)
+        self.layers = nnx.List([FlaxLlamaDecoderLayer(cfg, rngs=rngs, norm=norm, eps=eps, act=act, rope=rope, gqa=gqa)
                                 for _ in range(cfg.num_hidden_layers)])
         self.norm = make_norm(cfg.hidden_size, eps, norm, rngs=rngs)
         self.head_dim = cfg.hidden_size // cfg.num_attention_heads
         self.theta = cfg.rope_parameters["rope_theta"]
+        self.rope, self.mask_in_root, self.causal_offset = rope, mask_in_root, causal_offset
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        t = input_ids.shape[1]
         x = self.embed_tokens(input_ids)
-        cos, sin = rotary(input_ids.shape[1], self.head_dim, self.theta)
+        cos, sin = rotary(t, self.head_dim, self.theta)
+        if self.rope == "interleaved-tables":
+            cos, sin = (jnp.repeat(a[:, : self.head_dim // 2], 2, axis=-1) for a in (cos, sin))
         keep = padding(attention_mask)
+        if self.mask_in_root:
+            keep = causal(t, self.causal_offset)[None, None] if keep is None else causal(t, self.causal_offset) & keep
         for layer in self.layers:
             x = layer(x, cos, sin, keep)
         return self.norm(x)

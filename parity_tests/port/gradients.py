@@ -103,8 +103,9 @@ def gradients(tm, fm, fgrads: dict[str, np.ndarray], t_in: list, t_kw: dict, cot
 
 
 def weight_states(tm, fm, rules) -> dict[str, tuple[str, str]]:
-    """flax path -> ("same" / "transposed" / "differs", torch name) for every parameter
-    copy_weights pairs ({} when they do not pair)."""
+    """flax path -> ("same" / "constant" (equal, but torch's is one value throughout) /
+    "transposed" / "differs", torch name) for every parameter copy_weights pairs ({} when
+    they do not pair)."""
     from flax import nnx
 
     try:
@@ -120,7 +121,8 @@ def weight_states(tm, fm, rules) -> dict[str, tuple[str, str]]:
         want = np.asarray(tf(state[t].detach().cpu().numpy()), np.float64)
         got = np.asarray(fparams[f].get_value(), np.float64)
         if got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=0):
-            out[f] = ("same", t)
+            # a constant (a norm's ones, a bias's zeros) is equal whether copied or not
+            out[f] = ("same" if want.size and np.ptp(want) > 0 else "constant", t)
         elif got.ndim == 2 and got.shape == want.T.shape and np.allclose(got, want.T, rtol=1e-6, atol=0):
             out[f] = ("transposed", t)
         else:

@@ -219,9 +219,10 @@ def _argument_differs(p: Paired) -> str:
             return (f"{a.flax.name}: the flax port gives {p.f.path or '(root)'} other integers than torch gives it "
                     f"({a.torch.name}: ids or positions)")
         if a.flax.kind == "float" and a is not _data_pair(p):
-            said = _layout(a.flax.value, a.torch.value)
-            if said:
-                return f"{a.flax.name} given to {p.f.path or '(root)'}: {said}"
+            for t in [a.torch] + [t for t in p.args.torch_leaves if t.kind == "float" and t is not a.torch]:
+                said = _layout(a.flax.value, t.value)
+                if said:
+                    return f"{a.flax.name} given to {p.f.path or '(root)'}: {said}"
     return ""
 
 
@@ -287,8 +288,7 @@ def _weights_of(p: Paired, ctx: Context, own: bool = False) -> str:
                 f"nn.Linear stores (out, in), HF's Conv1D (in, out), flax (in, out))")
     differ = [k for k, (state, _) in mine.items() if state == "differs"]
     if differ:
-        every = all(state != "same" for state, _ in ctx.weights.values())
-        if every:
+        if not any(state == "same" for state, _ in ctx.weights.values()):
             return (f"weights: none of the port's {len(ctx.weights)} parameters holds torch's values "
                     f"(copy_weights(torch_module, flax_module) not called, or called on another model?)")
         return (f"weights: flax {', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''} do not hold torch's "

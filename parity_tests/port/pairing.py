@@ -55,7 +55,10 @@ class ArgPair:
 
 @dataclass
 class Pairing:
+    """How a call's arguments pair: one ArgPair per flax leaf, and all of torch's leaves."""
+
     pairs: list[ArgPair] = field(default_factory=list)
+    torch_leaves: list[Leaf] = field(default_factory=list)
 
     @property
     def error(self) -> float:
@@ -304,7 +307,7 @@ def pair_arguments(f_leaves: list[Leaf], t_leaves: list[Leaf]) -> Pairing:
     nearest by value among those whose shapes reconcile, in order on ties), masks with masks
     (or an int 0 / 1 mask), ints with ints (equal values first)."""
     used: set[int] = set()
-    out = Pairing()
+    out = Pairing(torch_leaves=list(t_leaves))
     for f in f_leaves:
         best: ArgPair | None = None
         for i, t in enumerate(t_leaves):

@@ -307,12 +307,17 @@ def _run_alone(fcall: Call, pairing: Pairing) -> Any:
     return call_module(fcall.module, args, kwargs)
 
 
+class _Eager(Exception):
+    """Run the port op by op."""
+
+
 def _flax_run(fm, f_in: list, f_kw: dict, names: dict[str, Any], cots: list[np.ndarray] | None
               ) -> tuple[Any, list[Call], dict[str, np.ndarray]]:
-    """Run the port compiled, recording its submodule calls (their arrays leave the program
-    as outputs), and with `cots` the gradient of sum(out * cot) for every parameter in the
-    same program (by dotted path); eager where it cannot be compiled (a call recorded
-    inside a scan or a jit of its own)."""
+    """Run the port, recording its submodule calls. With `cots`, compiled, with the gradient
+    of sum(out * cot) for every parameter (by dotted path) in the same program (the recorded
+    arrays leave it as outputs); without, op by op (each operation compiled once per shape
+    and shared across comparisons: a program of its own per comparison cost more); eager
+    where it cannot be compiled (a call recorded inside a scan or a jit of its own)."""
     import jax
     from flax import nnx
 
@@ -335,6 +340,8 @@ def _flax_run(fm, f_in: list, f_kw: dict, names: dict[str, Any], cots: list[np.n
         return aux, grads
 
     try:
+        if cots is None:
+            raise _Eager
         (out, arrays), grads = jax.jit(program)(params, rest, list(f_in), dict(f_kw))
     except Exception:
         with jax.disable_jit(), record_flax(fm, names) as calls:
@@ -545,9 +552,9 @@ def compare(torch_module, flax_module, *inputs, dtype: str = "float64", grads: b
 
         def tolerances(t: Call) -> tuple[float, float, float]:
             out_n, in_n = noise.get((t.path, t.index), (0.0, 0.0))
-            if dtype == "float32":
+            if dtype == "float32":  # what a module gives and is given, each at ten times torch's own noise on it
                 tol = max(10 * out_n, FLOOR32)
-                return tol, tol, tol
+                return tol, max(10 * in_n, FLOOR32), tol
 
             def judged(n: float) -> float:
                 return TOL64 if n <= TOL64 / 10 else max(10 * n, FLOOR32)
