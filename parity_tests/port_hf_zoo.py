@@ -306,10 +306,10 @@ class FlaxBertModel(nnx.Module):
 
 
 def make_norm(dim: int, eps: float, norm: str, *, rngs: nnx.Rngs) -> nnx.Module:
-    """The port's RMSNorm: nnx.RMSNorm, or (mistakes) nnx.LayerNorm without a bias, or a
-    hand-written one with eps outside the root or a (1 + w) scale."""
+    """The port's RMSNorm: nnx.RMSNorm, or (mistakes) nnx.LayerNorm, or a hand-written one
+    with eps outside the root or a (1 + w) scale."""
     if norm == "layernorm":
-        return nnx.LayerNorm(dim, epsilon=eps, use_bias=False, rngs=rngs)
+        return nnx.LayerNorm(dim, epsilon=eps, rngs=rngs)
     if norm in ("eps-outside", "one-plus"):
         return RMSNorm(dim, eps, eps_place="outside" if norm == "eps-outside" else "inside",
                        one_plus=norm == "one-plus")
@@ -544,3 +544,20 @@ def inputs(name: str, seed: int = 0, batch: int = 2, length: int = 9, pad: bool 
         types[:, 4:] = 1
         out["token_type_ids"] = types
     return out
+
+
+# Factories for the command line (`python -m parity_tests.port TORCH FLAX`) ---------------
+
+
+def gpt2_12x256() -> torch.nn.Module:
+    """A GPT-2-sized transformers GPT2Model for the timing figure: 12 layers, d_model 256, 8
+    heads, 256 positions, vocabulary 512 (random weights, seeded)."""
+    import transformers as tr
+
+    torch.manual_seed(0)
+    return tr.GPT2Model(tr.GPT2Config(vocab_size=512, n_positions=256, n_embd=256, n_layer=12, n_head=8,
+                                      bos_token_id=1, eos_token_id=2)).eval()
+
+
+def flax_gpt2_12x256() -> FlaxGPT2Model:
+    return port("gpt2", gpt2_12x256().config)

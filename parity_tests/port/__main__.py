@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 
 import numpy as np
 
@@ -79,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.weights:
         tm.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
     copy_weights(tm, fm)
+    start = time.perf_counter()
     try:
         report = compare(tm, fm, *inputs, dtype=args.dtype, grads=not args.no_grads, seed=args.seed)
     except Exception as e:  # the inputs do not fit the models: say which
         ap.error(f"running the models on --inputs {args.inputs} failed: {type(e).__name__}: {e}")
     print(report)
+    print(f"(compared in {time.perf_counter() - start:.1f} s)")
     if args.plot:
         report.plot(args.plot)
     if args.json:

@@ -106,11 +106,12 @@ def _keep(m) -> Any:
 
 
 def _additive(keep, dtype) -> Any:
-    """True = may attend -> 0 / the dtype's lowest (a fully masked row then softmaxes to
-    uniform weights, as flax's masking gives)."""
+    """True = may attend -> 0 / -1e38: a fully masked row then softmaxes to uniform weights,
+    as flax's masking by the lowest value gives, in float64 and in a float32 softmax alike
+    (float64's lowest would be -inf there, and the row NaN)."""
     import torch
 
-    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, -1e38)
 
 
 def _causal_like(keep) -> bool:
@@ -256,6 +257,19 @@ def _head_split(f):
             return f(self, *out.shape[:-2], b, a).transpose(-1, -2)
         return out
     return split
+
+
+def _head_split_and_merge(f):
+    """_head_split, and a merge of the last two axes (a, b) -> a * b read as (b, a)."""
+    split = _head_split(f)
+
+    def both(self, *shape):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        out = f(self, *shape)
+        if out.ndim == self.ndim - 1 and out.shape[:-1] == self.shape[:-2] and 1 not in self.shape[-2:]:
+            return f(self.transpose(-1, -2).contiguous(), *shape)
+        return split(self, *shape)
+    return both
 
 
 def _groups(x) -> int:
@@ -522,8 +536,11 @@ def mistakes(root, eps_values: list[float]) -> Iterator[Mistake]:
         yield _norm_eps(value, norms)
     yield from _norm_variants(norms)
     yield from _square_kernels(root)
-    yield Mistake("heads: the flax port splits the features as (head_dim, heads) where torch splits "
-                  "(heads, head_dim)", {(torch.Tensor, "view"): _head_split, (torch.Tensor, "reshape"): _head_split})
+    heads = ("heads: the flax port splits the features as (head_dim, heads) where torch splits "
+             "(heads, head_dim)")
+    yield Mistake(heads, {(torch.Tensor, "view"): _head_split, (torch.Tensor, "reshape"): _head_split})
+    yield Mistake(heads + " (and merges them back the same way)",
+                  {(torch.Tensor, "view"): _head_split_and_merge, (torch.Tensor, "reshape"): _head_split_and_merge})
     yield Mistake("GQA: the flax port tiles the key / value heads (query head h uses kv head h % num_kv_heads: "
                   "jnp.tile) where torch repeats them (h // (num_heads // num_kv_heads): repeat_kv, jnp.repeat)",
                   {(F, "scaled_dot_product_attention"): _gqa_sdpa, (torch, "matmul"): _gqa_matmul,

@@ -10,7 +10,7 @@ import numpy as np
 from .errors import rel_err
 from .pairing import fit
 from .record import leaves
-from .weights import PortError, flax_variables, plan
+from .weights import NO_BIAS, PortError, flax_variables, plan
 
 FLOOR32 = 1e-6
 
@@ -86,7 +86,7 @@ def gradients(tm, fm, fgrads: dict[str, np.ndarray], t_in: list, t_kw: dict, cot
     padded = _padding_rows(tm)
     errs, tols, notes = {}, {}, []
     for t, f, tf in pairs:
-        if f is None or t not in tgrads or f not in fgrads:
+        if f is None or t not in tgrads or f not in fgrads or tf is NO_BIAS:
             continue
         want, got = tf(tgrads[t]), fgrads[f]
         if t in padded and got.shape == want.shape and padded[t] < got.shape[0]:

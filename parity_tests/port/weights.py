@@ -65,6 +65,7 @@ IDENTITY = Transform("identity", lambda a: a)
 TRANSPOSE = Transform("transpose", lambda a: a.T)
 CONV = Transform("conv kernel (out, in, *k) -> (*k, in, out)", lambda a: np.transpose(a, (*range(2, a.ndim), 1, 0)))
 NAMED = {"identity": IDENTITY, "transpose": TRANSPOSE, "conv": CONV}
+NO_BIAS = Transform("zeros: torch's norm has no bias", lambda a: np.zeros_like(a))  # not a gradient pair
 
 
 class Copied(NamedTuple):
@@ -224,12 +225,11 @@ def _norm_pairs(tm, fm, name: str, fpath: str) -> tuple[list[tuple[str, str, Tra
     what = f"torch {name} ({type(tm).__name__}) computes {n.words()}"
     if bias is not None and not f_bias:
         return [], [f"{what} with a bias but flax {fpath} is {_flax_name(fm)} without one: nothing holds {bias}"]
-    if f_bias and bias is None:
-        return [], [f"{what} without a bias but flax {fpath} is {_flax_name(fm)} with one: nothing fills it "
-                    f"(use_bias=False)"]
     pairs = [(_join(name, weight), _join(fpath, "scale"), IDENTITY)]
     if bias is not None:
         pairs.append((_join(name, bias), _join(fpath, "bias"), IDENTITY))
+    elif f_bias:  # a norm without a bias computes what one with a zero bias does
+        pairs.append((_join(name, weight), _join(fpath, "bias"), NO_BIAS))
     return pairs, []
 
 
