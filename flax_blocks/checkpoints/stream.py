@@ -420,7 +420,8 @@ class FileTensor(Lazy):
 
     def _read_into(self, out: np.ndarray, index: Index) -> None:
         runs = _runs(index[0], self.shape[0]) if self.shape else [(0, 1, 0)]
-        whole_rows = self.shape and all(i is None for i in index[1:]) and out.dtype == self.dtype
+        whole_rows = (self.shape and all(i is None for i in index[1:]) and out.dtype == self.dtype
+                      and hasattr(os, "preadv"))  # (not on Windows: the map below)
         if whole_rows and all(out[at:at + stop - first].flags.c_contiguous for first, stop, at in runs):
             row = math.prod(self.shape[1:]) * self.dtype.itemsize
             fd = os.open(self.path, os.O_RDONLY)

@@ -147,7 +147,7 @@ def host_buffer(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     backed yet) against 0.26 s for small pages. Unmapped when the last array on it goes."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
-    if nbytes < mmap.PAGESIZE:  # a small one from numpy's allocator, aligned by hand
+    if nbytes < mmap.PAGESIZE or not hasattr(mmap, "MAP_ANONYMOUS"):  # numpy's allocator, aligned by hand
         raw = np.empty(nbytes + ALIGN, np.uint8)
         start = -raw.ctypes.data % ALIGN
         return raw[start:start + nbytes].view(dtype).reshape(shape)
