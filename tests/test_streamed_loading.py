@@ -134,7 +134,7 @@ def test_read_into_any_buffer_equals_numpys_moves(tmp_path, monkeypatch, run_byt
     monkeypatch.setattr(stream, "RUN_BYTES", run_bytes)
     rng = np.random.default_rng(1)
     A, C = rng.standard_normal((12, 8)).astype(np.float32), rng.standard_normal((24, 5)).astype(np.float32)
-    save_file({"a": A, "c": C}, str(tmp_path / "x.safetensors"))
+    save_file({"a": A, "c": C, "s": np.array(3.0, np.float32)}, str(tmp_path / "x.safetensors"))
     sd = stream.read_safetensors(tmp_path / "x.safetensors")
     a, c, bf16 = sd["a"], sd["c"], ml_dtypes.bfloat16
     cases = {
@@ -144,6 +144,7 @@ def test_read_into_any_buffer_equals_numpys_moves(tmp_path, monkeypatch, run_byt
                              C.reshape(2, 3, 4, 5).swapaxes(0, 1).reshape(24, 5).reshape(-1, 4, 5)[[5, 0, 3, 1, 2, 4]]),
         "concat T": (np.concatenate([a.T, a.T * 2], axis=1), np.concatenate([A.T, A.T * 2], axis=1)),
         "stack": (np.stack([a.T, a.T]), np.stack([A.T, A.T])),
+        "stacked scalars": (np.stack([sd["s"], sd["s"] * 2, sd["s"]]), np.array([3.0, 6.0, 3.0], np.float32)),
         "cast": (a.astype(bf16).T, A.astype(bf16).T),
         "rounded, then cast back": (a.astype(bf16).astype(np.float32).T, A.astype(bf16).astype(np.float32).T),
         "in memory": (stream.lazy(A).T.reshape(2, 4, 12), A.T.reshape(2, 4, 12)),

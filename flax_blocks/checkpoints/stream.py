@@ -720,7 +720,7 @@ class Stacked(Lazy):
     def _read_into(self, out: np.ndarray, index: Index) -> None:
         which = range(self.shape[0]) if index[0] is None else index[0]
         for j, i in enumerate(which):
-            _into(self.items[int(i)], out[j], index[1:], self.dtype)
+            _into(self.items[int(i)], out[j, ...], index[1:], self.dtype)
 
 
 class Cast(Lazy):

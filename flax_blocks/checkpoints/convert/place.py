@@ -197,7 +197,7 @@ def _tasks(a: stream.Lazy, index: stream.Index, out: np.ndarray) -> list[tuple[s
     if isinstance(a, stream.Stacked):
         which = range(a.shape[0]) if index[0] is None else index[0]
         if all(a.items[int(i)].dtype == a.dtype for i in which) or out.dtype == a.dtype:
-            return [t for j, i in enumerate(which) for t in _tasks(a.items[int(i)], index[1:], out[j])]
+            return [t for j, i in enumerate(which) for t in _tasks(a.items[int(i)], index[1:], out[j, ...])]
     m = a.major_axis()
     if m is None or out.shape[m] < 2:
         return [(a, index, out)]
