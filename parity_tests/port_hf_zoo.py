@@ -484,23 +484,22 @@ class FlaxGPTNeoXModel(nnx.Module):
 
 
 def config(name: str, **overrides):
-    """A tiny transformers config: heads != head_dim, d_ff not a multiple of d_model."""
+    """A tiny transformers config: d_model 32, 4 heads of 8 (heads != head_dim), d_ff 128,
+    one shape for every family (the comparisons share their compiled operations)."""
     import transformers as tr
 
     common = dict(vocab_size=96, max_position_embeddings=32, bos_token_id=1, eos_token_id=2)
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
     if name == "gpt2":
-        cfg = tr.GPT2Config(vocab_size=96, n_positions=32, n_embd=24, n_layer=2, n_head=4, bos_token_id=1,
+        cfg = tr.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=1,
                             eos_token_id=2)
     elif name == "bert":
-        cfg = tr.BertConfig(**common, hidden_size=24, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=40)
+        cfg = tr.BertConfig(**common, **sizes)
     elif name in ("llama", "qwen2"):
         cls = tr.LlamaConfig if name == "llama" else tr.Qwen2Config
-        cfg = cls(**common, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, rms_norm_eps=1e-5)
+        cfg = cls(**common, **sizes, num_key_value_heads=2, rms_norm_eps=1e-5)
     elif name == "gpt_neox":
-        cfg = tr.GPTNeoXConfig(**common, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                               num_attention_heads=4, rotary_pct=0.5)
+        cfg = tr.GPTNeoXConfig(**common, **sizes, rotary_pct=0.5)
     else:
         raise KeyError(f"no tiny config for {name!r}; expected one of {sorted(PORTS)}")
     for k, v in overrides.items():
