@@ -44,9 +44,12 @@ def split_heads(x: jax.Array, heads: int, order: str = "heads-first") -> jax.Arr
     return x.reshape(b, t, heads, e // heads).transpose(0, 2, 1, 3)
 
 
-def merge_heads(x: jax.Array) -> jax.Array:
-    """(B, heads, T, D) -> (B, T, heads * D)."""
+def merge_heads(x: jax.Array, order: str = "heads-first") -> jax.Array:
+    """(B, heads, T, D) -> (B, T, heads * D); order="heads-last" lays the features out as
+    (D, heads) (the mistake undone the same wrong way)."""
     b, h, t, d = x.shape
+    if order == "heads-last":
+        return x.transpose(0, 2, 3, 1).reshape(b, t, h * d)
     return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
 
 
@@ -126,12 +129,14 @@ class FlaxGPT2Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, keep: jax.Array | None) -> jax.Array:  # (B, T, E), (B, 1, 1, T)
         t = x.shape[1]
-        q, k, v = (split_heads(a, self.n_head, self.split) for a in jnp.split(self.c_attn(x), 3, axis=-1))
+        order = "heads-last" if self.split.startswith("heads-last") else "heads-first"
+        q, k, v = (split_heads(a, self.n_head, order) for a in jnp.split(self.c_attn(x), 3, axis=-1))
         d = q.shape[-1]
         mask = causal(t, self.causal_offset)
         mask = mask if keep is None else mask & keep
         scale = {"d": 1 / d, "none": 1.0}.get(self.scale, d ** -0.5)
-        return self.c_proj(merge_heads(attend(q, k, v, mask, scale)))
+        y = attend(q, k, v, mask, scale)
+        return self.c_proj(merge_heads(y, "heads-last" if self.split == "heads-last-both" else "heads-first"))
 
 
 class FlaxGPT2MLP(nnx.Module):
@@ -159,19 +164,20 @@ class FlaxGPT2Block(nnx.Module):
 
 class FlaxGPT2Model(nnx.Module):
     """GPT2Model's port. mistakes: exact_gelu, scale="d" / "none", causal_offset=+-1,
-    split="heads-last", skip_ln_f, no_wpe (each in every layer)."""
+    split="heads-last" (or "heads-last-both": merged back that way too), skip_ln_f, no_wpe,
+    pos_offset=n (positions from n, as OPT's are offset by 2)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, exact_gelu: bool = False, scale: str = "sqrt", causal_offset: int = 0,
-                 split: str = "heads-first", skip_ln_f: bool = False, no_wpe: bool = False):
+                 split: str = "heads-first", skip_ln_f: bool = False, no_wpe: bool = False, pos_offset: int = 0):
         self.wte = nnx.Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
         self.wpe = nnx.Embed(cfg.n_positions, cfg.n_embd, rngs=rngs)
         self.h = nnx.List([FlaxGPT2Block(cfg, rngs=rngs, exact_gelu=exact_gelu, scale=scale,
                                          causal_offset=causal_offset, split=split) for _ in range(cfg.n_layer)])
         self.ln_f = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
-        self.skip_ln_f, self.no_wpe = skip_ln_f, no_wpe
+        self.skip_ln_f, self.no_wpe, self.pos_offset = skip_ln_f, no_wpe, pos_offset
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        pos = jnp.arange(input_ids.shape[1])  # (T,)
+        pos = jnp.arange(input_ids.shape[1]) + self.pos_offset  # (T,)
         x = self.wte(input_ids) if self.no_wpe else self.wte(input_ids) + self.wpe(pos)
         keep = padding(attention_mask)
         for block in self.h:

@@ -83,6 +83,8 @@ MISTAKES = [
     ("gpt2", dict(causal_offset=1), None, "h.0.attn", "each query also sees the next key"),
     ("gpt2", dict(causal_offset=-1), None, "h.0.attn", "no query sees its own key"),
     ("gpt2", dict(split="heads-last"), None, "h.0.attn", "(head_dim, heads) where torch splits (heads, head_dim)"),
+    ("gpt2", dict(split="heads-last-both"), None, "h.0.attn", "(and merges them back the same way)"),
+    ("gpt2", dict(pos_offset=2), None, "wpe", "other integers than torch gives it"),
     ("gpt2", dict(skip_ln_f=True), None, "ln_f", "never calls ln_f"),
     ("gpt2", dict(no_wpe=True), None, "wpe", "never calls wpe"),
     ("gpt2", dict(), C_PROJ, "h.0.attn.c_proj", "holds torch's h.0.attn.c_proj.weight transposed"),
@@ -114,6 +116,15 @@ def test_a_planted_mistake_is_located_and_named(models, name, mistake, rules, wh
     d = report.first_divergence
     assert d is not None and where in (d.torch_path, d.parent), str(report)
     assert says in d.explanation, d.explanation
+
+
+def test_a_causal_offset_is_named_where_hf_masks_by_is_causal(models):
+    """No attention mask: HF's sdpa path hands scaled_dot_product_attention is_causal=True
+    and no mask at all; the shifted diagonal is named all the same."""
+    tm = models("gpt2")
+    ids = Z.inputs("gpt2")["input_ids"]
+    d = compare(tm, ported(tm, "gpt2", causal_offset=1), ids, grads=False).first_divergence
+    assert d.parent == "h.0.attn" and "each query also sees the next key" in d.explanation, d
 
 
 def test_a_correct_port_mirroring_more_of_hf_passes_too(models):
@@ -280,6 +291,61 @@ def test_conv_padding_is_named():
     copy_weights(tm, fm)
     d = compare(tm, fm, np.random.default_rng(0).standard_normal((2, 4, 9)), grads=False).first_divergence
     assert d.torch_path == "conv" and "pads causally (k - 1 on the left)" in d.explanation, d
+
+
+@pytest.mark.parametrize("torch_act,flax_act,says", [
+    (F.gelu, jax.nn.silu, "computes silu where torch computes gelu"),
+    (F.silu, lambda a: jax.nn.gelu(a, approximate=False), "computes gelu where torch computes silu"),
+    (F.relu, lambda a: jax.nn.gelu(a, approximate=False), "computes gelu where torch computes relu"),
+    (F.relu, jax.nn.gelu, "computes tanh GELU (jax.nn.gelu's default) where torch computes relu"),
+    (F.gelu, jax.nn.relu, "computes relu where torch computes gelu")])
+def test_an_activation_swapped_in_torch_functions_is_named(torch_act, flax_act, says):
+    class TorchMLP(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = tnn.Linear(6, 10), tnn.Linear(10, 6)
+
+        def forward(self, x):
+            return self.fc2(torch_act(self.fc1(x)))
+
+    class FlaxMLP(nnx.Module):
+        def __init__(self):
+            self.fc1, self.fc2 = nnx.Linear(6, 10, rngs=nnx.Rngs(0)), nnx.Linear(10, 6, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.fc2(flax_act(self.fc1(x)))
+
+    torch.manual_seed(0)
+    tm, fm = TorchMLP(), FlaxMLP()
+    copy_weights(tm, fm)
+    d = compare(tm, fm, np.random.default_rng(0).standard_normal((3, 6)), grads=False).first_divergence
+    assert d.torch_path == "fc2" and says in d.explanation, d
+
+
+def test_a_square_kernel_used_transposed_in_the_ports_code_is_named():
+    """The kernel holds torch's weight as copied (a rule said identity), and the port's own
+    code multiplies by it the other way round."""
+    class MyLinear(nnx.Module):
+        def __init__(self):
+            self.weight = nnx.Param(jax.numpy.zeros((5, 5)))
+            self.bias = nnx.Param(jax.numpy.zeros((5,)))
+
+        def __call__(self, x):
+            return x @ self.weight[...] + self.bias[...]  # torch computes x @ weight.T + bias
+
+    torch.manual_seed(0)
+    tm, fm = tnn.Linear(5, 5), MyLinear()
+    copy_weights(tm, fm, rules=[("weight", "weight", "identity")])
+    d = compare(tm, fm, np.random.default_rng(0).standard_normal((2, 5)), grads=False).first_divergence
+    assert "uses weight's square kernel transposed" in d.explanation, d
+
+
+def test_weights_changed_after_copying_are_named(models):
+    tm = models("bert")
+    fm = ported(tm, "bert")
+    fm.encoder.layer[1].output.dense.kernel[...] *= 1.01
+    d = compare(tm, fm, **Z.inputs("bert"), grads=False).first_divergence
+    assert d.torch_path == "encoder.layer.1.output.dense" and "do not hold torch's values" in d.explanation, d
 
 
 # float32 ---------------------------------------------------------------------------------

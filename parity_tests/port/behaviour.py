@@ -97,14 +97,12 @@ def activation_of(m) -> str | None:
 @dataclass(frozen=True)
 class Norm:
     """What a norm module computes: kind "rms" or "layer", eps, where eps sits ("inside":
-    rsqrt(var + eps); "outside": 1 / (sqrt(var) + eps)), whether it scales by (1 + w), and
-    whether it subtracts E[x]^2 from E[x^2] (fast variance)."""
+    rsqrt(var + eps); "outside": 1 / (sqrt(var) + eps)), and whether it scales by (1 + w)."""
 
     kind: str
     eps: float
     place: str = "inside"
     one_plus: bool = False
-    fast: bool = False
 
     def words(self) -> str:
         what = "RMSNorm" if self.kind == "rms" else "LayerNorm"
@@ -133,7 +131,7 @@ def norm_forward(x, weight, bias, n: Norm):
     w = weight.to(x.dtype)
     if n.kind == "layer":
         mean = x.mean(-1, keepdim=True)
-        var = (x * x).mean(-1, keepdim=True) - mean * mean if n.fast else ((x - mean) ** 2).mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
         centred = x - mean
     else:
         var = (x * x).mean(-1, keepdim=True)
@@ -151,7 +149,7 @@ def _eps_attrs(m) -> list[float]:
 def norm_of(m, d: int | None = None) -> Norm | None:
     """What a leaf module holding one weight vector computes, when it is a norm of its
     input's last axis; None otherwise. Recognised on a probe with a large mean (which tells
-    LayerNorm from RMSNorm and fast variance from exact), its eps read from the module
+    LayerNorm from RMSNorm), its eps read from the module
     (any float attribute named *eps*) or else the common values tried."""
     import torch
 

@@ -47,17 +47,22 @@ class Mistake:
     @contextlib.contextmanager
     def made(self, which: int | None = None) -> Iterator[list[int]]:
         """Make the mistake in every call of the patched functions and forwards, or in the
-        `which`-th only; yields a one-item list that counts the calls."""
+        `which`-th only; yields a one-item list that counts the calls. torch's own functions
+        are swapped in a torch function mode, which reaches a reference to them kept
+        anywhere (transformers' GELUActivation holds F.gelu); others (HF's
+        apply_rotary_pos_emb) are patched where they live."""
         import torch
+        from torch.overrides import TorchFunctionMode
 
-        saved = {key: getattr(*key) for key in self.patches}
+        torch_owned = {key: make for key, make in self.patches.items() if key[0] in _torch_owners()}
+        saved = {key: getattr(*key) for key in self.patches if key not in torch_owned}
         own = {m: vars(m).get("forward") for m in self.forwards}
         kept = [(p, p.data) for p, _ in self.swaps]
         count, inside = [0], [False]
 
         def counted(original, wrong):
             def call(*a, **k):
-                if inside[0]:  # F.softmax calls Tensor.softmax: one mistake per call of the code
+                if inside[0]:  # a mistaken function calling a patched one: one mistake per call of the code
                     return original(*a, **k)
                 i = count[0]
                 count[0] += 1
@@ -68,16 +73,26 @@ class Mistake:
                     inside[0] = False
             return call
 
+        swapped = {}
+        for (owner, attr), make in torch_owned.items():
+            original = getattr(owner, attr)
+            for func in _aliases(owner, attr):
+                swapped[func] = counted(original, make(original))
+
+        class Swap(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return swapped.get(func, func)(*args, **(kwargs or {}))
+
         try:
-            for (owner, attr), make in self.patches.items():
-                original = saved[(owner, attr)]
-                setattr(owner, attr, counted(original, make(original)))
+            for (owner, attr), original in saved.items():
+                setattr(owner, attr, counted(original, self.patches[(owner, attr)](original)))
             for m, wrong in self.forwards.items():
                 m.forward = counted(type(m).forward.__get__(m), wrong)
             with torch.no_grad():
                 for p, value in self.swaps:
                     p.data = value
-            yield count
+            with Swap() if swapped else contextlib.nullcontext():
+                yield count
         finally:
             for (owner, attr), original in saved.items():
                 setattr(owner, attr, original)
@@ -91,6 +106,24 @@ class Mistake:
 
     def sentence(self) -> str:
         return self.says.replace("{seen}", ", ".join(dict.fromkeys(str(s) for s in self.seen)) or "?")
+
+
+def _torch_owners() -> tuple:
+    import torch
+    import torch.nn.functional as F
+
+    return (torch, F, torch.Tensor)
+
+
+def _aliases(owner, attr: str) -> list:
+    """The function objects a torch function mode sees for owner.attr (`a @ b` arrives as
+    Tensor.matmul)."""
+    import torch
+
+    out = [getattr(owner, attr)]
+    if owner is torch.Tensor and attr == "__matmul__":
+        out.append(torch.Tensor.matmul)
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -361,21 +394,21 @@ def _norm_eps(value: float, norms: dict) -> Mistake:
     seen: list = []
 
     def layer_norm(f):
-        def wrong(x, shape, w=None, b=None, eps=1e-5):
-            seen.append(f"{eps:g}")
-            return f(x, shape, w, b, value)
+        def wrong(x, shape, weight=None, bias=None, eps=1e-5):  # F's own argument names: a torch
+            seen.append(f"{eps:g}")                              # function mode passes them by name
+            return f(x, shape, weight, bias, value)
         return wrong
 
     def rms_norm(f):
-        def wrong(x, shape, w=None, eps=None):
+        def wrong(x, shape, weight=None, eps=None):
             seen.append("None (the dtype's machine epsilon)" if eps is None else f"{eps:g}")
-            return f(x, shape, w, value)
+            return f(x, shape, weight, value)
         return wrong
 
     forwards = {}
     for m, n in norms.items():
         if n.eps != value:
-            forwards[m] = _norm_forward(m, Norm(n.kind, value, n.place, n.one_plus, n.fast), seen=seen, said=n.eps)
+            forwards[m] = _norm_forward(m, Norm(n.kind, value, n.place, n.one_plus), seen=seen, said=n.eps)
     return Mistake(f"norm eps: the flax port uses eps={value:g} where torch uses eps={{seen}}",
                    {(F, "layer_norm"): layer_norm, (F, "rms_norm"): rms_norm}, forwards, seen=seen)
 
@@ -406,30 +439,24 @@ def _norm_variants(norms: dict) -> Iterator[Mistake]:
                 out[m] = _norm_forward(m, wrong)
         return out
 
-    def fast(f):
-        def layer_norm(x, shape, w=None, b=None, eps=1e-5):
-            dims = tuple(range(-len(shape), 0))
-            mean = x.mean(dims, keepdim=True)
-            var = (x * x).mean(dims, keepdim=True) - mean * mean
-            y = (x - mean) / (var + eps).sqrt()
-            return y * (w if w is not None else 1) + (b if b is not None else 0)
-        return layer_norm
+    def shifted(by: float) -> dict:
+        """F's norms with their weight moved by `by` (1 + w for w, or w - 1)."""
+        return {(F, "layer_norm"): lambda f: lambda x, s, weight=None, bias=None, eps=1e-5: f(
+                    x, s, None if weight is None else weight + by, bias, eps),
+                (F, "rms_norm"): lambda f: lambda x, s, weight=None, eps=None: f(
+                    x, s, None if weight is None else weight + by, eps)}
 
     def as_rms(f):
-        return lambda x, shape, w=None, b=None, eps=1e-5: F.rms_norm(x, shape, w, eps) + (b if b is not None else 0)
+        return lambda x, shape, weight=None, bias=None, eps=1e-5: F.rms_norm(x, shape, weight, eps) + (
+            bias if bias is not None else 0)
 
     def as_layer_norm(f):
-        return lambda x, shape, w=None, eps=None: F.layer_norm(x, shape, w, None, 1e-5 if eps is None else eps)
+        return lambda x, shape, weight=None, eps=None: F.layer_norm(x, shape, weight, None,
+                                                                    1e-5 if eps is None else eps)
 
     yield Mistake("norm eps: the flax port adds eps outside the square root (x / (sqrt(mean(x^2)) + eps)) where "
                   "torch adds it inside (x / sqrt(mean(x^2) + eps))",
                   forwards=each(lambda n: Norm(n.kind, n.eps, "outside", n.one_plus) if n.place == "inside" else None))
-    def shifted(by: float) -> dict:
-        """F's norms with their weight moved by `by` (1 + w for w, or w - 1)."""
-        return {(F, "layer_norm"): lambda f: lambda x, s, w=None, b=None, eps=1e-5: f(
-                    x, s, None if w is None else w + by, b, eps),
-                (F, "rms_norm"): lambda f: lambda x, s, w=None, eps=None: f(x, s, None if w is None else w + by, eps)}
-
     yield Mistake("norm: the flax port scales by (1 + w) where torch scales by w", shifted(1.0),
                   each(lambda n: Norm(n.kind, n.eps, n.place, True) if not n.one_plus else None))
     yield Mistake("norm: the flax port scales by w where torch scales by (1 + w) (Gemma's norms: stored w starts "
@@ -440,10 +467,6 @@ def _norm_variants(norms: dict) -> Iterator[Mistake]:
     yield Mistake("norm: the flax port normalises with LayerNorm (mean subtracted) where torch uses RMSNorm",
                   {(F, "rms_norm"): as_layer_norm}, each(lambda n: Norm("layer", n.eps, n.place, n.one_plus)
                                                           if n.kind == "rms" else None))
-    yield Mistake("norm: the flax port computes the variance as E[x^2] - E[x]^2 (nnx.LayerNorm's "
-                  "use_fast_variance=True) where torch computes E[(x - mean)^2]",
-                  {(F, "layer_norm"): fast}, each(lambda n: Norm(n.kind, n.eps, n.place, n.one_plus, True)
-                                                  if n.kind == "layer" else None))
 
 
 def _activation_variants(acts: dict) -> Iterator[Mistake]:
@@ -493,7 +516,8 @@ def _square_kernels(root) -> Iterator[Mistake]:
     if len(square) > 1:
         yield Mistake(says.format(name="every"), swaps=[(p, p.data.T.contiguous()) for _, p in square])
     yield Mistake(says.format(name="a linear layer"),
-                  {(F, "linear"): lambda f: lambda x, w, b=None: f(x, w.T if w.shape[0] == w.shape[1] else w, b)})
+                  {(F, "linear"): lambda f: lambda x, weight, bias=None: f(
+                      x, weight.T if weight.shape[0] == weight.shape[1] else weight, bias)})
 
 
 def _swap_sides(pad):
