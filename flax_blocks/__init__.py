@@ -37,6 +37,8 @@ _LAZY = {
     "detect_dialect": "checkpoints.dialects",
     "from_hf": "checkpoints.hf",
     "to_hf": "checkpoints.hf",
+    "load_report": "checkpoints.load_report",
+    "RopeScaling": "spec.rope",
     "LanguageModel": "lm",
     "LMConfig": "spec.lm_spec",
     "generate": "generation",
@@ -49,7 +51,7 @@ __all__ = [
     "Attention", "build_mask",
     "from_torch", "load_torch_state_dict", "torch_state_dict", "flax_state_dict", "load_flax_state_dict",
     "infer_config", "ConversionError",
-    "detect_dialect", "from_hf", "to_hf", "LanguageModel", "LMConfig", "generate",
+    "detect_dialect", "from_hf", "to_hf", "load_report", "RopeScaling", "LanguageModel", "LMConfig", "generate",
 ]
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: imported on first use, above)
@@ -66,9 +68,11 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: im
     )
     from .checkpoints.dialects import detect_dialect
     from .checkpoints.hf import from_hf, to_hf
+    from .checkpoints.load_report import load_report
     from .generation import generate
     from .lm import LanguageModel
     from .spec.lm_spec import LMConfig
+    from .spec.rope import RopeScaling
     from .stacks import Decoder, Encoder, Transformer
 
 

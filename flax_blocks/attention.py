@@ -23,8 +23,9 @@ from flax import nnx
 
 from .flash import blocked_attention, fused_attention
 from .layers import Norm, compute_dtype, create_params, dropout, initial_values
-from .spec import declarations
+from .spec import declarations, rope
 from .spec.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from .spec.rope import RopeScaling
 
 
 def _concrete(a) -> np.ndarray | None:
@@ -187,27 +188,45 @@ def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attenti
     warn_fully_masked(np.flatnonzero(~has_key), batch, "flax")
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: int | None = None) -> jax.Array:
+def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: int | None = None,
+           scaling: RopeScaling | None = None) -> jax.Array:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, ..., hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
     together by the angle position * theta^(-2i/hd). Angles in float32 at least (float64
     under float64).
     dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
-    (partial rotary, HF GPT-NeoX); None: all."""
-    if dim is not None and dim < x.shape[-1]:
-        return jnp.concatenate([rotary(x[..., :dim], positions, theta), x[..., dim:]], axis=-1)
-    hd = x.shape[-1]
+    (partial rotary, HF GPT-NeoX); an odd dim rotates dim + 1 dims, the frequencies still
+    theta^(-2i/dim), as HF's rotary does; None: all.
+    scaling: a scaled rotary (`flax_blocks.spec.rope`): its frequencies, with the sequence
+    length max(positions) + 1 where the type reads one, and its factor on cos and sin."""
+    dim = x.shape[-1] if dim is None else dim
+    width = dim + dim % 2  # HF's cos and sin cover ceil(dim / 2) frequencies, twice
+    if width < x.shape[-1]:
+        return jnp.concatenate([rotary(x[..., :width], positions, theta, dim, scaling), x[..., width:]], axis=-1)
     dt = jnp.promote_types(x.dtype, jnp.float32)
-    inv_freq = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=dt) / hd)  # (hd/2,)
-    angles = positions.astype(dt)[..., None] * inv_freq  # (T, hd/2) or (B, T, hd/2)
+    if scaling is not None and scaling.rope_type == "dynamic":  # the base grows past max_position_embeddings
+        length = jnp.maximum(jnp.max(positions) + 1, scaling.max_length).astype(dt)
+        theta = rope.dynamic_theta(scaling, theta, dim, length)
+    inv_freq = 1.0 / theta ** (jnp.arange(0, dim, 2, dtype=dt) / dim)  # (width/2,)
+    if scaling is not None and scaling.rope_type != "dynamic":
+        m, m_long = rope.multipliers(scaling, float(theta), dim)
+        if m_long is not None:  # longrope: the long factors once the sequence passes the original length
+            long = jnp.max(positions) + 1 > scaling.original
+            inv_freq = inv_freq * jnp.where(long, jnp.asarray(m_long, dt), jnp.asarray(m, dt))
+        else:
+            inv_freq = inv_freq * jnp.asarray(m, dt)
+    angles = positions.astype(dt)[..., None] * inv_freq  # (T, width/2) or (B, T, width/2)
     angles = jnp.concatenate([angles, angles], axis=-1)
-    if angles.ndim == 3:  # per-row positions: (B, T, 1.., hd)
-        angles = angles.reshape(*angles.shape[:2], *([1] * (x.ndim - 3)), hd)
+    if angles.ndim == 3:  # per-row positions: (B, T, 1.., width)
+        angles = angles.reshape(*angles.shape[:2], *([1] * (x.ndim - 3)), width)
     else:
-        angles = angles.reshape(angles.shape[0], *([1] * (x.ndim - 3)), hd)  # (T, 1.., hd)
-    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        angles = angles.reshape(angles.shape[0], *([1] * (x.ndim - 3)), width)  # (T, 1.., width)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    if scaling is not None and (factor := rope.attention_factor(scaling)) != 1.0:  # yarn, longrope
+        cos, sin = cos * factor, sin * factor
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    x1, x2 = x[..., : width // 2], x[..., width // 2:]
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
@@ -299,9 +318,15 @@ class Attention(nnx.Module):
         if self.cfg.rope_theta is not None:
             theta: float | jax.Array
             theta, dim, local_theta = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_local_theta
+            scaling = self.cfg.rope_scaling
             if local_theta is not None and local is not False:
+                if scaling is not None and local is not True:  # a scanned layer: both rotations, one taken
+                    qg, kg = rotary(q, positions, theta, dim, scaling), rotary(k, positions, theta, dim, scaling)
+                    ql, kl = rotary(q, positions, local_theta, dim), rotary(k, positions, local_theta, dim)
+                    return jnp.where(local, ql, qg), jnp.where(local, kl, kg)
                 theta = local_theta if local is True else jnp.where(local, local_theta, theta)
-            q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
+                scaling = None if local is True else scaling
+            q, k = rotary(q, positions, theta, dim, scaling), rotary(k, positions, theta, dim, scaling)
         return q, k
 
     def windowed(self, mask: jax.Array, rows: jax.Array | None, index, t: int, s: int,

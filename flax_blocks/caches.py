@@ -5,7 +5,8 @@ for a decoding loop (`decoding_cache`, `layer_weights`). Twins of `torch_blocks.
 A cache: {"index": () the next position, "valid": (B, L) the keys written and not padding,
 "overflow": () bool (a traced call past the cache's end sets it, see `flax_blocks.blocks`),
 "position": (B,) each row's next rotary position, "layers": the modules' key / value caches,
-and with a memory "memory_valid": (B, S)}."""
+with a memory "memory_valid": (B, S), and with a window (a LanguageModel's cache_window) "window":
+() the keys a chunk sees besides its own, plus one}."""
 
 from __future__ import annotations
 
@@ -115,7 +116,10 @@ def cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask,
         raise ValueError(f"key_mask of a cached call must be a boolean (batch, chunk) = {(b, t)} array, "
                          f"got {km.dtype} {tuple(km.shape)}")
     valid = jax.lax.dynamic_update_slice(cache["valid"], km, (0 * index, index))
-    masks = {"self": cache_mask(index, t, valid)}
+    shown = valid  # a cache_window keeps the last W - 1 keys before the chunk (HF's sliding-window cache)
+    if "window" in cache:
+        shown = valid & (jnp.arange(length)[None, :] > index - cache["window"])
+    masks = {"self": cache_mask(index, t, shown)}
     if positions is None and "position" in cache:  # per-row positions: given, or each row's next ones
         positions = cache["position"][:, None] + jnp.arange(t, dtype=jnp.int32)
     if positions is not None:

@@ -131,8 +131,12 @@ class LanguageModel(nnx.Module):
     # ------------------------------------------------------------------ calls
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
-        """The stack's cache (`Encoder.init_cache`), which keeps each row's next position."""
-        return self.encoder.init_cache(batch_size, max_length)
+        """The stack's cache (`Encoder.init_cache`), which keeps each row's next position, and
+        the model's cache_window when it has one (a chunk then sees the last W - 1 cached keys)."""
+        cache = self.encoder.init_cache(batch_size, max_length)
+        if self.lm.cache_window is not None:
+            cache["window"] = jnp.asarray(self.lm.cache_window, jnp.int32)
+        return cache
 
     def embed_tokens(self, input_ids, positions=None, token_type_ids=None) -> jax.Array:
         """input_ids (B, T) -> the embedded input x_0 (B, T, E) (positions (B, T) for learned

@@ -20,6 +20,13 @@ LLAMA = fb.BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, d_ff=20, dropout
                        bias=False, causal=True)
 
 
+_LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 32}  # at theta 100, head_dim 8: one kept, one blended, two divided
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 4.0}  # ramp 0, 0.5
+_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [1.0, 2.0, 4.0, 8.0],
+             "original_max_position_embeddings": 4, "factor": 8.0}
+
+
 def _cfg(**kw) -> Case:
     return replace(BLOCK, cfg=replace(BASE, **kw))
 
@@ -72,6 +79,8 @@ CASES: list[Case] = [
                                attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), key_mask=True),
     # 4 heads x 8 != d_model 16; rotary on the first 4 of 8 dims (GPT-NeoX rotary_pct)
     replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
+    # an odd rotary dim (int(6 * 0.5) = 3): HF rotates 4 dims at theta^(-2i/3) (GPT-NeoX, Phi-3 with such sizes)
+    replace(BLOCK, cfg=replace(WIDE, rope_theta=100.0, head_dim=6, partial_rotary_factor=0.5), seq=7),
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
     _cfg(qkv_bias=True, bias=False, mlp_bias=True),
     _cfg(qkv_bias=False, mlp_bias=False),  # LLaMA's attention_bias without mlp_bias: out_proj's bias alone
@@ -108,6 +117,16 @@ CASES: list[Case] = [
          key_mask=True, scan_layers=False),
     Case("Decoder", replace(LLAMA, causal=True, sliding_window=2, sliding_window_pattern=2, rope_local_theta=100.0),
          num_layers=2, seq=6, scan_layers=False),  # Gemma 2's alternation, Gemma 3's local rotary base
+    # scaled rotary, each type where it acts: small bases, and original lengths below the sequence where the
+    # type reads the length (longrope's long factors, dynamic's larger base)
+    replace(BLOCK, cfg=replace(LLAMA, head_dim=8, rope_theta=100.0, rope_scaling=_LLAMA3), seq=6),
+    Case("Encoder", replace(LLAMA, head_dim=8, rope_theta=100.0, rope_scaling=_YARN, partial_rotary_factor=0.5),
+         num_layers=2, seq=7, key_mask=True),
+    replace(BLOCK, cfg=replace(LLAMA, head_dim=8, rope_scaling=_LONGROPE), seq=6, key_mask=True),
+    Case("DecoderBlock", replace(LLAMA, rope_scaling={"rope_type": "dynamic", "factor": 3.0,
+                                                      "max_position_embeddings": 4}), seq=6, memory_seq=3),
+    Case("Decoder", replace(LLAMA, sliding_window=3, sliding_window_pattern=2, rope_local_theta=100.0,
+                            rope_scaling={"rope_type": "linear", "factor": 4.0}), num_layers=2, seq=6),  # Gemma 3
     # attention paths forced through the config at small T (auto takes dense here): Flax's
     # blocked online softmax in blocks that do not divide T, and torch's explicit softmax
     # without weights asked for (torch serves blocked with SDPA)

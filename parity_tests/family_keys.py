@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from flax_blocks.checkpoints.hf_config import hf_config
-from flax_blocks.checkpoints.hf_families import COMMON, FAMILIES, PARTS, Family
+from flax_blocks.checkpoints.hf_families import COMMON, FAMILIES, PARTS, REFUSED_ANYWHERE, Family
 from flax_blocks.checkpoints.io import ConversionError
 
 from . import markers
@@ -34,7 +34,7 @@ _ACTIVATIONS = ["relu", "gelu", "gelu_pytorch_tanh", "silu", "gelu_fast"]
 def probes(key: str, default: Any) -> list[Any]:
     """Values people set for a key, other than its default."""
     if key in ("rope_parameters", "rope_scaling"):
-        return [{"rope_type": "linear", "factor": 2.0}]
+        return [{"rope_type": "proportional", "rope_theta": 10000.0}, {"rope_type": "su", "factor": 2.0}]
     if key == "layer_types":
         return [["sliding_attention", "full_attention"]]
     if key in ("is_causal", "is_decoder") or isinstance(default, bool):
@@ -76,18 +76,23 @@ def refused_values(family: Family) -> list[str]:
 
 def section(family: Family) -> str:
     reads = ", ".join(f"`{k}` ({v!r})" for k, v in family.reads.items())
+    aliases = ", ".join(f"`{k}` -> `{v}`" for k, v in family.aliases.items())
     inert = "; ".join(f"`{k}`: {why}" for k, why in family.inert.items())
     refused = ", ".join(refused_values(family)) or "-"
     return (f"### {family.model_type}: {family.config_class} -> {family.model_class} ({family.dialect})\n\n"
-            f"- read (default): {reads}\n- refused by name (probed): {refused}\n"
+            f"- read (default): {reads}\n"
+            + (f"- aliases (attribute_map; the alias wins): {aliases}\n" if aliases else "")
+            + f"- refused by name (probed): {refused}\n"
             f"- known inert: {inert or '-'}\n")
 
 
 def page() -> str:
     tables = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
     common = "; ".join(f"`{k}`" for k in COMMON)
-    return ("Every other key is refused by name (`ignore_keys=` passes named ones over). Known inert in "
-            f"every family (PretrainedConfig's own keys and generation defaults): {common}.\n\n"
+    return ("Every other key is one the family's transformers code never reads: ignored, as transformers "
+            "ignores it, and listed (one warning and `fb.load_report(model)`); `ignore_keys=` reads named keys as "
+            "absent. Refused anywhere: " + "; ".join(f"`{k}` ({why})" for k, why in REFUSED_ANYWHERE.items())
+            + f". Known inert in every family (PretrainedConfig's own keys and generation defaults): {common}.\n\n"
             + "\n".join(section(f) for f in tables))
 
 

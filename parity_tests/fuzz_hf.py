@@ -337,9 +337,26 @@ def _ours(lm, part: str, encoder: bool, tokens=None):
             return out, None
         full_mask = np.concatenate([mask, np.ones((B, NEW), np.int64)], axis=1)
         full_pos = np.maximum(full_mask.cumsum(1) - 1, 0)
+        if lm.lm.cache_window is not None:  # HF's generate decodes through a windowed cache: so must we
+            return out, _forced_through_the_cache(lm, tokens, full_mask, full_pos)
         forced = np.asarray(lm(jnp.asarray(tokens), attention_mask=jnp.asarray(full_mask),
                                positions=jnp.asarray(full_pos)))
     return out, forced
+
+
+def _forced_through_the_cache(lm, tokens: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Our logits (B, T + NEW, V) along HF's generated `tokens`, decoded as generate decodes: the
+    prompt as one cached chunk, then one token a step through the cache."""
+    import jax.numpy as jnp
+
+    cache = lm.init_cache(B, T + NEW)
+    out, cache = lm(jnp.asarray(tokens[:, :T]), attention_mask=jnp.asarray(mask[:, :T]),
+                    positions=jnp.asarray(pos[:, :T]), cache=cache)
+    steps = [np.asarray(out)]
+    for i in range(T, T + NEW):
+        out, cache = lm(jnp.asarray(tokens[:, i:i + 1]), attention_mask=jnp.asarray(mask[:, i:i + 1]), cache=cache)
+        steps.append(np.asarray(out))
+    return np.concatenate(steps, axis=1)
 
 
 def _greedy_agrees(forced: np.ndarray, tokens: np.ndarray) -> bool:

@@ -107,6 +107,7 @@ class Case:
         bits += [("qk-norm" if c.qk_norm_over == "head" else "qk-norm-projection")] if c.qk_norm else []
         bits += [f"rope{c.rope_theta:g}"] if c.rope_theta is not None else []
         bits += [f"rotary{c.rotary_dim}of{c.head_width}"] if c.partial_rotary_factor != 1.0 else []
+        bits += [f"rope-{c.rope_scaling.rope_type}"] if c.rope_scaling is not None else []
         bits += [f"softcap{c.attn_logit_softcapping:g}"] if c.attn_logit_softcapping is not None else []
         bits += [f"qscale{c.query_pre_attn_scalar:g}"] if c.query_pre_attn_scalar is not None else []
         bits += [f"window{c.sliding_window}"] if c.sliding_window is not None else []

@@ -216,6 +216,13 @@ def _stack_layers_as(cls):
 BLOCK = Case("TransformerBlock", BASE)
 DYT = Case("TransformerBlock", replace(BASE, norm="pre", norm_type="dyt"))
 LN_SCALING = Case("Encoder", replace(BASE, norm="pre", layernorm_scaling=True), num_layers=3)
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
+_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2.0, 4.0],
+             "original_max_position_embeddings": 4, "factor": 8.0}
+_DYNAMIC = {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 3}
+_LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 32}
+
 MUTATIONS = {
     "layer_norm_eps_1e-6": (BLOCK, replace(BASE, layer_norm_eps=1e-6), None),
     "tanh_gelu_for_exact": (BLOCK, replace(BASE, activation="gelu_tanh"), None),
@@ -250,6 +257,23 @@ MUTATIONS = {
     "pre_norm_for_out_norm": (Case("TransformerBlock", replace(MODERN, norm="out")), replace(MODERN, norm="pre"), None),
     "softcap_after_the_mask": (Case("TransformerBlock", replace(MODERN, causal=True, attn_logit_softcapping=1.0)),
                                None, softcap_after_mask),
+    # scaled rotary: yarn's factor on cos and sin forgotten, longrope's short factors kept past the
+    # original length, dynamic NTK's base left as it is, llama3 read as a plain linear stretch
+    "yarn_without_its_attention_factor": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0,
+                                                                           rope_scaling=_YARN)),
+                                          replace(MODERN, rope_theta=100.0, rope_scaling={**_YARN,
+                                                                                          "attention_factor": 1.0}),
+                                          None),
+    "longrope_short_factors_past_the_original_length": (
+        Case("TransformerBlock", replace(MODERN, rope_theta=100.0, rope_scaling=_LONGROPE), seq=6),
+        replace(MODERN, rope_theta=100.0, rope_scaling={**_LONGROPE, "long_factor": _LONGROPE["short_factor"]}),
+        None),
+    "dynamic_base_never_grows": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, rope_scaling=_DYNAMIC),
+                                      seq=7), replace(MODERN, rope_theta=100.0), None),
+    "llama3_as_linear": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8, rope_scaling=_LLAMA3),
+                              seq=6),
+                         replace(MODERN, rope_theta=100.0, head_dim=8, rope_scaling={"rope_type": "linear",
+                                                                                     "factor": 4.0}), None),
     "window_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, sliding_window=2), seq=6),
                           replace(MODERN, causal=True, sliding_window=3), None),  # i - W <= j where i - W < j
     # LLaMA's mlp_bias read from attention_bias (MLP without its biases); StableLM's LayerNorm biases

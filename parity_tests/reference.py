@@ -15,8 +15,10 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              head_dim wide (d_model / heads unless given), the output map (E, H head_dim);
              QK-norm per head over head_dim (weight only; OLMo 2: over the whole projection
              before the split into heads), then rotary (rotate-half), then
+             scaled rotary (rope_scaling: linear, dynamic, yarn, longrope, llama3, as transformers'
+             ROPE_INIT_FUNCTIONS, with yarn's and longrope's factor on cos and sin);
              a local layer (sliding_window; every layer, or l % pattern != 0) masks key j <= i - W
-             and takes rope_local_theta;
+             and takes rope_local_theta (plain rotary);
              softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
              soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
@@ -44,7 +46,8 @@ HANDLED = frozenset({
     "scaling", "deepnorm_alpha", "causal",
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "sliding_window_pattern", "rope_local_theta", "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling",
+    "sliding_window_pattern", "rope_local_theta", "rope_scaling", "qkv_bias", "mlp_bias", "norm_bias",
+        "layernorm_scaling",
     "parallel_residual",
 })
 NOT_FORWARD = {
@@ -97,23 +100,79 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * weight
 
 
-def rotary(x: np.ndarray, theta: float, fraction: float = 1.0) -> np.ndarray:
+def rotary(x: np.ndarray, theta: float, fraction: float = 1.0, scaling: Any = None) -> np.ndarray:
     """Rotary positions, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x: (B, H, T, hd), positions 0..T-1; dims i and i + hd/2 rotate together by pos * theta^(-2i/hd).
     fraction < 1 (GPT-NeoX rotary_pct, StableLM partial_rotary_factor): only the first
     r = int(hd * fraction) dims rotate, as above with r for hd; the others pass unchanged.
+    scaling: a scaled rotary (an object with HF's rope_parameters as attributes): the
+    frequencies and the factor on cos and sin of `scaled_frequencies`.
     """
-    r = int(x.shape[-1] * fraction)
-    if r < x.shape[-1]:
-        return np.concatenate([rotary(x[..., :r], theta), x[..., r:]], axis=-1)
-    t, hd = x.shape[-2], x.shape[-1]
-    inv_freq = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)  # (hd/2,)
-    angle = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, hd/2)
-    cos = np.concatenate([np.cos(angle)] * 2, axis=-1)  # (T, hd)
-    sin = np.concatenate([np.sin(angle)] * 2, axis=-1)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    return x * cos + np.concatenate([-x2, x1], axis=-1) * sin
+    r = int(x.shape[-1] * fraction)  # HF's rotary dim: an odd r rotates r + 1 dims at theta^(-2i/r)
+    t = x.shape[-2]
+    inv_freq = theta ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # (ceil(r/2),)
+    factor = 1.0
+    if scaling is not None:
+        inv_freq, factor = scaled_frequencies(scaling, theta, r, t)
+    w = 2 * len(inv_freq)
+    angle = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, w/2)
+    cos = np.concatenate([np.cos(angle)] * 2, axis=-1) * factor  # (T, w)
+    sin = np.concatenate([np.sin(angle)] * 2, axis=-1) * factor
+    x1, x2 = x[..., : w // 2], x[..., w // 2: w]
+    rotated = x[..., :w] * cos + np.concatenate([-x2, x1], axis=-1) * sin
+    return np.concatenate([rotated, x[..., w:]], axis=-1)
+
+
+def scaled_frequencies(s: Any, base: float, dim: int, seq_len: int) -> tuple[np.ndarray, float]:
+    """(inverse frequencies (dim/2,), factor on cos and sin) of a scaled rotary for a sequence of
+    seq_len positions: transformers 5.24's _compute_<type>_parameters written out in float64."""
+    f = s.factor
+    if s.rope_type == "linear":
+        return base ** (-np.arange(0, dim, 2) / dim) / f, 1.0
+    if s.rope_type == "dynamic":  # NTK: a larger base past max_position_embeddings
+        n = max(seq_len, s.max_position_embeddings)
+        base = base * ((f * n / s.max_position_embeddings) - (f - 1)) ** (dim / (dim - 2))
+        return 1.0 / base ** (np.arange(0, dim, 2) / dim), 1.0
+    original = s.original_max_position_embeddings
+    if f is None:
+        f = s.max_position_embeddings / original
+    if s.rope_type == "llama3":
+        inv = 1.0 / base ** (np.arange(0, dim, 2) / dim)
+        low_wavelen, high_wavelen = original / s.low_freq_factor, original / s.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        out = np.where(wavelen > low_wavelen, inv / f, inv)
+        smooth = (original / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(medium, (1 - smooth) * out / f + smooth * out, out), 1.0
+    if s.rope_type == "longrope":
+        ext = np.asarray(s.long_factor if seq_len > original else s.short_factor, np.float64)
+        factor = s.attention_factor
+        if factor is None:
+            factor = 1.0 if f <= 1.0 else math.sqrt(1 + math.log(f) / math.log(original))
+        return 1.0 / (ext * base ** (np.arange(0, dim, 2) / dim)), factor
+    assert s.rope_type == "yarn", s.rope_type
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor = s.attention_factor
+    if factor is None:
+        factor = mscale(f, s.mscale) / mscale(f, s.mscale_all_dim) if s.mscale and s.mscale_all_dim else mscale(f)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(s.beta_fast or 32), correction_dim(s.beta_slow or 1)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = base ** (np.arange(0, dim, 2) / dim)
+    extrapolation = 1 - np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)
+    inv = (1.0 / (f * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv, factor
 
 
 def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None,
@@ -256,14 +315,15 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
         k = _norm(cfg, p, prefix + "k_norm.", k, bias=False)
     theta = _opt(cfg, "rope_theta", None)
     local = positions and _local(cfg, layer)  # (a self-attention: positions; cross-attention has none)
+    scaling = _opt(cfg, "rope_scaling", None)
     if local and _opt(cfg, "rope_local_theta", None) is not None:
-        theta = cfg.rope_local_theta  # Gemma 3's local layers
+        theta, scaling = cfg.rope_local_theta, None  # Gemma 3's local layers: plain rotary
     if local:  # query i sees key j only if i - W < j (HF's sliding_window_overlay), besides the causal mask
         window = np.arange(s)[None, :] <= np.arange(t)[:, None] - cfg.sliding_window
         masked = window[None] if masked is None else masked | window[None]
     if theta is not None and positions:
         fraction = _opt(cfg, "partial_rotary_factor", 1.0)
-        q, k = rotary(q, theta, fraction), rotary(k, theta, fraction)
+        q, k = rotary(q, theta, fraction, scaling), rotary(k, theta, fraction, scaling)
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
     a = _opt(cfg, "query_pre_attn_scalar", None)  # Gemma: q.k / sqrt(a)

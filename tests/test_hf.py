@@ -138,9 +138,8 @@ def test_from_hf_matches_the_hf_model(family, tmp_path, x64):
 
 def test_a_wrong_setting_gives_a_clear_refusal():
     config = transformers.LlamaConfig(**{**TINY, **FAMILIES["llama"][3]}, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16}).to_dict()
-    with pytest.raises(fb.ConversionError, match="rope_type 'llama3'"):
+        "rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5}).to_dict()
+    with pytest.raises(fb.ConversionError, match="rope_type 'proportional'"):
         hf_config(config)
     gpt2 = transformers.GPT2Config(n_embd=E, n_head=4, n_layer=2, scale_attn_by_inverse_layer_idx=True).to_dict()
     with pytest.raises(fb.ConversionError, match="scale_attn_by_inverse_layer_idx"):

@@ -1,9 +1,11 @@
-"""The key audit (issue 33, item 2): every key of every supported family's config class is
-classified by that family's table in flax_blocks.checkpoints.hf_families (read, or inert with a reason),
-the table's defaults are the config class's own, and a key no table knows is refused by name.
+"""The key audit: every key of every supported family's config class is classified by that
+family's table in flax_blocks.checkpoints.hf_families (read, an alias of one, or inert with a
+reason), the table's defaults are the config class's own, and a key the family's code never
+reads (a published config's gradient_checkpointing, a neighbour family's sliding_window) is
+ignored, as transformers ignores it, and listed.
 
 A transformers upgrade that adds a key to a config class fails here, loudly, until the key is
-read or shown inert.
+read or shown inert: a new field may be one the model reads.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 from flax_blocks.checkpoints import dialects  # noqa: E402
-from flax_blocks.checkpoints.hf_config import hf_config  # noqa: E402
-from flax_blocks.checkpoints.hf_families import FAMILIES, PARTS, TRANSFORMERS, Family, audit  # noqa: E402
+from flax_blocks.checkpoints.hf_config import read_config  # noqa: E402
+from flax_blocks.checkpoints.hf_families import FAMILIES, PARTS, TRANSFORMERS, Family, audit, unexpected  # noqa: E402
 
 TABLES = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
 # Keys read that are no field of the config class: older names the class rewrites (rope_theta,
@@ -30,7 +32,7 @@ NOT_FIELDS = {"rope_scaling", "rope_theta", "is_causal", "head_dim", "layer_type
 
 def unclassified(family: Family, config_class) -> list[str]:
     """Keys of the config class's to_dict() that the family's table does not classify."""
-    return [k for k in config_class().to_dict() if family.classify(k) == "unknown"]
+    return [k for k in config_class().to_dict() if family.classify(k) == "unread"]
 
 
 def test_the_tables_mirror_the_pinned_transformers():
@@ -65,18 +67,31 @@ def test_the_tables_defaults_are_the_config_class_defaults(family):
     assert wrong == {}
 
 
-def test_an_unknown_key_is_refused_by_name_and_ignore_keys_passes_it_over():
+def test_a_key_the_family_never_reads_is_ignored_and_listed_and_ignore_keys_reads_a_key_as_absent():
     llama = dict(model_type="llama", hidden_size=32, num_attention_heads=4, intermediate_size=48,
-                 num_hidden_layers=2)
-    with pytest.raises(fb.ConversionError, match=r"sliding_window=4: not a key LlamaConfig has .*mistral.* "
-                                                 r"transformers' LlamaModel does not"):
-        hf_config({**llama, "sliding_window": 4})
-    with pytest.raises(fb.ConversionError, match=r"frobnicate=1: not a key LlamaConfig has or LlamaModel reads; "
-                                                 r"refused"):
-        hf_config({**llama, "frobnicate": 1})
-    assert hf_config({**llama, "sliding_window": 4}, ignore_keys=("sliding_window",))[1].sliding_window is None
-    assert audit({**llama, "quantization_config": {"bits": 4}}, FAMILIES["llama"])[0].startswith(
+                 num_hidden_layers=2, rms_norm_eps=0.1)
+    read = read_config({**llama, "sliding_window": 4, "gradient_checkpointing": True, "frobnicate": 1})
+    assert read.cfg.sliding_window is None  # LlamaModel never reads it: neither do we
+    assert "mistral" in read.ignored["sliding_window"] and "LlamaModel never reads it" in read.ignored["sliding_window"]
+    assert {"gradient_checkpointing", "frobnicate"} <= set(read.ignored)
+    assert unexpected(read.ignored, FAMILIES["llama"]) == ["sliding_window", "gradient_checkpointing", "frobnicate"]
+    assert "dropout" in read_config({**llama, "attention_dropout": 0.1}).ignored["attention_dropout"]
+    assert unexpected(read_config({**llama, "attention_dropout": 0.1}).ignored, FAMILIES["llama"]) == []  # known inert
+    # ignore_keys reads a key as absent: the class default (1e-6), not the file's 0.1
+    assert read_config(llama).cfg.layer_norm_eps == 0.1
+    assert read_config(llama, ignore_keys=("rms_norm_eps",)).cfg.layer_norm_eps == 1e-6
+    assert audit({**llama, "quantization_config": {"bits": 4}}, FAMILIES["llama"])[0][0].startswith(
         "quantization_config={'bits': 4}: quantized weights")
+
+
+def test_an_alias_of_the_config_class_is_read_and_wins_as_in_transformers():
+    gpt2 = transformers.GPT2Config.from_dict({"n_embd": 64, "hidden_size": 32, "n_head": 4, "n_layer": 1})
+    assert gpt2.n_embd == 32  # PretrainedConfig's attribute_map: the alias, set after the fields, wins
+    cfg = read_config({"model_type": "gpt2", "n_embd": 64, "hidden_size": 32, "n_head": 4, "n_layer": 1}).cfg
+    assert cfg.d_model == 32
+    for family in TABLES:  # each table's aliases are its config class's attribute_map, to the key
+        want = {k: v for k, v in getattr(transformers, family.config_class).attribute_map.items()}
+        assert dict(family.aliases) == want, family.model_type
 
 
 def test_the_model_types_and_their_dialects_agree():

@@ -285,9 +285,9 @@ def test_what_the_blocks_do_not_compute_is_refused_by_name():
     with pytest.raises(fb.ConversionError, match=r"word_embed_proj_dim=16 != hidden_size=32.*project_in"):
         fb.from_hf(opt350, part="causal-lm")
     fb.from_hf(opt350)  # its stack alone still loads
-    qwen3 = transformers.Qwen3Config(**CAUSAL["qwen3"][2], rope_parameters={"rope_type": "yarn", "rope_theta": 1e4,
-                                                                           "factor": 2.0}).to_dict()
-    with pytest.raises(fb.ConversionError, match="rope_type 'yarn'"):
+    qwen3 = transformers.Qwen3Config(**CAUSAL["qwen3"][2], rope_parameters={"rope_type": "proportional",
+                                                                           "rope_theta": 1e4}).to_dict()
+    with pytest.raises(fb.ConversionError, match="rope_type 'proportional'"):
         lm_config(qwen3, "causal-lm")
     roberta = transformers.RobertaConfig(**{**ENCODERS["roberta"][2], "pad_token_id": None}).to_dict()
     with pytest.raises(fb.ConversionError, match="pad_token_id None"):

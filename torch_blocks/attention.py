@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flax_blocks.spec import declarations
+from flax_blocks.spec import declarations, rope
 from flax_blocks.spec.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from flax_blocks.spec.rope import RopeScaling
 
 from .layers import Norm, create_params
 
@@ -135,23 +136,41 @@ def _warn_if_fully_masked(rows: Tensor, batch: int) -> None:
     warn_fully_masked(torch.nonzero(~has_key).flatten().tolist(), batch, "torch")
 
 
-def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None) -> Tensor:
+def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None,
+           scaling: RopeScaling | None = None) -> Tensor:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, heads, hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
     together by the angle position * theta^(-2i/hd). Angles in float32 at least (float64
     under float64).
     dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
-    (partial rotary, HF GPT-NeoX); None: all."""
-    if dim is not None and dim < x.shape[-1]:
-        return torch.cat([rotary(x[..., :dim], positions, theta), x[..., dim:]], dim=-1)
-    hd = x.shape[-1]
+    (partial rotary, HF GPT-NeoX); an odd dim rotates dim + 1 dims, the frequencies still
+    theta^(-2i/dim), as HF's rotary does; None: all.
+    scaling: a scaled rotary (`flax_blocks.spec.rope`): its frequencies, with the sequence
+    length max(positions) + 1 where the type reads one, and its factor on cos and sin."""
+    dim = x.shape[-1] if dim is None else dim
+    width = dim + dim % 2  # HF's cos and sin cover ceil(dim / 2) frequencies, twice
+    if width < x.shape[-1]:
+        return torch.cat([rotary(x[..., :width], positions, theta, dim, scaling), x[..., width:]], dim=-1)
     dt = torch.promote_types(x.dtype, torch.float32)
-    inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=dt, device=x.device) / hd)  # (hd/2,)
-    angles = positions.to(dt)[..., None] * inv_freq  # (T, hd/2) or (B, T, hd/2)
-    angles = torch.cat([angles, angles], dim=-1)[..., None, :]  # (T, 1, hd) or (B, T, 1, hd)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    base: float | Tensor = theta
+    if scaling is not None and scaling.rope_type == "dynamic":  # the base grows past max_position_embeddings
+        length = torch.clamp(positions.max() + 1, min=scaling.max_length).to(dt)
+        base = rope.dynamic_theta(scaling, theta, dim, length)
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=dt, device=x.device) / dim)  # (width/2,)
+    if scaling is not None and scaling.rope_type != "dynamic":
+        short, long = rope.multipliers(scaling, theta, dim)
+        m = torch.tensor(short, dtype=dt, device=x.device)
+        if long is not None:  # longrope: the long factors once the sequence passes the original length
+            m = torch.where(positions.max() + 1 > scaling.original, torch.tensor(long, dtype=dt, device=x.device), m)
+        inv_freq = inv_freq * m
+    angles = positions.to(dt)[..., None] * inv_freq  # (T, width/2) or (B, T, width/2)
+    angles = torch.cat([angles, angles], dim=-1)[..., None, :]  # (T, 1, width) or (B, T, 1, width)
+    cos, sin = angles.cos(), angles.sin()
+    if scaling is not None and (factor := rope.attention_factor(scaling)) != 1.0:  # yarn, longrope
+        cos, sin = cos * factor, sin * factor
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x[..., : width // 2], x[..., width // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
@@ -356,8 +375,8 @@ class Attention(nn.Module):
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
         if self.cfg.rope_theta is not None:
-            theta, dim = self.cfg.rope_theta, self.cfg.rotary_dim
-            if local and self.cfg.rope_local_theta is not None:
-                theta = self.cfg.rope_local_theta
-            q, k = rotary(q, positions, theta, dim), rotary(k, positions, theta, dim)
+            theta, dim, scaling = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_scaling
+            if local and self.cfg.rope_local_theta is not None:  # Gemma 3's local layers: plain, their own base
+                theta, scaling = self.cfg.rope_local_theta, None
+            q, k = rotary(q, positions, theta, dim, scaling), rotary(k, positions, theta, dim, scaling)
         return q, k

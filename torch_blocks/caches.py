@@ -71,7 +71,10 @@ def cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_ma
                          f"tensor, got {kpm.dtype} {tuple(kpm.shape)}")
     valid = cache["valid"].clone()
     valid[:, index:index + t] = True if kpm is None else ~kpm
-    masks = {"self": cache_mask(index, t, valid)}
+    shown = valid  # a cache_window keeps the last W - 1 keys before the chunk (HF's sliding-window cache)
+    if "window" in cache:
+        shown = valid & (torch.arange(length, device=valid.device)[None, :] > index - cache["window"])
+    masks = {"self": cache_mask(index, t, shown)}
     if positions is None and "position" in cache:  # per-row positions: given, or each row's next ones
         positions = cache["position"][:, None] + torch.arange(t, device=x.device)
     if positions is not None:

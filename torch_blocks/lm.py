@@ -79,7 +79,11 @@ class LanguageModel(nn.Module):
                     if comp is None else _MODULES[comp.kind](cfg, comp, generator=generator))
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
-        return self.encoder.init_cache(batch_size, max_length)
+        """The stack's cache, and the model's cache_window when it has one (`flax_blocks.lm`)."""
+        cache = self.encoder.init_cache(batch_size, max_length)
+        if self.lm.cache_window is not None:
+            cache["window"] = self.lm.cache_window
+        return cache
 
     def hidden(self, input_ids: Tensor, attention_mask: Tensor | None = None, positions: Tensor | None = None,
                token_type_ids: Tensor | None = None, *, cache: Cache | None = None, return_intermediates: bool = False):

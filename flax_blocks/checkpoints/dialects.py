@@ -153,6 +153,7 @@ TORCH = Dialect(
 # What BERT and GPT-2 share: LayerNorm, a dense MLP with biases, no positions inside the
 # layers, no QK-norm or residual scaling; they differ in norm placement and causality.
 _CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None,
+            "rope_scaling": None,
             "partial_rotary_factor": 1.0, "attn_logit_softcapping": None, "query_pre_attn_scalar": None,
             "sliding_window": None, "sliding_window_pattern": None, "rope_local_theta": None, "qk_norm": False,
             "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "mlp_bias": None, "norm_bias": None,
@@ -232,7 +233,8 @@ HF_LLAMA = Dialect(
     rules=_LLAMA_RULES,
     ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
     settings={k: v for k, v in _LLAMA_SETTINGS.items() if k != "mlp_bias"},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "qkv_bias", "mlp_bias", "causal", *_WINDOWS),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "qkv_bias", "mlp_bias", "causal",
+           *_WINDOWS),
     outside=_LLAMA_OUTSIDE,
     shared_by=_LLAMA_NAMED,
 )
@@ -313,7 +315,8 @@ HF_PHI3 = Dialect(
               "qkv_bias": None, "norm_weight_offset": 0.0, "parallel_residual": "none",
               "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
               "mlp_bias": None, "norm_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", "causal", *_WINDOWS),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "partial_rotary_factor", "causal",
+           *_WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
 
@@ -324,7 +327,7 @@ HF_QWEN3 = Dialect(
     "hf-qwen3", "Hugging Face Qwen3 (LLaMA's names with self_attn.q_norm / k_norm over head_dim)",
     layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
     settings={**_ATTENTION_BIAS, "qk_norm": True, "qk_norm_over": "head", "qkv_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", "causal", *_WINDOWS),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal", *_WINDOWS),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
@@ -335,7 +338,8 @@ HF_GEMMA = Dialect(
     layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
     settings={**{k: v for k, v in _ATTENTION_BIAS.items() if k not in ("mlp", "activation")},
               "norm_weight_offset": 1.0, "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", "causal", "mlp", "activation"),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal", "mlp",
+           "activation"),
     outside=_LLAMA_OUTSIDE + " (Gemma multiplies the embeddings by sqrt(hidden_size) before the layers)",
     shared_by=_LLAMA_NAMED,
 )
@@ -359,7 +363,7 @@ HF_OLMO2 = Dialect(
     ignore=("self_attn.rotary_emb.inv_freq",),
     settings={**_ATTENTION_BIAS, "norm": "out", "qk_norm": True, "qk_norm_over": "projection",
               "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "bias", "mlp_bias", "causal"),
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal"),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
 
@@ -379,10 +383,11 @@ HF_GPT_NEOX = Dialect(
         *_norm("norm2", "post_attention_layernorm"),
     ),
     ignore=("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq"),  # old checkpoints' buffers
-    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "partial_rotary_factor",
+    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "rope_scaling", "partial_rotary_factor",
                                                                  "parallel_residual", "bias", "mlp_bias", "norm_bias")},
               "norm": "pre"},
-    reads=(*_CLASSIC_READS, "rope_theta", "partial_rotary_factor", "parallel_residual", "bias", "mlp_bias",
+    reads=(*_CLASSIC_READS, "rope_theta", "rope_scaling", "partial_rotary_factor", "parallel_residual", "bias",
+           "mlp_bias",
            "norm_bias", "causal"),
     outside="token embeddings (embed_in), the rotary inv_freq buffer and the LM head (embed_out)",
 )
@@ -411,7 +416,8 @@ HF_GEMMA2 = Dialect(
     "hf-gemma2", "Hugging Face Gemma 2 (sandwich norms: pre_feedforward_layernorm, post_feedforward_layernorm)",
     layer="layers.{i}.", final_norm="norm", rules=_GEMMA2_RULES,
     settings=_GEMMA2_SETTINGS,
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "attn_logit_softcapping", "query_pre_attn_scalar",
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "attn_logit_softcapping",
+           "query_pre_attn_scalar",
            "bias", "mlp_bias", "causal", "activation", "mlp", *_WINDOWS),
     outside=_LLAMA_OUTSIDE + " (Gemma 2 multiplies the embeddings by sqrt(hidden_size) before the layers; its "
                              "final logit soft-cap is the LM head's)",
@@ -444,10 +450,10 @@ HF_STARCODER2 = Dialect(
         *_norm("norm1", "input_layernorm"),
         *_norm("norm2", "post_attention_layernorm"),
     ),
-    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "sliding_window",
+    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "rope_scaling", "sliding_window",
                                                                  "sliding_window_pattern", "bias", "norm_bias")},
               "norm": "pre"},
-    reads=(*_CLASSIC_READS, "rope_theta", "bias", "norm_bias", "causal", *_WINDOWS),
+    reads=(*_CLASSIC_READS, "rope_theta", "rope_scaling", "bias", "norm_bias", "causal", *_WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
 )
 
@@ -462,7 +468,8 @@ HF_STABLELM = Dialect(
     settings={**{k: v for k, v in _LLAMA_SETTINGS.items() if k not in ("partial_rotary_factor", "parallel_residual")},
               "norm_type": "layernorm", "bias": False, "mlp_bias": None, "norm_bias": True,
               "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "partial_rotary_factor", "parallel_residual", "qkv_bias",
+    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "partial_rotary_factor",
+           "parallel_residual", "qkv_bias",
            "causal"),
     outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
 )
@@ -524,7 +531,8 @@ DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT
 
 # A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
 # its config by flax_blocks.checkpoints.hf_config). Families not listed are refused by name.
-MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "gpt2": "hf-gpt2", "llama": "hf-llama", "mistral": "hf-llama",
+MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "xlm-roberta": "hf-bert", "gpt2": "hf-gpt2",
+               "llama": "hf-llama", "mistral": "hf-llama",
                "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3",
                "qwen3": "hf-qwen3", "gemma": "hf-gemma", "olmo2": "hf-olmo2", "gpt_neox": "hf-gpt-neox",
                "gemma2": "hf-gemma2", "gemma3_text": "hf-gemma3", "starcoder2": "hf-starcoder2",

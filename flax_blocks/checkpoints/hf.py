@@ -28,8 +28,9 @@ from typing import Any
 
 from ..spec.config import BlockConfig
 from . import dialects
-from .hf_config import hf_config, hf_model_config, hf_state_dict, read_folder
+from .hf_config import hf_model_config, hf_state_dict, read_config, read_folder, weight_files
 from .io import ConversionError, read_state_dict
+from .load_report import report_ignored
 
 log = logging.getLogger("flax_blocks")
 
@@ -67,19 +68,21 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
       multi-process run): the declared logical axes through `rules` (a
       `flax_blocks.sharding.ShardingRules`; default TENSOR_PARALLEL: attention heads and the
       FFN width over "model", the rest replicated).
-    ignore_keys: config keys to pass over, as transformers does with keys its model does not
-      read. Every config key is read as the family's transformers code reads it
-      (`flax_blocks.checkpoints.hf_families`); a key no family table knows is refused by name unless
-      named here.
+    ignore_keys: config keys to read as absent (their config class's defaults apply), a
+      departure from transformers you ask for (say, to load a model without a setting the
+      blocks refuse). Every config key is read as the family's transformers code reads it
+      (`flax_blocks.checkpoints.hf_families`); a key that code never reads is ignored, as
+      transformers ignores it, and listed: one warning, and `fb.load_report(model)`.
     Returns an Encoder (with .cfg and .num_layers) mapping hidden states (B, T, E) to the
     HF model's last hidden state for those inputs embedded (after its embeddings), with
     `key_mask=` (B, T), True = real token, for padding. Query positions that are padding
     themselves may differ from HF's (whose values there are meaningless anyway).
     Sliding windows are read (Mistral, Qwen2, Phi-3, Starcoder2: every layer local; Gemma 2 / 3:
     every n-th layer global); a layout the blocks cannot express is refused.
-    The stack remembers its family's dialect (`hf_dialect`), which `to_hf` writes back.
+    The stack remembers its family's dialect (`hf_dialect`), which `to_hf` writes back, and
+    what the load read and ignored (`fb.load_report(model)`).
     """
-    config, sd = _read_source(source, revision)
+    config, sd, origin = _read_source(source, revision)
     if isinstance(ignore_keys, str):
         raise TypeError(f"ignore_keys must be a tuple of config keys, e.g. ({ignore_keys!r},), got the string "
                         f"{ignore_keys!r}")
@@ -88,36 +91,42 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
         from . import hf_models
 
         return hf_models.load(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh,
-                              rules=rules)
+                              rules=rules, origin=origin)
     if part not in ("stack", "encoder", "decoder"):
         raise ValueError(f"part must be one of 'stack', 'encoder', 'decoder', 'model', 'causal-lm', got {part!r}")
-    return _load_stack(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh, rules=rules)
+    return _load_stack(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh, rules=rules,
+                       origin=origin)
 
 
-def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config.json's dict, the state dict named as in the whole model) of a folder, a Hub id
-    or a transformers model object (see `from_hf`)."""
+def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(config.json's dict, the state dict named as in the whole model, where it came from:
+    {"source": ..., "files": [...]}) of a folder, a Hub id or a transformers model object (see
+    `from_hf`)."""
     config: dict[str, Any] | None
     if isinstance(source, (str, os.PathLike)):
         from .hub import resolve
 
-        config, sd = read_folder(resolve(os.fspath(source), revision))
+        folder = resolve(os.fspath(source), revision)
+        config, sd = read_folder(folder)
+        origin = {"source": os.fspath(source),
+                  "files": [os.path.basename(f) for f in weight_files(folder, config.get("transformers_weights"))]}
     elif (config := hf_model_config(source)) is not None:
         sd = read_state_dict(hf_state_dict(source))
+        origin = {"source": f"a {type(source).__name__} object", "files": []}
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
-    return config, _whole_model_names(config, sd)
+    return config, _whole_model_names(config, sd), origin
 
 
 def _load_stack(config: dict[str, Any], sd: dict[str, Any], part: str, *, dtype: Any, seed: int,
-                ignore_keys: tuple[str, ...], mesh: Any, rules: Any):
+                ignore_keys: tuple[str, ...], mesh: Any, rules: Any, origin: dict[str, Any]):
     """`from_hf`'s part "stack", "encoder" or "decoder": the Encoder (or Decoder) of the
     family's layers, remembering its dialect."""
     from .. import stacks
     from .convert import from_torch
 
-    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype, part=None if part == "stack" else part,
-                                                     ignore_keys=ignore_keys)
+    read = read_config(config, dtype=dtype, part=None if part == "stack" else part, ignore_keys=ignore_keys)
+    dialect, cfg, num_layers, final_norm = read.dialect, read.cfg, read.num_layers, read.final_norm
     stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads).state_dict
     if dtype is None:
         dtypes = {str(a.dtype) for a in stack.values()}
@@ -128,6 +137,7 @@ def _load_stack(config: dict[str, Any], sd: dict[str, Any], part: str, *, dtype:
     module = from_torch(cls, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
                         dtype=dtype, seed=seed, mesh=mesh, rules=rules)
     module.hf_dialect = dialect  # a plain attribute (static in nnx.split): to_hf's default
+    report_ignored(module, config, part, origin, read)
     return module
 
 

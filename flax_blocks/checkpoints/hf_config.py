@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
@@ -41,19 +42,38 @@ def family_of(config: Mapping[str, Any], part: str | None = None) -> Family:
     return PARTS[model_type][part or "encoder"] if model_type in PARTS else FAMILIES[model_type]
 
 
-def hf_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | None = None,
-              ignore_keys: tuple[str, ...] = ()) -> tuple[str, BlockConfig, int, bool]:
-    """An HF config (config.json as a dict) -> (dialect, BlockConfig, num_layers, final_norm).
+@dataclass(frozen=True)
+class ConfigRead:
+    """What an HF config says the blocks compute: the dialect of its weights, the BlockConfig,
+    the stack's depth and final norm, and {key: why it changes nothing} for every key read as
+    nothing (known inert keys, keys the family's code never reads, `ignore_keys`)."""
 
-    The family's table (`flax_blocks.checkpoints.hf_families`) reads the keys its transformers model reads,
-    with its config class's defaults for the keys the file leaves out; what the dialect's layers
-    fix comes from the dialect. Raises ConversionError naming every key whose value the blocks
-    do not compute, and every key the table does not know (ignore_keys: keys to pass over as
-    transformers does, which ignores keys its model does not read). part: "encoder" (the
-    default) or "decoder" of an encoder-decoder family (Whisper)."""
+    dialect: str
+    cfg: BlockConfig
+    num_layers: int
+    final_norm: bool
+    family: Family
+    ignored: Mapping[str, str]
+    notes: tuple[str, ...] = ()
+
+
+def read_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | None = None,
+                ignore_keys: tuple[str, ...] = ()) -> ConfigRead:
+    """An HF config (config.json as a dict) -> `ConfigRead`.
+
+    The family's table (`flax_blocks.checkpoints.hf_families`) reads the keys its transformers
+    model reads (an alias of the config class's attribute_map too), with its config class's
+    defaults for the keys the file leaves out; what the dialect's layers fix comes from the
+    dialect. A key the family's code never reads is ignored, as transformers ignores it, and
+    listed in `ignored`. Raises ConversionError naming every key whose value the blocks do not
+    compute. ignore_keys: keys to read as absent (their class defaults apply), a departure from
+    transformers the caller asks for. part: "encoder" (the default) or "decoder" of an
+    encoder-decoder family (Whisper)."""
     family = family_of(config, part)
-    c = Read(config, family)
-    c.problems += audit(config, family, tuple(ignore_keys))
+    ignore = set(ignore_keys)
+    c = Read({k: v for k, v in config.items() if k not in ignore}, family)
+    problems, ignored = audit(c.config, family)
+    c.problems += problems
     kw = family.reader(c)
     num_layers, final_norm = kw.pop("num_layers"), kw.pop("final_norm")
     lay = dialects.DIALECTS[family.dialect]
@@ -63,43 +83,87 @@ def hf_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | None 
         kw[k] = v
     if dtype is not None:
         kw["param_dtype"] = dtype_name(dtype)
-    elif dtype_name(config.get("dtype") or config.get("torch_dtype")) in ("float32", "float64", "bfloat16", "float16"):
-        kw["param_dtype"] = dtype_name(config.get("dtype") or config.get("torch_dtype"))
+    elif (name := config_dtype(config)) is not None:
+        kw["param_dtype"] = name
     if c.problems:
         raise ConversionError(c.problems, header=f"cannot reproduce this {family.model_type} model in the Flax blocks")
     try:
-        return family.dialect, BlockConfig(**{k: v for k, v in kw.items() if v is not None or k != "activation"}), \
-            num_layers, final_norm
+        cfg = BlockConfig(**{k: v for k, v in kw.items() if v is not None or k != "activation"})
     except (TypeError, ValueError) as e:  # a combination the readers let through: a bug, said as one
         raise ConversionError([f"{e} (settings read: {kw})"],
                               header=f"cannot reproduce this {family.model_type} model in the Flax blocks") from e
+    ignored.update(c.ignored)
+    ignored.update({k: "named in ignore_keys: read as absent (the config class's default), unlike transformers"
+                    for k in config if k in ignore})
+    return ConfigRead(family.dialect, cfg, num_layers, final_norm, family, ignored)
 
 
-_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-_SINGLE = ("model.safetensors", "pytorch_model.bin")
+def hf_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | None = None,
+              ignore_keys: tuple[str, ...] = ()) -> tuple[str, BlockConfig, int, bool]:
+    """(dialect, BlockConfig, num_layers, final_norm) of an HF config: `read_config`'s first four."""
+    r = read_config(config, dtype=dtype, part=part, ignore_keys=ignore_keys)
+    return r.dialect, r.cfg, r.num_layers, r.final_norm
 
 
-def weight_files(path: str) -> list[str]:
-    """The weight files of a save_pretrained folder, chosen as transformers chooses them: the
-    shards an index file (model.safetensors.index.json, then pytorch_model.bin.index.json)
-    names, else model.safetensors, else pytorch_model.bin. Other files (a Mistral repository's
-    consolidated.safetensors, say) are not read."""
-    for index in _INDEXES:
-        index_path = os.path.join(path, index)
-        if os.path.isfile(index_path):
-            with open(index_path) as f:
-                shards = sorted(set(json.load(f).get("weight_map", {}).values()))
-            missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
-            if not shards or missing:
-                raise FileNotFoundError(f"{index_path} names shards that are not in the folder: {missing}"
-                                        if missing else f"{index_path} has no weight_map")
-            return [os.path.join(path, s) for s in shards]
-    for name in _SINGLE:
-        if os.path.isfile(os.path.join(path, name)):
-            return [os.path.join(path, name)]
-    present = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".bin", ".pt", ".pth")))
-    raise FileNotFoundError(f"{path}: none of {', '.join(_INDEXES + _SINGLE)} (the files HF's save_pretrained "
-                            f"writes); weight-like files present: {present or 'none'}")
+# The dtypes a config.json names that transformers loads (torch's names): float32 and bfloat16
+# checkpoints, float16 ones, and float64 (PretrainedConfig turns the name into getattr(torch, name)).
+CONFIG_DTYPES = {"float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
+                 "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+
+
+def config_dtype(config: Mapping[str, Any]) -> str | None:
+    """The parameter dtype a config names (`dtype`, else the older `torch_dtype`, as
+    PretrainedConfig reads them: dtype wins), as one of BlockConfig's dtype names; None when it
+    names none ("auto", absent) or one the blocks do not hold."""
+    value = config.get("dtype") if config.get("dtype") is not None else config.get("torch_dtype")
+    if not isinstance(value, str):
+        value = dtype_name(value)
+    return CONFIG_DTYPES.get(str(value).removeprefix("torch.")) if value is not None else None
+
+
+# The files from_pretrained reads in a folder, in its order (modeling_utils._get_resolved_checkpoint_files):
+# the first that exists is read, whatever else the folder holds.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def weight_files(path: str, explicit: str | None = None) -> list[str]:
+    """The weight files of a save_pretrained folder, chosen as transformers' from_pretrained
+    chooses them: the file the config names in `transformers_weights` (`explicit`), else the
+    first of model.safetensors, model.safetensors.index.json, pytorch_model.bin,
+    pytorch_model.bin.index.json that exists (an index: the shards it names). Other files (a
+    Mistral repository's consolidated.safetensors, a stale index beside a single file) are not
+    read."""
+    if explicit is not None:
+        target = os.path.abspath(os.path.join(path, explicit))
+        if not explicit.endswith((".safetensors", ".safetensors.index.json")):
+            raise FileNotFoundError(f"{path}/config.json: transformers_weights={explicit!r} is neither a .safetensors "
+                                    "file nor a .safetensors.index.json (transformers refuses it too)")
+        if os.path.commonpath([os.path.abspath(path), target]) != os.path.abspath(path):
+            raise FileNotFoundError(f"{path}/config.json: transformers_weights={explicit!r} lies outside the folder "
+                                    "(transformers refuses it too)")
+        names = [explicit]
+    else:
+        names = [n for n in WEIGHT_FILES if os.path.isfile(os.path.join(path, n))][:1]
+    if not names:
+        present = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".bin", ".pt", ".pth")))
+        raise FileNotFoundError(f"{path}: none of {', '.join(WEIGHT_FILES)} (the files HF's save_pretrained "
+                                f"writes); weight-like files present: {present or 'none'}")
+    name = names[0]
+    if not name.endswith(".index.json"):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise FileNotFoundError(f"{path}: transformers_weights names {name}, which is not in the folder")
+        return [os.path.join(path, name)]
+    index_path = os.path.join(path, name)
+    if not os.path.isfile(index_path):
+        raise FileNotFoundError(f"{path}: transformers_weights names {name}, which is not in the folder")
+    with open(index_path) as f:
+        shards = sorted(set(json.load(f).get("weight_map", {}).values()))
+    missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+    if not shards or missing:
+        raise FileNotFoundError(f"{index_path} names shards that are not in the folder: {missing}"
+                                if missing else f"{index_path} has no weight_map")
+    return [os.path.join(path, s) for s in shards]
 
 
 def read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -111,7 +175,7 @@ def read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     with open(cfg_path) as f:
         config = json.load(f)
     sd: dict[str, Any] = {}
-    for s in weight_files(path):
+    for s in weight_files(path, config.get("transformers_weights")):
         sd.update(read_state_dict(s, lazy=True))
     return config, sd
 

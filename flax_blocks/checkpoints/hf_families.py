@@ -1,23 +1,29 @@
 """Each Hugging Face family's config, read as transformers' own code for that family reads it.
 
 One `Family` per model_type: the config class and model class it mirrors, the checkpoint
-dialect of its weights, and one table of its config keys, every key in one of three places:
+dialect of its weights, and one table of its config keys:
 
     reads   key -> the config class's default: the keys the family's modelling code (or its
             config class, rewriting them) reads, and only those; `reader` turns them into
             BlockConfig fields, refusing by name the values the blocks do not compute;
+    aliases key -> the key it sets (the config class's attribute_map: GPT-2's hidden_size is
+            n_embd); an alias in a file wins over the key it names, as in transformers;
     inert   key -> why it changes no output of the loaded model (dropout rates in eval, init
             ranges, generation defaults, heads we do not load ...);
     lm      the keys read around the stack (vocabulary, tied head, learned positions, soft-cap),
             by `flax_blocks.checkpoints.hf_models`; part of `reads`.
 
-A key in none of them (`COMMON` holds PretrainedConfig's own) is refused by name: a key we do
-not know is a question, not noise (a Mistral config relabelled `llama` carries a window that
-transformers' LlamaModel ignores). Key lists are shared only where transformers shares them
-(LLaMA, Mistral and Qwen2 are separate tables although they look alike). Checked against
-transformers 5.24's source; tests/test_hf_keys.py walks every config class and fails on a
-key no table classifies, and parity_tests/fuzz_hf.py draws configs over these keys and
-compares the loads with transformers.
+Any other key is one the family's transformers code never reads: it changes nothing there, so
+it is ignored here too, and listed (one warning and the model's load report,
+`fb.load_report(model)`): published configs carry many (`gradient_checkpointing` in
+bert-base-uncased, `tie_weights_` in DistilBERT, a `sliding_window` on a LLaMA, which
+LlamaModel never reads). The risk of a silent wrong load lives in the keys a family DOES read,
+each read here as transformers reads it, and in weights that betray another family (refused by
+name in `flax_blocks.checkpoints.dialects`). Key lists are shared only where transformers
+shares them (LLaMA, Mistral and Qwen2 are separate tables although they look alike). Checked
+against transformers 5.24's source; tests/test_hf_keys.py walks every config class and fails on
+a key no table classifies, and parity_tests/fuzz_hf.py draws configs over these keys (and
+neighbours' keys) and compares the loads with transformers.
 
 Framework-free: read by `flax_blocks.checkpoints.hf_config` (the stack) and `flax_blocks.checkpoints.hf_models`.
 """
@@ -27,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..spec.rope import ROPE_TYPES, RopeScaling
 
 TRANSFORMERS = "5.24.0"  # the version these tables mirror (pyproject's hf extra pins it)
 
@@ -59,6 +67,7 @@ COMMON: dict[str, str] = {
     "_attn_implementation_internal": "the attention kernel: the same function",
     "auto_map": "remote code classes, used only with trust_remote_code; read as transformers' own class reads it",
     "use_cache": "keeps keys and values while generating: the same tokens",
+    "transformers_weights": "names the weights file from_pretrained reads; the folder's files are chosen by it",
     "pad_token_id": "the padding token: an embedding's padding_idx only changes its gradient",
     "bos_token_id": "a special token id", "eos_token_id": "a special token id", "sep_token_id": "a special token id",
     "decoder_start_token_id": "a special token id",
@@ -74,6 +83,9 @@ COMMON: dict[str, str] = {
                                 "suppress_tokens", "begin_suppress_tokens", "max_new_tokens")},
 }
 
+# PretrainedConfig's keys that every load reads (the family, the dtype, the weights file): never "ignored".
+READ_EVERYWHERE = ("model_type", "dtype", "torch_dtype", "transformers_weights")
+
 # Keys that change what a model computes whatever its family, refused wherever they are set.
 REFUSED_ANYWHERE = {
     "quantization_config": "quantized weights (the blocks read plain float tensors)",
@@ -86,27 +98,38 @@ _OUTSIDE = "read by a part outside the stack that the blocks do not load"
 
 
 class Read:
-    """A config as one family's code sees it: `c["key"]` is the config's value or, when the key
-    is absent, the config class's default. Only keys of the family's `reads` may be asked for
-    (a reader reading another key is a bug, raised as one); `problems` collects refusals."""
+    """A config as one family's code sees it: `c["key"]` is the config's value (an alias's when
+    the file holds one) or, when the key is absent, the config class's default. Only keys of the
+    family's `reads` may be asked for (a reader reading another key is a bug, raised as one);
+    `problems` collects refusals, `ignored` the keys (and rope parameters) read as nothing."""
 
     def __init__(self, config: Mapping[str, Any], family: Family):
         self.config, self.family = config, family
         self.problems: list[str] = []
+        self.ignored: dict[str, str] = {}
+
+    def _source(self, key: str) -> str | None:
+        """The config key that sets `key`: an alias the file holds (it wins), else the key itself."""
+        for alias, target in self.family.aliases.items():
+            if target == key and alias in self.config:
+                return alias
+        return key if key in self.config else None
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.family.reads:
             raise KeyError(f"the {self.family.model_type} reader asked for {key!r}, which its table does not read")
-        return self.config[key] if key in self.config else self.family.reads[key]
+        source = self._source(key)
+        return self.config[source] if source is not None else self.family.reads[key]
 
     def given(self, key: str) -> bool:
-        """Whether the config itself holds the key (not the class default)."""
+        """Whether the config itself holds the key (or an alias of it), not the class default."""
         if key not in self.family.reads:
             raise KeyError(f"the {self.family.model_type} reader asked for {key!r}, which its table does not read")
-        return key in self.config
+        return self._source(key) is not None
 
     def refuse(self, key: str, why: str) -> None:
-        self.problems.append(f"{key}={self.config.get(key, self.family.reads.get(key))!r}: {why}")
+        source = self._source(key) or key
+        self.problems.append(f"{source}={self.config.get(source, self.family.reads.get(key))!r}: {why}")
 
 
 @dataclass(frozen=True)
@@ -121,32 +144,45 @@ class Family:
     reader: Callable[[Read], dict[str, Any]]
     inert: Mapping[str, str] = field(default_factory=dict)
     lm: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def classify(self, key: str) -> str:
-        """'read', 'inert' or 'unknown'."""
-        if key in self.reads:
+        """'read' (an alias too), 'inert' (known to change nothing) or 'unread' (never read by
+        the family's code: ignored, as transformers ignores it)."""
+        if key in self.reads or key in self.aliases:
             return "read"
         if key in self.inert or key in COMMON:
             return "inert"
-        return "unknown"
+        return "unread"
 
 
-def audit(config: Mapping[str, Any], family: Family, ignore: tuple[str, ...] = ()) -> list[str]:
-    """Every key of `config` that the family's table does not classify, and every key set to a
-    value no model we load has, named with what we know of it."""
-    problems = []
+def audit(config: Mapping[str, Any], family: Family) -> tuple[list[str], dict[str, str]]:
+    """(problems, ignored) of a config's keys: every key set to a value no model we load has
+    (quantized weights, pruned heads), and {key: why it changes nothing} for every key the
+    family's code does not read (its known inert keys, and the keys its code never reads,
+    which transformers ignores too)."""
+    problems, ignored = [], {}
     for key, value in config.items():
-        if key in REFUSED_ANYWHERE and value not in (None, {}, []):
-            problems.append(f"{key}={value!r}: {REFUSED_ANYWHERE[key]}")
-        elif family.classify(key) == "unknown" and key not in ignore and key not in REFUSED_ANYWHERE:
+        if key in READ_EVERYWHERE:
+            continue
+        if key in REFUSED_ANYWHERE:
+            if value not in (None, {}, []):
+                problems.append(f"{key}={value!r}: {REFUSED_ANYWHERE[key]}")
+            continue
+        kind = family.classify(key)
+        if kind == "inert":
+            ignored[key] = family.inert.get(key) or COMMON[key]
+        elif kind == "unread":
             elsewhere = sorted(f.model_type for f in FAMILIES.values() if key in f.reads and f is not family)
-            hint = (f"; {', '.join(elsewhere)} read{'s' if len(elsewhere) == 1 else ''} it, transformers' "
-                    f"{family.model_class} does not (a config of another family relabelled "
-                    f"{family.model_type!r}?)") if elsewhere else ""
-            problems.append(f"{key}={value!r}: not a key {family.config_class} has or {family.model_class} "
-                            f"reads{hint}; refused rather than guessed (pass ignore_keys=({key!r},) to load as "
-                            "transformers does, ignoring it)")
-    return problems
+            ignored[key] = (f"{family.model_class} never reads it, so transformers ignores it"
+                            + (f" ({', '.join(elsewhere)} read{'s' if len(elsewhere) == 1 else ''} it)"
+                               if elsewhere else ""))
+    return problems, ignored
+
+
+def unexpected(ignored: Mapping[str, str], family: Family) -> list[str]:
+    """The ignored keys worth a warning: those the family's tables do not know as inert."""
+    return [k for k in ignored if "." in k or family.classify(k) == "unread"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -180,30 +216,59 @@ def _is_causal(c: Read) -> bool:
 
 
 def _rope(c: Read, *, default_theta: float = 10000.0, partial: float | None = None,
-          theta_key: str = "rope_theta", partial_key: str | None = None, head_dim: int = 0) -> dict[str, Any]:
-    """rope_theta (and partial_rotary_factor) as the config class standardises them
-    (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict): rope_scaling, when given,
-    replaces rope_parameters; the dict's own rope_theta wins over a top-level one, which wins
-    over the family's default. Any rope_type but "default" is refused."""
-    params = dict(c["rope_scaling"] or c["rope_parameters"] or {})
+          theta_key: str = "rope_theta", partial_key: str | None = None, head_dim: int = 0,
+          params: Mapping[str, Any] | None = None, source: str | None = None) -> dict[str, Any]:
+    """rope_theta, partial_rotary_factor and rope_scaling as the config class standardises them
+    (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict, standardize_rope_params):
+    rope_scaling, when given, replaces rope_parameters; the dict's own rope_theta wins over a
+    top-level one, which wins over the family's default; a scaled type's
+    original_max_position_embeddings defaults to max_position_embeddings. `partial`: the family
+    rotates the first int(head_dim * factor) dims (its default factor). `params` / `source`: a
+    dict of Gemma 3's per-layer-type parameters instead, named `source` in messages."""
+    if params is None:
+        source = "rope_scaling" if c["rope_scaling"] else "rope_parameters"
+        params = c["rope_scaling"] or c["rope_parameters"] or {}
+    params = dict(params)
+    head_dim = head_dim or int(c["head_dim"] or c["hidden_size"] // c["num_attention_heads"])  # HF's rotary width
     theta = params.get("rope_theta", c[theta_key] if c.given(theta_key) else default_theta)
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        c.refuse("rope_scaling" if c["rope_scaling"] else "rope_parameters",
-                 f"rope_type {kind!r} (scaled rotary, as LLaMA 3's llama3 or Phi-3's longrope): "
-                 "the blocks compute plain rotary positions (rope_theta) only")
     out: dict[str, Any] = {"rope_theta": float(theta)}
+    dims = head_dim
     if partial is not None:
         given = partial_key is not None and c.given(partial_key)
         factor = params.get("partial_rotary_factor", c[partial_key] if partial_key is not None and given else partial)
         out["partial_rotary_factor"] = float(factor)
         dims = int(head_dim * float(factor))
-        if dims % 2 or dims < 2:
+        if dims < 1 or dims + dims % 2 > head_dim:  # HF rotates int(head_dim * factor) dims, rounded up to even
             key = ("rope_parameters" if "partial_rotary_factor" in params else
                    partial_key if given else f"{partial_key or 'partial_rotary_factor'} (the default)")
             c.problems.append(f"{key}={factor if key != 'rope_parameters' else params!r}: rotary on int({head_dim} * "
-                              f"{factor}) = {dims} dims of each head, not an even count of at least 2 (transformers "
-                              "fails on it too)")
+                              f"{factor}) = {dims} dims of each head, rounded up to an even {dims + dims % 2}, which "
+                              "no head of that width holds")
+    elif kind != "default" and params.get("partial_rotary_factor", 1.0) != 1.0:
+        c.refuse(source or "rope_parameters",
+                 f"partial_rotary_factor {params['partial_rotary_factor']} with rope_type {kind!r}: "
+                 f"{c.family.model_class} rotates whole heads while transformers' scaled frequencies cover only part "
+                 "of one (transformers fails on it too)")
+        return out
+    if kind == "default":
+        return out
+    if kind not in ROPE_TYPES:
+        why = ("Gemma 4's proportional rotary, which the blocks do not compute" if kind == "proportional" else
+               f"transformers knows no such rope_type (it computes default, {', '.join(ROPE_TYPES)})")
+        c.problems.append(f"{source}={params!r}: rope_type {kind!r}: {why}")
+        return out
+    if kind in ("llama3", "yarn", "longrope"):  # standardize_rope_params' default
+        params.setdefault("original_max_position_embeddings", c["max_position_embeddings"])
+    try:
+        scaling, unread = RopeScaling.from_dict(params, c["max_position_embeddings"])
+        scaling.check(dims)
+    except ValueError as e:
+        c.problems.append(f"{source}={params!r}: {e}")
+        return out
+    c.ignored.update({f"{source}.{k}": f"transformers' {kind} rotary does not read it (it warns 'Unrecognized keys')"
+                      for k in unread})
+    out["rope_scaling"] = scaling
     return out
 
 
@@ -285,13 +350,12 @@ def _sizes(c: Read, hidden: str, heads: str, ff: str | None, layers: str, kv: st
 # ------------------------------------------------------------------------------------------
 
 _LM_ROTARY = ("vocab_size", "tie_word_embeddings")
-_DECODER_INERT = {"max_position_embeddings": "the rotary table's length; positions are computed for any length",
-                  "attention_dropout": _DROPOUT, "is_decoder": "not read by this family's model (always a decoder)",
+_DECODER_INERT = {"attention_dropout": _DROPOUT, "is_decoder": "not read by this family's model (always a decoder)",
                   "add_cross_attention": "not read by this family's model (it has no cross-attention)"}
 
 
 def _bert(c: Read) -> dict[str, Any]:
-    """BertModel / RobertaModel: post-LN; is_decoder makes the self-attention causal
+    """BertModel / RobertaModel / XLMRobertaModel: post-LN; is_decoder makes the self-attention causal
     (BertSelfAttention.is_causal = config.is_decoder); cross-attention refused."""
     if c["add_cross_attention"]:
         c.refuse("add_cross_attention", "a decoder with cross-attention: only self-attention stacks are read")
@@ -452,8 +516,26 @@ def _phi3(c: Read) -> dict[str, Any]:
     return {**sizes, **_head_dim(c, sizes["d_model"], sizes["num_heads"]), **_silu_only(c, "hidden_act"),
             "layer_norm_eps": float(c["rms_norm_eps"]), "causal": _is_causal(c),
             **_rope(c, partial=1.0, partial_key="partial_rotary_factor",
-                    head_dim=int(c["head_dim"] or sizes["d_model"] // sizes["num_heads"])),
+                    head_dim=int(c["head_dim"] or sizes["d_model"] // sizes["num_heads"]), **_phi3_rope(c)),
             **_all_local(c, c["sliding_window"], sizes["num_layers"]), "final_norm": True}
+
+
+def _phi3_rope(c: Read) -> dict[str, Any]:
+    """Phi3Config's own rope reading: the older "su" and "yarn" types are longrope, any type
+    but default and longrope is refused by transformers, and the top-level
+    original_max_position_embeddings (a field of Phi3Config) replaces the dict's."""
+    source = "rope_scaling" if c["rope_scaling"] else "rope_parameters"
+    params = dict(c["rope_scaling"] or c["rope_parameters"] or {})
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in ("su", "yarn"):
+        params["rope_type"] = kind = "longrope"
+    if kind not in ("default", "longrope"):
+        c.refuse(source, f"rope_type {kind!r}: Phi3Config accepts default and longrope only (transformers refuses "
+                         "the config)")
+        params = {}
+    if kind == "longrope":
+        params["original_max_position_embeddings"] = c["original_max_position_embeddings"]
+    return {"params": params, "source": source}
 
 
 def _gemma(c: Read) -> dict[str, Any]:
@@ -505,18 +587,18 @@ def _gemma3(c: Read) -> dict[str, Any]:
     types = c["layer_types"] or ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
     params = c["rope_parameters"] or {}
     full, local = dict(params.get("full_attention") or {}), dict(params.get("sliding_attention") or {})
-    if c["rope_scaling"]:
+    if c["rope_scaling"]:  # Gemma3TextConfig: a flat rope_scaling updates the full layers' parameters
         full.update(c["rope_scaling"])
     full.setdefault("rope_theta", c["rope_theta"] if c.given("rope_theta") else 1_000_000.0)
     local.setdefault("rope_theta", c["rope_local_base_freq"] if c.given("rope_local_base_freq") else 10_000.0)
-    for name, p in (("full", full), ("sliding", local)):
-        kind = p.get("rope_type", p.get("type", "default"))
-        if kind != "default":
-            c.refuse("rope_parameters", f"rope_type {kind!r} on the {name} layers: the blocks compute plain rotary "
-                                        "positions only")
+    rotary = _rope(c, params=full, source="rope_scaling" if c["rope_scaling"] else "rope_parameters.full_attention")
     window = _pattern(c, list(types), c["sliding_window"], n)
+    kind = local.get("rope_type", local.get("type", "default"))
+    if kind != "default" and window.get("sliding_window") is not None:
+        c.problems.append(f"rope_parameters.sliding_attention={local!r}: rope_type {kind!r} on the sliding layers; "
+                          "the blocks' local layers take plain rotary at their own base")
     local_theta = float(local["rope_theta"]) if window.get("sliding_window") is not None else None
-    return {**out, "rope_theta": float(full["rope_theta"]), "rope_local_theta": local_theta, **window}
+    return {**out, **rotary, "rope_local_theta": local_theta, **window}
 
 
 def _olmo2(c: Read) -> dict[str, Any]:
@@ -595,7 +677,7 @@ def _whisper(part: str) -> Callable[[Read], dict[str, Any]]:
 # The rotary families' shared key defaults are written out per family (each class has its own).
 def _rotary(**kw: Any) -> dict[str, Any]:
     return {"rope_parameters": None, "rope_scaling": None, "rope_theta": 10000.0, "is_causal": True,
-            "vocab_size": 32000, "tie_word_embeddings": False, **kw}
+            "vocab_size": 32000, "tie_word_embeddings": False, "max_position_embeddings": 2048, **kw}
 
 
 _LLAMA_INERT = {**_DECODER_INERT, "pretraining_tp": "a training-time sharding hint transformers 5's LLaMA no longer "
@@ -607,6 +689,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("roberta", "RobertaConfig", "RobertaModel", "hf-bert",
            {**_BERT_READS, "vocab_size": 50265, "pad_token_id": 1}, _bert, _BERT_INERT,
            lm=("vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id")),
+    Family("xlm-roberta", "XLMRobertaConfig", "XLMRobertaModel", "hf-bert",
+           {**_BERT_READS, "vocab_size": 30522, "pad_token_id": 1}, _bert, _BERT_INERT,
+           lm=("vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id")),
     Family("distilbert", "DistilBertConfig", "DistilBertModel", "hf-distilbert",
            {"dim": 768, "n_heads": 12, "hidden_dim": 3072, "n_layers": 6, "activation": "gelu", "vocab_size": 30522,
             "max_position_embeddings": 512, "is_causal": None},
@@ -614,7 +699,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            {"dropout": _DROPOUT, "attention_dropout": _DROPOUT, "qa_dropout": _DROPOUT, "seq_classif_dropout": _DROPOUT,
             "tie_word_embeddings": "ties the masked-LM head, which is not loaded",
             "sinusoidal_pos_embds": "initialises the position table with sinusoids; the checkpoint's table is read"},
-           lm=("vocab_size", "max_position_embeddings")),
+           lm=("vocab_size", "max_position_embeddings"),
+           aliases={"hidden_size": "dim", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers"}),
     Family("gpt2", "GPT2Config", "GPT2Model", "hf-gpt2",
            {"n_embd": 768, "n_head": 12, "n_inner": None, "n_layer": 12, "activation_function": "gelu_new",
             "layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
@@ -627,7 +713,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                 "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
                 "summary_first_dropout")},
             "n_ctx": "an old name for n_positions that transformers no longer reads"},
-           lm=("vocab_size", "n_positions", "tie_word_embeddings")),
+           lm=("vocab_size", "n_positions", "tie_word_embeddings"),
+           aliases={"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
+                    "num_hidden_layers": "n_layer"}),
     Family("opt", "OPTConfig", "OPTModel", "hf-opt",
            {"hidden_size": 768, "num_attention_heads": 12, "ffn_dim": 3072, "num_hidden_layers": 12,
             "activation_function": "relu", "do_layer_norm_before": True, "_remove_final_layer_norm": False,
@@ -649,36 +737,43 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                    head_dim=None),
            _llama, _LLAMA_INERT, lm=_LM_ROTARY),
     Family("mistral", "MistralConfig", "MistralModel", "hf-llama",
-           _rotary(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+           _rotary(max_position_embeddings=131072, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                   intermediate_size=14336,
                    num_hidden_layers=32, hidden_act="silu", rms_norm_eps=1e-6, head_dim=None, sliding_window=4096,
                    layer_types=None),
            _mistral, _DECODER_INERT, lm=_LM_ROTARY),
     Family("qwen2", "Qwen2Config", "Qwen2Model", "hf-llama",
-           _rotary(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, intermediate_size=22016,
+           _rotary(max_position_embeddings=32768, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
+                   intermediate_size=22016,
                    num_hidden_layers=32, hidden_act="silu", rms_norm_eps=1e-6, use_sliding_window=False,
                    sliding_window=4096, max_window_layers=28, layer_types=None, head_dim=None, vocab_size=151936),
            _qwen2, _DECODER_INERT, lm=_LM_ROTARY),
     Family("qwen3", "Qwen3Config", "Qwen3Model", "hf-qwen3",
-           _rotary(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, intermediate_size=22016,
+           _rotary(max_position_embeddings=32768, hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
+                   intermediate_size=22016,
                    num_hidden_layers=32, hidden_act="silu", rms_norm_eps=1e-6, head_dim=128, attention_bias=False,
                    use_sliding_window=False, sliding_window=4096, max_window_layers=28, layer_types=None,
                    vocab_size=151936),
            _qwen3, _DECODER_INERT, lm=_LM_ROTARY),
     Family("phi3", "Phi3Config", "Phi3Model", "hf-phi3",
-           _rotary(hidden_size=3072, num_attention_heads=32, num_key_value_heads=None, intermediate_size=8192,
+           _rotary(max_position_embeddings=4096, hidden_size=3072, num_attention_heads=32, num_key_value_heads=None,
+                   intermediate_size=8192,
                    num_hidden_layers=32, hidden_act="silu", rms_norm_eps=1e-5, partial_rotary_factor=1.0,
-                   sliding_window=None, layer_types=None, head_dim=None, vocab_size=32064),
+                   sliding_window=None, layer_types=None, head_dim=None, vocab_size=32064,
+                   original_max_position_embeddings=4096),
            _phi3, {**_DECODER_INERT, "resid_pdrop": _DROPOUT, "embd_pdrop": _DROPOUT,
-                   "original_max_position_embeddings": "read by longrope only (refused)"},
+                   },
            lm=_LM_ROTARY),
     Family("gemma", "GemmaConfig", "GemmaModel", "hf-gemma",
-           _rotary(hidden_size=3072, num_attention_heads=16, num_key_value_heads=16, intermediate_size=24576,
+           _rotary(max_position_embeddings=8192, hidden_size=3072, num_attention_heads=16, num_key_value_heads=16,
+                   intermediate_size=24576,
                    num_hidden_layers=28, hidden_act="gelu_pytorch_tanh", rms_norm_eps=1e-6, head_dim=256,
                    attention_bias=False, use_bidirectional_attention=None, vocab_size=256000,
                    tie_word_embeddings=True),
            _gemma, _DECODER_INERT, lm=(*_LM_ROTARY, "hidden_size")),
     Family("gemma2", "Gemma2Config", "Gemma2Model", "hf-gemma2",
-           _rotary(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, intermediate_size=9216,
+           _rotary(max_position_embeddings=8192, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4,
+                   intermediate_size=9216,
                    num_hidden_layers=26, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, head_dim=256,
                    attention_bias=False, use_bidirectional_attention=None, query_pre_attn_scalar=256,
                    sliding_window=4096, layer_types=None, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
@@ -688,7 +783,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                      "sliding_window_size": "an older name for sliding_window that transformers no longer reads"},
            lm=(*_LM_ROTARY, "hidden_size", "final_logit_softcapping")),
     Family("gemma3_text", "Gemma3TextConfig", "Gemma3TextModel", "hf-gemma3",
-           _rotary(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, intermediate_size=9216,
+           _rotary(max_position_embeddings=131072, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4,
+                   intermediate_size=9216,
                    num_hidden_layers=26, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, head_dim=256,
                    attention_bias=False, use_bidirectional_attention=False, query_pre_attn_scalar=256,
                    sliding_window=4096, layer_types=None, sliding_window_pattern=None, rope_local_base_freq=10000.0,
@@ -715,13 +811,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                              f"{k} is never read" for k in ("rope_theta", "partial_rotary_factor")}},
            lm=_LM_ROTARY),
     Family("starcoder2", "Starcoder2Config", "Starcoder2Model", "hf-starcoder2",
-           _rotary(hidden_size=3072, num_attention_heads=24, num_key_value_heads=2, intermediate_size=12288,
+           _rotary(max_position_embeddings=4096, hidden_size=3072, num_attention_heads=24, num_key_value_heads=2,
+                   intermediate_size=12288,
                    num_hidden_layers=30, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5, use_bias=True,
                    sliding_window=None, layer_types=None, head_dim=None, vocab_size=49152, tie_word_embeddings=True),
            _starcoder2, {**_DECODER_INERT, "residual_dropout": _DROPOUT, "embedding_dropout": _DROPOUT},
            lm=_LM_ROTARY),
     Family("stablelm", "StableLmConfig", "StableLmModel", "hf-stablelm",
-           _rotary(hidden_size=2560, num_attention_heads=32, num_key_value_heads=32, intermediate_size=6912,
+           _rotary(max_position_embeddings=4096, hidden_size=2560, num_attention_heads=32, num_key_value_heads=32,
+                   intermediate_size=6912,
                    num_hidden_layers=32, hidden_act="silu", layer_norm_eps=1e-5, use_qkv_bias=False,
                    qk_layernorm=False, use_parallel_residual=False, partial_rotary_factor=0.25, head_dim=None,
                    vocab_size=50304),
@@ -747,7 +845,9 @@ _WHISPER_INERT = {
 # Whisper's two stacks read different keys of one config: one table each.
 PARTS: dict[str, dict[str, Family]] = {"whisper": {
     part: Family("whisper", "WhisperConfig", f"Whisper{part.capitalize()}", dialect, _WHISPER_READS, _whisper(part),
-                 _WHISPER_INERT)
+                 _WHISPER_INERT, aliases={"num_key_value_heads": "encoder_attention_heads",
+                                          "num_attention_heads": "encoder_attention_heads", "hidden_size": "d_model",
+                                          "num_hidden_layers": "encoder_layers"})
     for part, dialect in (("encoder", "hf-whisper"), ("decoder", "hf-whisper-decoder"))}}
 FAMILIES["whisper"] = PARTS["whisper"]["encoder"]
 

@@ -27,9 +27,10 @@ import numpy as np
 
 from ..spec.lm_spec import ENCODER, LMConfig
 from . import dialects, stream
-from .hf_config import family_of, hf_config
+from .hf_config import ConfigRead, family_of, read_config
 from .hf_families import Read
 from .io import ConversionError
+from .load_report import report_ignored
 
 log = logging.getLogger("flax_blocks")
 
@@ -83,6 +84,8 @@ OUTSIDE: dict[str, Outside] = {
                           embed_norm="embeddings.LayerNorm.", head=None, ignore=("embeddings.position_ids",)),
 }
 
+OUTSIDE["xlm-roberta"] = OUTSIDE["roberta"]  # XLM-RoBERTa is RoBERTa's code (XLMRobertaModel is generated from it)
+
 # Families whose stacks load (part="stack") but whose parts around the stack the blocks do not compute.
 STACK_ONLY = {
     "vit": "its inputs are images: patch embeddings (a convolution), a CLS token and a pooler, not token ids",
@@ -112,7 +115,7 @@ def _whole_model_problems(model_type: str, c: Read) -> list[str]:
                             "(project_in) before the positions are added and the last hidden state after the stack "
                             "(project_out), which the LanguageModel does not compute (its stack alone loads: "
                             "part='stack')")
-    if model_type == "roberta" and c["pad_token_id"] is None:
+    if OUTSIDE[model_type].position_offset == "pad" and c["pad_token_id"] is None:
         problems.append("pad_token_id None: RoBERTa's positions are numbered from its padding token (padding_idx)")
     return problems
 
@@ -133,17 +136,30 @@ def _positions(out: Outside, c: Read) -> tuple[int | None, int]:
 def lm_config(config: Mapping[str, Any], part: str, *, ignore_keys: tuple[str, ...] = ()
               ) -> tuple[str, Any, LMConfig]:
     """(dialect, BlockConfig, LMConfig) of an HF config for `part` ("model" or "causal-lm")."""
-    dialect, cfg, num_layers, final_norm = hf_config(config, ignore_keys=ignore_keys)
+    read, lm = _lm_config(config, part, ignore_keys)
+    return read.dialect, read.cfg, lm
+
+
+def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...]) -> tuple[ConfigRead, LMConfig]:
+    read = read_config(config, ignore_keys=ignore_keys)
+    cfg, num_layers, final_norm = read.cfg, read.num_layers, read.final_norm
     model_type, out = _family(config)
-    c = Read(config, family_of(config))
+    c = Read({k: v for k, v in config.items() if k not in ignore_keys}, family_of(config))
     if part == "causal-lm" and (out.head is None or not cfg.causal):
         why = ("is_causal=False: transformers builds a bidirectional mask from it, so this is no causal language "
                "model" if out.head is not None else f"{model_type} is not a causal language model")
         raise ConversionError([f"{why}: part='model' gives its last hidden state"],
                               header=f"cannot load a {model_type} model as part='causal-lm'")
     problems = _whole_model_problems(model_type, c)
+    window, why = _cache_window(config, read) if part == "causal-lm" else (None, "")
+    if why and window is None:
+        problems.append(why)
     if problems:
         raise ConversionError(problems, header=f"cannot load a whole {model_type} model as part={part!r}")
+    if window is not None:  # read after all, by the cache: no longer among the ignored keys
+        read = replace(read, ignored={k: v for k, v in read.ignored.items()
+                                      if k not in ("sliding_window", "attention_chunk_size", "layer_types")},
+                       notes=(*read.notes, why))
     tied = part == "causal-lm" and bool(c["tie_word_embeddings"])
     max_positions, offset = _positions(out, c)
     cap = c[out.final_logit_softcap] if out.final_logit_softcap else None
@@ -156,23 +172,52 @@ def lm_config(config: Mapping[str, Any], part: str, *, ignore_keys: tuple[str, .
         pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
         embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
         final_logit_softcap=None if cap is None or part == "model" else float(cap),
+        cache_window=window,
     )
-    return dialect, cfg, lm
+    return read, lm
 
 
-def _stored_head(lm: LMConfig, ours: dict[str, Any], stored: Any, name: str) -> LMConfig:
+def _cache_window(config: Mapping[str, Any], read: ConfigRead) -> tuple[int | None, str]:
+    """(cache_window, why) of a family whose layers compute no window: transformers' generation
+    cache (DynamicCache(config=...), get_layer_types_and_kwargs) still reads sliding_window,
+    attention_chunk_size and layer_types off any config and keeps only the last W - 1 keys of
+    each such layer, so HF's generate attends to a window its forward does not. A window for
+    every layer is the model's cache_window; windows on some layers only are refused (why
+    names them; window None)."""
+    if read.cfg.sliding_window is not None or "layer_types" in read.family.reads:
+        return None, ""  # the family computes its windows (or its config derives full layers): the cache agrees
+    sliding, chunk, types = (config.get(k) for k in ("sliding_window", "attention_chunk_size", "layer_types"))
+    if types is None:
+        types = ["sliding_attention" if sliding is not None else "chunked_attention" if chunk is not None
+                 else "full_attention"] * read.num_layers
+    sizes = {{"sliding_attention": sliding, "chunked_attention": chunk}.get(t) for t in types}
+    if sizes == {None}:
+        return None, ""
+    if len(sizes) == 1 and (only := sizes.pop()) is not None:
+        w = int(only)
+        return w, (f"{read.family.model_class} never reads sliding_window / attention_chunk_size; transformers' "
+                   f"generation cache does: its generate attends to the last {w} positions while decoding, and so "
+                   f"does this model's cache (cache_window={w}); the forward sees every position")
+    return None, (f"sliding_window={sliding!r}, attention_chunk_size={chunk!r}, "
+                  f"layer_types={config.get('layer_types')!r}: {read.family.model_class} never reads them, but "
+                  "transformers' generation cache gives some layers a window and not others, which the LanguageModel's "
+                  "cache does not hold")
+
+
+def _stored_head(lm: LMConfig, ours: dict[str, Any], stored: Any, name: str) -> tuple[LMConfig, tuple[str, ...]]:
     """tie_word_embeddings true over a file with its own head: what from_pretrained does. The
-    file's head is kept (untied, into `ours`) when it differs from the embedding."""
+    file's head is kept (untied, into `ours`) when it differs from the embedding; (lm, notes)."""
     if "embed.weight" not in ours or stream.array_equal(stored, ours["embed.weight"]):
-        return lm
-    log.warning("from_hf: tie_word_embeddings is true but the file holds its own %sweight, which differs from the "
-                "embedding: kept, as transformers' from_pretrained keeps it", name)
+        return lm, ()
+    note = (f"tie_word_embeddings is true but the file holds its own {name}weight, which differs from the embedding: "
+            "kept, as transformers' from_pretrained keeps it")
     ours["head.weight"] = stored
-    return replace(lm, head="untied")
+    return replace(lm, head="untied"), (note,)
 
 
 def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: Any = None, seed: int = 0,
-         ignore_keys: tuple[str, ...] = (), mesh: Any = None, rules: Any = None):
+         ignore_keys: tuple[str, ...] = (), mesh: Any = None, rules: Any = None, origin: Mapping[str,
+                                                                                                 Any] | None = None):
     """A LanguageModel computing an HF model's `part` from its config and state dict.
 
     Every tensor is read or the load is refused naming it. A head stored beside a config that
@@ -182,7 +227,8 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
     `mesh` by `rules` when given."""
     from ..lm import from_torch_state_dict
 
-    dialect, cfg, lm = lm_config(config, part, ignore_keys=ignore_keys)
+    read, lm = _lm_config(config, part, ignore_keys)
+    dialect, cfg = read.dialect, read.cfg
     out = OUTSIDE[config["model_type"]]
     tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads)
     base = tr.prefix  # "" for a base model, "model." / "transformer." / "bert." inside a model with a head
@@ -224,8 +270,9 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
                  for k in left]
     if problems:
         raise ConversionError(problems, header=f"cannot load this {config.get('model_type')} model as part={part!r}")
+    notes: tuple[str, ...] = ()
     if lm.head == "tied" and head + "weight" in sd:  # read (a block of rows at a time) once all checks passed
-        lm = _stored_head(lm, ours, sd[head + "weight"], head)
+        lm, notes = _stored_head(lm, ours, sd[head + "weight"], head)
     if dtype is None:
         dtypes = {str(a.dtype) for a in ours.values()}
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
@@ -238,6 +285,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
     model = from_torch_state_dict(cfg, lm, ours, seed=seed, dtype=dtype, mesh=mesh, rules=rules)
     model.hf_dialect = dialect  # to_hf writes it back in this family's names (as from_hf's stacks)
     model.hf_family = config["model_type"]  # and its parts around the stack as this family's
+    report_ignored(model, config, part, origin or {"source": "a state dict"}, read, (*read.notes, *notes))
     return model
 
 

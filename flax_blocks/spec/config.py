@@ -21,6 +21,8 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from .rope import RopeScaling
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 NORMS = ("pre", "post", "peri", "out", "none")
 FINAL_NORM_BY_DEFAULT = ("pre", "peri", "out")  # placements whose stacks end with a norm unless told
@@ -112,7 +114,14 @@ class BlockConfig:
         `rotary_pct`, StableLM / Phi `partial_rotary_factor`): rotary_dim = int(head_width *
         factor) first dims of every q and k head rotate in the rotate-half convention within
         them (dims i and i + rotary_dim/2, angle pos * theta^(-2i/rotary_dim)), the rest pass
-        unchanged (HF GPT-NeoX's apply_rotary_pos_emb). 1.0: every dim (LLaMA).
+        unchanged (HF GPT-NeoX's apply_rotary_pos_emb); an odd rotary_dim rotates rotary_dim + 1
+        dims at the same frequencies, as HF does. 1.0: every dim (LLaMA).
+      rope_scaling: None (plain rotary), or a scaled rotary as transformers computes it: a
+        `flax_blocks.spec.rope.RopeScaling` (or its HF dict, e.g. {"rope_type": "llama3",
+        "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}): linear, dynamic (NTK), yarn, longrope or
+        llama3, with yarn's and longrope's scale of cos and sin. With rope_local_theta set, the
+        local layers take plain rotary at rope_local_theta (Gemma 3's sliding layers).
       attn_logit_softcapping: None, or c: every attention logit s (already scaled) becomes
         c * tanh(s / c) before the mask is applied and before the softmax (Gemma 2
         `attn_logit_softcapping`, c = 50; HF Gemma2's eager attention). Every attention path
@@ -199,6 +208,7 @@ class BlockConfig:
     qk_norm_over: Literal["head", "projection"] = "head"
     rope_theta: float | None = None
     partial_rotary_factor: float = 1.0
+    rope_scaling: RopeScaling | None = None
     attn_logit_softcapping: float | None = None
     query_pre_attn_scalar: float | None = None
     sliding_window: int | None = None
@@ -223,6 +233,8 @@ class BlockConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", self._scaling_from_dict(self.rope_scaling))
         self._check_sizes()
         self._check_choices()
         self._check_positions()
@@ -310,9 +322,20 @@ class BlockConfig:
         f = self.partial_rotary_factor
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
             raise ValueError(f"BlockConfig.partial_rotary_factor must be in (0, 1], got {f!r}")
-        if self.rope_theta is not None and f != 1.0 and (self.rotary_dim < 2 or self.rotary_dim % 2):
+        if self.rope_theta is not None and f != 1.0 and (self.rotary_dim < 1 or self.rotary_width > self.head_width):
             raise ValueError(f"BlockConfig.partial_rotary_factor={f!r} gives rotary_dim = int({self.head_width} * "
-                             f"{f!r}) = {self.rotary_dim}: it must be even and at least 2")
+                             f"{f!r}) = {self.rotary_dim}, which rotates {self.rotary_width} dims (an odd count "
+                             f"rounded up, as HF): it must be at least 1 and fit head_dim={self.head_width}")
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, RopeScaling):
+                raise ValueError(f"BlockConfig.rope_scaling must be None, a RopeScaling or its dict, got "
+                                 f"{self.rope_scaling!r}")
+            if self.rope_theta is None:
+                raise ValueError("BlockConfig.rope_scaling scales rotary positions and needs rope_theta")
+            try:
+                self.rope_scaling.check(self.rotary_dim)
+            except ValueError as e:
+                raise ValueError(f"BlockConfig.rope_scaling: {e}") from None
         for name in ("attn_logit_softcapping", "query_pre_attn_scalar"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
@@ -363,6 +386,21 @@ class BlockConfig:
                 raise ValueError(f"BlockConfig.{name} must be > 0 or None, got {value!r}")
 
 
+    def _scaling_from_dict(self, params: dict[str, Any]) -> RopeScaling:
+        """rope_scaling given as HF's dict: every key must be one the type reads, and a rope_theta
+        or partial_rotary_factor in it must agree with the config's own fields."""
+        for key, field in (("rope_theta", "rope_theta"), ("partial_rotary_factor", "partial_rotary_factor")):
+            if key in params and params[key] != getattr(self, field):
+                raise ValueError(f"BlockConfig.rope_scaling has {key}={params[key]!r} but the config's {field} is "
+                                 f"{getattr(self, field)!r}: set {field} instead")
+        try:
+            scaling, ignored = RopeScaling.from_dict(params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"BlockConfig.rope_scaling: {e}") from None
+        if ignored:
+            raise ValueError(f"BlockConfig.rope_scaling: rope_type {scaling.rope_type!r} does not read {ignored}")
+        return scaling
+
     @property
     def head_width(self) -> int:
         """Each head's width: head_dim, or d_model // num_heads when that is None."""
@@ -370,8 +408,14 @@ class BlockConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """The head dims rotary rotates: int(head_width * partial_rotary_factor), as HF computes it."""
+        """HF's rotary dim: int(head_width * partial_rotary_factor), the frequencies' denominator."""
         return int(self.head_width * self.partial_rotary_factor)
+
+    @property
+    def rotary_width(self) -> int:
+        """The head dims rotary rotates: rotary_dim rounded up to even (HF's cos and sin cover
+        ceil(rotary_dim / 2) frequencies, twice)."""
+        return self.rotary_dim + self.rotary_dim % 2
 
     @property
     def attention_scale(self) -> float:

@@ -61,6 +61,11 @@ class LMConfig:
       (HF's initializer_range).
     head_init: "normal" (N(0, init_std), as HF) or "xavier" (xavier-uniform over (E, V), bound
       sqrt(6 / (E + V)): the lab's); an untied head's bias starts at zero either way.
+    cache_window: W: a decoding cache (`init_cache`, `generate`) keeps only the last W - 1
+      keys before each chunk, so a chunk's queries see those and the chunk's own keys; the
+      forward without a cache sees every earlier key. transformers' generation cache
+      (DynamicCache) does this where a config carries sliding_window (or
+      attention_chunk_size) that the family's layers never read; None: the cache keeps all.
     """
 
     vocab_size: int
@@ -78,6 +83,7 @@ class LMConfig:
     pad_token_id: int | None = None
     embed_scale: float | None = None
     final_logit_softcap: float | None = None
+    cache_window: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -120,6 +126,9 @@ class LMConfig:
                 problems.append(f"{name} must be a positive number or None, got {v!r}")
         if self.final_logit_softcap is not None and self.head == "none":
             problems.append("final_logit_softcap needs a head (head='none' returns hidden states)")
+        w = self.cache_window
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            problems.append(f"cache_window must be a positive int or None, got {w!r}")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -88,6 +88,9 @@ OPTIONS: tuple[Option, ...] = (
            "positions)"),
     Option("partial_rotary_factor", "compute", "rotary on the first int(head_dim * factor) dims of each head, "
            "the rest passed through (GPT-NeoX rotary_pct, StableLM 0.25)"),
+    Option("rope_scaling", "compute", "scaled rotary as transformers computes it: a RopeScaling or its dict "
+           "(rope_type linear, dynamic, yarn, longrope or llama3, with its factors); with rope_local_theta the local "
+           "layers stay plain"),
     Option("attn_logit_softcapping", "compute", "attention logits s become c * tanh(s / c) before the mask "
            "(Gemma 2: 50); not on the fused path"),
     Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 "

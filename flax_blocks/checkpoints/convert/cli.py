@@ -72,6 +72,8 @@ def _add_config_flag(ap: argparse._ArgumentGroup, name: str, hint: Any, default:
         ap.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text + default_note)
     elif base in (int, float, str):
         ap.add_argument(flag, dest=name, type=base, default=None, metavar=name.upper(), help=text + default_note)
+    elif typing.get_origin(base) is None and hasattr(base, "as_dict"):  # a structured option: its dict, as JSON
+        ap.add_argument(flag, dest=name, type=json.loads, default=None, metavar="JSON", help=text + default_note)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,6 +265,8 @@ def _hf_to_flax(args: argparse.Namespace) -> int:
     module = from_hf(args.src)
     known = {f.name: getattr(module.cfg, f.name) for f in dataclasses.fields(module.cfg)
              if f.name not in _NOT_RECORDED}
+    if known.get("rope_scaling") is not None:  # recorded as its dict, which BlockConfig reads back
+        known["rope_scaling"] = known["rope_scaling"].as_dict()
     final_norm = module.final_norm is not None
     meta = {"kind": "Encoder", "cfg": known, "num_layers": module.num_layers, "final_norm": final_norm,
             "not_recorded": []}
