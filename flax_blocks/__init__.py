@@ -38,6 +38,7 @@ _LAZY = {
     "from_hf": "checkpoints.hf",
     "to_hf": "checkpoints.hf",
     "load_report": "checkpoints.load_report",
+    "save_hf": "checkpoints.save_hf",
     "RopeScaling": "spec.rope",
     "LanguageModel": "lm",
     "LMConfig": "spec.lm_spec",
@@ -51,7 +52,8 @@ __all__ = [
     "Attention", "build_mask",
     "from_torch", "load_torch_state_dict", "torch_state_dict", "flax_state_dict", "load_flax_state_dict",
     "infer_config", "ConversionError",
-    "detect_dialect", "from_hf", "to_hf", "load_report", "RopeScaling", "LanguageModel", "LMConfig", "generate",
+    "detect_dialect", "from_hf", "to_hf", "save_hf", "load_report", "RopeScaling", "LanguageModel", "LMConfig",
+    "generate",
 ]
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: imported on first use, above)
@@ -69,6 +71,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: im
     from .checkpoints.dialects import detect_dialect
     from .checkpoints.hf import from_hf, to_hf
     from .checkpoints.load_report import load_report
+    from .checkpoints.save_hf import save_hf
     from .generation import generate
     from .lm import LanguageModel
     from .spec.lm_spec import LMConfig

@@ -67,6 +67,7 @@ MODELS: dict[str, tuple[str, str, str]] = {
     "bert": ("BertConfig", "BertModel", "model"),
     "roberta": ("RobertaConfig", "RobertaModel", "model"),
     "distilbert": ("DistilBertConfig", "DistilBertModel", "model"),
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", "model"),
 }
 # Each family's own size keys: (hidden, heads, kv heads or None, ffn, layers).
 SIZE_KEYS = {"gpt2": ("n_embd", "n_head", None, "n_inner", "n_layer"),
@@ -74,7 +75,9 @@ SIZE_KEYS = {"gpt2": ("n_embd", "n_head", None, "n_inner", "n_layer"),
              "gpt_neox": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
              "bert": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
              "roberta": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
+             "xlm-roberta": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
              "distilbert": ("dim", "n_heads", None, "hidden_dim", "n_layers")}
+ENCODERS = ("bert", "roberta", "xlm-roberta", "distilbert")
 LLAMA_SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers")
 
 EPS = [1e-6, 1e-5, 0.1, 0.5]  # large ones make an eps read from the wrong key visible
@@ -90,16 +93,14 @@ def _maybe(values: list) -> st.SearchStrategy:
 
 def _rope(draw, theta_key: str = "rope_theta", partial: list | None = None, partial_key: str | None = None) -> dict:
     """Rotary settings in the spellings configs carry: none, a top-level (older) key, the
-    rope_parameters dict (transformers 5), both disagreeing, or a scaled type."""
+    rope_parameters dict (transformers 5), or both disagreeing (scaled types: `_scaled_rope`)."""
     theta = draw(st.sampled_from([100.0, 500.0, 10000.0]))
-    kind = draw(st.sampled_from(["top", "dict", "both", "absent", "top", "dict", "scaled"]))  # scaled: refused
+    kind = draw(st.sampled_from(["top", "dict", "both", "absent", "top", "dict"]))
     out: dict[str, Any] = {}
     if kind in ("top", "both"):
         out[theta_key] = theta
     if kind in ("dict", "both"):
         out["rope_parameters"] = {"rope_type": "default", "rope_theta": theta * (3 if kind == "both" else 1)}
-    if kind == "scaled":
-        out["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
     if partial:
         factor = draw(_maybe(partial))
         if factor is not ABSENT:
@@ -143,7 +144,7 @@ def configs(draw, family: str) -> dict[str, Any]:
     layers = draw(st.sampled_from([1, 2, 3]))
     keys = SIZE_KEYS.get(family, LLAMA_SIZES)
     c: dict[str, Any] = {"model_type": family, keys[0]: hidden, keys[1]: heads, keys[3]: 40, keys[4]: layers}
-    if family not in ("bert", "roberta", "distilbert"):
+    if family not in ENCODERS:
         c.update(vocab_size=V, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     else:
         c.update(vocab_size=V, pad_token_id=1, max_position_embeddings=24)
@@ -157,18 +158,73 @@ def configs(draw, family: str) -> dict[str, Any]:
     rot = "rope_parameters" in table.reads and family not in ("gemma3_text",)
     if rot:
         c.update(_rope(draw, "rotary_emb_base" if family == "gpt_neox" else "rope_theta",
-                       *(([0.25, 0.5, 1.0], "rotary_pct") if family == "gpt_neox" else
-                         ([0.5, 0.75, 1.0], "partial_rotary_factor") if family in ("phi3", "stablelm") else ())))
+                       *(([0.25, 0.5, 1.0, 0.3], "rotary_pct") if family == "gpt_neox" else
+                         ([0.5, 0.75, 1.0, 0.3], "partial_rotary_factor") if family in ("phi3", "stablelm") else ())))
     if "head_dim" in table.reads and family not in ("gpt_neox", "stablelm"):  # theirs: rotary only, refused
         c["head_dim"] = draw(_maybe([12, 16, 8, None]))
     for eps_key in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"):
         if eps_key in table.reads:
             c[eps_key] = draw(_maybe(EPS))
     _family_keys(draw, family, c, layers)
+    if "rope_parameters" in table.reads and draw(st.sampled_from([False, True, False])):
+        _scaled_rope(draw, family, c)
     if draw(st.sampled_from([False, True, False, False])):  # some configs carry a neighbour's key
         key = draw(st.sampled_from(sorted(k for k in STRAYS if k not in table.reads and k not in c)))
         c[key] = _layer_types(draw, layers) if key == "layer_types" else STRAYS[key]
+    if draw(st.sampled_from([False, True])):  # and published ones keys of older versions and tools
+        c.update(draw(st.sampled_from(LEGACY)))
     return {k: v for k, v in c.items() if v is not ABSENT}
+
+
+# Keys published config.json files carry that no family's code reads (each seen in a popular
+# checkpoint's file): transformers ignores them.
+LEGACY = [{"gradient_checkpointing": False}, {"tie_weights_": True}, {"activation_dropout": 0.1},
+          {"is_llama_config": True, "rope_interleaved": False}, {"use_mrope": False},
+          {"norm_type": "layer_norm", "mlp_type": "default"}, {"output_past": True, "_num_labels": 2},
+          {"transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16"}}}, {"full_attn_mod": 1},
+          {"n_ctx": 1024, "predict_special_tokens": True}]
+
+
+def _rotary_dim(family: str, c: dict[str, Any]) -> int:
+    """HF's rotary dim of a drawn config: its head width times its partial rotary factor."""
+    keys = SIZE_KEYS.get(family, LLAMA_SIZES)
+    head = c.get("head_dim") if family not in ("gpt_neox", "stablelm") else None
+    head = head if isinstance(head, int) else c[keys[0]] // c[keys[1]]
+    params = c.get("rope_parameters") or {}
+    default = {"gpt_neox": 0.25, "stablelm": 0.25}.get(family, 1.0)
+    partial_key = {"gpt_neox": "rotary_pct", "stablelm": "partial_rotary_factor", "phi3": "partial_rotary_factor"}
+    factor = params.get("partial_rotary_factor", c.get(partial_key.get(family, ""), default))
+    factor = default if factor is ABSENT else factor
+    return int(head * factor)
+
+
+def _scaled_rope(draw, family: str, c: dict[str, Any]) -> None:
+    """A scaled rotary of a type transformers ships, at lengths where it acts within the prompt
+    and the generated tokens (original / max_position_embeddings of 4, 8 or 32 positions),
+    spelled as configs spell it (rope_scaling, or inside rope_parameters)."""
+    kinds = ["longrope", "su"] if family == "phi3" else ["linear", "dynamic", "yarn", "longrope", "llama3"]
+    kind = draw(st.sampled_from(kinds))
+    length = draw(st.sampled_from([4, 8, 32]))
+    n = (_rotary_dim(family, c) + 1) // 2
+    params: dict[str, Any] = {
+        "linear": {"factor": 2.0}, "dynamic": {"factor": 2.0},
+        "yarn": {"factor": 4.0, "original_max_position_embeddings": length,
+                 **draw(st.sampled_from([{}, {"beta_fast": 8.0, "beta_slow": 2.0}, {"attention_factor": 0.8}]))},
+        "llama3": {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": length},
+        "longrope": {"short_factor": [1.0 + i / 4 for i in range(n)], "long_factor": [1.0 + i for i in range(n)],
+                     "original_max_position_embeddings": length, **draw(st.sampled_from([{}, {"factor": 8.0}]))},
+        "su": {"short_factor": [1.0 + i / 4 for i in range(n)], "long_factor": [1.0 + i for i in range(n)]},
+    }[kind]
+    if kind == "dynamic" or family == "phi3":
+        c["max_position_embeddings"] = 4 * length
+        c["original_max_position_embeddings" if family == "phi3" else "max_position_embeddings"] = length
+    flat = [] if family == "gemma3_text" else ["rope_parameters"]  # Gemma 3's is per layer type
+    spelling = draw(st.sampled_from(["rope_scaling", "type", *flat]))
+    if spelling == "rope_parameters":
+        c["rope_parameters"] = {**(c.get("rope_parameters") or {}), "rope_type": kind, **params}
+    else:
+        c["rope_scaling"] = {("type" if spelling == "type" else "rope_type"): kind, **params}
 
 
 def _family_keys(draw, family: str, c: dict[str, Any], layers: int) -> None:
@@ -229,7 +285,7 @@ def _family_keys(draw, family: str, c: dict[str, Any], layers: int) -> None:
     elif family == "stablelm":
         c.update(use_qkv_bias=draw(m([True, False])), use_parallel_residual=draw(m([True, False])),
                  qk_layernorm=draw(st.sampled_from([ABSENT, False, ABSENT, False, True])))
-    elif family in ("bert", "roberta"):
+    elif family in ("bert", "roberta", "xlm-roberta"):
         c.update(hidden_act=draw(m(["gelu_new", "gelu", "relu"])), is_decoder=draw(m([True, False])),
                  is_causal=draw(m([False, True])), type_vocab_size=draw(m([1, 2])),
                  position_embedding_type=draw(m(["absolute", "relative_key"])))
@@ -259,8 +315,9 @@ def _batch(seed: int = 0):
     return ids, mask, np.maximum(mask.cumsum(1) - 1, 0)
 
 
-def _build_folder(family: str, config: dict[str, Any], folder: str, seed: int) -> None:
-    """A model of `config` with perturbed weights, saved; config.json rewritten as drawn."""
+def _build_folder(family: str, config: dict[str, Any], folder: str, seed: int, saved_as: str | None = None) -> None:
+    """A model of `config` with perturbed weights, saved (in `saved_as`, a torch dtype name,
+    when given); config.json rewritten as drawn."""
     import torch
     import transformers
 
@@ -280,6 +337,8 @@ def _build_folder(family: str, config: dict[str, Any], folder: str, seed: int) -
                 p.normal_(0.0, 0.02 if gemma and "embed_tokens" in name else 0.2)
             else:
                 p.add_(0.1 * torch.randn_like(p))
+    if saved_as is not None:
+        model.to(getattr(torch, saved_as))
     model.save_pretrained(folder)
     with open(os.path.join(folder, "config.json")) as f:
         saved = json.load(f)
@@ -289,14 +348,14 @@ def _build_folder(family: str, config: dict[str, Any], folder: str, seed: int) -
 
 
 def _reference(family: str, folder: str, part: str, float64: bool = False):
-    """transformers' reading of the folder: (logits or hidden states, greedy tokens or None;
-    in float64, the logits alone)."""
+    """transformers' reading of the folder, in float32 (float64 when asked): (logits or hidden
+    states, greedy tokens or None; in float64, the logits alone)."""
     import torch
     import transformers
 
     _, model_cls, _ = MODELS[family]
     os.environ.setdefault("HF_DEACTIVATE_ASYNC_LOAD", "1")  # the same tensors, without a thread pool per tiny load
-    extra = {"dtype": torch.float64} if float64 else {}
+    extra = {"dtype": torch.float64 if float64 else torch.float32}
     model = getattr(transformers, model_cls).from_pretrained(folder, attn_implementation="eager", **extra).eval()
     ids, mask, pos = _batch()
     with torch.no_grad():
@@ -337,7 +396,9 @@ def _ours(lm, part: str, encoder: bool, tokens=None):
             return out, None
         full_mask = np.concatenate([mask, np.ones((B, NEW), np.int64)], axis=1)
         full_pos = np.maximum(full_mask.cumsum(1) - 1, 0)
-        if lm.lm.cache_window is not None:  # HF's generate decodes through a windowed cache: so must we
+        scaling = lm.cfg.rope_scaling
+        if lm.lm.cache_window is not None or (scaling is not None and scaling.needs_length):
+            # HF's generate decodes through a windowed cache, or rotates each step's keys at that step's length
             return out, _forced_through_the_cache(lm, tokens, full_mask, full_pos)
         forced = np.asarray(lm(jnp.asarray(tokens), attention_mask=jnp.asarray(full_mask),
                                positions=jnp.asarray(full_pos)))
@@ -376,23 +437,35 @@ def _names_a_key(message: str, family: str, config: dict[str, Any]) -> bool:
     return any(f"{k}=" in message or f"{k} (the default)=" in message for k in keys) or "model_type" in message
 
 
-def run_case(family: str, config: dict[str, Any], seed: int = 0) -> Outcome:
+def run_case(family: str, config: dict[str, Any], seed: int = 0, saved_as: str | None = None) -> Outcome:
+    """One config: built, saved (in `saved_as` when given, a torch dtype name), read back by
+    transformers and by fb.from_hf, both in float32, and compared (see the module docstring)."""
+    import jax
+    from flax import nnx
+
     import flax_blocks as fb
 
     part = MODELS[family][2]
     encoder = part == "model"
     with tempfile.TemporaryDirectory() as folder:
         try:
-            _build_folder(family, config, folder, seed)
+            _build_folder(family, config, folder, seed, saved_as)
         except Exception as e:  # noqa: BLE001 - transformers refusing the config is an outcome
             return Outcome(family, "hf-refused", f"build: {type(e).__name__}: {str(e)[:200]}", config)
+        if saved_as is not None:  # read in the file's dtype by default
+            try:
+                kept = {str(a.dtype) for a in jax.tree.leaves(nnx.state(fb.from_hf(folder, part=part), nnx.Param))}
+            except fb.ConversionError as e:
+                return _refused(family, config, str(e))
+            if kept != {saved_as}:
+                return Outcome(family, "wrong", f"saved in {saved_as}, read by default as {sorted(kept)}", config)
         try:
-            lm = fb.from_hf(folder, part=part)
+            lm = fb.from_hf(folder, part=part, dtype="float32")
         except fb.ConversionError as e:
             if not encoder and "is_causal=False" in str(e) and config.get("is_causal") is False:
                 part = "model"  # no causal LM: its base model is compared instead
                 try:
-                    lm = fb.from_hf(folder, part="model")
+                    lm = fb.from_hf(folder, part="model", dtype="float32")
                 except fb.ConversionError as e2:
                     return _refused(family, config, str(e2))
             else:

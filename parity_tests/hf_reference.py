@@ -39,17 +39,56 @@ def _rmsnorm64(self, x):
 
 
 def _rotary64(self, x, position_ids, layer_type=None):
+    """HF's rotary module's forward in float64: the default inverse frequencies, or the scaled
+    type's from transformers' own ROPE_INIT_FUNCTIONS recompiled to compute in float64
+    (`rope_functions64`), at the sequence length HF's dynamic_rope_update would pass for this
+    call (dynamic: the call's length past max_position_embeddings; longrope: the long factors
+    past the original length); cos and sin times the type's attention factor."""
     import torch
 
     cfg = self.config
     params = cfg.rope_parameters if layer_type is None else cfg.rope_parameters[layer_type]  # Gemma 3: per kind
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    dim = int(dim * params.get("partial_rotary_factor", 1.0))  # GPT-NeoX, StableLM: part of each head
-    theta = params["rope_theta"]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    freqs = position_ids[..., None].to(torch.float64) * inv_freq
+    kind = params.get("rope_type", "default")
+    if kind == "default":
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        dim = int(dim * params.get("partial_rotary_factor", 1.0))  # GPT-NeoX, StableLM: part of each head
+        inv_freq, factor = 1.0 / params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim), 1.0
+    else:
+        seq_len = int(position_ids.max()) + 1
+        if kind == "dynamic":
+            seq_len = seq_len if seq_len > cfg.max_position_embeddings else None
+        elif kind == "longrope":
+            original = params["original_max_position_embeddings"]
+            seq_len = original + 1 if seq_len > original else None
+        else:
+            seq_len = None
+        inv_freq, factor = rope_functions64()[kind](cfg, None, seq_len=seq_len, layer_type=layer_type)
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq.to(torch.float64)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
+
+
+_ROPE64: dict = {}
+
+
+def rope_functions64() -> dict:
+    """transformers' ROPE_INIT_FUNCTIONS with their float32 casts turned into float64 ones: the
+    same source (inspect.getsource), `torch.float` / `torch.float32` / `.float()` replaced,
+    compiled in the module's namespace. Built once; transformers' own are left as they are."""
+    if not _ROPE64:
+        import inspect
+        import re
+        import textwrap
+
+        from transformers import modeling_rope_utils as mru
+
+        space = dict(vars(mru))
+        for kind, fn in mru.ROPE_INIT_FUNCTIONS.items():
+            source = textwrap.dedent(inspect.getsource(fn))
+            source = re.sub(r"torch\.float(32)?\b", "torch.float64", source).replace(".float()", ".double()")
+            exec(compile(source, mru.__file__, "exec"), space)
+            _ROPE64[kind] = space[fn.__name__]
+    return _ROPE64
 
 
 def _eager_softmax_in_the_query_dtype(model) -> None:

@@ -108,7 +108,7 @@ def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dic
 
         folder = resolve(os.fspath(source), revision)
         config, sd = read_folder(folder)
-        origin = {"source": os.fspath(source),
+        origin = {"source": os.fspath(source), "folder": os.path.abspath(folder),
                   "files": [os.path.basename(f) for f in weight_files(folder, config.get("transformers_weights"))]}
     elif (config := hf_model_config(source)) is not None:
         sd = read_state_dict(hf_state_dict(source))

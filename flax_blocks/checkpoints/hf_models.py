@@ -28,7 +28,7 @@ import numpy as np
 from ..spec.lm_spec import ENCODER, LMConfig
 from . import dialects, stream
 from .hf_config import ConfigRead, family_of, read_config
-from .hf_families import Read
+from .hf_families import FAMILIES, Read
 from .io import ConversionError
 from .load_report import report_ignored
 
@@ -85,6 +85,12 @@ OUTSIDE: dict[str, Outside] = {
 }
 
 OUTSIDE["xlm-roberta"] = OUTSIDE["roberta"]  # XLM-RoBERTa is RoBERTa's code (XLMRobertaModel is generated from it)
+
+def causal_lm_class(model_type: str) -> str:
+    """The class of a family's causal LM in transformers (LlamaForCausalLM, GPT2LMHeadModel ...)."""
+    special = {"gpt2": "GPT2LMHeadModel", "gemma3_text": "Gemma3ForCausalLM"}
+    return special.get(model_type) or FAMILIES[model_type].model_class.replace("Model", "ForCausalLM")
+
 
 # Families whose stacks load (part="stack") but whose parts around the stack the blocks do not compute.
 STACK_ONLY = {
@@ -289,11 +295,11 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
     return model
 
 
-def _family_of(model, dialect: str) -> tuple[str, Outside]:
+def _family_of(model, dialect: str, family: str | None = None) -> tuple[str, Outside]:
     """The family a LanguageModel is written as: the one from_hf read it from when `dialect` is
     that family's, else the first family of `dialect` with a table (hf-bert: BERT, hf-llama:
     LLaMA); its parts around the stack must compute what the model computes."""
-    family = getattr(model, "hf_family", None)
+    family = family or getattr(model, "hf_family", None)
     if family not in OUTSIDE or dialects.MODEL_TYPES.get(family) != dialect:
         family = next((t for t, d in dialects.MODEL_TYPES.items() if d == dialect and t in OUTSIDE), None)
     if family is None:
@@ -319,7 +325,8 @@ def _family_of(model, dialect: str) -> tuple[str, Outside]:
     return family, out
 
 
-def to_hf_model(model, dialect: str, *, prefix: str | None = None) -> dict[str, np.ndarray]:
+def to_hf_model(model, dialect: str, *, prefix: str | None = None, family: str | None = None
+                ) -> dict[str, np.ndarray]:
     """{HF name: numpy array} of a whole LanguageModel, named as HF's checkpoint files of the
     model with a head (LlamaForCausalLM, GPT2LMHeadModel, OPTForCausalLM, GPTNeoXForCausalLM's
     gpt_neox.embed_in.weight ... embed_out.weight) or of the base model (LlamaModel, GPT2Model,
@@ -328,7 +335,7 @@ def to_hf_model(model, dialect: str, *, prefix: str | None = None) -> dict[str, 
     from_hf read the model from (`hf_family`), else the first of `dialect`'s with a table."""
     from .convert import torch_state_dict
 
-    _, out = _family_of(model, dialect)
+    _, out = _family_of(model, dialect, family)
     lm = model.lm
     base = ("" if lm.head == "none" else out.base) if prefix is None else prefix
     sd = torch_state_dict(model)

@@ -9,6 +9,7 @@ passed over is one call away instead of a guess.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,16 +24,25 @@ log = logging.getLogger("flax_blocks")
 @dataclass(frozen=True)
 class LoadReport:
     """model_type and part of the load; source: the folder, Hub id or model class read;
-    files: the weight files read, in from_pretrained's choice (none for a model object);
-    ignored: (config key, why it changes nothing) pairs, rope parameters as "rope_scaling.key";
-    notes: anything else the load decided (a stored head kept under tied embeddings, ...)."""
+    folder: the folder its files were read from (a Hub id's in the cache; None for a model
+    object); files: the weight files read, in from_pretrained's choice; ignored: (config key,
+    why it changes nothing) pairs, rope parameters as "rope_scaling.key"; notes: anything else
+    the load decided (a stored head kept under tied embeddings, ...); config_json: the config
+    read, as JSON (`config`), which `fb.save_hf` writes back."""
 
     model_type: str
     part: str
     source: str
+    folder: str | None = None
     files: tuple[str, ...] = ()
     ignored: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
+    config_json: str = "{}"
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The config.json read (a dict)."""
+        return json.loads(self.config_json)
 
     @property
     def ignored_keys(self) -> dict[str, str]:
@@ -50,8 +60,9 @@ class LoadReport:
 def make_report(config: Mapping[str, Any], part: str, origin: Mapping[str, Any], ignored: Mapping[str, str],
                 notes: tuple[str, ...] = ()) -> LoadReport:
     """A LoadReport of a config read for `part` from `origin` ({"source": ..., "files": [...]})."""
-    return LoadReport(str(config.get("model_type")), part, str(origin.get("source", "?")),
-                      tuple(origin.get("files", ())), tuple(sorted(ignored.items())), notes)
+    return LoadReport(str(config.get("model_type")), part, str(origin.get("source", "?")), origin.get("folder"),
+                      tuple(origin.get("files", ())), tuple(sorted(ignored.items())), notes,
+                      json.dumps(config, sort_keys=True))
 
 
 def load_report(model: Any) -> LoadReport:
