@@ -8,8 +8,9 @@ The prompt goes through the model in one chunk, then one token per step inside a
 none per step. Left-padded prompts (HF's convention: attention_mask 1 = real token, the
 padding on the left) get HF's positions, cumsum(mask) - 1 (0 at padding), and each row then
 continues from its own position. Sampling warps the logits as HF's logits warpers do, in
-HF's order: temperature, then top-k (ties at the k-th value kept), then top-p (the smallest
-set of most likely tokens whose probability reaches top_p, at least one). Everything is
+HF's order: temperature, then top-k (ties at the k-th value kept), then top-p (HF's rule to its
+boundary: the least likely tokens whose cumulative probability, summed from the least likely,
+stays at or below 1 - top_p are dropped; at least one token kept). Everything is
 checked before anything is computed.
 """
 
@@ -36,12 +37,12 @@ def warp_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int | Non
     if top_k is not None and top_k < logits.shape[-1]:
         kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if top_p is not None and top_p < 1.0:
-        order = jnp.argsort(-logits, axis=-1)  # most likely first
+    if top_p is not None and top_p < 1.0:  # HF's TopPLogitsWarper, to its boundary
+        order = jnp.argsort(logits, axis=-1, stable=True)  # least likely first, as HF's torch.sort
         sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # probability of the more likely tokens
-        keep_sorted = before < top_p  # the first is always kept (before = 0)
+        cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+        keep_sorted = cumulative > 1 - top_p  # removed: the least likely whose sum stays <= 1 - top_p
+        keep_sorted = keep_sorted.at[..., -1].set(True)  # min_tokens_to_keep=1: the most likely stays
         keep = jnp.zeros_like(keep_sorted).at[
             tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
         logits = jnp.where(keep, logits, -jnp.inf)

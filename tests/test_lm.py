@@ -257,6 +257,29 @@ def test_sampling_is_reproducible_and_warps_as_hf(flax_models):
         assert (freq[want == 0] == 0).all()
 
 
+def test_top_p_keeps_what_hf_keeps_at_its_boundary():
+    """Where a running sum of probabilities lands exactly on top_p (exact powers of two), or
+    near it, the tokens kept are HF's TopPLogitsWarper's, token for token."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from flax_blocks.generation import warp_logits
+
+    cases = [([0.5, 0.25, 0.1875, 0.0625], 0.75), ([0.5, 0.25, 0.1875, 0.0625], 0.5),
+             ([0.0625, 0.5, 0.1875, 0.25], 0.9375), ([0.25, 0.25, 0.25, 0.25], 0.5), ([0.5, 0.5], 0.5)]
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # random distributions, top_p just either side of a running sum (away from float32's noise)
+        probs = rng.dirichlet(np.ones(6)).astype(np.float32)
+        edge = float(np.sort(probs)[::-1].cumsum()[rng.integers(0, 5)])
+        cases.append((list(probs), edge + rng.choice([-1, 1]) * 1e-4))
+    for probs, p in cases:
+        logits = np.log(np.asarray(probs, np.float32))[None]
+        theirs = np.isfinite(TopPLogitsWarper(p)(None, torch.tensor(logits)).numpy())
+        ours = np.isfinite(np.asarray(warp_logits(jnp.asarray(logits), top_p=p)))
+        assert (ours == theirs).all(), (probs, p, ours, theirs)
+    kept = np.isfinite(np.asarray(warp_logits(jnp.log(jnp.asarray([[0.5, 0.25, 0.1875, 0.0625]])), top_p=0.75)))
+    assert kept.tolist() == [[True, True, False, False]]
+
+
 def test_bad_input_is_refused_before_anything_runs(flax_models):
     lm, gpt2 = flax_models["llama"], flax_models["gpt2"]
     ids, mask, _ = _batch()
