@@ -33,6 +33,7 @@ tests/test_hf_families.py.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import tempfile
@@ -327,7 +328,7 @@ def _build_folder(family: str, config: dict[str, Any], folder: str, seed: int, s
     kw = {k: v for k, v in raw.items() if k != "model_type"}
     if stored_head:
         kw["tie_word_embeddings"] = False  # a head of its own in the file, then the config says tied
-    hf_config = getattr(transformers, cfg_cls)(**kw)
+    hf_config = getattr(transformers, cfg_cls)(**copy.deepcopy(kw))  # it standardises nested rope dicts in place
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(hf_config).eval()
     gemma = family.startswith("gemma")

@@ -119,3 +119,64 @@ def test_ignore_keys_as_a_string_is_a_clear_error(tmp_path):
         hidden_size=16, num_attention_heads=2, intermediate_size=24, num_hidden_layers=1, vocab_size=32))
     with pytest.raises(TypeError, match=r"ignore_keys must be a tuple of config keys, e.g. \('sliding_window',\)"):
         fb.from_hf(transformers_llama, ignore_keys="sliding_window")
+
+
+def _hf_explicit(family: Family, config: dict) -> dict:
+    """The config as transformers' own class writes it out: every default made explicit."""
+    kw = {k: v for k, v in config.items() if k != "model_type"}
+    return getattr(transformers, family.config_class)(**kw).to_dict()
+
+
+@pytest.mark.parametrize("family", TABLES, ids=lambda f: f"{f.model_type}-{f.model_class}")
+def test_every_read_key_left_out_reads_as_transformers_default(family):
+    """For each key a family reads, a config without it is read as the one transformers' config
+    class writes out with its default made explicit: a default of our readers that is not
+    transformers' (StableLM's partial rotary 0.25, say) shows here."""
+    from parity_tests.family_keys import base, part
+
+    full = base(family)
+    cases = {key: {k: v for k, v in full.items() if k != key} for key in family.reads}
+    differ = {}
+    for key, config in cases.items():
+        try:
+            ours = read_config(config, part=part(family))
+        except fb.ConversionError:
+            continue  # a size the base needs (refused by name without it): nothing to compare
+        theirs = read_config(_hf_explicit(family, config), part=part(family))
+        if (ours.cfg, ours.num_layers, ours.final_norm) != (theirs.cfg, theirs.num_layers, theirs.final_norm):
+            differ[key] = (ours.cfg, theirs.cfg)
+    assert differ == {}
+
+
+def test_the_defaults_audit_catches_a_changed_default(monkeypatch):
+    """StableLM's partial rotary default moved from 0.25 to 0.5 in the reader: the audit fails."""
+    from flax_blocks.checkpoints import hf_families
+
+    stable = FAMILIES["stablelm"]
+    original = stable.reader
+
+    def wrong(c):  # the reader's own default (the file names the factor nowhere) moved to 0.5
+        out = original(c)
+        params = c["rope_scaling"] or c["rope_parameters"] or {}
+        if not c.given("partial_rotary_factor") and "partial_rotary_factor" not in params:
+            out = {**out, "partial_rotary_factor": 0.5}
+        return out
+
+    monkeypatch.setitem(hf_families.FAMILIES, "stablelm", dataclasses.replace(stable, reader=wrong))
+    with pytest.raises(AssertionError):
+        test_every_read_key_left_out_reads_as_transformers_default(hf_families.FAMILIES["stablelm"])
+
+
+@pytest.mark.parametrize("value,want", [("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"),
+                                        ("float64", "float64"), ("float", "float32"), ("half", "float16"),
+                                        ("double", "float64"), ("auto", None), (None, None)])
+def test_every_dtype_transformers_accepts_in_a_config_is_read(value, want):
+    from flax_blocks.checkpoints.hf_config import config_dtype
+
+    assert config_dtype({"torch_dtype": value}) == want
+    if value != "auto":
+        assert config_dtype({"dtype": value, "torch_dtype": "float64"}) == (want or "float64")  # dtype wins, as HF
+    if value not in (None, "auto"):
+        import torch as _torch
+
+        assert transformers.LlamaConfig(dtype=value).dtype == getattr(_torch, want)

@@ -217,14 +217,16 @@ def _is_causal(c: Read) -> bool:
 
 def _rope(c: Read, *, default_theta: float = 10000.0, partial: float | None = None,
           theta_key: str = "rope_theta", partial_key: str | None = None, head_dim: int = 0,
-          params: Mapping[str, Any] | None = None, source: str | None = None) -> dict[str, Any]:
+          params: Mapping[str, Any] | None = None, source: str | None = None,
+          original_default: bool = True) -> dict[str, Any]:
     """rope_theta, partial_rotary_factor and rope_scaling as the config class standardises them
     (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict, standardize_rope_params):
     rope_scaling, when given, replaces rope_parameters; the dict's own rope_theta wins over a
     top-level one, which wins over the family's default; a scaled type's
     original_max_position_embeddings defaults to max_position_embeddings. `partial`: the family
     rotates the first int(head_dim * factor) dims (its default factor). `params` / `source`: a
-    dict of Gemma 3's per-layer-type parameters instead, named `source` in messages."""
+    dict of Gemma 3's per-layer-type parameters instead, named `source` in messages;
+    original_default: whether standardize_rope_params saw the type (Phi-3's "su" is renamed after)."""
     if params is None:
         source = "rope_scaling" if c["rope_scaling"] else "rope_parameters"
         params = c["rope_scaling"] or c["rope_parameters"] or {}
@@ -258,7 +260,7 @@ def _rope(c: Read, *, default_theta: float = 10000.0, partial: float | None = No
                f"transformers knows no such rope_type (it computes default, {', '.join(ROPE_TYPES)})")
         c.problems.append(f"{source}={params!r}: rope_type {kind!r}: {why}")
         return out
-    if kind in ("llama3", "yarn", "longrope"):  # standardize_rope_params' default
+    if kind in ("llama3", "yarn", "longrope") and original_default:  # standardize_rope_params' default
         params.setdefault("original_max_position_embeddings", c["max_position_embeddings"])
     try:
         scaling, unread = RopeScaling.from_dict(params, c["max_position_embeddings"])
@@ -527,15 +529,16 @@ def _phi3_rope(c: Read) -> dict[str, Any]:
     source = "rope_scaling" if c["rope_scaling"] else "rope_parameters"
     params = dict(c["rope_scaling"] or c["rope_parameters"] or {})
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind in ("su", "yarn"):
+    if kind == "longrope":  # standardize_rope_params: Phi3Config's own field replaces the dict's
+        params["original_max_position_embeddings"] = c["original_max_position_embeddings"]
+    renamed = kind in ("su", "yarn")
+    if renamed:  # renamed after standardize_rope_params: the dict's own original length only
         params["rope_type"] = kind = "longrope"
     if kind not in ("default", "longrope"):
         c.refuse(source, f"rope_type {kind!r}: Phi3Config accepts default and longrope only (transformers refuses "
                          "the config)")
         params = {}
-    if kind == "longrope":
-        params["original_max_position_embeddings"] = c["original_max_position_embeddings"]
-    return {"params": params, "source": source}
+    return {"params": params, "source": source, "original_default": not renamed}
 
 
 def _gemma(c: Read) -> dict[str, Any]:
@@ -585,9 +588,15 @@ def _gemma3(c: Read) -> dict[str, Any]:
     n = out["num_layers"]
     every = c["sliding_window_pattern"] if c["sliding_window_pattern"] is not None else 6
     types = c["layer_types"] or ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
-    params = c["rope_parameters"] or {}
+    # Gemma3TextConfig.convert_rope_params_to_dict: per-layer-type parameters (defaults when absent), a flat
+    # rope_scaling updating the full layers' (over the default's rope_type: an older "type" key then changes nothing)
+    params = c["rope_parameters"]
+    if params is None:
+        params = {"sliding_attention": {"rope_type": "default"}, "full_attention": {"rope_type": "default"}}
+    if c["rope_scaling"] and "full_attention" not in params:
+        c.refuse("rope_parameters", "no full_attention entry for rope_scaling to update (transformers fails on it too)")
     full, local = dict(params.get("full_attention") or {}), dict(params.get("sliding_attention") or {})
-    if c["rope_scaling"]:  # Gemma3TextConfig: a flat rope_scaling updates the full layers' parameters
+    if c["rope_scaling"]:
         full.update(c["rope_scaling"])
     full.setdefault("rope_theta", c["rope_theta"] if c.given("rope_theta") else 1_000_000.0)
     local.setdefault("rope_theta", c["rope_local_base_freq"] if c.given("rope_local_base_freq") else 10_000.0)

@@ -194,9 +194,9 @@ class RopeScaling:
                 n = len(getattr(self, name))
                 if n != (dim + 1) // 2:
                     raise ValueError(f"RopeScaling.{name} has {n} entries, the rotary dim {dim} needs {(dim + 1) // 2}")
-        if self.rope_type == "yarn" and dim % 2:
-            raise ValueError(f"RopeScaling(rope_type='yarn') needs an even rotary dim, got {dim} (transformers' ramp "
-                             "has dim // 2 entries for ceil(dim / 2) frequencies and fails too)")
+        if self.rope_type == "yarn" and dim % 2 and dim // 2 != 1:
+            raise ValueError(f"RopeScaling(rope_type='yarn') over an odd rotary dim {dim}: transformers' ramp has "
+                             f"{dim // 2} entries for {(dim + 1) // 2} frequencies and fails too")
         if self.rope_type == "dynamic" and dim <= 2:
             raise ValueError(f"RopeScaling(rope_type='dynamic') needs a rotary width above 2, got {dim}")
 
@@ -260,9 +260,10 @@ def multipliers(s: RopeScaling, theta: float, dim: int) -> tuple[np.ndarray, np.
         low, high = max(low, 0), min(high, dim - 1)
         if low == high:
             high += 0.001  # HF's guard against a zero-width ramp
-        ramp = np.clip((np.arange(half, dtype=np.float64) - low) / (high - low), 0, 1)
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)  # HF's: dim // 2 long
         extrapolated = 1 - ramp
-        return (1 - extrapolated) / factor + extrapolated, None
+        m = (1 - extrapolated) / factor + extrapolated
+        return np.broadcast_to(m, (half,)).copy(), None  # an odd dim's ceil(dim / 2) frequencies share ramp[0]
     if s.rope_type == "longrope":
         assert s.short_factor is not None and s.long_factor is not None
         return 1.0 / np.asarray(s.short_factor, np.float64), 1.0 / np.asarray(s.long_factor, np.float64)
