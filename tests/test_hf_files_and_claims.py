@@ -99,8 +99,8 @@ CLAIMS = {
         _config("llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0,
                                        "original_max_position_embeddings": 8}), "transformers requires them too"),
     "yarn over an odd rotary dim": (
-        {"model_type": "gpt_neox", "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 40,
-         "num_hidden_layers": 2, "vocab_size": 64, "head_dim": 16, "hidden_size": 64, "rotary_pct": 0.3125,
+        {"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 40,
+         "num_hidden_layers": 2, "vocab_size": 64, "head_dim": 16, "rotary_pct": 0.3125,
          "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 4}}, "fails too"),
     "a rope type Phi3Config does not accept": (
         _config("phi3", rope_scaling={"rope_type": "linear", "factor": 2.0}), "transformers refuses the config"),
