@@ -107,10 +107,12 @@ class LanguageModel(nnx.Module):
 
     # Set from lm_spec.build_order (names and components); None: a part this model lacks (OPTIONAL).
     embed: Embedding
+    project_in: Linear | None
     pos: Embedding | None
     token_type: Embedding | None
     embed_norm: Norm | None
     encoder: Encoder  # lm_spec.ENCODER
+    project_out: Linear | None
     head: Linear | None
     # Set by fb.from_hf (flax_blocks.checkpoints.hf_models): the family's dialect and model_type, which
     # to_hf writes the model back in; None for a model built here.
@@ -147,6 +149,8 @@ class LanguageModel(nnx.Module):
         if self.lm.embed_scale is not None:
             scale = jnp.asarray(self.lm.embed_scale, jnp.float32)
             x = x * (scale if jnp.dtype(x.dtype).itemsize <= 4 else jnp.asarray(self.lm.embed_scale)).astype(x.dtype)
+        if self.project_in is not None:  # OPT-350m: narrower embeddings, projected to the stack's width
+            x = self.project_in(x)
         if self.pos is not None:
             if positions is None:
                 t = input_ids.shape[1]
@@ -198,12 +202,19 @@ class LanguageModel(nnx.Module):
         x = self.embed_tokens(ids, positions, token_type_ids)
         rotary = positions if self.cfg.rope_theta is not None else None
         if cache is not None:
-            return self.encoder(x, key_mask=mask, positions=positions, cache=cache, deterministic=deterministic)
+            y, cache = self.encoder(x, key_mask=mask, positions=positions, cache=cache, deterministic=deterministic)
+            return self._out(y), cache
         if not return_intermediates:
-            return self.encoder(x, key_mask=mask, positions=rotary, deterministic=deterministic)
+            return self._out(self.encoder(x, key_mask=mask, positions=rotary, deterministic=deterministic))
         y, inter = self.encoder(x, key_mask=mask, positions=rotary, deterministic=deterministic,
                                 return_intermediates=True)
+        y = self._out(y)
         return y, {"embedded": x, "output": y, **inter}
+
+    def _out(self, y: jax.Array) -> jax.Array:
+        """The stack's output as the model's last hidden state: projected back where the
+        embeddings are narrower (project_out)."""
+        return y if self.project_out is None else self.project_out(y)
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Hidden states (..., E) -> logits (..., V) through the head (tied: embed.weight^T),

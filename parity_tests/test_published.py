@@ -39,3 +39,39 @@ def test_a_published_config_loads_equal_to_transformers(name, monkeypatch):
     dtype = config.get("torch_dtype") or config.get("dtype") or "float32"
     out = run_case(config["model_type"], published.shrink(config), saved_as=dtype)
     assert out.kind == "equal", out
+
+
+def test_gemma3_4b_as_published_a_multimodal_folder_loads_its_language_model(tmp_path):
+    """Gemma 3 from 4B up is published as Gemma3ForConditionalGeneration (model_type gemma3, the
+    text model's config nested, linear rotary x8 on the global layers): fb.from_hf reads its
+    language model, equal to transformers' own model of the folder on text, and leaves the
+    vision tower unread, noted in the load report."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+
+    import flax_blocks as fb
+
+    published_config = published.load("gemma3_4b_it")
+    text = published.shrink({"model_type": "gemma3_text", **published_config["text_config"]})
+    vision = dict(published_config["vision_config"], hidden_size=16, intermediate_size=24, num_attention_heads=2,
+                  num_hidden_layers=1, image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    lm = fb.from_hf(tmp_path, part="causal-lm", dtype="float32")
+    assert lm.cfg.rope_scaling.rope_type == "linear" and lm.cfg.rope_scaling.factor == 8.0
+    ids = np.array([[5, 6, 7, 8, 9, 10, 11, 12]])
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor(ids)).logits.numpy()
+    ours = np.asarray(lm(jnp.asarray(ids)))
+    assert np.abs(ours - theirs).max() / np.abs(theirs).max() <= 1e-5
+    note = fb.load_report(lm).notes[0]
+    assert "gemma3_text" in note and "vision_tower" in note and "multi_modal_projector" in note
+    tokens = hf.generate(torch.tensor(ids), max_new_tokens=6, do_sample=False).numpy()
+    assert (np.asarray(fb.generate(lm, ids, max_new_tokens=6)) == tokens).all()

@@ -63,10 +63,12 @@ class LanguageModel(nn.Module):
 
     # Registered from lm_spec.build_order (names and components); None: a part this model lacks (OPTIONAL).
     embed: Embedding
+    project_in: Linear | None
     pos: Embedding | None
     token_type: Embedding | None
     embed_norm: Norm | None
     encoder: Encoder  # lm_spec.ENCODER
+    project_out: Linear | None
     head: Linear | None
 
     def __init__(self, cfg: BlockConfig, lm: LMConfig, *, generator: torch.Generator | None = None):
@@ -109,6 +111,8 @@ class LanguageModel(nn.Module):
         if self.lm.embed_scale is not None:  # HF's float32 buffer cast to the embeddings' dtype (Gemma)
             scale = torch.tensor(self.lm.embed_scale, dtype=torch.float32 if x.element_size() <= 4 else x.dtype)
             x = x * scale.to(x.dtype)
+        if self.project_in is not None:  # OPT-350m: narrower embeddings, projected to the stack's width
+            x = self.project_in(x)
         if self.pos is not None:
             limit = self.lm.max_positions
             assert limit is not None  # a position table (pos) comes with max_positions
@@ -122,11 +126,18 @@ class LanguageModel(nn.Module):
             x = self.embed_norm(x)
         padding = None if mask is None else ~mask  # torch's key padding convention inside the stack
         if cache is not None:
-            return self.encoder(x, src_key_padding_mask=padding, cache=cache, positions=positions)
+            y, cache = self.encoder(x, src_key_padding_mask=padding, cache=cache, positions=positions)
+            return self._out(y), cache
         if not return_intermediates:
-            return self.encoder(x, src_key_padding_mask=padding, positions=positions)
+            return self._out(self.encoder(x, src_key_padding_mask=padding, positions=positions))
         y, inter = self.encoder(x, src_key_padding_mask=padding, positions=positions, return_intermediates=True)
+        y = self._out(y)
         return y, {"embedded": x, "output": y, **inter}
+
+    def _out(self, y: Tensor) -> Tensor:
+        """The stack's output as the model's last hidden state: projected back where the
+        embeddings are narrower (project_out)."""
+        return y if self.project_out is None else self.project_out(y)
 
     def logits(self, h: Tensor) -> Tensor:
         if self.lm.head == "none":

@@ -29,6 +29,7 @@ from typing import Any
 from ..spec.config import BlockConfig
 from . import dialects
 from .hf_config import hf_model_config, hf_state_dict, read_config, read_folder, weight_files
+from .hf_families import LANGUAGE_MODELS
 from .io import ConversionError, read_state_dict
 from .load_report import report_ignored
 
@@ -115,7 +116,36 @@ def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dic
         origin = {"source": f"a {type(source).__name__} object", "files": []}
     else:
         raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
+    config, sd, origin = _language_model(config, sd, origin)
     return config, _whole_model_names(config, sd), origin
+
+
+def _language_model(config: dict[str, Any], sd: dict[str, Any], origin: dict[str, Any]
+                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A multimodal model whose language model is a supported family (Gemma 3 from 4B up:
+    model_type "gemma3"): its text config (the file's dtype carried over) and its language
+    model's weights named as the family's causal LM; the rest (vision tower, projector) is
+    left unread and noted in the load report. Other configs pass through."""
+    entry = LANGUAGE_MODELS.get(config.get("model_type"))  # type: ignore[arg-type]
+    if entry is None:
+        return config, sd, origin
+    key, prefixes = entry
+    text = dict(config.get(key) or {})
+    for dtype_key in ("dtype", "torch_dtype"):
+        if dtype_key in config and "dtype" not in text and "torch_dtype" not in text:
+            text[dtype_key] = config[dtype_key]
+    ours, rest = {}, []
+    for name, a in sd.items():
+        for theirs, mine in prefixes:
+            if name.startswith(theirs):
+                ours[mine + name[len(theirs):]] = a
+                break
+        else:
+            rest.append(name)
+    parts = sorted({n.split(".")[0] for n in rest})
+    note = (f"a {config['model_type']} model: its language model ({text.get('model_type')}) read; "
+            f"{', '.join(parts) or 'nothing else'} ({len(rest)} tensors) left unread")
+    return text, ours, {**origin, "notes": (*origin.get("notes", ()), note)}
 
 
 def _load_stack(config: dict[str, Any], sd: dict[str, Any], part: str, *, dtype: Any, seed: int,

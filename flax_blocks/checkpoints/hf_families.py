@@ -880,10 +880,18 @@ NOT_COMPUTED = {
     "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
     "deepseek_v2": "multi-head latent attention and experts", "deepseek_v3": "multi-head latent attention and experts",
-    "gemma3": "the multimodal Gemma 3 (a vision tower); its text model is model_type gemma3_text",
     "llama4": "chunked attention, experts and no rotary on some layers",
     "olmo": "OLMo 1's LayerNorm without parameters and clipped q, k, v (olmo2 is supported)",
     "granite": "multipliers on the embeddings, residuals, attention and logits",
+}
+
+
+# Multimodal model_types whose language model is a supported family: the key of its config and
+# the prefixes its weights carry (the checkpoints' names, then transformers 5's), stripped to the
+# causal LM's names; every other weight (vision tower, projector) is a part the text model never uses.
+LANGUAGE_MODELS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "gemma3": ("text_config", (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                               ("model.language_model.", "model."))),
 }
 
 

@@ -7,8 +7,7 @@ head, relative to the base model (LlamaModel, GPT2Model, BertModel), and the bas
 prefix inside the model with a head (LlamaForCausalLM's "model.", GPT2LMHeadModel's
 "transformer."), and what those parts compute beyond lookups: OPT's and RoBERTa's position
 offsets and default positions, Gemma's embedding scale, Gemma 2's final logit soft-cap. What
-a family computes there that the LanguageModel does not (OPT's project_in / project_out) is
-refused by name. A family without an entry (ViT, Whisper) loads as a stack only
+a family computes there that the LanguageModel does not is refused by name. A family without an entry (ViT, Whisper) loads as a stack only
 (part="stack").
 
     load(config, state_dict, part)   -> LanguageModel    (fb.from_hf(source, part=...))
@@ -55,6 +54,7 @@ class Outside:
     default_positions: str = "arange"  # LMConfig.default_positions: HF's positions without position_ids
     embed_scale: bool = False  # token embeddings times sqrt(hidden_size) (Gemma, Gemma 2, Gemma 3)
     final_logit_softcap: str | None = None  # the config key of a final logit soft-cap (Gemma 2, Gemma 3)
+    projections: tuple[str, str, str] | None = None  # (width key, project_in, project_out): OPT's narrower embeddings
 
 
 _LLAMA_LIKE = Outside("model.", "embed_tokens.weight")
@@ -69,7 +69,8 @@ OUTSIDE: dict[str, Outside] = {
     "gemma3_text": replace(_GEMMA, final_logit_softcap="final_logit_softcapping"),
     "gpt2": Outside("transformer.", "wte.weight", positions="wpe.weight", max_positions=("n_positions",)),
     "opt": Outside("model.", "decoder.embed_tokens.weight", positions="decoder.embed_positions.weight",
-                   max_positions=("max_position_embeddings",), position_offset="opt", default_positions="mask"),
+                   max_positions=("max_position_embeddings",), position_offset="opt", default_positions="mask",
+                   projections=("word_embed_proj_dim", "decoder.project_in.", "decoder.project_out.")),
     "gpt_neox": Outside("gpt_neox.", "embed_in.weight", head="embed_out."),  # the checkpoints' names
     "bert": Outside("bert.", "embeddings.word_embeddings.weight", positions="embeddings.position_embeddings.weight",
                     max_positions=("max_position_embeddings",),
@@ -114,13 +115,6 @@ def _family(config: Mapping[str, Any]) -> tuple[str, Outside]:
 def _whole_model_problems(model_type: str, c: Read) -> list[str]:
     """What a family computes around its stack that the LanguageModel does not: refused by name."""
     problems = []
-    if model_type == "opt":
-        proj, e = c["word_embed_proj_dim"], c["hidden_size"]
-        if proj is not None and proj != e:
-            problems.append(f"word_embed_proj_dim={proj} != hidden_size={e}: OPT projects the token embeddings "
-                            "(project_in) before the positions are added and the last hidden state after the stack "
-                            "(project_out), which the LanguageModel does not compute (its stack alone loads: "
-                            "part='stack')")
     if OUTSIDE[model_type].position_offset == "pad" and c["pad_token_id"] is None:
         problems.append("pad_token_id None: RoBERTa's positions are numbered from its padding token (padding_idx)")
     return problems
@@ -178,9 +172,17 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
         pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
         embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
         final_logit_softcap=None if cap is None or part == "model" else float(cap),
-        cache_window=window,
+        project_dim=_project_dim(out, c), cache_window=window,
     )
     return read, lm
+
+
+def _project_dim(out: Outside, c: Read) -> int | None:
+    """The embeddings' width where it differs from the stack's (OPT's word_embed_proj_dim)."""
+    if out.projections is None or c[out.projections[0]] is None:
+        return None
+    width = int(c[out.projections[0]])
+    return None if width == int(c["hidden_size"]) else width
 
 
 def _cache_window(config: Mapping[str, Any], read: ConfigRead) -> tuple[int | None, str]:
@@ -258,6 +260,10 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
         take("embed_norm.weight", base + out.embed_norm + "weight")
         if cfg.bias:
             take("embed_norm.bias", base + out.embed_norm + "bias")
+    if lm.project_dim is not None:
+        assert out.projections is not None  # project_dim comes from them
+        take("project_in.weight", base + out.projections[1] + "weight")
+        take("project_out.weight", base + out.projections[2] + "weight")
     head = (base and base[:-len(out.base)]) + (out.head or "")  # the head sits beside the base model
     if lm.head == "untied":
         if head + "weight" not in sd:
@@ -354,6 +360,12 @@ def to_hf_model(model, dialect: str, *, prefix: str | None = None, family: str |
         for k in ("weight", "bias"):
             if f"embed_norm.{k}" in sd:
                 hf[base + out.embed_norm + k] = sd[f"embed_norm.{k}"]
+    if lm.project_dim is not None:
+        if out.projections is None:
+            raise ConversionError([f"{dialect} has no projection of its embeddings"],
+                                  header="cannot write this whole model")
+        hf[base + out.projections[1] + "weight"] = sd["project_in.weight"]
+        hf[base + out.projections[2] + "weight"] = sd["project_out.weight"]
     stack = {k[len(ENCODER) + 1:]: v for k, v in sd.items() if k.startswith(ENCODER + ".")}
     hf.update(dialects.to_dialect(stack, dialect, model.cfg, prefix=base))
     if lm.head != "none":

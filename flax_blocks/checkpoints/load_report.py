@@ -77,7 +77,8 @@ def report_ignored(model: Any, config: Mapping[str, Any], part: str, origin: Map
                    notes: tuple[str, ...] = ()) -> None:
     """Attach the load report to `model`; warn once about the config keys that transformers'
     code for the family never reads (the known inert ones are listed without a warning), and
-    about each note."""
+    about each note (the source's own, a multimodal model's unread parts, come first)."""
+    notes = (*origin.get("notes", ()), *notes)
     model.load_report = make_report(config, part, origin, read.ignored, notes)
     for note in notes:
         log.warning("from_hf: %s", note)

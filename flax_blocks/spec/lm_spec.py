@@ -61,6 +61,10 @@ class LMConfig:
       (HF's initializer_range).
     head_init: "normal" (N(0, init_std), as HF) or "xavier" (xavier-uniform over (E, V), bound
       sqrt(6 / (E + V)): the lab's); an untied head's bias starts at zero either way.
+    project_dim: P: the token embeddings (and a tied head) are P wide and projected to the
+      stack's width by project_in (d_model x P, no bias) before positions are added, the last
+      hidden state back by project_out (P x d_model, no bias) before the head (OPT-350m's
+      word_embed_proj_dim, HF's project_in / project_out); None: the embeddings are d_model wide.
     cache_window: W: a decoding cache (`init_cache`, `generate`) keeps only the last W - 1
       keys before each chunk, so a chunk's queries see those and the chunk's own keys; the
       forward without a cache sees every earlier key. transformers' generation cache
@@ -83,6 +87,7 @@ class LMConfig:
     pad_token_id: int | None = None
     embed_scale: float | None = None
     final_logit_softcap: float | None = None
+    project_dim: int | None = None
     cache_window: int | None = None
 
     def __post_init__(self) -> None:
@@ -126,9 +131,10 @@ class LMConfig:
                 problems.append(f"{name} must be a positive number or None, got {v!r}")
         if self.final_logit_softcap is not None and self.head == "none":
             problems.append("final_logit_softcap needs a head (head='none' returns hidden states)")
-        w = self.cache_window
-        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
-            problems.append(f"cache_window must be a positive int or None, got {w!r}")
+        for name in ("project_dim", "cache_window"):
+            w = getattr(self, name)
+            if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+                problems.append(f"{name} must be a positive int or None, got {w!r}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -138,24 +144,38 @@ class LMConfig:
         return None if self.max_positions is None else self.max_positions + self.position_offset
 
 
-def _embedding(rows: int, e: int, dim: str, std: float) -> Component:
-    return Component("embedding", (Param("weight", "embedding", (rows, e), (dim, "d_model"), ("vocab", "embed"),
+def _embedding(rows: int, e: int, dim: str, std: float, width: str = "d_model") -> Component:
+    axes = ("vocab", "embed" if width == "d_model" else None)  # a projected width is no "embed" axis
+    return Component("embedding", (Param("weight", "embedding", (rows, e), (dim, width), axes,
                                          ((rows, ("normal", std)),)),))
+
+
+def _projection(out: int, inp: int, dims: tuple[str, str], std: float) -> Component:
+    """OPT's project_in / project_out: a linear map without bias, torch's (out, in) weight."""
+    axes = ("embed", None) if dims[1] == "d_model" else (None, "embed")  # the Flax kernel's (in, out)
+    return Component("linear", (Param("weight", "kernel", (out, inp), dims, axes, ((out, ("normal", std)),),
+                                      LINEAR),))
 
 
 def components(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component], ...]:
     """The model's own components besides the stack, in torch's order: (name, Component)."""
     e, v, std = cfg.d_model, lm.vocab_size, lm.init_std
-    out: list[tuple[str, Component]] = [("embed", _embedding(v, e, "vocab_size", std))]
+    p, width = (e, "d_model") if lm.project_dim is None else (lm.project_dim, "project_dim")
+    out: list[tuple[str, Component]] = [("embed", _embedding(v, p, "vocab_size", std, width))]
+    if lm.project_dim is not None:
+        out.append(("project_in", _projection(e, p, ("d_model", "project_dim"), std)))
     if lm.position_rows is not None:  # learned positions (max_positions)
         out.append(("pos", _embedding(lm.position_rows, e, "position_rows", std)))
     if lm.token_types:
         out.append(("token_type", _embedding(lm.token_types, e, "token_types", std)))
     if lm.embed_norm:
         out.append(("embed_norm", declarations.norm(cfg, e)))
+    if lm.project_dim is not None:
+        out.append(("project_out", _projection(p, e, ("project_dim", "d_model"), std)))
     if lm.head == "untied":
-        spec = ("normal", std) if lm.head_init == "normal" else declarations.xavier_uniform(e, v)
-        params = [Param("weight", "kernel", (v, e), ("vocab_size", "d_model"), ("embed", "vocab"),
+        spec = ("normal", std) if lm.head_init == "normal" else declarations.xavier_uniform(p, v)
+        params = [Param("weight", "kernel", (v, p), ("vocab_size", width), ("embed" if width == "d_model" else None,
+                                                                           "vocab"),
                         ((v, spec),), LINEAR)]
         if lm.head_bias:
             params.append(Param("bias", "bias", (v,), ("vocab_size",), ("vocab",), ((v, ("const", 0.0)),)))
@@ -163,14 +183,15 @@ def components(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component], .
     return tuple(out)
 
 
-OPTIONAL = ("pos", "token_type", "embed_norm", "head")  # attributes that are None when a model lacks them
+OPTIONAL = ("project_in", "pos", "token_type", "embed_norm", "project_out", "head")  # attributes that are None when a model lacks them
 
 
 def build_order(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component | None], ...]:
     """Every part in the order both twins build (and so draw the initial weights of) them,
-    torch's: the embeddings, the stack (ENCODER, None: it is no Component), the head."""
+    torch's: the embeddings, the stack (ENCODER, None: it is no Component), project_out and the head."""
     parts = components(lm, cfg)
-    return (*[p for p in parts if p[0] != "head"], (ENCODER, None), *[p for p in parts if p[0] == "head"])
+    after = ("project_out", "head")
+    return (*[p for p in parts if p[0] not in after], (ENCODER, None), *[p for p in parts if p[0] in after])
 
 
 def default_positions(lm: LMConfig, real):
