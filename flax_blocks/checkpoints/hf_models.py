@@ -6,9 +6,9 @@ rest: the token embedding, learned positions, token types, the embedding norm an
 head, relative to the base model (LlamaModel, GPT2Model, BertModel), and the base model's
 prefix inside the model with a head (LlamaForCausalLM's "model.", GPT2LMHeadModel's
 "transformer."), and what those parts compute beyond lookups: OPT's and RoBERTa's position
-offsets and default positions, Gemma's embedding scale, Gemma 2's final logit soft-cap. What
-a family computes there that the LanguageModel does not is refused by name. A family without an entry (ViT, Whisper) loads as a stack only
-(part="stack").
+offsets and default positions, Gemma's embedding scale, Gemma 2's final logit soft-cap, OPT-350m's
+projections. What a family computes there that the LanguageModel does not is refused by name. A
+family without an entry (ViT, Whisper) loads as a stack only (part="stack").
 
     load(config, state_dict, part)   -> LanguageModel    (fb.from_hf(source, part=...))
     to_hf_model(model)               -> {HF name: array} (fb.to_hf(model)), names as

@@ -183,7 +183,8 @@ def components(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component], .
     return tuple(out)
 
 
-OPTIONAL = ("project_in", "pos", "token_type", "embed_norm", "project_out", "head")  # attributes that are None when a model lacks them
+# the attributes that are None when a model lacks them
+OPTIONAL = ("project_in", "pos", "token_type", "embed_norm", "project_out", "head")
 
 
 def build_order(lm: LMConfig, cfg: BlockConfig) -> tuple[tuple[str, Component | None], ...]:
