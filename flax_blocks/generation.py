@@ -69,19 +69,16 @@ def _layer_weights(graphdef, state):
 def _generate(graphdef, state, layers, ids, mask, key, *, max_new_tokens, temperature, top_k, top_p, eos, pad):
     b, t = ids.shape
     model = nnx.merge(graphdef, state)
-    cache = decoding_cache(model.encoder, model.init_cache(b, t + max_new_tokens), layers)
-    positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
-    h, cache = model.hidden(ids, attention_mask=mask, positions=positions, cache=cache)
-    token = _choose(model.logits(h[:, -1]), key, 0, temperature, top_k, top_p)
-    done = (token == eos) if eos is not None else jnp.zeros((b,), jnp.bool_)
-    out = jnp.full((b, max_new_tokens), pad if pad is not None else 0, jnp.int32).at[:, 0].set(token)
+    out = jnp.full((b, max_new_tokens), pad if pad is not None else 0, jnp.int32)
+    token, cache, done, out = _prefill(model, layers, ids, mask, key, 0, out, max_new_tokens, temperature, top_k,
+                                       top_p, eos)
 
     def cond(carry):
-        i, _, _, done, _ = carry
-        return (i < max_new_tokens) & ~jnp.all(done)
+        i, stop, _, _, done, _ = carry
+        return (i < stop) & ~jnp.all(done)
 
     def body(carry):
-        i, token, cache, done, out = carry
+        i, stop, token, cache, done, out = carry
         m = nnx.merge(graphdef, state)
         h, cache = m.hidden(token[:, None], cache=cache)
         nxt = _choose(m.logits(h[:, -1]), key, i, temperature, top_k, top_p)
@@ -89,11 +86,39 @@ def _generate(graphdef, state, layers, ids, mask, key, *, max_new_tokens, temper
             nxt = jnp.where(done, pad, nxt)
             done = done | (nxt == eos)
         out = jax.lax.dynamic_update_slice(out, nxt[:, None], (jnp.zeros((), i.dtype), i))
-        return i + 1, nxt, cache, done, out
+        return i + 1, stop, nxt, cache, done, out
 
-    carry = (jnp.ones((), jnp.int32), token, cache, done, out)
+    again = model.lm.recompute_length  # HF's Phi-3 generate: all keys recomputed once the sequence passes it
+    step = None if again is None else again + 1 - t  # the step whose input first holds again + 1 tokens
+    if step is not None and 1 <= step < max_new_tokens:
+        one = jnp.ones((), jnp.int32)
+        _, _, token, cache, done, out = jax.lax.while_loop(cond, body, (one, one * step, token, cache, done, out))
+        so_far = jnp.concatenate([ids.astype(jnp.int32), out[:, :step]], axis=1)  # (B, t + step)
+        full = jnp.concatenate([mask, jnp.ones((b, step), mask.dtype)], axis=1)
+        nxt, cache, now_done, new_out = _prefill(model, layers, so_far, full, key, step, out, max_new_tokens,
+                                                 temperature, top_k, top_p, eos)
+        if eos is not None:  # rows already done stay as they were
+            nxt, new_out = jnp.where(done, pad, nxt), jnp.where(done[:, None], out, new_out)
+            now_done = done | now_done
+        token, done, out = nxt, now_done, new_out
+        start = step + 1
+    else:
+        start = 1
+    carry = (jnp.full((), start, jnp.int32), jnp.full((), max_new_tokens, jnp.int32), token, cache, done, out)
     out = jax.lax.while_loop(cond, body, carry)[-1]
     return jnp.concatenate([ids.astype(jnp.int32), out], axis=1)  # the cache holds t + max_new_tokens: no overflow
+
+
+def _prefill(model, layers, ids, mask, key, step, out, max_new_tokens, temperature, top_k, top_p, eos):
+    """A chunk `ids` (B, T') from a fresh cache of the whole generation's length (HF's position_ids
+    from the mask) and the token it chooses at `step`: (token, cache, done, out with it written)."""
+    b, t = ids.shape
+    cache = decoding_cache(model.encoder, model.init_cache(b, t - step + max_new_tokens), layers)
+    positions = jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+    h, cache = model.hidden(ids, attention_mask=mask, positions=positions, cache=cache)
+    token = _choose(model.logits(h[:, -1]), key, step, temperature, top_k, top_p)
+    done = (token == eos) if eos is not None else jnp.zeros((b,), jnp.bool_)
+    return token, cache, done, out.at[:, step].set(token)
 
 
 def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, temperature: float = 0.0,

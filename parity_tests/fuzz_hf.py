@@ -398,7 +398,7 @@ def _ours(lm, part: str, encoder: bool, tokens=None):
         full_mask = np.concatenate([mask, np.ones((B, NEW), np.int64)], axis=1)
         full_pos = np.maximum(full_mask.cumsum(1) - 1, 0)
         scaling = lm.cfg.rope_scaling
-        if lm.lm.cache_window is not None or (scaling is not None and scaling.needs_length):
+        if lm.lm.cache_window is not None or (scaling is not None and scaling.needs_length) or lm.lm.recompute_length:
             # HF's generate decodes through a windowed cache, or rotates each step's keys at that step's length
             return out, _forced_through_the_cache(lm, tokens, full_mask, full_pos)
         forced = np.asarray(lm(jnp.asarray(tokens), attention_mask=jnp.asarray(full_mask),
@@ -416,6 +416,12 @@ def _forced_through_the_cache(lm, tokens: np.ndarray, mask: np.ndarray, pos: np.
                     positions=jnp.asarray(pos[:, :T]), cache=cache)
     steps = [np.asarray(out)]
     for i in range(T, T + NEW):
+        if lm.lm.recompute_length is not None and i + 1 == lm.lm.recompute_length + 1:  # generate's recompute
+            cache = lm.init_cache(B, T + NEW)
+            out, cache = lm(jnp.asarray(tokens[:, :i + 1]), attention_mask=jnp.asarray(mask[:, :i + 1]),
+                            positions=jnp.asarray(pos[:, :i + 1]), cache=cache)
+            steps.append(np.asarray(out)[:, -1:])
+            continue
         out, cache = lm(jnp.asarray(tokens[:, i:i + 1]), attention_mask=jnp.asarray(mask[:, i:i + 1]), cache=cache)
         steps.append(np.asarray(out))
     return np.concatenate(steps, axis=1)

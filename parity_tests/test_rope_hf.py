@@ -140,3 +140,35 @@ def test_gemma3_rope_scaling_spelled_with_type_changes_nothing_as_in_transformer
     assert read_config(config).cfg.rope_scaling is None
     out = run_case("gemma3_text", config)
     assert out.kind == "equal", out
+
+
+def test_phi3_generate_recomputes_every_key_where_the_sequence_passes_the_original_length(tmp_path):
+    """Phi3ForCausalLM's generate drops its cache when the sequence first reaches
+    original_max_position_embeddings + 1 tokens and recomputes every key with the long factors
+    (found by the fuzzer: a decode that kept the short-rotated keys drifted, 0.3 in the logits);
+    fb.generate and the torch twin's do the same, token for token."""
+    import torch_blocks.lm as tlm
+
+    config = transformers.Phi3Config(**ROTARY, max_position_embeddings=32, original_max_position_embeddings=8,
+                                     rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.25, 1.5, 1.75],
+                                                   "long_factor": [1.0, 2.0, 3.0, 4.0]})
+    torch.manual_seed(0)
+    hf = transformers.Phi3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    lm = fb.from_hf(tmp_path, part="causal-lm")
+    assert lm.lm.recompute_length == 8
+    ids = np.array([[5, 6, 7, 8, 9, 10, 11], [1, 1, 1, 4, 9, 16, 25]])
+    mask = np.array([[1] * 7, [0, 0, 0, 1, 1, 1, 1]])
+    theirs = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=8, do_sample=False,
+                         pad_token_id=0, eos_token_id=None).numpy()
+    ours = np.asarray(fb.generate(lm, ids, mask, max_new_tokens=8))
+    assert (ours == theirs).all(), (ours, theirs)
+    twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
+    twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
+    with torch.no_grad():
+        assert (tlm.generate(twin, torch.tensor(ids), torch.tensor(mask), max_new_tokens=8).numpy() == ours).all()
+    lm.lm = dataclasses.replace(lm.lm, recompute_length=None)  # the cache kept throughout: another token stream
+    assert not (np.asarray(fb.generate(lm, ids, mask, max_new_tokens=8)) == theirs).all()

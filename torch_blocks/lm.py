@@ -163,7 +163,8 @@ def generate(model: LanguageModel, input_ids: Tensor, attention_mask: Tensor | N
              max_new_tokens: int, eos_token_id: int | None = None, pad_token_id: int | None = None) -> Tensor:
     """Greedy cached generation, the prompt in one chunk then one token per step (a Python
     loop): (B, T + max_new_tokens), rows finished by eos padded with pad_token_id (default
-    eos). Left-padded prompts get HF's positions (cumsum(mask) - 1, 0 at padding)."""
+    eos). Left-padded prompts get HF's positions (cumsum(mask) - 1, 0 at padding). A model with
+    a recompute_length recomputes every key once there, as `fb.generate`."""
     b, t = input_ids.shape
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
     if not bool(mask[:, -1].all()):
@@ -175,12 +176,19 @@ def generate(model: LanguageModel, input_ids: Tensor, attention_mask: Tensor | N
     token = model.logits(h[:, -1]).argmax(-1)
     done = torch.zeros(b, dtype=torch.bool) if eos_token_id is None else token == eos_token_id
     out = [token]
-    for _ in range(max_new_tokens - 1):
+    again = model.lm.recompute_length  # HF's Phi-3 generate: all keys recomputed once the sequence passes it
+    for step in range(1, max_new_tokens):
         if eos_token_id is not None and bool(done.all()):
             assert pad is not None  # eos_token_id given: pad defaults to it
             out.append(torch.full_like(token, pad))
             continue
-        h, cache = model.hidden(token[:, None], cache=cache)
+        if again is not None and t + step == again + 1:  # the whole sequence so far, from a fresh cache
+            so_far = torch.cat([input_ids, torch.stack(out, 1)], dim=1)
+            full = torch.cat([mask, torch.ones(b, step, dtype=mask.dtype)], dim=1)
+            cache = model.init_cache(b, t + max_new_tokens)
+            h, cache = model.hidden(so_far, full, (full.cumsum(1) - 1).clamp(min=0), cache=cache)
+        else:
+            h, cache = model.hidden(token[:, None], cache=cache)
         nxt = model.logits(h[:, -1]).argmax(-1)
         if eos_token_id is not None:
             assert pad is not None

@@ -172,9 +172,19 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
         pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
         embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
         final_logit_softcap=None if cap is None or part == "model" else float(cap),
-        project_dim=_project_dim(out, c), cache_window=window,
+        project_dim=_project_dim(out, c), cache_window=window, recompute_length=_recompute_length(model_type, cfg),
     )
     return read, lm
+
+
+def _recompute_length(model_type: str, cfg: Any) -> int | None:
+    """Phi3ForCausalLM.prepare_inputs_for_generation drops the cache when the sequence first
+    passes original_max_position_embeddings, so that generation goes on with every key rotated
+    by longrope's long factors; with other rotary the recomputed keys are the cached ones."""
+    scaling = cfg.rope_scaling
+    if model_type != "phi3" or scaling is None or scaling.rope_type != "longrope":
+        return None
+    return scaling.original
 
 
 def _project_dim(out: Outside, c: Read) -> int | None:

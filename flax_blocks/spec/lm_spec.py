@@ -65,6 +65,9 @@ class LMConfig:
       stack's width by project_in (d_model x P, no bias) before positions are added, the last
       hidden state back by project_out (P x d_model, no bias) before the head (OPT-350m's
       word_embed_proj_dim, HF's project_in / project_out); None: the embeddings are d_model wide.
+    recompute_length: R: `generate` recomputes every key once, when the sequence first passes R
+      tokens (HF's Phi-3 generate drops its cache there, so that longrope's long factors rotate
+      every key, not only the new ones); None: the cache is kept throughout.
     cache_window: W: a decoding cache (`init_cache`, `generate`) keeps only the last W - 1
       keys before each chunk, so a chunk's queries see those and the chunk's own keys; the
       forward without a cache sees every earlier key. transformers' generation cache
@@ -88,6 +91,7 @@ class LMConfig:
     embed_scale: float | None = None
     final_logit_softcap: float | None = None
     project_dim: int | None = None
+    recompute_length: int | None = None
     cache_window: int | None = None
 
     def __post_init__(self) -> None:
@@ -131,7 +135,7 @@ class LMConfig:
                 problems.append(f"{name} must be a positive number or None, got {v!r}")
         if self.final_logit_softcap is not None and self.head == "none":
             problems.append("final_logit_softcap needs a head (head='none' returns hidden states)")
-        for name in ("project_dim", "cache_window"):
+        for name in ("project_dim", "recompute_length", "cache_window"):
             w = getattr(self, name)
             if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
                 problems.append(f"{name} must be a positive int or None, got {w!r}")
