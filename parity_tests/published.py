@@ -2,6 +2,12 @@
 SOURCES.md says from where), shrunk in their sizes only, for tests that build each in
 transformers and read it with `fb.from_hf`.
 
+    python -m parity_tests.published [--doc docs/families.md]
+
+runs every file of the corpus (parity_tests.fuzz_hf.run_case: float32 logits on a left-padded
+batch and HF's greedy tokens) and prints (or writes between the page's markers) one row per
+checkpoint; the suite (test_published.py) runs `SUITE`, one file of each kind.
+
 `shrink` keeps every key and value of the file but the sizes: widths (hidden 32, 4 heads, 2 KV
 heads where the file groups them, head_dim 8, or 16 where the file's head_dim differs from
 hidden / heads), feed-forward widths 48, 2 layers (6 for Gemma 3, so that one is global), a
@@ -13,12 +19,30 @@ position tables keep theirs: they are what the scaled rotary types read.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 from typing import Any
 
+from . import markers
+
 FOLDER = os.path.join(os.path.dirname(__file__), "published_configs")
+DOC = "docs/families.md"
+START = f"<!-- published-configs:start (python -m parity_tests.published --doc {DOC}) -->"
+END = "<!-- published-configs:end -->"
+EXPERTS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")  # mixtures of experts: refused until their blocks exist
+
+# The suite's share of the corpus: each family, each rotary scaling, each legacy key and layout
+# once (the files left out repeat one of these: other sizes of one release); every file: the CLI.
+SUITE = (
+    "bert_base_uncased", "all_minilm_l6_v2", "multilingual_e5_small", "distilbert_base_uncased", "roberta_base",
+    "xlm_roberta_base", "bge_m3", "gpt2", "distilgpt2", "opt_125m", "opt_350m", "llama2_7b_hf", "llama3_1_8b",
+    "llama3_2_1b", "smollm2_135m", "deepseek_r1_distill_llama_8b", "mistral_7b_v0_1", "mistral_7b_instruct_v0_3",
+    "qwen2_5_0_5b_instruct", "qwen2_5_7b_instruct__modelcard_yarn", "deepseek_r1_distill_qwen_1_5b", "qwen3_0_6b",
+    "phi3_mini_4k_instruct", "phi3_5_mini_instruct", "phi4_mini_instruct", "gemma_2b", "gemma2_2b_it",
+    "gemma3_1b_it", "gemma3_4b_it", "olmo2_1124_7b", "pythia_160m", "stablelm_2_zephyr_1_6b", "starcoder2_3b",
+)
 
 HIDDEN, HEADS, FFN, VOCAB = 32, 4, 48, 64
 _HIDDEN = ("hidden_size", "n_embd", "dim", "d_model")
@@ -116,3 +140,55 @@ def _resampled(params: dict[str, Any], dim: int) -> dict[str, Any]:
         out[key] = [values[round(i * (len(values) - 1) / max(n - 1, 1))] for i in range(n)]
     assert all(math.isfinite(v) for key in ("short_factor", "long_factor") for v in out[key])
     return out
+
+
+def check(name: str):
+    """One published config, shrunk, built, saved in its own dtype and compared
+    (parity_tests.fuzz_hf.run_case); None for a mixture of experts (not computed yet)."""
+    from .fuzz_hf import run_case
+
+    config = text_config(load(name))
+    if config["model_type"] in EXPERTS:
+        return None
+    dtype = config.get("torch_dtype") or config.get("dtype") or "float32"
+    return run_case(config["model_type"], shrink(config), saved_as=dtype)
+
+
+def table(names: list[str]) -> str:
+    """One row per checkpoint: its family, what it carries, the outcome and the error."""
+    from flax_blocks.checkpoints.hf_config import read_config
+
+    rows = ["| checkpoint (file) | model_type | dtype | rotary scaling | keys ignored | outcome | float32 error |",
+            "|---|---|---|---|---|---|---|"]
+    for name in names:
+        config = text_config(load(name))
+        out = check(name)
+        if out is None:
+            rows.append(f"| {name} | {config['model_type']} | | | | refused: mixture of experts | |")
+            continue
+        shrunk = shrink(config)
+        read = read_config(shrunk)
+        scaling = read.cfg.rope_scaling.rope_type if read.cfg.rope_scaling is not None else ""
+        unread = ", ".join(f"`{k}`" for k in sorted(read.ignored) if read.family.classify(k) == "unread")
+        error = f"{out.error:.1e}" if out.error is not None else ""
+        rows.append(f"| {name} | {config['model_type']} | {config.get('torch_dtype') or config.get('dtype') or ''} "
+                    f"| {scaling} | {unread} | {out.kind} | {error} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.published", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--doc", metavar="FILE", help=f"replace the table between this file's markers ({DOC})")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("FUZZ_HF_EAGER", "1")  # tiny models of alike sizes: eager ops' compiles are shared
+    text = table(names())
+    if args.doc:
+        markers.rewrite(args.doc, text, START, END, "published-configs")
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
