@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 from parity_tests import published  # noqa: E402
 from parity_tests.fuzz_hf import MODELS  # noqa: E402
 
+
 def test_the_corpus_holds_the_popular_checkpoints_of_every_family():
     names = published.names()
     types = {published.text_config(published.load(n))["model_type"] for n in names}
@@ -42,9 +43,10 @@ def test_the_committed_table_lists_every_file_as_the_writer_writes_its_rows():
         doc = f.read()
     assert published.START in doc
     body = doc.split(published.START)[1].split(published.END)[0]
-    rows = [r for r in body.splitlines() if r.startswith("| ") and not r.startswith("| checkpoint")]
-    assert sorted(r.split(" | ")[0][2:] for r in rows) == published.names()
-    outcomes = {r.split(" | ")[0][2:]: r.split(" | ")[5] for r in rows}
+    rows = [[cell.strip() for cell in r.strip("|").split("|")] for r in body.splitlines()
+            if r.startswith("| ") and not r.startswith("| checkpoint")]
+    assert sorted(r[0] for r in rows) == published.names()
+    outcomes = {r[0]: r[5] for r in rows}
     assert {n for n, o in outcomes.items() if o != "equal"} == {
         n for n in published.names() if published.text_config(published.load(n))["model_type"] in published.EXPERTS}
 
