@@ -99,7 +99,8 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(attention="fused", attn_logit_softcapping=50.0), ["attention='fused'", "soft-cap", "'blocked'"]),
         (dict(query_pre_attn_scalar=0), ["query_pre_attn_scalar", "> 0"]),
         (dict(partial_rotary_factor=1.5), ["partial_rotary_factor", "(0, 1]"]),
-        (dict(num_heads=2, rope_theta=1e4, partial_rotary_factor=0.25), ["rotary_dim", "even"]),
+        (dict(d_model=8, num_heads=4, rope_theta=1e4, partial_rotary_factor=0.25), ["rotary_dim", "at least 1"]),
+        (dict(d_model=12, num_heads=4, rope_theta=1e4), ["even head_dim"]),  # 3 dims: HF rotates 4, no head has
         (dict(norm_weight_offset=float("nan")), ["norm_weight_offset", "finite"]),
         (dict(qk_norm_over="heads"), ["qk_norm_over", "projection"]),
         (dict(mlp_bias=1), ["mlp_bias", "None or a bool"]),
