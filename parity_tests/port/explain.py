@@ -43,6 +43,7 @@ class Mistake:
     swaps: list[tuple[Any, Any]] = field(default_factory=list)
     args: Callable[[tuple, dict], tuple[tuple, dict]] | None = None
     seen: list = field(default_factory=list, compare=False)
+    dead: list = field(default_factory=list, compare=False)  # (B, Tq) queries the mistaken mask leaves no key
 
     @contextlib.contextmanager
     def made(self, which: int | None = None) -> Iterator[list[int]]:
@@ -193,7 +194,17 @@ def _is_mask(t) -> bool:
     return bool(masked.any()) and bool((masked | (t == 0)).all())
 
 
-def _masks_changed(change: Callable, only_causal: bool) -> Callable[[tuple, dict], tuple[tuple, dict]]:
+def _note_dead(keep, dead: list) -> None:
+    """Note the queries a mask (True = may attend, (..., Tq, Tk)) lets attend no key: what a
+    port gives there is its own convention (NaN, zeros, uniform weights, the unmasked
+    softmax of a finite fill), so those rows are not compared."""
+    rows = ~keep.any(-1)
+    while rows.ndim > 2:
+        rows = rows.any(1)
+    dead.append(rows.cpu().numpy())
+
+
+def _masks_changed(change: Callable, only_causal: bool, dead: list) -> Callable[[tuple, dict], tuple[tuple, dict]]:
     """The replayed call's arguments with each mask `change`d (as additive float masks)."""
     import torch
 
@@ -208,7 +219,9 @@ def _masks_changed(change: Callable, only_causal: bool) -> Callable[[tuple, dict
                 return t
             hit[0] = True
             dtype = t.dtype if t.is_floating_point() else torch.float64
-            return _additive(change(keep), dtype)
+            new = change(keep)
+            _note_dead(new, dead)
+            return _additive(new, dtype)
 
         out = map_nested(one, (args, kwargs))
         if not hit[0]:
@@ -217,7 +230,7 @@ def _masks_changed(change: Callable, only_causal: bool) -> Callable[[tuple, dict
     return go
 
 
-def _sdpa(scale_of=None, mask_change: Callable | None = None, causal_offset: int = 0):
+def _sdpa(scale_of=None, mask_change: Callable | None = None, causal_offset: int = 0, dead: list | None = None):
     """F.scaled_dot_product_attention with its scale replaced, its mask changed (as a keep
     mask), or its causal diagonal moved (is_causal made explicit)."""
     def make(f):
@@ -231,15 +244,19 @@ def _sdpa(scale_of=None, mask_change: Callable | None = None, causal_offset: int
                 if is_causal:
                     attn_mask, is_causal = torch.tril(torch.ones(n, s, dtype=torch.bool)), False
                 if attn_mask is not None and _causal_like(_keep(attn_mask)):
-                    attn_mask = _additive(_shift(_keep(attn_mask), causal_offset), q.dtype)
+                    new = _shift(_keep(attn_mask), causal_offset)
+                    _note_dead(new, dead)
+                    attn_mask = _additive(new, q.dtype)
             if mask_change is not None and attn_mask is not None:
-                attn_mask = _additive(mask_change(_keep(attn_mask)), q.dtype)
+                new = mask_change(_keep(attn_mask))
+                _note_dead(new, dead)
+                attn_mask = _additive(new, q.dtype)
             return f(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
         return sdpa
     return make
 
 
-def _future_shifted(offset: int):
+def _future_shifted(offset: int, dead: list):
     """masked_fill with a "future" mask (True above the diagonal) moved by one."""
     def make(f):
         def fill(self, mask, value):
@@ -248,6 +265,7 @@ def _future_shifted(offset: int):
             n = mask.shape[-1]
             if mask.dtype == torch.bool and mask.ndim >= 2 and mask.shape[-2] == n and _causal_like(~mask):
                 mask = ~_shift(~mask, offset)
+                _note_dead(~mask, dead)
             return f(self, mask, value)
         return fill
     return make
@@ -577,15 +595,20 @@ def mistakes(root, eps_values: list[float]) -> Iterator[Mistake]:
     yield Mistake("mask: the flax port reads the padding mask in the opposite sense (nn.MultiheadAttention's "
                   "key_padding_mask: True = padding; flax's mask: True = may attend)",
                   {(F, "multi_head_attention_forward"): _mha_mask_flipped})
-    yield Mistake(MASK_SENSE, args=_masks_changed(_flip_padding, only_causal=False))
+    dead: list = []
+    yield Mistake(MASK_SENSE, args=_masks_changed(_flip_padding, False, dead), dead=dead)
+    dead = []
     yield Mistake(MASK_SENSE, {(torch.Tensor, "masked_fill"): lambda f: lambda self, m, v: f(self, ~m, v),
-                               (F, "scaled_dot_product_attention"): _sdpa(mask_change=_flip_padding)})
+                               (F, "scaled_dot_product_attention"): _sdpa(mask_change=_flip_padding, dead=dead)},
+                  dead=dead)
     for offset, says in ((1, "each query also sees the next key (tril(k=1))"),
                          (-1, "no query sees its own key (tril(k=-1), or triu(k=0) as the masked part)")):
         sentence = f"causal mask: the flax port's is shifted by one: {says} where torch's is tril (k=0)"
-        yield Mistake(sentence, args=_masks_changed(lambda keep, o=offset: _shift(keep, o), only_causal=True))
-        yield Mistake(sentence, {(F, "scaled_dot_product_attention"): _sdpa(causal_offset=offset),
-                                 (torch.Tensor, "masked_fill"): _future_shifted(offset)})
+        dead = []
+        yield Mistake(sentence, args=_masks_changed(lambda keep, o=offset: _shift(keep, o), True, dead), dead=dead)
+        dead = []
+        yield Mistake(sentence, {(F, "scaled_dot_product_attention"): _sdpa(causal_offset=offset, dead=dead),
+                                 (torch.Tensor, "masked_fill"): _future_shifted(offset, dead)}, dead=dead)
     yield Mistake("padding: the flax port pads the other side of the sequence (F.pad's (left, right) "
                   "read as (right, left): the future where torch pads the past, or the reverse)",
                   {(F, "pad"): lambda f: lambda x, pad, *a, **k: f(x, _swap_sides(pad), *a, **k)})
@@ -612,15 +635,20 @@ def mistakes(root, eps_values: list[float]) -> Iterator[Mistake]:
             yield _conv(kind, pad, f"conv padding: the flax port pads {says} where torch pads otherwise")
 
 
-def gap(target: list[np.ndarray], outs: list[np.ndarray]) -> float:
+def gap(target: list[np.ndarray], outs: list[np.ndarray], dead: list | None = None) -> float:
     """The worst error of torch's outputs (fitted to the port's shapes) against the port's,
-    non-finite values required in the same places."""
+    non-finite values required in the same places; rows of queries a mistaken mask leaves no
+    key (`dead`, (B, Tq) each) left out where an output is laid out (B, Tq, ...)."""
     n = min(len(target), len(outs))
     if n == 0:
         return float("inf")
+    rows = np.logical_or.reduce([np.broadcast_to(d, dead[0].shape) for d in dead]) if dead else None
     errs = []
     for a, b in zip(target[:n], outs[:n], strict=True):
-        g = fit(np.asarray(b), np.asarray(a).shape)
+        a = np.asarray(a)
+        g = fit(np.asarray(b), a.shape)
+        if g is not None and rows is not None and rows.any() and a.shape[:rows.ndim] == rows.shape:
+            a, g = a[~rows], g[~rows]
         errs.append(float("inf") if g is None else same_nan_err([a], [g]))
     return max(errs)
 
@@ -666,7 +694,7 @@ def explain(torch_module, args: tuple, kwargs: dict, target: list[np.ndarray], t
     def replay(m: Mistake) -> float:
         a, k = m.args(args, kwargs) if m.args is not None else (args, kwargs)
         with torch.enable_grad():  # as autograd would: nn.MultiheadAttention's no-grad fast path skips F
-            return gap(target, adapt(torch_module(*a, **k)))
+            return gap(target, adapt(torch_module(*a, **k)), m.dead)
 
     try:
         if replay(Mistake("")) <= tol:
@@ -677,6 +705,7 @@ def explain(torch_module, args: tuple, kwargs: dict, target: list[np.ndarray], t
         if not (m.patches or m.forwards or m.swaps or m.args):
             continue
         try:
+            m.dead.clear()
             with m.made() as count:
                 err = replay(m)
         except Exception:
@@ -685,6 +714,7 @@ def explain(torch_module, args: tuple, kwargs: dict, target: list[np.ndarray], t
             return m.sentence()
         for which in range(min(count[0], 4) if count[0] > 1 else 0):  # the mistake in one call only
             m.seen.clear()
+            m.dead.clear()
             try:
                 with m.made(which):
                     err = replay(m)
@@ -693,6 +723,7 @@ def explain(torch_module, args: tuple, kwargs: dict, target: list[np.ndarray], t
             if err <= tol:
                 return m.sentence() + f" (in its call #{which + 1} of that function here)"
         m.seen.clear()
+        m.dead.clear()
     try:
         return _fast_variance(torch_module, args, kwargs, target, tol)
     except Exception:

@@ -110,9 +110,13 @@ def _has_params(m) -> bool:
     return any(True for _ in m.parameters())
 
 
-def _never_called(c: Call, ctx: Context) -> bool:
-    """A torch call of a module with parameters whose Flax module exists and never ran."""
-    return c.path in ctx.fmodules and c.path not in ctx.fcalled and _has_params(c.module)
+def never_called(c: Call, ctx: Context) -> bool:
+    """A torch call of a module with parameters whose Flax module exists and never ran, nor
+    anything inside it (an nnx.Dict whose layers the port calls is no skipped module)."""
+    if c.path not in ctx.fmodules or not _has_params(c.module):
+        return False
+    inside = c.path + "."
+    return not any(p == c.path or p.startswith(inside) or c.path == "" for p in ctx.fcalled)
 
 
 # ----------------------------------------------------------------------------------------
@@ -173,7 +177,7 @@ def _between(p: Paired, parent: Paired, prev: Call | None, pairs: list[Paired], 
     left out, an argument that differs, axes swapped, or a known mistake in `parent`."""
     t, pt = p.t, parent.t
     for c in descendants(pt):  # a module torch calls there that the port never does
-        if c.start < t.start and c.path not in {q.t.path for q in pairs} and _never_called(c, ctx):
+        if c.start < t.start and c.path not in {q.t.path for q in pairs} and never_called(c, ctx):
             return _skipped(c, pt, t, pairs, ctx, p.row.tol_in, p)
     index = {id(q.t): q for q in pairs}
     why = _argument_differs(p) or _left_out(p, pt, index) or _swapped_axes(p) or _weights_of(parent, ctx, own=True) \
@@ -188,7 +192,7 @@ def _skipped_inside(cand: Paired, pairs: list[Paired], ctx: Context) -> Divergen
     """A module of `cand` that torch calls and the port never does (a final norm skipped)."""
     paths = {q.t.path for q in pairs}
     for c in descendants(cand.t):
-        if c.path not in paths and _never_called(c, ctx):
+        if c.path not in paths and never_called(c, ctx):
             parent = c.parent
             while parent is not None and parent.path not in paths:
                 parent = parent.parent

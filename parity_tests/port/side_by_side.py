@@ -16,7 +16,7 @@ from . import islands
 from .errors import rel_err_leaves
 from .explain import explain
 from .gradients import FLOOR32, cotangents, flax_loss, gradients, torch_grads, weight_states
-from .locate import Context, Paired, locate, within
+from .locate import Context, Paired, locate, never_called, within
 from .pairing import Pairing, compare_values, named_leaves, pair_arguments, paired_outputs
 from .record import Call, is_float, leaves, map_nested, record_flax, record_torch, to_numpy
 from .report import Divergence, PortReport, Row
@@ -242,27 +242,23 @@ def call_module(module, args: tuple, kwargs: dict) -> Any:
 
 
 def computes_in_float32(module, args: tuple, kwargs: dict, cache: dict) -> bool:
-    """Whether the Flax module's program on these arguments holds a float32 (or float16,
+    """Whether the Flax module's computation on these arguments holds a float32 (or float16,
     bfloat16) value: in a float64 run, a float32 island of the port's own (an astype to
-    float32 around a softmax or a norm, as HF's code does). Remembered per (module
-    structure, call structure), as its compiled program is."""
+    float32 around a softmax or a norm, as HF's code does). Read from its jaxpr (the module's
+    static attributes need not be hashable); remembered per module."""
     import jax
     from flax import nnx
 
-    arrays: list = []
-    skel = _skeleton((args, kwargs), arrays)
-    graphdef, state = nnx.split(module)
-    try:
-        key = hash((graphdef, skel))
-    except TypeError:
-        return False
-    if key not in cache:
+    if id(module) not in cache:
+        arrays: list = []
+        skel = _skeleton((args, kwargs), arrays)
+        graphdef, state = nnx.split(module)
         try:
-            text = jax.jit(_apply, static_argnums=(0, 1)).lower(graphdef, skel, state, arrays).as_text()
+            text = str(jax.make_jaxpr(lambda st, xs: _apply(graphdef, skel, st, xs))(state, arrays))
         except Exception:
             text = ""
-        cache[key] = bool(re.search(r"[x<](f32|f16|bf16)>", text))
-    return cache[key]
+        cache[id(module)] = bool(re.search(r"\b(f32|f16|bf16)\[", text))
+    return cache[id(module)]
 
 
 def _port_islands(paired: list[Paired], cache: dict) -> list[str]:
@@ -698,8 +694,7 @@ def _never_called_rows(tcalls: list[Call], paired: list[Paired], ctx: Context) -
     paths = {p.t.path for p in paired}
     rows = []
     for c in tcalls:
-        if c.index == 0 and c.path not in paths and c.path in ctx.fmodules and c.path not in ctx.fcalled \
-                and _has_params(c.module):
+        if c.index == 0 and c.path not in paths and never_called(c, ctx):
             rows.append(Row(c.path, c.path, 0, float("nan"), float("nan"), None, None, TOL64,
                             status="not called", note="the port never calls it"))
     return rows
