@@ -143,8 +143,8 @@ def _run(pool: ThreadPoolExecutor | None, calls: list[Callable[[], None]]) -> No
 def host_buffer(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """An uninitialised C-order array of its own anonymous memory map (page-aligned, so XLA
     adopts it), in the kernel's small pages: numpy's own large arrays ask for transparent
-    huge pages, whose first touch took 1.9 s for 0.78 GB here (memory the VM had not
-    backed yet) against 0.26 s for small pages. Unmapped when the last array on it goes."""
+    huge pages, whose first touch is 4x slower on this VM (the load bench's two limit rows).
+    Unmapped when the last array on it goes."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes < mmap.PAGESIZE or not hasattr(mmap, "MAP_ANONYMOUS"):  # numpy's allocator, aligned by hand
@@ -179,8 +179,8 @@ def _madvise() -> Any:
 
 def populate(piece: np.ndarray) -> None:
     """Fault in the pages under `piece` (C-contiguous) before they are written: one call does
-    what a page fault per 4 KiB page would (0.18 s against 0.26 s for 0.78 GB here), and the
-    reader threads do it side by side. Where the kernel lacks it, the copies fault them in."""
+    what a page fault per 4 KiB page would, for less, and the reader threads do it side by
+    side. Where the kernel lacks it (before Linux 5.14), the copies fault them in."""
     fn = _madvise()
     if fn is not None and piece.nbytes >= mmap.PAGESIZE:  # (smaller buffers are numpy's own)
         start = piece.ctypes.data
