@@ -7,9 +7,11 @@ that plant one known porting mistake. The port checker's tests on real models
 
     transformers model   port               mistakes it can plant
     GPT2Model            FlaxGPT2Model      gelu (exact for gelu_new), scale, causal offset, head split,
-                                            final norm skipped, position embeddings dropped
+                                            final norm skipped, position embeddings dropped or offset;
+                                            mask_style="additive": HF's old Flax masks (-1e9, -1e4)
     BertModel            FlaxBertModel      gelu (tanh for exact), eps, padding mask inverted,
-                                            token-type embeddings dropped, fast variance
+                                            token-type embeddings dropped, fast variance;
+                                            mask_style="bool": a boolean (B, 1, 1, T) mask
     LlamaModel           FlaxLlamaModel     rotary interleaved (in attention, or the model's tables), GQA
                                             tiled, norm eps outside the root, (1 + w) scale, LayerNorm for
                                             RMSNorm, norm eps, GELU for SiLU, causal offset (mask built
@@ -53,12 +55,25 @@ def merge_heads(x: jax.Array, order: str = "heads-first") -> jax.Array:
     return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, keep: jax.Array | None, scale: float) -> jax.Array:
-    """softmax(q k^T * scale) v over (B, H, T, D); keep: True where a query may attend."""
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, keep: jax.Array | None, scale: float,
+           upcast: bool = False) -> jax.Array:
+    """softmax(q k^T * scale) v over (B, H, T, D); keep: True where a query may attend;
+    upcast: the softmax in float32, as HF's eager code does."""
     att = (q @ k.swapaxes(-1, -2)) * scale
     if keep is not None:
         att = jnp.where(keep, att, jnp.finfo(att.dtype).min)
-    return jax.nn.softmax(att, axis=-1) @ v
+    return jax.nn.softmax(att.astype(jnp.float32) if upcast else att, axis=-1).astype(q.dtype) @ v
+
+
+def attend_additive(q: jax.Array, k: jax.Array, v: jax.Array, future: jax.Array, bias: jax.Array | None,
+                    scale: float, upcast: bool = False) -> jax.Array:
+    """HF's old Flax style: future keys filled with -1e9, a (B, 1, 1, T) additive padding bias
+    (-1e4 where padding) added; upcast: the softmax in float32, as HF's eager code does."""
+    att = jnp.where(future, -1e9, (q @ k.swapaxes(-1, -2)) * scale)
+    if bias is not None:
+        att = att + bias
+    weights = jax.nn.softmax(att.astype(jnp.float32) if upcast else att, axis=-1).astype(q.dtype)
+    return weights @ v
 
 
 def causal(t: int, offset: int = 0) -> jax.Array:
@@ -101,17 +116,20 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array, interleaved: bool
 
 
 class RMSNorm(nnx.Module):
-    """A hand-written RMSNorm with HF's parameter name (`weight`). mistakes: eps="outside"
-    (x / (rms + eps)), one_plus=True (scales by 1 + weight)."""
+    """A hand-written RMSNorm with HF's parameter name (`weight`); upcast: computed in float32
+    and cast back, as HF's LlamaRMSNorm does. mistakes: eps="outside" (x / (rms + eps)),
+    one_plus=True (scales by 1 + weight)."""
 
-    def __init__(self, dim: int, eps: float, *, eps_place: str = "inside", one_plus: bool = False):
+    def __init__(self, dim: int, eps: float, *, eps_place: str = "inside", one_plus: bool = False,
+                 upcast: bool = False):
         self.weight = nnx.Param(jnp.ones((dim,)))
-        self.eps, self.eps_place, self.one_plus = eps, eps_place, one_plus
+        self.eps, self.eps_place, self.one_plus, self.upcast = eps, eps_place, one_plus, upcast
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        ms = jnp.mean(x * x, axis=-1, keepdims=True)
-        y = x / (jnp.sqrt(ms) + self.eps) if self.eps_place == "outside" else x * jax.lax.rsqrt(ms + self.eps)
-        return y * (1 + self.weight[...] if self.one_plus else self.weight[...])
+        h = x.astype(jnp.float32) if self.upcast else x
+        ms = jnp.mean(h * h, axis=-1, keepdims=True)
+        y = h / (jnp.sqrt(ms) + self.eps) if self.eps_place == "outside" else h * jax.lax.rsqrt(ms + self.eps)
+        return (1 + self.weight[...] if self.one_plus else self.weight[...]) * y.astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------
@@ -120,22 +138,24 @@ class RMSNorm(nnx.Module):
 
 
 class FlaxGPT2Attention(nnx.Module):
-    def __init__(self, cfg, *, rngs: nnx.Rngs, split: str, scale: str, causal_offset: int):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, split: str, scale: str, causal_offset: int, mask_style: str):
         e = cfg.n_embd
         self.n_head = cfg.n_head
         self.c_attn = nnx.Linear(e, 3 * e, rngs=rngs)
         self.c_proj = nnx.Linear(e, e, rngs=rngs)
-        self.split, self.scale, self.causal_offset = split, scale, causal_offset
+        self.split, self.scale, self.causal_offset, self.mask_style = split, scale, causal_offset, mask_style
 
     def __call__(self, x: jax.Array, keep: jax.Array | None) -> jax.Array:  # (B, T, E), (B, 1, 1, T)
         t = x.shape[1]
         order = "heads-last" if self.split.startswith("heads-last") else "heads-first"
         q, k, v = (split_heads(a, self.n_head, order) for a in jnp.split(self.c_attn(x), 3, axis=-1))
         d = q.shape[-1]
-        mask = causal(t, self.causal_offset)
-        mask = mask if keep is None else mask & keep
         scale = {"d": 1 / d, "none": 1.0}.get(self.scale, d ** -0.5)
-        y = attend(q, k, v, mask, scale)
+        if self.mask_style == "additive":  # keep: an additive (B, 1, 1, T) bias here
+            y = attend_additive(q, k, v, ~causal(t, self.causal_offset), keep, scale)
+        else:
+            mask = causal(t, self.causal_offset)
+            y = attend(q, k, v, mask if keep is None else mask & keep, scale)
         return self.c_proj(merge_heads(y, "heads-last" if self.split == "heads-last-both" else "heads-first"))
 
 
@@ -153,7 +173,7 @@ class FlaxGPT2Block(nnx.Module):
     def __init__(self, cfg, *, rngs: nnx.Rngs, **mistakes):
         self.ln_1 = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
         self.attn = FlaxGPT2Attention(cfg, rngs=rngs, split=mistakes["split"], scale=mistakes["scale"],
-                                      causal_offset=mistakes["causal_offset"])
+                                      causal_offset=mistakes["causal_offset"], mask_style=mistakes["mask_style"])
         self.ln_2 = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
         self.mlp = FlaxGPT2MLP(cfg, rngs=rngs, exact_gelu=mistakes["exact_gelu"])
 
@@ -168,18 +188,22 @@ class FlaxGPT2Model(nnx.Module):
     pos_offset=n (positions from n, as OPT's are offset by 2)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, exact_gelu: bool = False, scale: str = "sqrt", causal_offset: int = 0,
-                 split: str = "heads-first", skip_ln_f: bool = False, no_wpe: bool = False, pos_offset: int = 0):
+                 split: str = "heads-first", skip_ln_f: bool = False, no_wpe: bool = False, pos_offset: int = 0,
+                 mask_style: str = "keep"):
         self.wte = nnx.Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
         self.wpe = nnx.Embed(cfg.n_positions, cfg.n_embd, rngs=rngs)
         self.h = nnx.List([FlaxGPT2Block(cfg, rngs=rngs, exact_gelu=exact_gelu, scale=scale,
-                                         causal_offset=causal_offset, split=split) for _ in range(cfg.n_layer)])
+                                         causal_offset=causal_offset, split=split, mask_style=mask_style)
+                           for _ in range(cfg.n_layer)])
         self.ln_f = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
-        self.skip_ln_f, self.no_wpe, self.pos_offset = skip_ln_f, no_wpe, pos_offset
+        self.skip_ln_f, self.no_wpe, self.pos_offset, self.mask_style = skip_ln_f, no_wpe, pos_offset, mask_style
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         pos = jnp.arange(input_ids.shape[1]) + self.pos_offset  # (T,)
         x = self.wte(input_ids) if self.no_wpe else self.wte(input_ids) + self.wpe(pos)
         keep = padding(attention_mask)
+        if self.mask_style == "additive" and attention_mask is not None:  # HF's old Flax GPT-2: -1e4 on padding
+            keep = (1.0 - attention_mask[:, None, None, :].astype(x.dtype)) * -10000.0
         for block in self.h:
             x = block(x, keep)
         return x if self.skip_ln_f else self.ln_f(x)
@@ -213,11 +237,13 @@ class FlaxBertSelfAttention(nnx.Module):
         self.num_heads = cfg.num_attention_heads
         self.query, self.key, self.value = (nnx.Linear(h, h, rngs=rngs) for _ in range(3))
 
-    def __call__(self, x: jax.Array, bias: jax.Array | None) -> jax.Array:  # bias: (B, 1, 1, T) additive
+    def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:  # (B, 1, 1, T): additive, or bool keep
         q, k, v = (split_heads(f(x), self.num_heads) for f in (self.query, self.key, self.value))
         att = (q @ k.swapaxes(-1, -2)) / math.sqrt(q.shape[-1])
-        if bias is not None:
-            att = att + bias
+        if mask is not None and mask.dtype == jnp.bool_:
+            att = jnp.where(mask, att, -1e9)
+        elif mask is not None:
+            att = att + mask
         return merge_heads(jax.nn.softmax(att, axis=-1) @ v)
 
 
@@ -285,13 +311,14 @@ class FlaxBertModel(nnx.Module):
     LayerNorm), mask_inverted, no_token_type, fast_variance (the embeddings' LayerNorm)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, tanh_gelu: bool = False, eps: float | None = None,
-                 mask_inverted: bool = False, no_token_type: bool = False, fast_variance: bool = False):
+                 mask_inverted: bool = False, no_token_type: bool = False, fast_variance: bool = False,
+                 mask_style: str = "additive"):
         eps = cfg.layer_norm_eps if eps is None else eps
         self.embeddings = FlaxBertEmbeddings(cfg, rngs=rngs, eps=eps, no_token_type=no_token_type,
                                              fast_variance=fast_variance)
         self.encoder = FlaxBertEncoder(cfg, rngs=rngs, eps=eps, tanh_gelu=tanh_gelu)
         self.pooler = FlaxBertPooler(cfg, rngs=rngs)
-        self.mask_inverted = mask_inverted
+        self.mask_inverted, self.mask_style = mask_inverted, mask_style
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -299,9 +326,11 @@ class FlaxBertModel(nnx.Module):
             token_type_ids = jnp.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)
         bias = None
-        if attention_mask is not None:  # additive, (B, 1, 1, T): 0 where a key may be attended
+        if attention_mask is not None:  # (B, 1, 1, T): additive (0 where a key may be attended), or bool
             masked = attention_mask == 1 if self.mask_inverted else attention_mask == 0
             bias = jnp.where(masked, jnp.finfo(x.dtype).min, 0.0)[:, None, None, :].astype(x.dtype)
+            if self.mask_style == "bool":
+                bias = ~masked[:, None, None, :]
         x = self.encoder(x, bias)
         return x, self.pooler(x)
 
@@ -312,13 +341,14 @@ class FlaxBertModel(nnx.Module):
 
 
 def make_norm(dim: int, eps: float, norm: str, *, rngs: nnx.Rngs) -> nnx.Module:
-    """The port's RMSNorm: nnx.RMSNorm, or (mistakes) nnx.LayerNorm, or a hand-written one
-    with eps outside the root or a (1 + w) scale."""
+    """The port's RMSNorm: nnx.RMSNorm, or a hand-written one computing in float32 as HF's
+    does ("upcast"), or (mistakes) nnx.LayerNorm, or a hand-written one with eps outside the
+    root or a (1 + w) scale."""
     if norm == "layernorm":
         return nnx.LayerNorm(dim, epsilon=eps, rngs=rngs)
-    if norm in ("eps-outside", "one-plus"):
+    if norm in ("eps-outside", "one-plus", "upcast"):
         return RMSNorm(dim, eps, eps_place="outside" if norm == "eps-outside" else "inside",
-                       one_plus=norm == "one-plus")
+                       one_plus=norm == "one-plus", upcast=norm == "upcast")
     return nnx.RMSNorm(dim, epsilon=eps, rngs=rngs)
 
 
@@ -329,7 +359,7 @@ def rotate_pairs(x: jax.Array) -> jax.Array:
 
 
 class FlaxLlamaAttention(nnx.Module):
-    def __init__(self, cfg, *, rngs: nnx.Rngs, rope: str, gqa: str):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, rope: str, gqa: str, upcast: bool):
         h, d = cfg.hidden_size, cfg.hidden_size // cfg.num_attention_heads
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
         bias = getattr(cfg, "attention_bias", False)  # Qwen2: biases on q, k, v, none on o
@@ -338,7 +368,7 @@ class FlaxLlamaAttention(nnx.Module):
         self.k_proj = nnx.Linear(h, self.n_kv * d, use_bias=qkv_bias, rngs=rngs)
         self.v_proj = nnx.Linear(h, self.n_kv * d, use_bias=qkv_bias, rngs=rngs)
         self.o_proj = nnx.Linear(self.n_heads * d, h, use_bias=bias, rngs=rngs)
-        self.rope, self.gqa = rope, gqa
+        self.rope, self.gqa, self.upcast = rope, gqa, upcast
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, keep: jax.Array | None) -> jax.Array:
         t = x.shape[1]
@@ -355,7 +385,7 @@ class FlaxLlamaAttention(nnx.Module):
             k, v = jnp.repeat(k, n_rep, axis=1), jnp.repeat(v, n_rep, axis=1)
         if keep is None or keep.shape[-2] == 1:  # a padding mask: the causal part is applied here
             keep = causal(t) if keep is None else causal(t) & keep
-        return self.o_proj(merge_heads(attend(q, k, v, keep, self.head_dim ** -0.5)))
+        return self.o_proj(merge_heads(attend(q, k, v, keep, self.head_dim ** -0.5, upcast=self.upcast)))
 
 
 class FlaxLlamaMLP(nnx.Module):
@@ -386,17 +416,20 @@ class FlaxLlamaDecoderLayer(nnx.Module):
 class FlaxLlamaModel(nnx.Module):
     """LlamaModel's (and Qwen2Model's) port; (cos, sin) of shape (T, head_dim) computed here.
     Variations: mask_in_root (the model builds the (B, 1, T, T) causal-and-padding mask its
-    layers take). mistakes: rope="interleaved" (in attention) / "interleaved-tables" (the
-    model's tables and attention's rotation both pair adjacent features), gqa="tile",
-    norm="layernorm" / "eps-outside" / "one-plus", eps (every norm), act="gelu",
-    causal_offset=+-1 (with mask_in_root)."""
+    layers take), upcast (norms and softmax in float32, as HF's code). mistakes:
+    rope="interleaved" (in attention) / "interleaved-tables" (the model's tables and
+    attention's rotation both pair adjacent features), gqa="tile", norm="layernorm" /
+    "eps-outside" / "one-plus", eps (every norm), act="gelu", causal_offset=+-1 (with
+    mask_in_root)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, rope: str = "halves", gqa: str = "repeat", norm: str = "rms",
-                 eps: float | None = None, act: str = "silu", mask_in_root: bool = False, causal_offset: int = 0):
+                 eps: float | None = None, act: str = "silu", mask_in_root: bool = False, causal_offset: int = 0,
+                 upcast: bool = False):
         eps = cfg.rms_norm_eps if eps is None else eps
+        norm = "upcast" if upcast and norm == "rms" else norm
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
-        self.layers = nnx.List([FlaxLlamaDecoderLayer(cfg, rngs=rngs, norm=norm, eps=eps, act=act, rope=rope, gqa=gqa)
-                                for _ in range(cfg.num_hidden_layers)])
+        self.layers = nnx.List([FlaxLlamaDecoderLayer(cfg, rngs=rngs, norm=norm, eps=eps, act=act, rope=rope, gqa=gqa,
+                                                      upcast=upcast) for _ in range(cfg.num_hidden_layers)])
         self.norm = make_norm(cfg.hidden_size, eps, norm, rngs=rngs)
         self.head_dim = cfg.hidden_size // cfg.num_attention_heads
         self.theta = cfg.rope_parameters["rope_theta"]

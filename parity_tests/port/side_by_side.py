@@ -196,16 +196,22 @@ def _inputs(inputs: tuple, named: dict, dtype: str) -> tuple[list, list, dict, d
 # ----------------------------------------------------------------------------------------
 
 
-def _skeleton(obj: Any, arrays: list) -> Any:
-    """A hashable stand-in for nested args with every array leaf moved to `arrays`."""
+def _skeleton(obj: Any, arrays: list, seen: dict[int, int] | None = None) -> Any:
+    """A hashable stand-in for nested args with every array leaf moved to `arrays` (an
+    array met again, as a module's output is the next one's input, is held once when `seen`
+    is given)."""
     import jax
 
     if isinstance(obj, (tuple, list)):
-        return (type(obj).__name__, tuple(_skeleton(o, arrays) for o in obj))
+        return (type(obj).__name__, tuple(_skeleton(o, arrays, seen) for o in obj))
     if isinstance(obj, dict):
-        return ("dict", tuple((k, _skeleton(v, arrays)) for k, v in obj.items()))
+        return ("dict", tuple((k, _skeleton(v, arrays, seen)) for k, v in obj.items()))
     if isinstance(obj, (jax.Array, np.ndarray)) or hasattr(obj, "aval"):
+        if seen is not None and id(obj) in seen:
+            return ("array", seen[id(obj)])
         arrays.append(obj)
+        if seen is not None:
+            seen[id(obj)] = len(arrays) - 1
         return ("array", len(arrays) - 1)
     return ("literal", obj)
 
@@ -321,7 +327,8 @@ def _flax_run(fm, f_in: list, f_kw: dict, names: dict[str, Any], cots: list[np.n
         with record_flax(m, flax_modules(m)) as calls:
             out = m(*xs, **kw)
         arrays: list = []
-        box["skel"] = [_skeleton((c.args, c.kwargs, c.output), arrays) for c in calls]
+        seen: dict[int, int] = {}
+        box["skel"] = [_skeleton((c.args, c.kwargs, c.output), arrays, seen) for c in calls]
         box["calls"] = calls
         return (flax_loss(out, cots) if cots is not None else 0.0), (out, arrays)
 
