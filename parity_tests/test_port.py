@@ -281,7 +281,7 @@ def test_jax_nn_dot_product_attention_is_exact_in_the_float64_run():
             out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
             return out.reshape(*out.shape[:2], 16)
 
-    from parity_tests.port.side_by_side import _exact_dot_product_attention
+    from parity_tests.port.runs import _exact_dot_product_attention
 
     original = jax.nn.dot_product_attention
     with jax.enable_x64(True):  # why the float64 run replaces it: its softmax rounds to float32

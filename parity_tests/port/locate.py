@@ -310,3 +310,15 @@ def _inside_why(p: Paired, ctx: Context) -> str:
                     f"opposite sense to torch's ({inverted.torch.name}) and {p.f.path or 'it'} reads it as torch "
                     f"reads its own")
     return said
+
+
+def grad_divergence(rows: list[Row]) -> Divergence | None:
+    """Forward equal everywhere but a gradient differs: the last module (in execution order)
+    whose own parameters' gradients differ, the first the backward pass reaches."""
+    bad = [r for r in rows if r.grad is not None and r.grad > (r.grad_tol or r.tol)]
+    if not bad:
+        return None
+    r = bad[-1]
+    return Divergence(r.torch_path, r.flax_path, "inherited", r.grad,
+                      "the forward pass agrees but the gradients differ from here backward (a stop_gradient, detach or "
+                      "custom gradient in one of the two?)")

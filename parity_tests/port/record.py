@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,13 @@ def is_float(a: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return a.is_floating_point()
     return np.issubdtype(np.dtype(a.dtype), np.floating)
+
+
+def float_leaves(obj: Any, adapt: Callable | None = None) -> list[np.ndarray]:
+    """The floating array leaves of nested args as numpy, each through `adapt` (torch's
+    layout into the port's) when given."""
+    out = [to_numpy(a) for a in leaves(obj) if is_float(a)]
+    return [adapt(a) for a in out] if adapt else out
 
 
 def to_numpy(a: Any) -> np.ndarray:
