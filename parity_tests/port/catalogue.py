@@ -554,7 +554,7 @@ def _conv(kind: str, pad: Callable[[int], tuple[int, int]], says: str) -> Mistak
 # The catalogue
 # ----------------------------------------------------------------------------------------
 
-MASK_SENSE = ("mask: the flax port reads the mask in the opposite sense (torch bool masks: True = masked in "
+MASK_SENSE = ("mask: the flax port reads the mask in the opposite sense, inverted (torch bool masks: True = masked in "
               "masked_fill / nn.MultiheadAttention, True = may attend in scaled_dot_product_attention and HF's "
               "masks; flax: True = may attend)")
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import rel_err
 from .pairing import Pairing, compare_values, fit
-from .record import Call
+from .record import Call, float_leaves
 from .report import Divergence, Row
 
 
@@ -124,50 +124,38 @@ def never_called(c: Call, ctx: Context) -> bool:
 # ----------------------------------------------------------------------------------------
 
 
-def _float_out(c: Call, adapt) -> list[np.ndarray]:
-    from .record import is_float, leaves, to_numpy
-
-    out = [to_numpy(a) for a in leaves(c.output) if is_float(a)]
-    return [adapt(a) for a in out] if adapt else out
-
-
 def _data_pair(p: Paired):
     """The first float (data) argument pair of a call, the one a missing term would show in."""
     return next((a for a in p.args.pairs if a.torch is not None and a.flax.kind == "float" and not a.note), None)
 
 
 def _term(p: Paired, c: Call, tol: float) -> str:
-    """"leaves out" / "adds twice" when the port's input to `p` is torch's less / plus `c`'s
-    output (broadcast), else ""."""
+    """"leaves out" / "adds" when the port's input to `p` is torch's less / plus `c`'s output
+    (broadcast), else ""."""
     a = _data_pair(p)
-    outs = _float_out(c, None)
+    outs = float_leaves(c.output)
     if a is None or not outs:
         return ""
     t_in = fit(a.torch.value, a.flax.value.shape)
-    term = fit(outs[0], a.flax.value.shape) if t_in is not None else None
+    if t_in is None:
+        return ""
+    term = fit(outs[0], a.flax.value.shape)
     if term is None:
         try:
             term = np.broadcast_to(outs[0], a.flax.value.shape)
         except ValueError:
             return ""
-    if t_in is None:
-        return ""
     for sign, words in ((-1, "leaves out"), (1, "adds")):
         if rel_err(a.flax.value, t_in + sign * term) <= max(tol, 1e-9):
             return words
     return ""
 
 
-def _skipped(c: Call, parent: Call, before: Call, pairs: list[Paired], ctx: Context, tol: float,
-             p: Paired | None) -> Divergence:
+def _skipped(c: Call, parent: Call, pairs: list[Paired], more: str = "") -> Divergence:
+    """`c`, a module the port holds and never calls, as the divergence in its parent's code."""
     prev = previous(c, parent, pairs)
-    term = _term(p, c, tol) if p is not None else ""
-    said = f"the flax port never calls {c.path} ({type(c.module).__name__}), which torch calls in " \
-           f"{parent.path or '(root)'}'s code"
-    if term == "leaves out":
-        said += f": its input to {before.path} is torch's less {c.path}'s output"
-    elif p is None and before is parent:
-        said += f" last: the flax port returns {c.path}'s input"
+    said = (f"the flax port never calls {c.path} ({type(c.module).__name__}): it skips what torch computes there "
+            f"in {parent.path or '(root)'}'s code{more}")
     return Divergence(c.path, c.path, "between", float("nan"), said, parent=parent.path,
                       previous=prev.path if prev else None)
 
@@ -176,9 +164,12 @@ def _between(p: Paired, parent: Paired, prev: Call | None, pairs: list[Paired], 
     """`p` is given a wrong input by `parent`'s code: a module the port skips there, a term
     left out, an argument that differs, axes swapped, or a known mistake in `parent`."""
     t, pt = p.t, parent.t
+    paths = {q.t.path for q in pairs}
     for c in descendants(pt):  # a module torch calls there that the port never does
-        if c.start < t.start and c.path not in {q.t.path for q in pairs} and never_called(c, ctx):
-            return _skipped(c, pt, t, pairs, ctx, p.row.tol_in, p)
+        if c.start < t.start and c.path not in paths and never_called(c, ctx):
+            left_out = _term(p, c, p.row.tol_in) == "leaves out"
+            return _skipped(c, pt, pairs, f"; its input to {t.path} leaves out {c.path}'s output, which torch "
+                            f"adds" if left_out else "")
     index = {id(q.t): q for q in pairs}
     why = _argument_differs(p) or _left_out(p, pt, index) or _swapped_axes(p) or _weights_of(parent, ctx, own=True) \
         or ctx.explain(parent)
@@ -189,24 +180,20 @@ def _between(p: Paired, parent: Paired, prev: Call | None, pairs: list[Paired], 
 
 
 def _skipped_inside(cand: Paired, pairs: list[Paired], ctx: Context) -> Divergence | None:
-    """A module of `cand` that torch calls and the port never does (a final norm skipped)."""
+    """A module inside `cand` that torch calls and the port never does (a final norm skipped:
+    the port then returns what torch gives that module)."""
     paths = {q.t.path for q in pairs}
     for c in descendants(cand.t):
-        if c.path not in paths and never_called(c, ctx):
-            parent = c.parent
-            while parent is not None and parent.path not in paths:
-                parent = parent.parent
-            d = _skipped(c, parent or cand.t, parent or cand.t, pairs, ctx, cand.row.tol, None)
-            out_t = [a for a in _float_out(c, None)]
-            if out_t and cand.alone is not None:
-                from .record import is_float, leaves, to_numpy
-
-                got = [to_numpy(a) for a in leaves(cand.alone) if is_float(a)]
-                c_in = [to_numpy(a) for a in leaves((c.args, c.kwargs)) if is_float(a)]
-                if got and c_in and (compare_values(got[0], c_in[0]) or float("inf")) <= max(cand.row.tol_local, 1e-9):
-                    d.explanation = (f"the flax port never calls {c.path} ({type(c.module).__name__}): its "
-                                     f"{cand.f.path or '(root)'} returns what torch gives {c.path}")
-            return d
+        if c.path in paths or not never_called(c, ctx):
+            continue
+        parent = c.parent
+        while parent is not None and parent.path not in paths:
+            parent = parent.parent
+        got, given = float_leaves(cand.alone), float_leaves((c.args, c.kwargs))
+        err = compare_values(got[0], given[0]) if got and given else None
+        returns = err is not None and err <= max(cand.row.tol_local, 1e-9)
+        return _skipped(c, parent or cand.t, pairs, f"; its {cand.f.path or '(root)'} returns what torch gives "
+                        f"{c.path}" if returns else "")
     return None
 
 
@@ -306,8 +293,8 @@ def _inside_why(p: Paired, ctx: Context) -> str:
     if said.startswith("unexplained"):
         inverted = next((a for a in p.args.pairs if a.torch is not None and a.sense == "inverted"), None)
         if inverted is not None:
-            return (f"mask: the flax port gives {p.f.path or '(root)'} its mask ({inverted.flax.name}) in the "
-                    f"opposite sense to torch's ({inverted.torch.name}) and {p.f.path or 'it'} reads it as torch "
+            return (f"mask: the flax port gives {p.f.path or '(root)'} its mask ({inverted.flax.name}) inverted, in "
+                    f"the opposite sense to torch's ({inverted.torch.name}), and {p.f.path or 'it'} reads it as torch "
                     f"reads its own")
     return said
 

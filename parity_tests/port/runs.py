@@ -374,8 +374,8 @@ def island_lines(calls: list[Call], found: dict[int, set[str]]) -> list[str]:
     lines = []
     for cls, paths in by_class.items():
         where = ", ".join(paths[:3]) + (f", ... ({len(paths)} modules)" if len(paths) > 3 else "")
-        lines.append(f"{cls} computes in float32 in torch ({where}): judged at float32's floor (ten times torch's "
-                     f"own float32 noise there, at least {FLOOR32:g}), as is what it feeds")
+        lines.append(f"{cls} computes in float32 in torch: judged at float32's floor (ten times torch's own "
+                     f"float32 noise there, at least {FLOOR32:g}), as is what it feeds [{where}]")
     return lines
 
 

@@ -288,8 +288,8 @@ def _port_islands(paired: list[Paired], cache: dict) -> list[str]:
     found: dict[str, list[str]] = {}
     for p in inner:
         found.setdefault(type(p.f.module).__name__, []).append(p.f.path or "(root)")
-    return [f"{cls} computes in float32 in the port ({', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}): "
-            f"judged at float32's floor ({FLOOR32:g}), as is what follows it" for cls, paths in found.items()]
+    return [f"{cls} computes in float32 in the port: judged at float32's floor ({FLOOR32:g}), as is what follows "
+            f"it [{', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}]" for cls, paths in found.items()]
 
 
 def _alone_args(fcall: Call, pairing: Pairing) -> tuple[tuple, dict]:
