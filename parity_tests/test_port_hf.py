@@ -177,6 +177,14 @@ def test_the_padding_idx_row_is_named_and_not_compared(models):
 # What a new user tripped on -------------------------------------------------------------
 
 
+def test_a_torch_model_left_in_train_mode_is_named():
+    """transformers builds a model from a config in train mode: its dropout draws, and the
+    check says so before anything else."""
+    tm = Z.torch_model("bert").train()
+    d = compare(tm, ported(tm, "bert"), **Z.inputs("bert"), grads=False).first_divergence
+    assert d is not None and "torch's model is in train mode with dropout on" in d.explanation, d
+
+
 def test_forgetting_copy_weights_is_named(models):
     tm = models("gpt2")
     d = compare(tm, Z.port("gpt2", tm.config), **Z.inputs("gpt2"), grads=False).first_divergence

@@ -191,6 +191,11 @@ def compare(torch_module, flax_module, *inputs, dtype: str = "float64", grads: b
         first = locate(paired, ctx)
         if first is None and grads:
             first = grad_divergence(rows)
+        dropout = _torch_dropout_on(torch_module)
+        if first is not None and dropout:
+            first.explanation = (f"torch's model is in train mode with dropout on ({dropout}): its outputs are "
+                                 f"random; call .eval() on it (transformers builds a model from a config in train "
+                                 f"mode). The figures otherwise say: {first.explanation}")
         rows += _never_called_rows(runs.tcalls, paired, ctx)
         rows.sort(key=lambda r: _start_of(r, runs.tcalls))
         _statuses(rows, first)
@@ -307,6 +312,15 @@ def _run_alone(fcall: Call, pairing: Pairing) -> Any:
     reconciled keeps the port's own value."""
     args, kwargs = _alone_args(fcall, pairing)
     return call_module(fcall.module, args, kwargs)
+
+
+def _torch_dropout_on(module) -> str:
+    """The torch model's dropout modules that draw in its mode (train mode, p > 0), named."""
+    import torch.nn as nn
+
+    on = [name or "(root)" for name, m in module.named_modules()
+          if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
+    return ", ".join(on[:3]) + (f", ... ({len(on)} modules)" if len(on) > 3 else "")
 
 
 def _unconsumed(args: Pairing) -> bool:
