@@ -363,8 +363,9 @@ _MESH = textwrap.dedent("""
     from flax_blocks.checkpoints import stream
     folder = sys.argv[1]
     ids = np.arange(24).reshape(2, 12) % 96
+    forward = nnx.jit(lambda m, x: m(x))  # one program per placement (eager: one per op, slower to compile)
     ref = fb.from_hf(folder, part="causal-lm")
-    want = np.asarray(ref(ids))
+    want = np.asarray(forward(ref, ids))
     mesh = S.make_mesh(data=2, model=4)
     model = fb.from_hf(folder, part="causal-lm", mesh=mesh)
     specs = {"/".join(map(str, p)): v.get_value().sharding.spec
@@ -384,12 +385,12 @@ _MESH = textwrap.dedent("""
         for s in a.addressable_shards:
             held[s.device] += s.data.nbytes
     assert share > 0 and max(held.values()) <= 1.1 * share, (held, share)
-    got = np.asarray(nnx.jit(lambda m, x: m(x))(model, ids))
+    got = np.asarray(forward(model, ids))
     err = np.max(np.abs(got - want)) / np.max(np.abs(want))
     assert err <= 1e-6, err
     stack_ref, stack = fb.from_hf(folder), fb.from_hf(folder, mesh=mesh)  # the stack alone, sharded too
     x = np.random.default_rng(0).standard_normal((2, 12, 32)).astype(np.float32)
-    assert np.abs(np.asarray(stack(x)) - np.asarray(stack_ref(x))).max() <= 1e-5
+    assert np.abs(np.asarray(forward(stack, x)) - np.asarray(forward(stack_ref, x))).max() <= 1e-5
     prompt = ids[:, :5]
     a = np.asarray(fb.generate(ref, prompt, max_new_tokens=6))
     b = np.asarray(fb.generate(model, prompt, max_new_tokens=6))
@@ -420,8 +421,8 @@ _MESH = textwrap.dedent("""
     placed = S.shard_model(fb.from_hf(qwen, part="causal-lm"), mesh, S.TENSOR_PARALLEL)  # one policy
     assert {"/".join(map(str, p)): tuple(v.get_value().sharding.spec)
             for p, v in nnx.to_flat_state(nnx.state(placed, nnx.Param))} == specs
-    want = np.asarray(unsharded(ids))
-    got = np.asarray(nnx.jit(lambda m, x: m(x))(model, ids))
+    want = np.asarray(forward(unsharded, ids))
+    got = np.asarray(forward(model, ids))
     qerr = np.max(np.abs(got - want)) / np.max(np.abs(want))
     assert qerr <= 1e-6, qerr
     print("OK", err, qerr)
