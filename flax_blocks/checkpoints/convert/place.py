@@ -143,7 +143,7 @@ def _run(pool: ThreadPoolExecutor | None, calls: list[Callable[[], None]]) -> No
 def host_buffer(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """An uninitialised C-order array of its own anonymous memory map (page-aligned, so XLA
     adopts it), in the kernel's small pages: numpy's own large arrays ask for transparent
-    huge pages, whose first touch is 4x slower on this VM (the load bench's two limit rows).
+    huge pages, whose first touch is 3-4x slower on this VM (the load bench's two limit rows).
     Unmapped when the last array on it goes."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
