@@ -6,6 +6,7 @@ dropout, cut paths) is said plainly; nothing is left behind."""
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import jax
@@ -143,7 +144,8 @@ def test_a_correct_port_written_another_way_passes(models, name, variation):
     tm = models(name)
     fm = ported(tm, name, **variation)
     assert compare(tm, fm, **Z.inputs(name), grads=False).ok
-    assert compare(tm, fm, Z.inputs(name)["input_ids"], grads=False).ok
+    if name != "gpt2":  # GPT-2 without a mask: test_a_causal_offset_is_named_where_hf_masks_by_is_causal
+        assert compare(tm, fm, Z.inputs(name)["input_ids"], grads=False).ok
 
 
 def test_a_port_computing_in_float32_as_hf_does_passes_with_its_islands_named(models):
@@ -177,10 +179,10 @@ def test_the_padding_idx_row_is_named_and_not_compared(models):
 # What a new user tripped on -------------------------------------------------------------
 
 
-def test_a_torch_model_left_in_train_mode_is_named():
+def test_a_torch_model_left_in_train_mode_is_named(models):
     """transformers builds a model from a config in train mode: its dropout draws, and the
     check says so before anything else."""
-    tm = Z.torch_model("bert").train()
+    tm = copy.deepcopy(models("bert")).train()
     d = compare(tm, ported(tm, "bert"), **Z.inputs("bert"), grads=False).first_divergence
     assert d is not None and "torch's model is in train mode with dropout on" in d.explanation, d
 
@@ -284,7 +286,7 @@ def test_fast_variance_is_named_where_the_mean_dwarfs_the_spread(models):
     """nnx.LayerNorm's use_fast_variance=True (E[x^2] - E[x]^2) on rows whose mean is far
     above their spread: BERT's word embeddings shifted by 10 (std 0.02). The exact variance is
     equal there within 1e-12; the fast one is not, and is named."""
-    tm = Z.torch_model("bert")
+    tm = copy.deepcopy(models("bert"))
     with torch.no_grad():
         tm.embeddings.word_embeddings.weight += 10.0
     assert compare(tm, ported(tm, "bert"), **Z.inputs("bert"), grads=False).ok

@@ -10,7 +10,7 @@ import numpy as np
 from .errors import rel_err
 from .pairing import fit
 from .record import leaves
-from .weights import NO_BIAS, PortError, flax_variables, plan
+from .weights import NO_BIAS, Copied, PortError, flax_variables, plan
 
 FLOOR32 = 1e-6
 
@@ -63,8 +63,17 @@ def flax_loss(out, cots: list[np.ndarray]):
     return total
 
 
-def gradients(tm, fm, fgrads: dict[str, np.ndarray], t_in: list, t_kw: dict, cots: list[np.ndarray], rules,
-              reference: Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None = None
+def planned(tm, fm, rules) -> list[Copied] | PortError:
+    """copy_weights' pairs of the two models (their copies in a comparison), or the error
+    saying why they do not pair."""
+    try:
+        return plan(tm, fm, rules)
+    except PortError as e:
+        return e
+
+
+def gradients(tm, pairs: list[Copied] | PortError, fgrads: dict[str, np.ndarray], t_in: list, t_kw: dict,
+              cots: list[np.ndarray], reference: Callable[[list[np.ndarray]], dict[str, np.ndarray]] | None = None
               ) -> tuple[dict[str, float], dict[str, float], list[str]]:
     """Per copied parameter (by Flax path): the error of the port's gradient `fgrads` against
     torch's under the cotangents `cots`, and, given `reference` (torch's gradients for those
@@ -73,10 +82,8 @@ def gradients(tm, fm, fgrads: dict[str, np.ndarray], t_in: list, t_kw: dict, cot
     error on it, at least 1e-6. Also notes: parameters not compared and why (an embedding's
     padding_idx row, which torch gives no gradient, is left out of the comparison and
     named)."""
-    try:
-        pairs = plan(tm, fm, rules)
-    except PortError as e:
-        return {}, {}, [f"gradients not compared: the parameters do not pair ({e.problems[0]})"]
+    if isinstance(pairs, PortError):
+        return {}, {}, [f"gradients not compared: the parameters do not pair ({pairs.problems[0]})"]
     tgrads = torch_grads(tm, t_in, t_kw, cots)
     # Each gradient relative to the larger of its own size and a thousandth of the model's
     # largest: a gradient that is zero in exact arithmetic (a key bias's, which softmax
@@ -102,15 +109,13 @@ def gradients(tm, fm, fgrads: dict[str, np.ndarray], t_in: list, t_kw: dict, cot
     return errs, tols, notes
 
 
-def weight_states(tm, fm, rules) -> dict[str, tuple[str, str]]:
+def weight_states(tm, fm, pairs: list[Copied] | PortError) -> dict[str, tuple[str, str]]:
     """flax path -> ("same" / "constant" (equal, but torch's is one value throughout) /
     "transposed" / "differs", torch name) for every parameter copy_weights pairs ({} when
     they do not pair)."""
     from flax import nnx
 
-    try:
-        pairs = plan(tm, fm, rules)
-    except PortError:
+    if isinstance(pairs, PortError):
         return {}
     state = tm.state_dict()
     fparams = flax_variables(fm, nnx.Param)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .explain import explain
-from .gradients import FLOOR32, gradients, weight_states
+from .gradients import FLOOR32, gradients, planned, weight_states
 from .locate import Context, Paired, grad_divergence, locate, never_called, within
 from .pairing import Pairing, compare_values, named_leaves, pair_arguments, paired_outputs
 from .record import Call, float_leaves, leaves, map_nested, to_numpy
@@ -184,9 +184,10 @@ def compare(torch_module, flax_module, *inputs, dtype: str = "float64", grads: b
         rows = [p.row for p in paired]
         f32cache: dict = {}
         port_islands = _port_islands(paired, f32cache) if dtype == "float64" else []
-        grad_errs, grad_notes = _gradient_rows(runs, rows, rules, bool(port_islands)) if grads else ({}, [])
+        copied = planned(runs.tm, runs.fm, rules)
+        grad_errs, grad_notes = _gradient_rows(runs, rows, copied, bool(port_islands)) if grads else ({}, [])
         eps = _eps_values(runs.fm)
-        ctx = Context(runs.tcalls, runs.names, {c.path for c in runs.fcalls}, weight_states(runs.tm, runs.fm, rules),
+        ctx = Context(runs.tcalls, runs.names, {c.path for c in runs.fcalls}, weight_states(runs.tm, runs.fm, copied),
                       lambda p: _explain(p, eps, f32cache if dtype == "float64" else None))
         first = locate(paired, ctx)
         if first is None and grads:
@@ -256,10 +257,10 @@ def _tolerances(runs: Runs, t: Call, holds_island: bool) -> tuple[float, float, 
     return judged(out_n), judged(in_n), local
 
 
-def _gradient_rows(runs: Runs, rows: list[Row], rules, port_floor: bool) -> tuple[dict[str, float], list[str]]:
+def _gradient_rows(runs: Runs, rows: list[Row], copied, port_floor: bool) -> tuple[dict[str, float], list[str]]:
     """Each row's worst gradient error over its own parameters (and its tolerance); returns
     every parameter's error (by Flax path) and the notes on gradients not compared."""
-    errs, tols, notes = gradients(runs.tm, runs.fm, runs.fgrads, runs.t_in, runs.t_kw, runs.cots, rules,
+    errs, tols, notes = gradients(runs.tm, copied, runs.fgrads, runs.t_in, runs.t_kw, runs.cots,
                                   reference_grads(runs))
     for row in rows:
         own = [p for p in errs if p.rsplit(".", 1)[0] == row.flax_path or ("." not in p and row.flax_path == "")]
