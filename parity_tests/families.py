@@ -358,12 +358,12 @@ def describe(name: str) -> dict[str, str]:
     import dataclasses
 
     from flax_blocks.checkpoints import dialects
-    from flax_blocks.checkpoints.hf_families import FAMILIES as TABLES
+    from flax_blocks.checkpoints.family import FAMILIES as TABLES
     from flax_blocks.spec.config import BlockConfig
 
     cfg = config(name)
     model_type = cfg["model_type"]
-    dialect = dialects.MODEL_TYPES[model_type]
+    dialect = TABLES[model_type].dialect
     lay = dialects.DIALECTS[dialect]
     family = TABLES[model_type]
     reads = [k for k in family.reads if k in cfg and k not in family.lm]  # the keys this build sets

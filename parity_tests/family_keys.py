@@ -1,7 +1,7 @@
 """`python -m parity_tests.family_keys [--doc docs/families.md]`: per Hugging Face family, the
 config keys `fb.from_hf` reads (with the config class's defaults), the values it refuses by
 name, and the keys it knows change nothing, as markdown generated from the tables in
-`flax_blocks/checkpoints/hf_families.py`. The refused values are found by probing: each read key is set
+the family modules (`flax_blocks/checkpoints/families/`). The refused values are found by probing: each read key is set
 to a few values people use (the other boolean, other activations, a scaled rotary type, a
 mixed layer_types) on a small valid config, and a value is listed when `hf_config` refuses it
 naming that key. tests/test_hf_keys.py checks the committed page against this writer.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from flax_blocks.checkpoints.family import COMMON, FAMILIES, PARTS, REFUSED_ANYWHERE, Family
 from flax_blocks.checkpoints.hf_config import hf_config
-from flax_blocks.checkpoints.hf_families import COMMON, FAMILIES, PARTS, REFUSED_ANYWHERE, Family
 from flax_blocks.checkpoints.io import ConversionError
 
 from . import markers

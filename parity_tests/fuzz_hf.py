@@ -137,7 +137,7 @@ STRAYS = {"layer_norm_eps": 0.5, "layer_norm_epsilon": 0.5, "rms_norm_eps": 0.5,
 @st.composite
 def configs(draw, family: str) -> dict[str, Any]:
     """One config.json of `family` (its keys, plus the fuzzer's own `_stored_head` flag)."""
-    from flax_blocks.checkpoints.hf_families import FAMILIES
+    from flax_blocks.checkpoints.family import FAMILIES
 
     table = FAMILIES[family]
     heads = draw(st.sampled_from([2, 4]))
@@ -438,7 +438,7 @@ def _greedy_agrees(forced: np.ndarray, tokens: np.ndarray) -> bool:
 
 def _names_a_key(message: str, family: str, config: dict[str, Any]) -> bool:
     """The refusal names a key: one of the config's, or one the family reads (at its default)."""
-    from flax_blocks.checkpoints.hf_families import FAMILIES
+    from flax_blocks.checkpoints.family import FAMILIES
 
     keys = {*config, *FAMILIES[family].reads}
     return any(f"{k}=" in message or f"{k} (the default)=" in message for k in keys) or "model_type" in message

@@ -71,7 +71,7 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
     """`config` (a published config.json of a supported family) with its sizes made tiny and
     everything else kept. A size the file leaves to its config class's default is set too
     (Gemma 3 4B's text_config names 6 keys): the defaults are full-size."""
-    from flax_blocks.checkpoints.hf_families import FAMILIES
+    from flax_blocks.checkpoints.family import FAMILIES
 
     c = dict(config)
     reads = FAMILIES[c["model_type"]].reads

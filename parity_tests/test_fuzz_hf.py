@@ -146,7 +146,7 @@ def test_a_wrong_eps_is_a_wrong_load_for_the_fuzzer(monkeypatch):
     """The 1e-5 rule (and its float64 fallback) fails an eps read ten times too large."""
     import dataclasses
 
-    from flax_blocks.checkpoints import hf_families
+    from flax_blocks.checkpoints import family as hf_families
 
     llama = hf_families.FAMILIES["llama"]
     wrong = dataclasses.replace(llama, reader=lambda c: {**llama.reader(c), "layer_norm_eps": 10 * c["rms_norm_eps"]})

@@ -1,5 +1,5 @@
 """The key audit: every key of every supported family's config class is classified by that
-family's table in flax_blocks.checkpoints.hf_families (read, an alias of one, or inert with a
+family's module in flax_blocks.checkpoints.families (read, an alias of one, or inert with a
 reason), the table's defaults are the config class's own, and a key the family's code never
 reads (a published config's gradient_checkpointing, a neighbour family's sliding_window) is
 ignored, as transformers ignores it, and listed.
@@ -18,8 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 from flax_blocks.checkpoints import dialects  # noqa: E402
+from flax_blocks.checkpoints.family import FAMILIES, PARTS, TRANSFORMERS, Family, audit, unexpected  # noqa: E402
 from flax_blocks.checkpoints.hf_config import read_config  # noqa: E402
-from flax_blocks.checkpoints.hf_families import FAMILIES, PARTS, TRANSFORMERS, Family, audit, unexpected  # noqa: E402
 
 TABLES = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
 # Keys read that are no field of the config class: older names the class rewrites (rope_theta,
@@ -94,12 +94,13 @@ def test_an_alias_of_the_config_class_is_read_and_wins_as_in_transformers():
         assert dict(family.aliases) == want, family.model_type
 
 
-def test_the_model_types_and_their_dialects_agree():
-    assert {t: f.dialect for t, f in FAMILIES.items()} == dialects.MODEL_TYPES
+def test_every_family_registers_a_dialect_and_every_dialect_belongs_to_a_family():
+    used = {f.dialect for f in FAMILIES.values()} | {p.dialect for parts in PARTS.values() for p in parts.values()}
+    assert used == set(dialects.DIALECTS) - {"torch"}
 
 
 def test_a_reader_reads_only_the_keys_its_table_declares():
-    from flax_blocks.checkpoints.hf_families import Read
+    from flax_blocks.checkpoints.family import Read
 
     c = Read({"model_type": "llama"}, FAMILIES["llama"])
     with pytest.raises(KeyError, match="the llama reader asked for 'sliding_window'"):
@@ -150,7 +151,7 @@ def test_every_read_key_left_out_reads_as_transformers_default(family):
 
 def test_the_defaults_audit_catches_a_changed_default(monkeypatch):
     """StableLM's partial rotary default moved from 0.25 to 0.5 in the reader: the audit fails."""
-    from flax_blocks.checkpoints import hf_families
+    from flax_blocks.checkpoints import family as hf_families
 
     stable = FAMILIES["stablelm"]
     original = stable.reader

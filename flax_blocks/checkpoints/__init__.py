@@ -1,4 +1,10 @@
 """Checkpoints in and out: file reading (`io`, `stream`, `io_errors`), checkpoint dialects
 (`dialects`), the torch <-> Flax converter (`convert`, its CLI `python -m
-flax_blocks.checkpoints.convert`) and Hugging Face configs, families, models and the Hub
-(`hf`, `hf_config`, `hf_families`, `hf_models`, `hub`)."""
+flax_blocks.checkpoints.convert`), and Hugging Face models: each family one module of
+`families` (its names, its config reader, the parts around its stack), registered in `family`
+and read by `hf_config`, `hf_models`, `hf` (from_hf / to_hf), `save_hf` and `hub`.
+
+Importing this package registers every family (their modules hold their dialects), so that
+any of its modules finds them all."""
+
+from . import families  # noqa: F401 - registers every family and its dialect

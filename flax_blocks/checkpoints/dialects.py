@@ -17,9 +17,13 @@ family of PyTorch checkpoints names the same tensors, read in both directions:
                  else: names alone never choose such a dialect (`detect_dialect` refuses).
     settings:    BlockConfig fields the family fixes (norm placement, norm type, MLP kind...),
                  checked when writing a checkpoint of that family;
-    reads:       BlockConfig fields read from the family's own config (flax_blocks.checkpoints.hf.hf_config).
+    reads:       BlockConfig fields read from the family's own config (by its reader).
                  Every option that changes the computation is in one of the two (a guard test
                  checks it), so a new option cannot be written into a family that lacks it.
+
+Each Hugging Face family's dialect lives in its module (`flax_blocks.checkpoints.families`),
+which registers it (`register_dialect`); this module holds our own names (`TORCH`), the rule
+builders and tables the families share, and the translation both ways.
 
 Only the transformer stack is translated: the layers and the final norm. Embeddings, pooler,
 LM heads and rotary buffers outside the layers are left out (and named in `Translated.dropped`).
@@ -42,6 +46,7 @@ from typing import Any
 from ..spec import declarations
 from ..spec.config import BlockConfig
 from ..spec.options import PROBES
+from .family import families_of_dialect
 from .io import ConversionError, read_state_dict
 
 log = logging.getLogger("flax_blocks")
@@ -115,16 +120,16 @@ class Dialect:
         return re.compile("^(.*?)" + re.escape(self.layer).replace(r"\{i\}", r"(\d+)") + "(.+)$")
 
 
-def _same(*names: str) -> tuple[Rule, ...]:
+def same(*names: str) -> tuple[Rule, ...]:
     return tuple(Rule(n, (n,)) for n in names)
 
 
-def _linear(ours: str, theirs: str, *, transpose: bool = False) -> tuple[Rule, ...]:
+def linear(ours: str, theirs: str, *, transpose: bool = False) -> tuple[Rule, ...]:
     """A linear map's weight and (where the checkpoint has one) bias."""
     return (Rule(f"{ours}.weight", (f"{theirs}.weight",), transpose), Rule(f"{ours}.bias", (f"{theirs}.bias",)))
 
 
-def _qkv(q: str, k: str, v: str) -> tuple[Rule, ...]:
+def qkv(q: str, k: str, v: str) -> tuple[Rule, ...]:
     """Separate q / k / v projections -> our packed in_proj rows [q; k; v] (weight and bias)."""
     return (
         Rule("self_attn.in_proj_weight", (f"{q}.weight", f"{k}.weight", f"{v}.weight"), split=("q", "kv", "kv")),
@@ -132,17 +137,18 @@ def _qkv(q: str, k: str, v: str) -> tuple[Rule, ...]:
     )
 
 
-def _norm(ours: str, theirs: str) -> tuple[Rule, ...]:
+def norm(ours: str, theirs: str) -> tuple[Rule, ...]:
     return (Rule(f"{ours}.weight", (f"{theirs}.weight",)), Rule(f"{ours}.bias", (f"{theirs}.bias",)))
 
 
-def _fused(theirs: str, *ours: str) -> tuple[Rule, ...]:
+def fused(theirs: str, *ours: str) -> tuple[Rule, ...]:
     """One fused tensor of theirs whose equal row blocks are our `ours`, in order."""
     return tuple(Rule(o, (theirs,), chunk=(i, len(ours))) for i, o in enumerate(ours))
 
 
 # ----------------------------------------------------------------------------------------
-# The dialects: one table each
+# Our own names, and what the families' dialects share (each family's module holds its own:
+# flax_blocks.checkpoints.families)
 # ----------------------------------------------------------------------------------------
 
 TORCH = Dialect(
@@ -152,391 +158,53 @@ TORCH = Dialect(
 
 # What BERT and GPT-2 share: LayerNorm, a dense MLP with biases, no positions inside the
 # layers, no QK-norm or residual scaling; they differ in norm placement and causality.
-_CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None,
-            "rope_scaling": None,
-            "partial_rotary_factor": 1.0, "attn_logit_softcapping": None, "query_pre_attn_scalar": None,
+CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", "rope_theta": None,
+           "rope_scaling": None, "partial_rotary_factor": 1.0, "attn_logit_softcapping": None,
+               "query_pre_attn_scalar": None,
             "sliding_window": None, "sliding_window_pattern": None, "rope_local_theta": None, "qk_norm": False,
             "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "mlp_bias": None, "norm_bias": None,
             "layernorm_scaling": False,
             "parallel_residual": "none"}
-_CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
+CLASSIC_READS = ("activation", "layer_norm_eps", "num_kv_heads")
 
-# RoBERTa's stack IS BERT's: the same layer code and key names in transformers (RobertaLayer is
-# generated from BertLayer), so "roberta" is read with this one table. What differs lies outside
-# the stack: RoBERTa's position ids start at padding_idx + 1 and skip padding, in its embeddings.
-# BERT with is_decoder=True (no cross-attention) is causal under the same names: causal is read
-# from the config, not fixed.
-HF_BERT = Dialect(
-    "hf-bert", "Hugging Face BERT / RoBERTa (encoder.layer.{i}.attention.self.query.weight, ...)",
-    layer="encoder.layer.{i}.", final_norm=None,
-    rules=(
-        *_qkv("attention.self.query", "attention.self.key", "attention.self.value"),
-        *_linear("self_attn.out_proj", "attention.output.dense"),
-        *_norm("norm1", "attention.output.LayerNorm"),
-        *_linear("linear1", "intermediate.dense"),
-        *_linear("linear2", "output.dense"),
-        *_norm("norm2", "output.LayerNorm"),
-    ),
-    settings={**_CLASSIC, "norm": "post"},
-    reads=(*_CLASSIC_READS, "causal"),
-    outside="embeddings (word, position, token type, their LayerNorm) and pooler",
-)
-
-HF_GPT2 = Dialect(
-    "hf-gpt2", "Hugging Face GPT-2 (h.{i}.attn.c_attn.weight stored (in, out), ...)",
-    layer="h.{i}.", final_norm="ln_f",
-    rules=(
-        *_norm("norm1", "ln_1"),
-        Rule("self_attn.in_proj_weight", ("attn.c_attn.weight",), transpose=True),
-        Rule("self_attn.in_proj_bias", ("attn.c_attn.bias",)),
-        *_linear("self_attn.out_proj", "attn.c_proj", transpose=True),
-        *_norm("norm2", "ln_2"),
-        *_linear("linear1", "mlp.c_fc", transpose=True),
-        *_linear("linear2", "mlp.c_proj", transpose=True),
-    ),
-    ignore=("attn.bias", "attn.masked_bias"),  # the causal-mask buffers of old GPT-2 checkpoints
-    settings={**_CLASSIC, "norm": "pre"},
-    reads=(*_CLASSIC_READS, "causal"),
-    outside="token and position embeddings (wte, wpe) and the LM head",
-)
 
 # LLaMA's layers: what LLaMA, Mistral, Qwen2 and (with other settings) Qwen3 and Gemma name alike.
-_LLAMA_RULES = (
-    *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    *_linear("self_attn.out_proj", "self_attn.o_proj"),
-    *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
-    *_linear("linear_gate", "mlp.gate_proj"),
-    *_linear("linear1", "mlp.up_proj"),
-    *_linear("linear2", "mlp.down_proj"),
-    *_norm("norm1", "input_layernorm"),
-    *_norm("norm2", "post_attention_layernorm"),
+LLAMA_RULES = (
+    *qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    *linear("self_attn.out_proj", "self_attn.o_proj"),
+    *same("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
+    *linear("linear_gate", "mlp.gate_proj"),
+    *linear("linear1", "mlp.up_proj"),
+    *linear("linear2", "mlp.down_proj"),
+    *norm("norm1", "input_layernorm"),
+    *norm("norm2", "post_attention_layernorm"),
 )
-_LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu",
+LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu",
                    "activation": "silu", "scaling": "none", "residual": "add", "qk_norm": False,
                    "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
                    "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
                    "mlp_bias": None, "norm_bias": None}
-_WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
+WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
 # Qwen3, Gemma (2, 3), OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP (read:
 # bias=attention_bias, mlp_bias=False).
-_ATTENTION_BIAS = {k: v for k, v in _LLAMA_SETTINGS.items() if k != "mlp_bias"}
-_LLAMA_OUTSIDE = "token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head"
+ATTENTION_BIAS = {k: v for k, v in LLAMA_SETTINGS.items() if k != "mlp_bias"}
+LLAMA_OUTSIDE = "token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head"
 # Every family below writes LLaMA's key names (or a superset) and computes something else: names
 # alone never choose one of them.
-_LLAMA_NAMED = ("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
+LLAMA_NAMED = ("Gemma, Gemma 2, Gemma 3 (norms that multiply by 1 + w, GeGLU, soft-capping, sliding windows), "
                 "Qwen3 and OLMo 2 (QK-norm, norms after the sublayers), Mistral / Qwen2 with sliding windows, "
                 "Cohere, Granite and others")
 
-HF_LLAMA = Dialect(
-    "hf-llama", "Hugging Face LLaMA / Mistral / Qwen2 (layers.{i}.self_attn.q_proj.weight, ...)",
-    layer="layers.{i}.", final_norm="norm",
-    rules=_LLAMA_RULES,
-    ignore=("self_attn.rotary_emb.inv_freq",),  # older checkpoints keep it per layer
-    settings={k: v for k, v in _LLAMA_SETTINGS.items() if k != "mlp_bias"},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "qkv_bias", "mlp_bias", "causal",
-           *_WINDOWS),
-    outside=_LLAMA_OUTSIDE,
-    shared_by=_LLAMA_NAMED,
-)
 
-HF_DISTILBERT = Dialect(
-    "hf-distilbert", "Hugging Face DistilBERT (transformer.layer.{i}.attention.q_lin.weight, ...)",
-    layer="transformer.layer.{i}.", final_norm=None,
-    rules=(
-        *_qkv("attention.q_lin", "attention.k_lin", "attention.v_lin"),
-        *_linear("self_attn.out_proj", "attention.out_lin"),
-        *_norm("norm1", "sa_layer_norm"),
-        *_linear("linear1", "ffn.lin1"),
-        *_linear("linear2", "ffn.lin2"),
-        *_norm("norm2", "output_layer_norm"),
-    ),
-    # post-LN, its LayerNorms' eps fixed to 1e-12 in the code (not in the config)
-    settings={**_CLASSIC, "norm": "post", "causal": False, "layer_norm_eps": 1e-12},
-    reads=("activation", "num_kv_heads"),
-    outside="embeddings (word, position, their LayerNorm); DistilBERT has no pooler",
-)
+DIALECTS: dict[str, Dialect] = {TORCH.name: TORCH}  # name -> Dialect; the families register theirs
 
-HF_OPT = Dialect(
-    "hf-opt", "Hugging Face OPT (decoder.layers.{i}.self_attn.q_proj.weight, fc1, final_layer_norm, ...)",
-    layer="decoder.layers.{i}.", final_norm="decoder.final_layer_norm",
-    rules=(
-        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-        *_linear("self_attn.out_proj", "self_attn.out_proj"),
-        *_norm("norm1", "self_attn_layer_norm"),
-        *_linear("linear1", "fc1"),
-        *_linear("linear2", "fc2"),
-        *_norm("norm2", "final_layer_norm"),
-    ),
-    # causal; torch's LayerNorm default eps 1e-5 (not in the config); the norm placement is read
-    # (do_layer_norm_before: OPT-350m is post-LN, the others pre-LN)
-    settings={**_CLASSIC, "layer_norm_eps": 1e-5},
-    reads=("activation", "num_kv_heads", "norm", "causal"),
-    outside=("token and position embeddings (embed_tokens; embed_positions, offset by 2), project_in / "
-             "project_out (word_embed_proj_dim != hidden_size: applied to the token embeddings before the "
-             "positions are added, and after the final norm) and the LM head"),
-    shared_by=("OPT itself in both norm placements (OPT-350m is post-LN, the other sizes pre-LN: the names do "
-               "not say which)"),
-)
 
-# ViT: the names of the checkpoint files (save_pretrained writes them still); transformers 5's
-# own ViTModel names its modules layers.{i}.attention.q_proj, ... and converts when loading. A
-# model object is read as save_pretrained writes it (flax_blocks.checkpoints.hf_config.hf_state_dict).
-HF_VIT = Dialect(
-    "hf-vit", "Hugging Face ViT checkpoints (encoder.layer.{i}.attention.attention.query.weight, ...)",
-    layer="encoder.layer.{i}.", final_norm="layernorm",
-    rules=(
-        *_qkv("attention.attention.query", "attention.attention.key", "attention.attention.value"),
-        *_linear("self_attn.out_proj", "attention.output.dense"),
-        *_norm("norm1", "layernorm_before"),
-        *_linear("linear1", "intermediate.dense"),
-        *_linear("linear2", "output.dense"),
-        *_norm("norm2", "layernorm_after"),
-    ),
-    settings={**{k: v for k, v in _CLASSIC.items() if k != "qkv_bias"}, "norm": "pre", "causal": False},
-    reads=(*_CLASSIC_READS, "qkv_bias"),
-    outside="patch and position embeddings, the CLS token and the pooler",
-)
+def register_dialect(dialect: Dialect) -> None:
+    """Add a family's dialect (flax_blocks.checkpoints.families: each module registers its own)."""
+    if dialect.name in DIALECTS and DIALECTS[dialect.name] is not dialect:
+        raise ValueError(f"dialect {dialect.name!r} registered twice")
+    DIALECTS[dialect.name] = dialect
 
-# Phi-3: LLaMA's layers with q/k/v fused into qkv_proj (rows [q; k; v], our in_proj layout: a
-# rename) and gate/up fused into gate_up_proj (rows [gate; up]: split into linear_gate, linear1).
-HF_PHI3 = Dialect(
-    "hf-phi3", "Hugging Face Phi-3 (layers.{i}.self_attn.qkv_proj.weight, mlp.gate_up_proj.weight, ...)",
-    layer="layers.{i}.", final_norm="norm",
-    rules=(
-        Rule("self_attn.in_proj_weight", ("self_attn.qkv_proj.weight",)),
-        *_linear("self_attn.out_proj", "self_attn.o_proj"),
-        *_fused("mlp.gate_up_proj.weight", "linear_gate.weight", "linear1.weight"),
-        *_linear("linear2", "mlp.down_proj"),
-        *_norm("norm1", "input_layernorm"),
-        *_norm("norm2", "post_attention_layernorm"),
-    ),
-    settings={"norm": "pre", "norm_type": "rmsnorm", "mlp": "swiglu", "activation": "silu",
-              "scaling": "none", "residual": "add", "qk_norm": False, "layernorm_scaling": False, "bias": False,
-              "qkv_bias": None, "norm_weight_offset": 0.0, "parallel_residual": "none",
-              "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
-              "mlp_bias": None, "norm_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "partial_rotary_factor", "causal",
-           *_WINDOWS),
-    outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
-)
-
-# Qwen3: LLaMA's layers and names plus a QK-norm over each head (q_norm / k_norm of width
-# head_dim, RMSNorm, before rotary), head_dim explicit; no biases (attention_bias puts them on
-# q, k, v and o alike, refused).
-HF_QWEN3 = Dialect(
-    "hf-qwen3", "Hugging Face Qwen3 (LLaMA's names with self_attn.q_norm / k_norm over head_dim)",
-    layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
-    settings={**_ATTENTION_BIAS, "qk_norm": True, "qk_norm_over": "head", "qkv_bias": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal", *_WINDOWS),
-    outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
-)
-
-# Gemma: LLaMA's names; RMSNorm scaling by (1 + w) (every norm, the final one too), GeGLU with
-# tanh GELU, head_dim explicit, no biases. Its embedding scale sqrt(d_model) lies outside the stack.
-HF_GEMMA = Dialect(
-    "hf-gemma", "Hugging Face Gemma (LLaMA's names; norms scale by 1 + w, GeGLU)",
-    layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
-    settings={**{k: v for k, v in _ATTENTION_BIAS.items() if k not in ("mlp", "activation")},
-              "norm_weight_offset": 1.0, "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal", "mlp",
-           "activation"),
-    outside=_LLAMA_OUTSIDE + " (Gemma multiplies the embeddings by sqrt(hidden_size) before the layers)",
-    shared_by=_LLAMA_NAMED,
-)
-
-# OLMo 2: norms on the sublayers' outputs, x + Norm(F(x)) (post_attention_layernorm after the
-# attention, post_feedforward_layernorm after the MLP; no input norm), a final norm, and QK-norm
-# over the whole q (heads * head_dim) and k (kv_heads * head_dim) projections before the split.
-HF_OLMO2 = Dialect(
-    "hf-olmo2", "Hugging Face OLMo 2 (post_attention_layernorm / post_feedforward_layernorm on the outputs)",
-    layer="layers.{i}.", final_norm="norm",
-    rules=(
-        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-        *_linear("self_attn.out_proj", "self_attn.o_proj"),
-        *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight"),
-        *_linear("linear_gate", "mlp.gate_proj"),
-        *_linear("linear1", "mlp.up_proj"),
-        *_linear("linear2", "mlp.down_proj"),
-        *_norm("norm1", "post_attention_layernorm"),
-        *_norm("norm2", "post_feedforward_layernorm"),
-    ),
-    ignore=("self_attn.rotary_emb.inv_freq",),
-    settings={**_ATTENTION_BIAS, "norm": "out", "qk_norm": True, "qk_norm_over": "projection",
-              "qkv_bias": None, "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal"),
-    outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
-)
-
-# GPT-NeoX (Pythia): LayerNorm, a dense MLP, biases everywhere; q, k, v fused per head in
-# query_key_value (per_head=3), rotary on the first rotary_pct of each head, and a parallel
-# residual x + Attn(Norm1(x)) + MLP(Norm2(x)) unless use_parallel_residual=False.
-HF_GPT_NEOX = Dialect(
-    "hf-gpt-neox", "Hugging Face GPT-NeoX (layers.{i}.attention.query_key_value.weight, per head [q; k; v])",
-    layer="layers.{i}.", final_norm="final_layer_norm",
-    rules=(
-        Rule("self_attn.in_proj_weight", ("attention.query_key_value.weight",), per_head=3),
-        Rule("self_attn.in_proj_bias", ("attention.query_key_value.bias",), per_head=3),
-        *_linear("self_attn.out_proj", "attention.dense"),
-        *_linear("linear1", "mlp.dense_h_to_4h"),
-        *_linear("linear2", "mlp.dense_4h_to_h"),
-        *_norm("norm1", "input_layernorm"),
-        *_norm("norm2", "post_attention_layernorm"),
-    ),
-    ignore=("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq"),  # old checkpoints' buffers
-    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "rope_scaling", "partial_rotary_factor",
-                                                                 "parallel_residual", "bias", "mlp_bias", "norm_bias")},
-              "norm": "pre"},
-    reads=(*_CLASSIC_READS, "rope_theta", "rope_scaling", "partial_rotary_factor", "parallel_residual", "bias",
-           "mlp_bias",
-           "norm_bias", "causal"),
-    outside="token embeddings (embed_in), the rotary inv_freq buffer and the LM head (embed_out)",
-)
-
-# Gemma 2: Gemma's norms as sandwiches (norm="peri": x + Norm_out(F(Norm(x))), input_layernorm /
-# post_attention_layernorm around the attention, pre_feedforward_layernorm /
-# post_feedforward_layernorm around the MLP), attention logits soft-capped, scaled by
-# query_pre_attn_scalar ** -0.5, local (sliding-window) and global layers alternating. The final
-# logit soft-cap lies in the LM head, outside the stack.
-_GEMMA2_RULES = (
-    *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    *_linear("self_attn.out_proj", "self_attn.o_proj"),
-    *_linear("linear_gate", "mlp.gate_proj"),
-    *_linear("linear1", "mlp.up_proj"),
-    *_linear("linear2", "mlp.down_proj"),
-    *_norm("norm1", "input_layernorm"),
-    *_norm("norm1_out", "post_attention_layernorm"),
-    *_norm("norm2", "pre_feedforward_layernorm"),
-    *_norm("norm2_out", "post_feedforward_layernorm"),
-)
-_GEMMA2_SETTINGS = {**_ATTENTION_BIAS, "norm": "peri", "norm_weight_offset": 1.0, "qkv_bias": None}
-# read from the config (Gemma 2 / 3: "gelu" is exact)
-for _k in ("attn_logit_softcapping", "query_pre_attn_scalar", "activation", "mlp"):
-    del _GEMMA2_SETTINGS[_k]
-HF_GEMMA2 = Dialect(
-    "hf-gemma2", "Hugging Face Gemma 2 (sandwich norms: pre_feedforward_layernorm, post_feedforward_layernorm)",
-    layer="layers.{i}.", final_norm="norm", rules=_GEMMA2_RULES,
-    settings=_GEMMA2_SETTINGS,
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "attn_logit_softcapping",
-           "query_pre_attn_scalar",
-           "bias", "mlp_bias", "causal", "activation", "mlp", *_WINDOWS),
-    outside=_LLAMA_OUTSIDE + " (Gemma 2 multiplies the embeddings by sqrt(hidden_size) before the layers; its "
-                             "final logit soft-cap is the LM head's)",
-    shared_by=_LLAMA_NAMED,
-)
-
-# Gemma 3 (text): Gemma 2's layers plus a QK-norm per head ((1 + w) RMSNorm over head_dim) and a
-# rotary base of its own for the local layers; soft-capping off by default (read).
-HF_GEMMA3 = Dialect(
-    "hf-gemma3", "Hugging Face Gemma 3 text (Gemma 2's names plus self_attn.q_norm / k_norm)",
-    layer="layers.{i}.", final_norm="norm",
-    rules=(*_GEMMA2_RULES, *_same("self_attn.q_norm.weight", "self_attn.k_norm.weight")),
-    settings={**{k: v for k, v in _GEMMA2_SETTINGS.items() if k != "rope_local_theta"}, "qk_norm": True,
-              "qk_norm_over": "head"},
-    reads=(*HF_GEMMA2.reads, "rope_local_theta"),
-    outside=_LLAMA_OUTSIDE + " (Gemma 3 scales the embeddings by sqrt(hidden_size) in its embedding module)",
-    shared_by=_LLAMA_NAMED,
-)
-
-# Starcoder2: LLaMA's attention names with biases, a dense MLP (c_fc, c_proj), LayerNorms, every
-# layer local when sliding_window is set.
-HF_STARCODER2 = Dialect(
-    "hf-starcoder2", "Hugging Face Starcoder2 (layers.{i}.mlp.c_fc.weight, LayerNorms with biases)",
-    layer="layers.{i}.", final_norm="norm",
-    rules=(
-        *_qkv("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-        *_linear("self_attn.out_proj", "self_attn.o_proj"),
-        *_linear("linear1", "mlp.c_fc"),
-        *_linear("linear2", "mlp.c_proj"),
-        *_norm("norm1", "input_layernorm"),
-        *_norm("norm2", "post_attention_layernorm"),
-    ),
-    settings={**{k: v for k, v in _CLASSIC.items() if k not in ("rope_theta", "rope_scaling", "sliding_window",
-                                                                 "sliding_window_pattern", "bias", "norm_bias")},
-              "norm": "pre"},
-    reads=(*_CLASSIC_READS, "rope_theta", "rope_scaling", "bias", "norm_bias", "causal", *_WINDOWS),
-    outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
-)
-
-# StableLM: LLaMA's names with LayerNorms (biases kept while the linear maps have none: norm_bias),
-# q/k/v biases with use_qkv_bias, rotary on the first partial_rotary_factor (0.25) of each head, and
-# with use_parallel_residual one shared norm, x + Attn(Norm(x)) + MLP(Norm(x)), no
-# post_attention_layernorm. qk_layernorm (a LayerNorm of its own per head) is refused.
-HF_STABLELM = Dialect(
-    "hf-stablelm", "Hugging Face StableLM (LLaMA's names, LayerNorms with biases)",
-    layer="layers.{i}.", final_norm="norm", rules=_LLAMA_RULES,
-    ignore=("self_attn.rotary_emb.inv_freq",),
-    settings={**{k: v for k, v in _LLAMA_SETTINGS.items() if k not in ("partial_rotary_factor", "parallel_residual")},
-              "norm_type": "layernorm", "bias": False, "mlp_bias": None, "norm_bias": True,
-              "sliding_window": None, "sliding_window_pattern": None},
-    reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "partial_rotary_factor",
-           "parallel_residual", "qkv_bias",
-           "causal"),
-    outside=_LLAMA_OUTSIDE, shared_by=_LLAMA_NAMED,
-)
-
-# Whisper's encoder: pre-LN, LayerNorms with torch's eps, GELU, biases everywhere but on k_proj
-# (read as a zero k bias: exact, see Rule.zero); positions (sinusoidal embed_positions) and the
-# two convolutions lie in its embeddings, outside the stack; it takes no attention mask. The
-# decoder (cross-attention) is not read.
-HF_WHISPER = Dialect(
-    "hf-whisper", "Hugging Face Whisper encoder (encoder.layers.{i}.self_attn.q_proj.weight, no k_proj bias)",
-    layer="encoder.layers.{i}.", final_norm="encoder.layer_norm",
-    rules=(
-        Rule("self_attn.in_proj_weight", ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                          "self_attn.v_proj.weight"), split=("q", "kv", "kv")),
-        Rule("self_attn.in_proj_bias", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-             split=("q", "kv", "kv"), zero=("self_attn.k_proj.bias",)),
-        *_linear("self_attn.out_proj", "self_attn.out_proj"),
-        *_norm("norm1", "self_attn_layer_norm"),
-        *_linear("linear1", "fc1"),
-        *_linear("linear2", "fc2"),
-        *_norm("norm2", "final_layer_norm"),
-    ),
-    settings={**_CLASSIC, "norm": "pre", "causal": False, "layer_norm_eps": 1e-5},
-    reads=("activation", "num_kv_heads"),
-    outside=("the encoder's convolutions and positions (conv1, conv2, embed_positions) and the whole decoder "
-             "(fb.from_hf(..., part='decoder') reads it)"),
-    shared_by="Whisper's decoder (hf-whisper-decoder, in the same checkpoints)",
-)
-
-# Whisper's decoder: our Decoder (torch's TransformerDecoder layout): causal self-attention,
-# cross-attention to the encoder's output (encoder_attn), MLP, each pre-LN; neither k_proj has a
-# bias. Its token and position embeddings (embed_tokens, embed_positions) lie before layer 0.
-HF_WHISPER_DECODER = Dialect(
-    "hf-whisper-decoder", "Hugging Face Whisper decoder (decoder.layers.{i}.encoder_attn.q_proj.weight, ...)",
-    layer="decoder.layers.{i}.", final_norm="decoder.layer_norm",
-    rules=(
-        *(r for attn, theirs in (("self_attn", "self_attn"), ("multihead_attn", "encoder_attn")) for r in (
-            Rule(f"{attn}.in_proj_weight", tuple(f"{theirs}.{x}_proj.weight" for x in "qkv"), split=("q", "kv", "kv")),
-            Rule(f"{attn}.in_proj_bias", tuple(f"{theirs}.{x}_proj.bias" for x in "qkv"), split=("q", "kv", "kv"),
-                 zero=(f"{theirs}.k_proj.bias",)),
-            *_linear(f"{attn}.out_proj", f"{theirs}.out_proj"))),
-        *_norm("norm1", "self_attn_layer_norm"),
-        *_norm("norm2", "encoder_attn_layer_norm"),
-        *_linear("linear1", "fc1"),
-        *_linear("linear2", "fc2"),
-        *_norm("norm3", "final_layer_norm"),
-    ),
-    settings={**_CLASSIC, "norm": "pre", "causal": True, "layer_norm_eps": 1e-5},
-    reads=("activation", "num_kv_heads"),
-    outside="the decoder's token and position embeddings (embed_tokens, embed_positions) and the whole encoder",
-    shared_by="Whisper's encoder (hf-whisper, in the same checkpoints)",
-    stack="Decoder",
-)
-
-DIALECTS: dict[str, Dialect] = {lay.name: lay for lay in (TORCH, HF_BERT, HF_GPT2, HF_LLAMA, HF_DISTILBERT, HF_OPT,
-                                                          HF_VIT, HF_PHI3, HF_QWEN3, HF_GEMMA, HF_OLMO2,
-                                                          HF_GPT_NEOX, HF_GEMMA2, HF_GEMMA3, HF_STARCODER2,
-                                                          HF_STABLELM, HF_WHISPER, HF_WHISPER_DECODER)}
-
-# A Hugging Face model_type -> the dialect of its keys (the rest of its settings are read from
-# its config by flax_blocks.checkpoints.hf_config). Families not listed are refused by name.
-MODEL_TYPES = {"bert": "hf-bert", "roberta": "hf-bert", "xlm-roberta": "hf-bert", "gpt2": "hf-gpt2",
-               "llama": "hf-llama", "mistral": "hf-llama",
-               "qwen2": "hf-llama", "distilbert": "hf-distilbert", "opt": "hf-opt", "vit": "hf-vit", "phi3": "hf-phi3",
-               "qwen3": "hf-qwen3", "gemma": "hf-gemma", "olmo2": "hf-olmo2", "gpt_neox": "hf-gpt-neox",
-               "gemma2": "hf-gemma2", "gemma3_text": "hf-gemma3", "starcoder2": "hf-starcoder2",
-               "stablelm": "hf-stablelm", "whisper": "hf-whisper"}
 
 # Every torch name a block can have under some option (the probe configs, every option on).
 _TORCH_NAMES = {
@@ -597,7 +265,7 @@ def detect_dialect(source: Any) -> str:
     winners = [n for n, c in counts.items() if c == best and c > 0]
     if winners and all(DIALECTS[w].shared_by for w in winners):  # several families name their tensors alike
         lay = DIALECTS[winners[0]]
-        families = {w: ", ".join(sorted(t for t, n in MODEL_TYPES.items() if n == w)) for w in winners}
+        families = {w: ", ".join(sorted(families_of_dialect(w))) for w in winners}
         raise ConversionError([f"these keys are in {lay.name}'s naming ({lay.description}), which {lay.shared_by} "
                                "share while computing something else",
                                *(f"pass dialect={w!r} (--dialect {w}) if the checkpoint is one of {families[w]}"

@@ -28,8 +28,8 @@ from typing import Any
 
 from ..spec.config import BlockConfig
 from . import dialects
+from .family import LANGUAGE_MODELS
 from .hf_config import hf_model_config, hf_state_dict, read_config, read_folder, weight_files
-from .hf_families import LANGUAGE_MODELS
 from .io import ConversionError, read_state_dict
 from .load_report import report_ignored
 
@@ -72,7 +72,7 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     ignore_keys: config keys to read as absent (their config class's defaults apply), a
       departure from transformers you ask for (say, to load a model without a setting the
       blocks refuse). Every config key is read as the family's transformers code reads it
-      (`flax_blocks.checkpoints.hf_families`); a key that code never reads is ignored, as
+      (`flax_blocks.checkpoints.families`); a key that code never reads is ignored, as
       transformers ignores it, and listed: one warning, and `fb.load_report(model)`.
     Returns an Encoder (with .cfg and .num_layers) mapping hidden states (B, T, E) to the
     HF model's last hidden state for those inputs embedded (after its embeddings), with

@@ -1,7 +1,8 @@
 """What a Hugging Face model says about itself: its config (config.json) read into a
-BlockConfig (`hf_config`, through its family's table in `flax_blocks.checkpoints.hf_families`, refusing by
-name whatever the blocks do not compute and every key the table does not know), and the
-weights of a save_pretrained folder (`read_folder`, following HF's index files).
+BlockConfig (`read_config`, through its family's module in `flax_blocks.checkpoints.families`,
+refusing by name whatever the blocks do not compute, ignoring and listing the keys the family's
+code never reads), and the weights of a save_pretrained folder (`read_folder`, in
+from_pretrained's choice of files).
 
 Framework-free; read by `flax_blocks.checkpoints.hf` (from_hf / to_hf) and by the converter, which
 checks an HF model object handed to `from_torch` against its own config.
@@ -19,12 +20,12 @@ from typing import Any
 from ..spec.config import BlockConfig, dtype_name
 from ..spec.options import BY_NAME
 from . import dialects
-from .hf_families import FAMILIES, NOT_COMPUTED, PARTS, Family, Read, audit, not_computed
+from .family import FAMILIES, NOT_COMPUTED, PARTS, Family, Read, audit, not_computed
 from .io import ConversionError, read_state_dict
 
 
 def family_of(config: Mapping[str, Any], part: str | None = None) -> Family:
-    """The family table (flax_blocks.checkpoints.hf_families) that reads this config: its model_type's,
+    """The family table (flax_blocks.checkpoints.families) that reads this config: its model_type's,
     or for an encoder-decoder family (Whisper) its part's. Unknown and unsupported model_types
     are refused by name, with what the unsupported ones compute."""
     model_type = config.get("model_type")
@@ -61,7 +62,7 @@ def read_config(config: Mapping[str, Any], *, dtype: Any = None, part: str | Non
                 ignore_keys: tuple[str, ...] = ()) -> ConfigRead:
     """An HF config (config.json as a dict) -> `ConfigRead`.
 
-    The family's table (`flax_blocks.checkpoints.hf_families`) reads the keys its transformers
+    The family's table (`flax_blocks.checkpoints.family`) reads the keys its transformers
     model reads (an alias of the config class's attribute_map too), with its config class's
     defaults for the keys the file leaves out; what the dialect's layers fix comes from the
     dialect. A key the family's code never reads is ignored, as transformers ignores it, and

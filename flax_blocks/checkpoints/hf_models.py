@@ -1,14 +1,14 @@
 """Whole Hugging Face models <-> `flax_blocks.lm.LanguageModel`: the parts around the stack.
 
 The stack (layers, final norm) is translated by the family's dialect (`flax_blocks.checkpoints.dialects`);
-this module's table (`OUTSIDE`, one entry per model_type) says where each family keeps the
+each family's `Outside` (declared in its module, `flax_blocks.checkpoints.families`) says where it keeps the
 rest: the token embedding, learned positions, token types, the embedding norm and the LM
 head, relative to the base model (LlamaModel, GPT2Model, BertModel), and the base model's
 prefix inside the model with a head (LlamaForCausalLM's "model.", GPT2LMHeadModel's
 "transformer."), and what those parts compute beyond lookups: OPT's and RoBERTa's position
 offsets and default positions, Gemma's embedding scale, Gemma 2's final logit soft-cap, OPT-350m's
 projections. What a family computes there that the LanguageModel does not is refused by name. A
-family without an entry (ViT, Whisper) loads as a stack only (part="stack").
+family without one (ViT, Whisper) loads as a stack only (part="stack").
 
     load(config, state_dict, part)   -> LanguageModel    (fb.from_hf(source, part=...))
     to_hf_model(model)               -> {HF name: array} (fb.to_hf(model)), names as
@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ..spec.lm_spec import ENCODER, LMConfig
 from . import dialects, stream
+from .family import FAMILIES, Outside, Read, families_of_dialect
 from .hf_config import ConfigRead, family_of, read_config
-from .hf_families import FAMILIES, Read
 from .io import ConversionError
 from .load_report import report_ignored
 
@@ -36,86 +36,28 @@ log = logging.getLogger("flax_blocks")
 PARTS = ("stack", "model", "causal-lm")
 
 
-@dataclass(frozen=True)
-class Outside:
-    """Where a family keeps the parts around its stack (names relative to the base model), and
-    what those parts compute besides a lookup and a matrix product."""
-
-    base: str  # the base model's prefix inside the model with a head
-    embed: str
-    positions: str | None = None  # learned position table (its config key: max_positions below)
-    max_positions: tuple[str, ...] = ()
-    token_type: str | None = None
-    embed_norm: str | None = None  # the module name of a norm on the embeddings
-    head: str | None = "lm_head."  # the LM head's module, beside the base model; None: no causal LM
-    ignore: tuple[str, ...] = ()  # buffers and parts that are not computed (BERT's pooler)
-    position_offset: str = "none"  # "opt": position p reads row p + 2 of a table of max + 2 rows;
-    # "pad": RoBERTa's padding_idx + 1, the table's rows counting the offset (max_position_embeddings)
-    default_positions: str = "arange"  # LMConfig.default_positions: HF's positions without position_ids
-    embed_scale: bool = False  # token embeddings times sqrt(hidden_size) (Gemma, Gemma 2, Gemma 3)
-    final_logit_softcap: str | None = None  # the config key of a final logit soft-cap (Gemma 2, Gemma 3)
-    projections: tuple[str, str, str] | None = None  # (width key, project_in, project_out): OPT's narrower embeddings
-
-
-_LLAMA_LIKE = Outside("model.", "embed_tokens.weight")
-_GEMMA = replace(_LLAMA_LIKE, embed_scale=True)
-_ENCODER_IGNORE = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
-# model_type -> its parts around the stack. Families sharing a dialect can differ here (BERT and
-# RoBERTa: RoBERTa's positions are offset and numbered from its ids).
-OUTSIDE: dict[str, Outside] = {
-    **{t: _LLAMA_LIKE for t in ("llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "stablelm", "starcoder2")},
-    "gemma": _GEMMA,
-    "gemma2": replace(_GEMMA, final_logit_softcap="final_logit_softcapping"),
-    "gemma3_text": replace(_GEMMA, final_logit_softcap="final_logit_softcapping"),
-    "gpt2": Outside("transformer.", "wte.weight", positions="wpe.weight", max_positions=("n_positions",)),
-    "opt": Outside("model.", "decoder.embed_tokens.weight", positions="decoder.embed_positions.weight",
-                   max_positions=("max_position_embeddings",), position_offset="opt", default_positions="mask",
-                   projections=("word_embed_proj_dim", "decoder.project_in.", "decoder.project_out.")),
-    "gpt_neox": Outside("gpt_neox.", "embed_in.weight", head="embed_out."),  # the checkpoints' names
-    "bert": Outside("bert.", "embeddings.word_embeddings.weight", positions="embeddings.position_embeddings.weight",
-                    max_positions=("max_position_embeddings",),
-                    token_type="embeddings.token_type_embeddings.weight", embed_norm="embeddings.LayerNorm.",
-                    head=None, ignore=_ENCODER_IGNORE),
-    "roberta": Outside("roberta.", "embeddings.word_embeddings.weight",
-                       positions="embeddings.position_embeddings.weight", max_positions=("max_position_embeddings",),
-                       token_type="embeddings.token_type_embeddings.weight", embed_norm="embeddings.LayerNorm.",
-                       head=None, ignore=_ENCODER_IGNORE, position_offset="pad", default_positions="ids"),
-    "distilbert": Outside("distilbert.", "embeddings.word_embeddings.weight",
-                          positions="embeddings.position_embeddings.weight", max_positions=("max_position_embeddings",),
-                          embed_norm="embeddings.LayerNorm.", head=None, ignore=("embeddings.position_ids",)),
-}
-
-OUTSIDE["xlm-roberta"] = OUTSIDE["roberta"]  # XLM-RoBERTa is RoBERTa's code (XLMRobertaModel is generated from it)
-
 def causal_lm_class(model_type: str) -> str:
     """The class of a family's causal LM in transformers (LlamaForCausalLM, GPT2LMHeadModel ...)."""
-    special = {"gpt2": "GPT2LMHeadModel", "gemma3_text": "Gemma3ForCausalLM"}
-    return special.get(model_type) or FAMILIES[model_type].model_class.replace("Model", "ForCausalLM")
-
-
-# Families whose stacks load (part="stack") but whose parts around the stack the blocks do not compute.
-STACK_ONLY = {
-    "vit": "its inputs are images: patch embeddings (a convolution), a CLS token and a pooler, not token ids",
-    "whisper": "an encoder-decoder on audio: convolutions over mel features before the encoder, the decoder's "
-               "cross-attention to it; read the stacks with part='stack' / 'encoder' / 'decoder'",
-}
+    lm_class = FAMILIES[model_type].lm_class
+    if lm_class is None:
+        raise ValueError(f"{model_type} has no causal LM in transformers")
+    return lm_class
 
 
 def _family(config: Mapping[str, Any]) -> tuple[str, Outside]:
     model_type: Any = config.get("model_type")  # a config value (None when absent)
-    out = OUTSIDE.get(model_type)
-    if out is None:
-        why = STACK_ONLY.get(model_type, "no table of the parts around its stack "
-                                         "(flax_blocks.checkpoints.hf_models.OUTSIDE)")
+    family = FAMILIES.get(model_type)
+    if family is None or family.outside is None:
+        why = family.stack_only if family is not None else "no family module reads it"
         raise ConversionError([f"{model_type}: {why}; only its transformer stack is read (part='stack')"],
                               header=f"cannot load a whole {model_type} model")
-    return model_type, out
+    return model_type, family.outside
 
 
 def _whole_model_problems(model_type: str, c: Read) -> list[str]:
     """What a family computes around its stack that the LanguageModel does not: refused by name."""
     problems = []
-    if OUTSIDE[model_type].position_offset == "pad" and c["pad_token_id"] is None:
+    if _family(c.config)[1].position_offset == "pad" and c["pad_token_id"] is None:
         problems.append("pad_token_id None: RoBERTa's positions are numbered from its padding token (padding_idx)")
     return problems
 
@@ -172,17 +114,18 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
         pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
         embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
         final_logit_softcap=None if cap is None or part == "model" else float(cap),
-        project_dim=_project_dim(out, c), cache_window=window, recompute_length=_recompute_length(model_type, cfg),
+        project_dim=_project_dim(out, c), cache_window=window, recompute_length=_recompute_length(out, cfg),
     )
     return read, lm
 
 
-def _recompute_length(model_type: str, cfg: Any) -> int | None:
+def _recompute_length(out: Outside, cfg: Any) -> int | None:
     """Phi3ForCausalLM.prepare_inputs_for_generation drops the cache when the sequence first
     passes original_max_position_embeddings, so that generation goes on with every key rotated
-    by longrope's long factors; with other rotary the recomputed keys are the cached ones."""
+    by longrope's long factors (Outside.recompute_past_original); with other rotary the
+    recomputed keys are the cached ones."""
     scaling = cfg.rope_scaling
-    if model_type != "phi3" or scaling is None or scaling.rope_type != "longrope":
+    if not out.recompute_past_original or scaling is None or scaling.rope_type != "longrope":
         return None
     return scaling.original
 
@@ -247,7 +190,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
 
     read, lm = _lm_config(config, part, ignore_keys)
     dialect, cfg = read.dialect, read.cfg
-    out = OUTSIDE[config["model_type"]]
+    _, out = _family(config)
     tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads)
     base = tr.prefix  # "" for a base model, "model." / "transformer." / "bert." inside a model with a head
     ours: dict[str, Any] = {f"{ENCODER}.{k}": v for k, v in tr.state_dict.items()}
@@ -316,12 +259,12 @@ def _family_of(model, dialect: str, family: str | None = None) -> tuple[str, Out
     that family's, else the first family of `dialect` with a table (hf-bert: BERT, hf-llama:
     LLaMA); its parts around the stack must compute what the model computes."""
     family = family or getattr(model, "hf_family", None)
-    if family not in OUTSIDE or dialects.MODEL_TYPES.get(family) != dialect:
-        family = next((t for t, d in dialects.MODEL_TYPES.items() if d == dialect and t in OUTSIDE), None)
+    if family not in FAMILIES or FAMILIES[family].dialect != dialect or FAMILIES[family].outside is None:
+        family = next((t for t in families_of_dialect(dialect) if FAMILIES[t].outside is not None), None)
     if family is None:
-        raise ConversionError([f"{dialect}: no table of the parts around its stack"],
+        raise ConversionError([f"{dialect}: no family of that dialect has its parts around the stack declared"],
                               header="cannot write this whole model")
-    out, lm, problems = OUTSIDE[family], model.lm, []
+    out, lm, problems = FAMILIES[family].outside, model.lm, []
     if (lm.embed_scale is not None) != out.embed_scale:
         problems.append(f"embed_scale={lm.embed_scale}: {family} " + ("scales its embeddings by sqrt(hidden_size)"
                                                                      if out.embed_scale else "has no embedding scale"))

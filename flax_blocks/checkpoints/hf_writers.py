@@ -2,7 +2,7 @@
 for `fb.save_hf(model, folder, family=...)`.
 
 The config is the family's class defaults with the model's sizes and settings put in the keys
-the family reads (`flax_blocks.checkpoints.hf_families`); `fb.save_hf` then reads it back as
+the family reads (`flax_blocks.checkpoints.families`); `fb.save_hf` then reads it back as
 `fb.from_hf` would and refuses the save, naming the fields, where the family cannot hold what
 the model computes (a LayerNorm model written as LLaMA, a Gemma's (1 + w) norms as anything
 but Gemma).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .hf_families import FAMILIES
+from .family import FAMILIES
 
 # BlockConfig field -> the keys that carry it, in the families that read them (the first the
 # family reads is written).

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .family import unexpected
 from .hf_config import ConfigRead
-from .hf_families import unexpected
 
 log = logging.getLogger("flax_blocks")
 

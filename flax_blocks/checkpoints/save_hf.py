@@ -30,8 +30,8 @@ import numpy as np
 
 from ..spec.config import DTYPES, dtype_name
 from . import dialects
+from .family import FAMILIES
 from .hf_config import WEIGHT_FILES, read_config, read_folder
-from .hf_families import FAMILIES
 from .io import ConversionError
 
 # Fields that say how a model is computed or trained, not what: never compared with the config read back.
@@ -181,9 +181,8 @@ def _tensors(model: Any, config: Mapping[str, Any], base: Any) -> dict[str, Any]
 
 
 def _is_tied_copy(name: str, model: Any, config: Mapping[str, Any]) -> bool:
-    from .hf_models import OUTSIDE
-
-    out = OUTSIDE.get(config.get("model_type"))  # type: ignore[arg-type]
+    family = FAMILIES.get(config.get("model_type"))  # type: ignore[arg-type]
+    out = None if family is None else family.outside
     return type(model).__name__ == "LanguageModel" and model.lm.head == "tied" and out is not None \
         and name == (out.head or "") + "weight"
 

@@ -1,7 +1,7 @@
 """Every BlockConfig field, declared once with what the rest of the project needs to know
 about it: its help text, whether it adds parameters, and where it is exempt from the parity
 matrix. Framework-free. (Which Hugging Face config key carries a field is each family's
-business, read as transformers reads it: flax_blocks.checkpoints.hf_families.)
+business, read as transformers reads it: flax_blocks.checkpoints.families.)
 
 Derived from this table, not kept beside it:
   - the converter CLI's flags and their help (flax_blocks.checkpoints.convert.cli);

@@ -1,0 +1,28 @@
+"""The Hugging Face families, one module each: its checkpoint names (a Dialect), its config read as
+transformers' code for it reads it (a Family), the parts around its stack and what the parity
+tests need to know of transformers' implementation, registered where they are defined
+(`flax_blocks.checkpoints.family.register`). Importing this package registers them all, in
+this order; docs/adding-a-family.md walks through adding one."""
+
+from . import (  # noqa: F401 - imported for their registrations
+    bert,
+    distilbert,
+    gemma,
+    gemma2,
+    gemma3,
+    gpt2,
+    gpt_neox,
+    llama,
+    mistral,
+    olmo2,
+    opt,
+    phi3,
+    qwen2,
+    qwen3,
+    roberta,
+    stablelm,
+    starcoder2,
+    vit,
+    whisper,
+    xlm_roberta,
+)

@@ -1,0 +1,299 @@
+"""A Hugging Face family, declared in one place: its config read as transformers' own code for
+that family reads it, the checkpoint names of its layers (a `flax_blocks.checkpoints.dialects`
+Dialect), the parts around its stack, and what the parity tests need to know of transformers'
+implementation. Each family is one module of `flax_blocks.checkpoints.families`, which
+registers it here (`register`); every registry of the checkpoints (the model types, their
+dialects, the parts around the stacks) is read from what the modules registered.
+
+A family's config table, `Family`:
+
+    reads   key -> the config class's default: the keys the family's modelling code (or its
+            config class, rewriting them) reads, and only those; `reader` turns them into
+            BlockConfig fields, refusing by name the values the blocks do not compute;
+    aliases key -> the key it sets (the config class's attribute_map: GPT-2's hidden_size is
+            n_embd); an alias in a file wins over the key it names, as in transformers;
+    inert   key -> why it changes no output of the loaded model (dropout rates in eval, init
+            ranges, generation defaults, heads we do not load ...);
+    lm      the keys read around the stack (vocabulary, tied head, learned positions, soft-cap),
+            by `flax_blocks.checkpoints.hf_models`; part of `reads`.
+
+Any other key is one the family's transformers code never reads: it changes nothing there, so
+it is ignored here too, and listed (one warning and the model's load report,
+`fb.load_report(model)`). The risk of a silent wrong load lives in the keys a family DOES read,
+each read as transformers reads it, and in weights that betray another family (refused by
+name in `flax_blocks.checkpoints.dialects`). Checked against transformers 5.24's source;
+tests/test_hf_keys.py walks every config class and fails on a key no table classifies.
+Framework-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TRANSFORMERS = "5.24.0"  # the version the families mirror (pyproject's hf extra pins it)
+
+# HF activation names the blocks compute (transformers' ACT2FN): ours.
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
+               "silu": "silu", "swish": "silu"}
+
+GENERATION = "a generation default (transformers moves it to generation_config); fb.generate takes its own arguments"
+# PretrainedConfig's own keys, shared by every family because transformers shares them.
+COMMON: dict[str, str] = {
+    "model_type": "names the family (read to choose this table)",
+    "architectures": "names the classes that saved the checkpoint; the weights' names are read",
+    "transformers_version": "the version that wrote the file",
+    "_name_or_path": "where the config was read from",
+    "return_dict": "output container only",
+    "output_hidden_states": "output container only",
+    "output_attentions": "output container only",
+    "torchscript": "export flag",
+    "use_bfloat16": "a TF-era flag no PyTorch model reads",
+    "chunk_size_feed_forward": "computes the feed-forward in chunks: the same values",
+    "is_encoder_decoder": "set by the encoder-decoder classes themselves",
+    "id2label": "labels of a classification head, not loaded",
+    "label2id": "labels of a classification head, not loaded",
+    "num_labels": "size of a classification head, not loaded",
+    "problem_type": "loss of a classification head, not loaded",
+    "finetuning_task": "a note", "tokenizer_class": "the tokenizer's class", "prefix": "a tokenizer prompt prefix",
+    "task_specific_params": "pipeline defaults", "_commit_hash": "a Hub revision",
+    "attn_implementation": "the attention kernel: the same function (eager, sdpa)",
+    "_attn_implementation_autoset": "the attention kernel: the same function",
+    "_attn_implementation_internal": "the attention kernel: the same function",
+    "auto_map": "remote code classes, used only with trust_remote_code; read as transformers' own class reads it",
+    "use_cache": "keeps keys and values while generating: the same tokens",
+    "transformers_weights": "names the weights file from_pretrained reads; the folder's files are chosen by it",
+    "pad_token_id": "the padding token: an embedding's padding_idx only changes its gradient",
+    "bos_token_id": "a special token id", "eos_token_id": "a special token id", "sep_token_id": "a special token id",
+    "decoder_start_token_id": "a special token id",
+    "initializer_range": "the std of the initial weights; the checkpoint's weights are read",
+    "dtype": "the parameter dtype: read as param_dtype unless dtype= is given",
+    "torch_dtype": "the parameter dtype (older files): read as param_dtype unless dtype= is given",
+    **{k: GENERATION for k in ("max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+                                "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p",
+                                "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+                                "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+                                "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+                                "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+                                "suppress_tokens", "begin_suppress_tokens", "max_new_tokens")},
+}
+
+# PretrainedConfig's keys that every load reads (the family, the dtype, the weights file): never "ignored".
+READ_EVERYWHERE = ("model_type", "dtype", "torch_dtype", "transformers_weights")
+
+# Keys that change what a model computes whatever its family, refused wherever they are set.
+REFUSED_ANYWHERE = {
+    "quantization_config": "quantized weights (the blocks read plain float tensors)",
+    "pruned_heads": "heads pruned from the attention (the blocks have every head)",
+}
+
+DROPOUT = "a dropout rate: inference runs without dropout"
+INIT = "an initialisation setting; the checkpoint's weights are read"
+OUTSIDE_PART = "read by a part outside the stack that the blocks do not load"
+
+
+@dataclass(frozen=True)
+class Outside:
+    """Where a family keeps the parts around its stack (names relative to the base model), and
+    what those parts compute besides a lookup and a matrix product."""
+
+    base: str  # the base model's prefix inside the model with a head
+    embed: str
+    positions: str | None = None  # learned position table (its config key: max_positions below)
+    max_positions: tuple[str, ...] = ()
+    token_type: str | None = None
+    embed_norm: str | None = None  # the module name of a norm on the embeddings
+    head: str | None = "lm_head."  # the LM head's module, beside the base model; None: no causal LM
+    ignore: tuple[str, ...] = ()  # buffers and parts that are not computed (BERT's pooler)
+    position_offset: str = "none"  # "opt": position p reads row p + 2 of a table of max + 2 rows;
+    # "pad": RoBERTa's padding_idx + 1, the table's rows counting the offset (max_position_embeddings)
+    default_positions: str = "arange"  # LMConfig.default_positions: HF's positions without position_ids
+    embed_scale: bool = False  # token embeddings times sqrt(hidden_size) (Gemma, Gemma 2, Gemma 3)
+    final_logit_softcap: str | None = None  # the config key of a final logit soft-cap (Gemma 2, Gemma 3)
+    projections: tuple[str, str, str] | None = None  # (width key, project_in, project_out): OPT's narrower embeddings
+    recompute_past_original: bool = False  # generate recomputes every key past longrope's original length (Phi-3)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the parity tests need to know of transformers' implementation of a family: its
+    norms, rotary or eager softmax computing in float32 inside a float64 model, attention
+    served by the eager kernel only (Gemma 2's soft-cap), inputs_embeds scaled inside the
+    base model's forward (Gemma, Gemma 2)."""
+
+    float32_inside: bool = False
+    eager_only: bool = False
+    scales_inputs: bool = False
+
+
+class Read:
+    """A config as one family's code sees it: `c["key"]` is the config's value (an alias's when
+    the file holds one) or, when the key is absent, the config class's default. Only keys of the
+    family's `reads` may be asked for (a reader reading another key is a bug, raised as one);
+    `problems` collects refusals, `ignored` the keys (and rope parameters) read as nothing."""
+
+    def __init__(self, config: Mapping[str, Any], family: Family):
+        self.config, self.family = config, family
+        self.problems: list[str] = []
+        self.ignored: dict[str, str] = {}
+
+    def _source(self, key: str) -> str | None:
+        """The config key that sets `key`: an alias the file holds (it wins), else the key itself."""
+        for alias, target in self.family.aliases.items():
+            if target == key and alias in self.config:
+                return alias
+        return key if key in self.config else None
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.family.reads:
+            raise KeyError(f"the {self.family.model_type} reader asked for {key!r}, which its table does not read")
+        source = self._source(key)
+        return self.config[source] if source is not None else self.family.reads[key]
+
+    def given(self, key: str) -> bool:
+        """Whether the config itself holds the key (or an alias of it), not the class default."""
+        if key not in self.family.reads:
+            raise KeyError(f"the {self.family.model_type} reader asked for {key!r}, which its table does not read")
+        return self._source(key) is not None
+
+    def refuse(self, key: str, why: str) -> None:
+        source = self._source(key) or key
+        self.problems.append(f"{source}={self.config.get(source, self.family.reads.get(key))!r}: {why}")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model_type, as transformers reads and computes it (see the module docstring).
+
+    dialect: the name of the Dialect its checkpoints' layers are written in.
+    lm_class: its causal LM's class (LlamaForCausalLM); None: it has none.
+    outside: where it keeps the parts around its stack; None: it loads as a stack only, for
+      the reason `stack_only` gives.
+    reference: transformers' implementation as the parity tests need it.
+    draws: values people set for its keys, which the differential fuzzer draws
+      (parity_tests/fuzz_hf.py); "pattern" for layer_types draws a layout of local and
+      global layers."""
+
+    model_type: str
+    config_class: str
+    model_class: str
+    dialect: str
+    reads: Mapping[str, Any]
+    reader: Callable[[Read], dict[str, Any]]
+    inert: Mapping[str, str] = field(default_factory=dict)
+    lm: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    lm_class: str | None = None
+    outside: Outside | None = None
+    stack_only: str = ""
+    reference: Reference = Reference()
+    draws: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def classify(self, key: str) -> str:
+        """'read' (an alias too), 'inert' (known to change nothing) or 'unread' (never read by
+        the family's code: ignored, as transformers ignores it)."""
+        if key in self.reads or key in self.aliases:
+            return "read"
+        if key in self.inert or key in COMMON:
+            return "inert"
+        return "unread"
+
+
+# ------------------------------------------------------------------------------------------
+# The registries, filled by the family modules (flax_blocks.checkpoints.families)
+# ------------------------------------------------------------------------------------------
+
+FAMILIES: dict[str, Family] = {}  # model_type -> its Family (an encoder-decoder's: its encoder)
+PARTS: dict[str, dict[str, Family]] = {}  # model_type -> {"encoder": ..., "decoder": ...} of encoder-decoders
+# A multimodal model_type whose language model is a family: (the key of its config, the prefixes its
+# weights carry -> the causal LM's); every other weight (vision tower, projector) is never used.
+LANGUAGE_MODELS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+
+
+def register(*families: Family, parts: Mapping[str, Family] | None = None) -> None:
+    """Add families to the registries; `parts`: an encoder-decoder's stacks ({"encoder",
+    "decoder"}), the encoder its family."""
+    for f in families:
+        if f.model_type in FAMILIES:
+            raise ValueError(f"model_type {f.model_type!r} registered twice")
+        FAMILIES[f.model_type] = f
+    if parts is not None:
+        encoder = parts["encoder"]
+        PARTS[encoder.model_type] = dict(parts)
+        register(encoder)
+
+
+def register_language_model(model_type: str, config_key: str, prefixes: tuple[tuple[str, str], ...]) -> None:
+    """A multimodal model_type whose `config_key` holds a registered family's config and whose
+    weights under `prefixes` ((theirs, ours) pairs) are that family's causal LM."""
+    LANGUAGE_MODELS[model_type] = (config_key, prefixes)
+
+
+def families_of_dialect(dialect: str) -> list[str]:
+    """The model types whose layers are written in `dialect`, in registration order."""
+    return [t for t, f in FAMILIES.items() if f.dialect == dialect] + \
+        [p.model_type for parts in PARTS.values() for p in parts.values()
+         if p.dialect == dialect and p.model_type not in FAMILIES]
+
+
+def audit(config: Mapping[str, Any], family: Family) -> tuple[list[str], dict[str, str]]:
+    """(problems, ignored) of a config's keys: every key set to a value no model we load has
+    (quantized weights, pruned heads), and {key: why it changes nothing} for every key the
+    family's code does not read (its known inert keys, and the keys its code never reads,
+    which transformers ignores too)."""
+    problems, ignored = [], {}
+    for key, value in config.items():
+        if key in READ_EVERYWHERE:
+            continue
+        if key in REFUSED_ANYWHERE:
+            if value not in (None, {}, []):
+                problems.append(f"{key}={value!r}: {REFUSED_ANYWHERE[key]}")
+            continue
+        kind = family.classify(key)
+        if kind == "inert":
+            ignored[key] = family.inert.get(key) or COMMON[key]
+        elif kind == "unread":
+            elsewhere = sorted(f.model_type for f in FAMILIES.values() if key in f.reads and f is not family)
+            ignored[key] = (f"{family.model_class} never reads it, so transformers ignores it"
+                            + (f" ({', '.join(elsewhere)} read{'s' if len(elsewhere) == 1 else ''} it)"
+                               if elsewhere else ""))
+    return problems, ignored
+
+
+def unexpected(ignored: Mapping[str, str], family: Family) -> list[str]:
+    """The ignored keys worth a warning: those the family's tables do not know as inert."""
+    return [k for k in ignored if "." in k or family.classify(k) == "unread"]
+
+
+# model_types transformers has that the blocks do not compute: the reason, named.
+NOT_COMPUTED = {
+    "mixtral": "a mixture of experts in place of each MLP (a router and {num_local_experts} expert MLPs, "
+               "{num_experts_per_tok} per token)",
+    "qwen2_moe": "a mixture of experts in place of the MLP ({num_experts} experts)",
+    "qwen3_moe": "a mixture of experts in place of the MLP ({num_experts} experts)",
+    "t5": "a learned relative position bias added to the attention logits, and an encoder-decoder",
+    "mt5": "T5's relative position bias", "umt5": "T5's relative position bias",
+    "cohere": "parallel residual with a shared LayerNorm without bias and a logit scale",
+    "falcon": "ALiBi or rotary by config, multi-query attention with one fused query_key_value and a parallel "
+              "block (new_decoder_architecture: two norms)",
+    "bloom": "ALiBi position biases added to the attention logits (no rotary, no learned positions)",
+    "mpt": "ALiBi position biases",
+    "gptj": "rotary on interleaved (adjacent) pairs of dimensions and a parallel block sharing one LayerNorm",
+    "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
+    "phi": "a parallel block with partial rotary and a dense MLP under Phi-1/2's names (phi3 is supported)",
+    "gpt_neo": "local attention on alternate layers with unscaled logits",
+    "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",
+    "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
+    "deepseek_v2": "multi-head latent attention and experts", "deepseek_v3": "multi-head latent attention and experts",
+    "llama4": "chunked attention, experts and no rotary on some layers",
+    "olmo": "OLMo 1's LayerNorm without parameters and clipped q, k, v (olmo2 is supported)",
+    "granite": "multipliers on the embeddings, residuals, attention and logits",
+}
+
+
+def not_computed(model_type: str, config: Mapping[str, Any]) -> str:
+    """The reason a known model_type is refused, with the model's own numbers filled in."""
+    reason = NOT_COMPUTED[model_type]
+    fields = {key: config.get(key, "?") for key in ("num_local_experts", "num_experts_per_tok", "num_experts")}
+    return reason.format(**fields)
