@@ -29,93 +29,93 @@ WINDOW = 4  # sliding windows shorter than T
 PADDED = slice(2, 5)  # tokens of the last batch element that are padding
 
 _TEXT = dict(vocab_size=16, pad_token_id=1, bos_token_id=0, eos_token_id=2)
-# name -> (config class, model class, config, what the build shows)
-FAMILIES: dict[str, tuple[str, str, dict[str, Any], str]] = {
-    "roberta": ("RobertaConfig", "RobertaModel",
+# name -> (model_type, config, what the build shows); the classes are the family's registration's
+FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "roberta": ("roberta",
                 dict(**_TEXT, hidden_size=24, num_attention_heads=3, intermediate_size=40, num_hidden_layers=LAYERS,
                      max_position_embeddings=20, hidden_act="gelu", layer_norm_eps=1e-12, is_decoder=True),
                 "BERT's stack; is_decoder=True (causal)"),
-    "distilbert": ("DistilBertConfig", "DistilBertModel",
+    "distilbert": ("distilbert",
                    dict(**_TEXT, dim=24, n_heads=3, hidden_dim=40, n_layers=LAYERS, max_position_embeddings=20,
                         activation="gelu"), "post-LN, eps 1e-12 in the code"),
-    "opt": ("OPTConfig", "OPTModel",
+    "opt": ("opt",
             dict(**_TEXT, hidden_size=24, num_attention_heads=3, ffn_dim=40, num_hidden_layers=LAYERS,
                  max_position_embeddings=20, word_embed_proj_dim=24, do_layer_norm_before=True,
                  activation_function="relu"), "pre-LN, final_layer_norm"),
-    "opt-350m": ("OPTConfig", "OPTModel",
+    "opt-350m": ("opt",
                  dict(**_TEXT, hidden_size=24, num_attention_heads=3, ffn_dim=40, num_hidden_layers=LAYERS,
                       max_position_embeddings=20, word_embed_proj_dim=16, do_layer_norm_before=False,
                       activation_function="relu"), "post-LN, project_in / project_out (outside the stack)"),
-    "vit": ("ViTConfig", "ViTModel",
+    "vit": ("vit",
             dict(hidden_size=24, num_attention_heads=3, intermediate_size=40, num_hidden_layers=LAYERS, image_size=8,
                  patch_size=4, hidden_act="gelu", layer_norm_eps=1e-6, qkv_bias=True), "pre-LN, final layernorm"),
-    "phi3": ("Phi3Config", "Phi3Model",
+    "phi3": ("phi3",
              dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
                   num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-5, rope_theta=500.0,
                   sliding_window=None, partial_rotary_factor=0.75),
              "fused qkv_proj and gate_up_proj split and joined; rotary on 4 of 6 dims (Phi-4-mini's 0.75)"),
-    "qwen3": ("Qwen3Config", "Qwen3Model",
+    "qwen3": ("qwen3",
               dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                    intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
                    rope_theta=1000.0), "QK-norm per head, head_dim 8 (4 heads: 32 != 24), 2 KV heads"),
-    "gemma": ("GemmaConfig", "GemmaModel",
+    "gemma": ("gemma",
               dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
                    intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
                    rope_theta=1000.0), "(1 + w) norms, GeGLU, head_dim 10, 1 KV head; sqrt(d) embedding scale "
                                        "outside the stack"),
-    "olmo2": ("Olmo2Config", "Olmo2Model",
+    "olmo2": ("olmo2",
               dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
                    num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6, rope_theta=1000.0,
                    attention_bias=True),
               "norms on the sublayer outputs, QK-norm over the whole projections, 2 KV heads; attention_bias "
               "(q, k, v, o biased, the MLP not)"),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel",
+    "gpt_neox": ("gpt_neox",
                  dict(**_TEXT, hidden_size=24, num_attention_heads=3, intermediate_size=40, num_hidden_layers=LAYERS,
                       max_position_embeddings=32, rotary_pct=0.5, rotary_emb_base=1000, hidden_act="gelu",
                       use_parallel_residual=True), "parallel residual, rotary on half of each head, per-head "
                                                    "query_key_value"),
-    "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXModel",
+    "gpt_neox-sequential": ("gpt_neox",
                             dict(**_TEXT, hidden_size=24, num_attention_heads=3, intermediate_size=40,
                                  num_hidden_layers=LAYERS, max_position_embeddings=32, rotary_pct=0.25,
                                  rotary_emb_base=1000, hidden_act="gelu_new", use_parallel_residual=False,
                                  attention_bias=False),
                             "use_parallel_residual=False: the sequential pre-LN form, rotary_pct 0.25; "
                             "attention_bias=False (MLP and LayerNorm biases kept)"),
-    "mistral-window": ("MistralConfig", "MistralModel",
+    "mistral-window": ("mistral",
                        dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
                             num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-5, rope_theta=1000.0,
                             sliding_window=WINDOW), f"sliding_window {WINDOW} < T {T}, every layer local"),
-    "starcoder2": ("Starcoder2Config", "Starcoder2Model",
+    "starcoder2": ("starcoder2",
                    dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, intermediate_size=40,
                         num_hidden_layers=LAYERS, max_position_embeddings=32, norm_epsilon=1e-5, rope_theta=1000.0,
                         hidden_act="gelu_pytorch_tanh", use_bias=True, sliding_window=WINDOW),
                    f"LayerNorm, biases, dense MLP (c_fc, c_proj), sliding_window {WINDOW}, 1 KV head"),
-    "stablelm": ("StableLmConfig", "StableLmModel",
+    "stablelm": ("stablelm",
                  dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, intermediate_size=40,
                       num_hidden_layers=LAYERS, max_position_embeddings=32, layer_norm_eps=1e-5, rope_theta=1000.0,
                       partial_rotary_factor=0.25, use_qkv_bias=True, use_parallel_residual=False),
                  "LayerNorms with biases, linear maps without (q/k/v: use_qkv_bias), rotary on 2 of 8 dims"),
-    "stablelm-parallel": ("StableLmConfig", "StableLmModel",
+    "stablelm-parallel": ("stablelm",
                           dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=3,
                                intermediate_size=40,
                                num_hidden_layers=LAYERS, max_position_embeddings=32, layer_norm_eps=1e-5,
                                rope_theta=1000.0, use_qkv_bias=False, use_parallel_residual=True),
                           "use_parallel_residual: one shared norm, x + Attn(Norm(x)) + MLP(Norm(x))"),
-    "whisper": ("WhisperConfig", "WhisperModel",
+    "whisper": ("whisper",
                 dict(vocab_size=16, d_model=24, encoder_attention_heads=3, encoder_ffn_dim=40, encoder_layers=LAYERS,
                      decoder_attention_heads=3, decoder_ffn_dim=40, decoder_layers=LAYERS, num_mel_bins=4,
                      max_source_positions=T, max_target_positions=T, activation_function="gelu", pad_token_id=1,
                      bos_token_id=0, eos_token_id=2, decoder_start_token_id=0),
                 "the encoder (no k_proj bias: read as zero); no padding (the encoder takes no mask); its decoder: "
                 "test_whisper_decoder_matches_the_hf_decoder"),
-    "gemma2": ("Gemma2Config", "Gemma2Model",
+    "gemma2": ("gemma2",
                dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
                     intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
                     rope_theta=1000.0, sliding_window=WINDOW, attn_logit_softcapping=5.0, query_pre_attn_scalar=16,
                     final_logit_softcapping=30.0),
                f"sandwich norms, logits soft-capped at 5, scaled by 16 ** -0.5, layers 1 and 3 local (window "
                f"{WINDOW}); eager attention only"),
-    "gemma3": ("Gemma3TextConfig", "Gemma3TextModel",
+    "gemma3": ("gemma3_text",
                dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, head_dim=10,
                     intermediate_size=40, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
                     sliding_window=WINDOW, query_pre_attn_scalar=16,
@@ -162,21 +162,35 @@ def config(name: str, **changes: Any) -> dict[str, Any]:
     """The family's tiny config (with changes) as a dict, as config.json holds it."""
     import transformers
 
-    cls, _, kw, _ = FAMILIES[name]
-    return getattr(transformers, cls)(**{**kw, **changes}).to_dict()
+    model_type, kw, _ = FAMILIES[name]
+    return getattr(transformers, registered(model_type).config_class)(**{**kw, **changes}).to_dict()
+
+
+def registered(model_type: str):
+    """The family's registration (flax_blocks.checkpoints.family): its config and model classes."""
+    from flax_blocks.checkpoints.family import FAMILIES as REGISTERED
+
+    return REGISTERED[model_type]
+
+
+def model_class(name: str) -> str:
+    """The HF class a build makes: the family's base model (Whisper: its whole model, whose
+    encoder the stack is)."""
+    model_type = FAMILIES[name][0]
+    return "WhisperModel" if model_type == "whisper" else registered(model_type).model_class
 
 
 def build(name: str, dtype: str):
     """The family's tiny HF base model in `dtype` (eval mode), weights made to count. float64
-    models of families computing in float32 inside run with SDPA (hf_reference.FLOAT32_INSIDE)."""
+    models of families computing in float32 inside run with SDPA (hf_reference.reference)."""
     import torch
     import transformers
 
-    from .hf_reference import FLOAT32_INSIDE
+    from .hf_reference import reference
 
-    cls, model_cls, kw, _ = FAMILIES[name]
-    config_cls = getattr(transformers, cls)
-    attn = "sdpa" if dtype == "float64" and config_cls.model_type in FLOAT32_INSIDE else "eager"
+    model_type, kw, _ = FAMILIES[name]
+    config_cls, model_cls = getattr(transformers, registered(model_type).config_class), model_class(name)
+    attn = "sdpa" if dtype == "float64" and reference(config_cls.model_type).float32_inside else "eager"
     cfg = config_cls(**kw, attn_implementation=attn)
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(cfg).to(getattr(torch, dtype)).eval()
@@ -372,7 +386,7 @@ def describe(name: str) -> dict[str, str]:
                       if k in ("norm", "norm_type", "mlp", "activation", "causal", "bias", "layer_norm_eps")
                       or (k in SHOWN_IF_SET and v != defaults[k]))
     refused = "; ".join(words for _, words in REFUSALS[name])
-    return {"family": f"{name} ({model_type} -> {dialect})", "model": FAMILIES[name][1] + ": " + FAMILIES[name][3],
+    return {"family": f"{name} ({model_type} -> {dialect})", "model": model_class(name) + ": " + FAMILIES[name][2],
             "reads": ", ".join(reads),
             "fixed": fixed, "refused": refused or "-"}
 

@@ -49,37 +49,29 @@ V, B, T, PAD, NEW = 64, 2, 7, 3, 8
 RTOL = 1e-5
 ABSENT = object()  # a key left out of config.json: the config class's default applies
 
-# family -> (config class, model class, the part we load: "causal-lm" or "model")
-MODELS: dict[str, tuple[str, str, str]] = {
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "causal-lm"),
-    "opt": ("OPTConfig", "OPTForCausalLM", "causal-lm"),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", "causal-lm"),
-    "mistral": ("MistralConfig", "MistralForCausalLM", "causal-lm"),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "causal-lm"),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "causal-lm"),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", "causal-lm"),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", "causal-lm"),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "causal-lm"),
-    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", "causal-lm"),
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", "causal-lm"),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", "causal-lm"),
-    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", "causal-lm"),
-    "stablelm": ("StableLmConfig", "StableLmForCausalLM", "causal-lm"),
-    "bert": ("BertConfig", "BertModel", "model"),
-    "roberta": ("RobertaConfig", "RobertaModel", "model"),
-    "distilbert": ("DistilBertConfig", "DistilBertModel", "model"),
-    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", "model"),
-}
-# Each family's own size keys: (hidden, heads, kv heads or None, ffn, layers).
-SIZE_KEYS = {"gpt2": ("n_embd", "n_head", None, "n_inner", "n_layer"),
-             "opt": ("hidden_size", "num_attention_heads", None, "ffn_dim", "num_hidden_layers"),
-             "gpt_neox": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
-             "bert": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
-             "roberta": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
-             "xlm-roberta": ("hidden_size", "num_attention_heads", None, "intermediate_size", "num_hidden_layers"),
-             "distilbert": ("dim", "n_heads", None, "hidden_dim", "n_layers")}
-ENCODERS = ("bert", "roberta", "xlm-roberta", "distilbert")
-LLAMA_SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "num_hidden_layers")
+def _models() -> dict[str, tuple[str, str, str]]:
+    """family -> (config class, model class, the part we load: "causal-lm" or "model"), read from
+    the families' registrations (those with token inputs: every family with its parts around the
+    stack declared)."""
+    from flax_blocks.checkpoints.family import FAMILIES
+
+    return {t: (f.config_class, f.lm_class or f.model_class, "causal-lm" if f.lm_class else "model")
+            for t, f in FAMILIES.items() if f.outside is not None}
+
+
+MODELS = _models()
+_ROLES = {"hidden": ("hidden_size", "n_embd", "dim"), "heads": ("num_attention_heads", "n_head", "n_heads"),
+          "kv": ("num_key_value_heads",), "ffn": ("intermediate_size", "ffn_dim", "n_inner", "hidden_dim"),
+          "layers": ("num_hidden_layers", "n_layer", "n_layers")}
+
+
+def size_keys(family: str) -> tuple[str | None, ...]:
+    """A family's own size keys, from its table: (hidden, heads, kv heads or None, ffn, layers)."""
+    from flax_blocks.checkpoints.family import FAMILIES
+
+    reads = FAMILIES[family].reads
+    return tuple(next((k for k in keys if k in reads), None) for keys in _ROLES.values())
+
 
 EPS = [1e-6, 1e-5, 0.1, 0.5]  # large ones make an eps read from the wrong key visible
 LAYER_PATTERNS = ["sliding_attention", "full_attention"]
@@ -143,30 +135,37 @@ def configs(draw, family: str) -> dict[str, Any]:
     heads = draw(st.sampled_from([2, 4]))
     hidden = draw(st.sampled_from([32, 48]))
     layers = draw(st.sampled_from([1, 2, 3]))
-    keys = SIZE_KEYS.get(family, LLAMA_SIZES)
-    c: dict[str, Any] = {"model_type": family, keys[0]: hidden, keys[1]: heads, keys[3]: 40, keys[4]: layers}
-    if family not in ENCODERS:
-        c.update(vocab_size=V, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    else:
-        c.update(vocab_size=V, pad_token_id=1, max_position_embeddings=24)
+    keys = size_keys(family)
+    c: dict[str, Any] = {"model_type": family, keys[0]: hidden, keys[1]: heads, keys[3]: 40, keys[4]: layers,
+                         "vocab_size": V, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    decoder = MODELS[family][2] == "causal-lm"
+    if not decoder:
+        c["pad_token_id"] = 1  # RoBERTa's positions start past it
+    if table.outside is not None and table.outside.positions:
+        c[table.outside.max_positions[0]] = 24  # a learned position table: past the prompt and its new tokens
     if keys[2]:
         c[keys[2]] = draw(st.sampled_from([heads, heads // 2, 1]))
-    decoder = MODELS[family][2] == "causal-lm"
     if decoder:
         c["is_causal"] = draw(_maybe([True, False]))
         c["tie_word_embeddings"] = draw(_maybe([True, False]))
         c["_stored_head"] = draw(st.sampled_from([True, False]))  # tie_word_embeddings true over its own head
-    rot = "rope_parameters" in table.reads and family not in ("gemma3_text",)
-    if rot:
-        c.update(_rope(draw, "rotary_emb_base" if family == "gpt_neox" else "rope_theta",
-                       *(([0.25, 0.5, 1.0, 0.3], "rotary_pct") if family == "gpt_neox" else
-                         ([0.5, 0.75, 1.0, 0.3], "partial_rotary_factor") if family in ("phi3", "stablelm") else ())))
-    if "head_dim" in table.reads and family not in ("gpt_neox", "stablelm"):  # theirs: rotary only, refused
+    per_layer_type = "rope_local_base_freq" in table.reads  # Gemma 3: its rotary parameters are its draws'
+    if "rope_parameters" in table.reads and not per_layer_type:
+        partial_key = next((k for k in ("rotary_pct", "partial_rotary_factor") if k in table.reads), None)
+        c.update(_rope(draw, "rotary_emb_base" if "rotary_emb_base" in table.reads else "rope_theta",
+                       *(([0.25, 0.5, 1.0, 0.3] if partial_key == "rotary_pct" else [0.5, 0.75, 1.0, 0.3], partial_key)
+                         if partial_key else ())))
+    if "head_dim" in table.reads:
         c["head_dim"] = draw(_maybe([12, 16, 8, None]))
     for eps_key in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"):
         if eps_key in table.reads:
             c[eps_key] = draw(_maybe(EPS))
-    _family_keys(draw, family, c, layers)
+    for key, values in table.draws.items():  # the values people set for the family's own keys
+        if key == "layer_types":
+            if draw(st.booleans()):
+                c[key] = _layer_types(draw, layers)
+            continue
+        c[key] = draw(_maybe([hidden if v == "hidden" else v for v in values]))
     if "rope_parameters" in table.reads and draw(st.sampled_from([False, True, False])):
         _scaled_rope(draw, family, c)
     if draw(st.sampled_from([False, True, False, False])):  # some configs carry a neighbour's key
@@ -188,7 +187,7 @@ LEGACY = [{"gradient_checkpointing": False}, {"tie_weights_": True}, {"activatio
 
 def _rotary_dim(family: str, c: dict[str, Any]) -> int:
     """HF's rotary dim of a drawn config: its head width times its partial rotary factor."""
-    keys = SIZE_KEYS.get(family, LLAMA_SIZES)
+    keys = size_keys(family)
     head = c.get("head_dim") if family not in ("gpt_neox", "stablelm") else None
     head = head if isinstance(head, int) else c[keys[0]] // c[keys[1]]
     params = c.get("rope_parameters") or {}
@@ -226,73 +225,6 @@ def _scaled_rope(draw, family: str, c: dict[str, Any]) -> None:
         c["rope_parameters"] = {**(c.get("rope_parameters") or {}), "rope_type": kind, **params}
     else:
         c["rope_scaling"] = {("type" if spelling == "type" else "rope_type"): kind, **params}
-
-
-def _family_keys(draw, family: str, c: dict[str, Any], layers: int) -> None:
-    windows = [2, 4, 16, None]
-    m = _maybe
-    if family == "gpt2":
-        c.update(activation_function=draw(m(["gelu", "gelu_pytorch_tanh", "relu", "gelu_new"])),
-                 n_inner=draw(st.sampled_from([40, None])), n_positions=24,
-                 scale_attn_weights=draw(m([True, False])),
-                 scale_attn_by_inverse_layer_idx=draw(m([False, True])),
-                 reorder_and_upcast_attn=draw(m([True, False])))
-    elif family == "opt":
-        c.update(activation_function=draw(m(["gelu", "relu"])), max_position_embeddings=24,
-                 do_layer_norm_before=draw(m([False, True])), _remove_final_layer_norm=draw(m([True, False])),
-                 enable_bias=draw(m([True, False])), word_embed_proj_dim=draw(m([c["hidden_size"], None, 16])))
-    elif family == "llama":
-        bias = draw(m([True, False]))
-        c.update(hidden_act=draw(m(["silu", "gelu"])), attention_bias=bias,
-                 mlp_bias=draw(st.sampled_from([bias, bias, not bias if bias is not ABSENT else True])))
-    elif family in ("mistral", "phi3", "starcoder2"):
-        c["sliding_window"] = draw(m(windows))
-        if draw(st.booleans()):
-            c["layer_types"] = _layer_types(draw, layers)
-        if family == "starcoder2":
-            c.update(hidden_act=draw(m(["gelu", "gelu_pytorch_tanh", "relu"])), use_bias=draw(m([False, True])))
-    elif family in ("qwen2", "qwen3"):
-        c.update(use_sliding_window=draw(m([True, False])), sliding_window=draw(m(windows)),
-                 max_window_layers=draw(m([0, 1, 2, 28])))
-        if draw(st.booleans()):
-            c["layer_types"] = _layer_types(draw, layers)
-        if family == "qwen3":
-            c["attention_bias"] = draw(m([True, False]))
-    elif family == "gemma":
-        c.update(hidden_act=draw(m(["gelu", "gelu_pytorch_tanh", "gelu_new", "silu"])),
-                 attention_bias=draw(m([True, False])), use_bidirectional_attention=draw(m([False, None, True])))
-    elif family in ("gemma2", "gemma3_text"):
-        c.update(hidden_activation=draw(m(["gelu", "gelu_pytorch_tanh"])),
-                 query_pre_attn_scalar=draw(m([4, 8, 16])), attn_logit_softcapping=draw(m([0.5, 2.0, None, 50.0])),
-                 final_logit_softcapping=draw(m([0.5, None, 30.0])), sliding_window=draw(m([2, 4, 16])),
-                 attention_bias=draw(m([True, False])))
-        if draw(st.booleans()):
-            c["layer_types"] = _layer_types(draw, layers)
-        if family == "gemma3_text":
-            c["sliding_window_pattern"] = draw(m([2, 3, 6]))
-            kind = draw(st.sampled_from(["absent", "legacy", "dict"]))
-            if kind == "legacy":
-                c.update(rope_theta=draw(st.sampled_from([1000.0, 1e6])), rope_local_base_freq=100.0)
-            elif kind == "dict":
-                c["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
-                                        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
-        else:
-            c.update(_rope(draw))
-    elif family == "olmo2":
-        c["attention_bias"] = draw(m([True, False]))
-    elif family == "gpt_neox":
-        c.update(hidden_act=draw(m(["gelu_new", "gelu", "relu"])), use_parallel_residual=draw(m([False, True])),
-                 attention_bias=draw(m([False, True])))
-    elif family == "stablelm":
-        c.update(use_qkv_bias=draw(m([True, False])), use_parallel_residual=draw(m([True, False])),
-                 qk_layernorm=draw(st.sampled_from([ABSENT, False, ABSENT, False, True])))
-    elif family in ("bert", "roberta", "xlm-roberta"):
-        c.update(hidden_act=draw(m(["gelu_new", "gelu", "relu"])), is_decoder=draw(m([True, False])),
-                 is_causal=draw(m([False, True])), type_vocab_size=draw(m([1, 2])),
-                 position_embedding_type=draw(m(["absolute", "relative_key"])))
-    elif family == "distilbert":
-        c.update(activation=draw(m(["relu", "gelu"])), sinusoidal_pos_embds=draw(m([True, False])),
-                 is_causal=draw(m([False, True])))
 
 
 # ------------------------------------------------------------------------------------------

@@ -114,19 +114,26 @@ def _eager_softmax_in_the_query_dtype(model) -> None:
     module.eager_attention_forward = space["eager_attention_forward"]
 
 
-# Families that run only the eager attention, which takes the softmax in float32 (Gemma 2:
-# soft-capping): float64 runs them eager with _eager_softmax_in_the_query_dtype.
-EAGER_ONLY = ("gemma2",)
+
+
+def reference(model_type: str | None):
+    """What the family's registration says of transformers' implementation
+    (`flax_blocks.checkpoints.family.Reference`: float32 inside a float64 model, eager attention
+    only, inputs_embeds scaled in the base model's forward); the defaults for an unknown type."""
+    from flax_blocks.checkpoints.family import FAMILIES, Reference
+
+    family = FAMILIES.get(model_type) if model_type else None
+    return family.reference if family is not None else Reference()
 
 
 def float64_faithful(model):
     """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32
     (Gemma's RMSNorm, whose source scales by 1.0 + self.weight, keeps that offset); for
-    EAGER_ONLY families, their eager attention's float32 softmax (process-wide, see
+    eager-only families (`reference`), their eager attention's float32 softmax (process-wide, see
     _eager_softmax_in_the_query_dtype)."""
     import inspect
 
-    if getattr(model.config, "model_type", None) in EAGER_ONLY:
+    if reference(getattr(model.config, "model_type", None)).eager_only:
         _eager_softmax_in_the_query_dtype(model)
     for m in model.modules():
         name = type(m).__name__
@@ -158,14 +165,11 @@ def embeddings_out_of_the_way(model):
         if decoder is not None and hasattr(decoder, "embed_positions"):  # OPT: project_in(x) + position, project_out
             decoder.embed_positions.weight.zero_()
             decoder.project_in = decoder.project_out = None
-    if getattr(model.config, "model_type", None) in SCALED_INPUTS:
+    if reference(getattr(model.config, "model_type", None)).scales_inputs:
         _feed_the_first_layer(model)
     return model
 
 
-# Families whose base model multiplies inputs_embeds by sqrt(hidden_size) inside its forward
-# (Gemma, Gemma 2: the embedding scale; Gemma 3 scales in its embedding module instead).
-SCALED_INPUTS = ("gemma", "gemma2")
 
 
 def _feed_the_first_layer(model):
@@ -185,10 +189,6 @@ def _feed_the_first_layer(model):
     model.layers[0].register_forward_pre_hook(put, with_kwargs=True)
 
 
-# Families whose eager attention takes its softmax in float32 (or whose norms and rotary cast
-# to float32): float64 checks run them with SDPA and float64_faithful.
-FLOAT32_INSIDE = ("llama", "mistral", "qwen2", "phi3", "opt", "vit", "qwen3", "gemma", "olmo2", "gpt_neox",
-                  "gemma3_text", "starcoder2", "stablelm")
 
 
 def hf_run(model, x: np.ndarray, ct: np.ndarray, keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -261,7 +261,7 @@ def load_hf(folder: str, dtype: str):
 
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    attn = "sdpa" if config.get("model_type") in FLOAT32_INSIDE and dtype == "float64" else "eager"  # EAGER_ONLY: eager
+    attn = "sdpa" if reference(config.get("model_type")).float32_inside and dtype == "float64" else "eager"
     model = transformers.AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=attn)
     model = embeddings_out_of_the_way(model.eval())
     return config, (float64_faithful(model) if dtype == "float64" else model)

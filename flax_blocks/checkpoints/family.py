@@ -117,10 +117,12 @@ class Outside:
 
 @dataclass(frozen=True)
 class Reference:
-    """What the parity tests need to know of transformers' implementation of a family: its
-    norms, rotary or eager softmax computing in float32 inside a float64 model, attention
-    served by the eager kernel only (Gemma 2's soft-cap), inputs_embeds scaled inside the
-    base model's forward (Gemma, Gemma 2)."""
+    """What the parity tests need to know of transformers' implementation of a family:
+    float32_inside, its norms, rotary or eager softmax compute in float32 inside a float64
+    model (float64 comparisons then run it with SDPA, its norms and rotary patched);
+    eager_only, its attention is served by the eager kernel only (Gemma 2's soft-cap: its
+    softmax patched instead); scales_inputs, the base model's forward multiplies
+    inputs_embeds by sqrt(hidden_size) (Gemma, Gemma 2)."""
 
     float32_inside: bool = False
     eager_only: bool = False

@@ -265,6 +265,7 @@ def _family_of(model, dialect: str, family: str | None = None) -> tuple[str, Out
         raise ConversionError([f"{dialect}: no family of that dialect has its parts around the stack declared"],
                               header="cannot write this whole model")
     out, lm, problems = FAMILIES[family].outside, model.lm, []
+    assert out is not None  # chosen above among the families that declare their parts around the stack
     if (lm.embed_scale is not None) != out.embed_scale:
         problems.append(f"embed_scale={lm.embed_scale}: {family} " + ("scales its embeddings by sqrt(hidden_size)"
                                                                      if out.embed_scale else "has no embedding scale"))

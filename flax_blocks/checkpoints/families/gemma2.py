@@ -99,4 +99,4 @@ register(Family("gemma2", "Gemma2Config", "Gemma2Model", "hf-gemma2",
                      "sliding_window_size": "an older name for sliding_window that transformers no longer reads"},
            lm=(*LM_ROTARY, "hidden_size", "final_logit_softcapping"),
            lm_class="Gemma2ForCausalLM", outside=GEMMA2_LIKE,
-           reference=Reference(float32_inside=True, eager_only=True, scales_inputs=True), draws=GEMMA2_DRAWS))
+           reference=Reference(eager_only=True, scales_inputs=True), draws=GEMMA2_DRAWS))

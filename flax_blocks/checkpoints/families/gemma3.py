@@ -72,7 +72,9 @@ register(Family("gemma3_text", "Gemma3TextConfig", "Gemma3TextModel", "hf-gemma3
            lm=(*LM_ROTARY, "hidden_size", "final_logit_softcapping"),
            lm_class="Gemma3ForCausalLM", outside=GEMMA2_LIKE, reference=Reference(float32_inside=True),
            draws={**GEMMA2_DRAWS, "sliding_window_pattern": (2, 3, 6), "rope_theta": (1000.0, 1e6),
-                  "rope_local_base_freq": (100.0,)}))
+                  "rope_local_base_freq": (100.0,),
+                  "rope_parameters": ({"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},)}))
 # Gemma 3 from 4B up: Gemma3ForConditionalGeneration, its text model nested, its language model's weights
 # under language_model. (the checkpoints) or model.language_model. (transformers 5), a vision tower beside.
 register_language_model("gemma3", "text_config", (("language_model.model.", "model."),
