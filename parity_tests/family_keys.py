@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flax_blocks.checkpoints.family import COMMON, FAMILIES, PARTS, REFUSED_ANYWHERE, Family
+from flax_blocks.checkpoints.family import COMMON, FAMILIES, MODULES, PARTS, REFUSED_ANYWHERE, Family
 from flax_blocks.checkpoints.hf_config import hf_config
 from flax_blocks.checkpoints.io import ConversionError
 
@@ -86,10 +86,25 @@ def section(family: Family) -> str:
             f"- known inert: {inert or '-'}\n")
 
 
+def modules() -> str:
+    """One row per family: the module that holds it, its classes, dialect and parts."""
+    rows = ["| model_type | module | config -> model (causal LM) | dialect | whole model |", "|---|---|---|---|---|"]
+    for t, f in FAMILIES.items():
+        module = MODULES[t].rpartition(".")[2]
+        lm = f" ({f.lm_class})" if f.lm_class else ""
+        whole = "stack only: " + f.stack_only.split(":")[0] if f.outside is None else \
+            ("causal-lm, model" if f.lm_class else "model")
+        rows.append(f"| `{t}` | `families/{module}.py` | {f.config_class} -> {f.model_class}{lm} | {f.dialect} "
+                    f"| {whole} |")
+    return "\n".join(rows) + "\n"
+
+
 def page() -> str:
     tables = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
     common = "; ".join(f"`{k}`" for k in COMMON)
-    return ("Every other key is one the family's transformers code never reads: ignored, as transformers "
+    return ("Each family is one module of `flax_blocks/checkpoints/families/` (docs/adding-a-family.md):\n\n"
+            + modules() + "\n"
+            + "Every other key is one the family's transformers code never reads: ignored, as transformers "
             "ignores it, and listed (one warning and `fb.load_report(model)`); `ignore_keys=` reads named keys as "
             "absent. Refused anywhere: " + "; ".join(f"`{k}` ({why})" for k, why in REFUSED_ANYWHERE.items())
             + f". Known inert in every family (PretrainedConfig's own keys and generation defaults): {common}.\n\n"

@@ -28,6 +28,7 @@ Framework-free.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,19 +212,21 @@ PARTS: dict[str, dict[str, Family]] = {}  # model_type -> {"encoder": ..., "deco
 # A multimodal model_type whose language model is a family: (the key of its config, the prefixes its
 # weights carry -> the causal LM's); every other weight (vision tower, projector) is never used.
 LANGUAGE_MODELS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+MODULES: dict[str, str] = {}  # model_type -> the module that registered it
 
 
 def register(*families: Family, parts: Mapping[str, Family] | None = None) -> None:
     """Add families to the registries; `parts`: an encoder-decoder's stacks ({"encoder",
     "decoder"}), the encoder its family."""
+    module = sys._getframe(1).f_globals["__name__"]
+    if parts is not None:
+        families = (*families, parts["encoder"])
+        PARTS[parts["encoder"].model_type] = dict(parts)
     for f in families:
         if f.model_type in FAMILIES:
             raise ValueError(f"model_type {f.model_type!r} registered twice")
         FAMILIES[f.model_type] = f
-    if parts is not None:
-        encoder = parts["encoder"]
-        PARTS[encoder.model_type] = dict(parts)
-        register(encoder)
+        MODULES[f.model_type] = module
 
 
 def register_language_model(model_type: str, config_key: str, prefixes: tuple[tuple[str, str], ...]) -> None:
