@@ -108,7 +108,7 @@ from flax import nnx
 
 from flax_blocks import BlockConfig
 from flax_blocks.attention import build_mask, self_attention_masks
-from flax_blocks.spec import declarations
+from flax_blocks.core import declarations
 from flax_blocks.stacks import Transformer
 
 from . import init_report

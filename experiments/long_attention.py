@@ -35,7 +35,7 @@ import flax_blocks.attention as fa
 import flax_blocks.flash as flash
 import torch_blocks as tb
 from experiments.bench import compile_jax, interleaved
-from flax_blocks.spec.config import BlockConfig
+from flax_blocks.core.config import BlockConfig
 
 
 def old_blocked_attention(rev: str):

@@ -10,7 +10,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from .spec.config import BlockConfig, FullyMaskedWarning, invert_mask
+from .core.config import BlockConfig, FullyMaskedWarning, invert_mask
 
 try:
     __version__ = version("twin-blocks")  # pyproject.toml's, as installed
@@ -39,9 +39,9 @@ _LAZY = {
     "to_hf": "checkpoints.hf",
     "load_report": "checkpoints.load_report",
     "save_hf": "checkpoints.save_hf",
-    "RopeScaling": "spec.rope",
+    "RopeScaling": "core.rope",
     "LanguageModel": "lm",
-    "LMConfig": "spec.lm_spec",
+    "LMConfig": "core.lm_config",
     "generate": "generation",
 }
 
@@ -72,10 +72,10 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: im
     from .checkpoints.hf import from_hf, to_hf
     from .checkpoints.load_report import load_report
     from .checkpoints.save_hf import save_hf
+    from .core.lm_config import LMConfig
+    from .core.rope import RopeScaling
     from .generation import generate
     from .lm import LanguageModel
-    from .spec.lm_spec import LMConfig
-    from .spec.rope import RopeScaling
     from .stacks import Decoder, Encoder, Transformer
 
 

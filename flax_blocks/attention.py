@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from .core import declarations, rope
+from .core.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from .core.rope import RopeScaling
 from .flash import blocked_attention, fused_attention
 from .layers import Norm, compute_dtype, create_params, dropout, initial_values
-from .spec import declarations, rope
-from .spec.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
-from .spec.rope import RopeScaling
 
 
 def _concrete(a) -> np.ndarray | None:
@@ -198,7 +198,7 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: in
     dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
     (partial rotary, HF GPT-NeoX); an odd dim rotates dim + 1 dims, the frequencies still
     theta^(-2i/dim), as HF's rotary does; None: all.
-    scaling: a scaled rotary (`flax_blocks.spec.rope`): its frequencies, with the sequence
+    scaling: a scaled rotary (`flax_blocks.core.rope`): its frequencies, with the sequence
     length max(positions) + 1 where the type reads one, and its factor on cos and sin."""
     dim = x.shape[-1] if dim is None else dim
     width = dim + dim % 2  # HF's cos and sin cover ceil(dim / 2) frequencies, twice

@@ -29,10 +29,10 @@ from flax import nnx
 
 from .attention import Attention, attention_path, build_mask, self_attention_masks
 from .caches import Cache, cached_call, new_cache
+from .core import declarations
+from .core.config import BlockConfig, check_parallel, layer_scale, residual_add
+from .core.declarations import Sublayer
 from .layers import Linear, Norm, as_batched, batched_memory, create_params, dropout, initial_values
-from .spec import declarations
-from .spec.config import BlockConfig, check_parallel, layer_scale, residual_add
-from .spec.declarations import Sublayer
 
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import cache_mask
+from .core.config import check_cached_call, check_new_cache, overflow_message
 from .layers import as_batched, stream_dtype
-from .spec.config import check_cached_call, check_new_cache, overflow_message
 
 Cache = dict[str, Any]
 

@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .core.config import BlockConfig, check_width
+from .core.declarations import Component, Param
 from .sharding import param_metadata
-from .spec.config import BlockConfig, check_width
-from .spec.declarations import Component, Param
 
 
 def _walk(comp: Component, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Param]]:

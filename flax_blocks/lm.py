@@ -5,7 +5,7 @@
     cache = lm.init_cache(batch, max_length); logits, cache = lm(chunk, cache=cache)
 
 The parts around the stack (token embedding, learned positions, token types, embedding norm,
-head tied or not) are declared in `flax_blocks.spec.lm_spec`, shared with the torch twin
+head tied or not) are declared in `flax_blocks.core.lm_config`, shared with the torch twin
 `torch_blocks.lm.LanguageModel`; the stack is the library's `Encoder`. Masks take Hugging
 Face's convention for token masks: attention_mask (B, T), 1 / True = a real token, 0 / False
 = padding (the same on both twins). positions (B, T) are HF's position_ids: for rotary
@@ -29,10 +29,10 @@ from flax import nnx
 from .attention import _concrete
 from .checkpoints import stream
 from .checkpoints.io import ConversionError, read_state_dict
+from .core import declarations
+from .core.config import BlockConfig
+from .core.lm_config import ENCODER, OPTIONAL, LMConfig, build_order, components, default_positions
 from .layers import Linear, Norm, compute_dtype, create_params
-from .spec import declarations
-from .spec.config import BlockConfig
-from .spec.lm_spec import ENCODER, OPTIONAL, LMConfig, build_order, components, default_positions
 from .stacks import Encoder
 
 Cache = dict[str, Any]
@@ -105,13 +105,13 @@ class LanguageModel(nnx.Module):
 
     cfg: every layer's BlockConfig (causal for an LM that decodes); lm: the parts around it."""
 
-    # Set from lm_spec.build_order (names and components); None: a part this model lacks (OPTIONAL).
+    # Set from lm_config.build_order (names and components); None: a part this model lacks (OPTIONAL).
     embed: Embedding
     project_in: Linear | None
     pos: Embedding | None
     token_type: Embedding | None
     embed_norm: Norm | None
-    encoder: Encoder  # lm_spec.ENCODER
+    encoder: Encoder  # lm_config.ENCODER
     project_out: Linear | None
     head: Linear | None
     # Set by fb.from_hf (flax_blocks.checkpoints.hf_models): the family's dialect and model_type, which

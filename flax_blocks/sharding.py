@@ -3,7 +3,7 @@
 Every parameter carries Flax's standard sharding annotation, `out_sharding` metadata (what
 `nnx.with_partitioning` sets), holding the *logical* names of its axes (what the axis is:
 "embed", "heads", "kv_heads", "mlp", ...), set where it is created from its declaration
-(`flax_blocks.spec.declarations`). The Encoder / Decoder stack their layers with nnx.vmap, which
+(`flax_blocks.core.declarations`). The Encoder / Decoder stack their layers with nnx.vmap, which
 puts "layers" in front (`transform_metadata={nnx.PARTITION_NAME: "layers"}`). That
 annotation is the one source of truth: `nnx.get_partition_spec`, `nnx.get_named_sharding`,
 nnx.Optimizer (whose moments copy their parameter's metadata) and this module all read it.
@@ -63,9 +63,9 @@ from flax import nnx
 from flax.core import spmd as core_spmd
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .spec.declarations import LAYER_AXIS
+from .core.declarations import LAYER_AXIS
 
-# The library's logical axis names: parameters' (from flax_blocks.spec.declarations; a test
+# The library's logical axis names: parameters' (from flax_blocks.core.declarations; a test
 # checks that they cover every declared axis), the stacked layer axis, and activations'.
 PARAM_AXES: tuple[str, ...] = ("embed", "heads", "kv_heads", "qkv", "head_dim", "mlp", "vocab")
 # Activations: (batch, seq, d_model). Their width axis has its own name, so FSDP can split

@@ -13,10 +13,10 @@ from flax import nnx
 from .attention import build_mask
 from .blocks import DecoderBlock, TransformerBlock, _Block, prepare_self_attention
 from .caches import Cache, cached_call, checked_positions, new_cache
+from .core import declarations
+from .core.config import FINAL_NORM_BY_DEFAULT, BlockConfig, check_remat
+from .core.declarations import FINAL_NORM
 from .layers import Norm, as_batched, batched_memory
-from .spec import declarations
-from .spec.config import FINAL_NORM_BY_DEFAULT, BlockConfig, check_remat
-from .spec.declarations import FINAL_NORM
 
 
 class _Stack(nnx.Module):

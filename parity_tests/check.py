@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from flax_blocks.checkpoints.convert import ConversionError, infer_config, read_state_dict
-from flax_blocks.spec.config import BlockConfig
+from flax_blocks.core.config import BlockConfig
 
 from .check_report import CheckReport
 from .harness import TOL, Case, Inputs, flax_twin, precision, rel_err, run_flax, run_torch

@@ -373,7 +373,7 @@ def describe(name: str) -> dict[str, str]:
 
     from flax_blocks.checkpoints import dialects
     from flax_blocks.checkpoints.family import FAMILIES as TABLES
-    from flax_blocks.spec.config import BlockConfig
+    from flax_blocks.core.config import BlockConfig
 
     cfg = config(name)
     model_type = cfg["model_type"]

@@ -20,7 +20,7 @@ from flax import nnx
 import flax_blocks as fb
 import torch_blocks as tb
 from flax_blocks.checkpoints.convert import from_torch, torch_state_dict
-from flax_blocks.spec.config import invert_mask
+from flax_blocks.core.config import invert_mask
 
 from .port.errors import rel_err  # one definition: the port checker and the twins measure alike
 

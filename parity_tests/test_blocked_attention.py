@@ -21,7 +21,7 @@ import flax_blocks as fb
 import flax_blocks.attention as fa
 import flax_blocks.flash as fl
 import torch_blocks as tb
-from flax_blocks.spec.config import FullyMaskedWarning
+from flax_blocks.core.config import FullyMaskedWarning
 
 from .cases import BASE, LLAMA
 from .harness import TOL, precision

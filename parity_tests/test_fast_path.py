@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flax_blocks as fb
-from flax_blocks.spec.config import invert_mask
+from flax_blocks.core.config import invert_mask
 
 from .harness import precision, rel_err
 

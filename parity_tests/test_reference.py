@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from flax import nnx
 from torch import nn
 
-from flax_blocks.spec.config import BlockConfig
+from flax_blocks.core.config import BlockConfig
 
 from . import reference as ref
 from .cases import CASES

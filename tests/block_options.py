@@ -33,8 +33,8 @@ OPTIONS = {
 
 def init_spec(cfg, name: str):
     """The declared init distribution of TransformerBlock parameter `name` (torch name), from
-    flax_blocks.spec.declarations: one spec, or a tuple of one per (rows, spec) chunk (q, k, v)."""
-    from flax_blocks.spec.declarations import block, flatten
+    flax_blocks.core.declarations: one spec, or a tuple of one per (rows, spec) chunk (q, k, v)."""
+    from flax_blocks.core.declarations import block, flatten
 
     params = {t: p for t, _, p in flatten(block(cfg.resolve(), "TransformerBlock"))}
     chunks = params[name].init

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from block_options import init_spec  # the declared distribution of a parameter, by torch name
 
-from flax_blocks.spec.config import (
+from flax_blocks.core.config import (
     ACTIVATIONS,
     DTYPES,
     INITS,
@@ -231,7 +231,7 @@ def test_resolve_leaves_other_schemes_alone_and_rejects_bad_depth():
 
 
 # ------------------------------------------------------------------------------------
-# The declared init distributions (flax_blocks.spec.declarations), by torch name
+# The declared init distributions (flax_blocks.core.declarations), by torch name
 # ------------------------------------------------------------------------------------
 
 E, F = 16, 40
@@ -261,7 +261,7 @@ def test_init_spec_torch_scheme():
 
 def test_init_spec_grouped_query_packs_fewer_rows():
     cfg = spec_cfg(num_kv_heads=2)  # q: 4 heads x 4, k and v: 2 heads x 4 rows each
-    from flax_blocks.spec.declarations import attention
+    from flax_blocks.core.declarations import attention
 
     (w,) = [p for p in attention(cfg).params if p.torch == "in_proj_weight"]
     assert w.shape == (E + 2 * 8, E) and [rows for rows, _ in w.init] == [E, 8, 8]
@@ -350,10 +350,10 @@ def _loaded_after(code: str) -> set[str]:
 @pytest.mark.parametrize(
     "code",
     [
-        "import flax_blocks.spec.config",
+        "import flax_blocks.core.config",
         "from flax_blocks import BlockConfig, invert_mask; BlockConfig(d_model=4, num_heads=2)",
-        "from flax_blocks.spec.declarations import block, BlockConfig; block(BlockConfig(4, 2), 'TransformerBlock')",
-        "import flax_blocks.spec.options, flax_blocks.spec.lm_spec",
+        "from flax_blocks.core.declarations import block, BlockConfig; block(BlockConfig(4, 2), 'TransformerBlock')",
+        "import flax_blocks.core.options, flax_blocks.core.lm_config",
     ],
 )
 def test_config_imports_no_framework(code):
@@ -366,7 +366,7 @@ def test_torch_blocks_imports_torch_but_neither_jax_nor_flax():
 
 def test_torch_blocks_takes_only_the_spec_from_flax_blocks():
     """Statically, every import of flax_blocks in torch_blocks is of the framework-free spec
-    (flax_blocks.spec.*) or of the package's own __init__ (its __version__, BlockConfig)."""
+    (flax_blocks.core.*) or of the package's own __init__ (its __version__, BlockConfig)."""
     import ast
 
     root = Path(__file__).resolve().parents[1]
@@ -378,7 +378,7 @@ def test_torch_blocks_takes_only_the_spec_from_flax_blocks():
             elif isinstance(node, ast.Import):
                 taken.update(alias.name for alias in node.names)
     flax_side = {m for m in taken if m.split(".")[0] == "flax_blocks"}
-    assert flax_side and all(m == "flax_blocks" or m.startswith("flax_blocks.spec") for m in flax_side), flax_side
+    assert flax_side and all(m == "flax_blocks" or m.startswith("flax_blocks.core") for m in flax_side), flax_side
 
 
 def test_flax_blocks_imports_jax_but_not_torch():

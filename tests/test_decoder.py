@@ -16,7 +16,7 @@ from flax import nnx  # noqa: E402
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
 from flax_blocks.checkpoints.convert import from_torch, torch_state_dict  # noqa: E402
-from flax_blocks.spec.config import invert_mask  # noqa: E402
+from flax_blocks.core.config import invert_mask  # noqa: E402
 
 torch.set_num_threads(1)
 E, H, FF, B, T, S = 16, 4, 24, 2, 5, 7  # heads (4) == head_dim (4) is avoided below where it matters

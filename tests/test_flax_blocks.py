@@ -20,7 +20,7 @@ from block_options import FF, KINDS, MASKED_KINDS, OPTIONS, B, E, H, T, init_spe
 from flax import nnx
 
 import flax_blocks as fb
-from flax_blocks.spec.config import BlockConfig, FullyMaskedWarning, invert_mask
+from flax_blocks.core.config import BlockConfig, FullyMaskedWarning, invert_mask
 
 OPTIONS = {
     **OPTIONS,

@@ -22,8 +22,8 @@ from flax import linen, nnx
 from flax.nnx import bridge
 
 import flax_blocks as fb
-from flax_blocks.spec import config
-from flax_blocks.spec.config import BlockConfig, FullyMaskedWarning
+from flax_blocks.core import config
+from flax_blocks.core.config import BlockConfig, FullyMaskedWarning
 
 E, H, FF, B, T, L = 12, 3, 20, 3, 5, 8
 CFG = BlockConfig(d_model=E, num_heads=H, num_kv_heads=1, d_ff=FF, dropout=0.0, norm="pre", causal=True,

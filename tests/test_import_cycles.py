@@ -119,10 +119,10 @@ def test_a_planted_cycle_is_found(tmp_path):
 
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    config = tmp_path / "flax_blocks" / "spec" / "config.py"
+    config = tmp_path / "flax_blocks" / "core" / "config.py"
     config.write_text(config.read_text() + "\n\ndef _planted():\n    from ..checkpoints.convert import load  # noqa\n")
     found = cycles(import_graph(tmp_path))
-    assert any("flax_blocks.spec.config" in c and "flax_blocks.checkpoints.convert.load" in c for c in found), found
+    assert any("flax_blocks.core.config" in c and "flax_blocks.checkpoints.convert.load" in c for c in found), found
 
 
 def test_lazy_names_count_as_imports(tmp_path):

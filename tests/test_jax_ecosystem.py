@@ -19,7 +19,7 @@ from flax import linen, nnx
 from flax.nnx import bridge
 
 import flax_blocks as fb
-from flax_blocks.spec.config import BlockConfig
+from flax_blocks.core.config import BlockConfig
 
 E, H, FF, B, T = 12, 3, 20, 2, 6
 CFG = BlockConfig(d_model=E, num_heads=H, d_ff=FF, dropout=0.0, norm="pre", causal=True)

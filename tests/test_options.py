@@ -1,4 +1,4 @@
-"""Options are declared once (flax_blocks/spec/options.py); these guards fail when an option is
+"""Options are declared once (flax_blocks/core/options.py); these guards fail when an option is
 missing from a place that must know it: BlockConfig, the numpy reference, the parity matrix,
 each Hugging Face dialect, the converter CLI, docs/options.md, and the probe config."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from flax_blocks.checkpoints.dialects import DIALECTS
-from flax_blocks.spec import declarations
-from flax_blocks.spec.config import BlockConfig
-from flax_blocks.spec.options import BY_NAME, OPTIONS, PROBE, PROBES, table
+from flax_blocks.core import declarations
+from flax_blocks.core.config import BlockConfig
+from flax_blocks.core.options import BY_NAME, OPTIONS, PROBE, PROBES, table
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = [f.name for f in dataclasses.fields(BlockConfig)]
@@ -81,7 +81,7 @@ def test_the_cli_takes_every_cli_option_with_its_help():
 
 def test_docs_options_table_is_generated():
     assert (ROOT / "docs" / "options.md").read_text() == table(), \
-        "docs/options.md is stale: python -m flax_blocks.spec.options > docs/options.md"
+        "docs/options.md is stale: python -m flax_blocks.core.options > docs/options.md"
 
 
 def test_adds_is_true_of_the_declarations():
@@ -127,7 +127,7 @@ def test_the_probes_have_every_name_an_adds_value_brings():
         for probe in PROBES:
             with contextlib.suppress(ValueError):
                 allowed.append(dataclasses.replace(probe, **{o.name: o.adds}))
-        assert allowed, f"{o.name}={o.adds!r} fits no probe: add it to PROBE_EXCLUDED in flax_blocks/spec/options.py"
+        assert allowed, f"{o.name}={o.adds!r} fits no probe: add it to PROBE_EXCLUDED in flax_blocks/core/options.py"
         assert all(names(cfg) <= every for cfg in allowed), o.name
 
 

@@ -14,8 +14,8 @@ import pytest
 
 import flax_blocks.blocks
 import torch_blocks.blocks
-from flax_blocks.spec.config import BlockConfig
-from flax_blocks.spec.declarations import Sublayer
+from flax_blocks.core.config import BlockConfig
+from flax_blocks.core.declarations import Sublayer
 
 TWINS = {"flax": flax_blocks.blocks._Block, "torch": torch_blocks.blocks._Block}
 X = np.array([[1.0, 2.0, -3.0]])

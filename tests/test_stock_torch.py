@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import torch_blocks as tb
-from flax_blocks.spec.config import BlockConfig
+from flax_blocks.core.config import BlockConfig
 
 torch.set_num_threads(1)
 

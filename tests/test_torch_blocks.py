@@ -12,7 +12,7 @@ import torch
 from block_options import FF, KINDS, MASKED_KINDS, OPTIONS, B, E, H, T, init_spec  # shared with test_flax_blocks.py
 
 import torch_blocks as tb
-from flax_blocks.spec.config import BlockConfig, FullyMaskedWarning, invert_mask
+from flax_blocks.core.config import BlockConfig, FullyMaskedWarning, invert_mask
 
 torch.set_num_threads(1)
 

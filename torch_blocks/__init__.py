@@ -1,7 +1,7 @@
 """Residual transformer blocks for PyTorch, twins of `flax_blocks`, named like torch's own layers."""
 
 from flax_blocks import __version__
-from flax_blocks.spec.config import BlockConfig, invert_mask
+from flax_blocks.core.config import BlockConfig, invert_mask
 
 from .attention import Attention, build_mask
 from .blocks import DecoderBlock, FeedForward, ResidualMHA, TransformerBlock

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flax_blocks.spec import declarations, rope
-from flax_blocks.spec.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
-from flax_blocks.spec.rope import RopeScaling
+from flax_blocks.core import declarations, rope
+from flax_blocks.core.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from flax_blocks.core.rope import RopeScaling
 
 from .layers import Norm, create_params
 
@@ -146,7 +146,7 @@ def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None,
     dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
     (partial rotary, HF GPT-NeoX); an odd dim rotates dim + 1 dims, the frequencies still
     theta^(-2i/dim), as HF's rotary does; None: all.
-    scaling: a scaled rotary (`flax_blocks.spec.rope`): its frequencies, with the sequence
+    scaling: a scaled rotary (`flax_blocks.core.rope`): its frequencies, with the sequence
     length max(positions) + 1 where the type reads one, and its factor on cos and sin."""
     dim = x.shape[-1] if dim is None else dim
     width = dim + dim % 2  # HF's cos and sin cover ceil(dim / 2) frequencies, twice

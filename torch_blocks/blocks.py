@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flax_blocks.spec import declarations
-from flax_blocks.spec.config import BlockConfig, check_parallel, layer_scale, residual_add
-from flax_blocks.spec.declarations import Sublayer
+from flax_blocks.core import declarations
+from flax_blocks.core.config import BlockConfig, check_parallel, layer_scale, residual_add
+from flax_blocks.core.declarations import Sublayer
 
 from .attention import Attention, Mask, attention_path, build_mask
 from .caches import Cache, cached_call, new_cache

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flax_blocks.spec.config import check_cached_call, check_new_cache, overflow_message
+from flax_blocks.core.config import check_cached_call, check_new_cache, overflow_message
 
 from .attention import Mask, cache_mask
 from .layers import as_batched

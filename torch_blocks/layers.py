@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flax_blocks.spec.config import BlockConfig, check_width
-from flax_blocks.spec.declarations import Component
+from flax_blocks.core.config import BlockConfig, check_width
+from flax_blocks.core.declarations import Component
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

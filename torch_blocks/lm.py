@@ -1,5 +1,5 @@
 """A whole language model in PyTorch, the twin of `flax_blocks.lm.LanguageModel`: the same
-parts (declared once in `flax_blocks.spec.lm_spec`), the same torch names (embed.weight,
+parts (declared once in `flax_blocks.core.lm_config`), the same torch names (embed.weight,
 pos.weight, token_type.weight, embed_norm.*, encoder.*, head.*), so
 `twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(flax_lm)))` and
 `fb.load_torch_state_dict(flax_lm, twin.state_dict())` move a model either way.
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from flax_blocks.spec.config import BlockConfig
-from flax_blocks.spec.declarations import Component
-from flax_blocks.spec.lm_spec import OPTIONAL, LMConfig, build_order, default_positions
+from flax_blocks.core.config import BlockConfig
+from flax_blocks.core.declarations import Component
+from flax_blocks.core.lm_config import OPTIONAL, LMConfig, build_order, default_positions
 
 from .layers import Linear, Norm, create_params
 from .stacks import Encoder
@@ -59,15 +59,15 @@ def _check(ids: Tensor, mask: Tensor | None, vocab: int) -> Tensor | None:
 
 class LanguageModel(nn.Module):
     """Token embedding (+ learned positions, token types, embedding norm), the Encoder, and
-    a head tied or not (see `flax_blocks.spec.lm_spec.LMConfig`)."""
+    a head tied or not (see `flax_blocks.core.lm_config.LMConfig`)."""
 
-    # Registered from lm_spec.build_order (names and components); None: a part this model lacks (OPTIONAL).
+    # Registered from lm_config.build_order (names and components); None: a part this model lacks (OPTIONAL).
     embed: Embedding
     project_in: Linear | None
     pos: Embedding | None
     token_type: Embedding | None
     embed_norm: Norm | None
-    encoder: Encoder  # lm_spec.ENCODER
+    encoder: Encoder  # lm_config.ENCODER
     project_out: Linear | None
     head: Linear | None
 

@@ -12,9 +12,9 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from flax_blocks.spec import declarations
-from flax_blocks.spec.config import FINAL_NORM_BY_DEFAULT, BlockConfig, check_remat
-from flax_blocks.spec.declarations import FINAL_NORM
+from flax_blocks.core import declarations
+from flax_blocks.core.config import FINAL_NORM_BY_DEFAULT, BlockConfig, check_remat
+from flax_blocks.core.declarations import FINAL_NORM
 
 from .attention import build_mask
 from .blocks import DecoderBlock, TransformerBlock, _Block, prepare_self_attention

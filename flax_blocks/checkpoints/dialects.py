@@ -43,9 +43,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..spec import declarations
-from ..spec.config import BlockConfig
-from ..spec.options import PROBES
+from ..core import declarations
+from ..core.config import BlockConfig
+from ..core.options import PROBES
 from .family import families_of_dialect
 from .io import ConversionError, read_state_dict
 

@@ -26,7 +26,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from ..spec.config import BlockConfig
+from ..core.config import BlockConfig
 from . import dialects
 from .family import LANGUAGE_MODELS
 from .hf_config import hf_model_config, hf_state_dict, read_config, read_folder, weight_files

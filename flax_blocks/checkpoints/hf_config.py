@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from ..spec.config import BlockConfig, dtype_name
-from ..spec.options import BY_NAME
+from ..core.config import BlockConfig, dtype_name
+from ..core.options import BY_NAME
 from . import dialects
 from .family import FAMILIES, NOT_COMPUTED, PARTS, Family, Read, audit, not_computed
 from .io import ConversionError, read_state_dict

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec.lm_spec import ENCODER, LMConfig
+from ..core.lm_config import ENCODER, LMConfig
 from . import dialects, stream
 from .family import FAMILIES, Outside, Read, families_of_dialect
 from .hf_config import ConfigRead, family_of, read_config
@@ -243,7 +243,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
             cfg = replace(cfg, param_dtype=dtypes.pop())
     else:
-        from ..spec.config import dtype_name
+        from ..core.config import dtype_name
 
         cfg = replace(cfg, param_dtype=dtype_name(dtype))
     log.info("from_hf: %s model as part=%s (%s head)", config.get("model_type"), part, lm.head)

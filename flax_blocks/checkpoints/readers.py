@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..spec.rope import ROPE_TYPES, RopeScaling
+from ..core.rope import ROPE_TYPES, RopeScaling
 from .family import ACTIVATIONS, DROPOUT, Read
 
 

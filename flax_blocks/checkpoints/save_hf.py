@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec.config import DTYPES, dtype_name
+from ..core.config import DTYPES, dtype_name
 from . import dialects
 from .family import FAMILIES
 from .hf_config import WEIGHT_FILES, read_config, read_folder

@@ -5,7 +5,7 @@
     torch_state_dict(module)                                            Flax  -> {torch name: array}
     infer_config(source)                                                what a checkpoint fixes
 
-Both directions read the parameter declarations (`flax_blocks.spec.declarations`): each
+Both directions read the parameter declarations (`flax_blocks.core.declarations`): each
 Param's torch name, Flax path and Transform (torch tensor <-> Flax array). An Encoder's
 torch `layers.{i}.` maps to index i of the Flax layers' leading (stacked) axis. Nothing
 here imports torch: a `.pt` file needs it, a `.safetensors` file or a mapping of arrays

@@ -47,9 +47,9 @@ FINAL_NORM_HELP = "an Encoder's final norm (default: as the checkpoint has it, n
 
 def _config_fields() -> list[tuple[str, Any, Any]]:
     """(name, type hint, default) of every BlockConfig field the CLI takes as a flag (the
-    options declared with cli=True in flax_blocks.spec.options)."""
-    from flax_blocks.spec.config import BlockConfig
-    from flax_blocks.spec.options import BY_NAME
+    options declared with cli=True in flax_blocks.core.options)."""
+    from flax_blocks.core.config import BlockConfig
+    from flax_blocks.core.options import BY_NAME
 
     hints = typing.get_type_hints(BlockConfig)
     return [(f.name, hints[f.name], f.default) for f in dataclasses.fields(BlockConfig) if BY_NAME[f.name].cli]
@@ -62,7 +62,7 @@ def _add_config_flag(ap: argparse._ArgumentGroup, name: str, hint: Any, default:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: the flag takes an X
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
         base = inner[0] if len(inner) == 1 else hint
-    from flax_blocks.spec.options import BY_NAME
+    from flax_blocks.core.options import BY_NAME
 
     text = BY_NAME[name].help
     default_note = " (not recorded unless given)"
@@ -105,7 +105,7 @@ def _build(kind: str, cfg_dict: dict, num_layers: int | None, final_norm: bool |
     from flax import nnx
 
     from flax_blocks import blocks, stacks
-    from flax_blocks.spec.config import BlockConfig
+    from flax_blocks.core.config import BlockConfig
 
     cfg = BlockConfig(**cfg_dict)
     cls = getattr(stacks if kind == "Encoder" else blocks, kind)  # a stack, or a block
@@ -191,7 +191,7 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
         load_torch_state_dict,
         torch_state_dict,
     )
-    from flax_blocks.spec.config import BlockConfig
+    from flax_blocks.core.config import BlockConfig
 
     if not args.dst.endswith(".safetensors"):
         raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file (its metadata carries "

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ...spec import declarations
-from ...spec.declarations import FINAL_NORM, Param
-from ...spec.options import PROBE, PROBES
+from ...core import declarations
+from ...core.declarations import FINAL_NORM, Param
+from ...core.options import PROBE, PROBES
 from ..io import read_state_dict
 from .params import BLOCK_KINDS, LAYER, module_params
 

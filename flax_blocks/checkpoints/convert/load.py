@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...spec import declarations
-from ...spec.config import dtype_name
-from ...spec.declarations import FINAL_NORM
+from ...core import declarations
+from ...core.config import dtype_name
+from ...core.declarations import FINAL_NORM
 from .. import dialects, stream
 from ..hf_config import check_hf_source, hf_state_dict
 from ..io import ConversionError, few, natural_key, ranges, read_state_dict

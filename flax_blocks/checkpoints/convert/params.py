@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...spec import declarations
-from ...spec.config import BlockConfig
-from ...spec.declarations import FINAL_NORM, LAYERS, Param
+from ...core import declarations
+from ...core.config import BlockConfig
+from ...core.declarations import FINAL_NORM, LAYERS, Param
 
 LAYER = re.compile(rf"{LAYERS}\.(\d+)\.(.+)")
 BLOCK_KINDS = tuple(declarations.BLOCKS)

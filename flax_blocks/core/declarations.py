@@ -121,7 +121,7 @@ class Param:
 class Component:
     """A module's own parameters. kind: which module class each framework builds for it."""
 
-    kind: Literal["linear", "norm", "attention", "block", "embedding"]  # embedding: lm_spec's tables
+    kind: Literal["linear", "norm", "attention", "block", "embedding"]  # embedding: lm_config's tables
     params: tuple[Param, ...]
     width: int = 0  # a norm's normalised width
     children: tuple[tuple[str, Component], ...] = ()

@@ -6,7 +6,7 @@
                   (-> final_logit_softcap * tanh(logits / final_logit_softcap))
 
 `LMConfig` says which of those parts a model has; `components` declares their parameters
-(torch name, Flax path, shape, axes, init, transform) as `flax_blocks.spec.declarations` does for
+(torch name, Flax path, shape, axes, init, transform) as `flax_blocks.core.declarations` does for
 the blocks, so `flax_blocks.lm.LanguageModel` and `torch_blocks.lm.LanguageModel` build the
 same parameters, and the converter maps one onto the other by the same rules. Torch names:
 embed.weight (V, E), pos.weight (P, E), token_type.weight (types, E), embed_norm.*,

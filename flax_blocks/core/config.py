@@ -117,7 +117,7 @@ class BlockConfig:
         unchanged (HF GPT-NeoX's apply_rotary_pos_emb); an odd rotary_dim rotates rotary_dim + 1
         dims at the same frequencies, as HF does. 1.0: every dim (LLaMA).
       rope_scaling: None (plain rotary), or a scaled rotary as transformers computes it: a
-        `flax_blocks.spec.rope.RopeScaling` (or its HF dict, e.g. {"rope_type": "llama3",
+        `flax_blocks.core.rope.RopeScaling` (or its HF dict, e.g. {"rope_type": "llama3",
         "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192}): linear, dynamic (NTK), yarn, longrope or
         llama3, with yarn's and longrope's scale of cos and sin. With rope_local_theta set, the
