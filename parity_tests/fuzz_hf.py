@@ -22,7 +22,7 @@ with `from_pretrained` (the reference: what a user of transformers gets from tha
 A decoder config with is_causal=False is refused as part="causal-lm" (no causal LM) and then
 compared as part="model" with HF's base model.
 
-    python -m parity_tests.fuzz_hf --minutes 30 --out experiments/results/fuzz_hf   # the long run
+    python -m parity_tests.fuzz_hf --minutes 30 --out parity_tests/results/fuzz_hf   # the long run
 
 writes summary.md / summary.json (configs per family, outcomes, every non-equal case's
 config). The suite (parity_tests/test_fuzz_hf.py) runs a fixed-seed budget. Encoders of
