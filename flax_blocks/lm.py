@@ -27,11 +27,9 @@ import numpy as np
 from flax import nnx
 
 from .attention import _concrete
-from .checkpoints import stream
-from .checkpoints.io import ConversionError, read_state_dict
 from .core import declarations
 from .core.config import BlockConfig
-from .core.lm_config import ENCODER, OPTIONAL, LMConfig, build_order, components, default_positions
+from .core.lm_config import OPTIONAL, LMConfig, build_order, default_positions
 from .layers import Linear, Norm, compute_dtype, create_params
 from .stacks import Encoder
 
@@ -246,61 +244,3 @@ class LanguageModel(nnx.Module):
         h, extra = out if cache is not None or return_intermediates else (out, None)
         y = h if self.lm.head == "none" else self.logits(h)
         return y if extra is None else (y, extra)
-
-    # ------------------------------------------------------------------ conversion hooks
-
-    def _torch_state_dict(self) -> dict[str, np.ndarray]:
-        """{torch name: numpy array} (the twin's names; `flax_blocks.torch_state_dict` calls it)."""
-        from .checkpoints.convert import torch_state_dict
-
-        out: dict[str, np.ndarray] = {}
-        for name, comp in components(self.lm, self.cfg):
-            for t, _, p in declarations.flatten(comp, f"{name}."):
-                value = np.asarray(getattr(getattr(self, name), p.flax).get_value())
-                out[t] = np.array(p.transform.to_torch(value, self.cfg), order="C")
-        out.update({f"{ENCODER}.{k}": v for k, v in torch_state_dict(self.encoder).items()})
-        return out
-
-    def _load_torch_state_dict(self, source: Any, *, prefix: str = "", strict: bool = True, dtype: Any = None,
-                               mesh: Any = None, rules: Any = None):
-        """Load torch-named weights (the twin's state dict) strictly and atomically: every
-        problem of the model's own parts is raised before the stack is loaded, and the
-        stack's (by the converter) before anything is written. A file is read tensor by
-        tensor as each is placed (on `mesh` by `rules` when given: `load_torch_state_dict`)."""
-        from .checkpoints.convert import load_torch_state_dict
-        from .checkpoints.convert.load import _np_dtype
-        from .checkpoints.convert.place import place_all
-
-        if not strict:
-            raise ValueError("a LanguageModel loads strictly (strict=False is for blocks and stacks)")
-        sd = {k[len(prefix):]: v for k, v in read_state_dict(source, lazy=True).items() if k.startswith(prefix)}
-        own = {t: (name, p) for name, comp in components(self.lm, self.cfg)
-               for t, _, p in declarations.flatten(comp, f"{name}.")}
-        problems = [f"missing key {prefix}{t}" for t in own if t not in sd]
-        problems += [f"unexpected key {prefix}{k}" for k in sd if k not in own and not k.startswith(ENCODER + ".")]
-        problems += [f"{prefix}{t}: shape {tuple(sd[t].shape)}, expected {p.shape}"
-                     for t, (_, p) in own.items() if t in sd and tuple(sd[t].shape) != p.shape]
-        if problems:
-            raise ConversionError(problems, header="cannot load this LanguageModel checkpoint")
-        load_torch_state_dict(self.encoder, {k[len(ENCODER) + 1:]: v for k, v in sd.items()
-                                             if k.startswith(ENCODER + ".")}, dtype=dtype, dialect="torch",
-                              mesh=mesh, rules=rules)
-        variables, values = {}, {}
-        for t, (name, p) in own.items():
-            a = stream.lazy(sd[t]) if dtype is None else stream.lazy(sd[t]).astype(_np_dtype(dtype))  # torch's too
-            variables[t], values[t] = getattr(getattr(self, name), p.flax), p.transform.to_flax(a, self.cfg)
-        place_all(variables, values, mesh=mesh, rules=rules)
-
-
-def from_torch_state_dict(cfg: BlockConfig, lm: LMConfig, source: Any, *, seed: int = 0, dtype: Any = None,
-                          prefix: str = "", mesh: Any = None, rules: Any = None) -> LanguageModel:
-    """A new LanguageModel whose parameters all come from a torch-named state dict (the
-    twin's, or one `flax_blocks.checkpoints.hf` translated), built without drawing random values;
-    with `mesh`, each parameter is created sharded over it by `rules` as it is read."""
-    from .checkpoints.convert import materialize_rng_state
-
-    model = nnx.eval_shape(lambda: LanguageModel(cfg, lm, rngs=nnx.Rngs(seed)))
-    model._load_torch_state_dict(source, prefix=prefix, dtype=dtype, mesh=mesh, rules=rules)
-    materialize_rng_state(model, seed, mesh=mesh)
-    return model
-

@@ -186,7 +186,7 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
     differs from the embedding). The state dict's values may be `flax_blocks.checkpoints.stream.Lazy`
     (a folder's files, described by their headers): they are read as they are placed, on
     `mesh` by `rules` when given."""
-    from ..lm import from_torch_state_dict
+    from .convert.load import from_torch_state_dict
 
     read, lm = _lm_config(config, part, ignore_keys)
     dialect, cfg = read.dialect, read.cfg

@@ -27,6 +27,8 @@ import numpy as np
 from ...core import declarations
 from ...core.config import dtype_name
 from ...core.declarations import FINAL_NORM
+from ...core.lm_config import ENCODER, components
+from ...lm import LanguageModel
 from .. import dialects, stream
 from ..hf_config import check_hf_source, hf_state_dict
 from ..io import ConversionError, few, natural_key, ranges, read_state_dict
@@ -235,13 +237,12 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
       the FFN width over "model"); None keeps a loaded value's placement (default device).
     Shape, dtype and layer-count problems are always errors. On any error nothing changes;
     a file's weights are read only once every check has passed.
-    A whole model (flax_blocks.lm.LanguageModel) loads through its own `_load_torch_state_dict`.
+    A whole model (`LanguageModel`) loads strictly, its twin's names (`_load_language_model`).
     """
-    hook = getattr(type(module), "_load_torch_state_dict", None)  # duck-typed: no import of the model's module
-    if hook is not None:
+    if isinstance(module, LanguageModel):
         if dialect not in (None, "torch"):
             raise ValueError("a LanguageModel loads its own (torch_blocks) names; Hugging Face models: fb.from_hf")
-        hook(module, source, prefix=prefix, strict=strict, dtype=dtype, mesh=mesh, rules=rules)
+        _load_language_model(module, source, prefix=prefix, strict=strict, dtype=dtype, mesh=mesh, rules=rules)
         return LoadResult([], [])
     src = _read(hf_state_dict(source), prefix, check_hf_source(module.cfg, source, dialect), module.cfg.num_heads)
     cast = None if dtype is None else _np_dtype(dtype)
@@ -250,6 +251,46 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
     missing, unexpected = validate(module, src, expected, strict=strict, cast=cast, params=params)
     apply(params, plan(module, src, expected, cast, params), mesh=mesh, rules=rules)
     return LoadResult(missing, unexpected)
+
+
+def _load_language_model(model: LanguageModel, source: Any, *, prefix: str = "", strict: bool = True,
+                         dtype: Any = None, mesh: Any = None, rules: Any = None) -> None:
+    """Load torch-named weights (the twin's state dict) into a whole model strictly and
+    atomically: every problem of the model's own parts is raised before the stack is loaded,
+    and the stack's before anything is written. A file is read tensor by tensor as each is
+    placed (on `mesh` by `rules` when given)."""
+    if not strict:
+        raise ValueError("a LanguageModel loads strictly (strict=False is for blocks and stacks)")
+    sd = {k[len(prefix):]: v for k, v in read_state_dict(source, lazy=True).items() if k.startswith(prefix)}
+    own = {t: (name, p) for name, comp in components(model.lm, model.cfg)
+           for t, _, p in declarations.flatten(comp, f"{name}.")}
+    problems = [f"missing key {prefix}{t}" for t in own if t not in sd]
+    problems += [f"unexpected key {prefix}{k}" for k in sd if k not in own and not k.startswith(ENCODER + ".")]
+    problems += [f"{prefix}{t}: shape {tuple(sd[t].shape)}, expected {p.shape}"
+                 for t, (_, p) in own.items() if t in sd and tuple(sd[t].shape) != p.shape]
+    if problems:
+        raise ConversionError(problems, header="cannot load this LanguageModel checkpoint")
+    load_torch_state_dict(model.encoder, {k[len(ENCODER) + 1:]: v for k, v in sd.items()
+                                          if k.startswith(ENCODER + ".")}, dtype=dtype, dialect="torch",
+                          mesh=mesh, rules=rules)
+    variables, values = {}, {}
+    for t, (name, p) in own.items():
+        a = stream.lazy(sd[t]) if dtype is None else stream.lazy(sd[t]).astype(_np_dtype(dtype))  # torch's too
+        variables[t], values[t] = getattr(getattr(model, name), p.flax), p.transform.to_flax(a, model.cfg)
+    place_all(variables, values, mesh=mesh, rules=rules)
+
+
+def from_torch_state_dict(cfg: Any, lm: Any, source: Any, *, seed: int = 0, dtype: Any = None, prefix: str = "",
+                          mesh: Any = None, rules: Any = None) -> LanguageModel:
+    """A new LanguageModel(cfg, lm) whose parameters all come from a torch-named state dict
+    (the twin's, or one `flax_blocks.checkpoints.hf` translated), built without drawing random
+    values; with `mesh`, each parameter is created sharded over it by `rules` as it is read."""
+    from flax import nnx
+
+    model = nnx.eval_shape(lambda: LanguageModel(cfg, lm, rngs=nnx.Rngs(seed)))
+    _load_language_model(model, source, prefix=prefix, dtype=dtype, mesh=mesh, rules=rules)
+    materialize_rng_state(model, seed, mesh=mesh)
+    return model
 
 
 def _checkpoint_has_final_norm(source: Any, prefix: str) -> tuple[Any, bool]:
