@@ -70,7 +70,7 @@ decoder "dec", each L layers; lab: the causal stack "lm"):
   loss            ()    the loss at initialisation
 The gradients come from one backward pass of the loss through a layer-by-layer rerun of the
 model (`stack_diagnostics`: a lax.scan over each stack's stacked layers calling every block's
-own `run_prepared`, with a tap on each sublayer's branch and a zero probe added to the stream
+own `run`, with a tap on each sublayer's branch and a zero probe added to the stream
 at every layer boundary, whose gradient is the stream's); "check" shows the rerun is the
 library's forward, and tests/test_init_study.py that its W2 gradients are jax.grad's through
 the library's forward.
@@ -109,6 +109,7 @@ from flax import nnx
 from flax_blocks import BlockConfig
 from flax_blocks.attention import build_mask, self_attention_masks
 from flax_blocks.core import declarations
+from flax_blocks.core.context import Context
 from flax_blocks.stacks import Transformer
 
 from . import init_report
@@ -368,7 +369,7 @@ class _Probed:
 def stack_diagnostics(stack, x: jax.Array, masks: dict, memory: jax.Array | None = None,
                       probes: dict[str, jax.Array] | None = None) -> dict[str, jax.Array]:
     """Run a flax_blocks Encoder / Decoder layer by layer (a lax.scan over its stacked
-    layers, each block's own `run_prepared`) on x (B, T, E), taking each sublayer's branch.
+    layers, each block's own `run`) on x (B, T, E), taking each sublayer's branch.
 
     probes, zeros, whose gradients are the loss's gradients with respect to the stream:
       "layer" (L + 1, B, T, E) added to the stream entering each layer and leaving the last
@@ -398,7 +399,7 @@ def stack_diagnostics(stack, x: jax.Array, masks: dict, memory: jax.Array | None
         if post:
             for i, sub in enumerate(block.sublayers):
                 object.__setattr__(block, sub.norm, _Probed(norms[i], p_n[i]))
-        y, _, _ = block.run_prepared(h, masks, key=None, deterministic=True, path="dense", memory=memory, layer=layer)
+        y = block.run(h, Context(masks, memory=memory, deterministic=True, layer=layer))
         ratios, cur = [], h
         for norm, f in zip(norms, branches, strict=True):
             ratios.append(_rms(f) / _rms(cur))

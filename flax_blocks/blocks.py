@@ -19,7 +19,6 @@ outputs from then on are meaningless: check the flag, e.g. once after a generati
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,9 +27,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import Attention, attention_path, build_mask, self_attention_masks
-from .caches import Cache, cached_call, new_cache
+from .caches import Cache, cached_context, new_cache
 from .core import declarations
-from .core.config import BlockConfig, check_parallel, layer_scale, residual_add
+from .core.config import BlockConfig, check_parallel, layer_scale
+from .core.context import Context
 from .core.declarations import Sublayer
 from .layers import Linear, Norm, as_batched, batched_memory, create_params, dropout, initial_values
 
@@ -70,65 +70,14 @@ class _Block(nnx.Module):
         self.dropout_act = dropout(cfg, rngs)
         self.dropouts = nnx.List([dropout(cfg, rngs) for _ in self.sublayers])
 
-    def run_prepared(
-        self, x: jax.Array, masks: dict[str, Any], *, key: jax.Array | None = None,
-        deterministic: bool | None = None, path: str = "dense", memory: jax.Array | None = None,
-        cache: Cache | None = None, index: jax.Array | int = 0, layer: jax.Array | int = 1,
-    ) -> tuple[jax.Array, dict[str, jax.Array], Cache | None]:
-        """x (B, T, E) with prepared masks {"self": (mask, rows), "cross": (mask, rows),
-        "key_valid" (blocked / fused paths)} -> (y (B, T, E), intermediates, the block's
-        updated cache or None). path: the self-attention's (`attention_path`); a
-        cross-attention is always dense.
+    def dropout_keys(self, key: jax.Array | None) -> jax.Array | None:
+        """A block's dropout keys from its one key: two per sublayer (inside, output); None
+        without a key (the dropouts' own RNG streams)."""
+        return None if key is None else jax.random.split(key, 2 * len(self.sublayers))
 
-        Intermediates: "attention_weights" (B, H, T, S) and "attention_logits_max" () of the
-        self-attention; "cross_attention_weights" / "cross_attention_logits_max" of a
-        decoder's cross-attention. memory (B, S, E): what a decoder attends to (not needed
-        with a cache, which holds its keys and values). cache: {"self": {"k", "v"},
-        "cross": {"k", "v"}} of this block, index: the chunk's first position.
-        key: one dropout key for the whole block (the stacks pass one per layer); None
-        uses the dropouts' own RNG streams. deterministic: True turns dropout off for this
-        call, False on; None follows the module's train / eval mode. layer: this block's
-        index in its stack, from 1 (an int or a traced integer; the stacks scan it), read
-        by layernorm_scaling; a block called alone is layer 1."""
-        n = len(self.sublayers)
-        keys = [None] * (2 * n) if key is None else list(jax.random.split(key, 2 * n))
-        extras: dict[str, jax.Array] = {}
-        new_cache: Cache = {}
-        branches = []  # a parallel residual's (sublayer, f, dropout), summed by `parallel`
-        for i, sub in enumerate(self.sublayers):
-            k_inner, k_out = keys[2 * i], keys[2 * i + 1]
-            part = "cross" if sub.kind == "cross_attention" else "self"
-            if sub.kind == "mlp":
-                f = functools.partial(self._mlp, sub, k_inner, deterministic)
-            else:
-                mask, rows = masks.get(part, (None, None))
-                f = functools.partial(
-                    _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
-                    mask=mask, rows=rows, key=k_inner, deterministic=deterministic, cross=part == "cross",
-                    memory=memory, cache=None if cache is None else cache[part], index=index,
-                    path="dense" if part == "cross" else path, key_valid=masks.get("key_valid"), layer=layer,
-                    positions=masks.get("positions"),
-                )
-            drop = _with_key(self.dropouts[i], k_out, deterministic)
-            if self.cfg.parallel_residual != "none":
-                branches.append((sub, f, drop))
-                continue
-            x, aux = self.residual(sub, x, f, drop, layer)
-            if "cache" in aux:
-                new_cache[part] = aux.pop("cache")
-            extras.update(aux)
-        if branches:  # (a parallel block's one attention is a self-attention: its cache is "self")
-            x, aux = self.parallel(x, branches, layer)
-            if "cache" in aux:
-                new_cache["self"] = aux.pop("cache")
-            extras.update(aux)
-        return x, extras, (new_cache if cache is not None else None)
-
-    def residual(self, sub: Sublayer, x: jax.Array, f: Callable, drop: Callable,
-                 layer: jax.Array | int = 1) -> tuple[jax.Array, dict]:
-        """One residual sublayer of this block: x (B, T, E) -> (y (B, T, E), what f returned
-        beside its output). f: the sublayer (attention or MLP) on (B, T, E); drop: its output
-        dropout; layer: the block's index in its stack, from 1. Each placement (cfg.norm):
+    def residual(self, i: int, x: jax.Array, f: Callable, ctx: Context) -> jax.Array:
+        """Sublayer i of this block as a residual: x (B, T, E) -> y (B, T, E), f(h, ctx, i) the
+        sublayer (`self_attention`, `cross_attention`, `mlp`) on (B, T, E). Each placement (cfg.norm):
 
             post:  y = Norm(alpha * x + s * Dropout(F(x)))          Vaswani et al., BERT
             pre:   y = x + s * Dropout(F(c * Norm(x)))              GPT-2, LLaMA
@@ -138,57 +87,78 @@ class _Block(nnx.Module):
 
         alpha: DeepNorm's (else 1); s: the ReZero / LayerScale gate (else 1); c = 1 / sqrt(layer)
         under LayerNorm Scaling (Sun et al. 2025; else 1); residual="none" drops the skip term.
-        The torch twin's `_Block.residual` computes the same, step for step."""
-        cfg, norm, s = self.cfg, getattr(self, sub.norm), getattr(self, sub.scale)
+        The torch twin's `_Block.residual` computes the same, line for line."""
+        cfg, sub = self.cfg, self.sublayers[i]
+        norm, s = getattr(self, sub.norm), getattr(self, sub.scale)
         h = norm(x) if cfg.norm in ("pre", "peri") else x  # pre-LN, Peri-LN: the norm first
         if cfg.layernorm_scaling:
-            h = h * layer_scale(layer, h)  # c * Norm(x)
-        h, aux = f(h)  # the sublayer
+            h = h * layer_scale(ctx.layer, h.dtype)  # c * Norm(x)
+        h = f(h, ctx, i)  # the sublayer
         if cfg.norm == "peri":
             h = getattr(self, sub.norm_out)(h)  # Peri-LN: its own norm on the output too
         elif cfg.norm == "out":
             h = norm(h)  # OLMo 2: the norm on the output only
-        h = drop(h)
+        h = self.dropouts[i](h, deterministic=ctx.deterministic, rngs=ctx.key(2 * i + 1))
         if s is not None:
             h = s[...].astype(x.dtype) * h  # the ReZero / LayerScale gate
-        y = residual_add(cfg, x, h)  # x + h; DeepNorm: alpha * x + h
-        if cfg.norm == "post":
-            y = norm(y)  # post-LN: the norm last, on the sum
-        return y, aux
+        if cfg.residual == "add":  # the skip: x + h; DeepNorm: alpha * x + h
+            alpha = cfg.residual_alpha
+            h = (x if alpha == 1.0 else x * alpha) + h
+        return norm(h) if cfg.norm == "post" else h  # post-LN: the norm last, on the sum
 
-    def parallel(self, x: jax.Array, branches: Sequence[tuple[Sublayer, Callable, Callable]],
-                 layer: jax.Array | int = 1) -> tuple[jax.Array, dict]:
-        """The parallel residual (GPT-J, GPT-NeoX, StableLM; PaLM) over this block's attention and
-        MLP, branches [(sublayer, f, drop)] in order: x (B, T, E) -> (y (B, T, E), their aux merged).
+    def parallel(self, x: jax.Array, fs: Sequence[Callable], ctx: Context) -> jax.Array:
+        """The parallel residual (GPT-J, GPT-NeoX, StableLM; PaLM) over this block's sublayers
+        fs (attention, MLP) on the same x: x (B, T, E) -> y (B, T, E).
 
             y = x + s1 * Dropout(F1(c * Norm1(x))) + s2 * Dropout(F2(c * Norm2(x)))
 
         with Norm2 = Norm1 under parallel_residual="shared_norm" (computed once), s and c as in
-        `residual`. The torch twin's `_Block.parallel` computes the same, step for step."""
-        cfg, y, aux, h_in = self.cfg, x, {}, None
-        for sub, f, drop in branches:
+        `residual`. The torch twin's `_Block.parallel` computes the same, line for line."""
+        cfg, y, h_in = self.cfg, x, None
+        for i, f in enumerate(fs):
+            sub = self.sublayers[i]
             if h_in is None or cfg.parallel_residual == "two_norms":
                 norm = getattr(self, sub.norm)
                 h_in = x if norm is None else norm(x)  # each branch's norm, or the shared one
                 if cfg.layernorm_scaling:
-                    h_in = h_in * layer_scale(layer, h_in)
-            h, a = f(h_in)  # the sublayer, on the normed input
-            h = drop(h)
+                    h_in = h_in * layer_scale(ctx.layer, h_in.dtype)
+            h = self.dropouts[i](f(h_in, ctx, i), deterministic=ctx.deterministic, rngs=ctx.key(2 * i + 1))
             s = getattr(self, sub.scale)
             y = y + (h if s is None else s[...].astype(x.dtype) * h)  # both added to the same x
-            aux.update(a)
-        return y, aux
+        return y
 
-    def _mlp(self, sub: Sublayer, key: jax.Array | None, deterministic: bool | None,
-             h: jax.Array) -> tuple[jax.Array, dict]:
-        """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h))).
-        Both matmuls on the (B*T, E) token matrix, as 2-D GEMMs (faster on XLA:CPU than on
-        (B, T, E))."""
-        up, gate, down = (getattr(self, name) for name in sub.modules)
+    def self_attention(self, h: jax.Array, ctx: Context, i: int) -> jax.Array:
+        """Sublayer i, a self-attention, on h (B, T, E): its masks, path, positions and cache."""
+        mask, rows = ctx.masks["self"]
+        cache = None if ctx.cache is None else ctx.cache["self"]
+        out, weights, logit_max, cache = getattr(self, self.sublayers[i].modules[0])(
+            h, mask, rows, key=ctx.key(2 * i), deterministic=ctx.deterministic, cache=cache, index=ctx.index,
+            path=ctx.path, key_valid=ctx.key_valid, positions=ctx.positions, layer=ctx.layer)
+        ctx.found.update(attention_weights=weights, attention_logits_max=logit_max)
+        ctx.written["self"] = cache
+        return out
+
+    def cross_attention(self, h: jax.Array, ctx: Context, i: int) -> jax.Array:
+        """Sublayer i, a cross-attention, on h (B, T, E): queries from h, keys and values from the
+        memory (or the cache's, computed once); always the dense path."""
+        mask, rows = ctx.masks["cross"]
+        cache = None if ctx.cache is None else ctx.cache["cross"]
+        out, weights, logit_max, cache = getattr(self, self.sublayers[i].modules[0])(
+            h, mask, rows, key=ctx.key(2 * i), deterministic=ctx.deterministic, cross=True, memory=ctx.memory,
+            cache=cache)
+        ctx.found.update(cross_attention_weights=weights, cross_attention_logits_max=logit_max)
+        ctx.written["cross"] = cache  # handed back unchanged
+        return out
+
+    def mlp(self, h: jax.Array, ctx: Context, i: int) -> jax.Array:
+        """Sublayer i, the MLP, on h (B, T, E). dense: down(Dropout(act(up(h))));  gated:
+        down(Dropout(act(gate(h)) * up(h))). Both matmuls on the (B*T, E) token matrix, as 2-D
+        GEMMs (faster on XLA:CPU than on (B, T, E))."""
+        up, gate, down = (getattr(self, name) for name in self.sublayers[i].modules)
         act = ACTIVATION_FNS[self.cfg.activation]
         t = h.reshape(-1, h.shape[-1])
         a = act(up(t)) if gate is None else act(gate(t)) * up(t)
-        return down(self.dropout_act(a, deterministic=deterministic, rngs=key)).reshape(h.shape), {}
+        return down(self.dropout_act(a, deterministic=ctx.deterministic, rngs=ctx.key(2 * i))).reshape(h.shape)
 
     def _block_cache(self, batch: int, length: int, dtype) -> Cache:
         cfg = self.cfg
@@ -201,39 +171,36 @@ class _Block(nnx.Module):
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return cached_call(self, x, cache, key_mask, attention_mask, memory, memory_mask,
-                                return_intermediates, deterministic, stacked=False)
-        path, masks = prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
+            ctx, cache = cached_context(self, x, cache, key_mask, attention_mask, memory, memory_mask, deterministic)
+            y = self.run(x, ctx)
+            cache = {**cache, "layers": ctx.written}
+            return (y, ctx.found, cache) if return_intermediates else (y, cache)
+        ctx = call_context(self, x, attention_mask, key_mask, return_intermediates, deterministic)
         if memory is not None:
-            memory = batched_memory(self.cfg, memory, x, unbatched)
-            masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
-                                        keys=memory.shape[1], causal=False)
-        y, extras, _ = self.run_prepared(x, masks, deterministic=deterministic, path=path, memory=memory)
-        return _finish(y, unbatched, extras, return_intermediates)
+            ctx.memory = batched_memory(self.cfg, memory, x, unbatched)
+            ctx.masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
+                                            keys=ctx.memory.shape[1], causal=False)
+        y = self.run(x, ctx)
+        return _finish(y, unbatched, ctx.found, return_intermediates)
+
+    def run(self, x: jax.Array, ctx: Context) -> jax.Array:
+        """x (B, T, E) -> y (B, T, E): the block's sublayers in order, each through the
+        placement's residual; what they find and write in `ctx`."""
+        raise NotImplementedError
 
 
-def prepare_self_attention(module, x, attention_mask, key_mask, return_intermediates,
-                            deterministic) -> tuple[str, dict]:
-    """The self-attention's path of an uncached call on x (B, T, E) (`attention_path`, from
-    static facts of this call) and its prepared masks. Dropout on the weights is active when
-    the rate is positive and the call (deterministic) or else the module's mode turns it on
-    (a block's or a stack's layers' dropouts)."""
+def call_context(module, x, attention_mask, key_mask, return_intermediates, deterministic) -> Context:
+    """The context of an uncached call on x (B, T, E): the self-attention's path
+    (`attention_path`, from static facts of this call) and its prepared masks. Dropout on the
+    weights is active when the rate is positive and the call (deterministic) or else the
+    module's mode turns it on (a block's or a stack's layers' dropouts)."""
     cfg = module.cfg
     off = getattr(module, "layers", module).dropouts[0].deterministic if deterministic is None else deterministic
     path = attention_path(cfg, x.shape[1], need_weights=return_intermediates,
                           explicit_mask=attention_mask is not None, dropout_active=cfg.dropout > 0 and not off)
-    return path, self_attention_masks(cfg, path, x.shape[0], x.shape[1], attention_mask, key_mask)
-
-
-def _attention(attn: Attention, h, *, prefix, mask, rows, key, deterministic, cross, memory, cache, index, path,
-               key_valid, layer, positions=None):
-    out, weights, logit_max, new_cache = attn(h, mask, rows, key=key, deterministic=deterministic, cross=cross,
-                                              memory=memory, cache=cache, index=index, path=path,
-                                              key_valid=key_valid, layer=layer, positions=positions)
-    aux: dict[str, Any] = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
-    if cache is not None:
-        aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
-    return out, aux
+    masks = self_attention_masks(cfg, path, x.shape[0], x.shape[1], attention_mask, key_mask)
+    return Context({"self": masks["self"]}, path=path, key_valid=masks.get("key_valid"), weights=return_intermediates,
+                   deterministic=deterministic)
 
 
 class ResidualMHA(_Block):
@@ -252,6 +219,10 @@ class ResidualMHA(_Block):
         (B, H, T, T), "attention_logits_max": ()}. deterministic: see `TransformerBlock`."""
         return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic)
 
+    def run(self, x: jax.Array, ctx: Context) -> jax.Array:
+        """The attention through the placement's residual."""
+        return self.residual(0, x, self.self_attention, ctx)
+
 
 class FeedForward(_Block):
     """post: Norm(x + Dropout(MLP(x)));  pre: x + Dropout(MLP(Norm(x)));  MLP dense
@@ -269,6 +240,10 @@ class FeedForward(_Block):
     def __call__(self, x: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
         """x: (B, T, E) or (T, E) -> same shape. deterministic: see `TransformerBlock`."""
         return self._forward(x, None, None, False, deterministic)
+
+    def run(self, x: jax.Array, ctx: Context) -> jax.Array:
+        """The MLP through the placement's residual."""
+        return self.residual(0, x, self.mlp, ctx)
 
 
 class TransformerBlock(_Block):
@@ -302,6 +277,15 @@ class TransformerBlock(_Block):
         follows the module's train / eval mode (`.train()`, `.eval()`).
         cache (from `init_cache`): x is the next chunk (B, T, E); returns (y, cache)."""
         return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic, cache=cache)
+
+    def run(self, x: jax.Array, ctx: Context) -> jax.Array:
+        """Self-attention, then the MLP, each through the placement's residual; under a
+        parallel residual both on the same x."""
+        if self.cfg.parallel_residual != "none":
+            return self.parallel(x, (self.self_attention, self.mlp), ctx)
+        x = self.residual(0, x, self.self_attention, ctx)
+        x = self.residual(1, x, self.mlp, ctx)
+        return x
 
 
 class DecoderBlock(_Block):
@@ -353,9 +337,13 @@ class DecoderBlock(_Block):
         return self._forward(x, attention_mask, key_mask, return_intermediates, deterministic, memory=memory,
                              memory_mask=memory_mask, memory_key_mask=memory_key_mask, cache=cache)
 
-
-def _with_key(dropout: nnx.Dropout, key: jax.Array | None, deterministic: bool | None = None):
-    return lambda h: dropout(h, deterministic=deterministic, rngs=key)
+    def run(self, x: jax.Array, ctx: Context) -> jax.Array:
+        """Self-attention, then cross-attention to the memory, then the MLP, each through the
+        placement's residual."""
+        x = self.residual(0, x, self.self_attention, ctx)
+        x = self.residual(1, x, self.cross_attention, ctx)
+        x = self.residual(2, x, self.mlp, ctx)
+        return x
 
 
 def _finish(y: jax.Array, unbatched: bool, extras: dict[str, Any], return_intermediates: bool):

@@ -1,5 +1,5 @@
 """Caches for incremental decoding, shared by the Flax blocks and stacks: a new cache
-(`new_cache`), a cached call over the next chunk (`cached_call`), and a stack's cache laid out
+(`new_cache`), the context of a cached call over the next chunk (`cached_context`), and a stack's cache laid out
 for a decoding loop (`decoding_cache`, `layer_weights`). Twins of `torch_blocks.caches`.
 
 A cache: {"index": () the next position, "valid": (B, L) the keys written and not padding,
@@ -18,6 +18,7 @@ from flax import nnx
 
 from .attention import cache_mask
 from .core.config import check_cached_call, check_new_cache, overflow_message
+from .core.context import Context
 from .layers import as_batched, stream_dtype
 
 Cache = dict[str, Any]
@@ -102,10 +103,11 @@ def checked_positions(positions, shape) -> jax.Array | None:
     return positions.astype(jnp.int32)
 
 
-def cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask, return_intermediates,
-                 deterministic, *, stacked: bool, positions=None):
-    """`module` (a block, or a stack with stacked=True) over x (B, T, E), the chunk after the
-    cache's positions -> (y, cache) or with return_intermediates (y, intermediates, cache)."""
+def cached_context(module, x, cache, key_mask, attention_mask, memory, memory_mask, deterministic,
+                   positions=None) -> tuple[Context, Cache]:
+    """The context of a cached call of `module` (a block or a stack) over x (B, T, E), the chunk
+    after the cache's positions, and the cache after it but for its "layers" (which the
+    call writes: the context's `written`, or the stack's)."""
     b, t, length = check_cached_call(module.cfg, type(module).__name__, cache, x.shape,
                                      masks=attention_mask is not None or memory_mask is not None,
                                      memory=memory is not None)
@@ -122,22 +124,13 @@ def cached_call(module, x, cache, key_mask, attention_mask, memory, memory_mask,
     masks = {"self": cache_mask(index, t, shown)}
     if positions is None and "position" in cache:  # per-row positions: given, or each row's next ones
         positions = cache["position"][:, None] + jnp.arange(t, dtype=jnp.int32)
-    if positions is not None:
-        masks["positions"] = positions
     if "memory_valid" in cache:
         mv = cache["memory_valid"]
         m = jnp.broadcast_to(mv[:, None, None, :], (b, 1, t, mv.shape[1]))
         rows = jnp.any(m, axis=-1, keepdims=True)
         masks["cross"] = (m | ~rows, rows)
-    if stacked:
-        y, per_layer, layers = module.run_prepared(x, masks, deterministic=deterministic, cache=cache["layers"],
-                                                   index=index, return_intermediates=return_intermediates)
-        out = module._finish_stack(y, per_layer, False, return_intermediates)
-    else:
-        y, extras, layers = module.run_prepared(x, masks, deterministic=deterministic, cache=cache["layers"],
-                                                index=index)
-        out = (y, extras) if return_intermediates else y
-    new = {**cache, "index": index + t, "valid": valid, "layers": layers, "overflow": overflow}
+    ctx = Context(masks, index=index, positions=positions, deterministic=deterministic, cache=cache["layers"])
+    new = {**cache, "index": index + t, "valid": valid, "overflow": overflow}
     if "position" in cache:
         new["position"] = positions[:, -1] + 1
-    return (*out, new) if return_intermediates else (out, new)
+    return ctx, new

@@ -11,10 +11,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import build_mask
-from .blocks import DecoderBlock, TransformerBlock, _Block, prepare_self_attention
-from .caches import Cache, cached_call, checked_positions, new_cache
+from .blocks import DecoderBlock, TransformerBlock, _Block, call_context
+from .caches import Cache, cached_context, checked_positions, new_cache
 from .core import declarations
 from .core.config import FINAL_NORM_BY_DEFAULT, BlockConfig, check_remat
+from .core.context import Context
 from .core.declarations import FINAL_NORM
 from .layers import Norm, as_batched, batched_memory
 
@@ -91,33 +92,33 @@ class _Stack(nnx.Module):
 
         return jax.vmap(one)(state)
 
-    def run_prepared(self, x, masks, *, deterministic=None, path="dense", memory=None, cache=None, index=0,
-                     return_intermediates=False):
-        """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then
-        the final norm -> (y, per-layer intermediates, new caches)."""
+    def run_layers(self, x, ctx: Context, return_intermediates=False):
+        """The layers over x (B, T, E), each with its own context (`Context.at`: its index, cache
+        and dropout key), then the final norm -> (y, per-layer intermediates, new caches)."""
         # A plain lax.scan (or its unrolled twin) over the stacked state, which it only reads:
         # it composes with any outer transform (jax.grad over split params, vmap, jit, nnx.jit).
         graphdef, state = nnx.split(self.layers)
-        off = self.layers.dropouts[0].deterministic if deterministic is None else deterministic
+        off = self.layers.dropouts[0].deterministic if ctx.deterministic is None else ctx.deterministic
         keys = jax.random.split(self.rngs(), self.num_layers) if self.rngs is not None and not off else None
-        run = _layer_scan_body(graphdef, return_intermediates, deterministic, self.remat, path)
-        if isinstance(cache, tuple):  # a decoding cache (`decoding_cache`): layer by layer, weights split out
+        run = _layer_scan_body(graphdef, return_intermediates, ctx.deterministic, self.remat, ctx.path)
+        if isinstance(ctx.cache, tuple):  # a decoding cache (`decoding_cache`): layer by layer, weights split out
             if return_intermediates:
                 raise ValueError("return_intermediates takes the stacked cache (init_cache's), not a decoding cache")
-            return self._run_split(run, x, masks, memory, index, keys, cache)
+            return self._run_split(run, x, ctx, keys)
         loop = jax.lax.scan if self.scan_layers else _unrolled_scan
         layer = jnp.arange(1, self.num_layers + 1, dtype=jnp.int32)  # each layer's index, scanned with its state
-        (y, _, _, _), (per_layer, caches) = loop(run, (x, masks, memory, index), (state, keys, cache, layer))
+        (y, _), (per_layer, caches) = loop(run, (x, ctx.shared()), (state, keys, ctx.cache, layer))
         if self.final_norm is not None:
             y = self.final_norm(y)
         return y, per_layer, caches
 
-    def _run_split(self, run, x, masks, memory, index, keys, layers):
+    def _run_split(self, run, x, ctx: Context, keys):
         """The layers one after another, each with the weights and cache its entry of a
         decoding cache holds (`decoding_cache`) -> (y, None, the entries with updated caches)."""
+        layers = ctx.cache
         if len(layers) != self.num_layers:
             raise ValueError(f"a decoding cache of {len(layers)} layers for a stack of {self.num_layers}")
-        carry, new = (x, masks, memory, index), []
+        carry, new = (x, ctx.shared()), []
         for i, entry in enumerate(layers):
             carry, (_, cache) = run(carry, (entry["weights"], None if keys is None else keys[i], entry["cache"],
                                             jnp.int32(i + 1)))
@@ -126,6 +127,13 @@ class _Stack(nnx.Module):
         if self.final_norm is not None:
             y = self.final_norm(y)
         return y, None, tuple(new)
+
+    def _cached(self, x, ctx: Context, cache: Cache, return_intermediates: bool):
+        """A cached call's (y, cache) or (y, intermediates, cache), the layers' caches written."""
+        y, per_layer, layers = self.run_layers(x, ctx, return_intermediates)
+        out = self._finish_stack(y, per_layer, False, return_intermediates)
+        cache = {**cache, "layers": layers}
+        return (*out, cache) if return_intermediates else (out, cache)
 
     def _finish_stack(self, y, per_layer, unbatched, return_intermediates):
         if not return_intermediates:
@@ -164,13 +172,11 @@ class Encoder(_Stack):
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return cached_call(self, x, cache, key_mask, attention_mask, None, None, return_intermediates,
-                                deterministic, stacked=True, positions=positions)
-        path, masks = prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
-        if positions is not None:
-            masks["positions"] = positions
-        y, per_layer, _ = self.run_prepared(x, masks, deterministic=deterministic, path=path,
-                                            return_intermediates=return_intermediates)
+            ctx, cache = cached_context(self, x, cache, key_mask, attention_mask, None, None, deterministic, positions)
+            return self._cached(x, ctx, cache, return_intermediates)
+        ctx = call_context(self, x, attention_mask, key_mask, return_intermediates, deterministic)
+        ctx.positions = positions
+        y, per_layer, _ = self.run_layers(x, ctx, return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
 
@@ -197,16 +203,15 @@ class Decoder(_Stack):
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return cached_call(self, x, cache, key_mask, attention_mask, memory, memory_mask,
-                                return_intermediates, deterministic, stacked=True)
+            ctx, cache = cached_context(self, x, cache, key_mask, attention_mask, memory, memory_mask, deterministic)
+            return self._cached(x, ctx, cache, return_intermediates)
         if memory is None:
             raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
-        memory = batched_memory(self.cfg, memory, x, unbatched)
-        path, masks = prepare_self_attention(self, x, attention_mask, key_mask, return_intermediates, deterministic)
-        masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
-                                    keys=memory.shape[1], causal=False)
-        y, per_layer, _ = self.run_prepared(x, masks, deterministic=deterministic, path=path, memory=memory,
-                                            return_intermediates=return_intermediates)
+        ctx = call_context(self, x, attention_mask, key_mask, return_intermediates, deterministic)
+        ctx.memory = batched_memory(self.cfg, memory, x, unbatched)
+        ctx.masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_mask,
+                                        keys=ctx.memory.shape[1], causal=False)
+        y, per_layer, _ = self.run_layers(x, ctx, return_intermediates)
         return self._finish_stack(y, per_layer, unbatched, return_intermediates)
 
 
@@ -249,15 +254,17 @@ def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool |
                      path: str = "dense"):
     """A stack's scan body, one function object per (layer graphdef, flags, attention path):
     an eager call then reuses the compiled scan instead of compiling it afresh at every call
-    (as a new closure would). Masks, memory and the cache index ride in the carry, unchanged."""
+    (as a new closure would). The call's shared context (masks, memory, cache index, positions)
+    rides in the carry, unchanged."""
 
     def run(carry, xs):
-        h, masks, memory, index = carry
+        h, shared = carry
         layer_state, key, cache, layer = xs
-        h, extras, cache = nnx.merge(graphdef, layer_state).run_prepared(
-            h, masks, key=key, deterministic=deterministic, path=path, memory=memory, cache=cache, index=index,
-            layer=layer)
-        return (h, masks, memory, index), ((h, extras) if return_intermediates else None, cache)
+        block = nnx.merge(graphdef, layer_state)
+        ctx = Context(**shared, path=path, deterministic=deterministic, layer=layer, cache=cache,
+                      keys=block.dropout_keys(key))
+        h = block.run(h, ctx)
+        return (h, shared), ((h, ctx.found) if return_intermediates else None, None if cache is None else ctx.written)
 
     if remat is not None:  # recompute inside each layer in the backward pass (prevent_cse off, as in a scan)
         run = jax.checkpoint(run, policy=_remat_policy(remat), prevent_cse=False)

@@ -194,15 +194,17 @@ def _dyt_as(cls):
 class _LayersFromZero(TransformerBlock):
     """LayerNorm Scaling with the layer index counted from 0: layer 0's scale is 1 / sqrt(0)."""
 
-    def run_prepared(self, *a, layer=1, **kw):
-        return super().run_prepared(*a, layer=layer - 1, **kw)
+    def run(self, x, ctx):
+        ctx.layer = ctx.layer - 1
+        return super().run(x, ctx)
 
 
 class _ScaledByOneOverL(TransformerBlock):
     """LayerNorm Scaling by 1 / l instead of 1 / sqrt(l) (the index squared under the square root)."""
 
-    def run_prepared(self, *a, layer=1, **kw):
-        return super().run_prepared(*a, layer=layer * layer, **kw)
+    def run(self, x, ctx):
+        ctx.layer = ctx.layer * ctx.layer
+        return super().run(x, ctx)
 
 
 def _stack_layers_as(cls):

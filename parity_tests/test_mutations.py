@@ -25,6 +25,7 @@ import flax_blocks.blocks
 import torch_blocks.attention
 import torch_blocks.blocks
 import torch_blocks.layers
+from flax_blocks.core.config import BlockConfig
 
 from . import test_reference as tr
 from .cases import CASES
@@ -38,8 +39,7 @@ WHERE = {
     "torch norm": (torch_blocks.layers.Norm, "__init__"),  # sets self.eps from the config
     "flax gelu": (flax_blocks.blocks.ACTIVATION_FNS, "gelu"),
     "torch gelu": (torch_blocks.blocks.ACTIVATION_FNS, "gelu"),
-    "flax residual add": (flax_blocks.blocks, "residual_add"),  # the shared skip + branch, as imported
-    "torch residual add": (torch_blocks.blocks, "residual_add"),
+    "residual alpha": (BlockConfig, "residual_alpha"),  # the skip's weight both twins read
     "flax layer scale": (flax_blocks.blocks, "layer_scale"),  # LayerNorm Scaling's 1/sqrt(l), as imported
     "torch layer scale": (torch_blocks.blocks, "layer_scale"),
     "flax parallel residual": (flax_blocks.blocks._Block, "parallel"),  # the block's own method
@@ -96,33 +96,23 @@ def _norm_init_eps_1e5(init, hits):  # torch twin's norms ignore layer_norm_eps
     return patched
 
 
-class _NoAlpha:
-    def __init__(self, cfg):
-        self._cfg = cfg
-
-    def __getattr__(self, name):
-        return 1.0 if name == "residual_alpha" else getattr(self._cfg, name)
-
-
-def _drop_alpha(residual_add, hits):
-    return _counted(lambda cfg, x, h: residual_add(_NoAlpha(cfg), x, h), hits)
+def _drop_alpha(alpha, hits):  # DeepNorm's alpha read as 1
+    return property(_counted(lambda cfg: 1.0, hits))
 
 
 def _layer_squared(layer_scale, hits):  # LayerNorm Scaling by 1/l: 1/sqrt(l^2)
-    return _counted(lambda layer, like: layer_scale(layer * layer, like), hits)
+    return _counted(lambda layer, dtype: layer_scale(layer * layer, dtype), hits)
 
 
 def _sequential(parallel, hits):  # GPT-NeoX's parallel residual run one branch after the other
-    def patched(self, x, branches, layer=1):
+    def patched(self, x, fs, ctx):
         hits.append(1)
-        aux = {}
-        for sub, f, drop in branches:
-            h, a = f(getattr(self, sub.norm)(x))
-            h = drop(h)
+        for i, f in enumerate(fs):
+            sub = self.sublayers[i]
+            h = self.dropouts[i](f(getattr(self, sub.norm)(x), ctx, i))
             s = getattr(self, sub.scale)
             x = x + (h if s is None else s[...] * h)
-            aux.update(a)
-        return x, aux
+        return x
 
     return patched
 
@@ -136,10 +126,7 @@ PATCHES = {
     ],
     "torch twin's norms at eps 1e-5 whatever layer_norm_eps says": [("torch norm", _norm_init_eps_1e5)],
     "exact GELU replaced by its tanh approximation": [("flax gelu", _tanh_gelu), ("torch gelu", _tanh_gelu)],
-    "DeepNorm's alpha dropped from the shared residual add": [
-        ("flax residual add", _drop_alpha),
-        ("torch residual add", _drop_alpha),
-    ],
+    "DeepNorm's alpha dropped from the skip both twins read": [("residual alpha", _drop_alpha)],
     "LayerNorm Scaling by 1/l in the shared layer scale": [
         ("flax layer scale", _layer_squared),
         ("torch layer scale", _layer_squared),
@@ -174,7 +161,7 @@ PLANTS = {
     "exact GELU replaced by its tanh approximation": Plant(
         _first(CASES, lambda c: c.cfg.activation == "gelu" and c.kind == "FeedForward"),
         ("torch", "flax"), "computes tanh GELU where exact GELU is asked"),
-    "DeepNorm's alpha dropped from the shared residual add": Plant(
+    "DeepNorm's alpha dropped from the skip both twins read": Plant(
         _first(CASES, lambda c: c.cfg.scaling == "deepnorm"), ("torch", "flax"), "drops DeepNorm's alpha"),
     # a stack (LayerNorm Scaling is the identity in a block alone), unrolled: no cached scan body
     "LayerNorm Scaling by 1/l in the shared layer scale": Plant(

@@ -209,7 +209,9 @@ def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, refere
 
 def _wrong(lm, **fields):
     """The same weights in a model computing something else (LMConfig fields changed)."""
-    return fb.lm.from_torch_state_dict(lm.cfg, replace(lm.lm, **fields), fb.torch_state_dict(lm))
+    from flax_blocks.checkpoints.convert.load import from_torch_state_dict
+
+    return from_torch_state_dict(lm.cfg, replace(lm.lm, **fields), fb.torch_state_dict(lm))
 
 
 # A real mistake per new part: (family, what, the LMConfig fields of the mistake).

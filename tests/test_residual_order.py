@@ -15,6 +15,7 @@ import pytest
 import flax_blocks.blocks
 import torch_blocks.blocks
 from flax_blocks.core.config import BlockConfig
+from flax_blocks.core.context import Context
 from flax_blocks.core.declarations import Sublayer
 
 TWINS = {"flax": flax_blocks.blocks._Block, "torch": torch_blocks.blocks._Block}
@@ -27,17 +28,18 @@ def make(**kw) -> BlockConfig:
     return BlockConfig(**{"d_model": 12, "num_heads": 3, "d_ff": 20, **kw})
 
 
-def f(h):
-    return h * 2.0 + 1.0, {"aux": 1}
+def f(h, ctx, i):
+    ctx.found[f"aux{i}"] = 1  # what a sublayer hands back rides in the context
+    return h * 2.0 + 1.0
 
 
-def drop(h):
+def drop(h, **_):  # either twin's dropout call (Flax's takes deterministic= and rngs=)
     return h - 0.5
 
 
 def stand_in(cfg: BlockConfig, scale=None, **more) -> SimpleNamespace:
-    return SimpleNamespace(cfg=cfg, norm1=lambda h: h / 10.0, norm_out1=lambda h: h * 7.0,
-                           scale1=None if scale is None else np.asarray(scale), **more)
+    return SimpleNamespace(cfg=cfg, sublayers=(SUB, SUB2), dropouts=[drop, drop], norm1=lambda h: h / 10.0,
+                           norm_out1=lambda h: h * 7.0, scale1=None if scale is None else np.asarray(scale), **more)
 
 
 @pytest.mark.parametrize("twin", TWINS)
@@ -62,8 +64,9 @@ def stand_in(cfg: BlockConfig, scale=None, **more) -> SimpleNamespace:
     ],
 )
 def test_each_placements_order_of_operations(twin, kw, scale, expected):
-    y, aux = TWINS[twin].residual(stand_in(make(**kw), scale), SUB, X, f, drop)
-    assert aux == {"aux": 1}
+    ctx = Context({})
+    y = TWINS[twin].residual(stand_in(make(**kw), scale), 0, X, f, ctx)
+    assert ctx.found == {"aux0": 1}
     np.testing.assert_allclose(y, expected(X), rtol=1e-14)
 
 
@@ -71,9 +74,9 @@ def test_each_placements_order_of_operations(twin, kw, scale, expected):
 @pytest.mark.parametrize("layer", [1, 3, np.int32(4)])
 def test_layernorm_scaling_scales_the_pre_norms_output_by_one_over_sqrt_layer(twin, layer):
     """LayerNorm Scaling (Sun et al. 2025): layer l's pre-norm output times 1 / sqrt(l)."""
-    y, _ = TWINS[twin].residual(stand_in(make(norm="pre", layernorm_scaling=True)), SUB, X, f, drop, layer)
+    y = TWINS[twin].residual(stand_in(make(norm="pre", layernorm_scaling=True)), 0, X, f, Context({}, layer=layer))
     np.testing.assert_allclose(y, X + (2 * (X / 10) / math.sqrt(int(layer)) + 1 - 0.5), rtol=1e-14)
-    y1, _ = TWINS[twin].residual(stand_in(make(norm="pre")), SUB, X, f, drop, layer)  # off: the index is ignored
+    y1 = TWINS[twin].residual(stand_in(make(norm="pre")), 0, X, f, Context({}, layer=layer))  # off: index ignored
     np.testing.assert_allclose(y1, X + (2 * (X / 10) + 1 - 0.5), rtol=1e-14)
 
 
@@ -81,10 +84,11 @@ def test_layernorm_scaling_scales_the_pre_norms_output_by_one_over_sqrt_layer(tw
 @pytest.mark.parametrize("mode", ["two_norms", "shared_norm"])
 def test_parallel_residual_adds_both_branches_to_the_same_input(twin, mode):
     """y = x + s1 * Dropout(F1(Norm1(x))) + s2 * Dropout(F2(Norm2(x))); shared_norm: Norm2 = Norm1."""
-    g = lambda h: (h * 3.0, {"aux2": 2})  # noqa: E731  the second branch's sublayer
+    g = lambda h, ctx, i: h * 3.0  # noqa: E731  the second branch's sublayer
     block = stand_in(make(norm="pre", parallel_residual=mode), scale=0.5, norm2=lambda h: h / 100.0,
                      norm_out2=None, scale2=None)
-    y, aux = TWINS[twin].parallel(block, X, [(SUB, f, drop), (SUB2, g, drop)])
+    ctx = Context({})
+    y = TWINS[twin].parallel(block, X, [f, g], ctx)
     second = X / 100 if mode == "two_norms" else X / 10
     np.testing.assert_allclose(y, X + 0.5 * (2 * (X / 10) + 1 - 0.5) + (3 * second - 0.5), rtol=1e-14)
-    assert aux == {"aux": 1, "aux2": 2}
+    assert ctx.found == {"aux0": 1}

@@ -29,11 +29,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flax_blocks.core import declarations
-from flax_blocks.core.config import BlockConfig, check_parallel, layer_scale, residual_add
+from flax_blocks.core.config import BlockConfig, check_parallel, layer_scale
+from flax_blocks.core.context import Context
 from flax_blocks.core.declarations import Sublayer
 
-from .attention import Attention, Mask, attention_path, build_mask
-from .caches import Cache, cached_call, new_cache
+from .attention import Attention, attention_path, build_mask
+from .caches import Cache, cached_context, new_cache
 from .layers import Linear, Norm, as_batched, batched_memory, create_params
 
 ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -53,7 +54,7 @@ def _finish(y: Tensor, unbatched: bool, extras: dict[str, Any], return_intermedi
 
 
 class _Configured(Protocol):
-    """A block or a stack, as `prepare_self_attention` reads it."""
+    """A block or a stack, as `call_context` reads it."""
 
     cfg: BlockConfig
     training: bool
@@ -84,51 +85,9 @@ class _Block(nn.Module):
         self.dropout_act = nn.Dropout(cfg.dropout)
         self.dropouts = nn.ModuleList(nn.Dropout(cfg.dropout) for _ in self.sublayers)
 
-    def run_prepared(self, x: Tensor, masks: dict[str, Mask | None], *, need_weights: bool = False,
-                     path: str | None = None, memory: Tensor | None = None, cache: Cache | None = None,
-                     index: int = 0, layer: int = 1):
-        """x (B, T, E) with prepared masks {"self": Mask, "cross": Mask} -> (y (B, T, E),
-        intermediates, the block's updated cache or None). path: the self-attention's
-        (`attention_path`; None: from cfg and need_weights); a cross-attention takes
-        "dense" with weights or cfg.attention="dense", else SDPA. Intermediates (None unless
-        need_weights): "attention_weights" (B, H, T, S), "attention_logits_max" (), and the
-        "cross_" ones of a decoder. memory (B, S, E): what a decoder attends to (not needed
-        with a cache); cache: {"self": {"k", "v"}, "cross": {"k", "v"}}, index: the chunk's
-        first position. layer: this block's index in its stack, from 1, read by
-        layernorm_scaling; a block called alone is layer 1."""
-        extras: dict[str, Any] = {}
-        new_cache: Cache = {}
-        branches = []  # a parallel residual's (sublayer, f, dropout), summed by `parallel`
-        for sub, drop in zip(self.sublayers, self.dropouts, strict=True):
-            part = "cross" if sub.kind == "cross_attention" else "self"
-            if sub.kind == "mlp":
-                f = functools.partial(self._mlp, sub)
-            else:
-                f = functools.partial(
-                    _attention, getattr(self, sub.modules[0]), prefix="cross_" if part == "cross" else "",
-                    mask=masks.get(part), need_weights=need_weights, cross=part == "cross", memory=memory,
-                    cache=None if cache is None else cache[part], index=index,
-                    path=None if part == "cross" else path, layer=layer, positions=masks.get("positions"),
-                )
-            if self.cfg.parallel_residual != "none":
-                branches.append((sub, f, drop))
-                continue
-            x, aux = self.residual(sub, x, f, drop, layer)
-            if "cache" in aux:
-                new_cache[part] = aux.pop("cache")
-            extras.update(aux)
-        if branches:  # (a parallel block's one attention is a self-attention: its cache is "self")
-            x, aux = self.parallel(x, branches, layer)
-            if "cache" in aux:
-                new_cache["self"] = aux.pop("cache")
-            extras.update(aux)
-        return x, extras, (new_cache if cache is not None else None)
-
-    def residual(self, sub: Sublayer, x: Tensor, f: Callable, drop: Callable,
-                 layer: Tensor | int = 1) -> tuple[Tensor, dict]:
-        """One residual sublayer of this block: x (B, T, E) -> (y (B, T, E), what f returned
-        beside its output). f: the sublayer (attention or MLP) on (B, T, E); drop: its output
-        dropout; layer: the block's index in its stack, from 1. Each placement (cfg.norm):
+    def residual(self, i: int, x: Tensor, f: Callable, ctx: Context) -> Tensor:
+        """Sublayer i of this block as a residual: x (B, T, E) -> y (B, T, E), f(h, ctx, i) the
+        sublayer (`self_attention`, `cross_attention`, `mlp`) on (B, T, E). Each placement (cfg.norm):
 
             post:  y = Norm(alpha * x + s * Dropout(F(x)))          Vaswani et al., BERT
             pre:   y = x + s * Dropout(F(c * Norm(x)))              GPT-2, LLaMA
@@ -138,53 +97,73 @@ class _Block(nn.Module):
 
         alpha: DeepNorm's (else 1); s: the ReZero / LayerScale gate (else 1); c = 1 / sqrt(layer)
         under LayerNorm Scaling (Sun et al. 2025; else 1); residual="none" drops the skip term.
-        The Flax twin's `_Block.residual` computes the same, step for step."""
-        cfg, norm, s = self.cfg, getattr(self, sub.norm), getattr(self, sub.scale)
+        The Flax twin's `_Block.residual` computes the same, line for line."""
+        cfg, sub = self.cfg, self.sublayers[i]
+        norm, s = getattr(self, sub.norm), getattr(self, sub.scale)
         h = norm(x) if cfg.norm in ("pre", "peri") else x  # pre-LN, Peri-LN: the norm first
         if cfg.layernorm_scaling:
-            h = h * layer_scale(layer, h)  # c * Norm(x)
-        h, aux = f(h)  # the sublayer
+            h = h * layer_scale(ctx.layer, h.dtype)  # c * Norm(x)
+        h = f(h, ctx, i)  # the sublayer
         if cfg.norm == "peri":
             h = getattr(self, sub.norm_out)(h)  # Peri-LN: its own norm on the output too
         elif cfg.norm == "out":
             h = norm(h)  # OLMo 2: the norm on the output only
-        h = drop(h)
+        h = self.dropouts[i](h)
         if s is not None:
             h = s * h  # the ReZero / LayerScale gate
-        y = residual_add(cfg, x, h)  # x + h; DeepNorm: alpha * x + h
-        if cfg.norm == "post":
-            y = norm(y)  # post-LN: the norm last, on the sum
-        return y, aux
+        if cfg.residual == "add":  # the skip: x + h; DeepNorm: alpha * x + h
+            alpha = cfg.residual_alpha
+            h = (x if alpha == 1.0 else x * alpha) + h
+        return norm(h) if cfg.norm == "post" else h  # post-LN: the norm last, on the sum
 
-    def parallel(self, x: Tensor, branches: Sequence[tuple[Sublayer, Callable, Callable]],
-                 layer: Tensor | int = 1) -> tuple[Tensor, dict]:
-        """The parallel residual (GPT-J, GPT-NeoX, StableLM; PaLM) over this block's attention and
-        MLP, branches [(sublayer, f, drop)] in order: x (B, T, E) -> (y (B, T, E), their aux merged).
+    def parallel(self, x: Tensor, fs: Sequence[Callable], ctx: Context) -> Tensor:
+        """The parallel residual (GPT-J, GPT-NeoX, StableLM; PaLM) over this block's sublayers
+        fs (attention, MLP) on the same x: x (B, T, E) -> y (B, T, E).
 
             y = x + s1 * Dropout(F1(c * Norm1(x))) + s2 * Dropout(F2(c * Norm2(x)))
 
         with Norm2 = Norm1 under parallel_residual="shared_norm" (computed once), s and c as in
-        `residual`. The Flax twin's `_Block.parallel` computes the same, step for step."""
-        cfg, y, aux, h_in = self.cfg, x, {}, None
-        for sub, f, drop in branches:
+        `residual`. The Flax twin's `_Block.parallel` computes the same, line for line."""
+        cfg, y, h_in = self.cfg, x, None
+        for i, f in enumerate(fs):
+            sub = self.sublayers[i]
             if h_in is None or cfg.parallel_residual == "two_norms":
                 norm = getattr(self, sub.norm)
                 h_in = x if norm is None else norm(x)  # each branch's norm, or the shared one
                 if cfg.layernorm_scaling:
-                    h_in = h_in * layer_scale(layer, h_in)
-            h, a = f(h_in)  # the sublayer, on the normed input
-            h = drop(h)
+                    h_in = h_in * layer_scale(ctx.layer, h_in.dtype)
+            h = self.dropouts[i](f(h_in, ctx, i))
             s = getattr(self, sub.scale)
             y = y + (h if s is None else s * h)  # both added to the same x
-            aux.update(a)
-        return y, aux
+        return y
 
-    def _mlp(self, sub: Sublayer, h: Tensor) -> tuple[Tensor, dict]:
-        """dense: down(Dropout(act(up(h))));  gated: down(Dropout(act(gate(h)) * up(h)))."""
-        up, gate, down = (getattr(self, name) for name in sub.modules)
+    def self_attention(self, h: Tensor, ctx: Context, i: int) -> Tensor:
+        """Sublayer i, a self-attention, on h (B, T, E): its mask, path, positions and cache."""
+        cache = None if ctx.cache is None else ctx.cache["self"]
+        out, weights, logit_max, cache = getattr(self, self.sublayers[i].modules[0])(
+            h, ctx.masks.get("self"), ctx.weights, cache=cache, index=ctx.index, path=ctx.path,
+            positions=ctx.positions, layer=ctx.layer)
+        ctx.found.update(attention_weights=weights, attention_logits_max=logit_max)
+        ctx.written["self"] = cache
+        return out
+
+    def cross_attention(self, h: Tensor, ctx: Context, i: int) -> Tensor:
+        """Sublayer i, a cross-attention, on h (B, T, E): queries from h, keys and values from the
+        memory (or the cache's, computed once); the dense path with weights, else SDPA."""
+        cache = None if ctx.cache is None else ctx.cache["cross"]
+        out, weights, logit_max, cache = getattr(self, self.sublayers[i].modules[0])(
+            h, ctx.masks.get("cross"), ctx.weights, cross=True, memory=ctx.memory, cache=cache)
+        ctx.found.update(cross_attention_weights=weights, cross_attention_logits_max=logit_max)
+        ctx.written["cross"] = cache  # handed back unchanged
+        return out
+
+    def mlp(self, h: Tensor, ctx: Context, i: int) -> Tensor:
+        """Sublayer i, the MLP, on h (B, T, E). dense: down(Dropout(act(up(h))));  gated:
+        down(Dropout(act(gate(h)) * up(h)))."""
+        up, gate, down = (getattr(self, name) for name in self.sublayers[i].modules)
         act = ACTIVATION_FNS[self.cfg.activation]
         a = act(up(h)) if gate is None else act(gate(h)) * up(h)
-        return down(self.dropout_act(a)), {}
+        return down(self.dropout_act(a))
 
     def _block_cache(self, batch: int, length: int, dtype, device, memory: Tensor | None = None) -> Cache:
         cfg = self.cfg
@@ -201,35 +180,34 @@ class _Block(nn.Module):
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return cached_call(self, x, cache, key_padding_mask, attn_mask, memory, memory_mask,
-                                return_intermediates)
-        path, masks = prepare_self_attention(self, x, attn_mask, key_padding_mask, return_intermediates)
+            ctx, cache = cached_context(self, x, cache, key_padding_mask, attn_mask, memory, memory_mask,
+                                        return_intermediates)
+            y = self.run(x, ctx)
+            cache = {**cache, "layers": ctx.written}
+            return (y, ctx.found, cache) if return_intermediates else (y, cache)
+        ctx = call_context(self, x, attn_mask, key_padding_mask, return_intermediates)
         if memory is not None:
-            memory = batched_memory(self.cfg, memory, x, unbatched)
-            masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
-                                        x.device, keys=memory.shape[1], causal=False)
-        y, extras, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path, memory=memory)
-        return _finish(y, unbatched, extras, return_intermediates)
+            ctx.memory = batched_memory(self.cfg, memory, x, unbatched)
+            ctx.masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
+                                            x.device, keys=ctx.memory.shape[1], causal=False)
+        y = self.run(x, ctx)
+        return _finish(y, unbatched, ctx.found, return_intermediates)
+
+    def run(self, x: Tensor, ctx: Context) -> Tensor:
+        """x (B, T, E) -> y (B, T, E): the block's sublayers in order, each through the
+        placement's residual; what they find and write in `ctx`."""
+        raise NotImplementedError
 
 
-def prepare_self_attention(module: _Configured, x: Tensor, attn_mask: Tensor | None,
-                            key_padding_mask: Tensor | None, return_intermediates: bool) -> tuple[str, dict]:
-    """The self-attention's path of an uncached call on x (B, T, E) (`attention_path`,
-    checked as in Flax) and its prepared masks {"self": Mask or None}."""
+def call_context(module: _Configured, x: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
+                 return_intermediates: bool) -> Context:
+    """The context of an uncached call on x (B, T, E): the self-attention's path
+    (`attention_path`, checked as in Flax) and its prepared mask."""
     cfg = module.cfg
     path = attention_path(cfg, need_weights=return_intermediates, explicit_mask=attn_mask is not None,
                           dropout_active=module.training and cfg.dropout > 0)
-    return path, {"self": build_mask(cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)}
-
-
-def _attention(attn: Attention, h: Tensor, *, prefix, mask, need_weights, cross, memory, cache, index, path, layer,
-               positions=None):
-    out, weights, logit_max, new_cache = attn(h, mask, need_weights, cross=cross, memory=memory, cache=cache,
-                                              index=index, path=path, layer=layer, positions=positions)
-    aux: dict[str, Any] = {f"{prefix}attention_weights": weights, f"{prefix}attention_logits_max": logit_max}
-    if cache is not None:
-        aux["cache"] = new_cache  # a cross-attention hands its memory's k/v back unchanged
-    return out, aux
+    return Context({"self": build_mask(cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)},
+                   path=path, weights=return_intermediates)
 
 
 class ResidualMHA(_Block):
@@ -248,6 +226,10 @@ class ResidualMHA(_Block):
         (B, H, T, T), "attention_logits_max": ()}."""
         return self._forward(x, attn_mask, key_padding_mask, return_intermediates)
 
+    def run(self, x: Tensor, ctx: Context) -> Tensor:
+        """The attention through the placement's residual."""
+        return self.residual(0, x, self.self_attention, ctx)
+
 
 class FeedForward(_Block):
     """post: Norm(x + Dropout(MLP(x)));  pre: x + Dropout(MLP(Norm(x)));  MLP dense
@@ -265,6 +247,10 @@ class FeedForward(_Block):
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, T, E) or (T, E) -> same shape."""
         return self._forward(x, None, None, False)
+
+    def run(self, x: Tensor, ctx: Context) -> Tensor:
+        """The MLP through the placement's residual."""
+        return self.residual(0, x, self.mlp, ctx)
 
 
 class TransformerBlock(_Block):
@@ -297,6 +283,15 @@ class TransformerBlock(_Block):
         (B, H, T, T), "attention_logits_max": ()}. cache (from `init_cache`): src is the next
         chunk (B, T, E); returns (y, cache)."""
         return self._forward(src, src_mask, src_key_padding_mask, return_intermediates, cache=cache)
+
+    def run(self, x: Tensor, ctx: Context) -> Tensor:
+        """Self-attention, then the MLP, each through the placement's residual; under a
+        parallel residual both on the same x."""
+        if self.cfg.parallel_residual != "none":
+            return self.parallel(x, (self.self_attention, self.mlp), ctx)
+        x = self.residual(0, x, self.self_attention, ctx)
+        x = self.residual(1, x, self.mlp, ctx)
+        return x
 
 
 class DecoderBlock(_Block):
@@ -341,3 +336,11 @@ class DecoderBlock(_Block):
             raise ValueError("DecoderBlock needs a memory (B, S, d_model), or a cache made with one")
         return self._forward(tgt, tgt_mask, tgt_key_padding_mask, return_intermediates, memory=memory,
                              memory_mask=memory_mask, memory_key_padding_mask=memory_key_padding_mask, cache=cache)
+
+    def run(self, x: Tensor, ctx: Context) -> Tensor:
+        """Self-attention, then cross-attention to the memory, then the MLP, each through the
+        placement's residual."""
+        x = self.residual(0, x, self.self_attention, ctx)
+        x = self.residual(1, x, self.cross_attention, ctx)
+        x = self.residual(2, x, self.mlp, ctx)
+        return x

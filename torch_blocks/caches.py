@@ -1,5 +1,5 @@
 """Caches for incremental decoding, shared by the torch blocks and stacks: a new cache
-(`new_cache`) and a cached call over the next chunk (`cached_call`). Twins of
+(`new_cache`) and the context of a cached call over the next chunk (`cached_context`). Twins of
 `flax_blocks.caches` (an overflow always raises here, eagerly)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from flax_blocks.core.config import check_cached_call, check_new_cache, overflow_message
+from flax_blocks.core.context import Context
 
 from .attention import Mask, cache_mask
 from .layers import as_batched
@@ -54,10 +55,11 @@ def checked_positions(positions: Tensor | None, shape: tuple[int, ...]) -> Tenso
     return positions
 
 
-def cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates,
-                 positions=None):
-    """`module` (a block or a stack) over x (B, T, E), the chunk after the cache's positions ->
-    (y, cache) or with return_intermediates (y, intermediates, cache)."""
+def cached_context(module, x, cache, key_padding_mask, attn_mask, memory, memory_mask, return_intermediates,
+                   positions=None) -> tuple[Context, Cache]:
+    """The context of a cached call of `module` (a block or a stack) over x (B, T, E), the chunk
+    after the cache's positions, and the cache after it but for its "layers" (which the
+    call writes: the context's `written`, or the stack's)."""
     b, t, length = check_cached_call(module.cfg, type(module).__name__, cache, tuple(x.shape),
                                      masks=attn_mask is not None or memory_mask is not None,
                                      memory=memory is not None)
@@ -77,15 +79,13 @@ def cached_call(module, x, cache, key_padding_mask, attn_mask, memory, memory_ma
     masks = {"self": cache_mask(index, t, shown)}
     if positions is None and "position" in cache:  # per-row positions: given, or each row's next ones
         positions = cache["position"][:, None] + torch.arange(t, device=x.device)
-    if positions is not None:
-        masks["positions"] = positions
     if "memory_valid" in cache:
         mv = cache["memory_valid"][:, None, None, :].expand(b, 1, t, -1)
         rows = mv.any(dim=-1, keepdim=True)
         masks["cross"] = Mask(~mv & rows, rows)
-    y, extras, layers = module.run_prepared(x, masks, need_weights=return_intermediates, cache=cache["layers"],
-                                            index=index)
-    new = {**cache, "index": index + t, "valid": valid, "layers": layers}
+    ctx = Context(masks, path=None, index=index, positions=positions, weights=return_intermediates,
+                  cache=cache["layers"])
+    new = {**cache, "index": index + t, "valid": valid}
     if "position" in cache:
         new["position"] = positions[:, -1] + 1
-    return (y, extras, new) if return_intermediates else (y, new)
+    return ctx, new

@@ -14,11 +14,12 @@ from torch import Tensor, nn
 
 from flax_blocks.core import declarations
 from flax_blocks.core.config import FINAL_NORM_BY_DEFAULT, BlockConfig, check_remat
+from flax_blocks.core.context import Context
 from flax_blocks.core.declarations import FINAL_NORM
 
 from .attention import build_mask
-from .blocks import DecoderBlock, TransformerBlock, _Block, prepare_self_attention
-from .caches import Cache, cached_call, checked_positions, new_cache
+from .blocks import DecoderBlock, TransformerBlock, _Block, call_context
+from .caches import Cache, cached_context, checked_positions, new_cache
 from .layers import Norm, as_batched, batched_memory
 
 
@@ -59,28 +60,31 @@ class _Stack(nn.Module):
         """Every layer's block cache."""
         return {"layers": [layer._block_cache(batch, length, dtype, device, memory) for layer in self._blocks()]}
 
-    def run_prepared(self, x, masks, *, need_weights=False, path=None, memory=None, cache=None, index=0):
-        """The layers over x (B, T, E) with prepared masks (as `_Block.run_prepared`), then the
-        final norm -> (y, stacked intermediates, cache)."""
+    def run_layers(self, x: Tensor, ctx: Context):
+        """The layers over x (B, T, E), each with its own context (`Context.at`: its index and
+        cache), then the final norm -> (y, stacked intermediates, caches)."""
         per_layer: list[dict[str, Tensor]] = []
         caches = []
-        recompute = self.remat is not None and cache is None and torch.is_grad_enabled()
+        recompute = self.remat is not None and ctx.cache is None and torch.is_grad_enabled()
         for i, layer in enumerate(self._blocks()):
+            layer_ctx = ctx.at(i + 1, None if ctx.cache is None else ctx.cache["layers"][i])
             if recompute:
-                x, extras, c = torch.utils.checkpoint.checkpoint(
-                    layer.run_prepared, x, masks, need_weights=need_weights, path=path, memory=memory, layer=i + 1,
-                    use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(layer.run, x, layer_ctx, use_reentrant=False)
             else:
-                x, extras, c = layer.run_prepared(x, masks, need_weights=need_weights, path=path, memory=memory,
-                                                  index=index, cache=None if cache is None else cache["layers"][i],
-                                                  layer=i + 1)
-            caches.append(c)
-            if need_weights:
-                per_layer.append({"residual": x, **extras})
+                x = layer.run(x, layer_ctx)
+            caches.append(layer_ctx.written)
+            if ctx.weights:
+                per_layer.append({"residual": x, **layer_ctx.found})
         if self.final_norm is not None:
             x = self.final_norm(x)
-        stacked = {k: torch.stack([d[k] for d in per_layer]) for k in per_layer[0]} if need_weights else {}
-        return x, stacked, ({"layers": caches} if cache is not None else None)
+        stacked = {k: torch.stack([d[k] for d in per_layer]) for k in per_layer[0]} if ctx.weights else {}
+        return x, stacked, ({"layers": caches} if ctx.cache is not None else None)
+
+    def _cached(self, x: Tensor, ctx: Context, cache: Cache, return_intermediates: bool):
+        """A cached call's (y, cache) or (y, intermediates, cache), the layers' caches written."""
+        y, stacked, layers = self.run_layers(x, ctx)
+        cache = {**cache, "layers": layers}
+        return (y, stacked, cache) if return_intermediates else (y, cache)
 
     def _finish_stack(self, y, stacked, unbatched, return_intermediates):
         if not return_intermediates:
@@ -111,12 +115,12 @@ class Encoder(_Stack):
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return cached_call(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates,
-                                positions=positions)
-        path, masks = prepare_self_attention(self, x, mask, src_key_padding_mask, return_intermediates)
-        if positions is not None:
-            masks["positions"] = positions
-        y, stacked, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path)
+            ctx, cache = cached_context(self, x, cache, src_key_padding_mask, mask, None, None, return_intermediates,
+                                        positions)
+            return self._cached(x, ctx, cache, return_intermediates)
+        ctx = call_context(self, x, mask, src_key_padding_mask, return_intermediates)
+        ctx.positions = positions
+        y, stacked, _ = self.run_layers(x, ctx)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
 
@@ -140,15 +144,16 @@ class Decoder(_Stack):
         if cache is not None:
             if unbatched:
                 raise ValueError("a cached call takes batched input (batch, chunk, d_model)")
-            return cached_call(self, x, cache, tgt_key_padding_mask, tgt_mask, memory, memory_mask,
-                                return_intermediates)
+            ctx, cache = cached_context(self, x, cache, tgt_key_padding_mask, tgt_mask, memory, memory_mask,
+                                        return_intermediates)
+            return self._cached(x, ctx, cache, return_intermediates)
         if memory is None:
             raise ValueError("Decoder needs a memory (B, S, d_model), or a cache made with one")
-        memory = batched_memory(self.cfg, memory, x, unbatched)
-        path, masks = prepare_self_attention(self, x, tgt_mask, tgt_key_padding_mask, return_intermediates)
-        masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
-                                    x.device, keys=memory.shape[1], causal=False)
-        y, stacked, _ = self.run_prepared(x, masks, need_weights=return_intermediates, path=path, memory=memory)
+        ctx = call_context(self, x, tgt_mask, tgt_key_padding_mask, return_intermediates)
+        ctx.memory = batched_memory(self.cfg, memory, x, unbatched)
+        ctx.masks["cross"] = build_mask(self.cfg, x.shape[0], x.shape[1], memory_mask, memory_key_padding_mask,
+                                        x.device, keys=ctx.memory.shape[1], causal=False)
+        y, stacked, _ = self.run_layers(x, ctx)
         return self._finish_stack(y, stacked, unbatched, return_intermediates)
 
 

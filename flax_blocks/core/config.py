@@ -477,15 +477,6 @@ class BlockConfig:
 # ----------------------------------------------------------------------------------
 
 
-def residual_add(cfg: BlockConfig, x: Any, h: Any) -> Any:
-    """The residual's add, shared by both twins' `_Block.residual`: x + h, with DeepNorm's
-    alpha on the skip (alpha * x + h); residual="none" drops the skip (h alone)."""
-    if cfg.residual != "add":
-        return h
-    alpha = cfg.residual_alpha
-    return (x * alpha if alpha != 1.0 else x) + h
-
-
 def check_parallel(cfg: BlockConfig, kind: str, sublayers: tuple) -> None:
     """Raise unless a parallel residual has what it needs: a block of one attention and one
     MLP sublayer (TransformerBlock; an Encoder's layers), as GPT-NeoX's and StableLM's layers."""
@@ -503,12 +494,12 @@ def is_local(cfg: BlockConfig, layer: Any) -> Any:
     return True if n is None else layer % n != 0
 
 
-def layer_scale(layer: Any, like: Any) -> Any:
-    """LayerNorm Scaling's factor 1 / sqrt(layer) in the dtype of `like` (a Python int: a
-    Python float; a JAX or torch integer: an array of like's dtype)."""
+def layer_scale(layer: Any, dtype: Any) -> Any:
+    """LayerNorm Scaling's factor 1 / sqrt(layer) in `dtype` (a Python int: a Python float; a
+    JAX or torch integer: an array of that dtype)."""
     if isinstance(layer, int):
         return layer ** -0.5
-    return (layer.astype(like.dtype) if hasattr(layer, "astype") else layer.to(like.dtype)) ** -0.5
+    return (layer.astype(dtype) if hasattr(layer, "astype") else layer.to(dtype)) ** -0.5
 
 
 def check_attention_call(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool, dropout_active: bool) -> None:
