@@ -107,7 +107,7 @@ class Outside:
     embed_norm: str | None = None  # the module name of a norm on the embeddings
     head: str | None = "lm_head."  # the LM head's module, beside the base model; None: no causal LM
     ignore: tuple[str, ...] = ()  # buffers and parts that are not computed (BERT's pooler)
-    position_offset: str = "none"  # "opt": position p reads row p + 2 of a table of max + 2 rows;
+    position_offset: str = "none"  # "two": position p reads row p + 2 of a table of max + 2 rows;
     # "pad": RoBERTa's padding_idx + 1, the table's rows counting the offset (max_position_embeddings)
     default_positions: str = "arange"  # LMConfig.default_positions: HF's positions without position_ids
     embed_scale: bool = False  # token embeddings times sqrt(hidden_size) (Gemma, Gemma 2, Gemma 3)

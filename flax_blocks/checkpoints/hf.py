@@ -122,8 +122,8 @@ def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dic
 
 def _language_model(config: dict[str, Any], sd: dict[str, Any], origin: dict[str, Any]
                     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """A multimodal model whose language model is a supported family (Gemma 3 from 4B up:
-    model_type "gemma3"): its text config (the file's dtype carried over) and its language
+    """A multimodal model whose language model is a registered family (`LANGUAGE_MODELS`; Gemma 3
+    from 4B up): its text config (the file's dtype carried over) and its language
     model's weights named as the family's causal LM; the rest (vision tower, projector) is
     left unread and noted in the load report. Other configs pass through."""
     entry = LANGUAGE_MODELS.get(config.get("model_type"))  # type: ignore[arg-type]

@@ -67,7 +67,7 @@ def _positions(out: Outside, c: Read) -> tuple[int | None, int]:
     if not out.positions:
         return None, 0
     rows = int(c[out.max_positions[0]])
-    if out.position_offset == "opt":  # OPTLearnedPositionalEmbedding: max_position_embeddings + 2 rows
+    if out.position_offset == "two":  # OPTLearnedPositionalEmbedding: max_position_embeddings + 2 rows
         return rows, 2
     if out.position_offset == "pad":  # RoBERTa: positions from padding_idx + 1 within max_position_embeddings rows
         offset = int(c["pad_token_id"]) + 1
@@ -274,7 +274,7 @@ def _family_of(model, dialect: str, family: str | None = None) -> tuple[str, Out
                         f"{float(model.cfg.d_model) ** 0.5}")
     if lm.final_logit_softcap is not None and out.final_logit_softcap is None:
         problems.append(f"final_logit_softcap={lm.final_logit_softcap}: {family} has no final logit soft-cap")
-    want = {"none": (0, "arange"), "opt": (2, "mask")}.get(out.position_offset)
+    want = {"none": (0, "arange"), "two": (2, "mask")}.get(out.position_offset)
     if want is not None and (lm.position_offset, lm.default_positions) != want:
         problems.append(f"position_offset={lm.position_offset}, default_positions={lm.default_positions!r}: {family} "
                         f"has {want}")

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..core.config import DTYPES, dtype_name
 from . import dialects
-from .family import FAMILIES
+from .family import FAMILIES, LANGUAGE_MODELS
 from .hf_config import WEIGHT_FILES, read_config, read_folder
 from .io import ConversionError
 
@@ -107,8 +107,8 @@ def _config(model: Any, family: str | None) -> dict[str, Any]:
     report = getattr(model, "load_report", None)
     if family is None and isinstance(report, LoadReport):
         config = dict(report.config)
-        if config.get("model_type") == "gemma3" and "text_config" in config:
-            config = dict(config["text_config"])  # the language model of a multimodal folder
+        if config.get("model_type") in LANGUAGE_MODELS:  # the language model of a multimodal folder
+            config = dict(config[LANGUAGE_MODELS[config["model_type"]][0]])
         model_type = str(config.get("model_type"))
     elif family is not None:
         from .hf_writers import config_for

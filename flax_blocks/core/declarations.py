@@ -144,7 +144,7 @@ def xavier_normal(fan_in: int, fan_out: int, gain: float = 1.0) -> Spec:
 ZERO: Spec = ("const", 0.0)
 ONE: Spec = ("const", 1.0)
 
-# Linear roles: which weights DeepNorm scales by beta (v, out and the MLP; not q and k).
+# An MLP projection's role: its logical sharding axes and named dims (up and gate: E -> F; down: F -> E).
 LinearRole = Literal["up", "gate", "down"]
 _LINEAR_AXES = {"up": ("embed", "mlp"), "gate": ("embed", "mlp"), "down": ("mlp", "embed")}
 _LINEAR_DIMS = {"up": ("d_ff", "d_model"), "gate": ("d_ff", "d_model"), "down": ("d_model", "d_ff")}

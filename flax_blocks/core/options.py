@@ -158,6 +158,117 @@ def values(name: str) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
+# What each field computes, beyond its one line: conventions, references, what it needs.
+DETAILS = """\
+- `d_model`, `num_heads`, `d_ff`: widths; each head's width is head_dim, or d_model // num_heads
+  (`head_width`, the width every part of the blocks uses).
+- `dropout`: rate used after each sublayer, after the FFN activation and on the attention weights (as in
+  torch's TransformerEncoderLayer).
+- `activation`: "relu", "gelu" (exact, erf), "gelu_tanh" (tanh approximation) or "silu".
+- `layer_norm_eps`: epsilon of every norm, LayerNorm or RMSNorm, on both sides (torch's 1e-5; neither flax's
+  1e-6 nor torch RMSNorm's machine epsilon).
+- `bias`: biases in the linear maps and the LayerNorms.
+- `norm`: where the norms sit around each sublayer F: "post" Norm(x + F(x)), "pre" x + F(Norm(x)), "peri" x +
+  Norm_out(F(Norm_in(x))) (Peri-LN / sandwich norm), "out" x + Norm(F(x)): a norm on the sublayer's output and
+  none on its input (OLMo 2, HF Olmo2's post_attention / post_feedforward_layernorm; the Swin V2
+  "res-post-norm"; Peri-LN's output norm alone), or "none" (no norm, as ReZero).
+- `norm_type`: "layernorm" (mean and variance, weight and bias), "rmsnorm" (x / sqrt(mean(x^2) + eps) *
+  weight, no bias) or "dyt", Dynamic Tanh (Zhu, Chen, He, LeCun, Liu 2025, "Transformers without
+  Normalization"): weight * tanh(alpha * x) + bias, no statistics, alpha a learned scalar per norm
+  (initialised to dyt_alpha_init), weight ones, bias zeros (with `bias`, as LayerNorm's). It replaces every
+  norm of the blocks and the stacks' final norm; layer_norm_eps is unused. QK-norm has no DyT form here (which
+  normalisation it would keep is ambiguous): dyt with qk_norm=True is refused.
+- `norm_weight_offset`: every norm multiplies by (norm_weight_offset + w) where it would by w, and w starts at
+  1 - norm_weight_offset (so a fresh norm still scales by 1). Gemma's RMSNorm (Gemma 1/2/3, HF GemmaRMSNorm)
+  is 1.0: x.float() normalised, times (1 + w.float()), then cast to the input dtype; the parameters hold w
+  (zeros at init), as Gemma's checkpoints do, so conversions stay bit-exact. It holds for every norm of a
+  block and a stack: QK-norm and the final norm included. 0.0 (default): times w.
+- `dyt_alpha_init`: DyT's initial alpha, the paper's default 0.5 (it tunes alpha0 only for LLMs, smaller for
+  wider models).
+- `layernorm_scaling`: LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large Language Models"): in
+  layer l of a stack (counted from 1) each pre-norm's output is multiplied by 1 / sqrt(l), so deep layers'
+  sublayers stay off the identity. No parameter; needs norm="pre" (the paper's placement). A block called
+  alone is layer 1 (scale 1); the stacks pass each layer its index.
+- `mlp`: "dense" W2 act(W1 x), or gated "swiglu" / "geglu": W2 (act(Wg x) * W1 x), with activation "silu"
+  (swiglu) or "gelu" / "gelu_tanh" (geglu).
+- `num_kv_heads`: key/value heads for grouped-query attention (None: num_heads; 1: multi-query); query head h
+  uses key/value head h // (num_heads // num_kv_heads).
+- `head_dim`: each attention head's width, given explicitly (Qwen3, Gemma: HF's `head_dim`): q, k and v
+  project d_model to num_heads * head_dim (k and v: num_kv_heads * head_dim), the output projection maps
+  num_heads * head_dim back to d_model; d_model need not be divisible by num_heads then. None: d_model //
+  num_heads.
+- `qk_norm`: a norm of norm_type on q and k (before rotary), with its own learned weight.
+- `qk_norm_over`: what QK-norm normalises: "head", each head of q and k over head_dim (Qwen3, Gemma 3, HF's
+  q_norm / k_norm of width head_dim), or "projection", the whole q projection over num_heads * head_dim and k
+  over num_kv_heads * head_dim, before the split into heads (OLMo 2: weights of those widths).
+- `rope_theta`: None (no positions) or the base of rotary position embeddings, applied to q and k in the
+  rotate-half convention of HF LLaMA / GPT-NeoX.
+- `partial_rotary_factor`: the fraction of each head's dims that rotary rotates (GPT-NeoX `rotary_pct`,
+  StableLM / Phi `partial_rotary_factor`): rotary_dim = int(head_width * factor) first dims of every q and k
+  head rotate in the rotate-half convention within them (dims i and i + rotary_dim/2, angle pos *
+  theta^(-2i/rotary_dim)), the rest pass unchanged (HF GPT-NeoX's apply_rotary_pos_emb); an odd rotary_dim
+  rotates rotary_dim + 1 dims at the same frequencies, as HF does. 1.0: every dim (LLaMA).
+- `rope_scaling`: None (plain rotary), or a scaled rotary as transformers computes it: a
+  `flax_blocks.core.rope.RopeScaling` (or its HF dict, e.g. {"rope_type": "llama3", "factor": 8.0,
+  "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}): linear, dynamic
+  (NTK), yarn, longrope or llama3, with yarn's and longrope's scale of cos and sin. With rope_local_theta set,
+  the local layers take plain rotary at rope_local_theta (Gemma 3's sliding layers).
+- `attn_logit_softcapping`: None, or c: every attention logit s (already scaled) becomes c * tanh(s / c)
+  before the mask is applied and before the softmax (Gemma 2 `attn_logit_softcapping`, c = 50; HF Gemma2's
+  eager attention). Every attention path computes it but "fused" (jax.nn.dot_product_attention and SDPA have
+  no soft-cap): that choice is refused, and "auto" never takes it (torch serves it with the explicit softmax).
+- `query_pre_attn_scalar`: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim) (Gemma 2 / 3
+  `query_pre_attn_scalar`).
+- `sliding_window`: None, or W: in a local layer, query i sees key j iff i - W < j <= i (causal only; HF's
+  sliding_window_overlay `kv_idx > q_idx - sliding_window` over the causal mask: Mistral, Qwen2, Starcoder2,
+  Gemma 2 / 3), cached decoding included.
+- `sliding_window_pattern`: which layers are local: None, every layer (Mistral, Qwen2, Starcoder2); n, layer l
+  (counted from 1) is global iff l % n == 0, the others local (HF `layer_types`: layer i from 0
+  "sliding_attention" iff (i + 1) % n; Gemma 2: 2, layers 1, 3, ... local; Gemma 3: 6, five local then one
+  global). A block called alone is layer 1. The stacks compute each layer's kind from its scanned index (one
+  compiled layer for both kinds).
+- `rope_local_theta`: the rotary base of local layers (Gemma 3 `rope_local_base_freq`, 10000 beside a global
+  1e6); None: rope_theta in every layer.
+- `qkv_bias`: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True with bias=False).
+- `mlp_bias`: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's `mlp_bias` beside
+  `attention_bias`).
+- `norm_bias`: biases of the LayerNorms (and DyT) alone (None: follow `bias`; StableLM: LayerNorms with
+  biases, linear maps without). QK-norm never has one.
+- (A key projection without a bias, Whisper's k_proj, needs no option: a key bias adds
+- q . b_k to every logit of a row, which softmax ignores, so the function is the same with
+- any key bias and a checkpoint without one reads as zeros.)
+- `parallel_residual`: "none" (each sublayer reads the previous one's output), or the parallel form y = x +
+  Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-J, GPT-NeoX `use_parallel_residual`, PaLM): "two_norms" with a norm per
+  branch (GPT-NeoX) or "shared_norm" with one norm for both, y = x + Attn(Norm1(x)) + MLP(Norm1(x)) (StableLM
+  `use_parallel_residual`, GPT-J, Phi-2; no norm2). Needs norm="pre" and residual="add"; a TransformerBlock's
+  (and an Encoder's) two sublayers only (`check_parallel`); ReZero / LayerScale gates and LayerNorm Scaling
+  apply per branch.
+- `residual`: "add" keeps the identity path; "none" is the skip ablation y = F(.).
+- `scaling`: residual scaling scheme: "none"; "deepnorm" (Wang et al. 2022): x <- LN(alpha * x + F(x)), with
+  F's v/out/FFN weights drawn xavier-normal with gain beta; needs norm="post"; "rezero" (Bachlechner et al.
+  2020): x <- x + a * F(x), scalar a = 0 at init; "layerscale" (Touvron et al. 2021, CaiT): x <- x + diag(g)
+  F(x), g = eps at init.
+- `deepnorm_alpha`, `deepnorm_beta`, `layerscale_init`: None means "from the depth", filled in by
+  `resolve(num_layers)` with the published formulas.
+- `causal`: every query attends only to keys at or before its position.
+- `init`: "torch" (the distributions of torch's own layer) or "xavier" (xavier-uniform matrices, zero biases).
+- `dtype`: computation dtype (None: promote inputs and parameters, the flax rule).
+- `param_dtype`: parameter dtype on both sides.
+- dtype and param_dtype take a name or a numpy / JAX / torch dtype object.
+- `attention`: the self-attention's implementation, a static choice (it changes the compiled program; nothing
+  read from global state): "auto" (default): Flax takes "fused" on a GPU and "blocked" from 1024 keys on where
+  the call allows it, else "dense" (`flax_blocks.attention.attention_path`); torch takes SDPA unless attention
+  weights are asked for; "dense": the explicit softmax (float64 exact; returns the attention weights);
+  "blocked": Flax: queries and keys in blocks of `attention_block`, online softmax with a FlashAttention-2
+  backward (custom VJP; causal skips the blocks above the diagonal), O(T * hd + block^2) memory; torch: SDPA;
+  "fused": Flax: jax.nn.dot_product_attention (cuDNN on a GPU; its softmax is float32); torch: SDPA. "blocked"
+  and "fused" return no attention weights, take no attention_mask (key masks are fine) and apply no dropout to
+  the weights: a call that needs one of those raises (`check_attention_call`). Cached decoding and
+  cross-attention stay dense (torch: SDPA unless "dense" or weights are asked for).
+- `attention_block`: query and key block size of the "blocked" path (Flax only).
+"""
+
+
 def table() -> str:
     """docs/options.md: one row per option, from OPTIONS and BlockConfig's defaults."""
     defaults = {f.name: f.default for f in dataclasses.fields(BlockConfig)}
@@ -176,7 +287,8 @@ def table() -> str:
         default = "required" if default is dataclasses.MISSING else f"`{default!r}`"
         adds = f"with `{o.adds!r}`" if o.adds is not None else ""
         lines.append(f"| `{o.name}` | {values(o.name)} | {default} | {o.help} | {adds} |")
-    return "\n".join(lines) + "\n"
+    lines += ["", "## What each option computes", "", DETAILS]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
