@@ -28,7 +28,7 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# make test-gpu   the accelerator parity (parity_tests/test_accelerator.py) on a machine with
+# make test-gpu   the accelerator parity (parity_tests/twins/test_accelerator.py) on a machine with
 #   an NVIDIA GPU: CUDA builds of torch and JAX in their own venv, .venv-gpu, so the CPU venv
 #   above stays as it is. PyPI's Linux wheel of torch 2.14.1 is a CUDA 13 build (2.13.0 here
 #   is a CPU file on this disk), and jax[cuda13] at the pinned jaxlib takes the same CUDA 13
@@ -54,4 +54,4 @@ $(GPU_STAMP): pyproject.toml
 
 test-gpu: $(GPU_STAMP)
 	$(GPU_PY) -c "import jax, torch; print('JAX devices:', jax.devices(), '| torch CUDA', torch.version.cuda, 'available:', torch.cuda.is_available())"
-	$(GPU_PY) -m pytest -q -rs -p no:cacheprovider parity_tests/test_accelerator.py
+	$(GPU_PY) -m pytest -q -rs -p no:cacheprovider parity_tests/twins/test_accelerator.py

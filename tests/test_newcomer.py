@@ -1,5 +1,5 @@
-"""Issue 13: what a new user tries first does what they expect (a working result, or one
-clear error naming the fix). One test per row of the issue's table, plus --help everywhere.
+"""What a new user tries first does what they expect (a working result, or one clear error
+naming the fix). One test per thing a newcomer tries, plus --help everywhere.
 
 Tests marked xfail(strict=True, reason=LEAD) assert library behaviour that is not built
 yet; strict, so each one flags (XPASS fails) the moment it works and its mark must go.
@@ -21,10 +21,10 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-LEAD = "lead: issue 13 library row"
+LEAD = "lead: a library row of what newcomers try"
 # bench first: it sets XLA_FLAGS, which must happen before any JAX backend exists
-CLI_MODULES = ["experiments.bench", "flax_blocks.checkpoints.convert", "parity_tests.check", "parity_tests.report",
-               "experiments.stability", "experiments.report"]
+CLI_MODULES = ["experiments.bench", "flax_blocks.checkpoints.convert", "parity_tests.check",
+               "parity_tests.twins.report", "experiments.stability", "experiments.report"]
 
 
 def stock_encoder(d=16, heads=4, ff=32, layers=2, norm_first=True, final_norm=False, seed=0):

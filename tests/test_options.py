@@ -27,10 +27,10 @@ def test_every_field_is_declared_once():
 
 
 def test_the_reference_knows_every_option():
-    from parity_tests import reference as ref
+    from parity_tests.twins import reference as ref
 
     missing = set(FIELDS) - ref.HANDLED - set(ref.NOT_FORWARD)
-    assert not missing, f"options parity_tests/reference.py neither computes nor excuses: {sorted(missing)}"
+    assert not missing, f"options parity_tests/twins/reference.py neither computes nor excuses: {sorted(missing)}"
 
 
 def _reached(name: str, hint, seen: list) -> list[str]:
@@ -48,12 +48,12 @@ def _reached(name: str, hint, seen: list) -> list[str]:
 
 
 def test_the_parity_matrix_reaches_every_value():
-    from parity_tests.cases import CASES, FLOAT32_CASES
+    from parity_tests.twins.cases import CASES, FLOAT32_CASES
 
     hints = typing.get_type_hints(BlockConfig)
     missing = [f"{o.name}={v}" for o in OPTIONS if not o.not_in_matrix
                for v in _reached(o.name, hints[o.name], [getattr(c.cfg, o.name) for c in CASES + FLOAT32_CASES])]
-    assert not missing, f"option values no case of parity_tests/cases.py runs: {missing}"
+    assert not missing, f"option values no case of parity_tests/twins/cases.py runs: {missing}"
 
 
 @pytest.mark.parametrize("name", [n for n, d in DIALECTS.items() if d.rules is not None])

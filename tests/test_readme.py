@@ -382,8 +382,8 @@ def test_speed_table_is_what_the_bench_writes(tmp_path):
 
 
 def test_parity_table_lives_between_the_report_markers():
-    """`python -m parity_tests.report --doc docs/parity.md` finds its markers there (and only there)."""
-    from parity_tests.report import DOC, END, START, splice
+    """`python -m parity_tests.twins.report --doc docs/parity.md` finds its markers there (and only there)."""
+    from parity_tests.twins.report import DOC, END, START, splice
 
     assert ROOT / DOC == DOCS / "parity.md"
     text = (ROOT / DOC).read_text()

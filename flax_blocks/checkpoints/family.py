@@ -22,7 +22,7 @@ it is ignored here too, and listed (one warning and the model's load report,
 `fb.load_report(model)`). The risk of a silent wrong load lives in the keys a family DOES read,
 each read as transformers reads it, and in weights that betray another family (refused by
 name in `flax_blocks.checkpoints.dialects`). Checked against transformers 5.24's source;
-tests/test_hf_keys.py walks every config class and fails on a key no table classifies.
+parity_tests/hf/test_config_keys.py walks every config class and fails on a key no table classifies.
 Framework-free.
 """
 
@@ -175,7 +175,7 @@ class Family:
       the reason `stack_only` gives.
     reference: transformers' implementation as the parity tests need it.
     draws: values people set for its keys, which the differential fuzzer draws
-      (parity_tests/fuzz_hf.py); "pattern" for layer_types draws a layout of local and
+      (parity_tests/hf/fuzz.py); "pattern" for layer_types draws a layout of local and
       global layers."""
 
     model_type: str

@@ -29,7 +29,7 @@ resets it; here each call computes from its own length, which is what a fresh HF
 
 Framework-free: the twins compute the plain frequencies in their own arrays and scale them with
 `multipliers` (static, float64), `dynamic_theta` (traced length) and `attention_factor`; the
-numpy reference (parity_tests/reference.py) writes HF's formulas out on its own.
+numpy reference (parity_tests/twins/reference.py) writes HF's formulas out on its own.
 """
 
 from __future__ import annotations

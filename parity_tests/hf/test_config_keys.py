@@ -108,7 +108,7 @@ def test_a_reader_reads_only_the_keys_its_table_declares():
 
 
 def test_the_family_keys_page_is_what_the_writer_writes():
-    from parity_tests import family_keys
+    from parity_tests.hf import family_keys
 
     with open(family_keys.DOC) as f:
         doc = f.read()
@@ -133,7 +133,7 @@ def test_every_read_key_left_out_reads_as_transformers_default(family):
     """For each key a family reads, a config without it is read as the one transformers' config
     class writes out with its default made explicit: a default of our readers that is not
     transformers' (StableLM's partial rotary 0.25, say) shows here."""
-    from parity_tests.family_keys import base, part
+    from parity_tests.hf.family_keys import base, part
 
     full = base(family)
     cases = {key: {k: v for k, v in full.items() if k != key} for key in family.reads}

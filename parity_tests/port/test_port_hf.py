@@ -1,5 +1,5 @@
 """The port checker on real transformers models ported by hand as porters write them
-(parity_tests/port_hf_zoo.py): each correct port passes in float64 with no rules and no
+(parity_tests/port/hf_zoo.py): each correct port passes in float64 with no rules and no
 adapters, torch's float32 islands named; each planted mistake is located at its module and
 named; what a new user tripped on (Conv1D, no weights copied, a renamed port, `match` on
 dropout, cut paths) is said plainly; nothing is left behind."""
@@ -17,8 +17,8 @@ import torch.nn as tnn
 import torch.nn.functional as F
 from flax import nnx
 
-from parity_tests import port_hf_zoo as Z
 from parity_tests.port import PortError, compare, copy_weights
+from parity_tests.port import hf_zoo as Z
 from parity_tests.port.gradients import FLOOR32
 
 pytest.importorskip("transformers")

@@ -1,6 +1,6 @@
 """A zoo of ports made of no block of this project: six torch models and their hand-written
 Flax NNX ports, each port with switches that plant a known porting mistake. The port
-checker's tests (parity_tests/test_port.py) and docs/porting.md use them.
+checker's tests (parity_tests/port/test_port.py) and docs/porting.md use them.
 
     torch model                      flax port                      mistakes it can plant
     GPT (fused qkv, manual softmax)  GPT                            tanh GELU in one layer, head split, 1/d scale,

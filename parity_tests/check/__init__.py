@@ -29,8 +29,8 @@ import numpy as np
 from flax_blocks.checkpoints.convert import ConversionError, infer_config, read_state_dict
 from flax_blocks.core.config import BlockConfig
 
-from .check_report import CheckReport
-from .harness import TOL, Case, Inputs, flax_twin, precision, rel_err, run_flax, run_torch
+from ..twins.harness import TOL, Case, Inputs, flax_twin, precision, rel_err, run_flax, run_torch
+from .report import CheckReport
 
 
 def _layer_of(name: str) -> str:
@@ -47,14 +47,14 @@ def check(checkpoint, *, num_heads: int | None = None, norm: str = "post", activ
     pad_keys: padded keys at the end of the last batch element (None: seq // 2).
     mask_check: print a warning when a batch element's every query row is fully masked.
     A Hugging Face folder (config.json + weights) is checked against the HF model rebuilt
-    from it (`parity_tests.hf_reference.check_hf`); its settings come from its config, and
+    from it (`parity_tests.check.hf.check_hf`); its settings come from its config, and
     num_heads, when given, overrides the config's."""
     import os
 
     if pad_keys is not None and not 0 <= pad_keys <= seq:  # before either reference uses it
         raise ValueError(f"pad_keys must be in [0, {seq}], got {pad_keys}")
     if isinstance(checkpoint, (str, os.PathLike)) and os.path.isdir(checkpoint):
-        from .hf_reference import check_hf
+        from .hf import check_hf
 
         return check_hf(os.fspath(checkpoint), num_heads=num_heads, dtype=dtype, batch=batch, seq=seq, seed=seed,
                         pad_keys=pad_keys)
@@ -274,6 +274,3 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table())
     return 0 if report.ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,14 +22,14 @@ import torch_blocks as tb
 from flax_blocks.checkpoints.convert import from_torch, torch_state_dict
 from flax_blocks.core.config import invert_mask
 
-from .port.errors import rel_err  # one definition: the port checker and the twins measure alike
+from ..port.errors import rel_err  # one definition: the port checker and the twins measure alike
 
 KINDS = ("ResidualMHA", "FeedForward", "TransformerBlock", "Encoder")
 DECODERS = ("DecoderBlock", "Decoder")  # take a memory (B, S, E) besides x
 STACKS = ("Encoder", "Decoder")
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
-# The tolerances of the issue; each has a negative test (a wrong twin must exceed it).
+# The tolerances; each has a negative test (a wrong twin must exceed it).
 TOL = {
     ("forward", "float32"): 2e-6,
     ("forward", "float64"): 1e-12,

@@ -1,11 +1,11 @@
 """Every scaled rotary transformers ships, against transformers, where it acts.
 
-float32, through `fb.from_hf` of a saved folder (parity_tests.fuzz_hf.run_case): logits on a
+float32, through `fb.from_hf` of a saved folder (parity_tests.hf.fuzz.run_case): logits on a
 left-padded batch and HF's greedy tokens, with original lengths short enough that the prompt
 already passes them (dynamic's larger base, longrope's long factors), and long enough that
 only the generated tokens do (the switch during HF's generate, whose cached keys keep their
 rotation). float64: the Flax model, its torch twin and HF (its rope functions recompiled in
-float64: `parity_tests.hf_reference.rope_functions64`) at positions past the original length.
+float64: `parity_tests.hf.reference.rope_functions64`) at positions past the original length.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ transformers = pytest.importorskip("transformers")
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
 from flax_blocks.checkpoints.hf_config import read_config  # noqa: E402
-from parity_tests.fuzz_hf import run_case  # noqa: E402
-from parity_tests.hf_reference import float64_faithful  # noqa: E402
+from parity_tests.hf.fuzz import run_case  # noqa: E402
+from parity_tests.hf.reference import float64_faithful  # noqa: E402
 
 ROTARY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
               num_hidden_layers=2, vocab_size=64, bos_token_id=None, eos_token_id=None, pad_token_id=None)

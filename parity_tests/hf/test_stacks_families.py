@@ -5,8 +5,8 @@ qkv_proj and gate_up_proj), Qwen3 (per-head QK-norm, explicit head_dim), Gemma (
 norms, GeGLU), OLMo 2 (norms on the sublayer outputs, full-width QK-norm) and GPT-NeoX (per-head
 fused query_key_value, partial rotary; parallel and sequential residual), Mistral with a sliding
 window shorter than the sequence, Starcoder2, Gemma 2 (sandwich norms, soft-capping, alternating
-windows) and Gemma 3 text (QK-norm, a local rotary base). The builds, inputs and measurements are parity_tests.families'
-(which also writes docs/families.md); each family is built and measured ONCE per module.
+windows) and Gemma 3 text (QK-norm, a local rotary base). The builds, inputs and measurements
+are parity_tests.hf.families' (which also writes docs/families.md); each family is built and measured ONCE per module.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ transformers = pytest.importorskip("transformers")
 import flax_blocks as fb  # noqa: E402
 from flax_blocks.checkpoints import dialects  # noqa: E402
 from flax_blocks.checkpoints.hf_config import NOT_COMPUTED, hf_config, read_folder  # noqa: E402
-from parity_tests import families  # noqa: E402
-from parity_tests.families import FAMILIES, REFUSALS, config, forward, measure  # noqa: E402
-from parity_tests.hf_reference import rel_at  # noqa: E402
+from parity_tests.hf import families  # noqa: E402
+from parity_tests.hf.families import FAMILIES, REFUSALS, config, forward, measure  # noqa: E402
+from parity_tests.hf.reference import rel_at  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """family -> parity_tests.families.Measured, built and measured on first use."""
+    """family -> parity_tests.hf.families.Measured, built and measured on first use."""
     cache = {}
 
     def get(name):
@@ -347,7 +347,7 @@ def test_cli_and_parity_check_on_family_folders(built, tmp_path, capsys):
 def test_docs_table_is_what_the_writer_writes(built):
     """docs/families.md's table: its words are what `describe` derives from the code now, and
     its errors are this run's to within a factor of 10 (rewrite it with python -m
-    parity_tests.families --doc docs/families.md)."""
+    parity_tests.hf.families --doc docs/families.md)."""
     text = (ROOT / families.DOC).read_text()
     assert text.count(families.START) == 1 and text.count(families.END) == 1
     committed = text[text.index(families.START) + len(families.START):text.index(families.END)].strip().splitlines()

@@ -1,4 +1,4 @@
-"""The user-facing parity check and the report generator."""
+"""The user-facing parity check: `parity_tests.check` (python -m parity_tests.check)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import flax_blocks as fb
 import torch_blocks as tb
 from flax_blocks.checkpoints.convert import ConversionError
 
-from .cases import CASES
-from .check import check, main
-from .report import END, START, build, splice
+from . import check, main
 
 
 @pytest.fixture(scope="module")
@@ -103,20 +101,3 @@ def test_check_in_float64(stock_checkpoint):
     path, _, _ = stock_checkpoint
     report = check(str(path), num_heads=4, norm="pre", activation="gelu", dtype="float64")
     assert report.ok and all(0 < r[2] <= 1e-12 for r in report.rows)
-
-
-def test_report_table_is_computed():
-    text = build(CASES[:2], trajectories=False)
-    rows = [line for line in text.splitlines() if line.startswith("| ResidualMHA") or line.startswith("| FeedForward")]
-    assert len(rows) == 2
-    f64 = float(rows[0].split("|")[4])
-    assert 0 < f64 <= 1e-12
-
-
-def test_readme_table_is_spliced_between_markers():
-    doc = f"intro\n{START}\nold table\n{END}\noutro\n"
-    out = splice(doc, "| new |\n")
-    assert out == f"intro\n{START}\n| new |\n{END}\noutro\n"
-    assert splice(out, "| newer |\n").count(START) == 1  # idempotent markers
-    with pytest.raises(ValueError, match="no parity-report markers"):
-        splice("no markers here", "| t |\n")

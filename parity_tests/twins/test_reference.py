@@ -1,4 +1,4 @@
-"""The numpy float64 reference (parity_tests/reference.py): first proved right against
+"""The numpy float64 reference (parity_tests/twins/reference.py): first proved right against
 implementations outside this project (stock torch modules and functional pieces, hand
 formulas), then every parity case checked against it, each twin on its own.
 
@@ -611,7 +611,7 @@ def test_reference_declares_every_config_field():
     fields = {f.name for f in dataclasses.fields(BlockConfig)}
     undeclared = fields - ref.HANDLED - set(ref.NOT_FORWARD)
     assert not undeclared, (f"BlockConfig fields the numpy reference does not declare: {sorted(undeclared)}; "
-                            "implement them in parity_tests/reference.py and add them to HANDLED (or to "
+                            "implement them in parity_tests/twins/reference.py and add them to HANDLED (or to "
                             "NOT_FORWARD with the reason they do not change the eval forward)")
     assert not ref.HANDLED & set(ref.NOT_FORWARD)
     stale = (ref.HANDLED | set(ref.NOT_FORWARD)) - fields

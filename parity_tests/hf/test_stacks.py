@@ -10,7 +10,7 @@ to inputs_embeds; their rotary positions live in the layers and both sides compu
 The HF model's last hidden state is then exactly its layers + final norm.
 
 float64 needs three things of the HF model that are not about semantics but precision, all
-done on the test's model instances only (parity_tests.hf_reference):
+done on the test's model instances only (parity_tests.hf.reference):
   - LLaMA-family eager attention takes its softmax in float32 (softmax(..., dtype=float32))
     even in a float64 model: these models run with attn_implementation="sdpa" (float64
     throughout) instead.
@@ -43,7 +43,7 @@ import flax_blocks.checkpoints.dialects  # noqa: E402,F401  (fb.checkpoints.dial
 import torch_blocks as tb  # noqa: E402
 from flax_blocks.checkpoints.hf_config import hf_config  # noqa: E402
 from parity_tests.check import main as check_main  # noqa: E402
-from parity_tests.hf_reference import embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run, rel_at  # noqa: E402
+from parity_tests.hf.reference import embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run, rel_at  # noqa: E402
 
 B, T, E, PAD = 2, 7, 64, 3
 TINY = dict(vocab_size=16, num_hidden_layers=2)
@@ -192,7 +192,7 @@ def test_cli_converts_an_hf_folder_and_writes_hf_names_back(tmp_path, capsys):
 
 
 def test_a_mistral_sliding_window_is_read():
-    """Mistral's sliding_window (every layer local; measured against HF in tests/test_hf_families.py)."""
+    """Mistral's sliding_window (every layer local; measured against HF in parity_tests/hf/test_stacks_families.py)."""
     config = transformers.MistralConfig(**{**TINY, **{**FAMILIES["mistral"][3], "sliding_window": 4}}).to_dict()
     assert (hf_config(config)[1].sliding_window, hf_config(config)[1].sliding_window_pattern) == (4, None)
     assert hf_config({**config, "sliding_window": None})[1].sliding_window is None

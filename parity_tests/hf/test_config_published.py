@@ -1,9 +1,9 @@
-"""The config.json files of popular checkpoints, as published (parity_tests/published_configs),
-shrunk in their sizes only (parity_tests.published), each built in transformers with perturbed
+"""The config.json files of popular checkpoints, as published (parity_tests/hf/published_configs),
+shrunk in their sizes only (parity_tests.hf.published), each built in transformers with perturbed
 weights, saved in its own dtype and read back by transformers and by `fb.from_hf`: float32
 logits (last hidden states for encoders) within 1e-5 relative on a left-padded batch given
 HF's position_ids, HF's greedy tokens ours, and the file's dtype kept by a default load
-(parity_tests.fuzz_hf.run_case). Legacy keys (gradient_checkpointing, tie_weights_,
+(parity_tests.hf.fuzz.run_case). Legacy keys (gradient_checkpointing, tie_weights_,
 is_llama_config ...) load as transformers loads them; scaled rotary (LLaMA 3.1 / 3.2's llama3,
 Phi-3.5 / Phi-4-mini's longrope, Gemma 3's linear, Qwen2.5's yarn) is computed.
 
@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from parity_tests import published  # noqa: E402
-from parity_tests.fuzz_hf import MODELS  # noqa: E402
+from parity_tests.hf import published  # noqa: E402
+from parity_tests.hf.fuzz import MODELS  # noqa: E402
 
 
 def test_the_corpus_holds_the_popular_checkpoints_of_every_family():
@@ -37,7 +37,7 @@ def test_a_published_config_loads_equal_to_transformers(name, monkeypatch):
 
 
 def test_the_committed_table_lists_every_file_as_the_writer_writes_its_rows():
-    """docs/families.md's table of published configs (python -m parity_tests.published --doc):
+    """docs/families.md's table of published configs (python -m parity_tests.hf.published --doc):
     a row per file, each equal to HF but the mixtures of experts (refused)."""
     with open(published.DOC) as f:
         doc = f.read()

@@ -23,11 +23,8 @@ from __future__ import annotations
 import json
 import os
 import types
-from dataclasses import replace
 
 import numpy as np
-
-from .check_report import CheckReport
 
 
 def _rmsnorm64(self, x):
@@ -265,48 +262,3 @@ def load_hf(folder: str, dtype: str):
     model = transformers.AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=attn)
     model = embeddings_out_of_the_way(model.eval())
     return config, (float64_faithful(model) if dtype == "float64" else model)
-
-
-def check_hf(folder: str, *, num_heads: int | None = None, dtype: str = "float32", batch: int = 2, seq: int = 8,
-             seed: int = 0, pad_keys: int | None = None):
-    """The Flax stack read from an HF folder against the HF model rebuilt from it (its own
-    config.json and weights). num_heads overrides the config's (to see a wrong one fail).
-    Returns a parity_tests.check_report.CheckReport with one row, the stack's output."""
-    from .harness import precision
-
-    with precision(dtype):  # float64 on in JAX for this check only
-        return _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys)
-
-
-def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
-    import flax_blocks as fb
-    from flax_blocks.checkpoints.hf_config import hf_config, hf_state_dict
-
-    from .harness import TOL
-
-    config, model = load_hf(folder, dtype)
-    dialect, cfg, num_layers, final_norm = hf_config(config, dtype=dtype)
-    if num_heads is None or num_heads == cfg.num_heads:  # the user's own path: the folder through from_hf
-        flax, loaded = fb.from_hf(folder, dtype=dtype), "fb.from_hf(folder)"
-    else:  # a deliberately different head count, to see the check fail: the weights with the flags' config
-        kv = None if cfg.num_kv_heads is None else min(cfg.num_kv_heads, num_heads)
-        cfg = replace(cfg, num_heads=num_heads, num_kv_heads=kv)
-        flax = fb.from_torch(fb.Encoder, cfg, hf_state_dict(model), dialect=dialect, num_layers=num_layers,
-                             final_norm=final_norm, dtype=dtype)
-        loaded = f"fb.from_torch with num_heads={num_heads}"
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(batch, seq, cfg.d_model)).astype(dtype)
-    keys = np.ones((batch, seq), bool)
-    keys[-1, seq - (seq // 2 if pad_keys is None else pad_keys):] = False
-    ct = (rng.normal(size=x.shape) * keys[..., None]).astype(dtype)  # real query positions only
-    yf, gf = flax_runs(flax, x, ct, keys, (True,))[True]
-    yh, gh = hf_run(model, x, ct, keys)
-    report = CheckReport(f"Encoder ({config.get('model_type')}, dialect {dialect}, loaded with {loaded})", dtype,
-                         reference=f"the Hugging Face {type(model).__name__} rebuilt from {folder}")
-    fwd, grad = rel_at(yf, yh, keys), rel_at(gf, gh, keys)
-    report.rows.append(("output", float(np.abs(yf - yh)[keys].max()), fwd, grad))
-    if not fwd <= TOL["forward", dtype]:
-        report.failures.append(f"output: forward rel error {fwd:.2e} > {TOL['forward', dtype]:.0e}")
-    if not grad <= TOL["grad", dtype]:
-        report.failures.append(f"output: gradient rel error {grad:.2e} > {TOL['grad', dtype]:.0e}")
-    return report

@@ -1,4 +1,4 @@
-"""Whole models of the families beyond LLaMA, GPT-2 and BERT (issue 23, item 1):
+"""Whole models of the families beyond LLaMA, GPT-2 and BERT:
 fb.from_hf(part="causal-lm") for OPT, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 text, OLMo 2,
 GPT-NeoX, StableLM and Starcoder2, part="model" for RoBERTa and DistilBERT, fb.to_hf of the
 whole model, fb.generate, and the torch twin on the parts these families add (OPT's position
@@ -6,7 +6,7 @@ offset, Gemma's embedding scale, Gemma 2's final logit soft-cap).
 
 Tiny float32 models (d_model 32, 2 layers, vocab 96, matrices at std 0.2, norms and biases
 moved off 1 / 0; the
-helpers and the left-padded batch are tests/test_lm.py's), built once per module. Logits are
+helpers and the left-padded batch are test_models.py's), built once per module. Logits are
 compared at real tokens, both sides given HF's positions cumsum(mask) - 1.
 """
 
@@ -22,13 +22,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_lm import NO_SPECIAL, E, V, _batch, _build, greedy_equals_hf  # noqa: E402  (tests/ is on sys.path: pytest prepends it)
-
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
 from flax_blocks.checkpoints.hf_config import hf_state_dict  # noqa: E402
 from flax_blocks.checkpoints.hf_models import lm_config, load  # noqa: E402
 from torch_blocks.lm import generate as torch_generate  # noqa: E402
+
+from .test_models import NO_SPECIAL, E, V, _batch, _build, greedy_equals_hf  # noqa: E402
 
 ROTARY = dict(vocab_size=V, hidden_size=E, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
               num_hidden_layers=2, max_position_embeddings=64, **NO_SPECIAL)

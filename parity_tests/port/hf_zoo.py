@@ -3,7 +3,7 @@ them: `nnx.Linear` / `nnx.LayerNorm` / `nnx.RMSNorm` / `nnx.Embed`, HF's module 
 mirrored, masks, positions and rotary tables built the port's own way (a (B, 1, 1, T) or
 additive mask, positions of shape (T,), (cos, sin) of shape (T, D)). Each port has switches
 that plant one known porting mistake. The port checker's tests on real models
-(parity_tests/test_port_hf.py) use them; they know nothing of the checker's internals.
+(parity_tests/port/test_port_hf.py) use them; they know nothing of the checker's internals.
 
     transformers model   port               mistakes it can plant
     GPT2Model            FlaxGPT2Model      gelu (exact for gelu_new), scale, causal offset, head split,

@@ -2,11 +2,11 @@
 SOURCES.md says from where), shrunk in their sizes only, for tests that build each in
 transformers and read it with `fb.from_hf`.
 
-    python -m parity_tests.published [--doc docs/families.md]
+    python -m parity_tests.hf.published [--doc docs/families.md]
 
-runs every file of the corpus (parity_tests.fuzz_hf.run_case: float32 logits on a left-padded
+runs every file of the corpus (parity_tests.hf.fuzz.run_case: float32 logits on a left-padded
 batch and HF's greedy tokens) and prints (or writes between the page's markers) one row per
-checkpoint; the suite (test_published.py) runs `SUITE`, one file of each kind.
+checkpoint; the suite (test_config_published.py) runs `SUITE`, one file of each kind.
 
 `shrink` keeps every key and value of the file but the sizes: widths (hidden 32, 4 heads, 2 KV
 heads where the file groups them, head_dim 8, or 16 where the file's head_dim differs from
@@ -25,11 +25,11 @@ import math
 import os
 from typing import Any
 
-from . import markers
+from .. import markers
 
 FOLDER = os.path.join(os.path.dirname(__file__), "published_configs")
 DOC = "docs/families.md"
-START = f"<!-- published-configs:start (python -m parity_tests.published --doc {DOC}) -->"
+START = f"<!-- published-configs:start (python -m parity_tests.hf.published --doc {DOC}) -->"
 END = "<!-- published-configs:end -->"
 EXPERTS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")  # mixtures of experts: refused until their blocks exist
 
@@ -144,8 +144,8 @@ def _resampled(params: dict[str, Any], dim: int) -> dict[str, Any]:
 
 def check(name: str):
     """One published config, shrunk, built, saved in its own dtype and compared
-    (parity_tests.fuzz_hf.run_case); None for a mixture of experts (not computed yet)."""
-    from .fuzz_hf import run_case
+    (parity_tests.hf.fuzz.run_case); None for a mixture of experts (not computed yet)."""
+    from .fuzz import run_case
 
     config = text_config(load(name))
     if config["model_type"] in EXPERTS:
@@ -177,7 +177,7 @@ def table(names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parity_tests.published", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.hf.published", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--doc", metavar="FILE", help=f"replace the table between this file's markers ({DOC})")
     args = ap.parse_args(argv)

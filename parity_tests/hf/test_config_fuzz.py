@@ -1,10 +1,10 @@
-"""fb.from_hf against transformers on configs people hold (issue 33, items 4 and 5).
+"""fb.from_hf against transformers on configs people hold.
 
 Each case is a save_pretrained folder whose config.json is written as given, read back by
 transformers' from_pretrained (the reference) and by fb.from_hf: equal (float32 logits within
 1e-5 relative on a left-padded batch with HF's position_ids, and HF's greedy tokens), or one
-refusal naming a key (parity_tests.fuzz_hf.run_case). First the seven kinds of config that
-once loaded silently wrong, each on two or more families, and the folders of the issue; then a
+refusal naming a key (parity_tests.hf.fuzz.run_case). First the seven kinds of config that
+once loaded silently wrong, each on two or more families, and folders of shapes people hold; then a
 fixed-seed hypothesis budget over every family's keys.
 """
 
@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 from flax_blocks.checkpoints.hf_config import hf_config  # noqa: E402
-from parity_tests.fuzz_hf import MODELS, Outcome, fuzz, run_case  # noqa: E402
+from parity_tests.hf.fuzz import MODELS, Outcome, fuzz, run_case  # noqa: E402
 
 ROTARY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
               num_hidden_layers=3, vocab_size=64, bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -84,7 +84,7 @@ def test_a_stray_eps_key_is_ignored_as_in_transformers(family, stray):
     equal(case(family, **{stray: 0.5}))  # a large eps would show if it were read
 
 
-# The folders of the issue -------------------------------------------------------------------
+# Folders of shapes people hold --------------------------------------------------------------
 
 def test_gemma3_with_every_layer_full_computes():
     equal(case("gemma3_text", layer_types=["full_attention"] * 3))
@@ -126,7 +126,7 @@ def test_model_types_the_blocks_do_not_compute_are_refused_with_the_reason(model
 
 # The budget ---------------------------------------------------------------------------------
 
-# Two per family in the suite (the committed fuzz run, experiments/results/fuzz_hf, holds 3610);
+# Two per family in the suite (the committed fuzz run, parity_tests/results/fuzz_hf, holds 3610);
 # FUZZ_HF_EXAMPLES=N draws more.
 EXAMPLES = int(os.environ.get("FUZZ_HF_EXAMPLES", "2"))
 
@@ -158,7 +158,7 @@ def test_a_wrong_eps_is_a_wrong_load_for_the_fuzzer(monkeypatch):
 def test_greedy_agreement_fails_on_another_token():
     import numpy as np
 
-    from parity_tests.fuzz_hf import NEW, T, _greedy_agrees
+    from parity_tests.hf.fuzz import NEW, T, _greedy_agrees
 
     rng = np.random.default_rng(0)
     forced = rng.normal(size=(2, T + NEW, 64))

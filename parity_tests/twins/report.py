@@ -1,4 +1,4 @@
-"""`python -m parity_tests.report [--out FILE] [--doc docs/parity.md]`: the parity figures as a
+"""`python -m parity_tests.twins.report [--out FILE] [--doc docs/parity.md]`: the parity figures as a
 markdown table; --doc replaces the table between that page's parity-report markers.
 
 Every row is measured now, by the same code as the test suite: forward and gradient
@@ -15,7 +15,7 @@ import time
 import jax
 import torch
 
-from . import markers
+from .. import markers
 from .cases import CASES
 from .harness import TOL, parity
 from .trajectory import compare_trajectories
@@ -47,7 +47,8 @@ def build(cases=CASES, trajectories: bool = True) -> str:
 
 
 DOC = "docs/parity.md"  # where the committed table lives
-START, END = f"<!-- parity-report:start (python -m parity_tests.report --doc {DOC}) -->", "<!-- parity-report:end -->"
+START = f"<!-- parity-report:start (python -m parity_tests.twins.report --doc {DOC}) -->"
+END = "<!-- parity-report:end -->"
 
 
 def splice(document: str, table: str) -> str:
@@ -56,7 +57,7 @@ def splice(document: str, table: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parity_tests.report", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.twins.report", description=__doc__)
     ap.add_argument("--out", help="also write the table to this file")
     ap.add_argument("--doc", metavar="FILE",
                     help="replace the table between this markdown file's parity-report markers "

@@ -1,5 +1,5 @@
 """The port checker (parity_tests.port) on a zoo of ports made of none of our blocks
-(parity_tests/port_zoo.py): correct ports equal in float64, planted mistakes located at their
+(parity_tests/port/zoo.py): correct ports equal in float64, planted mistakes located at their
 module and named, strict weight copies, refusals, and nothing left changed."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch.nn as tnn
 import torch.nn.functional as F
 from flax import nnx
 
-from parity_tests import port_zoo as Z
 from parity_tests.port import PortError, compare, copy_weights, plan
+from parity_tests.port import zoo as Z
 from parity_tests.port.__main__ import main
 
 
@@ -31,7 +31,7 @@ def test_a_correct_port_is_equal_in_float64_with_gradients(name):
 
 
 # (zoo member, planted mistake, the module it must be located at, kind, words of the explanation);
-# the mixer's tanh GELU is the issue's example below, eps mistakes sit in three members
+# the mixer's tanh GELU is the example below, eps mistakes sit in three members
 MISTAKES = [
     ("gpt", dict(tanh_gelu_layer=1), "blocks.1.mlp.fc2", "between", "tanh approximation"),
     ("gpt", dict(split="heads-last"), "blocks.0.attn.proj", "between", "(head_dim, heads)"),
@@ -219,17 +219,17 @@ def test_report_table_json_and_plot(tmp_path):
 
 
 def test_command_line_prints_the_table_and_exits_1_naming_the_module(tmp_path, capsys):
-    args = ["parity_tests.port_zoo:TorchMLPMixer", "--inputs", "float:2x8x8"]
-    assert main([args[0], "parity_tests.port_zoo:FlaxMLPMixer", *args[1:]]) == 0
+    args = ["parity_tests.port.zoo:TorchMLPMixer", "--inputs", "float:2x8x8"]
+    assert main([args[0], "parity_tests.port.zoo:FlaxMLPMixer", *args[1:]]) == 0
     assert "every module within tolerance" in capsys.readouterr().out
     torch.manual_seed(3)
     torch.save(Z.TorchMLPMixer().state_dict(), tmp_path / "w.pt")
-    code = main([args[0], "parity_tests.port_zoo:mlp_mixer_with_default_eps", *args[1:], "--weights",
+    code = main([args[0], "parity_tests.port.zoo:mlp_mixer_with_default_eps", *args[1:], "--weights",
                  str(tmp_path / "w.pt"), "--plot", str(tmp_path / "p.png")])
     out = capsys.readouterr()
     assert code == 1 and "layers.1.norm1" in out.err and (tmp_path / "p.png").exists()
     with pytest.raises(SystemExit):
-        main([args[0], "parity_tests.port_zoo:FlaxMLPMixer", "--inputs", "float:2x8"])  # the wrong shape, named
+        main([args[0], "parity_tests.port.zoo:FlaxMLPMixer", "--inputs", "float:2x8"])  # the wrong shape, named
     assert "float:2x8" in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
 """The figures a parity check returns (`parity_tests.check.check`, and
-`parity_tests.hf_reference.check_hf` for Hugging Face folders), and their printed table."""
+`parity_tests.check.hf.check_hf` for Hugging Face folders), and their printed table."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""`python -m parity_tests.family_keys [--doc docs/families.md]`: per Hugging Face family, the
+"""`python -m parity_tests.hf.family_keys [--doc docs/families.md]`: per Hugging Face family, the
 config keys `fb.from_hf` reads (with the config class's defaults), the values it refuses by
 name, and the keys it knows change nothing, as markdown generated from the tables in
 the family modules (`flax_blocks/checkpoints/families/`). The refused values are found by probing: each read key is set
 to a few values people use (the other boolean, other activations, a scaled rotary type, a
 mixed layer_types) on a small valid config, and a value is listed when `hf_config` refuses it
-naming that key. tests/test_hf_keys.py checks the committed page against this writer.
+naming that key. parity_tests/hf/test_config_keys.py checks the committed page against this writer.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from flax_blocks.checkpoints.family import COMMON, FAMILIES, MODULES, PARTS, REF
 from flax_blocks.checkpoints.hf_config import hf_config
 from flax_blocks.checkpoints.io import ConversionError
 
-from . import markers
+from .. import markers
 
 DOC = "docs/families.md"
-START = f"<!-- family-keys:start (python -m parity_tests.family_keys --doc {DOC}) -->"
+START = f"<!-- family-keys:start (python -m parity_tests.hf.family_keys --doc {DOC}) -->"
 END = "<!-- family-keys:end -->"
 
 _SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, n_inner=40),
@@ -112,7 +112,7 @@ def page() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parity_tests.family_keys", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.hf.family_keys", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--doc", metavar="FILE", help=f"replace the section between this file's markers ({DOC})")
     args = ap.parse_args(argv)

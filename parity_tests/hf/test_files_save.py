@@ -28,7 +28,7 @@ from flax import nnx  # noqa: E402
 
 import flax_blocks as fb  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IDS = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [3, 9, 27, 17, 51, 25, 11, 33, 40, 2]])
 LLAMA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_hidden_layers=2,
              vocab_size=64, max_position_embeddings=64, tie_word_embeddings=True,

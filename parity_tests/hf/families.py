@@ -1,14 +1,14 @@
-"""`python -m parity_tests.families [--doc docs/families.md]`: the Hugging Face families beyond
+"""`python -m parity_tests.hf.families [--doc docs/families.md]`: the Hugging Face families beyond
 BERT, GPT-2 and LLaMA (RoBERTa, DistilBERT, OPT pre- and post-LN, ViT, Phi-3, Qwen3, Gemma,
 OLMo 2, GPT-NeoX parallel and sequential), each a tiny
 random model measured against HF itself, as a markdown table; --doc replaces the table between
-that page's markers. tests/test_hf_families.py asserts on the same builds (`measure`).
+that page's markers. parity_tests/hf/test_stacks_families.py asserts on the same builds (`measure`).
 
 Each model: 3 layers, d_model 24, 3 heads of 8 (others as FAMILIES says), every weight
 scaled up (std 0.1) and every norm and bias perturbed, so unit norms and zero biases hide
 nothing; saved with save_pretrained and read back with `fb.from_hf(folder)` (float64), and read
 from the model object (float32). Inputs: B 2, T 9, tokens 2-4 of the last element padding
-(`parity_tests.hf_reference` moves the embeddings out of the way and, in float64, removes HF's
+(`parity_tests.hf.reference` moves the embeddings out of the way and, in float64, removes HF's
 float32 casts). Errors are max|flax - HF| / max|HF| over real positions, for the output and
 the gradient of <output, cotangent> with respect to the input hidden states.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import markers
+from .. import markers
 
 B, T, LAYERS = 2, 9, 3
 WINDOW = 4  # sliding windows shorter than T
@@ -182,11 +182,11 @@ def model_class(name: str) -> str:
 
 def build(name: str, dtype: str):
     """The family's tiny HF base model in `dtype` (eval mode), weights made to count. float64
-    models of families computing in float32 inside run with SDPA (hf_reference.reference)."""
+    models of families computing in float32 inside run with SDPA (reference.reference)."""
     import torch
     import transformers
 
-    from .hf_reference import reference
+    from .reference import reference
 
     model_type, kw, _ = FAMILIES[name]
     config_cls, model_cls = getattr(transformers, registered(model_type).config_class), model_class(name)
@@ -203,7 +203,7 @@ def build(name: str, dtype: str):
     return model
 
 
-# Settings of a family measured both ways in another entry (or, Mistral, in tests/test_hf.py):
+# Settings of a family measured both ways in another entry (or, Mistral, in parity_tests/hf/test_stacks.py):
 # float64 from the folder only, to keep the suite's time (each float32 run compiles anew).
 FLOAT64_ONLY = ("gpt_neox-sequential", "stablelm-parallel", "mistral-window")
 
@@ -253,7 +253,7 @@ def measure(name: str, folder) -> Measured:
 
     import flax_blocks as fb
 
-    from .hf_reference import embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run, rel_at
+    from .reference import embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run, rel_at
 
     model = build(name, "float64")
     model.save_pretrained(folder)
@@ -330,7 +330,7 @@ def measure_whisper_decoder(folder) -> MeasuredDecoder:
 
     import flax_blocks as fb
 
-    from .hf_reference import rel_at
+    from .reference import rel_at
 
     rng = np.random.default_rng(2)
     model = transformers.WhisperModel.from_pretrained(folder, dtype=torch.float64).eval()
@@ -358,7 +358,7 @@ def measure_whisper_decoder(folder) -> MeasuredDecoder:
 # ----------------------------------------------------------------------------------------
 
 DOC = "docs/families.md"
-START = f"<!-- families-table:start (python -m parity_tests.families --doc {DOC}) -->"
+START = f"<!-- families-table:start (python -m parity_tests.hf.families --doc {DOC}) -->"
 END = "<!-- families-table:end -->"
 
 
@@ -410,7 +410,7 @@ def splice(document: str, text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    ap = argparse.ArgumentParser(prog="python -m parity_tests.families", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m parity_tests.hf.families", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--doc", metavar="FILE", help=f"replace the table between this file's markers (the committed "
                                                   f"one: {DOC})")

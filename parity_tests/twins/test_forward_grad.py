@@ -5,7 +5,7 @@ tolerances only bound rounding, runs on a sample that keeps the suite's time: th
 of each kind, then every third case (the options a float32 run could get wrong, dtype casts
 and float32-only paths, are the same code for every case; FLOAT32_CASES, the fused path
 whose float32 softmax makes a float64 run meaningless, always). The parity table in
-docs/parity.md (`python -m parity_tests.report`) holds every case in both dtypes.
+docs/parity.md (`python -m parity_tests.twins.report`) holds every case in both dtypes.
 """
 
 from __future__ import annotations
