@@ -1,5 +1,4 @@
-"""Parity between flax_blocks and torch_blocks: outputs, gradients and training trajectories.
-
-`parity_tests.twins.harness` holds the machinery (also used by `python -m parity_tests.check`
-and `python -m parity_tests.twins.report`); the `test_*.py` files are the pytest suite.
+"""The parity suite and two tools for your own models: `parity_tests.port` (a torch module
+against its Flax port) and `parity_tests.check` (a checkpoint). What is where, and which part
+is public: README.md beside this file.
 """
