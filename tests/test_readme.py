@@ -266,8 +266,8 @@ GENERATED = re.compile(r"<!-- (?:parity-report|bench-table):start.*?<!-- (?:pari
 def test_readme_figures_are_in_the_pages_they_link():
     """Each decimal figure of README's "What is measured" bullets is printed by the code: in
     the generated table of the docs page the bullet links (between its markers), or in the
-    generated reports that page links (experiments/results/**.md: the lab's report.md files,
-    the XLA flag study, the generation bench)."""
+    generated reports that page links (the .md files under a results/ folder: the lab's
+    report.md files, the XLA flag study, the generation bench, the HF config fuzzer's run)."""
     text = README.read_text()
     section = text[text.index("## What is measured"):text.index("\n## ", text.index("## What is measured") + 1)]
     bullets = re.split(r"\n(?=- )", section)[1:]
@@ -277,7 +277,7 @@ def test_readme_figures_are_in_the_pages_they_link():
         sources = GENERATED.findall(page.read_text())
         for target in LINK.findall(page.read_text()):
             linked = (page.parent / target.split("#")[0]).resolve()
-            if linked.suffix == ".md" and "experiments" in linked.parts and linked.exists():
+            if linked.suffix == ".md" and "results" in linked.parts and linked.exists():
                 sources.append(linked.read_text())
         printed = {float(n) for s in sources for n in NUMBER.findall(s)}
         figures = NUMBER.findall(" ".join(bullet.split()))
