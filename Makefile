@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m experiments.stability    # quick preset -> experiments/results/ (report.md + plots)
+	$(PY) -m experiments.stability    # quick preset -> experiments/stability/runs/quick/ (report.md + plots; untracked)
 
 test: $(STAMP)
 	$(PY) -m ruff check flax_blocks torch_blocks parity_tests experiments tests

@@ -13,10 +13,10 @@ import pytest
 from flax import nnx
 
 import flax_blocks as fb
-from experiments import bench
-from experiments.model import ModelConfig
-from experiments.tasks import make_task
-from experiments.train import PROGRAMS, RunSpec, TrainConfig, Trainer
+from experiments.bench import blocks as bench
+from experiments.stability.model import ModelConfig
+from experiments.stability.tasks import make_task
+from experiments.stability.train import PROGRAMS, RunSpec, TrainConfig, Trainer
 
 PLATFORMS = ("cuda", "tpu")
 

@@ -6,7 +6,8 @@ after its first group and rerun (same numbers, finished cells untouched), the sa
 4 simulated CPU devices (same numbers up to float32 rounding) and the report. It is one
 test so that pytest-xdist does not run the reference twice; its processes share compiled
 programs through the lab's program cache in a temporary folder (so the rerun after the kill also
-checks that loaded programs give the same numbers).
+checks that loaded programs give the same numbers). The reference runs as `make run` does, in
+a fresh clone with the runner's default folder and its report, and leaves `git status` empty.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +27,7 @@ import numpy as np
 import pytest
 from xla_env import xla_flags  # the suite's XLA flags, the device count replaced
 
-from experiments.analysis import (
+from experiments.stability.analysis import (
     clipped_loss,
     failure,
     growth_factor,
@@ -34,10 +36,19 @@ from experiments.analysis import (
     power_law_exponent,
     trajectory_max,
 )
-from experiments.model import VARIANTS
-from experiments.stability import PRESETS, Sweep, cell_config, cell_name, parse_args, place_groups, plan, run_sweep
-from experiments.tasks import copy_task, markov_task
-from experiments.train import compiler_options, sample_pool
+from experiments.stability.model import VARIANTS
+from experiments.stability.sweep import (
+    PRESETS,
+    Sweep,
+    cell_config,
+    cell_name,
+    parse_args,
+    place_groups,
+    plan,
+    run_sweep,
+)
+from experiments.stability.tasks import copy_task, markov_task
+from experiments.stability.train import compiler_options, sample_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,13 +73,39 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _subprocess(args: list[str], cache: Path, devices: int = 1) -> subprocess.Popen:
+def _subprocess(args: list[str], cache: Path, devices: int = 1, cwd: Path = ROOT) -> subprocess.Popen:
     """`python -m experiments.stability ARGS` on CPU (`devices` simulated CPU devices), sharing
-    compiled programs through the lab's program cache (several processes: JAX's persistent cache)."""
+    compiled programs through the lab's program cache (several processes: JAX's persistent cache);
+    run in `cwd`, whose `experiments` it imports."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache), XLA_FLAGS=xla_flags(devices),
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    return subprocess.Popen([sys.executable, "-m", "experiments.stability", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "experiments.stability", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com",
+                           "-c", "commit.gpgsign=false", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def fresh_clone(dest: Path) -> Path:
+    """A repository in `dest` whose one commit holds this checkout's files as they are on disk
+    (tracked ones and new ones git does not ignore): what a clone of this checkout, committed,
+    holds. Skips where this is no git checkout."""
+    try:
+        listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():  # not a file deleted meanwhile
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    _git("init", "-q", cwd=dest)
+    _git("add", "-A", cwd=dest)
+    _git("commit", "-q", "-m", "the checkout under test", cwd=dest)
+    assert _git("status", "--porcelain", cwd=dest) == ""
+    return dest
 
 
 def _finish(proc: subprocess.Popen) -> str:
@@ -216,7 +253,7 @@ def test_presets_are_valid():
     assert {w for v, _, _, w, _ in runs if v == "peri"} == {0}
     assert len(runs) == cpu.work()["runs"] == len(set(runs))
     # Sized for 20 minutes: even at the slow end of the measured per-step cost the training fits.
-    from experiments.stability import CPU_MS_PER_LAYER_STEP_D32
+    from experiments.stability.sweep import CPU_MS_PER_LAYER_STEP_D32
 
     ref = Sweep(name="ref", d_model=32, d_ff=128, seq_len=16, batch=16, heldout=16)
     slow_ms = CPU_MS_PER_LAYER_STEP_D32[1] * cpu.layer_step_flops() / ref.layer_step_flops()
@@ -281,7 +318,7 @@ def _wortsman_cells(qk_like_pre: bool = False, logits: bool = True) -> list[dict
 
 
 def test_wortsman_verdict_rule():
-    from experiments.report import Data, claim_wortsman
+    from experiments.stability.report import Data, claim_wortsman
 
     verdict, body = claim_wortsman(Data(_wortsman_cells()))
     # pre: logit 3 -> 30 (10x) at lr 0.1, 1.33x at 0.001; clipped loss 3.0 vs best 1.9 (degrades);
@@ -296,7 +333,7 @@ def test_wortsman_verdict_rule():
 
 
 def test_peri_normformer_and_warmup_verdict_rules():
-    from experiments.report import Data, claim_normformer, claim_peri, claim_warmup
+    from experiments.stability.report import Data, claim_normformer, claim_peri, claim_warmup
 
     def cells(pre_after, peri_after, pre_grads):
         return [_cell("pre", 3, 1e-3, final=2.0, stream=([1, 2, 3, 4], pre_after), grads=pre_grads),
@@ -325,7 +362,7 @@ def test_peri_normformer_and_warmup_verdict_rules():
 
 
 def test_dyt_lns_verdict_rules_and_the_answer():
-    from experiments.report import MATCH, Data, answer, claim_dyt, claim_lns
+    from experiments.stability.report import MATCH, Data, answer, claim_dyt, claim_lns
 
     def cells(dyt: dict, lns: dict) -> list[dict]:  # {depth: best final loss}; pre-LN ends at 2.0 everywhere
         out = []
@@ -349,8 +386,8 @@ def test_dyt_lns_verdict_rules_and_the_answer():
 
 
 def test_plots_of_a_grid_are_written(tmp_path):
-    from experiments import plots
-    from experiments.report import Data, logit_table, lr_sensitivity_table
+    from experiments.stability import plots
+    from experiments.stability.report import Data, logit_table, lr_sensitivity_table
 
     cells = _wortsman_cells() + [_cell("post", 2, lr, final=None if lr == 1e-1 else 2.5, warmup=w)
                                  for lr in LRS for w in (0, 50)]
@@ -372,10 +409,13 @@ def test_plots_of_a_grid_are_written(tmp_path):
 
 def test_sweep_resume_devices_and_report(tmp_path):
     cache = tmp_path / "jax_cache"
-    # The reference sweep and, at the same time, one group of it on 4 simulated devices
-    # (two runs on four devices also exercises the padding of the runs axis).
-    ref_dir, four = tmp_path / "ref", tmp_path / "four"
-    proc_ref = _subprocess([*TINY_ARGS, "--out", str(ref_dir)], cache)
+    # The reference sweep, as `make run` runs: in a fresh clone, into the runner's default
+    # folder, with its report (the quick preset's options changed: RUNS/quick-custom, decided
+    # by the same default_out as quick's RUNS/quick). At the same time, one group of it on 4
+    # simulated devices (two runs on four devices also exercises the padding of the runs axis).
+    clone = fresh_clone(tmp_path / "clone")
+    ref_dir, four = clone / "experiments" / "stability" / "runs" / "quick-custom", tmp_path / "four"
+    proc_ref = _subprocess([a for a in TINY_ARGS if a != "--no-report"], cache, cwd=clone)
     proc_four = _subprocess([*TINY_ARGS, "--variants", "post", "--lrs", "1e-2", "--out", str(four)], cache, devices=4)
     # The whole sweep as two processes on this machine (gloo collectives over 127.0.0.1), two
     # simulated CPU devices each: every group's runs are sharded over the four devices of both.
@@ -466,10 +506,12 @@ def test_sweep_resume_devices_and_report(tmp_path):
         _same_results(ref[name], rec, exact=False)
     assert "total wall time" in logs[0] and "total wall time" not in logs[1]  # process 1 does not report
 
-    # 6. The report and its plots, from the cells alone.
-    from experiments.report import CLAIMS, write_report
+    # 6. The report and its plots, which the reference run wrote from its cells; the clone's
+    # checkout is as it was: no tracked file changed, nothing new that git does not ignore.
+    from experiments.stability.report import CLAIMS
 
-    text = write_report(ref_dir).read_text()
+    text = (ref_dir / "report.md").read_text()
+    assert _git("status", "--porcelain", cwd=clone) == "", "the lab's run changed the checkout"
     for source, claim, _ in CLAIMS:
         assert source in text and claim in text
     for png in ("loss_curves.png", "failure_heatmap.png", "init_grad_norms.png", "stream_norm.png",
@@ -484,8 +526,8 @@ def _check_init_probe(rec: dict) -> None:
     import jax
     import jax.numpy as jnp
 
-    from experiments.model import ModelConfig, create_params
-    from experiments.train import TrainConfig
+    from experiments.stability.model import ModelConfig, create_params
+    from experiments.stability.train import TrainConfig
 
     c = rec["config"]
     task = markov_task(vocab=c["vocab"], seq_len=c["seq_len"], seed=c["task_seed"])
@@ -509,7 +551,7 @@ def _check_init_probe(rec: dict) -> None:
 
 
 def test_xla_options_are_name_value_pairs_and_an_unknown_name_is_an_error():
-    from experiments.train import UnknownCompileOption, compile_lowered
+    from experiments.stability.train import UnknownCompileOption, compile_lowered
 
     assert parse_args(["--xla-option", "xla_cpu_parallel_codegen_split_count=1"]).xla_option == [
         ("xla_cpu_parallel_codegen_split_count", 1)]
@@ -528,12 +570,12 @@ def test_xla_options_are_name_value_pairs_and_an_unknown_name_is_an_error():
 def test_a_failed_sampling_of_the_pools_is_raised_and_writes_no_cell(tmp_path, monkeypatch):
     """The pools are sampled beside the compiles: an error there is the sweep's error, and the
     compiles beside it stop."""
-    import experiments.train
+    import experiments.stability.train
 
     def broken(*args, **kwargs):
         raise ValueError("the task's sampler failed")
 
-    monkeypatch.setattr(experiments.train, "sample_pool", broken)
+    monkeypatch.setattr(experiments.stability.train, "sample_pool", broken)
     with pytest.raises(ValueError, match="the task's sampler failed"):
         run_sweep(replace(TINY, variants=("pre",)), tmp_path, progress=False, opt_level=0)  # fastest compile
     assert not list((tmp_path / "cells").glob("*.json"))

@@ -237,7 +237,7 @@ def test_torch_twin_warns_alike(shown):
 
 
 # ----------------------------------------------------------------------------------------
-# Construction: one random draw per block tree (experiments/construction.py times it)
+# Construction: one random draw per block tree (experiments/bench/construction.py times it)
 # ----------------------------------------------------------------------------------------
 
 

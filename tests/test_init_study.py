@@ -1,7 +1,7 @@
-"""The initialisation study (experiments.init_study, experiments.init_report).
+"""The initialisation study (experiments.init_study, experiments.init_study.report).
 
 At the quick size: it writes its cells and report, the report regenerates identically through
-`python -m experiments.report`, a rerun resumes. Against answers computed another way: the
+`python -m experiments.init_study.report`, a rerun resumes. Against answers computed another way: the
 measured FFN W2 gradient is the derivative of the loss with respect to that very matrix
 (jax.grad through that matrix alone, with the loss written out again from the library's
 forward, and a central finite difference), the measured stream gradient at the embedded input
@@ -23,8 +23,9 @@ import optax
 import pytest
 from flax import nnx
 
-from experiments import init_report, init_study, report
-from experiments.train import compile_lowered, compiler_options
+from experiments.init_study import report as init_report
+from experiments.init_study import study as init_study
+from experiments.stability.train import compile_lowered, compiler_options
 
 QUICK = init_study.QUICK
 DEPTH = QUICK.depths[0]
@@ -79,9 +80,9 @@ def test_quick_study_writes_cells_and_report_and_resumes(quick):
         for variant in ("post", "pre"):
             d = _cell(quick, setting, variant)["draws"]
             assert max(np.max(np.abs(d[k])) for k in d if k == "check" or k.endswith("_recon")) < 1e-5
-    # python -m experiments.report regenerates the same report from the cells alone
+    # python -m experiments.init_study.report regenerates the same report from the cells alone
     (quick / "report.md").unlink()
-    assert report.main([str(quick)]) == 0
+    assert init_report.main([str(quick)]) == 0
     assert (quick / "report.md").read_text() == text
     # a rerun computes nothing
     assert init_study.main(["--out", str(quick), "--quick", "--no-progress", "--no-report"]) == 0

@@ -54,10 +54,10 @@ def test_twins_generate_the_same_tokens_both_ways(kind):
 
 
 def test_the_labs_model_is_the_library_model_and_generates_the_same_in_torch():
-    """experiments.model builds a fb.LanguageModel (the lab's init declared in LMConfig: the
+    """experiments.stability.model builds a fb.LanguageModel (the lab's init declared in LMConfig: the
     embeddings N(0, 1/2), a xavier-uniform head with a zero bias), which the torch twin loads
     by name: the same logits and intermediates, the same greedy tokens."""
-    from experiments.model import ModelConfig, create_params
+    from experiments.stability.model import ModelConfig, create_params
 
     mc = ModelConfig("pre", 2, vocab=V, seq_len=16, d_model=E, num_heads=4, d_ff=64)
     graphdef, params, rest = create_params(mc, jax.random.key(0))

@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LEAD = "lead: a library row of what newcomers try"
 # bench first: it sets XLA_FLAGS, which must happen before any JAX backend exists
 CLI_MODULES = ["experiments.bench", "flax_blocks.checkpoints.convert", "parity_tests.check",
-               "parity_tests.twins.report", "experiments.stability", "experiments.report"]
+               "parity_tests.twins.report", "experiments.stability", "experiments.stability.report"]
+MAIN_OF = {"flax_blocks.checkpoints.convert": "flax_blocks.checkpoints.convert.cli",  # a package's main
+           "experiments.bench": "experiments.bench.blocks", "experiments.stability": "experiments.stability.sweep"}
 
 
 def stock_encoder(d=16, heads=4, ff=32, layers=2, norm_first=True, final_norm=False, seed=0):
@@ -91,8 +93,7 @@ def _parser_of(main, argv, monkeypatch) -> argparse.ArgumentParser:
 def test_every_cli_option_has_help_text(module, monkeypatch):
     import importlib
 
-    name = "flax_blocks.checkpoints.convert.cli" if module == "flax_blocks.checkpoints.convert" else module
-    main = importlib.import_module(name).main
+    main = importlib.import_module(MAIN_OF.get(module, module)).main
     parser = _parser_of(main, ["--xla-defaults"] if module == "experiments.bench" else [], monkeypatch)
     bare = [a.option_strings or [a.dest] for a in parser._actions
             if not isinstance(a, argparse._HelpAction) and not (a.help and a.help.strip())]
@@ -221,7 +222,7 @@ def test_parity_check_mask_check_on_by_default(tmp_path, monkeypatch, capsys):
 
 
 def test_stability_variants_and_depths_run_only_what_was_asked():
-    from experiments.stability import PRESETS, parse_args, sweep_from_args
+    from experiments.stability.sweep import PRESETS, parse_args, sweep_from_args
 
     pairs = lambda argv: sweep_from_args(parse_args(argv)).pairs()  # noqa: E731
     assert pairs(["--variants", "pre,post", "--depths", "2"]) == [("post", 2), ("pre", 2)]
@@ -238,7 +239,7 @@ def _record(variant: str, depth: int, status: str, final: float) -> dict:
 
 
 def test_report_says_inconclusive_when_nothing_trained():
-    from experiments.report import Data, claim_depth, claim_skip
+    from experiments.stability.report import Data, claim_depth, claim_skip
 
     nothing = Data([_record(v, L, "plateau", 3.3) for v in ("post", "pre", "noskip") for L in (2, 4)])
     for claim in (claim_skip, claim_depth):
@@ -253,15 +254,15 @@ def test_report_says_inconclusive_when_nothing_trained():
 
 
 def test_make_run_readme_and_stability_default_agree():
-    from experiments.stability import DEFAULT_OUT
+    """`make run` is the quick preset with the runner's default folder, and README says where
+    that is (that git ignores it: test_experiments.py's run in a fresh clone)."""
+    from experiments.stability.sweep import PRESETS, RUNS, default_out
 
-    assert DEFAULT_OUT == ROOT / "experiments" / "results"
+    assert default_out("quick", PRESETS["quick"]) == RUNS / "quick" == ROOT / "experiments/stability/runs/quick"
     recipe = re.search(r"^run:.*\n\t(.*)", (ROOT / "Makefile").read_text(), re.M).group(1)
-    assert "experiments.stability" in recipe
-    out = re.search(r"--out\s+(\S+)", recipe.split("#")[0])
-    assert out is None or Path(out.group(1)) == Path("experiments/results")
+    assert recipe.split("#")[0].split()[1:] == ["-m", "experiments.stability"]  # no options: the quick preset, RUNS
     make_run = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("make run"))
-    assert "experiments/results/" in make_run
+    assert "experiments/stability/runs/quick/" in make_run
 
 
 # ------------------------------------------------------------------------------------

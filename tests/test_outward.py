@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from xla_env import xla_flags  # the suite's XLA flags, the device count replaced
 
-from experiments.analysis import failure
-from experiments.tasks import make_task
-from experiments.text import load_corpus
+from experiments.stability.analysis import failure
+from experiments.stability.tasks import make_task
+from experiments.stability.text import load_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def test_text_task_draws_training_and_heldout_windows_from_their_own_topics():
     task = make_task("text", vocab=0, seq_len=16, seed=0)
     corpus = load_corpus()
     assert task.vocab == corpus.vocab and task.optimal_loss < task.unigram_loss < math.log(task.vocab)
-    from experiments.train import sample_pool
+    from experiments.stability.train import sample_pool
 
     train = sample_pool(task, 64, seed=1)
     held = sample_pool(task, 64, seed=2, split="heldout")
@@ -75,7 +75,7 @@ def _setting(post_fails_at: int, lns_gain: float, dyt_deep: float | None, extra_
 
 
 def test_outward_verdicts_and_flips():
-    from experiments.outward import flips, table, verdicts
+    from experiments.stability.outward import flips, table, verdicts
 
     base = verdicts(_setting(post_fails_at=12, lns_gain=0.1, dyt_deep=2.02, extra_depth=True))
     assert base["post-LN's failure depth"][0] == "12"
@@ -124,8 +124,8 @@ def test_text_sweep_through_the_cli_on_two_cpu_devices(tmp_path):
 def test_outward_settings_share_the_depth_studys_grid():
     from dataclasses import replace
 
-    from experiments.outward import DEPTHS
-    from experiments.presets import PRESETS
+    from experiments.stability.outward import DEPTHS
+    from experiments.stability.presets import PRESETS
 
     depth, markov, text = PRESETS["depth"], PRESETS["outward-markov"], PRESETS["outward-text"]
     # text: the same grid, more steps (sized by a pilot of the pre-LN control; presets.py)
@@ -138,9 +138,9 @@ def test_outward_settings_share_the_depth_studys_grid():
 
 
 def test_text_task_without_its_corpus_or_with_another_vocab_is_one_clear_line(monkeypatch):
-    from experiments import text
-    from experiments.presets import PRESETS
-    from experiments.stability import parse_args, resolve_task, sweep_from_args
+    from experiments.stability import text
+    from experiments.stability.presets import PRESETS
+    from experiments.stability.sweep import parse_args, resolve_task, sweep_from_args
 
     with pytest.raises(SystemExit, match="vocabulary is the corpus's alphabet .* got --vocab 32"):
         sweep_from_args(parse_args(["--task", "text", "--vocab", "32"]))
@@ -155,7 +155,7 @@ def test_text_task_without_its_corpus_or_with_another_vocab_is_one_clear_line(mo
 
 
 def test_outward_report_from_three_settings_on_disk(tmp_path, monkeypatch):
-    from experiments import outward
+    from experiments.stability import outward
 
     settings = []
     for i, (label, post_fails_at) in enumerate((("Markov d32", 12), ("Markov d64", 12), ("text d64", 24))):
@@ -179,15 +179,16 @@ def test_outward_report_from_three_settings_on_disk(tmp_path, monkeypatch):
 
 
 def test_outward_report_without_a_settings_cells_says_what_to_run(tmp_path, monkeypatch):
-    from experiments import outward
+    from experiments.stability import outward
 
     monkeypatch.setattr(outward, "SETTINGS", (("Markov d64", "outward-markov", tmp_path / "none"),))
-    with pytest.raises(SystemExit, match="no cells for Markov d64 .* run python -m experiments.outward"):
+    with pytest.raises(SystemExit, match="no cells for Markov d64 .* run python -m experiments.stability.outward"):
         outward.write_report(tmp_path / "outward")
     # a fresh clone: the committed sweep.json and reports, no cells (they are not committed)
     (tmp_path / "none").mkdir()
     (tmp_path / "none" / "sweep.json").write_text("{}")
-    with pytest.raises(SystemExit, match="no cells for Markov d64 .* run python -m experiments.outward"):
+    with pytest.raises(SystemExit, match="no cells for Markov d64 .* run python -m experiments.stability.outward"):
         outward.write_report(tmp_path / "outward")
-    with pytest.raises(SystemExit, match="--report: no cells for Markov d64 .* run python -m experiments.outward"):
+    with pytest.raises(SystemExit,
+                       match="--report: no cells for Markov d64 .* run python -m experiments.stability.outward"):
         outward.main(["--report"])

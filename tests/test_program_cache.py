@@ -1,20 +1,34 @@
-"""The lab's program cache (experiments/program_cache.py): what it stores it loads without
+"""The lab's program cache (experiments/stability/program_cache.py): what it stores it loads without
 compiling, any change of what it is keyed by is another entry, a bad entry is compiled again.
 That loaded programs give the same cells bit for bit is checked end to end by
 tests/test_experiments.py (the killed sweep's rerun)."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from xla_env import xla_flags  # the suite's XLA flags, the device count replaced
 
-from experiments import program_cache
-from experiments.model import ModelConfig
-from experiments.program_cache import ProgramCache
-from experiments.tasks import make_task
-from experiments.train import RunSpec, TrainConfig, Trainer
+from experiments.stability import program_cache
+from experiments.stability.model import ModelConfig
+from experiments.stability.program_cache import ProgramCache
+from experiments.stability.tasks import make_task
+from experiments.stability.train import RunSpec, TrainConfig, Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 X = jnp.arange(6.0)
 
@@ -65,38 +79,138 @@ def test_arrays_are_stored_and_loaded(tmp_path):
     assert ProgramCache(tmp_path).array({"pool": 2}, lambda: made + 1)[0, 0] == 1  # another key
 
 
-def test_the_key_follows_the_code_the_flags_the_config_and_the_host(tmp_path, monkeypatch):
+# What the key covers, one item of the module's docstring each: a change of the item alone
+# changes the key (each fails when its item is left out of the key).
+ONE_FILE = {"flax_blocks": ROOT / "flax_blocks" / "core" / "config.py",  # in a subpackage: every
+            "experiments": ROOT / "experiments" / "stability" / "train.py"}  # folder is read
+
+
+def _a_files_bytes(package: str):
+    def change(monkeypatch):
+        real = Path.read_bytes
+        monkeypatch.setattr(Path, "read_bytes",
+                            lambda self: real(self) + (b"#" if self.resolve() == ONE_FILE[package] else b""))
+    return change
+
+
+def _a_version(name: str):
+    def change(monkeypatch):
+        if name == "python":
+            monkeypatch.setattr(platform, "python_version", lambda: "3.99.0")
+        else:
+            real = importlib.metadata.version
+            monkeypatch.setattr(importlib.metadata, "version", lambda n: real(n) + ("-other" if n == name else ""))
+    return change
+
+
+def _another_device(**changed):
+    def change(monkeypatch):
+        real = jax.devices()[0]
+        version = changed.get("version", real.client.platform_version)
+        fake = SimpleNamespace(client=SimpleNamespace(platform_version=version),
+                               device_kind=changed.get("kind", real.device_kind))
+        monkeypatch.setattr(jax, "devices", lambda *a: [fake])
+    return change
+
+
+KEY_ITEMS = {
+    "code: flax_blocks": _a_files_bytes("flax_blocks"),
+    "code: experiments": _a_files_bytes("experiments"),
+    **{f"version: {n}": _a_version(n) for n in ("python", "jax", "jaxlib", "flax", "optax", "numpy")},
+    "XLA_FLAGS": lambda mp: mp.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true"),
+    "JAX config": lambda mp: jax.default_matmul_precision("highest"),  # a context, entered by the test
+    "platform": lambda mp: mp.setattr(jax, "default_backend", lambda: "gpu"),
+    "platform version": _another_device(version="another build"),
+    "device kind": _another_device(kind="another chip"),
+    "host CPU": lambda mp: mp.setattr(program_cache, "host_cpu", lambda: "x86_64 avx2"),  # a shared folder
+    "process count": lambda mp: mp.setattr(jax, "process_count", lambda: 2),
+}
+
+
+@pytest.mark.parametrize("item", KEY_ITEMS)
+def test_each_thing_the_key_covers_changes_it(item, tmp_path, monkeypatch):
     cache = ProgramCache(tmp_path)
-    key = cache.key("program", {"f": "sin"})
-    assert cache.key("program", {"f": "sin"}) == key  # stable
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
-    assert cache.key("program", {"f": "sin"}) != key
-    monkeypatch.delenv("XLA_FLAGS")
-    with jax.default_matmul_precision("highest"):
-        assert cache.key("program", {"f": "sin"}) != key
-    with monkeypatch.context() as m:  # another machine sharing the folder (another instruction set)
-        m.setattr(program_cache, "host_cpu", lambda: "x86_64 avx2")
-        assert cache.key("program", {"f": "sin"}) != key
-    # a package's source: every byte of every .py file
-    package = tmp_path / "pkg_under_test"
-    package.mkdir()
-    (package / "__init__.py").write_text("SCALE = 3\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(program_cache, "PACKAGES", ("pkg_under_test",))
+    program_cache.code_digest.cache_clear()
     try:
+        key = cache.key("program", {"f": "sin"})
+        assert cache.key("program", {"f": "sin"}) == key  # stable
+        with monkeypatch.context() as m, contextlib.ExitStack() as stack:
+            context = KEY_ITEMS[item](m)
+            if context is not None:
+                stack.enter_context(context)
+            program_cache.code_digest.cache_clear()
+            assert cache.key("program", {"f": "sin"}) != key, item
         program_cache.code_digest.cache_clear()
-        before = program_cache.code_digest()
-        (package / "__init__.py").write_text("SCALE = 4\n")
-        program_cache.code_digest.cache_clear()
-        assert program_cache.code_digest() != before
+        assert cache.key("program", {"f": "sin"}) == key  # and back
     finally:
         program_cache.code_digest.cache_clear()
 
 
+def test_the_caches_own_settings_are_no_part_of_the_key(tmp_path):
+    cache = ProgramCache(tmp_path)
+    key = cache.key("program", {"f": "sin"})
+    before = {k: jax.config.values[k] for k in ("jax_compilation_cache_dir", "jax_log_compiles")}
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        jax.config.update("jax_log_compiles", True)
+        assert cache.key("program", {"f": "sin"}) == key
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
+def test_the_host_cpu_is_its_instruction_set(monkeypatch):
+    def cpuinfo(flags):
+        return lambda *a, **k: io.StringIO(f"processor\t: 0\nflags\t\t: {flags}\n")
+
+    monkeypatch.setattr(program_cache, "open", cpuinfo("fpu sse2 avx2"), raising=False)
+    avx2 = program_cache.host_cpu.__wrapped__()
+    assert avx2.endswith("avx2 fpu sse2")
+    monkeypatch.setattr(program_cache, "open", cpuinfo("fpu sse2 avx2 avx512f"), raising=False)
+    assert program_cache.host_cpu.__wrapped__() != avx2
+
+
+DEVICE_SETS = """
+import json, sys
+import jax, jax.numpy as jnp
+from experiments.stability.program_cache import ProgramCache
+
+d0, d1 = jax.devices()
+folder, made = sys.argv[1], []
+
+def compile_on(d):
+    def compile_fn():
+        made.append(d.id)
+        return jax.jit(lambda x: jnp.sin(x) * 3).lower(jax.device_put(jnp.arange(6.0), d)).compile()
+    return compile_fn
+
+def never():
+    raise AssertionError("compiled, though the cache held the program")
+
+ProgramCache(folder).program({"f": "sin"}, [d0], compile_on(d0))
+on_d1 = ProgramCache(folder).program({"f": "sin"}, [d1], compile_on(d1))  # another process's view
+out = on_d1(jax.device_put(jnp.arange(6.0), d1))
+ProgramCache(folder).program({"f": "sin"}, [d0], never)  # each device set finds its own
+print(json.dumps({"made": made, "devices": [d.id for d in out.devices()]}))
+"""
+
+
+def test_a_program_for_one_device_is_never_served_for_another(tmp_path):
+    """Two simulated CPU devices: the program compiled for device 0 is not the one device 1
+    gets; each is stored under its own key and found again."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(2))
+    proc = subprocess.run([sys.executable, "-c", DEVICE_SETS, str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got == {"made": [0, 1], "devices": [1]}
+    assert len(list(tmp_path.glob("program-*.pkl"))) == 2
+
+
 def _trainer(**kw) -> Trainer:
-    task = make_task("markov", vocab=16, seq_len=8, seed=0)
+    task = make_task("markov", vocab=16, seq_len=8, seed=kw.pop("task_seed", 0))
     cfg = ModelConfig(kw.pop("variant", "pre"), 2, vocab=16, seq_len=8, d_model=16, num_heads=2, d_ff=32)
-    return Trainer(cfg, task, TrainConfig(steps=4, batch=4, chunk=2, heldout=4, pool=64), **kw)
+    return Trainer(cfg, task, TrainConfig(steps=4, batch=kw.pop("batch", 4), chunk=2, heldout=4, pool=64), **kw)
 
 
 def test_a_trainers_programs_are_described_by_everything_they_compute_from():
@@ -104,7 +218,9 @@ def test_a_trainers_programs_are_described_by_everything_they_compute_from():
     a = _trainer().describe(runs, "chunk")
     assert a == _trainer().describe([RunSpec(3e-3, 5, 7), RunSpec(1e-1, 0, 2)], "chunk")  # runtime values
     assert a != _trainer().describe(runs, "probe")
-    assert a != _trainer(variant="post").describe(runs, "chunk")
+    assert a != _trainer(variant="post").describe(runs, "chunk")  # the model
+    assert a != _trainer(batch=8).describe(runs, "chunk")  # the training config (and so the data's shapes)
+    assert a != _trainer(task_seed=1).describe(runs, "chunk")  # the task
     assert a != _trainer().describe(runs[:1], "chunk")  # another run count
     assert a != _trainer(options={"xla_backend_optimization_level": 0}).describe(runs, "chunk")
     with pytest.raises(ValueError, match="program must be one of"):
@@ -127,7 +243,7 @@ def test_task_data_of_the_wrong_shape_is_refused_by_name():
 def test_one_process_uses_the_program_cache_and_not_jaxs(tmp_path, monkeypatch):
     """An executable JAX loaded from its own cache cannot be serialized again (XLA:CPU writes it
     without its compiled functions), so the lab never has both caches on."""
-    from experiments.stability import compile_cache
+    from experiments.stability.sweep import compile_cache
 
     before = {k: jax.config.values[k] for k in ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
                                                 "jax_persistent_cache_min_compile_time_secs")}
@@ -152,7 +268,7 @@ def test_the_programs_trees_name_no_flax_class_and_bind_each_array_at_its_path(t
 
     from flax import nnx
 
-    from experiments.model import create_params, model_binder, pure_params
+    from experiments.stability.model import create_params, model_binder, pure_params
 
     tr = _trainer(program_cache=ProgramCache(tmp_path))
     runs = [RunSpec(1e-3, 0, 0), RunSpec(1e-2, 2, 1)]

@@ -1,4 +1,4 @@
-"""Tests of the character-level documentation corpus (experiments/text.py).
+"""Tests of the character-level documentation corpus (experiments/stability/text.py).
 
 The split is checked against its rule (only topics copying less than MAX_OVERLAP of their
 OVERLAP_WINDOW-character windows from other topics are eligible; eligible names in sha256 order,
@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import experiments.text as text_module
-from experiments.text import (
+import experiments.stability.text as text_module
+from experiments.stability.text import (
     MAX_OVERLAP,
     OVERLAP_WINDOW,
     REFERENCE_ORDER,
@@ -225,7 +225,7 @@ def test_split_independent_of_dict_order(topics, overlaps):
 
 
 def test_split_independent_of_pythonhashseed(corpus, topics):
-    code = ("import json; from experiments.text import load_topics, split_topics; "
+    code = ("import json; from experiments.stability.text import load_topics, split_topics; "
             "print(json.dumps(split_topics(load_topics())))")
     expected = [list(corpus.train_topics), list(corpus.heldout_topics)]  # == split_topics(topics), tested below
     for seed in ("1", "4242"):
