@@ -29,18 +29,13 @@ from flax import nnx
 from .attention import Attention, attention_path, build_mask, self_attention_masks
 from .caches import Cache, cached_context, new_cache
 from .core import declarations
-from .core.config import BlockConfig, check_parallel, layer_scale
+from .core.config import BlockConfig, check_parallel, is_moe_layer, layer_scale
 from .core.context import Context
 from .core.declarations import Sublayer
-from .layers import Linear, Norm, as_batched, batched_memory, create_params, dropout, initial_values
+from .experts import Experts
+from .layers import ACTIVATION_FNS, Linear, Norm, as_batched, batched_memory, create_params, dropout, initial_values
 
-ACTIVATION_FNS = {
-    "relu": jax.nn.relu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "silu": jax.nn.silu,
-}
-MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
+MODULES = {"linear": Linear, "norm": Norm, "attention": Attention, "experts": Experts}
 
 
 class _Block(nnx.Module):
@@ -63,8 +58,8 @@ class _Block(nnx.Module):
         create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
             setattr(self, name, MODULES[child.kind](cfg, child, rngs=rngs, values=values[name]))
-        for sub in self.sublayers:  # modules of options that are off (no norm, no gate...)
-            for name in (*sub.modules, sub.norm, sub.norm_out, sub.scale):
+        for sub in self.sublayers:  # modules of options that are off (no norm, no gate, no experts...)
+            for name in (*sub.modules, sub.norm, sub.norm_out, sub.scale, declarations.EXPERTS_MODULE):
                 if not hasattr(self, name):
                     setattr(self, name, None)
         self.dropout_act = dropout(cfg, rngs)
@@ -153,12 +148,31 @@ class _Block(nnx.Module):
     def mlp(self, h: jax.Array, ctx: Context, i: int) -> jax.Array:
         """Sublayer i, the MLP, on h (B, T, E). dense: down(Dropout(act(up(h))));  gated:
         down(Dropout(act(gate(h)) * up(h))). Both matmuls on the (B*T, E) token matrix, as 2-D
-        GEMMs (faster on XLA:CPU than on (B, T, E))."""
+        GEMMs (faster on XLA:CPU than on (B, T, E)). With experts (cfg.num_experts), the experts
+        MLP instead (`Experts`; its router logits (B, T, X) in ctx.found["router_logits"]); a layer
+        of a mixed stack runs the one `is_moe_layer` picks (lax.cond on a scanned layer index)."""
+        t = h.reshape(-1, h.shape[-1])
+        experts: Experts | None = getattr(self, declarations.EXPERTS_MODULE)
+        if experts is None:
+            return self.dense_mlp(t, ctx, i).reshape(h.shape)
+        moe = is_moe_layer(self.cfg, ctx.layer)
+        x = self.cfg.num_experts
+        if moe is True:
+            y, logits = experts(t)
+        elif moe is False:
+            y, logits = self.dense_mlp(t, ctx, i), jnp.zeros((t.shape[0], x), t.dtype)
+        else:
+            y, logits = jax.lax.cond(moe, experts, lambda t: (self.dense_mlp(t, ctx, i),
+                                                              jnp.zeros((t.shape[0], x), t.dtype)), t)
+        ctx.found["router_logits"] = logits.reshape(*h.shape[:-1], x)
+        return y.reshape(h.shape)
+
+    def dense_mlp(self, t: jax.Array, ctx: Context, i: int) -> jax.Array:
+        """The dense MLP of sublayer i on a token matrix t (N, E) -> (N, E)."""
         up, gate, down = (getattr(self, name) for name in self.sublayers[i].modules)
         act = ACTIVATION_FNS[self.cfg.activation]
-        t = h.reshape(-1, h.shape[-1])
         a = act(up(t)) if gate is None else act(gate(t)) * up(t)
-        return down(self.dropout_act(a, deterministic=ctx.deterministic, rngs=ctx.key(2 * i))).reshape(h.shape)
+        return down(self.dropout_act(a, deterministic=ctx.deterministic, rngs=ctx.key(2 * i)))
 
     def _block_cache(self, batch: int, length: int, dtype) -> Cache:
         cfg = self.cfg
@@ -230,9 +244,10 @@ class FeedForward(_Block):
     Params: linear1, linear_gate (gated), linear2, norm, norm_out, scale."""
 
     kind = "FeedForward"
-    linear1: Linear
+    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
     linear_gate: Linear | None
-    linear2: Linear
+    linear2: Linear | None
+    experts: Experts | None  # cfg.num_experts > 0
     norm: Norm | None
     norm_out: Norm | None
     scale: nnx.Param[jax.Array] | None
@@ -255,9 +270,10 @@ class TransformerBlock(_Block):
 
     kind = "TransformerBlock"
     self_attn: Attention
-    linear1: Linear
+    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
     linear_gate: Linear | None
-    linear2: Linear
+    linear2: Linear | None
+    experts: Experts | None  # cfg.num_experts > 0
     norm1: Norm | None
     norm2: Norm | None
     norm1_out: Norm | None
@@ -299,9 +315,10 @@ class DecoderBlock(_Block):
     kind = "DecoderBlock"
     self_attn: Attention
     multihead_attn: Attention
-    linear1: Linear
+    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
     linear_gate: Linear | None
-    linear2: Linear
+    linear2: Linear | None
+    experts: Experts | None  # cfg.num_experts > 0
     norm1: Norm | None
     norm2: Norm | None
     norm3: Norm | None

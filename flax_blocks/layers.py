@@ -22,6 +22,13 @@ from .core.config import BlockConfig, check_width
 from .core.declarations import Component, Param
 from .sharding import param_metadata
 
+ACTIVATION_FNS = {
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "silu": jax.nn.silu,
+}
+
 
 def _walk(comp: Component, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Param]]:
     """(path of the owning module, Param) of every parameter of `comp` and its children."""

@@ -96,8 +96,10 @@ def test_adds_is_true_of_the_declarations():
         if o.kind in ("size", "dtype"):
             continue
         hint = hints[o.name]
+        default = {f.name: f.default for f in dataclasses.fields(BlockConfig)}[o.name]
         vals = (typing.get_args(hint) if typing.get_origin(hint) is typing.Literal
-                else (False, True) if hint in (bool, bool | None) else ())
+                else (False, True) if hint in (bool, bool | None)
+                else (default, o.adds) if hint is int and o.adds is not None else ())  # a count: off and on
         changed = []
         for v in vals:
             try:

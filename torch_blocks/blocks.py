@@ -20,30 +20,23 @@ max_length)` (a decoder also takes the memory), then `y, cache = m(x_chunk, cach
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flax_blocks.core import declarations
-from flax_blocks.core.config import BlockConfig, check_parallel, layer_scale
+from flax_blocks.core.config import BlockConfig, check_parallel, is_moe_layer, layer_scale
 from flax_blocks.core.context import Context
 from flax_blocks.core.declarations import Sublayer
 
 from .attention import Attention, attention_path, build_mask
 from .caches import Cache, cached_context, new_cache
-from .layers import Linear, Norm, as_batched, batched_memory, create_params
+from .experts import Experts
+from .layers import ACTIVATION_FNS, Linear, Norm, as_batched, batched_memory, create_params
 
-ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
-    "silu": F.silu,
-}
-MODULES = {"linear": Linear, "norm": Norm, "attention": Attention}
+MODULES = {"linear": Linear, "norm": Norm, "attention": Attention, "experts": Experts}
 
 
 def _finish(y: Tensor, unbatched: bool, extras: dict[str, Any], return_intermediates: bool):
@@ -78,8 +71,8 @@ class _Block(nn.Module):
         create_params(self, component, cfg, generator)
         for name, child in component.children:
             setattr(self, name, MODULES[child.kind](cfg, child, generator=generator))
-        for sub in self.sublayers:  # modules of options that are off (no norm, no gate...)
-            for name in (*sub.modules, sub.norm, sub.norm_out, sub.scale):
+        for sub in self.sublayers:  # modules of options that are off (no norm, no gate, no experts...)
+            for name in (*sub.modules, sub.norm, sub.norm_out, sub.scale, declarations.EXPERTS_MODULE):
                 if not hasattr(self, name):
                     setattr(self, name, None)
         self.dropout_act = nn.Dropout(cfg.dropout)
@@ -159,7 +152,22 @@ class _Block(nn.Module):
 
     def mlp(self, h: Tensor, ctx: Context, i: int) -> Tensor:
         """Sublayer i, the MLP, on h (B, T, E). dense: down(Dropout(act(up(h))));  gated:
-        down(Dropout(act(gate(h)) * up(h)))."""
+        down(Dropout(act(gate(h)) * up(h))). With experts (cfg.num_experts), the experts MLP
+        instead (`Experts`; its router logits (B, T, X) in ctx.found["router_logits"]); a layer of
+        a mixed stack runs the one `is_moe_layer` picks, the other's logits are zeros."""
+        experts: Experts | None = getattr(self, declarations.EXPERTS_MODULE)
+        if experts is None:
+            return self.dense_mlp(h, ctx, i)
+        t = h.reshape(-1, h.shape[-1])
+        if is_moe_layer(self.cfg, ctx.layer):
+            y, logits = experts(t)
+        else:
+            y, logits = self.dense_mlp(t, ctx, i), t.new_zeros(t.shape[0], self.cfg.num_experts)
+        ctx.found["router_logits"] = logits.reshape(*h.shape[:-1], self.cfg.num_experts)
+        return y.reshape(h.shape)
+
+    def dense_mlp(self, h: Tensor, ctx: Context, i: int) -> Tensor:
+        """The dense MLP of sublayer i on h (..., E) -> (..., E)."""
         up, gate, down = (getattr(self, name) for name in self.sublayers[i].modules)
         act = ACTIVATION_FNS[self.cfg.activation]
         a = act(up(h)) if gate is None else act(gate(h)) * up(h)
@@ -237,9 +245,10 @@ class FeedForward(_Block):
     Params: linear1.*, linear_gate.* (gated), linear2.*, norm.*, norm_out.*, scale."""
 
     kind = "FeedForward"
-    linear1: Linear
+    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
     linear_gate: Linear | None
-    linear2: Linear
+    linear2: Linear | None
+    experts: Experts | None  # cfg.num_experts > 0
     norm: Norm | None
     norm_out: Norm | None
     scale: nn.Parameter | None
@@ -263,9 +272,10 @@ class TransformerBlock(_Block):
 
     kind = "TransformerBlock"
     self_attn: Attention
-    linear1: Linear
+    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
     linear_gate: Linear | None
-    linear2: Linear
+    linear2: Linear | None
+    experts: Experts | None  # cfg.num_experts > 0
     norm1: Norm | None
     norm2: Norm | None
     norm1_out: Norm | None
@@ -304,9 +314,10 @@ class DecoderBlock(_Block):
     kind = "DecoderBlock"
     self_attn: Attention
     multihead_attn: Attention
-    linear1: Linear
+    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
     linear_gate: Linear | None
-    linear2: Linear
+    linear2: Linear | None
+    experts: Experts | None  # cfg.num_experts > 0
     norm1: Norm | None
     norm2: Norm | None
     norm3: Norm | None

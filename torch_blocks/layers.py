@@ -8,6 +8,9 @@ block and stack uses: `as_batched` and `batched_memory`.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -15,6 +18,12 @@ from torch import Tensor, nn
 from flax_blocks.core.config import BlockConfig, check_width
 from flax_blocks.core.declarations import Component
 
+ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
+}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -98,6 +98,11 @@ def _regroup(a, heads: int, parts: int, *, to_ours: bool):
     return a.reshape(*shape, d, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
 
 
+# A family without experts fixes the experts options at their defaults (one dense MLP in every layer).
+DENSE = {"num_experts": 0, "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
+         "mlp_only_layers": ()}
+
+
 @dataclass(frozen=True)
 class Dialect:
     """One checkpoint dialect; see the module docstring. `rules` None: our own names."""
@@ -113,6 +118,10 @@ class Dialect:
     shared_by: str = ""  # families that use the same key names and compute something else
     outside: str = ""  # what the rest of such a checkpoint holds, for messages
     stack: str = "Encoder"  # the stack it reads: "Encoder", or "Decoder" (cross-attention layers)
+
+    def __post_init__(self) -> None:
+        if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
+            object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
 
     @property
     def layer_regex(self) -> re.Pattern:

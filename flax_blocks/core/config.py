@@ -81,6 +81,13 @@ class BlockConfig:
     dyt_alpha_init: float = 0.5
     layernorm_scaling: bool = False
     mlp: Literal["dense", "swiglu", "geglu"] = "dense"
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    expert_d_ff: int | None = None
+    norm_topk_prob: bool = True
+    shared_expert_d_ff: int = 0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     num_kv_heads: int | None = None
     head_dim: int | None = None
     qk_norm: bool = False
@@ -114,7 +121,10 @@ class BlockConfig:
         object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", self._scaling_from_dict(self.rope_scaling))
+        if isinstance(self.mlp_only_layers, list):  # HF configs hold a list
+            object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
         self._check_sizes()
+        self._check_experts()
         self._check_choices()
         self._check_positions()
         self._check_combinations()
@@ -137,6 +147,32 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"BlockConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+
+    def _check_experts(self) -> None:
+        """The experts MLP's sizes (the experts and the router have no biases, as in every HF family;
+        mlp_bias applies to the dense and shared MLPs)."""
+        def count(name: str, low: int) -> int:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"BlockConfig.{name} must be an int >= {low}, got {value!r}")
+            return value
+
+        x = count("num_experts", 0)
+        if not x:
+            return
+        k = count("num_experts_per_tok", 1)
+        if k > x:
+            raise ValueError(f"BlockConfig.num_experts_per_tok ({k}) must be at most num_experts ({x})")
+        if self.expert_d_ff is not None:
+            count("expert_d_ff", 1)
+        count("shared_expert_d_ff", 0)
+        count("decoder_sparse_step", 1)
+        if not isinstance(self.norm_topk_prob, bool):
+            raise ValueError(f"BlockConfig.norm_topk_prob must be a bool, got {self.norm_topk_prob!r}")
+        if not isinstance(self.mlp_only_layers, tuple) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.mlp_only_layers):
+            raise ValueError(f"BlockConfig.mlp_only_layers must be a tuple of layer indices >= 0 (from 0, as HF's), "
+                             f"got {self.mlp_only_layers!r}")
 
     def _check_choices(self) -> None:
         """Each choice among its allowed values, each flag a bool, the norms' and heads' numbers."""
@@ -323,6 +359,18 @@ class BlockConfig:
     def gated(self) -> bool:
         return self.mlp != "dense"
 
+    @property
+    def experts_width(self) -> int:
+        """Each expert's hidden width: expert_d_ff, or d_ff when that is None."""
+        return self.d_ff if self.expert_d_ff is None else self.expert_d_ff
+
+    @property
+    def mixed_mlp(self) -> bool:
+        """Whether a stack mixes dense and experts layers (decoder_sparse_step > 1 or
+        mlp_only_layers, Qwen2-MoE): each layer then holds both MLPs and runs its own
+        (`is_moe_layer`); the other is idle (zeros, never read, no gradient)."""
+        return self.num_experts > 0 and (self.decoder_sparse_step > 1 or bool(self.mlp_only_layers))
+
     def resolve(self, num_layers: int = 1) -> BlockConfig:
         """Fill the depth-dependent constants left as None, with the published formulas.
 
@@ -371,6 +419,21 @@ def is_local(cfg: BlockConfig, layer: Any) -> Any:
         return False
     n = cfg.sliding_window_pattern
     return True if n is None else layer % n != 0
+
+
+def is_moe_layer(cfg: BlockConfig, layer: Any) -> Any:
+    """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) runs the
+    experts MLP, as HF's Qwen2-MoE decides for layer_idx = layer - 1: num_experts > 0, (layer_idx + 1)
+    a multiple of decoder_sparse_step, layer_idx not in mlp_only_layers. A Python bool, or a boolean
+    array when `layer` is traced."""
+    if cfg.num_experts == 0:
+        return False
+    if not cfg.mixed_mlp:
+        return True
+    moe = layer % cfg.decoder_sparse_step == 0
+    for i in cfg.mlp_only_layers:
+        moe = moe & (layer != i + 1)
+    return moe
 
 
 def layer_scale(layer: Any, dtype: Any) -> Any:

@@ -80,6 +80,8 @@ COPY = Transform("copy", lambda a, cfg: a, lambda a, cfg: a)
 LINEAR = Transform("linear", lambda a, cfg: a.T, lambda a, cfg: a.T)  # nn.Linear (out, in) <-> kernel (in, out)
 QKV_WEIGHT = Transform("qkv_weight", _qkv_weight_to_flax, _qkv_weight_to_torch)
 QKV_BIAS = Transform("qkv_bias", _qkv_bias_to_flax, _qkv_bias_to_torch)
+EXPERTS = Transform(  # per-expert (out, in) matrices (X, out, in) <-> kernels (X, in, out)
+    "experts", lambda a, cfg: a.transpose(0, 2, 1), lambda a, cfg: a.transpose(0, 2, 1))
 OUT_HEADS = Transform(  # out_proj.weight (E, H*hd) <-> (H, hd, E)
     "out_heads",
     lambda a, cfg: a.T.reshape(cfg.num_heads, cfg.head_width, a.shape[0]),
@@ -121,7 +123,7 @@ class Param:
 class Component:
     """A module's own parameters. kind: which module class each framework builds for it."""
 
-    kind: Literal["linear", "norm", "attention", "block", "embedding"]  # embedding: lm_config's tables
+    kind: Literal["linear", "norm", "attention", "experts", "block", "embedding"]  # embedding: lm_config's tables
     params: tuple[Param, ...]
     width: int = 0  # a norm's normalised width
     children: tuple[tuple[str, Component], ...] = ()
@@ -226,6 +228,43 @@ def attention(cfg: BlockConfig) -> Component:
     return Component("attention", tuple(params), children=children)
 
 
+def experts(cfg: BlockConfig) -> Component:
+    """The experts MLP (cfg.num_experts > 0): the router, a bias-free map d_model -> X (torch
+    router (X, E), Flax kernel (E, X)); the X experts' stacked projections, torch (X, out, in) as
+    X nn.Linear weights, Flax (X, in, out): up (X, F, E), gate (gated MLPs), down (X, E, F), F =
+    cfg.experts_width, no biases; with cfg.shared_expert_d_ff = S, a shared expert (shared_up,
+    shared_gate, shared_down: linear maps of width S, biases as cfg.has_mlp_bias) and its gate
+    shared_expert_gate (1, E), Flax (E, 1). Each expert matrix is initialised as one nn.Linear
+    (or xavier) of its own shape."""
+    e, x, f, s = cfg.d_model, cfg.num_experts, cfg.experts_width, cfg.shared_expert_d_ff
+
+    def spec(n_in: int, n_out: int, gain: bool = False) -> Spec:
+        if cfg.scaling == "deepnorm":
+            beta = cfg.resolve().deepnorm_beta
+            assert beta is not None  # resolve fills it under deepnorm
+            return xavier_normal(n_in, n_out, float(beta) if gain else 1.0)
+        return xavier_uniform(n_in, n_out) if cfg.init == "xavier" else ("uniform", 1 / math.sqrt(n_in))
+
+    params = [Param("router", "router", (x, e), ("num_experts", "d_model"), ("embed", None), _one(spec(e, x), x),
+                    LINEAR),
+              Param("up", "up", (x, f, e), ("num_experts", "expert_d_ff", "d_model"), ("expert", "embed", "mlp"),
+                    _one(spec(e, f), x), EXPERTS)]
+    if cfg.gated:
+        params.append(Param("gate", "gate", (x, f, e), ("num_experts", "expert_d_ff", "d_model"),
+                            ("expert", "embed", "mlp"), _one(spec(e, f), x), EXPERTS))
+    params.append(Param("down", "down", (x, e, f), ("num_experts", "d_model", "expert_d_ff"),
+                        ("expert", "mlp", "embed"), _one(spec(f, e, True), x), EXPERTS))
+    children: tuple[tuple[str, Component], ...] = ()
+    if s:
+        params.append(Param("shared_expert_gate", "shared_expert_gate", (1, e), (None, "d_model"), ("embed", None),
+                            _one(spec(e, 1), 1), LINEAR))
+        shared = [("shared_up", linear(cfg, e, s, "up"))]
+        if cfg.gated:
+            shared.append(("shared_gate", linear(cfg, e, s, "gate")))
+        children = (*shared, ("shared_down", linear(cfg, s, e, "down")))
+    return Component("experts", tuple(params), children=children)
+
+
 def residual_scale(cfg: BlockConfig, name: str) -> Param | None:
     """ReZero's scalar (0 at init) or LayerScale's per-channel scale (eps) on a sublayer's
     output; else None."""
@@ -259,6 +298,7 @@ class Sublayer:
 
 
 MLP_MODULES = ("linear1", "linear_gate", "linear2")  # up, gate, down (torch's linear1/linear2 names)
+EXPERTS_MODULE = "experts"  # an MLP sublayer's experts (cfg.num_experts > 0), beside or instead of the dense MLP
 
 BLOCKS: dict[str, tuple[Sublayer, ...]] = {
     "ResidualMHA": (Sublayer("attention", ("mha",), "norm", "norm_out", "scale"),),
@@ -298,10 +338,13 @@ def block(cfg: BlockConfig, kind: str) -> Component:
             modules.append((sub.modules[0], attention(cfg)))
         else:
             up, gate_name, down = sub.modules
-            modules.append((up, linear(cfg, e, f, "up")))
-            if cfg.gated:
-                modules.append((gate_name, linear(cfg, e, f, "gate")))
-            modules.append((down, linear(cfg, f, e, "down")))
+            if not cfg.num_experts or cfg.mixed_mlp:  # a dense MLP (a mixed stack's layers hold both)
+                modules.append((up, linear(cfg, e, f, "up")))
+                if cfg.gated:
+                    modules.append((gate_name, linear(cfg, e, f, "gate")))
+                modules.append((down, linear(cfg, f, e, "down")))
+            if cfg.num_experts:
+                modules.append((EXPERTS_MODULE, experts(cfg)))
         if cfg.norm != "none" and not (cfg.parallel_residual == "shared_norm" and norms):
             norms.append((sub.norm, norm(cfg, e)))  # a shared-norm parallel block: norm1 alone
         if cfg.norm == "peri":

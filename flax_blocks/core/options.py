@@ -76,6 +76,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("layernorm_scaling", "compute", "LayerNorm Scaling (Sun et al. 2025): layer l's pre-norm outputs times "
            "1 / sqrt(l), l from 1 (needs norm='pre'; a block alone is layer 1)"),
     Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
+    Option("num_experts", "compute", "experts in the MLP sublayer, a router sending each token to "
+           "num_experts_per_tok of them (Mixtral, Qwen-MoE, OLMoE); 0: one dense MLP", adds=4),
+    Option("num_experts_per_tok", "compute", "experts each token goes to: the top k of the router's softmax",
+           not_in_matrix="a count: the matrix runs top-1 and top-2 (parity_tests/twins/test_experts.py)"),
+    Option("expert_d_ff", "size", "each expert's hidden width (default d_ff; HF moe_intermediate_size)", cli=False),
+    Option("norm_topk_prob", "compute", "the k routing weights renormalised to sum to 1 (Mixtral, Qwen3-MoE; "
+           "Qwen2-MoE and OLMoE: False)"),
+    Option("shared_expert_d_ff", "size", "a shared expert of this width every token goes through, times "
+           "sigmoid(a gate) (Qwen2-MoE); 0: none", adds=8, cli=False),
+    Option("decoder_sparse_step", "compute", "layer l (from 1) runs the experts iff step divides l, the others "
+           "a dense MLP of width d_ff (Qwen2-MoE's decoder_sparse_step)", adds=2,
+           not_in_matrix="a per-layer choice: a stack's test (parity_tests/twins/test_experts.py)"),
+    Option("mlp_only_layers", "compute", "layers (from 0, as HF's mlp_only_layers) that run a dense MLP "
+           "instead of the experts", cli=False,
+           not_in_matrix="a per-layer choice: a stack's test (parity_tests/twins/test_experts.py)"),
     Option("num_kv_heads", "compute", "key/value heads for grouped-query attention (default: as many as "
            "query heads)"),
     Option("head_dim", "size", "each attention head's width when not d_model / num_heads (Qwen3, Gemma): q/k/v "
@@ -191,6 +206,28 @@ DETAILS = """\
   alone is layer 1 (scale 1); the stacks pass each layer its index.
 - `mlp`: "dense" W2 act(W1 x), or gated "swiglu" / "geglu": W2 (act(Wg x) * W1 x), with activation "silu"
   (swiglu) or "gelu" / "gelu_tanh" (geglu).
+- `num_experts`: 0 (a dense MLP), or a mixture of experts in the MLP sublayer (Mixtral, Qwen2-MoE, Qwen3-MoE,
+  OLMoE): a router (a bias-free linear map d_model -> num_experts) gives each token logits, softmax over all
+  experts (in float32 at least), the top num_experts_per_tok probabilities pick the experts (ties: the lowest
+  index), renormalised to sum to 1 when norm_topk_prob; each picked expert, an MLP of kind `mlp` and width
+  expert_d_ff (no biases: no HF family has them; `mlp_bias` applies to the dense and shared MLPs), runs on
+  that token, and the outputs are summed with those weights. No capacity, no token dropped (as HF). The
+  router's logits (B, T, num_experts) are an intermediate (`return_intermediates`: "router_logits"), and
+  `flax_blocks.experts.load_balancing_loss` / `torch_blocks.experts.load_balancing_loss` compute HF's
+  auxiliary loss from them (times router_aux_loss_coef, the caller's). No dropout inside the experts.
+  Flax dispatches tokens grouped by expert (sorted, one grouped matmul per projection: the cost of the
+  active experts); torch loops over the experts that have tokens, as HF's eager experts.
+- `num_experts_per_tok`: the k of the top-k.
+- `expert_d_ff`: each expert's hidden width (HF moe_intermediate_size); None: d_ff.
+- `norm_topk_prob`: the top-k weights divided by their sum (Mixtral always; Qwen2-MoE / Qwen3-MoE / OLMoE's
+  `norm_topk_prob`); False: the softmax probabilities as they are.
+- `shared_expert_d_ff`: 0, or the width of a shared expert (an MLP of kind `mlp`) that every token goes
+  through, its output times sigmoid(x . w_gate) (Qwen2-MoE's shared_expert and shared_expert_gate), added to
+  the experts'.
+- `decoder_sparse_step`, `mlp_only_layers`: which layers of a stack run the experts (HF Qwen2-MoE / Qwen3-MoE):
+  layer l (from 1) does iff l % decoder_sparse_step == 0 and l - 1 is not in mlp_only_layers; the others run
+  a dense MLP of kind `mlp` and width d_ff. Where the two kinds mix, every layer holds both MLPs (a stack
+  scans one layer) and runs its own; the other stays zero and gets no gradient (`is_moe_layer`).
 - `num_kv_heads`: key/value heads for grouped-query attention (None: num_heads; 1: multi-query); query head h
   uses key/value head h // (num_heads // num_kv_heads).
 - `head_dim`: each attention head's width, given explicitly (Qwen3, Gemma: HF's `head_dim`): q, k and v

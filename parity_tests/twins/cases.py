@@ -138,6 +138,15 @@ CASES: list[Case] = [
     Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
          memory_key_mask=True),
     Case("TransformerBlock", replace(BASE, attention="dense"), key_mask=True),
+    # mixtures of experts: Mixtral's (top-2 of 4 SwiGLU experts, renormalised), Qwen2-MoE's shared expert
+    # with its gate and unrenormalised weights, top-1 of dense GELU experts; a stack mixing dense and experts
+    # layers (decoder_sparse_step 2, layer 0 dense by mlp_only_layers: dense, experts, dense, experts)
+    replace(BLOCK, cfg=replace(LLAMA, num_experts=4, expert_d_ff=6), seq=6, key_mask=True),
+    replace(BLOCK, cfg=replace(LLAMA, num_experts=4, expert_d_ff=6, norm_topk_prob=False, shared_expert_d_ff=10),
+            seq=6),
+    Case("FeedForward", replace(BASE, bias=False, num_experts=3, num_experts_per_tok=1, norm_topk_prob=False)),
+    Case("Encoder", replace(LLAMA, num_experts=4, expert_d_ff=6, shared_expert_d_ff=5, decoder_sparse_step=2,
+                            mlp_only_layers=(0,)), num_layers=4, seq=6, key_mask=True),
 ]
 
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax

@@ -102,6 +102,10 @@ class Case:
         bits += [f"norm-w+{c.norm_weight_offset:g}"] if c.norm_weight_offset else []
         bits += ["ln-scaling"] if c.layernorm_scaling else []
         bits += [c.mlp] if c.mlp != "dense" else []
+        bits += [f"experts{c.num_experts}top{c.num_experts_per_tok}" + ("" if c.norm_topk_prob else "-unnormed")
+                 + (f"-shared{c.shared_expert_d_ff}" if c.shared_expert_d_ff else "")
+                 + (f"-sparse-step{c.decoder_sparse_step}" if c.decoder_sparse_step != 1 else "")
+                 + (f"-dense{list(c.mlp_only_layers)}" if c.mlp_only_layers else "")] if c.num_experts else []
         bits += [f"kv{c.num_kv_heads}"] if c.num_kv_heads is not None else []
         bits += [f"hd{c.head_dim}"] if c.head_dim is not None else []
         bits += [("qk-norm" if c.qk_norm_over == "head" else "qk-norm-projection")] if c.qk_norm else []
@@ -222,7 +226,9 @@ def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> R
     else:
         y = module(x, *args)
     (y * torch.tensor(inp.r, dtype=tdt)).sum().backward()
-    grads = {n: p.grad.numpy().copy() for n, p in module.named_parameters()}
+    # a parameter the call never read has no gradient (a mixed stack's idle MLP): zeros, which Flax's must equal
+    grads = {n: p.grad.numpy().copy() if p.grad is not None else np.zeros(p.shape, p.detach().numpy().dtype)
+             for n, p in module.named_parameters()}
     dmem = None if memory is None else memory.grad.numpy()
     return Result(y.detach().numpy(), grads, x.grad.numpy(), per_layer, dmem)
 

@@ -19,6 +19,7 @@ from flax import nnx
 import flax_blocks as fb
 from flax_blocks.attention import Attention, rotary
 from flax_blocks.blocks import TransformerBlock
+from flax_blocks.experts import Experts
 from flax_blocks.layers import Norm
 
 from .harness import Case, Inputs
@@ -207,6 +208,31 @@ class _ScaledByOneOverL(TransformerBlock):
         return super().run(x, ctx)
 
 
+class _SoftmaxAfterTopK(Experts):
+    """The top k of the logits, then a softmax over those k: equal to the renormalised softmax
+    (Mixtral), wrong where the weights are not renormalised (Qwen2-MoE, OLMoE)."""
+
+    def route(self, logits):
+        top, experts = jax.lax.top_k(logits, self.cfg.num_experts_per_tok)
+        return jax.nn.softmax(top, axis=-1), experts
+
+
+class _SharedExpertUngated(Experts):
+    """Qwen2-MoE's shared expert added without its sigmoid gate."""
+
+    def shared(self, t):
+        h = self.act(self.shared_gate(t)) * self.shared_up(t)
+        return self.shared_down(h)
+
+
+def _experts_as(cls):
+    def mutate(case: Case, module, inp: Inputs):
+        module.experts.__class__ = cls
+        return module, inp
+
+    return mutate
+
+
 def _stack_layers_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         module.layers.__class__ = cls  # the stacked layers' graphdef, hence the scan body, change with it
@@ -225,6 +251,8 @@ _DYNAMIC = {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 3}
 _LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 32}
 
+MOE = replace(MODERN, mlp="swiglu", num_experts=4, expert_d_ff=6)
+
 MUTATIONS = {
     "layer_norm_eps_1e-6": (BLOCK, replace(BASE, layer_norm_eps=1e-6), None),
     "tanh_gelu_for_exact": (BLOCK, replace(BASE, activation="gelu_tanh"), None),
@@ -240,6 +268,14 @@ MUTATIONS = {
         Case("TransformerBlock", replace(MODERN, layer_norm_eps=1e-6), input_scale=0.05),
         replace(MODERN, layer_norm_eps=float(np.finfo(np.float32).eps)), None),
     "gate_and_up_swapped": (Case("TransformerBlock", replace(MODERN, mlp="swiglu")), None, swap_gate_and_up),
+    # mixtures of experts: the k weights left as the softmax gave them where Mixtral renormalises; the softmax
+    # over the top k logits where Qwen2-MoE / OLMoE take the top k of the softmax (unrenormalised); Qwen2-MoE's
+    # shared expert added without its sigmoid gate
+    "top_k_not_renormalised": (Case("TransformerBlock", MOE), replace(MOE, norm_topk_prob=False), None),
+    "softmax_after_top_k": (Case("TransformerBlock", replace(MOE, norm_topk_prob=False)), None,
+                            _experts_as(_SoftmaxAfterTopK)),
+    "shared_expert_ungated": (Case("TransformerBlock", replace(MOE, shared_expert_d_ff=8)), None,
+                              _experts_as(_SharedExpertUngated)),
     "memory_mask_on_self_attention": (  # memory as long as the target, so the swapped masks fit
         Case("DecoderBlock", replace(BASE, causal=True), memory_seq=5, memory_key_mask=True), None,
         memory_mask_on_self_attention),

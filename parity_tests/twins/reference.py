@@ -23,6 +23,10 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
+  Experts    p = softmax(x R^T) over all X experts; the k largest (ties: the lowest index), divided
+             by their sum with norm_topk_prob; y = sum over the k of p_x MLP_x(x) (+ sigmoid(x g)
+             MLP_shared(x)); token by token. Layer l (from 1) runs them iff decoder_sparse_step
+             divides l and l - 1 is not in mlp_only_layers, else the dense MLP.
   Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
   Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
              peri: x + s Norm_out(F(Norm(x)));  out: x + s Norm(F(x)) (OLMo 2);  none: x + s F(x);
@@ -48,7 +52,8 @@ HANDLED = frozenset({
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
     "sliding_window_pattern", "rope_local_theta", "rope_scaling", "qkv_bias", "mlp_bias", "norm_bias",
         "layernorm_scaling",
-    "parallel_residual",
+    "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
+    "decoder_sparse_step", "mlp_only_layers",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -335,17 +340,73 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     return out, w, logit_max
 
 
-def mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> np.ndarray:
-    """dense: linear2(act(linear1 x)); gated: linear2(act(linear_gate x) * linear1 x)."""
-    f = cfg.d_ff
+def mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray, layer: int = 1,
+        extras: dict | None = None) -> np.ndarray:
+    """dense: linear2(act(linear1 x)); gated: linear2(act(linear_gate x) * linear1 x); or the
+    experts (`moe_layer`), their router logits in extras["router_logits"] (zeros in a dense layer
+    of a mixed stack, whose unused MLP is left unread)."""
+    x_count = _opt(cfg, "num_experts", 0)
+    if x_count:
+        moe = moe_layer(cfg, layer)
+        idle = [k for k in p.arrays if k.startswith(prefix + ("linear" if moe else "experts."))]
+        p.used.update(idle)  # a mixed stack's layers hold both MLPs
+        if moe:
+            y, logits = experts(cfg, p, prefix + "experts.", x)
+        else:
+            y, logits = dense_mlp(cfg, p, prefix, x, cfg.d_ff), np.zeros((*x.shape[:-1], x_count))
+        if extras is not None:
+            extras["router_logits"] = logits
+        return y
+    return dense_mlp(cfg, p, prefix, x, cfg.d_ff)
+
+
+def dense_mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray, f: int, names=("linear1.", "linear_gate.", "linear2."),
+              bias: bool | None = None) -> np.ndarray:
+    """The dense or gated MLP of width f on x (..., E), its linear maps named `names`."""
     mb = _opt(cfg, "mlp_bias", None)
-    mb = cfg.bias if mb is None else mb  # HF LLaMA's mlp_bias beside attention_bias
-    hid = _linear(p, prefix + "linear1.", x, f, mb)
+    mb = (cfg.bias if mb is None else mb) if bias is None else bias  # HF LLaMA's mlp_bias beside attention_bias
+    hid = _linear(p, prefix + names[0], x, f, mb)
     if _opt(cfg, "mlp", "dense") == "dense":
         hid = activation(cfg.activation, hid)
     else:
-        hid = activation(cfg.activation, _linear(p, prefix + "linear_gate.", x, f, mb)) * hid
-    return _linear(p, prefix + "linear2.", hid, cfg.d_model, mb)
+        hid = activation(cfg.activation, _linear(p, prefix + names[1], x, f, mb)) * hid
+    return _linear(p, prefix + names[2], hid, cfg.d_model, mb)
+
+
+def moe_layer(cfg: Any, layer: int) -> bool:
+    """Layer `layer` (from 1) runs the experts: HF Qwen2-MoE's (layer_idx + 1) % decoder_sparse_step == 0
+    and layer_idx not in mlp_only_layers, layer_idx = layer - 1."""
+    return layer % _opt(cfg, "decoder_sparse_step", 1) == 0 and layer - 1 not in _opt(cfg, "mlp_only_layers", ())
+
+
+def route(cfg: Any, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits (X,) of one token -> (weights (k,), experts (k,)): the k largest softmax
+    probabilities (ties: the lowest index), renormalised with norm_topk_prob."""
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    chosen = np.argsort(-probs, kind="stable")[:cfg.num_experts_per_tok]
+    w = probs[chosen]
+    return (w / w.sum() if cfg.norm_topk_prob else w), chosen
+
+
+def experts(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The experts MLP on x (..., E) -> (y (..., E), router logits (..., X)), token by token."""
+    e, n, f = cfg.d_model, cfg.num_experts, cfg.expert_d_ff or cfg.d_ff
+    router = p(prefix + "router", (n, e))
+    up, down = p(prefix + "up", (n, f, e)), p(prefix + "down", (n, e, f))
+    gate = None if _opt(cfg, "mlp", "dense") == "dense" else p(prefix + "gate", (n, f, e))
+    t = x.reshape(-1, e)
+    logits = t @ router.T
+    y = np.zeros_like(t)
+    for i in range(t.shape[0]):
+        for w, j in zip(*route(cfg, logits[i]), strict=True):
+            h = up[j] @ t[i]
+            h = activation(cfg.activation, h) if gate is None else activation(cfg.activation, gate[j] @ t[i]) * h
+            y[i] += w * (down[j] @ h)
+    if cfg.shared_expert_d_ff:
+        s = dense_mlp(cfg, p, prefix, t, cfg.shared_expert_d_ff, ("shared_up.", "shared_gate.", "shared_down."))
+        y += s / (1 + np.exp(-(t @ p(prefix + "shared_expert_gate", (1, e)).T)))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], n)
 
 
 def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, gate: str,
@@ -414,7 +475,7 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
     for fn, module, norm, norm_out, gate in SUBLAYERS[kind]:
         def f(h, fn=fn, module=module):
             if fn == "mlp":
-                return mlp(cfg, p, prefix + module, h)
+                return mlp(cfg, p, prefix + module, h, layer, extras)
             cross = fn == "cross_attention"
             out, extras[f"{fn}_weights"], extras[f"{fn}_logits_max"] = attention(
                 cfg, p, prefix + module, h, memory_masked if cross else masked,

@@ -1,0 +1,98 @@
+"""The experts MLP (a mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) in PyTorch, the
+twin of `flax_blocks.experts`, computed as HF's eager experts: a loop over the experts that have
+tokens, each on its tokens alone; and HF's load-balancing loss.
+
+Routing: logits = t @ router^T (N, X); softmax over all experts in float32 at least; the top k
+(ties: the lowest index, as the Flax twin's jax.lax.top_k; torch.topk's order among equal values
+is implementation-defined, e.g. top-2 of 8 equal values gives experts [6, 5] on CPU, so the twin
+takes a stable sort instead); the k weights renormalised when cfg.norm_topk_prob.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from flax_blocks.core.config import BlockConfig, is_moe_layer
+from flax_blocks.core.declarations import Component
+
+from .layers import ACTIVATION_FNS, Linear, create_params
+
+
+def route(cfg: BlockConfig, logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Router logits (N, X) -> (weights (N, k) in float32 at least, experts (N, k)): the top k of
+    the softmax over all experts (ties: the lower index first), renormalised when cfg.norm_topk_prob."""
+    probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    weights, experts = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, experts = weights[:, :cfg.num_experts_per_tok], experts[:, :cfg.num_experts_per_tok]
+    if cfg.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+class Experts(nn.Module):
+    """The experts MLP on a token matrix t (N, E) -> (y (N, E), router logits (N, X)).
+    Params: router (X, E), up / gate (X, F, E), down (X, E, F) (each expert's matrices as
+    nn.Linear holds them); shared_up / shared_gate / shared_down (Linear) and shared_expert_gate
+    (1, E) with a shared expert. Declared in `declarations.experts`."""
+
+    router: nn.Parameter
+    up: nn.Parameter
+    gate: nn.Parameter | None
+    down: nn.Parameter
+    shared_expert_gate: nn.Parameter | None
+    shared_up: Linear | None
+    shared_gate: Linear | None
+    shared_down: Linear | None
+
+    def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.act = ACTIVATION_FNS[cfg.activation]
+        create_params(self, component, cfg, generator)
+        for name, child in component.children:
+            setattr(self, name, Linear(cfg, child, generator=generator))
+        for name in ("gate", "shared_expert_gate", "shared_up", "shared_gate", "shared_down"):
+            if not hasattr(self, name):
+                setattr(self, name, None)
+
+    def forward(self, t: Tensor) -> tuple[Tensor, Tensor]:
+        """t (N, E) -> (y (N, E), router logits (N, X))."""
+        logits = F.linear(t, self.router)
+        weights, experts = route(self.cfg, logits)
+        y = torch.zeros_like(t)
+        hit = torch.zeros(self.cfg.num_experts, dtype=torch.bool, device=t.device)
+        hit[experts.reshape(-1)] = True
+        for x in hit.nonzero().flatten().tolist():  # the experts that have tokens
+            token, slot = torch.where(experts == x)
+            h = t[token]
+            a = F.linear(h, self.up[x])
+            a = self.act(a) if self.gate is None else self.act(F.linear(h, self.gate[x])) * a
+            out = F.linear(a, self.down[x]) * weights[token, slot, None].to(t.dtype)
+            y = y.index_add(0, token, out)
+        if self.shared_up is not None:
+            assert self.shared_down is not None and self.shared_expert_gate is not None
+            a = self.shared_up(t)
+            a = self.act(a) if self.shared_gate is None else self.act(self.shared_gate(t)) * a
+            y = y + torch.sigmoid(F.linear(t, self.shared_expert_gate)) * self.shared_down(a)
+        return y, logits
+
+
+def load_balancing_loss(cfg: BlockConfig, router_logits: Tensor, mask: Tensor | None = None) -> Tensor:
+    """HF's auxiliary load-balancing loss from a stack's router logits (L, B, T, X) (or one layer's
+    (B, T, X)), mask (B, T) True where a token counts; layers that run a dense MLP left out. The twin
+    of `flax_blocks.experts.load_balancing_loss` (its docstring has the formula)."""
+    logits = router_logits if router_logits.dim() == 4 else router_logits[None]
+    moe = [i for i in range(logits.shape[0]) if is_moe_layer(cfg, i + 1)]
+    logits = logits[moe]
+    probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # (L, B, T, X)
+    chosen = torch.sort(probs, dim=-1, descending=True, stable=True)[1][..., :cfg.num_experts_per_tok]
+    picked = F.one_hot(chosen, cfg.num_experts).to(probs.dtype)  # (L, B, T, k, X)
+    if mask is None:
+        f, p = picked.mean(dim=(0, 1, 2)), probs.mean(dim=(0, 1, 2))
+    else:
+        m = mask.to(probs.dtype)[None].expand(logits.shape[:3])
+        f = (picked * m[..., None, None]).sum(dim=(0, 1, 2)) / m.sum()
+        p = (probs * m[..., None]).sum(dim=(0, 1, 2)) / m.sum()
+    return (f * p[None]).sum() * cfg.num_experts
