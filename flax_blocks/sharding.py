@@ -15,13 +15,19 @@ nnx.Optimizer (whose moments copy their parameter's metadata) and this module al
     HYBRID          = DATA_PARALLEL | TENSOR_PARALLEL                         2-D mesh (data, model)
     FSDP            = DATA_PARALLEL | {"embed": "data"}                       params and optimizer
                                                                               state split over "data"
+    EXPERT_PARALLEL = {"expert": "expert"}                                    each device holds its
+                                                                              share of the experts
 
 Tensor parallelism splits the attention heads (the q/k/v kernel by key/value head group,
 each group with its query heads, so no head crosses devices; the output kernel row-wise)
 and the MLP width (linear1 / linear_gate column-wise, linear2 row-wise); XLA's SPMD
 partitioner inserts the all-reduces after the output projection and linear2. FSDP splits
 every parameter with a d_model axis over "data" (XLA all-gathers it where it is used);
-`FSDP | TENSOR_PARALLEL` does both on a 2-D mesh. Unlisted logical names replicate.
+`FSDP | TENSOR_PARALLEL` does both on a 2-D mesh. Expert parallelism splits an experts MLP's
+stacked expert matrices (X, ., .) over an "expert" mesh axis (`make_mesh(expert=n)`), the router
+replicated; the grouped dispatch then reads each block's expert where it lives (XLA gathers). It
+composes with the others (`HYBRID | EXPERT_PARALLEL` on a (data, model, expert) mesh). Unlisted
+logical names replicate.
 
 The rules are a `ShardingRules` mapping; `.as_flax_rules()` is the same rules in Flax's form
 (a tuple of (logical, mesh) pairs naming every logical axis of the library), for
@@ -55,6 +61,7 @@ What `shard_model` / `partition_specs` do with each Variable:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -67,7 +74,7 @@ from .core.declarations import LAYER_AXIS
 
 # The library's logical axis names: parameters' (from flax_blocks.core.declarations; a test
 # checks that they cover every declared axis), the stacked layer axis, and activations'.
-PARAM_AXES: tuple[str, ...] = ("embed", "heads", "kv_heads", "qkv", "head_dim", "mlp", "vocab")
+PARAM_AXES: tuple[str, ...] = ("embed", "heads", "kv_heads", "qkv", "head_dim", "mlp", "expert", "vocab")
 # Activations: (batch, seq, d_model). Their width axis has its own name, so FSDP can split
 # the parameters' "embed" over "data" while the batch takes "data" too.
 ACTIVATION_AXES: tuple[str, ...] = ("batch", "seq", "activation_embed")
@@ -145,6 +152,13 @@ DATA_PARALLEL = ShardingRules({"batch": "data"})
 TENSOR_PARALLEL = ShardingRules({"heads": "model", "kv_heads": "model", "mlp": "model"})
 HYBRID = DATA_PARALLEL | TENSOR_PARALLEL
 FSDP = DATA_PARALLEL | {"embed": "data"}
+EXPERT_PARALLEL = ShardingRules({"expert": "expert"})
+
+
+def loading_rules(mesh: Mesh) -> ShardingRules:
+    """The rules a load onto `mesh` takes unless told: TENSOR_PARALLEL, and EXPERT_PARALLEL
+    where the mesh has an "expert" axis."""
+    return TENSOR_PARALLEL | (EXPERT_PARALLEL if "expert" in mesh.axis_names else REPLICATED)
 
 
 def param_metadata(axes: Sequence[str | None]) -> dict[str, Any]:
@@ -395,14 +409,20 @@ def input_sharding(mesh: Mesh, rules: Any, axes: Sequence[str | None] = ACTIVATI
     return NamedSharding(mesh, logical_to_spec(axes, rules, mesh))
 
 
-def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None, *,
+              expert: int | None = None) -> Mesh:
     """A ("data", "model") mesh of data * model devices, with Auto axes (XLA propagates
-    shardings through jit; jax.make_mesh's default is Explicit axes)."""
+    shardings through jit; jax.make_mesh's default is Explicit axes); with `expert`, a third
+    axis "expert" of that size (EXPERT_PARALLEL's), data * model * expert devices."""
     devices = list(jax.devices() if devices is None else devices)
-    if data * model > len(devices):
-        raise ValueError(f"mesh {data} x {model} needs {data * model} devices, {len(devices)} available")
-    return jax.make_mesh((data, model), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto),
-                         devices=devices[: data * model])
+    shape, names = (data, model), ("data", "model")
+    if expert is not None:
+        shape, names = (*shape, expert), (*names, "expert")
+    n = math.prod(shape)
+    if n > len(devices):
+        raise ValueError(f"mesh {' x '.join(map(str, shape))} ({', '.join(names)}) needs {n} devices, "
+                         f"{len(devices)} available")
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=devices[:n])
 
 
 def describe(state: Any, rules: Any, mesh: Mesh | None = None) -> list[tuple[str, tuple[int, ...], PartitionSpec]]:

@@ -125,6 +125,27 @@ def test_tensor_parallel_specs_of_a_stacked_encoder():
     assert staged["layers/linear1/kernel"] == P("data", None, None)
 
 
+def test_expert_parallel_specs_of_an_experts_stack():
+    """Each expert's matrices on its device (the stacked expert axis over "expert"), their width over
+    "model" with tensor parallelism, the router and the shared expert's gate replicated; make_mesh's
+    third axis."""
+    cfg = BlockConfig(d_model=16, num_heads=4, d_ff=24, bias=False, mlp="swiglu", activation="silu", num_experts=4,
+                      expert_d_ff=8, shared_expert_d_ff=8, decoder_sparse_step=2)
+    state = nnx.state(Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0)))
+    specs = {p: s for p, _, s in S.describe(state, S.TENSOR_PARALLEL | S.EXPERT_PARALLEL)}
+    assert specs["layers/experts/up"] == P(None, "expert", None, "model")  # (L, X, E, F)
+    assert specs["layers/experts/down"] == P(None, "expert", "model", None)  # (L, X, F, E)
+    assert specs["layers/experts/router"] == P(None, None, None)  # (L, E, X)
+    assert specs["layers/experts/shared_up/kernel"] == P(None, None, "model")
+    assert specs["layers/linear1/kernel"] == P(None, None, "model")  # a mixed stack's dense MLP
+    mesh = S.make_mesh(data=1, model=1, expert=1)
+    assert mesh.axis_names == ("data", "model", "expert")
+    assert S.loading_rules(mesh) == S.TENSOR_PARALLEL | S.EXPERT_PARALLEL
+    assert S.loading_rules(S.make_mesh()) == S.TENSOR_PARALLEL
+    with pytest.raises(ValueError, match=r"mesh 1 x 1 x 2 \(data, model, expert\) needs 2 devices"):
+        S.make_mesh(expert=2, devices=jax.devices()[:1])
+
+
 def test_an_axis_the_mesh_does_not_divide_is_replicated_over_it():
     """2 KV heads on a 4-way "model" axis: the q/k/v kernel (split by KV head) is replicated
     over "model", the output projection (8 query heads) and the FFN width stay split; a

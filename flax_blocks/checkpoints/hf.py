@@ -68,7 +68,8 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
       read, each device reading only its slice (each process only its devices' slices in a
       multi-process run): the declared logical axes through `rules` (a
       `flax_blocks.sharding.ShardingRules`; default TENSOR_PARALLEL: attention heads and the
-      FFN width over "model", the rest replicated).
+      FFN width over "model", the rest replicated; on a mesh with an "expert" axis
+      (`make_mesh(expert=n)`) also EXPERT_PARALLEL: each device reads its experts only).
     ignore_keys: config keys to read as absent (their config class's defaults apply), a
       departure from transformers you ask for (say, to load a model without a setting the
       blocks refuse). Every config key is read as the family's transformers code reads it

@@ -48,11 +48,11 @@ def sharding_for(var: Any, mesh: Any, rules: Any, name: str = "") -> Any:
     None (the default device, uncommitted)."""
     import jax
 
-    from ...sharding import TENSOR_PARALLEL, variable_sharding
+    from ...sharding import loading_rules, variable_sharding
 
     if mesh is not None:
         try:
-            return variable_sharding((name,), var, TENSOR_PARALLEL if rules is None else rules, mesh)
+            return variable_sharding((name,), var, loading_rules(mesh) if rules is None else rules, mesh)
         except KeyError as e:
             raise ConversionError([str(e.args[0])], header="cannot place these weights") from None
     value = var.get_value()
