@@ -50,7 +50,7 @@ MATCH = 0.05  # nats: two variants' best-LR final losses "match" if within this 
 # Every change to a rule after its data had been seen, as (date, rule, change, why); the
 # report prints this list (empty: no rule has been changed after seeing data).
 TARGET_EXCESS = 0.15  # the `cpu` preset is sized so that trained variants end this close to H (reported, not a verdict)
-# Rules of the experts edition (the `cpu-moe` preset), written on 2026-12-04 before that preset
+# Rules of the experts edition (the `cpu-moe` preset), written on 2026-12-06 before that preset
 # was run (seen before: one pilot group, pre-moe at 6 layers, 50 steps, to time it):
 COLLAPSE = (1 + MOE_EXPERTS / MOE_TOP_K) / 2  # a layer's routing "collapsed": load balance past half-way from
 # balanced (1) to every token on the same k experts (X / k)
