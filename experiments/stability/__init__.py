@@ -17,5 +17,5 @@ Modules:
   report, plots  markdown report with computed verdicts, PNG figures;  outward  the outward study
 
 A run writes under runs/<preset>[-custom]/ (untracked) unless --out says otherwise; results/
-holds the committed runs the docs quote (quick, cpu, depth, outward).
+holds the committed runs the docs quote (quick, cpu, depth, outward, cpu-moe).
 """

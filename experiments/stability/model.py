@@ -21,6 +21,11 @@ Variants (the residual placement and scaling being compared):
                                                     Normalization"), alpha = 0.5 at init
     pre-lns     x + F(LN(x) / sqrt(l)), final LN    LayerNorm Scaling, l the layer index from 1
                                                     (Sun et al. 2025, "The Curse of Depth")
+    post-moe    post-LN, its MLP a mixture of       MOE_EXPERTS = 8 experts, each token to the top
+                experts                             MOE_TOP_K = 2 of the router's softmax, the two
+    pre-moe     pre-LN, the same experts MLP        weights renormalised (Mixtral); each expert the
+                                                    lab's MLP (ReLU) of width d_ff / 2, so a token's
+                                                    active width is the dense variant's d_ff
 Mix-LN (post-LN in the first layers, pre-LN in the rest) is not here: the Encoder scans one
 stacked layer type, so it would need two Encoders back to back.
 
@@ -59,7 +64,12 @@ if TYPE_CHECKING:
 
     from flax_blocks import LanguageModel
 
-VARIANTS: dict[str, dict[str, str | bool]] = {
+# The experts variants (`MOE_VARIANTS`): the same blocks with a mixture-of-experts MLP of
+# MOE_EXPERTS experts, top MOE_TOP_K, expert width d_ff / MOE_TOP_K (`ModelConfig.block_config`).
+MOE_EXPERTS, MOE_TOP_K = 8, 2
+_MOE: dict[str, str | bool | int] = dict(num_experts=MOE_EXPERTS, num_experts_per_tok=MOE_TOP_K, norm_topk_prob=True)
+
+VARIANTS: dict[str, dict[str, str | bool | int]] = {
     "post": dict(norm="post"),
     "pre": dict(norm="pre"),
     "noskip": dict(norm="post", residual="none"),
@@ -71,7 +81,11 @@ VARIANTS: dict[str, dict[str, str | bool]] = {
     "pre-qknorm": dict(norm="pre", qk_norm=True),
     "pre-dyt": dict(norm="pre", norm_type="dyt"),
     "pre-lns": dict(norm="pre", layernorm_scaling=True),
+    "post-moe": dict(norm="post", **_MOE),
+    "pre-moe": dict(norm="pre", **_MOE),
 }
+MOE_VARIANTS = tuple(v for v, kw in VARIANTS.items() if kw.get("num_experts"))
+DENSE_TWIN = {"post-moe": "post", "pre-moe": "pre"}  # each experts variant's dense variant
 
 # One line per variant for reports: the residual update of each sublayer F.
 VARIANT_NOTES: dict[str, str] = {
@@ -80,6 +94,8 @@ VARIANT_NOTES: dict[str, str] = {
     "layerscale": "x + diag(g) F(LN(x)), g small at init (CaiT)", "peri": "x + LN(F(LN(x))), final LN",
     "pre-rms": "x + F(RMSNorm(x)), final RMSNorm", "pre-qknorm": "pre-LN with LayerNorm on each head's q and k",
     "pre-dyt": "x + F(DyT(x)), DyT = w tanh(alpha x) + b, final DyT", "pre-lns": "x + F(LN(x) / sqrt(l)), final LN",
+    "post-moe": f"post-LN, MLP = {MOE_EXPERTS} experts of width d_ff / {MOE_TOP_K}, top-{MOE_TOP_K} routing",
+    "pre-moe": f"pre-LN, MLP = {MOE_EXPERTS} experts of width d_ff / {MOE_TOP_K}, top-{MOE_TOP_K} routing",
 }
 
 
@@ -100,11 +116,24 @@ class ModelConfig:
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}; choose from {tuple(VARIANTS)}")
 
+    @property
+    def experts(self) -> bool:
+        """True for the mixture-of-experts variants (`MOE_VARIANTS`)."""
+        return self.variant in MOE_VARIANTS
+
     def block_config(self) -> BlockConfig:
-        """The flax_blocks config of every layer (resolved for this depth by the Encoder)."""
+        """The flax_blocks config of every layer (resolved for this depth by the Encoder). The
+        experts variants: each expert d_ff / MOE_TOP_K wide, so the width a token passes through
+        (its MOE_TOP_K experts) is the dense variant's d_ff."""
+        extra: dict[str, str | bool | int] = {}
+        if self.experts:
+            if self.d_ff % MOE_TOP_K:
+                raise ValueError(f"{self.variant}: d_ff ({self.d_ff}) must be a multiple of {MOE_TOP_K}")
+            extra["expert_d_ff"] = self.d_ff // MOE_TOP_K
         return BlockConfig(
             d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff, dropout=0.0,
             activation=self.activation, causal=True, init="xavier", qkv_bias=False, **VARIANTS[self.variant],
+            **extra,
         )
 
     def lm_config(self) -> LMConfig:

@@ -25,11 +25,13 @@ from .model import VARIANTS  # noqa: E402
 COLORS = {"post": "tab:red", "pre": "tab:blue", "noskip": "tab:gray", "deepnorm": "tab:orange",
           "rezero": "tab:green", "layerscale": "tab:purple", "peri": "tab:cyan", "pre-rms": "tab:brown",
           "pre-qknorm": "tab:pink", "mixln": "tab:olive",
-          "pre-dyt": "olivedrab", "pre-lns": "navy"}
+          "pre-dyt": "olivedrab", "pre-lns": "navy", "post-moe": "darkred", "pre-moe": "teal"}
 MARKERS = {"post": "o", "pre": "s", "noskip": "x", "deepnorm": "^", "rezero": "v", "layerscale": "D",
-           "peri": "P", "pre-rms": "*", "pre-qknorm": "h", "mixln": "<", "pre-dyt": ">", "pre-lns": "d"}
+           "peri": "P", "pre-rms": "*", "pre-qknorm": "h", "mixln": "<", "pre-dyt": ">", "pre-lns": "d",
+           "post-moe": "8", "pre-moe": "p"}
 LINESTYLES = {"post": "-", "pre": "-", "noskip": ":", "deepnorm": "--", "rezero": "-.", "layerscale": "--",
-              "peri": "-.", "pre-rms": ":", "pre-qknorm": "--", "mixln": ":", "pre-dyt": "-", "pre-lns": "-."}
+              "peri": "-.", "pre-rms": ":", "pre-qknorm": "--", "mixln": ":", "pre-dyt": "-", "pre-lns": "-.",
+              "post-moe": "--", "pre-moe": "--"}
 ORDER = {v: i for i, v in enumerate(VARIANTS)}
 
 
@@ -377,6 +379,40 @@ def attn_logit_max(records: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def router(records: list[dict], path: Path) -> Path:
+    """The experts variants' router over training, one column per depth: the largest |router
+    logit| and the load balance (X * the busiest expert's share of the top-k picks; 1 = balanced),
+    each the max over layers, seed mean; colour = variant, line style = learning rate."""
+    recs = [r for r in records if "router_logit_max" in r["metrics"]]
+    depths = sorted({r["config"]["depth"] for r in recs})
+    lrs = sorted({r["config"]["lr"] for r in recs})
+    dashes = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(2, max(1, len(depths)), figsize=(max(4.2 * len(depths), 6.0), 6.4), squeeze=False)
+    by = _by(recs, "depth", "variant", "lr")
+    for col, depth in enumerate(depths):
+        for v in sorted({k[1] for k in by if k[0] == depth}, key=ORDER.get):
+            for i, lr in enumerate(lrs):
+                group = by.get((depth, v, lr), [])
+                if not group:
+                    continue
+                x = _arr(group[0]["metrics"]["probe_steps"])
+                kw = dict(color=COLORS.get(v, "k"), ls=dashes[i % len(dashes)], label=f"{v}, lr {lr:g}")
+                for row, key in enumerate(("router_logit_max", "expert_balance")):
+                    with warnings.catch_warnings():  # a diverged run's NaNs, quietly
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        _mean_curves(axes[row][col], group, lambda r, k=key: np.nanmax(_arr(r["metrics"][k]), axis=1),
+                                     x=x, **kw)
+        axes[0][col].set_yscale("log")
+        axes[0][col].set_title(f"{depth} layers", fontsize=9)
+        axes[0][col].set_ylabel("largest |router logit|")
+        axes[1][col].set_ylabel("load balance, busiest layer")
+        axes[1][col].set_xlabel("step")
+        axes[0][col].legend(fontsize=6)
+    fig.suptitle("The router over training (max over layers; 1 = balanced, X/k = every token on k experts)",
+                 fontsize=10)
+    return _save(fig, path)
+
+
 ALL = {
     "depth_loss.png": depth_loss,
     "loss_curves.png": loss_curves,
@@ -394,6 +430,10 @@ ALL = {
 
 
 def write_all(records: list[dict], out: Path) -> dict[str, Path]:
-    """Every plot into `out`; returns {file name: path}."""
+    """Every plot into `out` (router.png only where the cells hold the experts variants' router
+    measures); returns {file name: path}."""
     out.mkdir(parents=True, exist_ok=True)
-    return {name: fn(records, out / name) for name, fn in ALL.items()}
+    written = {name: fn(records, out / name) for name, fn in ALL.items()}
+    if any("router_logit_max" in r["metrics"] for r in records):  # a sweep with the experts variants
+        written["router.png"] = router(records, out / "router.png")
+    return written

@@ -39,6 +39,7 @@ class Sweep:
     batch: int = 32
     chunk: int = 50
     heldout: int = 16
+    router_aux_coef: float = 0.0  # the experts variants' load-balancing loss weight (0: off; train.TrainConfig)
 
     def pairs(self) -> list[tuple[str, int]]:
         """(variant, depth) groups, shallow first, each once."""
@@ -157,6 +158,24 @@ PRESETS: dict[str, Sweep] = {
         name="outward-text", task="text", vocab=0, variants=("post", "pre", "deepnorm", "peri", "pre-dyt", "pre-lns"),
         depths=(6, 12, 24), lrs=(1e-3, 3e-3, 1e-2), warmups=(0,), seeds=2,
         seq_len=16, d_model=64, num_heads=4, d_ff=256, steps=800, batch=16, chunk=100, heldout=32,
+    ),
+    # The experts MLP as a variant of the depth study's blocks (issue 53, item 6): post-LN and
+    # pre-LN with their MLP a mixture of 8 experts, top-2 (model.MOE_VARIANTS; each expert d_ff / 2
+    # wide, so a token's active width is the dense d_ff), beside the dense post-LN and pre-LN, at
+    # 6, 12 and 24 layers, the depth study's width, learning rates, seeds and held-out batch. The
+    # router auxiliary loss is off (router_aux_coef 0; `--router-aux-coef`). 100 steps, half the
+    # depth study's: sized after a pilot and a first start. One pre-moe group at 6 layers (6 runs,
+    # 50 steps) trained at ~37 ms per group-layer-step at load ~1.2 (~6 ms per run-layer-step,
+    # 3-5x the dense model's: the library's grouped dispatch is a scan over 24 blocks per
+    # projection, whatever the token count, and `--estimate`'s FLOP count does not see it); the
+    # first start at 200 steps, on a machine at load 9-12, did post-moe at 6 layers at ~1.2 s per
+    # step: ~70 min for the preset. At 100 steps ~5 min of experts training idle, ~25 min at that
+    # load. Its dense cells at 200 steps (post and pre at 6 layers) were the depth study's to the
+    # last digit of its report.
+    "cpu-moe": Sweep(
+        name="cpu-moe", variants=("post", "pre", "post-moe", "pre-moe"), depths=(6, 12, 24),
+        lrs=(1e-3, 3e-3, 1e-2), warmups=(0,), seeds=2,
+        seq_len=16, d_model=32, num_heads=2, d_ff=128, steps=100, batch=16, chunk=25, heldout=32,
     ),
     # For an accelerator: every variant, 6-48 layers, the model of the DESIGN prototype
     # (d_model 64, 4 heads, d_ff 256, context 32, batch 32), 2,000 steps, six learning rates

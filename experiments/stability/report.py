@@ -18,6 +18,7 @@ import math
 import sys
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +33,8 @@ from .analysis import (
     power_law_exponent,
     trajectory_max,
 )
-from .model import VARIANT_NOTES, VARIANTS
-from .presets import PRESETS
+from .model import DENSE_TWIN, MOE_EXPERTS, MOE_TOP_K, MOE_VARIANTS, VARIANT_NOTES, VARIANTS
+from .presets import PRESETS, Sweep
 
 LEVEL = 4 / 3  # a per-layer profile is "level" if its fitted end-to-end factor is in [1/LEVEL, LEVEL]
 EXPONENT_TOL = 0.25  # |fitted exponent - predicted exponent| allowed for the depth scaling claims
@@ -49,6 +50,10 @@ MATCH = 0.05  # nats: two variants' best-LR final losses "match" if within this 
 # Every change to a rule after its data had been seen, as (date, rule, change, why); the
 # report prints this list (empty: no rule has been changed after seeing data).
 TARGET_EXCESS = 0.15  # the `cpu` preset is sized so that trained variants end this close to H (reported, not a verdict)
+# Rules of the experts edition (the `cpu-moe` preset), written on 2026-12-06 before that preset
+# was run (seen before: one pilot group, pre-moe at 6 layers, 50 steps, to time it):
+COLLAPSE = (1 + MOE_EXPERTS / MOE_TOP_K) / 2  # a layer's routing "collapsed": load balance past half-way from
+# balanced (1) to every token on the same k experts (X / k)
 RULE_CHANGES: list[tuple[str, str, str, str]] = []
 ORDER = {v: i for i, v in enumerate(VARIANTS)}
 
@@ -606,6 +611,225 @@ def claim_lns(d: Data) -> tuple[str, str]:
     return _parts_verdict(parts), body
 
 
+# ------------------------------------------------------------------------------------
+# The experts variants (model.MOE_VARIANTS): claims and tables, in a report only when its
+# sweep ran them (the other presets' reports stay as they were).
+# ------------------------------------------------------------------------------------
+
+
+def _moe_pairs(d: Data) -> list[tuple[str, str]]:
+    """(experts variant, its dense twin) pairs both in the sweep."""
+    return [(m, DENSE_TWIN[m]) for m in MOE_VARIANTS if m in d.variants and DENSE_TWIN[m] in d.variants]
+
+
+def _router(d: Data, variant: str, depth: int, lr: float, key: str, when: int) -> float:
+    """Seed mean (runs with a finite value) of the max over layers of a router measure
+    (`train.ROUTER`) at probe `when` (0: init, -1: after training); NaN where none is finite."""
+    vals = []
+    for r in d.get(variant, depth, lr, 0):
+        a = _arr(r["metrics"].get(key, []))
+        if a.ndim >= 1 and a.shape[0]:
+            v = trajectory_max(a[when])
+            if math.isfinite(v):
+                vals.append(v)
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def _router_peak(d: Data, variant: str, depth: int, lr: float) -> float:
+    """Seed mean of the largest |router logit| over training (after every chunk), max over layers."""
+    vals = [trajectory_max(_arr(r["metrics"]["router_logit_max"])[1:]) for r in d.get(variant, depth, lr, 0)
+            if "router_logit_max" in r["metrics"]]
+    vals = [v for v in vals if math.isfinite(v)]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def claim_moe_post(d: Data) -> tuple[str, str]:
+    """An experts MLP leaves where post-LN fails unchanged (Liu et al.'s amplification is the
+    residual branch's, whatever the MLP)."""
+    pairs = _moe_pairs(d)
+    if ("post-moe", "post") not in pairs:
+        return "not measured", "Needs `post` and `post-moe` (the `cpu-moe` preset has them)."
+    rows, same = [], {}
+    for moe, dense in pairs:
+        for L in d.depths:
+            for lr in d.lrs:
+                a, b = _outcome(_rate(d.get(dense, L, lr, 0))), _outcome(_rate(d.get(moe, L, lr, 0)))
+                if "not run" in (a, b):
+                    continue
+                same[(moe, L, lr)] = a == b
+                rows.append(f"| {dense} / {moe} | {L} | {lr:g} | {a} | {b} | {_yn(a == b)} |")
+    post = [v for (m, _, _), v in same.items() if m == "post-moe"]
+    verdict = "agrees" if all(post) else "partly agrees" if sum(post) > len(post) / 2 else "does not agree"
+    body = ("Outcome (majority of seeds, no warmup) of each dense placement and its experts twin at every depth "
+            "and learning rate. The rule, on post-LN: the outcomes are the same in every setting (agrees), in more "
+            f"than half (partly agrees), or not (does not agree); post-LN: {sum(post)} of {len(post)} the same; "
+            f"pre-LN (reported, not part of the verdict): "
+            f"{sum(v for (m, _, _), v in same.items() if m == 'pre-moe')} of "
+            f"{sum(m == 'pre-moe' for (m, _, _) in same)}.\n\n"
+            "| dense / experts | depth | lr | dense | experts | same |\n|---|---|---|---|---|---|\n" + "\n".join(rows))
+    return verdict, body
+
+
+def claim_moe_quality(d: Data) -> tuple[str, str]:
+    """Switch Transformer: at equal FLOPs per token (here: equal active width), the experts MLP
+    reaches a lower loss in the same number of steps than the dense MLP."""
+    pairs = _moe_pairs(d)
+    if ("pre-moe", "pre") not in pairs:
+        return "not measured", "Needs `pre` and `pre-moe` (the `cpu-moe` preset has them)."
+    rows, better = [], []
+    for moe, dense in pairs:
+        for L in d.depths:
+            (lr_d, x_d), (lr_m, x_m) = _best(d, dense, L), _best(d, moe, L)
+            if math.isnan(x_d) or math.isnan(x_m):
+                continue
+            diff = x_m - x_d
+            word = "better" if diff < -MATCH else "worse" if diff > MATCH else "matches"
+            if moe == "pre-moe":
+                better.append(diff < -MATCH)
+            rows.append(f"| {dense} / {moe} | {L} | {_fmt(x_d, 3)} (lr {lr_d:g}) | {_fmt(x_m, 3)} (lr {lr_m:g}) | "
+                        f"{_fmt(diff, 3)} | {word} |")
+    body = (f"Best clipped final loss over the LR grid without warmup, seed mean, each dense placement against its "
+            f"experts twin ({MOE_EXPERTS} experts of width d_ff / {MOE_TOP_K}, top-{MOE_TOP_K}: the same active "
+            f"width, {MOE_EXPERTS // MOE_TOP_K}x the MLP parameters). \"better\" / \"worse\": by more than {MATCH} "
+            f"nats. The rule, on pre-LN (where both train): the experts MLP is better at every depth (agrees), at "
+            "some (partly agrees), at none (does not agree). Post-LN's rows are reported, not part of the verdict.\n\n"
+            "| dense / experts | depth | dense best | experts best | experts - dense | |\n|---|---|---|---|---|---|\n"
+            + "\n".join(rows) + "\n\n![final loss vs depth](depth_loss.png)")
+    if _nothing_trained([d.get(v, L, lr, 0) for v in ("pre", "pre-moe") for L in d.depths for lr in d.lrs]):
+        return _inconclusive(body, "pre-LN or pre-MoE")
+    return _parts_verdict(better), body
+
+
+def claim_moe_router_logits(d: Data) -> tuple[str, str]:
+    """ST-MoE (Zoph et al. 2022): router logits grow large in training (what its router z-loss
+    is for), more so at higher learning rates."""
+    moes = [m for m in MOE_VARIANTS if m in d.variants]
+    if not moes:
+        return "not measured", "Needs an experts variant (the `cpu-moe` preset has them)."
+    top = max(d.lrs)
+    rows, rises, grows = [], [], []
+    for m in moes:
+        for L in d.depths:
+            if not any(d.get(m, L, lr, 0) for lr in d.lrs):
+                continue
+            init = _router(d, m, L, d.lrs[0], "router_logit_max", 0)
+            final = {lr: _router(d, m, L, lr, "router_logit_max", -1) for lr in d.lrs}
+            ran = [final[lr] for lr in d.lrs if not math.isnan(final[lr])]
+            rise = len(ran) >= 2 and all(b >= a for a, b in zip(ran, ran[1:], strict=False))
+            grow = _router_peak(d, m, L, top) / _router(d, m, L, top, "router_logit_max", 0)
+            rises.append(rise)
+            grows.append(grow > LOGIT_GROWTH)
+            rows.append(f"| {m} | {L} | {_fmt(init)} | " + " | ".join(_fmt(final[lr]) for lr in d.lrs)
+                        + f" | {_fmt(grow)} | {_yn(rise)} |")
+    parts = [all(rises), all(grows)]
+    body = ("The largest |router logit| (max over layers and held-out tokens), seed mean: at initialisation and "
+            "after training at each learning rate, and its growth over training (max over the probes / at init) at "
+            f"the highest learning rate ({top:g}). The rule, two parts, each over every experts variant and depth: "
+            "(1) the final largest logit does not fall as the learning rate rises (over the learning rates where a "
+            f"run stayed finite); (2) at the highest learning rate it grows more than {LOGIT_GROWTH:g}x over "
+            f"training. Parts hold: {_yn(parts[0])}, {_yn(parts[1])}.\n\n"
+            "| variant | depth | at init | " + " | ".join(f"after, lr {lr:g}" for lr in d.lrs)
+            + f" | growth at lr {top:g} | rises with lr |\n|---|---|---|" + "---|" * len(d.lrs) + "---|---|\n"
+            + "\n".join(rows) + "\n\n![router](router.png)")
+    return _parts_verdict(parts), body
+
+
+def claim_moe_collapse(d: Data, aux_coef: float) -> tuple[str, str]:
+    """Shazeer et al. 2017: without a balancing loss the gate converges to always favour the same
+    few experts (a self-reinforcing imbalance)."""
+    moes = [m for m in MOE_VARIANTS if m in d.variants]
+    if not moes:
+        return "not measured", "Needs an experts variant (the `cpu-moe` preset has them)."
+    rows, flags = [], []
+    for m in moes:
+        for L in d.depths:
+            for lr in d.lrs:
+                recs = d.get(m, L, lr, 0)
+                if not recs:
+                    continue
+                n_collapsed = []
+                for r in recs:
+                    bal = _arr(r["metrics"]["expert_balance"])[-1]  # (L,) after training
+                    n = int(np.sum(bal >= COLLAPSE)) if np.all(np.isfinite(bal)) else None
+                    n_collapsed.append(n)
+                    if r["summary"]["status"] == "trained" and n is not None:
+                        flags.append(n > 0)
+                mean_final = float(np.nanmean([np.nanmean(_arr(r["metrics"]["expert_balance"])[-1]) for r in recs]))
+                rows.append(f"| {m} | {L} | {lr:g} | {_fmt(_router(d, m, L, lr, 'expert_balance', 0))} | "
+                            f"{_fmt(mean_final)} | {_fmt(_router(d, m, L, lr, 'expert_balance', -1))} | "
+                            f"{', '.join('n/a' if n is None else str(n) for n in n_collapsed)} | "
+                            f"{_fmt(float(np.nanmean([_arr(r['metrics']['router_aux'])[-1] for r in recs])))} |")
+    verdict = ("not measured" if aux_coef else "agrees" if flags and sum(flags) > len(flags) / 2
+               else "partly agrees" if any(flags) else "does not agree")
+    body = (f"Load balance of a layer = X * the largest share of the top-k picks any one expert gets, on the "
+            f"held-out batch (X = {MOE_EXPERTS}, k = {MOE_TOP_K}: 1 when every expert gets 1/{MOE_EXPERTS} of the "
+            f"picks, {MOE_EXPERTS / MOE_TOP_K:g} when every token picks the same {MOE_TOP_K}); a layer's routing "
+            f"\"collapsed\" at {COLLAPSE:g} or more (past half-way). Seed means; balance at init and after training "
+            "is the busiest layer's (the max over layers), \"mean\" over layers; \"collapsed layers\": per seed; HF's "
+            f"load-balancing loss after training over the whole stack ({MOE_TOP_K} when balanced). The rule (the "
+            "claim is about training without a balancing loss: \"not measured\" when --router-aux-coef > 0): "
+            "among the runs that trained, more than half have a collapsed layer (agrees), some do (partly agrees), "
+            f"none (does not agree); {sum(flags)} of {len(flags)} trained runs have one. Router auxiliary loss "
+            f"coefficient in this sweep: {aux_coef:g}" + (" (off)" if not aux_coef else "") + ".\n\n"
+            "| variant | depth | lr | balance at init | mean after | busiest layer after | collapsed layers "
+            "| load-balancing loss after |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+            + "\n\n![router](router.png)")
+    return verdict, body
+
+
+def moe_answer(d: Data, aux_coef: float) -> str:
+    """The experts section's opening paragraph, computed from the cells: where each experts
+    variant trains against its dense twin, the best losses, the router logits by learning rate
+    and the load balance after training."""
+    parts = []
+    for moe, dense in _moe_pairs(d):
+        where = []
+        for L in d.depths:
+            ok = {v: [lr for lr in d.lrs if _outcome(_rate(d.get(v, L, lr, 0))) == "trains"] for v in (dense, moe)}
+            ran = {v: any(d.get(v, L, lr, 0) for lr in d.lrs) for v in (dense, moe)}
+            where.append(f"{L}: " + " vs ".join((", ".join(f"{lr:g}" for lr in ok[v]) or "none") if ran[v]
+                                                else "not run" for v in (dense, moe)))
+        best = "; ".join(f"{L}: {_fmt(_best(d, dense, L)[1], 3)} vs {_fmt(_best(d, moe, L)[1], 3)}" for L in d.depths)
+        parts.append(f"`{dense}` vs `{moe}` train at learning rates ({'; '.join(where)}), best final loss by depth "
+                     f"({best})")
+    logits, balance = [], []
+    for m in (m for m in MOE_VARIANTS if m in d.variants):
+        for L in d.depths:
+            logits.append(f"`{m}` {L}: " + " / ".join(_fmt(_router(d, m, L, lr, "router_logit_max", -1), 1)
+                                                     for lr in d.lrs))
+            balance.append(f"`{m}` {L}: " + " / ".join(_fmt(_router(d, m, L, lr, "expert_balance", -1))
+                                                      for lr in d.lrs))
+    lrs = " / ".join(f"{lr:g}" for lr in d.lrs)
+    return (f"Router auxiliary loss coefficient {aux_coef:g}" + (" (off: the routers trained on the cross-entropy "
+            "alone)" if not aux_coef else "") + ". " + ". ".join(parts) + ". The largest |router logit| after "
+            f"training at lr {lrs} (max over layers, seed mean): " + "; ".join(logits) + ". The load balance after "
+            f"training (X * the busiest expert's share of the picks in the busiest layer; 1 = balanced, "
+            f"{MOE_EXPERTS / MOE_TOP_K:g} = every token on the same {MOE_TOP_K} experts; collapsed from "
+            f"{COLLAPSE:g}) at lr {lrs}: " + "; ".join(balance) + ". Each question's verdict, by its rule, is under "
+            "Findings.")
+
+
+def moe_claims(d: Data, aux_coef: float) -> list[tuple[str, str, Callable[[Data], tuple[str, str]]]]:
+    """The experts variants' claims as CLAIMS' (source, claim, function of Data) rows; none
+    unless the sweep ran an experts variant."""
+    if not any(m in d.variants for m in MOE_VARIANTS):
+        return []
+    return [
+        ("Liu et al. 2020 (Admin), with experts",
+         "An experts MLP leaves where post-LN fails unchanged: post-LN-MoE fails where post-LN fails.",
+         claim_moe_post),
+        ("Fedus et al. 2022 (Switch Transformer), Sec. 2 / Fig. 1",
+         "At equal FLOPs per token (equal active width), the experts MLP reaches a lower loss in as many steps.",
+         claim_moe_quality),
+        ("Zoph et al. 2022 (ST-MoE), Sec. 3.3",
+         "Router logits grow large during training, more so at higher learning rates.",
+         claim_moe_router_logits),
+        ("Shazeer et al. 2017, Sec. 4",
+         "Without a balancing loss, routing collapses onto a few experts.",
+         lambda d: claim_moe_collapse(d, aux_coef)),
+    ]
+
+
 CLAIMS = [
     ("Xiong et al. 2020, Fig. 3",
      "At initialisation post-LN's per-layer gradient norm grows toward the output; pre-LN's is level.",
@@ -815,10 +1039,12 @@ def write_report(out: Path) -> Path:
     plots.write_all(records, out)
     env = records[0]["environment"]
     task = records[0]["task"]
-    from dataclasses import asdict
+    from dataclasses import asdict, fields
 
     preset = PRESETS.get(sweep["name"])
     resolved = {**sweep, "vocab": 0} if preset is not None and preset.vocab == 0 else sweep  # text: the corpus's
+    defaults = {f.name: f.default for f in fields(Sweep)}  # a field newer than the sweep.json: its default
+    resolved = {**{k: v for k, v in defaults.items() if k not in resolved}, **resolved}
     same = preset is not None and json.loads(json.dumps(asdict(preset))) == resolved
     preset_note = "" if same else ", modified"
     last = meta.get("last_run")
@@ -835,12 +1061,15 @@ def write_report(out: Path) -> Path:
         elif cc and cc.get("dir"):  # JAX's persistent cache (several processes)
             timing += (f"; {cc['hits']} of the {cc['requests']} compiled programs came from the persistent "
                        "compilation cache")
+        if last.get("interrupted"):
+            timing += f"; it was interrupted ({last['interrupted']})"
         loads = [x for x in (last.get("load_average_before"), last.get("load_average_after")) if x]
         if loads:
             timing += (f"; the machine's 1-minute load average was {loads[0][0]:.1f} before and "
                        f"{loads[-1][0]:.1f} after (other processes competing for its {env.get('cpu_count')} CPUs "
                        "slow the wall-clock time)")
-    verdicts = [(ref, claim, *fn(d)) for ref, claim, fn in CLAIMS]
+    aux_coef = float(sweep.get("router_aux_coef", 0.0))
+    verdicts = [(ref, claim, *fn(d)) for ref, claim, fn in CLAIMS + moe_claims(d, aux_coef)]
 
     lines = [
         f"# Depth stability: pre-LN vs post-LN and friends (`{sweep['name']}` preset{preset_note})",
@@ -856,6 +1085,8 @@ def write_report(out: Path) -> Path:
         "",
         "![final loss vs depth](depth_loss.png)",
         "",
+        *(["## The experts MLP", "", moe_answer(d, aux_coef), "", "![router](router.png)", ""]
+          if any(m in d.variants for m in MOE_VARIANTS) else []),
         "## Setup",
         "",
         task_line(sweep, task),
@@ -865,6 +1096,18 @@ def write_report(out: Path) -> Path:
         "DeepNorm's own beta-scaled xavier-normal on v/out/FFN), embeddings N(0, 1/2) each.",
         "- Variants: " + "; ".join(f"`{v}` {VARIANT_NOTES.get(v, '')}" for v in d.variants) + ". Norms are "
         "LayerNorm unless named (eps 1e-5).",
+        *([f"- Experts variants: the MLP sublayer is `flax_blocks`' experts MLP (`BlockConfig(num_experts="
+           f"{MOE_EXPERTS}, num_experts_per_tok={MOE_TOP_K}, expert_d_ff=d_ff / {MOE_TOP_K}, norm_topk_prob=True)`): "
+           f"a bias-free router, softmax over the {MOE_EXPERTS} experts, the top {MOE_TOP_K} renormalised; each "
+           f"expert the lab's ReLU MLP of width {sweep['d_ff'] // MOE_TOP_K} without biases, so a token's active "
+           f"width is the dense d_ff {sweep['d_ff']} ({MOE_EXPERTS // MOE_TOP_K}x the MLP's parameters); no "
+           "capacity limit, no token dropped; xavier-uniform router and experts. Router auxiliary (load-balancing) "
+           f"loss coefficient {aux_coef:g}" + (" (off, the default; `--router-aux-coef`)" if not aux_coef else
+                                                " (HF's Switch-style loss added to the objective)") + ". Measured "
+           "at init and after every chunk on the held-out batch, per layer: the largest |router logit| and their "
+           "RMS, each expert's share of the top-k picks and the load balance (X * the largest share), and HF's "
+           "load-balancing loss over the stack; the FFN W2 gradient norm is the experts' down projections'."]
+          if any(m in d.variants for m in MOE_VARIANTS) else []),
         f"- Depths {', '.join(map(str, d.depths))}; learning rates "
         f"{', '.join(f'{x:g}' for x in d.lrs)}; warmup {', '.join(map(str, d.warmups))} steps"
         + (f" (nonzero warmup for {', '.join(sweep['warmup_variants'])} only)" if sweep.get("warmup_variants")
@@ -889,7 +1132,9 @@ def write_report(out: Path) -> Path:
         "sweep gives the same numbers bit for bit; runs computed in a group of another size or on another "
         "device count agree up to float32 rounding (XLA may sum in another order).",
         f"- Ran on {env['device_count']} x {env['device_kind']} ({env['platform']}), jax {env['jax']}, "
-        f"flax {env['flax']}; {len(records)} runs; {timing}.",
+        f"flax {env['flax']}; {len(records)} runs"
+        + (f" of the sweep's {len(meta['cells'])} (the others not finished: rerunning the command above computes "
+           "only them)" if len(records) < len(meta["cells"]) else "") + f"; {timing}.",
         "",
         "## Findings against the literature",
         "",

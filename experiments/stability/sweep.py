@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from .analysis import failure
-from .model import VARIANTS
+from .model import MOE_EXPERTS, MOE_TOP_K, MOE_VARIANTS, VARIANTS
 from .presets import PRESETS, Sweep
 from .tasks import TASKS
 
@@ -90,6 +90,9 @@ def cell_config(sweep: Sweep, variant: str, depth: int, lr: float, warmup: int, 
         "seed": int(seed), "steps": sweep.steps, "batch": sweep.batch, "chunk": sweep.chunk,
         "heldout": sweep.heldout,
     }
+    if variant in MOE_VARIANTS:  # the experts variants' own settings (a dense cell's config is as it was)
+        cfg.update(num_experts=MOE_EXPERTS, experts_per_tok=MOE_TOP_K, expert_d_ff=sweep.d_ff // MOE_TOP_K,
+                   router_aux_coef=float(sweep.router_aux_coef))
     if sweep.task == "text":
         from .text import load_corpus
 
@@ -142,6 +145,13 @@ def write_cell(path: Path, record: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(_jsonable(record), separators=(",", ":")))
     os.replace(tmp, path)
+
+
+def write_meta(out: Path, meta: dict) -> None:
+    """OUT/sweep.json, atomically (as `write_cell`): a killed process leaves the old file or the new one, whole."""
+    tmp = out / "sweep.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, out / "sweep.json")
 
 
 def read_cell(path: Path) -> dict | None:
@@ -381,7 +391,7 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     groups, names = plan(sweep, cells_dir)
     meta = {"sweep": asdict(sweep), "command": command, "cells": names}
     if jax.process_index() == 0:
-        (out / "sweep.json").write_text(json.dumps(meta, indent=1))
+        write_meta(out, meta)
     skipped = len(names) - sum(len(g.todo) for g in groups)
     if max_groups is not None:
         groups = groups[:max_groups]
@@ -390,7 +400,8 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
         return names
 
     task = make_task(sweep.task, vocab=sweep.vocab, seq_len=sweep.seq_len, seed=sweep.task_seed)
-    train_cfg = TrainConfig(steps=sweep.steps, batch=sweep.batch, chunk=sweep.chunk, heldout=sweep.heldout)
+    train_cfg = TrainConfig(steps=sweep.steps, batch=sweep.batch, chunk=sweep.chunk, heldout=sweep.heldout,
+                            router_aux_coef=sweep.router_aux_coef)
     options = compiler_options(opt_level, xla_options)
     env = {**environment(), "xla_compile_options": options}
     # The program cache (one process): a warm run loads every program and the task's pools
@@ -496,30 +507,48 @@ def run_sweep(sweep: Sweep, out: Path, *, progress: bool = True, max_groups: int
     train_ex = ThreadPoolExecutor(max_workers=len(jax.devices()))  # FIFO: a group starts after every earlier one
     last: dict[Any, Future] = {}
     running: list[Future] = []
+    interrupted = None
     try:
         for i, devices in enumerate(placed):
             running.append(train_ex.submit(train, i, [last[d] for d in devices if d in last]))
             last.update({d: running[i] for d in devices})
         for f in running:
             f.result()
+    except BaseException as err:  # an interrupt or a failed group: the cells written stay, sweep.json says so
+        interrupted = f"{type(err).__name__}: {err}"[:200]
+        raise
     finally:
         stop.set()
         train_ex.shutdown(cancel_futures=True)
         pool_ex.shutdown(cancel_futures=True)
-    bar.close()
-    if jax.process_index() == 0:
-        meta["last_run"] = {"cells_computed": sum(len(g.todo) for g in groups),
-                            "wall_seconds": round(time.time() - start, 1),
-                            "cpu_seconds": round(time.process_time() - cpu_start, 1),
-                            "load_average_before": load_before, "load_average_after": load_average(),
-                            "compile_cache": {"dir": str(cache_dir) if cache_dir else None,
-                                              "requests": cache.requests, "hits": cache.hits,  # JAX's cache
-                                              "programs": programs and {"loaded": programs.loaded["program"],
-                                                                         "compiled": programs.made["program"]},
-                                              "pools_loaded": programs.loaded["array"] if programs else 0},
-                            "environment": env}
-        (out / "sweep.json").write_text(json.dumps(meta, indent=1))
+        bar.close()
+        if jax.process_index() == 0:
+            write_last_run(out, meta, groups, cells_dir, start, cpu_start, load_before, cache_dir, cache, programs,
+                           env, interrupted)
     return names
+
+
+def write_last_run(out: Path, meta: dict, groups: list[Group], cells_dir: Path, start: float, cpu_start: float,
+                   load_before: list[float] | None, cache_dir: str | Path | None, cache: CacheCount,
+                   programs: Any, env: dict, interrupted: str | None) -> None:
+    """sweep.json with the last invocation's record ("last_run"): cells computed, times, load, caches;
+    an interrupted one (interrupted: what stopped it) counts the cells it wrote before it stopped."""
+    computed = sum(len(g.todo) for g in groups)
+    if interrupted is not None:
+        computed = sum(read_cell(cells_dir / f"{n}.json") is not None for g in groups for n in g.names)
+    meta["last_run"] = {"cells_computed": computed,
+                        "wall_seconds": round(time.time() - start, 1),
+                        "cpu_seconds": round(time.process_time() - cpu_start, 1),
+                        "load_average_before": load_before, "load_average_after": load_average(),
+                        "compile_cache": {"dir": str(cache_dir) if cache_dir else None,
+                                          "requests": cache.requests, "hits": cache.hits,  # JAX's cache
+                                          "programs": programs and {"loaded": programs.loaded["program"],
+                                                                     "compiled": programs.made["program"]},
+                                          "pools_loaded": programs.loaded["array"] if programs else 0},
+                        "environment": env}
+    if interrupted is not None:
+        meta["last_run"]["interrupted"] = interrupted
+    write_meta(out, meta)
 
 
 # ------------------------------------------------------------------------------------
@@ -559,7 +588,8 @@ def _describe(sweep: Sweep) -> str:
     extra = f" + {','.join(f'{v}:{d}' for v, d in sweep.extra)}" if sweep.extra else ""
     return (f"{','.join(sweep.variants)} at depths {','.join(map(str, sweep.depths))}{extra}, "
             f"lrs {','.join(f'{x:g}' for x in sweep.lrs)}, warmups {','.join(map(str, sweep.warmups))}, "
-            f"{sweep.seeds} seeds, {sweep.steps} steps")
+            f"{sweep.seeds} seeds, {sweep.steps} steps"
+            + (f", router aux coef {sweep.router_aux_coef:g}" if sweep.router_aux_coef else ""))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -592,6 +622,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              "vocab": "vocabulary size of the task"}
     for name, text in sizes.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name, help=f"{text} (default: the preset's)")
+    p.add_argument("--router-aux-coef", type=float, dest="router_aux_coef", metavar="COEF",
+                   help="the experts variants (" + ", ".join(MOE_VARIANTS) + "): add COEF x HF's load-balancing "
+                        "loss (Switch Transformer's) to the training objective (default: the preset's, 0 = off)")
     p.add_argument("--no-report", action="store_true", help="skip report.md and the plots")
     p.add_argument("--estimate", action="store_true",
                    help="print the sweep's size (runs, run-layer-steps, FLOPs) and time estimates, run nothing")
@@ -626,7 +659,8 @@ def sweep_from_args(args: argparse.Namespace) -> Sweep:
     sweep = PRESETS[args.preset]
     changes = {k: getattr(args, k) for k in (
         "task", "variants", "depths", "extra", "lrs", "warmups", "seeds", "steps", "batch", "chunk",
-        "heldout", "d_model", "num_heads", "d_ff", "seq_len", "vocab") if getattr(args, k) is not None}
+        "heldout", "d_model", "num_heads", "d_ff", "seq_len", "vocab", "router_aux_coef")
+        if getattr(args, k) is not None}
     if args.warmup_variants is not None:  # '' -> None: every variant runs every warmup
         changes["warmup_variants"] = tuple(filter(None, args.warmup_variants.split(","))) or None
     if args.extra is None and (args.variants is not None or args.depths is not None):

@@ -32,7 +32,16 @@ Recorded per run:
     over batch, heads and unmasked (query, key) pairs; the Encoder's intermediate
     "attention_logits_max"), the RMS and the largest |value| of the LM head's output
     logits, and ||x_l||^2 / d
-    ("stream_norm_probe": its last row is the stream after training).
+    ("stream_norm_probe": its last row is the stream after training);
+  the experts variants (model.MOE_VARIANTS), at the same probe points on the held-out batch,
+    the router's measures of each layer (`router_measures`): the largest |router logit|
+    ("router_logit_max") and their RMS ("router_logit_rms"), each expert's share of the
+    top-k picks ("expert_load", (L, X)), the load balance X * max_x share ("expert_balance":
+    1 = every expert picked equally, X / k = all tokens on the same k experts), and HF's
+    load-balancing loss over the whole stack ("router_aux": k when balanced); the FFN W2
+    gradient norm is that of the experts' down projections. With TrainConfig.router_aux_coef
+    > 0 the training objective adds coef x that loss on the training batch, and its value is
+    recorded every step ("aux_loss"); "loss" stays the cross-entropy.
 
 Multi-host: call `jax.distributed.initialize()` in every process before any JAX work (the
 `--distributed` / `--coordinator --num-processes --process-id` flags of
@@ -70,6 +79,8 @@ PER_GRAD_MEAN = tuple(f"{k}_mean" for k in PER_GRAD)
 PER_PROBE = ("stream_norm", "attn_entropy")
 # at init and after every chunk: (n_chunks + 1, ...)
 TRAJECTORY = ("attn_logit_max", "logit_rms", "logit_absmax", "stream_norm_probe")
+# the experts variants' router at the same probe points: (n_chunks + 1, L); "expert_load" (.., L, X), "router_aux" (..,)
+ROUTER = ("router_logit_max", "router_logit_rms", "expert_balance", "expert_load", "router_aux")
 PROGRAMS = ("chunk", "init", "probe")  # a group's compiled programs, the largest first
 
 
@@ -81,6 +92,7 @@ class TrainConfig:
     setting of the original Transformer and of the papers compared here; no weight decay,
     no gradient clipping (clipping would hide the instabilities being measured).
     Learning rate: linear warmup from lr / warmup to lr over `warmup` steps, then constant.
+    router_aux_coef: the experts variants only; 0 (the default) trains on the cross-entropy alone.
     pool: task sequences drawn once (seed pool_seed); batches are sampled from it.
     heldout: fixed held-out sequences (seed heldout_seed, disjoint stream from the pool).
     """
@@ -95,6 +107,7 @@ class TrainConfig:
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-9
+    router_aux_coef: float = 0.0  # the experts variants: objective = CE + coef x HF's load-balancing loss
 
     def __post_init__(self) -> None:
         if self.steps <= 0 or self.chunk <= 0 or self.steps % self.chunk:
@@ -206,6 +219,20 @@ def stream_norms(embedded: jax.Array, residual: jax.Array) -> jax.Array:
     return jnp.concatenate([x0[None], xs])
 
 
+def router_measures(router_logits: jax.Array, top_k: int) -> dict[str, jax.Array]:
+    """A stack's router logits (L, B, T, X) -> per layer: the largest |logit| (L,), their RMS (L,),
+    each expert's share of the B T k top-k picks (L, X) (summing to 1) and the load balance
+    X * max_x share (L,): 1 when every expert gets 1 / X of the picks, X / k when every token
+    picks the same k experts. The top k as the router picks them (`flax_blocks.experts.route`)."""
+    x = router_logits.shape[-1]
+    logits = router_logits.astype(jnp.float32)
+    _, chosen = jax.lax.top_k(logits, top_k)  # softmax keeps the order: the same picks as the router's
+    load = jnp.mean(jax.nn.one_hot(chosen, x, dtype=jnp.float32), axis=(1, 2, 3))  # (L, X)
+    return {"router_logit_max": jnp.max(jnp.abs(logits), axis=(1, 2, 3)),
+            "router_logit_rms": jnp.sqrt(jnp.mean(jnp.square(logits), axis=(1, 2, 3))),
+            "expert_load": load, "expert_balance": x * jnp.max(load, axis=-1)}
+
+
 class Trainer:
     """The compiled training program of one group: one ModelConfig, one Task, one TrainConfig."""
 
@@ -221,6 +248,8 @@ class Trainer:
         self.n_devices = self.mesh.devices.size
         self.adam = optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps)
         self.weights = task.weights()  # (T,) loss weight per target position
+        # the load-balancing loss's weight in the objective: the experts variants' only
+        self.aux_coef = float(train_cfg.router_aux_coef) if model_cfg.experts else 0.0
         self.compiler_options = compiler_options() if options is None else options
         self.program_cache = program_cache  # where `compile` loads its programs from, when it holds them
         # The task data: (pool, T + 1) and (heldout, T + 1) int32, replicated; the programs are
@@ -278,6 +307,16 @@ class Trainer:
         """Mean loss on a batch of tokens (B, T + 1)."""
         return self._mean_ce(self._model(params, rest)(tokens[:, :-1]), tokens)
 
+    def _objective(self, params: dict, rest: dict, tokens: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """The experts variants' objective with the auxiliary loss: CE + aux_coef x HF's
+        load-balancing loss of the batch's router logits -> (objective, (CE, load-balancing loss))."""
+        from flax_blocks.experts import load_balancing_loss
+
+        logits, inter = self._model(params, rest)(tokens[:, :-1], return_intermediates=True)
+        ce = self._mean_ce(logits, tokens)
+        aux = load_balancing_loss(self.model_cfg.block_config(), inter["router_logits"])
+        return ce + self.aux_coef * aux, (ce, aux)
+
     def _heldout(self, params: dict, rest: dict, heldout: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Held-out loss and encoder output y (heldout, T, E)."""
         model = self._model(params, rest)
@@ -290,7 +329,7 @@ class Trainer:
         largest attention logit of each layer (L,), and the RMS and max |.| of the output
         logits (scalars)."""
         logits, inter = self._model(params, rest)(heldout[:, :-1], return_intermediates=True)
-        return {
+        out = {
             "loss": self._mean_ce(logits, heldout), "y": inter["output"],
             "stream_norm": stream_norms(inter["embedded"], inter["residual"]),
             "attn_entropy": attention_entropy(inter["attention_weights"]),
@@ -298,6 +337,13 @@ class Trainer:
             "logit_rms": jnp.sqrt(jnp.mean(jnp.square(logits))),
             "logit_absmax": jnp.max(jnp.abs(logits)),
         }
+        if self.model_cfg.experts:  # the router's measures (a dense model's probe is unchanged)
+            from flax_blocks.experts import load_balancing_loss
+
+            block = self.model_cfg.block_config()
+            out.update(router_measures(inter["router_logits"], block.num_experts_per_tok))
+            out["router_aux"] = load_balancing_loss(block, inter["router_logits"]).astype(jnp.float32)
+        return out
 
     def _init_one(self, seed: jax.Array) -> dict:
         """One run's fresh state: the model initialised from key(seed), Adam's zero moments,
@@ -316,26 +362,32 @@ class Trainer:
         def step(carry: tuple, _: None) -> tuple[tuple, dict]:
             params, opt, t = carry
             idx = jax.random.randint(jax.random.fold_in(data_key, t), (self.train_cfg.batch,), 0, pool.shape[0])
-            loss, grads = jax.value_and_grad(self._train_loss)(params, rest, pool[idx])
+            if self.aux_coef:  # the experts variants with the auxiliary loss
+                (_, (loss, aux)), grads = jax.value_and_grad(self._objective, has_aux=True)(params, rest, pool[idx])
+            else:  # as every dense variant has always trained
+                loss, grads = jax.value_and_grad(self._train_loss)(params, rest, pool[idx])
             updates, opt = self.adam.update(grads, opt, params)
             scale = jnp.where(warmup > 0, jnp.minimum(1.0, (t + 1) / jnp.maximum(warmup, 1)), 1.0)
             params = jax.tree.map(lambda p, u: p - lr * scale * u, params, updates)
             heldout_loss, y = self._heldout(params, rest, heldout)
             layers = grads["encoder"]["layers"]
+            w2 = layers["experts"]["down"] if self.model_cfg.experts else layers["linear2"]["kernel"]
             out = {
                 "loss": loss,
                 "grad_norm": jnp.sqrt(tree_sq(grads)),
                 "heldout_loss": heldout_loss,
                 "update": jnp.mean(jnp.sqrt(jnp.sum(jnp.square(y - y0), axis=-1))),
                 "layer_grad_norm": jnp.sqrt(tree_sq(layers, keep_leading=True)),  # (L,)
-                "w2_grad_norm": jnp.sqrt(tree_sq(layers["linear2"]["kernel"], keep_leading=True)),
+                "w2_grad_norm": jnp.sqrt(tree_sq(w2, keep_leading=True)),
                 "attn_grad_norm": jnp.sqrt(tree_sq(layers["self_attn"], keep_leading=True)),
             }
+            if self.aux_coef:
+                out["aux_loss"] = aux
             return (params, opt, t + 1), out
 
         carry = (state["params"], state["opt"], state["step"])
         (params, opt, t), per_step = jax.lax.scan(step, carry, None, length=self.train_cfg.chunk)
-        metrics = {k: per_step[k] for k in PER_STEP}
+        metrics = {k: per_step[k] for k in PER_STEP + ("aux_loss",) if k in per_step}
         metrics.update({k: per_step[k][0] for k in PER_GRAD})  # at the chunk's first step
         metrics.update({f"{k}_mean": jnp.mean(per_step[k], axis=0) for k in PER_GRAD})  # over the chunk
         return {**state, "params": params, "opt": opt, "step": t}, metrics
@@ -444,7 +496,7 @@ class Trainer:
             yield (c + 1) * self.train_cfg.chunk, None
 
         out: dict[str, np.ndarray] = {}
-        for k in PER_STEP:  # (R, steps)
+        for k in PER_STEP + ("aux_loss",) * ("aux_loss" in chunks[0]):  # (R, steps)
             out[k] = np.concatenate([m[k] for m in chunks], axis=1)
         for k in PER_GRAD + PER_GRAD_MEAN:  # (R, n_chunks, ...)
             out[k] = np.stack([m[k] for m in chunks], axis=1)
@@ -452,6 +504,9 @@ class Trainer:
             out[k] = np.stack([p[k] for p in probes[:-1]], axis=1)
         for k in TRAJECTORY:  # (R, n_chunks + 1, ...): at init, then after each chunk
             out[k] = np.stack([p["stream_norm" if k == "stream_norm_probe" else k] for p in probes], axis=1)
+        for k in ROUTER:  # the experts variants: (R, n_chunks + 1, L[, X]) or (R, n_chunks + 1)
+            if k in probes[0]:
+                out[k] = np.stack([p[k] for p in probes], axis=1)
         out["heldout_loss0"] = probes[0]["loss"]  # (R,)
         results = []
         for i in range(n):
