@@ -173,7 +173,7 @@ def _tensors(model: Any, config: Mapping[str, Any], base: Any) -> dict[str, Any]
                                    "from) for the embeddings and head around it"],
                                   header="cannot save this stack as a Hugging Face folder")
         dialect = getattr(model, "hf_dialect", None) or FAMILIES[family].dialect
-        tr = dialects.translate(source, dialect, num_heads=model.cfg.num_heads)
+        tr = dialects.translate(source, dialect, num_heads=model.cfg.num_heads, cfg=model.cfg)
         ours = to_hf(model, dialect, prefix=tr.prefix)
         source = {k: source[k] for k in tr.dropped}
     out = {k: a for k, a in {**(source or {}), **ours}.items() if not _is_tied_copy(k, model, config)}
