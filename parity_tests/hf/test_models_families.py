@@ -1,6 +1,7 @@
 """Whole models of the families beyond LLaMA, GPT-2 and BERT:
 fb.from_hf(part="causal-lm") for OPT, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 text, OLMo 2,
-GPT-NeoX, StableLM, Starcoder2 and the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), part="model" for RoBERTa and DistilBERT, fb.to_hf of the
+GPT-NeoX, StableLM, Starcoder2 and the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE),
+part="model" for RoBERTa and DistilBERT, fb.to_hf of the
 whole model, fb.generate, and the torch twin on the parts these families add (OPT's position
 offset, Gemma's embedding scale, Gemma 2's final logit soft-cap).
 
