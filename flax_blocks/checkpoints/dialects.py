@@ -43,8 +43,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..core import declarations
-from ..core.config import BlockConfig
+from ..core.config import BlockConfig, is_moe_layer
 from ..core.options import PROBES
 from .family import families_of_dialect
 from .io import ConversionError, read_state_dict
@@ -70,6 +72,15 @@ class Rule:
     zero: parts of `theirs` the family never has, read as zeros (Whisper's k_proj has no bias:
       a bias on the keys adds q_i . b to every logit of query i, which softmax ignores, so a
       zero one computes exactly what HF computes); written back only when zero, else refused.
+    axis: the axis a chunk rule splits (transformers 5's fused experts.gate_up_proj (X, 2F, E):
+      gate = block 0, up = block 1 along axis 1).
+    per_expert: their one name holds "{j}", one tensor per expert (Mixtral's
+      block_sparse_moe.experts.{j}.w1.weight (F, E)): ours stacks experts 0..X-1 along a new
+      axis 0 ((X, F, E)); written back one tensor per expert.
+
+    Several rules may give the same name of ours from different names of theirs (the per-expert
+    tensors on disk and the fused ones transformers 5 holds): a checkpoint is read from whichever
+    it holds, and written in the first rule's names.
     """
 
     ours: str
@@ -79,6 +90,8 @@ class Rule:
     chunk: tuple[int, int] | None = None
     per_head: int = 0
     zero: tuple[str, ...] = ()
+    axis: int = 0
+    per_expert: bool = False
 
     def __post_init__(self):
         if self.split and len(self.split) != len(self.theirs):
@@ -88,6 +101,15 @@ class Rule:
             raise ValueError(f"{self.ours}: a chunk rule takes one tensor of theirs, untransposed and unsplit")
         if self.per_head and (len(self.theirs) != 1 or self.transpose or self.split or self.chunk):
             raise ValueError(f"{self.ours}: a per-head rule takes one tensor of theirs, untransposed and unsplit")
+        if self.per_expert and (len(self.theirs) != 1 or "{j}" not in self.theirs[0] or self.transpose
+                                or self.split or self.chunk or self.per_head):
+            raise ValueError(f"{self.ours}: a per-expert rule takes one name of theirs holding {{j}}, untransposed, "
+                             "unsplit and unchunked")
+
+    @property
+    def expert_regex(self) -> re.Pattern:
+        """A per-expert rule's name of theirs, the expert's index captured."""
+        return re.compile("^" + re.escape(self.theirs[0]).replace(r"\{j\}", r"(\d+)") + "$")
 
 
 def _regroup(a, heads: int, parts: int, *, to_ours: bool):
@@ -155,6 +177,42 @@ def fused(theirs: str, *ours: str) -> tuple[Rule, ...]:
     return tuple(Rule(o, (theirs,), chunk=(i, len(ours))) for i, o in enumerate(ours))
 
 
+def experts(on_disk: str, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"), *,
+            fused_in: str = "mlp.", shared: str | None = None) -> tuple[Rule, ...]:
+    """An experts MLP (our experts.router, experts.gate / up (X, F, E), experts.down (X, E, F)) from
+    both layouts of the four transformers MoE families:
+    - on disk (save_pretrained's names): `{on_disk}gate.weight` (X, E), and per expert j
+      `{on_disk}experts.{j}.<gate>.weight` (F, E), `<up>` (F, E), `<down>` (E, F), names = (gate,
+      up, down) (Mixtral's on_disk "block_sparse_moe.", names ("w1", "w3", "w2"); Qwen2-MoE,
+      Qwen3-MoE, OLMoE: "mlp.", gate_proj, up_proj, down_proj); written back in these names;
+    - transformers 5's fused parameters (its state_dict(), save_pretrained(save_original_format=
+      False)): `{fused_in}gate.weight`, `{fused_in}experts.gate_up_proj` (X, 2F, E), rows [:F] the
+      gate and [F:] up, and `{fused_in}experts.down_proj` (X, E, F);
+    - shared: a shared expert's module name ("mlp.shared_expert": gate_proj, up_proj, down_proj as
+      nn.Linear) and its sigmoid gate `{shared}_gate.weight` (1, E)."""
+    gate, up, down = names
+    rules = [Rule("experts.router", (f"{on_disk}gate.weight",)),
+             Rule("experts.gate", (f"{on_disk}experts.{{j}}.{gate}.weight",), per_expert=True),
+             Rule("experts.up", (f"{on_disk}experts.{{j}}.{up}.weight",), per_expert=True),
+             Rule("experts.down", (f"{on_disk}experts.{{j}}.{down}.weight",), per_expert=True)]
+    if fused_in != on_disk:
+        rules.append(Rule("experts.router", (f"{fused_in}gate.weight",)))
+    rules += [Rule("experts.gate", (f"{fused_in}experts.gate_up_proj",), chunk=(0, 2), axis=1),
+              Rule("experts.up", (f"{fused_in}experts.gate_up_proj",), chunk=(1, 2), axis=1),
+              Rule("experts.down", (f"{fused_in}experts.down_proj",))]
+    if shared is not None:
+        rules += [*linear("experts.shared_gate", f"{shared}.gate_proj"),
+                  *linear("experts.shared_up", f"{shared}.up_proj"),
+                  *linear("experts.shared_down", f"{shared}.down_proj"),
+                  Rule("experts.shared_expert_gate", (f"{shared}_gate.weight",))]
+    return tuple(rules)
+
+
+# BlockConfig's experts fields: what a family with experts reads from its config (or fixes).
+EXPERTS_READS = ("num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
+                 "decoder_sparse_step", "mlp_only_layers")
+
+
 # ----------------------------------------------------------------------------------------
 # Our own names, and what the families' dialects share (each family's module holds its own:
 # flax_blocks.checkpoints.families)
@@ -188,6 +246,8 @@ LLAMA_RULES = (
     *norm("norm1", "input_layernorm"),
     *norm("norm2", "post_attention_layernorm"),
 )
+# LLaMA's attention and norms alone (the MoE families put experts in place of the MLP).
+LLAMA_ATTENTION_NORMS = tuple(r for r in LLAMA_RULES if r.ours.split(".")[0] not in declarations.MLP_MODULES)
 LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0.0, "mlp": "swiglu",
                    "activation": "silu", "scaling": "none", "residual": "add", "qk_norm": False,
                    "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
@@ -233,7 +293,13 @@ def _get(name: str) -> Dialect:
 def _known_in_layer(lay: Dialect) -> set[str]:
     if lay.rules is None:
         return _TORCH_NAMES["TransformerBlock"]
-    return {t for r in lay.rules for t in r.theirs} | set(lay.ignore)
+    return {t for r in lay.rules if not r.per_expert for t in r.theirs} | set(lay.ignore)
+
+
+def _knows(lay: Dialect, known: set[str], name: str) -> bool:
+    """Whether `name` (within a layer) is one of the dialect's: a name, or a per-expert one."""
+    return name in known or (lay.rules is not None and any(r.expert_regex.match(name)
+                                                            for r in lay.rules if r.per_expert))
 
 
 def _roots(keys) -> list[str]:
@@ -248,7 +314,7 @@ def _roots(keys) -> list[str]:
 def _stack_keys(keys: list[str], lay: Dialect) -> list[str]:
     """The keys this dialect recognises as its stack's (any model prefix)."""
     known = _known_in_layer(lay)
-    hits = [k for k in keys if (m := lay.layer_regex.match(k)) and m.group(3) in known]
+    hits = [k for k in keys if (m := lay.layer_regex.match(k)) and _knows(lay, known, m.group(3))]
     if lay.rules is None:  # a single block of ours has no layers.{i}.
         blocks = set().union(*_TORCH_NAMES.values())
         hits += [k for k in keys if k in blocks]
@@ -308,21 +374,22 @@ class Translated:
 
 
 def _cat(parts: list, transpose: bool):
-    import numpy as np
-
     parts = [p.T if transpose else p for p in parts]
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
 def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str = "",
-              num_heads: int | None = None) -> Translated:
+              num_heads: int | None = None, cfg: BlockConfig | None = None) -> Translated:
     """Their state dict (numpy arrays) -> ours: `layers.{i}.<our name>` and `norm.*`.
 
     dialect None: detected (see `detect_dialect`). prefix: their keys' model prefix; detected
     when not given (the part before the first layer key: "bert.", "transformer.", "model.").
     The torch dialect returns the dict unchanged. Raises ConversionError listing keys inside
     the layers that the dialect does not know and merges with parts missing. num_heads: the
-    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX)."""
+    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX). cfg: the stack's
+    config; a stack that mixes dense and experts layers (cfg.mixed_mlp, Qwen2-MoE's
+    decoder_sparse_step / mlp_only_layers) holds both MLPs in every layer, the checkpoint only
+    the one each layer runs: the idle one is read as zeros (never computed with)."""
     name = detect_dialect(sd) if dialect is None else _get(dialect).name
     lay = DIALECTS[name]
     if lay.rules is None:
@@ -350,10 +417,19 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
             dropped.append(k)
     known = _known_in_layer(lay)
     for i, theirs in sorted(layers.items()):
-        unknown = sorted(set(theirs) - known)
+        unknown = sorted(t for t in theirs if not _knows(lay, known, t))
         problems += [f"{prefix}{lay.layer.format(i=i)}{t} (shape {tuple(theirs[t].shape)}): not a parameter "
                      f"the {name} dialect knows" for t in unknown]
         for r in lay.rules:
+            if r.per_expert:  # one tensor per expert, stacked along a new axis 0
+                rx = r.expert_regex
+                each = {int(m.group(1)): t for t in theirs if (m := rx.match(t))}
+                if each and sorted(each) != list(range(len(each))):
+                    problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]}: experts {sorted(each)} (expected "
+                                    f"0..{len(each) - 1})")
+                elif each:
+                    out[f"{declarations.LAYERS}.{i}.{r.ours}"] = np.stack([theirs[each[j]] for j in range(len(each))])
+                continue
             have = [t for t in r.theirs if t in theirs]
             if not have:
                 continue
@@ -368,12 +444,13 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                 continue
             a = _cat([theirs[t] for t in r.theirs], r.transpose)
             if r.chunk is not None:
-                (index, count), rows = r.chunk, a.shape[0]
+                (index, count), rows = r.chunk, a.shape[r.axis]
                 if rows % count:
                     problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]} (shape {tuple(a.shape)}): {rows} "
-                                    f"rows do not split into {count} equal blocks")
+                                    f"{'rows' if r.axis == 0 else f'entries along axis {r.axis}'} do not split into "
+                                    f"{count} equal blocks")
                     continue
-                a = a[index * rows // count:(index + 1) * rows // count]
+                a = a[(slice(None),) * r.axis + (slice(index * rows // count, (index + 1) * rows // count),)]
             if r.per_head:
                 if num_heads is None or a.shape[0] % (num_heads * r.per_head):
                     problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]} (shape {tuple(a.shape)}): its "
@@ -383,12 +460,40 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                     continue
                 a = _regroup(a, num_heads, r.per_head, to_ours=True)
             out[f"{declarations.LAYERS}.{i}.{r.ours}"] = a
+    if cfg is not None and cfg.mixed_mlp:
+        _fill_idle(out, cfg, lay, sorted(layers))
     if problems:
         raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
     if not layers:
         raise ConversionError([f"no key matches {prefix}{lay.layer} (the keys' roots are {_roots(sd)})"],
                               header=f"cannot read the {name} checkpoint")
     return Translated(out, name, prefix, dropped)
+
+
+def _idle(cfg: BlockConfig, layer: int, ours: str) -> bool:
+    """Whether our name `ours` (within layer `layer`, from 0) is the idle MLP of a mixed stack's
+    layer: the dense MLP of a layer that runs the experts, or the experts of one that does not."""
+    if not cfg.mixed_mlp:
+        return False
+    module = ours.split(".")[0]
+    if module == declarations.EXPERTS_MODULE:
+        return not is_moe_layer(cfg, layer + 1)
+    return module in declarations.MLP_MODULES and bool(is_moe_layer(cfg, layer + 1))
+
+
+def _fill_idle(out: dict[str, Any], cfg: BlockConfig, lay: Dialect, layers: list[int]) -> None:
+    """Zeros (lazy, the layer's dtype) for each layer's idle MLP, which the checkpoint lacks."""
+    from .stream import Zeros
+
+    names = [(t, p.shape) for t, _, p in declarations.flatten(declarations.block(cfg, declarations.STACKS[lay.stack]))]
+    for i in layers:
+        mine = [a for k, a in out.items() if k.startswith(f"{declarations.LAYERS}.{i}.")]
+        if not mine:
+            continue
+        for t, shape in names:
+            key = f"{declarations.LAYERS}.{i}.{t}"
+            if key not in out and _idle(cfg, i, t):
+                out[key] = Zeros(shape, mine[0].dtype)
 
 
 # ----------------------------------------------------------------------------------------
@@ -419,11 +524,13 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
     if lay.rules is None:
         return {prefix + k: v for k, v in sd.items()}
     check_settings(cfg, lay.name)
-    by_ours = {r.ours: r for r in lay.rules}
+    by_ours: dict[str, Rule] = {}
+    for rule in lay.rules:  # the first rule of each name of ours: the names the family's files hold
+        by_ours.setdefault(rule.ours, rule)
     layer = re.compile(rf"{declarations.LAYERS}\.(\d+)\.(.+)")
     out: dict[str, Any] = {}
     fused: dict[str, dict[int, Any]] = {}  # their fused name -> {block index: our tensor}
-    blocks: dict[str, int] = {}  # their fused name -> how many blocks it has
+    blocks: dict[str, tuple[int, int]] = {}  # their fused name -> how many blocks, along which axis
     problems = []
     for k, a in sd.items():
         m = layer.match(k)
@@ -433,14 +540,19 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
             else:
                 problems.append(f"{k}: the {lay.name} dialect has no place for it")
             continue
+        if _idle(cfg, int(m.group(1)), m.group(2)):  # a mixed stack's idle MLP: the family's files lack it
+            continue
         r = by_ours.get(m.group(2))
         if r is None:
             problems.append(f"{k}: the {lay.name} dialect has no place for it")
             continue
         base = f"{prefix}{lay.layer.format(i=m.group(1))}"
+        if r.per_expert:
+            out.update({base + r.theirs[0].format(j=j): a[j] for j in range(a.shape[0])})
+            continue
         if r.chunk is not None:  # one block of a fused tensor of theirs: joined below
             fused.setdefault(base + r.theirs[0], {})[r.chunk[0]] = a
-            blocks[base + r.theirs[0]] = r.chunk[1]
+            blocks[base + r.theirs[0]] = (r.chunk[1], r.axis)
             continue
         if r.per_head:
             out[base + r.theirs[0]] = _regroup(a, cfg.num_heads, r.per_head, to_ours=False)
@@ -460,11 +572,11 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
                 continue
             out[base + t] = piece
     for name, parts in fused.items():
-        count = blocks[name]
+        count, axis = blocks[name]
         if sorted(parts) != list(range(count)):
             problems.append(f"{name}: {count} blocks fused, only {sorted(parts)} given")
         else:
-            out[name] = _cat([parts[i] for i in range(count)], False)
+            out[name] = np.concatenate([parts[i] for i in range(count)], axis=axis)
     if problems:
         raise ConversionError(problems, header=f"cannot write a {lay.name} checkpoint")
     return out

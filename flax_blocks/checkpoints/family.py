@@ -273,10 +273,6 @@ def unexpected(ignored: Mapping[str, str], family: Family) -> list[str]:
 
 # model_types transformers has that the blocks do not compute: the reason, named.
 NOT_COMPUTED = {
-    "mixtral": "a mixture of experts in place of each MLP (a router and {num_local_experts} expert MLPs, "
-               "{num_experts_per_tok} per token)",
-    "qwen2_moe": "a mixture of experts in place of the MLP ({num_experts} experts)",
-    "qwen3_moe": "a mixture of experts in place of the MLP ({num_experts} experts)",
     "t5": "a learned relative position bias added to the attention logits, and an encoder-decoder",
     "mt5": "T5's relative position bias", "umt5": "T5's relative position bias",
     "cohere": "parallel residual with a shared LayerNorm without bias and a logit scale",
@@ -290,8 +286,28 @@ NOT_COMPUTED = {
     "gpt_neo": "local attention on alternate layers with unscaled logits",
     "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
-    "deepseek_v2": "multi-head latent attention and experts", "deepseek_v3": "multi-head latent attention and experts",
-    "llama4": "chunked attention, experts and no rotary on some layers",
+    "deepseek_v2": "multi-head latent attention (compressed q / kv with a decoupled rotary) and experts chosen by "
+                   "group-limited greedy routing scaled by routed_scaling_factor, with shared experts",
+    "deepseek_v3": "multi-head latent attention and experts routed by sigmoid scores with a selection bias "
+                   "(e_score_correction_bias), grouped top-k (n_group, topk_group) and a dense prefix "
+                   "(first_k_dense_replace)",
+    "llama4": "chunked attention, experts weighted by a sigmoid before the expert (on its input) beside an ungated "
+              "shared expert, and no rotary on some layers",
+    "gpt_oss": "attention sinks, experts with biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(1.702 gate), "
+               "both clamped) on interleaved gate / up columns, and a router with a bias",
+    "dbrx": "experts renormalised by a p-norm (moe_normalize_expert_weights) with input jitter, a fused Wqkv with "
+            "clip_qkv and LayerNorms without bias",
+    "phimoe": "sparsemixer routing (sampled top-2 with a jitter mask) and LayerNorms",
+    "granitemoe": "multipliers on the embeddings, residuals, attention and logits (muP) around its experts",
+    "granitemoeshared": "Granite's multipliers and an ungated shared expert",
+    "granitemoehybrid": "Mamba-2 layers beside attention, Granite's multipliers",
+    "jamba": "Mamba layers beside attention (without rotary), experts every expert_layer_period layers",
+    "qwen3_next": "Gated DeltaNet linear-attention layers, output-gated attention, (1 + w) RMSNorm and partial rotary "
+                  "beside Qwen2-MoE's experts",
+    "minimax": "lightning (linear) attention layers with alpha / beta residual scaling beside Mixtral's experts",
+    "jetmoe": "a mixture of attention experts (MoA) beside its MLP experts",
+    "flex_olmo": "OLMo 2's norms after the sublayers around OLMoE's experts",
+    "glm4_moe": "experts routed by sigmoid scores with a selection bias and grouped top-k, an ungated shared expert",
     "olmo": "OLMo 1's LayerNorm without parameters and clipped q, k, v (olmo2 is supported)",
     "granite": "multipliers on the embeddings, residuals, attention and logits",
 }

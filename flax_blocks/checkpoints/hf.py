@@ -158,7 +158,7 @@ def _load_stack(config: dict[str, Any], sd: dict[str, Any], part: str, *, dtype:
 
     read = read_config(config, dtype=dtype, part=None if part == "stack" else part, ignore_keys=ignore_keys)
     dialect, cfg, num_layers, final_norm = read.dialect, read.cfg, read.num_layers, read.final_norm
-    stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads).state_dict
+    stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads, cfg=cfg).state_dict
     if dtype is None:
         dtypes = {str(a.dtype) for a in stack.values()}
         if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:

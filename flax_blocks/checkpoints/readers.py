@@ -133,6 +133,15 @@ def every_layer_local(c: Read, window: int | None, n_layers: int) -> dict[str, A
     return {"sliding_window": None if window is None else int(window), "sliding_window_pattern": None}
 
 
+def every_layer_local_key(c: Read, window: int | None) -> dict[str, Any]:
+    """Mixtral, Qwen3-MoE: with a window every layer is local (create_sliding_window_causal_mask
+    for the whole stack); their configs have no layer_types."""
+    if window is not None and not c["is_causal"]:
+        c.refuse("is_causal", "with a sliding window transformers builds a bidirectional window |i - j| <= W, "
+                              "which the blocks do not compute")
+    return {"sliding_window": None if window is None else int(window), "sliding_window_pattern": None}
+
+
 def window_pattern(c: Read, types: list[str], window: int | None, n_layers: int, source: str = "") -> dict[str, Any]:
     """layer_types (each 'sliding_attention' or 'full_attention') as the blocks' window and
     pattern: all local -> the window; layer l (from 1) global iff n divides l -> pattern n;
@@ -177,6 +186,41 @@ def silu_only(c: Read, key: str) -> dict[str, Any]:
     return {}
 
 
+def read_experts(c: Read, count: str, *, expert_width: str | None = None, shared: str | None = None,
+                 layers: bool = False, norm: str | None = "norm_topk_prob") -> dict[str, Any]:
+    """A mixture of experts' settings: `count` experts, the top num_experts_per_tok of the router's
+    softmax (renormalised as `norm` says; None: the family fixes it), each `expert_width` wide
+    (None: intermediate_size, d_ff), a shared expert `shared` wide; with `layers`, the dense layers
+    Qwen2-MoE's rule keeps (decoder_sparse_step, mlp_only_layers, from 0). No experts (count 0):
+    every layer dense."""
+    n, k = int(c[count]), int(c["num_experts_per_tok"])
+    if n == 0:
+        return {"num_experts": 0}
+    if not 1 <= k <= n:
+        c.refuse("num_experts_per_tok", f"the top {k} of {n} experts (torch.topk fails on it in transformers too)")
+        k = 1
+    out: dict[str, Any] = {"num_experts": n, "num_experts_per_tok": k}
+    if norm is not None:
+        out["norm_topk_prob"] = bool(c[norm])
+    if expert_width is not None:
+        out["expert_d_ff"] = int(c[expert_width])
+    if shared is not None:
+        out["shared_expert_d_ff"] = int(c[shared])
+    if layers:
+        step = int(c["decoder_sparse_step"])
+        if step < 1:
+            c.refuse("decoder_sparse_step", "a step below 1 (transformers divides by it)")
+            step = 1
+        out["decoder_sparse_step"] = step
+        out["mlp_only_layers"] = tuple(sorted({int(i) for i in c["mlp_only_layers"] or ()}))
+    return out
+
+
+# The mixtures of experts' training-loss settings: the loss a forward with labels adds; no output changes.
+MOE_TRAINING = {"output_router_logits": "returns the router logits (and the load-balancing loss) for training; "
+                                        "the logits are the same",
+                "router_aux_loss_coef": "the weight of the load-balancing loss in the training loss; the logits are "
+                                        "the same"}
 LM_ROTARY = ("vocab_size", "tie_word_embeddings")
 DECODER_INERT = {"attention_dropout": DROPOUT, "is_decoder": "not read by this family's model (always a decoder)",
                   "add_cross_attention": "not read by this family's model (it has no cross-attention)"}

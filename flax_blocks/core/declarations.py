@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -258,10 +258,14 @@ def experts(cfg: BlockConfig) -> Component:
     if s:
         params.append(Param("shared_expert_gate", "shared_expert_gate", (1, e), (None, "d_model"), ("embed", None),
                             _one(spec(e, 1), 1), LINEAR))
-        shared = [("shared_up", linear(cfg, e, s, "up"))]
+        def width_s(c: Component) -> Component:  # its width is shared_expert_d_ff, not the dense MLP's d_ff
+            return replace(c, params=tuple(replace(p, dims=tuple("shared_expert_d_ff" if d == "d_ff" else d
+                                                                 for d in p.dims)) for p in c.params))
+
+        shared = [("shared_up", width_s(linear(cfg, e, s, "up")))]
         if cfg.gated:
-            shared.append(("shared_gate", linear(cfg, e, s, "gate")))
-        children = (*shared, ("shared_down", linear(cfg, s, e, "down")))
+            shared.append(("shared_gate", width_s(linear(cfg, e, s, "gate"))))
+        children = (*shared, ("shared_down", width_s(linear(cfg, s, e, "down"))))
     return Component("experts", tuple(params), children=children)
 
 

@@ -27,7 +27,8 @@ TABLES = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
 # class derives (layer_types, sliding_window_pattern). Their defaults are the code's, not a field's.
 NOT_FIELDS = {"rope_scaling", "rope_theta", "is_causal", "head_dim", "layer_types", "partial_rotary_factor",
               "rotary_pct", "rotary_emb_base", "sliding_window_pattern", "rope_local_base_freq",
-              "position_embedding_type"}
+              "position_embedding_type",
+              "num_local_experts"}  # Qwen3MoeConfig's field num_experts is stored there (attribute_map)
 
 
 def unclassified(family: Family, config_class) -> list[str]:

@@ -199,3 +199,38 @@ def test_two_processes_gather_and_the_first_writes(llama_folder, tmp_path):
     want = fb.from_hf(llama_folder, part="causal-lm")(jnp.asarray(IDS))
     assert _rel(want, hf(torch.tensor(IDS)).logits.detach()) <= 1e-5
     assert jax.process_count() == 1
+
+
+def test_a_mixture_of_experts_round_trips_from_either_layout_bit_for_bit(tmp_path):
+    """Qwen2-MoE with dense and experts layers mixed (decoder_sparse_step 2, mlp_only_layers [2]) and a
+    shared expert, saved by transformers in its fused layout (save_original_format=False:
+    experts.gate_up_proj (X, 2F, E), down_proj (X, E, F)): fb.from_hf reads it equal to HF; fb.save_hf
+    writes save_pretrained's per-expert names without the idle MLPs (each layer of ours holds both),
+    and from_pretrained reads that folder with nothing missing or unexpected, every tensor identical."""
+    config = transformers.Qwen2MoeConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=40, num_hidden_layers=3, vocab_size=64, num_experts=4,
+                                         num_experts_per_tok=2, moe_intermediate_size=16,
+                                         shared_expert_intermediate_size=24, decoder_sparse_step=2,
+                                         mlp_only_layers=[2], max_position_embeddings=64)
+    torch.manual_seed(0)
+    hf = _perturbed(transformers.Qwen2MoeForCausalLM(config))
+    hf.save_pretrained(tmp_path / "fused", save_original_format=False)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "fused" / "model.safetensors"), "np") as f:
+        assert "model.layers.1.mlp.experts.gate_up_proj" in set(f.keys())
+    lm = fb.from_hf(tmp_path / "fused", part="causal-lm")
+    with torch.no_grad():
+        theirs = hf(torch.tensor(IDS)).logits.numpy()
+    assert _rel(lm(jnp.asarray(IDS)), theirs) < 1e-5
+    fb.save_hf(lm, tmp_path / "ours")
+    with safe_open(str(tmp_path / "ours" / "model.safetensors"), "np") as f:
+        names = set(f.keys())
+    assert "model.layers.1.mlp.experts.3.up_proj.weight" in names and "model.layers.0.mlp.gate_proj.weight" in names
+    assert not any(n.startswith(("model.layers.1.mlp.gate_proj", "model.layers.0.mlp.experts",
+                                 "model.layers.2.mlp.experts")) for n in names)  # the idle MLPs
+    back, problems = _hf_load(tmp_path / "ours")
+    assert problems == {}
+    original = hf.state_dict()
+    assert set(back.state_dict()) == set(original)
+    assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())

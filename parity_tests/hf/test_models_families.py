@@ -1,6 +1,7 @@
 """Whole models of the families beyond LLaMA, GPT-2 and BERT:
 fb.from_hf(part="causal-lm") for OPT, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 text, OLMo 2,
-GPT-NeoX, StableLM and Starcoder2, part="model" for RoBERTa and DistilBERT, fb.to_hf of the
+GPT-NeoX, StableLM, Starcoder2 and the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE),
+part="model" for RoBERTa and DistilBERT, fb.to_hf of the
 whole model, fb.generate, and the torch twin on the parts these families add (OPT's position
 offset, Gemma's embedding scale, Gemma 2's final logit soft-cap).
 
@@ -55,8 +56,22 @@ CAUSAL = {
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
 }
+# Mixtures of experts: 4 experts, top 2; Qwen2-MoE's layers dense, experts (with the shared expert), dense
+# (decoder_sparse_step 2, mlp_only_layers [2]), Qwen3-MoE's first dense (mlp_only_layers [0]).
+EXPERTS = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(ROTARY, num_local_experts=4, intermediate_size=24)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(ROTARY, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                       shared_expert_intermediate_size=24, decoder_sparse_step=2, mlp_only_layers=[2])),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(ROTARY, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                       norm_topk_prob=True, mlp_only_layers=[0])),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(ROTARY, num_experts=4, num_experts_per_tok=2,
+                                                      intermediate_size=16)),
+}
+CAUSAL.update(EXPERTS)
 TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2"}
-GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3"]
+GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe"]  # (MoE: 9-15 s each)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
@@ -81,7 +96,7 @@ def _build_varied(cfg_cls, model_cls, kw):
     gemma = model.config.model_type.startswith("gemma")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # the experts' stacked (X, out, in) matrices too
                 p.normal_(0.0, 0.02 if gemma and "embed_tokens" in name else 0.2)
     return model
 
@@ -119,10 +134,23 @@ def reference(hf_models):
 def _strict_round_trip(hf, sd):
     """Load `sd` (checkpoint names) into a fresh HF model with strict=True; its state dict is
     then the original's, bit for bit. The checkpoint names are what save_pretrained writes
-    (GPT-NeoX's embed_out); transformers 5 names that module lm_head in the library."""
+    (GPT-NeoX's embed_out; the experts one tensor each); transformers 5 names that module lm_head
+    and fuses the experts in the library: its own conversion (as from_pretrained's) reads them."""
     fresh = type(hf)(hf.config).eval()
     names = {"embed_out.weight": "lm_head.weight"} if hf.config.model_type == "gpt_neox" else {}
-    fresh.load_state_dict(tb.to_tensors({names.get(k, k): v for k, v in sd.items()}), strict=True)
+    tensors = tb.to_tensors({names.get(k, k): v for k, v in sd.items()})
+    if hf.config.model_type in EXPERTS:
+        import tempfile
+
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory() as folder:  # from_pretrained converts the per-expert names
+            save_file(tensors, f"{folder}/model.safetensors", metadata={"format": "pt"})
+            hf.config.save_pretrained(folder)
+            fresh, info = type(hf).from_pretrained(folder, output_loading_info=True)
+        assert not any(info.values()), info
+    else:
+        fresh.load_state_dict(tensors, strict=True)
     original = hf.state_dict()
     assert set(fresh.state_dict()) == set(original)
     assert all(torch.equal(v, original[k]) for k, v in fresh.state_dict().items())
@@ -212,6 +240,38 @@ def _wrong(lm, **fields):
     from flax_blocks.checkpoints.convert.load import from_torch_state_dict
 
     return from_torch_state_dict(lm.cfg, replace(lm.lm, **fields), fb.torch_state_dict(lm))
+
+
+def test_the_experts_are_read_with_their_routing_and_in_the_right_halves(hf_models, flax_models, reference):
+    """Each MoE family's routing read from its config (Mixtral always renormalises, Qwen and OLMoE
+    only with norm_topk_prob; the shared expert and the dense layers Qwen2-MoE's rule picks), and
+    two wrong readings a porter could make, each caught: norm_topk_prob flipped, and the fused
+    gate_up_proj's halves swapped (up first)."""
+    got = {n: flax_models[n].cfg for n in EXPERTS}
+    assert (got["mixtral"].norm_topk_prob, got["qwen3_moe"].norm_topk_prob, got["olmoe"].norm_topk_prob) == \
+        (True, True, False)
+    q2 = got["qwen2_moe"]
+    assert (q2.num_experts, q2.expert_d_ff, q2.shared_expert_d_ff, q2.d_ff, q2.mixed_mlp) == (4, 16, 24, 48, True)
+    ids, mask, positions = _batch()
+    live = mask.astype(bool)
+    for name in ("mixtral", "olmoe"):
+        lm = flax_models[name]
+        flipped = replace(lm.cfg, norm_topk_prob=not lm.cfg.norm_topk_prob)
+        from flax_blocks.checkpoints.convert.load import from_torch_state_dict
+
+        wrong = from_torch_state_dict(flipped, lm.lm, fb.torch_state_dict(lm))
+        err = _rel(_logits(wrong, ids, mask, positions), reference[name], live)
+        print(f"{name}: norm_topk_prob flipped: rel error {err:.1e}")
+        assert err > 1e-3  # a hundred times the test's tolerance
+    hf = hf_models["olmoe"]  # the fused layout transformers 5 holds, its gate and up halves swapped
+    fused = {k: v.numpy() for k, v in hf.state_dict().items()}
+    for k in [k for k in fused if k.endswith("experts.gate_up_proj")]:
+        gate, up = np.split(fused[k], 2, axis=1)
+        fused[k] = np.concatenate([up, gate], axis=1)
+    swapped = load(hf.config.to_dict(), fused, "causal-lm")
+    err = _rel(_logits(swapped, ids, mask, positions), reference["olmoe"], live)
+    print(f"olmoe: gate_up_proj halves swapped: rel error {err:.1e}")
+    assert err > 1e-3
 
 
 # A real mistake per new part: (family, what, the LMConfig fields of the mistake).
