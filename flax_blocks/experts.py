@@ -4,19 +4,22 @@ the twin of `torch_blocks.experts`; the load-balancing loss HF's models add in t
 Routing (`route`): logits = t @ router (N, X); probabilities = softmax over all X experts in
 float32 at least; the top k pick each token's experts (ties: the lowest index); the k weights
 renormalised when cfg.norm_topk_prob. Dispatch costs what the active experts cost: the N * k
-(token, expert) rows are sorted by expert into blocks of one expert each (`block_rows`), and each
-projection is one grouped matmul over those blocks (`grouped_matmul`), a scan whose iterations
-skip the empty tail; its backward (a custom VJP) accumulates each expert's weight gradient in
-place. No capacity, no token dropped: static shapes bound the blocks by N * k / block + X.
+(token, expert) rows are sorted by expert into blocks of one expert each (`block_rows`), and
+`grouped_mlp` runs a loop over the experts that have rows, each expert's weights sliced once, with
+an inner loop over its blocks running each block's whole MLP; its backward (a custom VJP) runs the
+same loops, each expert's weight gradients summed in the inner loop's carry and written once.
+Experts without rows cost nothing; no capacity, no token dropped: static shapes bound the blocks
+by N * k / block + X. (`grouped_matmul` is one projection over the same blocks.)
 
 `jax.lax.ragged_dot` is the obvious tool, but XLA:CPU (jax 0.10) computes it densely, every row
 through every expert: 0.36 s for 8 experts and 1.9 s for 64 where one expert's matmul takes 0.03 s
-(4096 x 2 rows, 256 -> 512); the blocks cost ~1.1x from 8 to 64 experts
-(experiments/bench/moe.py measures it).
+(4096 x 2 rows, 256 -> 512). experiments/bench/moe.py measures the loops at 8 and 64 experts
+against a dense MLP of the active width (results in experiments/bench/results/moe/summary.md).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -66,13 +69,21 @@ def block_rows(experts: jax.Array, num_experts: int, block: int) -> tuple[jax.Ar
     return slot, block_expert, starts < ends[-1], nb
 
 
+def _used_blocks(rows, w, block_expert, used, body, init):
+    """Run body(i, e, carry) -> carry over the used blocks only (a prefix of the blocks: `block_rows`
+    fills them in order), a while loop whose trip count is the number of used blocks."""
+    del rows, w
+    return jax.lax.fori_loop(0, jnp.sum(used.astype(jnp.int32)), lambda i, c: body(i, block_expert[i], c), init)
+
+
 @jax.custom_vjp
 def grouped_matmul(rows: jax.Array, w: jax.Array, block_expert: jax.Array, used: jax.Array) -> jax.Array:
-    """rows (nb, b, I) @ w[block_expert] (X, I, O) block by block -> (nb, b, O); unused blocks give zeros."""
-    def one(_, xs):
-        r, e, u = xs
-        return None, jax.lax.cond(u, lambda r: r @ w[e], lambda r: jnp.zeros((r.shape[0], w.shape[2]), r.dtype), r)
-    return jax.lax.scan(one, None, (rows, block_expert, used))[1]
+    """rows (nb, b, I) @ w[block_expert] (X, I, O) block by block -> (nb, b, O); unused blocks (a
+    suffix, `block_rows`) give zeros and cost nothing: a loop over the used blocks only."""
+    def body(i, e, out):
+        return jax.lax.dynamic_update_index_in_dim(out, rows[i] @ w[e], i, 0)
+    return _used_blocks(rows, w, block_expert, used, body,
+                        jnp.zeros(rows.shape[:2] + w.shape[2:], jnp.result_type(rows, w)))
 
 
 def _grouped_matmul_fwd(rows, w, block_expert, used):
@@ -80,32 +91,127 @@ def _grouped_matmul_fwd(rows, w, block_expert, used):
 
 
 def _grouped_matmul_bwd(res, g):
-    """d rows = g @ w[e]^T per block; d w[e] += rows^T @ g, accumulated in place in the scan's carry."""
+    """d rows = g @ w[e]^T per block; d w[e] += rows^T @ g, accumulated in place in the loop's carry."""
     rows, w, block_expert, used = res
 
-    def one(dw, xs):
-        r, gb, e, u = xs
-        return jax.lax.cond(u, lambda dw: (dw.at[e].add(r.T @ gb), gb @ w[e].T),
-                            lambda dw: (dw, jnp.zeros_like(r)), dw)
+    def body(i, e, c):
+        dw, drows = c
+        return (dw.at[e].add(rows[i].T @ g[i]),
+                jax.lax.dynamic_update_index_in_dim(drows, g[i] @ w[e].T, i, 0))
 
-    dw, drows = jax.lax.scan(one, jnp.zeros_like(w), (rows, g, block_expert, used))
+    dw, drows = _used_blocks(rows, w, block_expert, used, body, (jnp.zeros_like(w), jnp.zeros_like(rows)))
     return drows, dw, None, None
 
 
 grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
 
 
+def _hidden(act, hu: jax.Array, hg: jax.Array | None) -> jax.Array:
+    return act(hu) if hg is None else act(hg) * hu
+
+
+def expert_blocks(experts: jax.Array, num_experts: int, block: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Where each expert's blocks lie in `block_rows`' layout: -> (first (X,): its first block,
+    count (X,): its number of blocks, order (X,): the experts that have rows first, in order, then
+    the others); the number of experts with rows is the number of nonzero counts."""
+    counts = jnp.bincount(experts, length=num_experts)
+    blocks = ((counts + block - 1) // block).astype(jnp.int32)
+    first = (jnp.cumsum(blocks) - blocks).astype(jnp.int32)
+    order = jnp.argsort(blocks == 0, stable=True).astype(jnp.int32)
+    return first, blocks, order
+
+
+def _per_expert(layout, weights, per_expert, body, init):
+    """For each expert with rows (a loop over those alone): w = its slices of `weights`, carry =
+    per_expert(e, w, inner loop of body(i, w, carry) over its blocks i)."""
+    first, count, order = layout
+
+    def one(j, c):
+        e = order[j]
+        w = tuple(None if a is None else a[e] for a in weights)
+        return per_expert(e, w, lambda inner: jax.lax.fori_loop(
+            first[e], first[e] + count[e], lambda i, c: body(i, w, c), inner), c)
+
+    return jax.lax.fori_loop(0, jnp.sum((count > 0).astype(jnp.int32)), one, init)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _blocks_mlp(rows, up, gate, down, layout, act):
+    return _blocks_mlp_fwd(rows, up, gate, down, layout, act)[0]
+
+
+def _blocks_mlp_fwd(rows, up, gate, down, layout, act):
+    """A loop over the experts with rows, each expert's weights sliced once, and an inner loop over
+    its blocks, each block's whole MLP (up, gate, act, down) in turn; saves each block's up and
+    gate products for the backward."""
+    f = up.shape[2]
+
+    def body(i, w, c):
+        wu, wg, wd = w
+        y, hus, hgs = c
+        hu = rows[i] @ wu
+        hg = None if wg is None else rows[i] @ wg
+        y = jax.lax.dynamic_update_index_in_dim(y, _hidden(act, hu, hg) @ wd, i, 0)
+        hus = jax.lax.dynamic_update_index_in_dim(hus, hu, i, 0)
+        hgs = hgs if hg is None else jax.lax.dynamic_update_index_in_dim(hgs, hg, i, 0)
+        return y, hus, hgs
+
+    nb, b = rows.shape[:2]
+    dt = jnp.result_type(rows, up)
+    init = (jnp.zeros((nb, b, down.shape[2]), dt), jnp.zeros((nb, b, f), dt),
+            None if gate is None else jnp.zeros((nb, b, f), dt))
+    y, hus, hgs = _per_expert(layout, (up, gate, down), lambda e, w, inner, c: inner(c), body, init)
+    return y, (rows, up, gate, down, layout, hus, hgs)
+
+
+def _blocks_mlp_bwd(act, res, g):
+    """The same loops: each block's d rows; each expert's weight gradients summed over its blocks
+    in the inner loop's carry and written once (d down[e] = sum h^T g, d up[e] = sum rows^T d hu, ...)."""
+    rows, up, gate, down, layout, hus, hgs = res
+
+    def body(i, w, c):
+        wu, wg, wd = w
+        dwu, dwg, dwd, drows = c
+        hg = None if hgs is None else hgs[i]
+        h, pull = jax.vjp(lambda hu, hg: _hidden(act, hu, hg), hus[i], hg)
+        dwd = dwd + h.T @ g[i]
+        dhu, dhg = pull(g[i] @ wd.T)
+        dwu = dwu + rows[i].T @ dhu
+        dr = dhu @ wu.T
+        if wg is not None:
+            dwg = dwg + rows[i].T @ dhg
+            dr = dr + dhg @ wg.T
+        return dwu, dwg, dwd, jax.lax.dynamic_update_index_in_dim(drows, dr, i, 0)
+
+    def per_expert(e, w, inner, c):
+        dup, dgate, ddown, drows = c
+        zeros = tuple(None if a is None else jnp.zeros_like(a) for a in w)
+        dwu, dwg, dwd, drows = inner((*zeros, drows))
+        put = jax.lax.dynamic_update_index_in_dim
+        return (put(dup, dwu, e, 0), None if dgate is None else put(dgate, dwg, e, 0), put(ddown, dwd, e, 0), drows)
+
+    init = (jnp.zeros_like(up), None if gate is None else jnp.zeros_like(gate), jnp.zeros_like(down),
+            jnp.zeros_like(rows))
+    dup, dgate, ddown, drows = _per_expert(layout, (up, gate, down), per_expert, body, init)
+    return drows, dup, dgate, ddown, None
+
+
+_blocks_mlp.defvjp(_blocks_mlp_fwd, _blocks_mlp_bwd)
+
+
 def grouped_mlp(x: jax.Array, experts: jax.Array, up: jax.Array, gate: jax.Array | None, down: jax.Array,
-                act) -> jax.Array:
+                act, block: int | None = None) -> jax.Array:
     """Row a of x (A, E) through expert experts[a]'s MLP: down(act(gate(x)) * up(x)) (gated) or
-    down(act(up(x))) -> (A, E). up, gate (X, E, F), down (X, F, E)."""
+    down(act(up(x))) -> (A, E). up, gate (X, E, F), down (X, F, E). The rows are sorted into blocks
+    of one expert each (`block_rows`; `block` rows, `block_size` unless given); a loop over the
+    experts that have rows slices each one's weights once and runs its blocks' whole MLP in an inner
+    loop; the backward (a custom VJP) runs the same loops, each expert's weight gradients summed in
+    the inner loop's carry. Experts without rows cost nothing."""
     a, n = x.shape[0], up.shape[0]
-    slot, block_expert, used, nb = block_rows(experts, n, block_size(a, n))
-    b = block_size(a, n)
+    b = block or block_size(a, n)
+    slot, _, _, nb = block_rows(experts, n, b)
     rows = jnp.zeros((nb * b, x.shape[1]), x.dtype).at[slot].set(x).reshape(nb, b, -1)
-    h = grouped_matmul(rows, up, block_expert, used)
-    h = act(h) if gate is None else act(grouped_matmul(rows, gate, block_expert, used)) * h
-    return grouped_matmul(h, down, block_expert, used).reshape(nb * b, -1)[slot]
+    return _blocks_mlp(rows, up, gate, down, expert_blocks(experts, n, b), act).reshape(nb * b, -1)[slot]
 
 
 class Experts(nnx.Module):

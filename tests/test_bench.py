@@ -87,3 +87,43 @@ def test_lab_bench_torch_loop_trains_the_labs_model():
     out = lab_bench.torch_loop(runs=[(3e-3, 0, 0), (3e-3, 5, 1)], steps=40)
     assert out["seconds"] > 0 and len(out["heldout"]) == 2
     assert all(h < math.log(32) - 0.5 for h in out["heldout"]), out
+
+
+def test_moe_bench_quick_run_writes_summary_and_ratios(tmp_path):
+    """experiments.bench.moe --quick (tiny sizes, 4 and 8 experts): the torch twin's and HF's
+    Mixtral block's outputs equal the Flax module's (float32), every contender is timed in both
+    steps, the 64/8-style and MoE/dense ratios are computed, and the summary names its command."""
+    pytest.importorskip("transformers")
+    from experiments.bench import moe as moe_bench
+
+    result = moe_bench.main(["--quick", "--torch-threads", "1", "--reps", "2", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "moe.json").read_text())
+    assert saved["rows"] == result["rows"] and saved["ratios"] == result["ratios"]
+    assert all(err < 1e-5 for err in result["agree_max_rel_err"].values()), result["agree_max_rel_err"]
+    names = {r["contender"] for r in result["rows"]}
+    assert {"flax 4", "flax 8", "flax dense", "twin 8", "torch dense", "hf-eager 8", "hf-grouped_mm 8"} <= names
+    assert {r["step"] for r in result["rows"]} == {"forward", "forward+backward"}
+    assert all(r["median_ms"] > 0 for r in result["rows"])
+    ratios = {(r["step"], r["ratio"]) for r in result["ratios"]}
+    assert ("forward+backward", "flax 8 / flax 4") in ratios and ("forward", "flax 8 / flax dense") in ratios
+    assert {p["piece"] for p in result["profile"]} == {"route + layout + scatter", "loops over blocks",
+                                                      "gather + weighted sum"}
+    summary_md = (tmp_path / "summary.md").read_text()
+    assert "python -m experiments.bench.moe --quick" in summary_md and "## Ratios" in summary_md
+
+
+def test_moe_table_in_speed_doc_is_the_committed_run(tmp_path, monkeypatch):
+    """docs/speed.md's experts table is what `experiments.bench.moe --from-json ... --doc` writes
+    from the committed moe.json: measured, not typed."""
+    from pathlib import Path
+
+    from experiments.bench import moe as moe_bench
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)  # the table names the JSON by its path in the repository
+    doc = (root / "docs" / "speed.md").read_text()
+    copy = tmp_path / "speed.md"
+    copy.write_text(doc)
+    moe_bench.main(["--from-json", "experiments/bench/results/moe/moe.json", "--doc", str(copy)])
+    assert copy.read_text() == doc, "docs/speed.md's experts table differs from the committed moe.json's"
+    assert "| flax 64 / flax 8 |" in doc
