@@ -163,6 +163,8 @@ def pieces(module: Experts, t: jax.Array) -> dict:
 
 def run(args) -> dict:
     size = QUICK if args.quick else FULL
+    if getattr(args, "batch", None):
+        size = {**size, "batch": args.batch}
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     load_before = os.getloadavg()
@@ -350,6 +352,8 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m experiments.bench.moe", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", "--smoke", action="store_true", help="tiny sizes: a smoke run")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--batch", type=int, default=None,
+                   help=f"sequences of {FULL['seq']} tokens (default {FULL['batch']}; more: more rows per expert)")
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--max-s", type=float, default=None, help="stop each step's repeats after this many seconds")
     p.add_argument("--torch-threads", type=int, default=None, help="default: JAX's CPU count (os.cpu_count())")
