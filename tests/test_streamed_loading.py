@@ -442,8 +442,6 @@ _MESH = textwrap.dedent("""
     got = np.asarray(forward(model, ids))
     merr = np.max(np.abs(got - want)) / np.max(np.abs(want))
     assert merr <= 1e-6, merr
-    assert (np.asarray(fb.generate(unsharded, ids[:, :5], max_new_tokens=4)) ==
-            np.asarray(fb.generate(model, ids[:, :5], max_new_tokens=4))).all()
     print("OK", err, qerr, merr, read)
 """)
 
