@@ -415,7 +415,8 @@ def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = Non
     shardings through jit; jax.make_mesh's default is Explicit axes); with `expert`, a third
     axis "expert" of that size (EXPERT_PARALLEL's), data * model * expert devices."""
     devices = list(jax.devices() if devices is None else devices)
-    shape, names = (data, model), ("data", "model")
+    shape: tuple[int, ...] = (data, model)
+    names: tuple[str, ...] = ("data", "model")
     if expert is not None:
         shape, names = (*shape, expert), (*names, "expert")
     n = math.prod(shape)
