@@ -272,6 +272,18 @@ def test_the_experts_are_read_with_their_routing_and_in_the_right_halves(hf_mode
     err = _rel(_logits(swapped, ids, mask, positions), reference["olmoe"], live)
     print(f"olmoe: gate_up_proj halves swapped: rel error {err:.1e}")
     assert err > 1e-3
+    # the router logits of a whole model (dense layers of the mixed stack included, as zeros) make HF's
+    # auxiliary loss over the real tokens of the left-padded batch, as output_router_logits does
+    from flax_blocks.experts import load_balancing_loss
+
+    lm = flax_models["qwen2_moe"]
+    _, found = lm(jnp.asarray(ids), attention_mask=jnp.asarray(mask), positions=jnp.asarray(positions),
+                  return_intermediates=True)
+    ours = float(load_balancing_loss(lm.cfg, found["router_logits"], jnp.asarray(live)))
+    with torch.no_grad():
+        want = float(hf_models["qwen2_moe"](torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                            position_ids=torch.tensor(positions), output_router_logits=True).aux_loss)
+    assert abs(ours - want) <= 1e-5 * want, (ours, want)
 
 
 # A real mistake per new part: (family, what, the LMConfig fields of the mistake).
