@@ -238,8 +238,9 @@ class LanguageModel(nnx.Module):
         returns (out, {"embedded": x_0 (B, T, E), "output": the last hidden state (B, T, E),
         and the stack's "residual" (L, B, T, E), "attention_weights" (L, B, H, T, T),
         "attention_logits_max" (L,), and with experts "router_logits" (L, B, T, X), which
-        `flax_blocks.experts.load_balancing_loss` turns into HF's auxiliary loss}). Bad ids, masks and positions are refused before
-        anything is computed (where their values can be read)."""
+        `flax_blocks.experts.load_balancing_loss` turns into HF's auxiliary loss}). Bad ids,
+        masks and positions are refused before anything is computed (where their values can be
+        read)."""
         out = self.hidden(input_ids, attention_mask=attention_mask, positions=positions, token_type_ids=token_type_ids,
                           cache=cache, deterministic=deterministic, return_intermediates=return_intermediates)
         h, extra = out if cache is not None or return_intermediates else (out, None)
