@@ -196,7 +196,8 @@ def _rotary_dim(family: str, c: dict[str, Any]) -> int:
     keys = size_keys(family)
     head = c.get("head_dim") if family not in ("gpt_neox", "stablelm") else None
     head = head if isinstance(head, int) else c[keys[0]] // c[keys[1]]
-    params = c.get("rope_parameters") or {}
+    params = c.get("rope_parameters")
+    params = params if isinstance(params, dict) else {}  # absent, None, or drawn ABSENT (left out)
     default = {"gpt_neox": 0.25, "stablelm": 0.25}.get(family, 1.0)
     partial_key = {"gpt_neox": "rotary_pct", "stablelm": "partial_rotary_factor", "phi3": "partial_rotary_factor"}
     factor = params.get("partial_rotary_factor", c.get(partial_key.get(family, ""), default))

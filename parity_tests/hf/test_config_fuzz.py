@@ -166,3 +166,13 @@ def test_greedy_agreement_fails_on_another_token():
     assert _greedy_agrees(forced, tokens)
     tokens[1, T + 3] = (tokens[1, T + 3] + 1) % 64
     assert not _greedy_agrees(forced, tokens)
+
+
+def test_a_scaled_rope_draw_reads_a_rope_parameters_key_left_out():
+    """The generator sizes longrope's factors from the drawn config, whose rope_parameters may be drawn
+    absent (the long run's gemma3_text draws crashed on it: the generator's bug, not the loader's)."""
+    from parity_tests.hf.fuzz import ABSENT, _rotary_dim
+
+    c = {"hidden_size": 32, "num_attention_heads": 4, "head_dim": ABSENT, "rope_parameters": ABSENT}
+    assert _rotary_dim("gemma3_text", c) == 8
+    assert _rotary_dim("gemma3_text", {**c, "rope_parameters": {"partial_rotary_factor": 0.5}}) == 4
