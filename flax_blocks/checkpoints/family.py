@@ -142,7 +142,10 @@ class Read:
         self.ignored: dict[str, str] = {}
 
     def _source(self, key: str) -> str | None:
-        """The config key that sets `key`: an alias the file holds (it wins), else the key itself."""
+        """The config key that sets `key`: an alias the file holds (it wins, unless the family's
+        config class keeps the key itself: `keeps_key`), else the key itself."""
+        if key in self.family.keeps_key and key in self.config:
+            return key
         for alias, target in self.family.aliases.items():
             if target == key and alias in self.config:
                 return alias
@@ -187,6 +190,7 @@ class Family:
     inert: Mapping[str, str] = field(default_factory=dict)
     lm: tuple[str, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=dict)
+    keeps_key: tuple[str, ...] = ()  # keys whose config class keeps them over an alias (Qwen3MoeConfig)
     lm_class: str | None = None
     outside: Outside | None = None
     stack_only: str = ""

@@ -176,3 +176,18 @@ def test_a_scaled_rope_draw_reads_a_rope_parameters_key_left_out():
     c = {"hidden_size": 32, "num_attention_heads": 4, "head_dim": ABSENT, "rope_parameters": ABSENT}
     assert _rotary_dim("gemma3_text", c) == 8
     assert _rotary_dim("gemma3_text", {**c, "rope_parameters": {"partial_rotary_factor": 0.5}}) == 4
+
+
+@pytest.mark.parametrize("model_type, count", [("qwen3_moe", 4), ("mixtral", 2)])
+def test_an_experts_count_given_twice_is_read_as_each_config_class_keeps_it(model_type, count):
+    """A file holding both num_experts=2 and num_local_experts=4: transformers 5.24's Qwen3MoeConfig
+    keeps num_local_experts, MixtralConfig takes the alias (found by the fuzzer: Qwen3-MoE folders
+    refused for their expert tensors' shapes)."""
+    import transformers
+
+    cls = {"qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig}[model_type]
+    both = {"num_experts": 2, "num_local_experts": 4}
+    assert cls.from_dict(both).num_local_experts == count
+    config = {"model_type": model_type, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 16, "num_hidden_layers": 2, "num_experts_per_tok": 2, **both}
+    assert hf_config(config)[1].num_experts == count

@@ -71,6 +71,9 @@ register(Family("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeModel", "hf-qwen3-moe",
                                 num_local_experts=128, norm_topk_prob=False, mlp_only_layers=None),
                 _qwen3_moe, {**DECODER_INERT, **MOE_TRAINING}, lm=LM_ROTARY,
                 aliases={"num_experts": "num_local_experts"},
+                # transformers 5.24: Qwen3MoeConfig(num_experts=2, num_local_experts=4) has 4 experts,
+                # where MixtralConfig's alias wins (found by the fuzzer: a file holding both)
+                keeps_key=("num_local_experts",),
                 lm_class="Qwen3MoeForCausalLM", outside=LLAMA_LIKE, reference=LLAMA_REFERENCE,
                 draws={**QWEN_MOE_DRAWS, "num_local_experts": (2, 4, 8), "attention_bias": (True, False),
                        "use_sliding_window": (True, False), "sliding_window": (2, 4, 16, None)}))
