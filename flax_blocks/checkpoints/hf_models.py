@@ -148,6 +148,9 @@ def _cache_window(config: Mapping[str, Any], read: ConfigRead) -> tuple[int | No
     if read.cfg.sliding_window is not None or "layer_types" in read.family.reads:
         return None, ""  # the family computes its windows (or its config derives full layers): the cache agrees
     sliding, chunk, types = (config.get(k) for k in ("sliding_window", "attention_chunk_size", "layer_types"))
+    reads = read.family.reads
+    if "use_sliding_window" in reads and not config.get("use_sliding_window", reads["use_sliding_window"]):
+        sliding = None  # the config class keeps sliding_window only with use_sliding_window (Qwen3MoeConfig)
     if types is None:
         types = ["sliding_attention" if sliding is not None else "chunked_attention" if chunk is not None
                  else "full_attention"] * read.num_layers

@@ -191,3 +191,14 @@ def test_an_experts_count_given_twice_is_read_as_each_config_class_keeps_it(mode
     config = {"model_type": model_type, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 16, "num_hidden_layers": 2, "num_experts_per_tok": 2, **both}
     assert hf_config(config)[1].num_experts == count
+
+
+def test_a_qwen3_moe_window_without_use_sliding_window_is_no_generation_window():
+    """Qwen3MoeConfig keeps sliding_window only with use_sliding_window, so HF's generate decodes
+    without a window there (found by the fuzzer: 7 Qwen3-MoE configs with sliding_window 2 whose
+    greedy tokens differed, our cache windowed as for a family that never reads the key)."""
+    config = {"model_type": "qwen3_moe", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 40, "num_hidden_layers": 1, "vocab_size": 64, "num_experts": 4,
+              "num_experts_per_tok": 2, "moe_intermediate_size": 24, "sliding_window": 2, "use_sliding_window": False}
+    outcome = run_case("qwen3_moe", config)
+    assert outcome.kind == "equal", outcome
