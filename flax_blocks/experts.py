@@ -9,7 +9,7 @@ renormalised when cfg.norm_topk_prob. Dispatch costs what the active experts cos
 an inner loop over its blocks running each block's whole MLP; its backward (a custom VJP) runs the
 same loops, each expert's weight gradients summed in the inner loop's carry and written once.
 Experts without rows cost nothing; no capacity, no token dropped: static shapes bound the blocks
-by N * k / block + X. (`grouped_matmul` is one projection over the same blocks.)
+by N * k / block + X.
 
 `jax.lax.ragged_dot` is the obvious tool, but XLA:CPU (jax 0.10) computes it densely, every row
 through every expert: 0.36 s for 8 experts and 1.9 s for 64 where one expert's matmul takes 0.03 s
@@ -67,43 +67,6 @@ def block_rows(experts: jax.Array, num_experts: int, block: int) -> tuple[jax.Ar
     starts = jnp.arange(nb) * block
     block_expert = jnp.minimum(jnp.searchsorted(ends, starts, side="right"), num_experts - 1).astype(jnp.int32)
     return slot, block_expert, starts < ends[-1], nb
-
-
-def _used_blocks(rows, w, block_expert, used, body, init):
-    """Run body(i, e, carry) -> carry over the used blocks only (a prefix of the blocks: `block_rows`
-    fills them in order), a while loop whose trip count is the number of used blocks."""
-    del rows, w
-    return jax.lax.fori_loop(0, jnp.sum(used.astype(jnp.int32)), lambda i, c: body(i, block_expert[i], c), init)
-
-
-@jax.custom_vjp
-def grouped_matmul(rows: jax.Array, w: jax.Array, block_expert: jax.Array, used: jax.Array) -> jax.Array:
-    """rows (nb, b, I) @ w[block_expert] (X, I, O) block by block -> (nb, b, O); unused blocks (a
-    suffix, `block_rows`) give zeros and cost nothing: a loop over the used blocks only."""
-    def body(i, e, out):
-        return jax.lax.dynamic_update_index_in_dim(out, rows[i] @ w[e], i, 0)
-    return _used_blocks(rows, w, block_expert, used, body,
-                        jnp.zeros(rows.shape[:2] + w.shape[2:], jnp.result_type(rows, w)))
-
-
-def _grouped_matmul_fwd(rows, w, block_expert, used):
-    return grouped_matmul(rows, w, block_expert, used), (rows, w, block_expert, used)
-
-
-def _grouped_matmul_bwd(res, g):
-    """d rows = g @ w[e]^T per block; d w[e] += rows^T @ g, accumulated in place in the loop's carry."""
-    rows, w, block_expert, used = res
-
-    def body(i, e, c):
-        dw, drows = c
-        return (dw.at[e].add(rows[i].T @ g[i]),
-                jax.lax.dynamic_update_index_in_dim(drows, g[i] @ w[e].T, i, 0))
-
-    dw, drows = _used_blocks(rows, w, block_expert, used, body, (jnp.zeros_like(w), jnp.zeros_like(rows)))
-    return drows, dw, None, None
-
-
-grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
 
 
 def _hidden(act, hu: jax.Array, hg: jax.Array | None) -> jax.Array:
@@ -264,8 +227,7 @@ class Experts(nnx.Module):
     def shared(self, t: jax.Array) -> jax.Array:
         """The shared expert on t (N, E), times its gate sigmoid(t . w) -> (N, E)."""
         assert self.shared_up is not None and self.shared_down is not None and self.shared_expert_gate is not None
-        h = self.shared_up(t)
-        h = self.act(h) if self.shared_gate is None else self.act(self.shared_gate(t)) * h
+        h = _hidden(self.act, self.shared_up(t), None if self.shared_gate is None else self.shared_gate(t))
         return jax.nn.sigmoid(t @ self.shared_expert_gate[...].astype(t.dtype)) * self.shared_down(h)
 
 
