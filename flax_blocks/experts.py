@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .core.config import BlockConfig, is_moe_layer
+from .core.config import BlockConfig, check_router_logits, is_moe_layer
 from .core.declarations import Component
 from .layers import ACTIVATION_FNS, Linear, compute_dtype, create_params, initial_values
 
@@ -238,6 +238,7 @@ def load_balancing_loss(cfg: BlockConfig, router_logits: jax.Array, mask: jax.Ar
     mean router probability, over the tokens of every experts layer (mask (B, T): True where a token
     counts, HF's attention_mask). Layers that run a dense MLP (`is_moe_layer`) are left out, as HF
     returns no logits for them. Multiply by router_aux_loss_coef and add to the loss to train."""
+    check_router_logits(cfg, router_logits.shape)
     logits = router_logits if router_logits.ndim == 4 else router_logits[None]
     moe = [i for i in range(logits.shape[0]) if is_moe_layer(cfg, i + 1)]
     logits = logits[jnp.asarray(moe)] if len(moe) < logits.shape[0] else logits

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flax_blocks.core.config import BlockConfig, is_moe_layer
+from flax_blocks.core.config import BlockConfig, check_router_logits, is_moe_layer
 from flax_blocks.core.declarations import Component
 
 from .layers import ACTIVATION_FNS, Linear, create_params
@@ -83,6 +83,7 @@ def load_balancing_loss(cfg: BlockConfig, router_logits: Tensor, mask: Tensor | 
     """HF's auxiliary load-balancing loss from a stack's router logits (L, B, T, X) (or one layer's
     (B, T, X)), mask (B, T) True where a token counts; layers that run a dense MLP left out. The twin
     of `flax_blocks.experts.load_balancing_loss` (its docstring has the formula)."""
+    check_router_logits(cfg, tuple(router_logits.shape))
     logits = router_logits if router_logits.dim() == 4 else router_logits[None]
     moe = [i for i in range(logits.shape[0]) if is_moe_layer(cfg, i + 1)]
     logits = logits[moe]

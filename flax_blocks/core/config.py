@@ -436,6 +436,15 @@ def is_moe_layer(cfg: BlockConfig, layer: Any) -> Any:
     return moe
 
 
+def check_router_logits(cfg: BlockConfig, shape: tuple[int, ...]) -> None:
+    """Raise unless `shape` is router logits of cfg's experts: (L, B, T, X) or (B, T, X), X = num_experts."""
+    if not cfg.num_experts or len(shape) not in (3, 4) or shape[-1] != cfg.num_experts:
+        raise ValueError(f"router logits of a config with num_experts={cfg.num_experts} must have shape "
+                         f"(layers, batch, seq, {cfg.num_experts}) or (batch, seq, {cfg.num_experts}), "
+                         f"got {tuple(shape)}"
+                         + (": pass the experts config the model was built with" if not cfg.num_experts else ""))
+
+
 def layer_scale(layer: Any, dtype: Any) -> Any:
     """LayerNorm Scaling's factor 1 / sqrt(layer) in `dtype` (a Python int: a Python float; a
     JAX or torch integer: an array of that dtype)."""

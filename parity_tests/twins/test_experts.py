@@ -90,3 +90,13 @@ def test_a_stack_returns_each_layers_router_logits_in_both_twins():
     assert not f[[0, 1, 2]].any() and np.abs(f[3]).min() > 0  # layers 1..4: dense (idx 0), dense (in
     np.testing.assert_allclose(f, t, rtol=0, atol=1e-12 * np.abs(t).max())  # mlp_only_layers), dense, experts
     assert isinstance(tmod, tb.Encoder)
+
+
+def test_router_logits_of_another_config_are_refused_naming_the_shapes():
+    """A dense config, or one of another expert count, with a stack's router logits: one error in both twins."""
+    logits = np.zeros((2, 1, 3, 4))
+    for cfg in (replace(MOE, num_experts=0), MOE):  # MOE has 8 experts, the logits 4
+        with pytest.raises(ValueError, match=rf"num_experts={cfg.num_experts} must have shape .*got \(2, 1, 3, 4\)"):
+            fx.load_balancing_loss(cfg, jnp.asarray(logits))
+        with pytest.raises(ValueError, match=rf"num_experts={cfg.num_experts} must have shape"):
+            tx.load_balancing_loss(cfg, torch.from_numpy(logits))
