@@ -1,4 +1,4 @@
-"""A Flax model back to a Hugging Face folder that transformers' `from_pretrained` reads.
+"""A model of either twin back to a Hugging Face folder that transformers' `from_pretrained` reads.
 
     fb.save_hf(model, folder)                     # a model (or stack) that came from fb.from_hf
     fb.save_hf(model, folder, family="llama")     # one built from scratch, written as a family
@@ -59,12 +59,26 @@ def save_hf(model: Any, folder: str | os.PathLike, *, family: str | None = None,
     model = _on_this_host(model)
     config = _config(model, family)
     config[("dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype")] = want
-    return _write(folder, config, _tensors(model, config, base), want, limit)
+    first = _is_torch(model) or _process_index() == 0
+    return _write(folder, config, _tensors(model, config, base), want, limit, first)
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def _is_torch(model: Any) -> bool:
+    return type(model).__module__.split(".")[0] == "torch_blocks"
 
 
 def _on_this_host(model: Any) -> Any:
-    """`model` itself, or (in a multi-process run, where some arrays span other hosts' devices)
-    a copy whose arrays are gathered whole onto every process: one host then writes them."""
+    """`model` itself, or (a Flax model in a multi-process run, where some arrays span other
+    hosts' devices) a copy whose arrays are gathered whole onto every process: one host then
+    writes them."""
+    if _is_torch(model):
+        return model
     import jax
     from flax import nnx
 
@@ -205,10 +219,10 @@ def _base_state_dict(model: Any, base: Any) -> dict[str, Any] | None:
     return dict(hf_state_dict(base))
 
 
-def _write(folder: str, config: dict[str, Any], tensors: Mapping[str, Any], dtype: str, limit: int) -> list[str]:
+def _write(folder: str, config: dict[str, Any], tensors: Mapping[str, Any], dtype: str, limit: int,
+           first: bool = True) -> list[str]:
     """config.json and the safetensors files, each tensor cast to `dtype` as its shard is
-    written (process 0 of a multi-process run writes)."""
-    import jax
+    written (only by the `first` process of a multi-process run)."""
     from safetensors.numpy import save_file
 
     target = _np_dtype(dtype)
@@ -223,7 +237,7 @@ def _write(folder: str, config: dict[str, Any], tensors: Mapping[str, Any], dtyp
         size += nbytes
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    if jax.process_index() != 0:
+    if not first:
         return []
     os.makedirs(folder, exist_ok=True)
     _remove_weights(folder)
