@@ -99,9 +99,11 @@ def read_source(source: Any, revision: str | None = None
     transformers model object."""
     config: dict[str, Any] | None
     if isinstance(source, (str, os.PathLike)):
-        from .hub import resolve
+        folder = os.fspath(source)
+        if not os.path.isdir(folder) or revision is not None:  # a Hub id (or a revision, which a folder refuses)
+            from .hub import resolve
 
-        folder = resolve(os.fspath(source), revision)
+            folder = resolve(folder, revision)
         config, sd = read_folder(folder)
         origin = {"source": os.fspath(source), "folder": os.path.abspath(folder),
                   "files": [os.path.basename(f) for f in weight_files(folder, config.get("transformers_weights"))]}

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..core.config import BlockConfig, dtype_name
 from ..core.options import BY_NAME
-from . import dialects
+from . import dialects, stream
 from .family import FAMILIES, NOT_COMPUTED, PARTS, Family, Read, audit, not_computed
 from .io import ConversionError, read_state_dict
 
@@ -177,7 +177,7 @@ def read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         config = json.load(f)
     sd: dict[str, Any] = {}
     for s in weight_files(path, config.get("transformers_weights")):
-        sd.update(read_state_dict(s, lazy=True))
+        sd.update(stream.read_safetensors(s) if s.endswith(".safetensors") else read_state_dict(s, lazy=True))
     return config, sd
 
 

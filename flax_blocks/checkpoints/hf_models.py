@@ -28,7 +28,7 @@ import numpy as np
 from ..core.lm_config import ENCODER, LMConfig
 from . import dialects, stream
 from .family import FAMILIES, Outside, Read, families_of_dialect
-from .hf_config import ConfigRead, family_of, read_config
+from .hf_config import ConfigRead, read_config
 from .io import ConversionError
 from .stream import to_numpy
 
@@ -97,7 +97,7 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
     read = read_config(config, ignore_keys=ignore_keys)
     cfg, num_layers, final_norm = read.cfg, read.num_layers, read.final_norm
     model_type, out = _family(config)
-    c = Read({k: v for k, v in config.items() if k not in ignore_keys}, family_of(config))
+    c = Read({k: v for k, v in config.items() if k not in ignore_keys}, read.family)
     if part == "causal-lm" and (out.head is None or not cfg.causal):
         why = ("is_causal=False: transformers builds a bidirectional mask from it, so this is no causal language "
                "model" if out.head is not None else f"{model_type} is not a causal language model")
