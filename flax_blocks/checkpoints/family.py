@@ -114,6 +114,7 @@ class Outside:
     final_logit_softcap: str | None = None  # the config key of a final logit soft-cap (Gemma 2, Gemma 3)
     projections: tuple[str, str, str] | None = None  # (width key, project_in, project_out): OPT's narrower embeddings
     recompute_past_original: bool = False  # generate recomputes every key past longrope's original length (Phi-3)
+    head_bias: bool = False  # the LM head has a bias (Phi-1/2's lm_head)
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,6 @@ NOT_COMPUTED = {
     "mpt": "ALiBi position biases",
     "gptj": "rotary on interleaved (adjacent) pairs of dimensions and a parallel block sharing one LayerNorm",
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
-    "phi": "a parallel block with partial rotary and a dense MLP under Phi-1/2's names (phi3 is supported)",
     "gpt_neo": "local attention on alternate layers with unscaled logits",
     "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",

@@ -107,6 +107,9 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
     window, why = _cache_window(config, read) if part == "causal-lm" else (None, "")
     if why and window is None:
         problems.append(why)
+    if part == "causal-lm" and out.head_bias and c["tie_word_embeddings"]:
+        problems.append("tie_word_embeddings=True: the head is the embedding and keeps a bias of its own, which a "
+                        "tied LanguageModel head does not hold")
     if problems:
         raise ConversionError(problems, header=f"cannot load a whole {model_type} model as part={part!r}")
     if window is not None:  # read after all, by the cache: no longer among the ignored keys
@@ -121,6 +124,7 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
         token_types=int(c["type_vocab_size"] or 0) if out.token_type else 0,
         embed_norm=out.embed_norm is not None, final_norm=final_norm,
         head="none" if part == "model" else ("tied" if tied else "untied"),
+        head_bias=out.head_bias and part == "causal-lm",
         position_offset=offset, default_positions=out.default_positions,
         pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
         embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
@@ -236,6 +240,8 @@ def read_whole(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, i
                             "part='causal-lm' needs the model with its head (LlamaForCausalLM), or take part='model'")
         else:
             take("head.weight", head + "weight")
+            if lm.head_bias:
+                take("head.bias", head + "bias")
     elif lm.head == "tied" and head + "weight" in sd:  # a model object's state dict holds the tied weight twice
         taken.add(head + "weight")
     stack = {k for k in sd if k not in tr.dropped}
