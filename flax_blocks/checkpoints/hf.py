@@ -32,6 +32,7 @@ from .family import LANGUAGE_MODELS
 from .hf_config import hf_model_config, hf_state_dict, read_config, read_folder, weight_files
 from .io import ConversionError, read_state_dict
 from .load_report import report_ignored
+from .quantized import quantized_notes
 
 log = logging.getLogger("flax_blocks")
 
@@ -112,6 +113,7 @@ def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dic
         config, sd = read_folder(folder)
         origin = {"source": os.fspath(source), "folder": os.path.abspath(folder),
                   "files": [os.path.basename(f) for f in weight_files(folder, config.get("transformers_weights"))]}
+        origin["notes"] = quantized_notes(config)
     elif (config := hf_model_config(source)) is not None:
         sd = read_state_dict(hf_state_dict(source))
         origin = {"source": f"a {type(source).__name__} object", "files": []}
