@@ -217,3 +217,14 @@ def test_the_config_reads_fp8_and_mxfp4_and_refuses_other_methods_by_name():
     problems = audit({**llama, "quantization_config": {"quant_method": "gptq", "bits": 4}}, FAMILIES["llama"])[0]
     assert problems[0].startswith("quantization_config={'quant_method': 'gptq', 'bits': 4}: quantized weights")
     assert "fp8 and mxfp4" in problems[0]
+
+
+def test_partial_edge_blocks_are_named_in_a_warning(caplog):
+    w8, scale = _fp8_case(200, 128)
+    sd = {"model.layers.0.self_attn.kv_a_proj.weight": stream.Array(w8),
+          "model.layers.0.self_attn.kv_a_proj.weight_scale_inv": stream.Array(scale)}
+    config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    with caplog.at_level("WARNING", logger="flax_blocks"):
+        qz.dequantize(config, sd)
+    assert "1 weights end in partial [128, 128] blocks (model.layers.0.self_attn.kv_a_proj.weight (200, 128))" \
+        in caplog.text

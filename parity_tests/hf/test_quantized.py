@@ -125,3 +125,36 @@ def test_save_hf_quantizes_a_plain_model_as_transformers_reads_it(fp8_folder, tm
         theirs = hf(torch.tensor(IDS)).logits.numpy()
     ours = np.asarray(fb.from_hf(tmp_path, part="causal-lm", dtype="float32")(jnp.asarray(IDS)))
     assert np.abs(ours - theirs).max() / np.abs(theirs).max() <= 1e-4
+
+
+def test_a_gpt_oss_folder_with_mxfp4_experts_reads_as_transformers_dequantizes_it(tmp_path):
+    """The GPT-OSS family lands after this: here the folder's tensors as `read_folder` gives
+    them to a family (experts' gate_up_proj / down_proj named, shaped and valued as
+    transformers' Mxfp4Config(dequantize=True) model holds them), against that model."""
+    from flax_blocks.checkpoints.hf_config import read_folder
+
+    config = transformers.GptOssConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=3,
+                                       num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config)
+    rng = np.random.default_rng(0)
+    tensors = {k: v.detach().numpy().astype(ml_dtypes.bfloat16) for k, v in model.state_dict().items()
+               if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    for name, (rows, inner) in {"gate_up_proj": (128, 64), "down_proj": (64, 64)}.items():
+        prefix = f"model.layers.0.mlp.experts.{name}"
+        tensors[prefix + "_blocks"] = rng.integers(0, 256, (3, rows, inner // 32, 16), dtype=np.uint8)
+        tensors[prefix + "_scales"] = rng.integers(120, 130, (3, rows, inner // 32), dtype=np.uint8)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    written = config.to_dict() | {"dtype": "bfloat16", "quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                            "model.embed_tokens", "lm_head"]}}
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32)
+    _, sd = read_folder(str(tmp_path))
+    theirs = hf.state_dict()
+    assert sorted(sd) == sorted(theirs)
+    for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"):
+        assert sd[name].shape == tuple(theirs[name].shape) and sd[name].dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(sd[name].astype(np.float32).read(), theirs[name].numpy(), err_msg=name)
