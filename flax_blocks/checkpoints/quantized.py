@@ -204,8 +204,9 @@ class MXFP4Weight(Dequantized):
         b = self.blocks._read((index[0], index[2], groups, None))
         s = self.scales._read((index[0], index[2], groups))
         v = mxfp4_unpack(b, s)  # (e, r, len(groups) * 32)
-        local = np.searchsorted(groups, ke // MX_BLOCK) * MX_BLOCK + ke % MX_BLOCK
-        return np.swapaxes(np.take(v, local, axis=-1), 1, 2)
+        if index[1] is not None:  # the values asked among their groups'
+            v = np.take(v, np.searchsorted(groups, ke // MX_BLOCK) * MX_BLOCK + ke % MX_BLOCK, axis=-1)
+        return np.swapaxes(v, 1, 2)
 
 
 # ----------------------------------------------------------------------------------------
