@@ -28,6 +28,7 @@ from .hf_config import ConfigRead, hf_model_config, hf_state_dict, read_config, 
 from .hf_models import read_whole
 from .io import ConversionError, read_state_dict
 from .load_report import report_ignored
+from .quantized import quantized_notes
 
 PARTS = ("stack", "encoder", "decoder", "model", "causal-lm")
 _FLOATS = {"float32", "float64", "bfloat16", "float16"}
@@ -107,6 +108,8 @@ def read_source(source: Any, revision: str | None = None
         config, sd = read_folder(folder)
         origin = {"source": os.fspath(source), "folder": os.path.abspath(folder),
                   "files": [os.path.basename(f) for f in weight_files(folder, config.get("transformers_weights"))]}
+        if "quantization_config" in config:
+            origin["notes"] = quantized_notes(config)
     elif (config := hf_model_config(source)) is not None:
         sd = read_state_dict(hf_state_dict(source))
         origin = {"source": f"a {type(source).__name__} object", "files": []}

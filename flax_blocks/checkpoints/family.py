@@ -85,9 +85,13 @@ READ_EVERYWHERE = ("model_type", "dtype", "torch_dtype", "transformers_weights")
 
 # Keys that change what a model computes whatever its family, refused wherever they are set.
 REFUSED_ANYWHERE = {
-    "quantization_config": "quantized weights (the blocks read plain float tensors)",
+    "quantization_config": "quantized weights (the blocks read plain float tensors, and the quant_methods "
+                           "fp8 and mxfp4 dequantized as they are read)",
     "pruned_heads": "heads pruned from the attention (the blocks have every head)",
 }
+
+# quantization_config.quant_method values whose weights are read, dequantized (checkpoints.quantized)
+QUANT_METHODS = ("fp8", "mxfp4")
 
 DROPOUT = "a dropout rate: inference runs without dropout"
 INIT = "an initialisation setting; the checkpoint's weights are read"
@@ -257,6 +261,9 @@ def audit(config: Mapping[str, Any], family: Family) -> tuple[list[str], dict[st
         if key in READ_EVERYWHERE:
             continue
         if key in REFUSED_ANYWHERE:
+            if key == "quantization_config" and isinstance(value, Mapping) and \
+                    value.get("quant_method") in QUANT_METHODS:
+                continue  # read by the folder's reader (checkpoints.quantized)
             if value not in (None, {}, []):
                 problems.append(f"{key}={value!r}: {REFUSED_ANYWHERE[key]}")
             continue
