@@ -92,12 +92,26 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     if part in ("model", "causal-lm"):
         from . import hf_models
 
-        return hf_models.load(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh,
-                              rules=rules, origin=origin)
+        generation = _generation_settings(source, config, origin) if part == "causal-lm" else None
+        model = hf_models.load(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh,
+                               rules=rules, origin=origin)
+        if generation is not None:  # generate follows the checkpoint's generation config, as HF's
+            model.lm = replace(model.lm, generation=generation)
+        return model
     if part not in ("stack", "encoder", "decoder"):
         raise ValueError(f"part must be one of 'stack', 'encoder', 'decoder', 'model', 'causal-lm', got {part!r}")
     return _load_stack(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh, rules=rules,
                        origin=origin)
+
+
+def _generation_settings(source: Any, config: dict[str, Any], origin: dict[str, Any]):
+    """The generation settings transformers' from_pretrained gives `source` (a folder's
+    generation_config.json, else its config.json; a model object's generation_config)."""
+    from .generation_config import model_generation_config, read_generation_config
+
+    if "folder" in origin:
+        return read_generation_config(origin["folder"], config)
+    return read_generation_config(model_generation_config(source), config)
 
 
 def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:

@@ -59,7 +59,17 @@ def save_hf(model: Any, folder: str | os.PathLike, *, family: str | None = None,
     model = _on_this_host(model)
     config = _config(model, family)
     config[("dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype")] = want
-    return _write(folder, config, _tensors(model, config, base), want, limit)
+    files = _write(folder, config, _tensors(model, config, base), want, limit)
+    generation = getattr(getattr(model, "lm", None), "generation", None)
+    import jax
+
+    from ..core.generation_settings import GenerationSettings
+
+    if generation not in (None, GenerationSettings()) and jax.process_index() == 0:  # as save_pretrained does
+        from .generation_config import write_generation_config
+
+        files.append(write_generation_config(folder, generation))
+    return files
 
 
 def _on_this_host(model: Any) -> Any:
@@ -147,8 +157,8 @@ def _check_read_back(model: Any, config: Mapping[str, Any]) -> None:
         has_norm = model.encoder.final_norm is not None  # LMConfig.final_norm None: the placement's default
         lm = dataclasses.replace(lm, final_norm=None if lm.final_norm == has_norm else lm.final_norm)
         mine = dataclasses.replace(model.lm, final_norm=None if model.lm.final_norm in (None, has_norm) else has_norm)
-        for f in dataclasses.fields(lm):
-            if f.name not in ("init_std", "head_init") and getattr(lm, f.name) != getattr(mine, f.name):
+        for f in dataclasses.fields(lm):  # (generation: written to generation_config.json)
+            if f.name not in ("init_std", "head_init", "generation") and getattr(lm, f.name) != getattr(mine, f.name):
                 problems.append(f"lm.{f.name}: the model has {getattr(mine, f.name)!r}, its config.json would "
                                 f"give {getattr(lm, f.name)!r}")
     if problems:
