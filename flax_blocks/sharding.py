@@ -446,6 +446,23 @@ def on_auto_axes(module: Any, method: Any, arrays: Any, out_specs: Any, mesh: An
     return out
 
 
+def explicit_call(module: Any, call: Any, arrays: tuple[Any, ...], *, cache: Any = None,
+                  extra: bool = False) -> Any:
+    """`call(module, *arrays)` through `on_auto_axes` when `module`'s Params, `arrays` or the
+    context sit on a mesh of Explicit axes; None otherwise (the caller computes as usual). The
+    output's (batch, seq) dims keep those of `arrays[0]` (token ids (B, T) or hidden states
+    (B, T, E)); a cache comes back placed as it came, intermediates (`extra`) replicated."""
+    mesh = explicit_mesh((nnx.state(module, nnx.Param), arrays))
+    if mesh is None:
+        return None
+    spec = batch_spec(arrays[0])
+    if cache is not None:
+        specs: Any = (spec, jax.tree.map(lambda a: jax.typeof(a).sharding.spec, cache))
+    else:
+        specs = (spec, PartitionSpec()) if extra else spec
+    return on_auto_axes(module, call, arrays, specs, mesh)
+
+
 def batch_spec(ids: Any) -> PartitionSpec:
     """The spec of the (batch, seq) dims of token ids `ids` on their mesh (P(): not sharded)."""
     if not isinstance(ids, jax.Array):
