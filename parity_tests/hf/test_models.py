@@ -159,6 +159,22 @@ def test_generate_follows_the_folders_generation_config_as_hf(hf_models, tmp_pat
     np.testing.assert_array_equal(np.asarray(again), outputs[0])  # the arguments win over the file
     fb.save_hf(lm, tmp_path / "saved")  # writes the settings back
     assert fb.from_hf(tmp_path / "saved", part="causal-lm").lm.generation == lm.lm.generation
+
+    # a file that samples: the torch twin draws HF's tokens from the same torch seed (temperature,
+    # HF's default top_k 50, top_p); fb.generate samples too, so it asks for a key
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.7, "top_p": 0.9}))
+    sampler = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    lm = fb.from_hf(folder, part="causal-lm")
+    twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
+    twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
+    draws = []
+    for generate in (sampler.generate, lambda *a, **k: tb.generate(twin, *a, **k)):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            draws.append(generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=8).numpy())
+    np.testing.assert_array_equal(draws[0], draws[1])
+    with pytest.raises(ValueError, match="needs key="):
+        fb.generate(lm, ids, mask, max_new_tokens=8)
     (folder / "generation_config.json").unlink()  # transformers' fallback: config.json's keys
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": int(free[0, 3])}))
