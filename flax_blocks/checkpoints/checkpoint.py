@@ -24,6 +24,7 @@ from ..core.config import BlockConfig, dtype_name
 from ..core.lm_config import LMConfig
 from . import dialects
 from .family import LANGUAGE_MODELS
+from .generation_config import model_generation_config, read_generation_config
 from .hf_config import ConfigRead, hf_model_config, hf_state_dict, read_config, read_folder, weight_files
 from .hf_models import read_whole
 from .io import ConversionError, read_state_dict
@@ -78,7 +79,18 @@ def read_checkpoint(source: Any, *, part: str = "stack", dtype: Any = None, igno
     if part not in PARTS:
         raise ValueError(f"part must be one of {', '.join(repr(p) for p in PARTS)}, got {part!r}")
     config, sd, origin = read_source(source, revision)
-    return describe(config, sd, part, dtype=dtype, ignore_keys=tuple(ignore_keys), origin=origin)
+    ckpt = describe(config, sd, part, dtype=dtype, ignore_keys=tuple(ignore_keys), origin=origin)
+    if ckpt.lm is not None and part == "causal-lm":  # generate follows the checkpoint's settings, as HF's
+        ckpt = replace(ckpt, lm=replace(ckpt.lm, generation=_generation_settings(source, config, origin)))
+    return ckpt
+
+
+def _generation_settings(source: Any, config: Mapping[str, Any], origin: Mapping[str, Any]) -> Any:
+    """The generation settings transformers' from_pretrained gives `source` (a folder's
+    generation_config.json, else its config.json; a model object's generation_config)."""
+    if "folder" in origin:
+        return read_generation_config(origin["folder"], config)
+    return read_generation_config(model_generation_config(source), config)
 
 
 def describe(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: Any = None,

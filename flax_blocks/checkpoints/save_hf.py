@@ -30,8 +30,10 @@ from typing import Any
 import numpy as np
 
 from ..core.config import DTYPES, dtype_name
+from ..core.generation_settings import GenerationSettings
 from . import dialects, quantized
 from .family import FAMILIES, LANGUAGE_MODELS
+from .generation_config import write_generation_config
 from .hf_config import WEIGHT_FILES, read_config, read_folder
 from .io import ConversionError
 
@@ -70,7 +72,11 @@ def save_hf(model: Any, folder: str | os.PathLike, *, family: str | None = None,
     config[("dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype")] = want
     tensors = _quantized(model, config, _tensors(model, config, base), quantization)
     first = _is_torch(model) or _process_index() == 0
-    return _write(folder, config, tensors, want, limit, first)
+    files = _write(folder, config, tensors, want, limit, first)
+    generation = getattr(getattr(model, "lm", None), "generation", None)
+    if first and generation not in (None, GenerationSettings()):  # as save_pretrained does
+        files.append(write_generation_config(folder, generation))
+    return files
 
 
 def _quantized(model: Any, config: dict[str, Any], tensors: dict[str, Any], quantization: str | None
@@ -193,8 +199,8 @@ def _check_read_back(model: Any, config: Mapping[str, Any]) -> None:
         has_norm = model.encoder.final_norm is not None  # LMConfig.final_norm None: the placement's default
         lm = dataclasses.replace(lm, final_norm=None if lm.final_norm == has_norm else lm.final_norm)
         mine = dataclasses.replace(model.lm, final_norm=None if model.lm.final_norm in (None, has_norm) else has_norm)
-        for f in dataclasses.fields(lm):
-            if f.name not in ("init_std", "head_init") and getattr(lm, f.name) != getattr(mine, f.name):
+        for f in dataclasses.fields(lm):  # (generation: written to generation_config.json)
+            if f.name not in ("init_std", "head_init", "generation") and getattr(lm, f.name) != getattr(mine, f.name):
                 problems.append(f"lm.{f.name}: the model has {getattr(mine, f.name)!r}, its config.json would "
                                 f"give {getattr(lm, f.name)!r}")
     if problems:

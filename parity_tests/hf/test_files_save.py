@@ -161,7 +161,7 @@ def test_the_layout_of_an_earlier_save_is_replaced(llama_folder, tmp_path):
     fb.save_hf(lm, tmp_path, max_shard_size="20KB")  # shards and an index
     (tmp_path / "pytorch_model.bin").write_bytes(b"stale")
     fb.save_hf(lm, tmp_path)  # one file now: the index, its shards and the .bin would be read first or beside it
-    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "generation_config.json", "model.safetensors"]
     assert _hf_load(tmp_path)[1] == {}
 
 
@@ -193,7 +193,7 @@ def test_two_processes_gather_and_the_first_writes(llama_folder, tmp_path):
                               text=True) for pid in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    assert "WROTE 2" in outs[0][0] and "WROTE 0" in outs[1][0]  # config and weights by process 0 only
+    assert "WROTE 3" in outs[0][0] and "WROTE 0" in outs[1][0]  # config, generation config and weights by process 0
     hf, problems = _hf_load(tmp_path / "out")
     assert problems == {}
     want = fb.from_hf(llama_folder, part="causal-lm")(jnp.asarray(IDS))
