@@ -52,6 +52,8 @@ _WITHOUT_JAX = textwrap.dedent("""
         err = rel(out, ref, mask.bool())
         assert err <= 1e-4, (name, err)
         assert type(lm).__name__ == "LanguageModel" and tb.load_report(lm).model_type == name
+        eos = hf.generation_config.eos_token_id  # generation_config.json read, as from_pretrained reads it
+        assert lm.lm.generation.eos_token_id == (None if eos is None else tuple(eos if isinstance(eos, list) else [eos]))
         tb.save_hf(lm, back)
         again = type(hf).from_pretrained(back)
         theirs = hf.state_dict()
