@@ -1096,26 +1096,8 @@ def task_line(sweep: dict, task: dict) -> str:
             if task.get("heldout_optimal_loss") is not None else "") + ".")
 
 
-def write_report(out: Path) -> Path:
-    """Write OUT/report.md and the PNG plots next to it; returns the report's path."""
-    out = Path(out)
-    meta, records = load(out)
-    if not records:
-        raise SystemExit(f"no finished cells for the sweep in {out}")
-    sweep = meta["sweep"]
-    d = Data(records)
-    plots.write_all(records, out)
-    env = records[0]["environment"]
-    task = records[0]["task"]
-    from dataclasses import asdict, fields
-
-    preset = PRESETS.get(sweep["name"])
-    resolved = {**sweep, "vocab": 0} if preset is not None and preset.vocab == 0 else sweep  # text: the corpus's
-    defaults = {f.name: f.default for f in fields(Sweep)}  # a field newer than the sweep.json: its default
-    resolved = {**{k: v for k, v in defaults.items() if k not in resolved}, **resolved}
-    same = preset is not None and json.loads(json.dumps(asdict(preset))) == resolved
-    preset_note = "" if same else ", modified"
-    last = meta.get("last_run")
+def _timing(last: dict | None, env: dict) -> str:
+    """The Setup's words on how long the last invocation took, and on what machine load."""
     timing = "timing not recorded"
     if last:
         cpu = f" and {last['cpu_seconds']:.0f} s of CPU time" if last.get("cpu_seconds") is not None else ""
@@ -1136,6 +1118,61 @@ def write_report(out: Path) -> Path:
             timing += (f"; the machine's 1-minute load average was {loads[0][0]:.1f} before and "
                        f"{loads[-1][0]:.1f} after (other processes competing for its {env.get('cpu_count')} CPUs "
                        "slow the wall-clock time)")
+    return timing
+
+
+def _experts_setup(sweep: dict, aux_coef: float) -> str:
+    """The Setup's bullet on the experts variants' MLP."""
+    return (f"- Experts variants: the MLP sublayer is `flax_blocks`' experts MLP (`BlockConfig(num_experts="
+            f"{MOE_EXPERTS}, num_experts_per_tok={MOE_TOP_K}, expert_d_ff=d_ff / {MOE_TOP_K}, norm_topk_prob=True)`): "
+            f"a bias-free router, softmax over the {MOE_EXPERTS} experts, the top {MOE_TOP_K} renormalised; each "
+            f"expert the lab's ReLU MLP of width {sweep['d_ff'] // MOE_TOP_K} without biases, so a token's active "
+            f"width is the dense d_ff {sweep['d_ff']} ({MOE_EXPERTS // MOE_TOP_K}x the MLP's parameters); no "
+            "capacity limit, no token dropped; xavier-uniform router and experts. Router auxiliary (load-balancing) "
+            f"loss coefficient {aux_coef:g}" + (" (off, the default; `--router-aux-coef`)" if not aux_coef else
+                                                 " (HF's Switch-style loss added to the objective)") + ". Measured "
+            "at init and after every chunk on the held-out batch, per layer: the largest |router logit| and their "
+            "RMS, each expert's share of the top-k picks and the load balance (X * the largest share), and HF's "
+            "load-balancing loss over the stack; the FFN W2 gradient norm is the experts' down projections'.")
+
+
+def _failure_rule(sweep: dict) -> str:
+    """The Setup's bullet on when a run counts as failed (the text task's reference is the n-gram model)."""
+    rule = (f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
+            f"U − {PLATEAU_FRACTION} (U − H) with U the unigram loss and H the n-gram reference (\"plateau\"): "
+            "a run must cover half of the way from a context-free model to the n-gram model"
+            if sweep["task"] == "text" else
+            f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
+            f"l0 − {PLATEAU_FRACTION} (l0 − H) with l0 the held-out loss at init (\"plateau\")")
+    return rule + (". The fail step is the first non-finite step, or the step from which the loss stayed above "
+                   "that line.")
+
+
+def _preset_note(sweep: dict) -> str:
+    """", modified" when the sweep is not its preset's own grid (a field newer than the sweep.json: its default)."""
+    from dataclasses import asdict, fields
+
+    preset = PRESETS.get(sweep["name"])
+    resolved = {**sweep, "vocab": 0} if preset is not None and preset.vocab == 0 else sweep  # text: the corpus's
+    defaults = {f.name: f.default for f in fields(Sweep)}  # a field newer than the sweep.json: its default
+    resolved = {**{k: v for k, v in defaults.items() if k not in resolved}, **resolved}
+    same = preset is not None and json.loads(json.dumps(asdict(preset))) == resolved
+    return "" if same else ", modified"
+
+
+def write_report(out: Path) -> Path:
+    """Write OUT/report.md and the PNG plots next to it; returns the report's path."""
+    out = Path(out)
+    meta, records = load(out)
+    if not records:
+        raise SystemExit(f"no finished cells for the sweep in {out}")
+    sweep = meta["sweep"]
+    d = Data(records)
+    plots.write_all(records, out)
+    env = records[0]["environment"]
+    task = records[0]["task"]
+    preset_note = _preset_note(sweep)
+    timing = _timing(meta.get("last_run"), env)
     aux_coef = float(sweep.get("router_aux_coef", 0.0))
     verdicts = [(ref, claim, *fn(d)) for ref, claim, fn in CLAIMS + moe_claims(d, aux_coef)]
 
@@ -1168,31 +1205,14 @@ def write_report(out: Path) -> Path:
         "DeepNorm's own beta-scaled xavier-normal on v/out/FFN), embeddings N(0, 1/2) each.",
         "- Variants: " + "; ".join(f"`{v}` {VARIANT_NOTES.get(v, '')}" for v in d.variants) + ". Norms are "
         "LayerNorm unless named (eps 1e-5).",
-        *([f"- Experts variants: the MLP sublayer is `flax_blocks`' experts MLP (`BlockConfig(num_experts="
-           f"{MOE_EXPERTS}, num_experts_per_tok={MOE_TOP_K}, expert_d_ff=d_ff / {MOE_TOP_K}, norm_topk_prob=True)`): "
-           f"a bias-free router, softmax over the {MOE_EXPERTS} experts, the top {MOE_TOP_K} renormalised; each "
-           f"expert the lab's ReLU MLP of width {sweep['d_ff'] // MOE_TOP_K} without biases, so a token's active "
-           f"width is the dense d_ff {sweep['d_ff']} ({MOE_EXPERTS // MOE_TOP_K}x the MLP's parameters); no "
-           "capacity limit, no token dropped; xavier-uniform router and experts. Router auxiliary (load-balancing) "
-           f"loss coefficient {aux_coef:g}" + (" (off, the default; `--router-aux-coef`)" if not aux_coef else
-                                                " (HF's Switch-style loss added to the objective)") + ". Measured "
-           "at init and after every chunk on the held-out batch, per layer: the largest |router logit| and their "
-           "RMS, each expert's share of the top-k picks and the load balance (X * the largest share), and HF's "
-           "load-balancing loss over the stack; the FFN W2 gradient norm is the experts' down projections'."]
-          if any(m in d.variants for m in MOE_VARIANTS) else []),
+        *([_experts_setup(sweep, aux_coef)] if any(m in d.variants for m in MOE_VARIANTS) else []),
         f"- Depths {', '.join(map(str, d.depths))}; learning rates "
         f"{', '.join(f'{x:g}' for x in d.lrs)}; warmup {', '.join(map(str, d.warmups))} steps"
         + (f" (nonzero warmup for {', '.join(sweep['warmup_variants'])} only)" if sweep.get("warmup_variants")
            and len(d.warmups) > 1 else "") + "; "
         f"{sweep['seeds']} seeds; {sweep['steps']} steps of Adam (0.9, 0.98, eps 1e-9), batch "
         f"{sweep['batch']} x {sweep['seq_len']} tokens, no clipping, no weight decay.",
-        (f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
-         f"U − {PLATEAU_FRACTION} (U − H) with U the unigram loss and H the n-gram reference (\"plateau\"): "
-         "a run must cover half of the way from a context-free model to the n-gram model"
-         if sweep["task"] == "text" else
-         f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
-         f"l0 − {PLATEAU_FRACTION} (l0 − H) with l0 the held-out loss at init (\"plateau\")")
-        + ". The fail step is the first non-finite step, or the step from which the loss stayed above that line.",
+        _failure_rule(sweep),
         f"- Measured per run: training and held-out loss, gradient global norm and update size every step; "
         "per-layer gradient norms (whole layer, FFN W2, attention) at the first step of every chunk of "
         f"{sweep['chunk']} steps and their means over the chunk; on the held-out batch, at the start of every "
@@ -1216,7 +1236,16 @@ def write_report(out: Path) -> Path:
     lines += [f"| {claim} | {ref} | **{verdict}** |" for ref, claim, verdict, _ in verdicts]
     for ref, claim, verdict, body in verdicts:
         lines += ["", f"### {ref}: {verdict}", "", f"*{claim}*", "", body]
-    lines += [
+    lines += _tables(d)
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _tables(d: Data) -> list[str]:
+    """The report's closing sections: every run, the learning-rate sensitivity, the logits,
+    the attention entropy and the rules changed after seeing data."""
+    return [
         "", "## All runs", "", results_table(d),
         "", "## Learning-rate sensitivity", "", lr_sensitivity_table(d), "", "![final loss vs lr](lr_sweep.png)",
         "", "## Attention and output logits", "", logit_table(d),
@@ -1226,9 +1255,6 @@ def write_report(out: Path) -> Path:
         "", "![gradient norm](grad_norm.png)",
         "", "## Rules changed after seeing data", "", rule_changes(), "",
     ]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
