@@ -509,10 +509,33 @@ def _qwen2_moe(folder: Path) -> Path:
     return folder
 
 
+def _qwen3_fp8(folder: Path) -> Path:
+    """A Qwen3 in block-scaled FP8 (blocks of 16 x 32: a device's 24 of 96 MLP rows cross them)."""
+    from safetensors.numpy import save_file
+
+    from flax_blocks.checkpoints.quantized import fp8_quantize
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=64)
+    tensors = {}
+    for name, p in transformers.Qwen3ForCausalLM(cfg).state_dict().items():
+        tensors[name] = p.detach().numpy()
+        if name.endswith("proj.weight"):
+            tensors[name], tensors[name + "_scale_inv"] = fp8_quantize(tensors[name], (16, 32))
+    folder.mkdir()
+    save_file(tensors, str(folder / "model.safetensors"))
+    quant = {"quant_method": "fp8", "weight_block_size": [16, 32], "activation_scheme": "dynamic"}
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict() | {"quantization_config": quant}))
+    return folder
+
+
 def test_mesh_load_shards_every_parameter_as_it_is_read(folder, families, tmp_path):
     chosen = {k: str(v) for k, v in families.items() if not k.endswith("float16") or k.endswith("bfloat16")}
     qwen = _qwen2(tmp_path / "qwen")
     moe = _qwen2_moe(tmp_path / "moe")
+    chosen["qwen3-fp8"] = str(_qwen3_fp8(tmp_path / "fp8"))  # each device dequantizes its slice only
     proc = subprocess.run([sys.executable, "-c", _MESH, str(folder), json.dumps(chosen), str(qwen), str(moe)],
                           env=_env(8),
                           cwd=ROOT, capture_output=True, text=True)
