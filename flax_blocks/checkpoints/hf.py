@@ -14,9 +14,9 @@ final hidden state after it: the Flax stack's output is the one before project_o
 positions are part of the rotary families' layers and are computed by the Flax stack
 (positions 0..T-1). The settings come from the model's own config (`flax_blocks.checkpoints.hf_config`:
 heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm);
-what the Flax blocks cannot compute (scaled rotary variants such as LLaMA 3's, layer-dependent
-attention scaling, a window layout the blocks lack) is refused by name, never silently
-approximated. The stack is built for inference: dropout 0.
+every scaled rotary (linear, dynamic, LLaMA 3's, yarn, longrope) is read; what the Flax blocks
+cannot compute (a model_type of `family.NOT_COMPUTED`, a value a family's key takes that the
+blocks lack) is refused by name, never silently approximated. The stack is built for inference: dropout 0.
 """
 
 from __future__ import annotations

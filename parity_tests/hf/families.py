@@ -1,4 +1,4 @@
-"""`python -m parity_tests.hf.families [--doc docs/families.md]`: the Hugging Face families beyond
+"""`python -m parity_tests.hf.families [--doc docs/families.md] [--only NAME,...]`: the Hugging Face families beyond
 BERT, GPT-2 and LLaMA (RoBERTa, DistilBERT, OPT pre- and post-LN, ViT, Phi-3, Qwen3, Gemma,
 OLMo 2, GPT-NeoX parallel and sequential), each a tiny
 random model measured against HF itself, as a markdown table; --doc replaces the table between
@@ -400,7 +400,7 @@ def describe(name: str) -> dict[str, str]:
 def table(measured: dict[str, Measured]) -> str:
     lines = ["| family | built | read from the config | fixed by the family | refused by name | "
              "float64 fwd / grad | float32 fwd / grad |", "|---|---|---|---|---|---|---|"]
-    for name in FAMILIES:
+    for name in measured:  # FAMILIES' order (or the --only selection's)
         d, m = describe(name), measured[name]
         lines.append(f"| {d['family']} | {d['model']} | {d['reads']} | {d['fixed']} | {d['refused']} | "
                      f"{m.float64[0]:.0e} / {m.float64[1]:.0e} | "
@@ -420,14 +420,23 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--doc", metavar="FILE", help=f"replace the table between this file's markers (the committed "
                                                   f"one: {DOC})")
+    ap.add_argument("--only", metavar="NAMES", type=lambda s: s.split(","),
+                    help="measure these families only (comma list of FAMILIES' names, e.g. llama,gemma); with "
+                         "--doc their rows are replaced and the table's other rows kept")
     args = ap.parse_args(argv)
+    chosen = args.only or list(FAMILIES)
+    unknown = sorted(set(chosen) - set(FAMILIES))
+    if unknown:
+        ap.error(f"--only {','.join(unknown)}: not in FAMILIES ({', '.join(FAMILIES)})")
     if args.doc:
         with open(args.doc) as f:
             splice(f.read(), "")
     with tempfile.TemporaryDirectory() as tmp:
-        text = table({n: measure(n, os.path.join(tmp, n)) for n in FAMILIES})
+        text = table({n: measure(n, os.path.join(tmp, n)) for n in FAMILIES if n in chosen})
     print(text)
-    if args.doc:
+    if args.doc and args.only:
+        markers.replace_rows(args.doc, text, START, END, "families-table")
+    elif args.doc:
         markers.rewrite(args.doc, text, START, END, "families-table")
     return 0
 

@@ -2,7 +2,7 @@
 SOURCES.md says from where), shrunk in their sizes only, for tests that build each in
 transformers and read it with `fb.from_hf`.
 
-    python -m parity_tests.hf.published [--doc docs/families.md]
+    python -m parity_tests.hf.published [--doc docs/families.md] [--only NAME,...]
 
 runs every file of the corpus (parity_tests.hf.fuzz.run_case: float32 logits on a left-padded
 batch and HF's greedy tokens) and prints (or writes between the page's markers) one row per
@@ -188,10 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.hf.published", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--doc", metavar="FILE", help=f"replace the table between this file's markers ({DOC})")
+    ap.add_argument("--only", metavar="NAMES", type=lambda s: s.split(","),
+                    help="check these files only (comma list of names without .json, e.g. llama3_2_1b); with "
+                         "--doc their rows are replaced and the table's other rows kept")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - set(names()))
+    if unknown:
+        ap.error(f"--only {','.join(unknown)}: no such file in {FOLDER}")
     os.environ.setdefault("FUZZ_HF_EAGER", "1")  # tiny models of alike sizes: eager ops' compiles are shared
-    text = table(names())
-    if args.doc:
+    text = table(args.only or names())
+    if args.doc and args.only:
+        markers.replace_rows(args.doc, text, START, END, "published-configs")
+    elif args.doc:
         markers.rewrite(args.doc, text, START, END, "published-configs")
     else:
         print(text, end="")
