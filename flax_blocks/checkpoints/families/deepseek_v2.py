@@ -73,6 +73,17 @@ def read_latent(c: Read, hidden: int, heads: int) -> dict[str, Any]:
             "v_head_dim": int(c["v_head_dim"]), **read_rope(c, head_dim=dr), "qkv_bias": bool(c["attention_bias"])}
 
 
+def shared_width(c: Read) -> dict[str, Any]:
+    """The shared MLP, n_shared_experts * moe_intermediate_size wide, ungated; transformers builds it
+    even at n_shared_experts 0 (empty tensors, a zero output), which the blocks do not hold: refused."""
+    n = c["n_shared_experts"]
+    if not isinstance(n, int) or n < 1:
+        c.refuse("n_shared_experts", f"{n!r}: a shared MLP of width {n!r} * moe_intermediate_size (transformers keeps "
+                                     "its empty tensors; the blocks hold none)")
+        return {}
+    return {"shared_expert_d_ff": n * int(c["moe_intermediate_size"])}
+
+
 def first_dense(c: Read, n_layers: int) -> dict[str, Any]:
     """first_k_dense_replace: layers 0 .. k-1 run the dense MLP (intermediate_size), the others the experts."""
     k = int(c["first_k_dense_replace"] or 0)
@@ -92,8 +103,7 @@ def _deepseek_v2(c: Read) -> dict[str, Any]:
            **read_latent(c, sizes["d_model"], sizes["num_heads"]), "rope_interleave": True,
            **read_experts(c, "n_routed_experts", expert_width="moe_intermediate_size", norm=None),
            "norm_topk_prob": False, "routing": "deepseek_v2", "n_group": 1, "topk_group": 1,
-           "routed_scaling_factor": float(c["routed_scaling_factor"]),
-           "shared_expert_d_ff": int(c["n_shared_experts"] or 0) * int(c["moe_intermediate_size"]),
+           "routed_scaling_factor": float(c["routed_scaling_factor"]), **shared_width(c),
            **first_dense(c, sizes["num_layers"]), "final_norm": True}
     method = c["topk_method"]
     if method == "group_limited_greedy":
@@ -130,8 +140,10 @@ DEEPSEEK_INERT = {**DECODER_INERT, **MOE_TRAINING,
                   "head_dim": "the config class sets it to qk_rope_head_dim, whatever the file says (the rotary width)",
                   "qk_head_dim": "the config class sets it to qk_nope_head_dim + qk_rope_head_dim"}
 
-DEEPSEEK_DRAWS: dict[str, tuple[Any, ...]] = {"q_lora_rank": (None, 8), "first_k_dense_replace": (0, 1),
-                                              "routed_scaling_factor": (1.0, 2.5), "attention_bias": (False, True)}
+DEEPSEEK_DRAWS: dict[str, tuple[Any, ...]] = {
+    "q_lora_rank": (None, 8), "kv_lora_rank": (8, 12), "qk_nope_head_dim": (4, 8), "qk_rope_head_dim": (4, 2),
+    "v_head_dim": (6, 4), "n_routed_experts": (8, 4), "num_experts_per_tok": (3, 2), "n_shared_experts": (1, 2, 0),
+    "first_k_dense_replace": (1, 0), "routed_scaling_factor": (2.5, 1.0), "attention_bias": (True, False)}
 
 register(Family("deepseek_v2", "DeepseekV2Config", "DeepseekV2Model", "hf-deepseek",
                 rotary_defaults(max_position_embeddings=2048, hidden_size=4096, num_attention_heads=32,

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..family import Family, Read, register
 from ..readers import LM_ROTARY, read_causal, read_experts, read_sizes, rotary_defaults, silu_only
-from .deepseek_v2 import DEEPSEEK_DRAWS, DEEPSEEK_INERT, first_dense, groups, read_latent
+from .deepseek_v2 import DEEPSEEK_DRAWS, DEEPSEEK_INERT, first_dense, groups, read_latent, shared_width
 from .llama import LLAMA_LIKE, LLAMA_REFERENCE
 
 
@@ -26,8 +26,7 @@ def _deepseek_v3(c: Read) -> dict[str, Any]:
             **read_latent(c, sizes["d_model"], sizes["num_heads"]), "rope_interleave": bool(c["rope_interleave"]),
             **experts, "routing": "deepseek_v3",
             **groups(c, experts["num_experts"], experts.get("num_experts_per_tok", 1), v3=True),
-            "routed_scaling_factor": float(c["routed_scaling_factor"]),
-            "shared_expert_d_ff": int(c["n_shared_experts"] or 0) * int(c["moe_intermediate_size"]),
+            "routed_scaling_factor": float(c["routed_scaling_factor"]), **shared_width(c),
             **first_dense(c, sizes["num_layers"]), "final_norm": True}
 
 
