@@ -236,7 +236,7 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
     and final soft-cap in the torch twin: HF's logits, and the same greedy tokens."""
