@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import ATTENTION_BIAS, Dialect, Rule, experts, linear, norm, register_dialect, same
-from ..family import Family, Read, register
+from ..family import Family, Outside, Read, Reference, register
 from ..readers import (
     DECODER_INERT,
     LM_ROTARY,
@@ -23,8 +23,11 @@ from ..readers import (
     rotary_defaults,
     silu_only,
 )
-from .llama import LLAMA_LIKE, LLAMA_REFERENCE
 
+# LLaMA's parts around the stack (embed_tokens, the layers, norm; lm_head beside the model); RMSNorm and rotary
+# cast to float32 in HF. (Written here, not imported from families.llama: importing it would register LLaMA first.)
+DEEPSEEK_OUTSIDE = Outside("model.", "embed_tokens.weight")
+DEEPSEEK_REFERENCE = Reference(float32_inside=True)
 _MLA = ("q_proj.weight", "q_a_proj.weight", "q_a_proj.bias", "q_a_layernorm.weight", "q_b_proj.weight",
         "kv_a_proj_with_mqa.weight", "kv_a_proj_with_mqa.bias", "kv_a_layernorm.weight", "kv_b_proj.weight",
         "o_proj.weight", "o_proj.bias")
@@ -157,6 +160,6 @@ register(Family("deepseek_v2", "DeepseekV2Config", "DeepseekV2Model", "hf-deepse
                 _deepseek_v2, {**DEEPSEEK_INERT, "norm_topk_prob": "DeepseekV2's router never renormalises (it does "
                                                                    "not read the key)"}, lm=LM_ROTARY,
                 aliases={"num_experts": "n_routed_experts"},
-                lm_class="DeepseekV2ForCausalLM", outside=LLAMA_LIKE, reference=LLAMA_REFERENCE,
+                lm_class="DeepseekV2ForCausalLM", outside=DEEPSEEK_OUTSIDE, reference=DEEPSEEK_REFERENCE,
                 draws={**DEEPSEEK_DRAWS, "topk_method": ("greedy", "group_limited_greedy"), "n_group": (2, 4),
                        "topk_group": (1, 2)}))

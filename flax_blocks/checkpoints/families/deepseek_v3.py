@@ -12,8 +12,16 @@ from typing import Any
 
 from ..family import Family, Read, register
 from ..readers import LM_ROTARY, read_causal, read_experts, read_sizes, rotary_defaults, silu_only
-from .deepseek_v2 import DEEPSEEK_DRAWS, DEEPSEEK_INERT, first_dense, groups, read_latent, shared_width
-from .llama import LLAMA_LIKE, LLAMA_REFERENCE
+from .deepseek_v2 import (
+    DEEPSEEK_DRAWS,
+    DEEPSEEK_INERT,
+    DEEPSEEK_OUTSIDE,
+    DEEPSEEK_REFERENCE,
+    first_dense,
+    groups,
+    read_latent,
+    shared_width,
+)
 
 
 def _deepseek_v3(c: Read) -> dict[str, Any]:
@@ -40,7 +48,7 @@ register(Family("deepseek_v3", "DeepseekV3Config", "DeepseekV3Model", "hf-deepse
                                 first_k_dense_replace=3, norm_topk_prob=True, rope_interleave=True),
                 _deepseek_v3, {**DEEPSEEK_INERT, "num_nextn_predict_layers": "multi-token prediction modules, not "
                                                                            "part of DeepseekV3Model"}, lm=LM_ROTARY,
-                aliases={"num_local_experts": "n_routed_experts"},
-                lm_class="DeepseekV3ForCausalLM", outside=LLAMA_LIKE, reference=LLAMA_REFERENCE,
+                aliases={"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
+                lm_class="DeepseekV3ForCausalLM", outside=DEEPSEEK_OUTSIDE, reference=DEEPSEEK_REFERENCE,
                 draws={**DEEPSEEK_DRAWS, "n_group": (2, 4), "topk_group": (1, 2), "rope_interleave": (True, False),
                        "norm_topk_prob": (True, False)}))
