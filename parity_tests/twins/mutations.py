@@ -9,6 +9,8 @@ conversion script knows; KV heads tiled = query heads regrouped), else by a wron
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import replace
 
 import jax
@@ -251,6 +253,22 @@ class _RotaryOnTheNonRotaryPart(LatentAttention):
                                axis=-1), latent, k_rot
 
 
+class _MscaleOnce(fb.BlockConfig):
+    """DeepSeek's softmax scale times yarn's mscale once, where yarn_apply_mscale multiplies by it twice."""
+
+    @property
+    def latent_scale(self) -> float:
+        s = self.rope_scaling
+        assert s is not None and s.factor is not None and s.mscale_all_dim
+        return super().latent_scale / (0.1 * s.mscale_all_dim * math.log(s.factor) + 1.0)
+
+
+def mscale_once(case: Case, module, inp: Inputs):
+    attn = _attention(case, module)
+    attn.cfg = _MscaleOnce(**{f.name: getattr(attn.cfg, f.name) for f in dataclasses.fields(attn.cfg)})
+    return module, inp
+
+
 def _attention_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         _attention(case, module).__class__ = cls
@@ -367,6 +385,9 @@ MUTATIONS = {
     "mla_rotary_on_the_non_rotary_part": (Case("TransformerBlock", MLA, seq=6), None,
                                           _attention_as(_RotaryOnTheNonRotaryPart)),
     "mla_rope_interleave_ignored": (Case("TransformerBlock", replace(MLA, rope_interleave=True), seq=6), MLA, None),
+    "mla_yarn_mscale_once": (Case("TransformerBlock", replace(MLA, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4, "mscale": 1.0,
+        "mscale_all_dim": 0.7}), seq=6), None, mscale_once),
     "correction_bias_in_the_weights": (Case("TransformerBlock", DEEPSEEK_V3, seq=6), None,
                                        _experts_as(_CorrectionBiasInWeights)),
 }
