@@ -127,6 +127,8 @@ def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: 
     branch takes other masks, the dropout key and returns weights, and every branch would
     be traced: not worth it for this choice, which only changes speed and memory.)"""
     check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask, dropout_active=dropout_active)
+    if cfg.latent:  # multi-head latent attention (flax_blocks/mla.py) computes the dense softmax
+        return "dense"
     if cfg.attention != "auto":
         return cfg.attention
     if need_weights or explicit_mask or dropout_active or not isinstance(seq, int):

@@ -34,8 +34,10 @@ from .core.context import Context
 from .core.declarations import Sublayer
 from .experts import Experts
 from .layers import ACTIVATION_FNS, Linear, Norm, as_batched, batched_memory, create_params, dropout, initial_values
+from .mla import LatentAttention, latent_cache
 
-MODULES = {"linear": Linear, "norm": Norm, "attention": Attention, "experts": Experts}
+MODULES = {"linear": Linear, "norm": Norm, "attention": Attention, "latent_attention": LatentAttention,
+           "experts": Experts}
 
 
 class _Block(nnx.Module):
@@ -176,6 +178,8 @@ class _Block(nnx.Module):
 
     def _block_cache(self, batch: int, length: int, dtype) -> Cache:
         cfg = self.cfg
+        if cfg.latent:  # multi-head latent attention caches its latent and rotary key
+            return {"self": latent_cache(cfg, batch, length, dtype)}
         zeros = jnp.zeros((batch, cfg.kv_heads, length, cfg.head_width), dtype)  # head-major (B, K, L, hd)
         return {"self": {"k": zeros, "v": zeros}}
 

@@ -31,15 +31,48 @@ from .core.declarations import Component
 from .layers import ACTIVATION_FNS, Linear, compute_dtype, create_params, initial_values
 
 
-def route(cfg: BlockConfig, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+def route(cfg: BlockConfig, logits: jax.Array, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Router logits (N, X) -> (weights (N, k) in float32 at least, experts (N, k) int32): the top k
-    of the softmax over all experts, renormalised when cfg.norm_topk_prob. jax.lax.top_k puts the
-    lower index first among equal values."""
+    of the softmax over all experts, renormalised when cfg.norm_topk_prob; DeepSeek's routings
+    (cfg.routing, bias: V3's e_score_correction_bias (X,)) in `deepseek_route`. jax.lax.top_k puts
+    the lower index first among equal values."""
+    if cfg.routing != "softmax":
+        return deepseek_route(cfg, logits, bias)
     probs = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
     weights, experts = jax.lax.top_k(probs, cfg.num_experts_per_tok)
     if cfg.norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return weights, experts.astype(jnp.int32)
+
+
+def deepseek_route(cfg: BlockConfig, logits: jax.Array, bias: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """DeepSeek's routing of router logits (N, X) -> (weights (N, k), experts (N, k) int32), in float32
+    at least. V2 (cfg.routing "deepseek_v2"): scores = softmax, each of the n_group groups ranked by
+    its best score. V3 ("deepseek_v3"): scores = sigmoid, choice = scores + bias (the
+    e_score_correction_bias, for choosing only), each group ranked by the sum of its two best choices.
+    The topk_group best groups kept (the others' choices 0 in V2, -inf in V3, as HF), the top k
+    choices taken; weights = the unbiased scores of those k, divided by their sum (+ 1e-20) with
+    norm_topk_prob, times routed_scaling_factor."""
+    x, g = cfg.num_experts, cfg.n_group
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    if cfg.routing == "deepseek_v2":
+        scores = jax.nn.softmax(logits, axis=-1)
+        choice = scores
+        groups = jnp.max(choice.reshape(-1, g, x // g), axis=-1)  # (N, n_group)
+    else:
+        assert bias is not None  # declared with the routing
+        scores = jax.nn.sigmoid(logits)
+        choice = scores + bias.astype(scores.dtype)
+        groups = jnp.sum(jax.lax.top_k(choice.reshape(-1, g, x // g), 2)[0], axis=-1)
+    kept = jax.lax.top_k(groups, cfg.topk_group)[1]  # (N, topk_group)
+    in_kept = jnp.any(kept[:, :, None] == jnp.arange(g), axis=1)  # (N, n_group)
+    in_kept = jnp.repeat(in_kept, x // g, axis=-1)  # (N, X)
+    choice = jnp.where(in_kept, choice, 0.0 if cfg.routing == "deepseek_v2" else -jnp.inf)
+    experts = jax.lax.top_k(jax.lax.stop_gradient(choice), cfg.num_experts_per_tok)[1]
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
+    if cfg.norm_topk_prob:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor, experts.astype(jnp.int32)
 
 
 def block_size(rows: int, num_experts: int) -> int:
@@ -191,6 +224,7 @@ class Experts(nnx.Module):
     shared_up: Linear | None
     shared_gate: Linear | None
     shared_down: Linear | None
+    e_score_correction_bias: nnx.Param[jax.Array] | None
 
     def __init__(self, cfg: BlockConfig, component: Component, *, rngs: nnx.Rngs,
                  values: dict[str, Any] | None = None):
@@ -202,7 +236,8 @@ class Experts(nnx.Module):
         create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
             setattr(self, name, Linear(cfg, child, rngs=rngs, values=values[name]))
-        for name in ("gate", "shared_expert_gate", "shared_up", "shared_gate", "shared_down"):
+        for name in ("gate", "shared_expert_gate", "shared_up", "shared_gate", "shared_down",
+                     "e_score_correction_bias"):
             if not hasattr(self, name):
                 setattr(self, name, None)
 
@@ -222,12 +257,15 @@ class Experts(nnx.Module):
 
     def route(self, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Router logits (N, X) -> (weights (N, k), experts (N, k)): `route`."""
-        return route(self.cfg, logits)
+        bias = getattr(self, "e_score_correction_bias", None)
+        return route(self.cfg, logits, None if bias is None else bias[...])
 
     def shared(self, t: jax.Array) -> jax.Array:
-        """The shared expert on t (N, E), times its gate sigmoid(t . w) -> (N, E)."""
-        assert self.shared_up is not None and self.shared_down is not None and self.shared_expert_gate is not None
+        """The shared expert on t (N, E), times its gate sigmoid(t . w) (Qwen2-MoE; DeepSeek's has none) -> (N, E)."""
+        assert self.shared_up is not None and self.shared_down is not None
         h = _hidden(self.act, self.shared_up(t), None if self.shared_gate is None else self.shared_gate(t))
+        if self.shared_expert_gate is None:
+            return self.shared_down(h)
         return jax.nn.sigmoid(t @ self.shared_expert_gate[...].astype(t.dtype)) * self.shared_down(h)
 
 

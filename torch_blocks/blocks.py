@@ -35,8 +35,10 @@ from .attention import Attention, attention_path, build_mask
 from .caches import Cache, cached_context, new_cache
 from .experts import Experts
 from .layers import ACTIVATION_FNS, Linear, Norm, as_batched, batched_memory, create_params
+from .mla import LatentAttention, latent_cache
 
-MODULES = {"linear": Linear, "norm": Norm, "attention": Attention, "experts": Experts}
+MODULES = {"linear": Linear, "norm": Norm, "attention": Attention, "latent_attention": LatentAttention,
+           "experts": Experts}
 
 
 def _finish(y: Tensor, unbatched: bool, extras: dict[str, Any], return_intermediates: bool):
@@ -176,7 +178,8 @@ class _Block(nn.Module):
     def _block_cache(self, batch: int, length: int, dtype, device, memory: Tensor | None = None) -> Cache:
         cfg = self.cfg
         zeros = torch.zeros(batch, cfg.kv_heads, length, cfg.head_width, dtype=dtype, device=device)  # (B, K, L, hd)
-        cache: Cache = {"self": {"k": zeros, "v": zeros.clone()}}
+        cache: Cache = {"self": latent_cache(cfg, batch, length, dtype, device) if cfg.latent
+                        else {"k": zeros, "v": zeros.clone()}}
         if memory is not None:
             assert isinstance(self, DecoderBlock)  # the block with a cross-attention
             cache["cross"] = self.multihead_attn.memory_kv(memory)

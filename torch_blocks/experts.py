@@ -20,15 +20,47 @@ from flax_blocks.core.declarations import Component
 from .layers import ACTIVATION_FNS, Linear, create_params
 
 
-def route(cfg: BlockConfig, logits: Tensor) -> tuple[Tensor, Tensor]:
+def route(cfg: BlockConfig, logits: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Router logits (N, X) -> (weights (N, k) in float32 at least, experts (N, k)): the top k of
-    the softmax over all experts (ties: the lower index first), renormalised when cfg.norm_topk_prob."""
+    the softmax over all experts (ties: the lower index first), renormalised when cfg.norm_topk_prob;
+    DeepSeek's routings (cfg.routing; bias: V3's e_score_correction_bias) in `deepseek_route`."""
+    if cfg.routing != "softmax":
+        return deepseek_route(cfg, logits, bias)
     probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     weights, experts = torch.sort(probs, dim=-1, descending=True, stable=True)
     weights, experts = weights[:, :cfg.num_experts_per_tok], experts[:, :cfg.num_experts_per_tok]
     if cfg.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, experts
+
+
+def _top(a: Tensor, k: int) -> Tensor:
+    """The indices of the k largest entries of a's last axis, ties to the lower index (as jax.lax.top_k)."""
+    return torch.sort(a, dim=-1, descending=True, stable=True)[1][..., :k]
+
+
+def deepseek_route(cfg: BlockConfig, logits: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """DeepSeek V2's / V3's routing of logits (N, X) -> (weights (N, k), experts (N, k)): the twin of
+    `flax_blocks.experts.deepseek_route` (its docstring has the rules)."""
+    x, g = cfg.num_experts, cfg.n_group
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if cfg.routing == "deepseek_v2":
+        scores = torch.softmax(logits, dim=-1)
+        choice = scores
+        groups = choice.view(-1, g, x // g).amax(dim=-1)  # (N, n_group)
+    else:
+        assert bias is not None  # declared with the routing
+        scores = torch.sigmoid(logits)
+        choice = scores + bias.to(scores.dtype)
+        groups = choice.view(-1, g, x // g).topk(2, dim=-1)[0].sum(dim=-1)
+    in_kept = torch.zeros_like(groups, dtype=torch.bool).scatter(1, _top(groups, cfg.topk_group), True)
+    in_kept = in_kept.repeat_interleave(x // g, dim=-1)  # (N, X)
+    choice = choice.masked_fill(~in_kept, 0.0 if cfg.routing == "deepseek_v2" else float("-inf"))
+    experts = _top(choice.detach(), cfg.num_experts_per_tok)
+    weights = scores.gather(1, experts)
+    if cfg.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor, experts
 
 
 class Experts(nn.Module):
@@ -45,6 +77,7 @@ class Experts(nn.Module):
     shared_up: Linear | None
     shared_gate: Linear | None
     shared_down: Linear | None
+    e_score_correction_bias: nn.Parameter | None
 
     def __init__(self, cfg: BlockConfig, component: Component, *, generator: torch.Generator | None = None):
         super().__init__()
@@ -53,14 +86,15 @@ class Experts(nn.Module):
         create_params(self, component, cfg, generator)
         for name, child in component.children:
             setattr(self, name, Linear(cfg, child, generator=generator))
-        for name in ("gate", "shared_expert_gate", "shared_up", "shared_gate", "shared_down"):
+        for name in ("gate", "shared_expert_gate", "shared_up", "shared_gate", "shared_down",
+                     "e_score_correction_bias"):
             if not hasattr(self, name):
                 setattr(self, name, None)
 
     def forward(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """t (N, E) -> (y (N, E), router logits (N, X))."""
         logits = F.linear(t, self.router)
-        weights, experts = route(self.cfg, logits)
+        weights, experts = route(self.cfg, logits, self.e_score_correction_bias)
         y = torch.zeros_like(t)
         hit = torch.zeros(self.cfg.num_experts, dtype=torch.bool, device=t.device)
         hit[experts.reshape(-1)] = True
@@ -72,10 +106,11 @@ class Experts(nn.Module):
             out = F.linear(a, self.down[x]) * weights[token, slot, None].to(t.dtype)
             y = y.index_add(0, token, out)
         if self.shared_up is not None:
-            assert self.shared_down is not None and self.shared_expert_gate is not None
+            assert self.shared_down is not None
             a = self.shared_up(t)
             a = self.act(a) if self.shared_gate is None else self.act(self.shared_gate(t)) * a
-            y = y + torch.sigmoid(F.linear(t, self.shared_expert_gate)) * self.shared_down(a)
+            gate = 1.0 if self.shared_expert_gate is None else torch.sigmoid(F.linear(t, self.shared_expert_gate))
+            y = y + gate * self.shared_down(a)
         return y, logits
 
 

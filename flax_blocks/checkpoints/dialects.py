@@ -123,6 +123,10 @@ def _regroup(a, heads: int, parts: int, *, to_ours: bool):
 # A family without experts fixes the experts options at their defaults (one dense MLP in every layer).
 DENSE = {"num_experts": 0, "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
          "mlp_only_layers": ()}
+# A family without DeepSeek's latent attention and routing fixes those options at their defaults (the ones
+# it reads excepted).
+NOT_DEEPSEEK = {"kv_lora_rank": None, "rope_interleave": False, "latent_norm_eps": 1e-6, "routing": "softmax",
+                "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "shared_expert_gate": True}
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,9 @@ class Dialect:
     def __post_init__(self) -> None:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
             object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
+        if self.rules is not None:
+            kept = {k: v for k, v in NOT_DEEPSEEK.items() if k not in self.reads}
+            object.__setattr__(self, "settings", {**kept, **self.settings})
 
     @property
     def layer_regex(self) -> re.Pattern:

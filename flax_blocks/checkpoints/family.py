@@ -297,11 +297,6 @@ NOT_COMPUTED = {
     "gpt_neo": "local attention on alternate layers with unscaled logits",
     "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
-    "deepseek_v2": "multi-head latent attention (compressed q / kv with a decoupled rotary) and experts chosen by "
-                   "group-limited greedy routing scaled by routed_scaling_factor, with shared experts",
-    "deepseek_v3": "multi-head latent attention and experts routed by sigmoid scores with a selection bias "
-                   "(e_score_correction_bias), grouped top-k (n_group, topk_group) and a dense prefix "
-                   "(first_k_dense_replace)",
     "llama4": "chunked attention, experts weighted by a sigmoid before the expert (on its input) beside an ungated "
               "shared expert, and no rotary on some layers",
     "gpt_oss": "attention sinks, experts with biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(1.702 gate), "

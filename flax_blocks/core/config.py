@@ -35,6 +35,7 @@ SCALINGS = ("none", "deepnorm", "rezero", "layerscale")
 INITS = ("torch", "xavier")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 ATTENTIONS = ("auto", "dense", "blocked", "fused")
+ROUTINGS = ("softmax", "deepseek_v2", "deepseek_v3")
 
 
 def _allowed(name: str, value: Any, allowed: tuple) -> None:
@@ -115,6 +116,20 @@ class BlockConfig:
     param_dtype: str = "float32"
     attention: Literal["auto", "dense", "blocked", "fused"] = "auto"
     attention_block: int = 512
+    # multi-head latent attention (DeepSeek V2 / V3; flax_blocks/mla.py): on when kv_lora_rank is set
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+    latent_norm_eps: float = 1e-6
+    # DeepSeek routing of the experts (routing "deepseek_v2" / "deepseek_v3") and a shared expert without gate
+    routing: Literal["softmax", "deepseek_v2", "deepseek_v3"] = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_expert_gate: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
@@ -128,6 +143,8 @@ class BlockConfig:
         self._check_choices()
         self._check_positions()
         self._check_combinations()
+        self._check_latent()
+        self._check_routing()
 
     def _check_sizes(self) -> None:
         """Sizes, rates and eps: positive where they must be."""
@@ -301,6 +318,57 @@ class BlockConfig:
                 raise ValueError(f"BlockConfig.{name} must be > 0 or None, got {value!r}")
 
 
+    def _check_latent(self) -> None:
+        """Multi-head latent attention's sizes, and the attention options it does not take."""
+        if self.kv_lora_rank is None:
+            return
+        for name, low in (("kv_lora_rank", 1), ("qk_nope_head_dim", 0), ("qk_rope_head_dim", 2), ("v_head_dim", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"BlockConfig.{name} must be an int >= {low} with kv_lora_rank (multi-head latent "
+                                 f"attention), got {value!r}")
+        q = self.q_lora_rank
+        if q is not None and (not isinstance(q, int) or isinstance(q, bool) or q < 1):
+            raise ValueError(f"BlockConfig.q_lora_rank must be None or a positive int, got {q!r}")
+        if self.qk_rope_head_dim % 2 or self.rope_theta is None:
+            raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention) rotates qk_rope_head_dim dims: "
+                             f"it needs rope_theta and an even qk_rope_head_dim, got rope_theta={self.rope_theta!r}, "
+                             f"qk_rope_head_dim={self.qk_rope_head_dim!r}")
+        if not isinstance(self.rope_interleave, bool) or not self.latent_norm_eps > 0:
+            raise ValueError(f"BlockConfig.rope_interleave must be a bool and latent_norm_eps > 0, got "
+                             f"{self.rope_interleave!r}, {self.latent_norm_eps!r}")
+        off = {"norm_type": self.norm_type != "rmsnorm", "num_kv_heads": self.kv_heads != self.num_heads,
+               "qk_norm": self.qk_norm, "partial_rotary_factor": self.partial_rotary_factor != 1.0,
+               "attn_logit_softcapping": self.attn_logit_softcapping is not None,
+               "query_pre_attn_scalar": self.query_pre_attn_scalar is not None,
+               "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense")}
+        bad = [name for name, on in off.items() if on]
+        if bad:
+            raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "
+                             f"norms as RMSNorm, every head its own keys, the dense softmax: it does not take "
+                             f"{', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}")
+
+    def _check_routing(self) -> None:
+        """DeepSeek's routing: groups that divide the experts, scores that fill the top k."""
+        _allowed("routing", self.routing, ROUTINGS)
+        if not isinstance(self.shared_expert_gate, bool):
+            raise ValueError(f"BlockConfig.shared_expert_gate must be a bool, got {self.shared_expert_gate!r}")
+        if self.routing == "softmax" or not self.num_experts:  # (no experts: nothing routed, as their other options)
+            return
+        x, g, kg = self.num_experts, self.n_group, self.topk_group
+        for name, value in (("n_group", g), ("topk_group", kg)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"BlockConfig.{name} must be a positive int, got {value!r}")
+        if not x or x % g or kg > g:
+            raise ValueError(f"BlockConfig.routing={self.routing!r} needs experts (num_experts={x}) in n_group={g} "
+                             f"equal groups, topk_group={kg} of them kept")
+        if self.routing == "deepseek_v3" and x // g < 2:
+            raise ValueError(f"BlockConfig.routing='deepseek_v3' ranks each group by its two best scores: "
+                             f"num_experts / n_group must be >= 2, got {x} / {g}")
+        r = self.routed_scaling_factor
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
+            raise ValueError(f"BlockConfig.routed_scaling_factor must be a number > 0, got {r!r}")
+
     def _scaling_from_dict(self, params: dict[str, Any]) -> RopeScaling:
         """rope_scaling given as HF's dict: every key must be one the type reads, and a rope_theta
         or partial_rotary_factor in it must agree with the config's own fields."""
@@ -323,8 +391,28 @@ class BlockConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """HF's rotary dim: int(head_width * partial_rotary_factor), the frequencies' denominator."""
+        """HF's rotary dim: int(head_width * partial_rotary_factor), the frequencies' denominator
+        (multi-head latent attention: qk_rope_head_dim, DeepSeek's head_dim)."""
+        if self.kv_lora_rank is not None:
+            return self.qk_rope_head_dim
         return int(self.head_width * self.partial_rotary_factor)
+
+    @property
+    def latent(self) -> bool:
+        """Whether the attention is multi-head latent attention (kv_lora_rank set; DeepSeek)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def latent_scale(self) -> float:
+        """Multi-head latent attention's factor of q.k: (qk_nope_head_dim + qk_rope_head_dim) ** -0.5, times
+        yarn's mscale squared, 0.1 mscale_all_dim ln(factor) + 1, when a scaled rotary sets mscale_all_dim
+        (DeepSeek's yarn_apply_mscale; 1 at factor <= 1)."""
+        scale = float(self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        s = self.rope_scaling
+        if s is not None and s.mscale_all_dim and s.factor is not None and s.factor > 1:
+            m = 0.1 * s.mscale_all_dim * math.log(s.factor) + 1.0
+            scale = scale * m * m
+        return scale
 
     @property
     def rotary_width(self) -> int:

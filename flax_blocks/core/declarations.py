@@ -123,7 +123,8 @@ class Param:
 class Component:
     """A module's own parameters. kind: which module class each framework builds for it."""
 
-    kind: Literal["linear", "norm", "attention", "experts", "block", "embedding"]  # embedding: lm_config's tables
+    # embedding: lm_config's tables; latent_attention: DeepSeek's multi-head latent attention
+    kind: Literal["linear", "norm", "attention", "latent_attention", "experts", "block", "embedding"]
     params: tuple[Param, ...]
     width: int = 0  # a norm's normalised width
     children: tuple[tuple[str, Component], ...] = ()
@@ -228,14 +229,52 @@ def attention(cfg: BlockConfig) -> Component:
     return Component("attention", tuple(params), children=children)
 
 
+def _projection(cfg: BlockConfig, n_in: int, n_out: int, bias: bool, axes: tuple[str | None, str | None]) -> Component:
+    """A linear map of multi-head latent attention: torch weight (out, in), bias (out,) when `bias`;
+    Flax kernel (in, out). nn.Linear's init (or xavier's)."""
+    w = xavier_uniform(n_in, n_out) if cfg.init == "xavier" else ("uniform", 1 / math.sqrt(n_in))
+    b = ZERO if cfg.init == "xavier" else ("uniform", 1 / math.sqrt(n_in))
+    params = [Param("weight", "kernel", (n_out, n_in), (None, None), axes, _one(w, n_out), LINEAR)]
+    if bias:
+        params.append(Param("bias", "bias", (n_out,), (None,), axes[1:], _one(b, n_out)))
+    return Component("linear", tuple(params))
+
+
+def latent_attention(cfg: BlockConfig) -> Component:
+    """Multi-head latent attention (DeepSeek V2 / V3; cfg.kv_lora_rank), HF's names: queries
+    q_proj (E -> H * dqk) or, with q_lora_rank rq, q_a_proj (E -> rq) -> q_a_layernorm -> q_b_proj
+    (rq -> H * dqk), dqk = qk_nope_head_dim + qk_rope_head_dim; kv_a_proj_with_mqa (E -> r + dr: the
+    latent, r = kv_lora_rank, and the rotary key shared by the heads, dr = qk_rope_head_dim) ->
+    kv_a_layernorm (over r) -> kv_b_proj (r -> H * (dn + dv): each head's non-rotary key and value);
+    o_proj (H * dv -> E). Biases (cfg.has_qkv_bias, HF's attention_bias) on q_a_proj,
+    kv_a_proj_with_mqa and o_proj only; the norms are RMSNorms of eps cfg.latent_norm_eps."""
+    assert cfg.kv_lora_rank is not None
+    e, h, r, dr = cfg.d_model, cfg.num_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    dqk, dn, dv, bias = cfg.qk_nope_head_dim + dr, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.has_qkv_bias
+    children: list[tuple[str, Component]] = []
+    if cfg.q_lora_rank is None:
+        children.append(("q_proj", _projection(cfg, e, h * dqk, False, ("embed", "heads"))))
+    else:
+        rq = cfg.q_lora_rank
+        children += [("q_a_proj", _projection(cfg, e, rq, bias, ("embed", None))),
+                     ("q_a_layernorm", norm(cfg, rq, dim=None, axis=None, bias=False)),
+                     ("q_b_proj", _projection(cfg, rq, h * dqk, False, (None, "heads")))]
+    children += [("kv_a_proj_with_mqa", _projection(cfg, e, r + dr, bias, ("embed", None))),
+                 ("kv_a_layernorm", norm(cfg, r, dim=None, axis=None, bias=False)),
+                 ("kv_b_proj", _projection(cfg, r, h * (dn + dv), False, (None, "heads"))),
+                 ("o_proj", _projection(cfg, h * dv, e, bias, ("heads", "embed")))]
+    return Component("latent_attention", (), children=tuple(children))
+
+
 def experts(cfg: BlockConfig) -> Component:
     """The experts MLP (cfg.num_experts > 0): the router, a bias-free map d_model -> X (torch
     router (X, E), Flax kernel (E, X)); the X experts' stacked projections, torch (X, out, in) as
     X nn.Linear weights, Flax (X, in, out): up (X, F, E), gate (gated MLPs), down (X, E, F), F =
     cfg.experts_width, no biases; with cfg.shared_expert_d_ff = S, a shared expert (shared_up,
     shared_gate, shared_down: linear maps of width S, biases as cfg.has_mlp_bias) and its gate
-    shared_expert_gate (1, E), Flax (E, 1). Each expert matrix is initialised as one nn.Linear
-    (or xavier) of its own shape."""
+    shared_expert_gate (1, E), Flax (E, 1) (cfg.shared_expert_gate; DeepSeek's shared experts have
+    none); e_score_correction_bias (X,) under DeepSeek V3's routing. Each expert matrix is
+    initialised as one nn.Linear (or xavier) of its own shape."""
     e, x, f, s = cfg.d_model, cfg.num_experts, cfg.experts_width, cfg.shared_expert_d_ff
 
     def spec(n_in: int, n_out: int, gain: bool = False) -> Spec:
@@ -254,10 +293,14 @@ def experts(cfg: BlockConfig) -> Component:
                             ("expert", "embed", "mlp"), _one(spec(e, f), x), EXPERTS))
     params.append(Param("down", "down", (x, e, f), ("num_experts", "d_model", "expert_d_ff"),
                         ("expert", "mlp", "embed"), _one(spec(f, e, True), x), EXPERTS))
+    if cfg.routing == "deepseek_v3":  # added to the scores for choosing only (HF's buffer, zeros at init)
+        params.append(Param("e_score_correction_bias", "e_score_correction_bias", (x,), ("num_experts",), (None,),
+                            _one(ZERO, x)))
     children: tuple[tuple[str, Component], ...] = ()
-    if s:
+    if s and cfg.shared_expert_gate:
         params.append(Param("shared_expert_gate", "shared_expert_gate", (1, e), (None, "d_model"), ("embed", None),
                             _one(spec(e, 1), 1), LINEAR))
+    if s:
         def width_s(c: Component) -> Component:  # its width is shared_expert_d_ff, not the dense MLP's d_ff
             return replace(c, params=tuple(replace(p, dims=tuple("shared_expert_d_ff" if d == "d_ff" else d
                                                                  for d in p.dims)) for p in c.params))
@@ -338,7 +381,9 @@ def block(cfg: BlockConfig, kind: str) -> Component:
     params: list[Param] = []
     e, f = cfg.d_model, cfg.d_ff
     for sub in BLOCKS[kind]:
-        if sub.kind in ("attention", "cross_attention"):
+        if sub.kind == "attention" and cfg.latent:  # DeepSeek's multi-head latent attention
+            modules.append((sub.modules[0], latent_attention(cfg)))
+        elif sub.kind in ("attention", "cross_attention"):  # (a cross-attention stays a packed one)
             modules.append((sub.modules[0], attention(cfg)))
         else:
             up, gate_name, down = sub.modules

@@ -142,6 +142,26 @@ OPTIONS: tuple[Option, ...] = (
            "'dense', 'blocked' (memory-efficient, in blocks) or 'fused' (jax.nn.dot_product_attention; torch: SDPA)",
            cli=False),
     Option("attention_block", "implementation", "query and key block size of the blocked path (Flax)", cli=False),
+    Option("kv_lora_rank", "size", "multi-head latent attention (DeepSeek V2 / V3) with a latent of this width "
+           "(kv_a_proj_with_mqa -> RMSNorm -> kv_b_proj); None: the packed q/k/v attention", adds=6, cli=False),
+    Option("q_lora_rank", "size", "MLA's low-rank queries (q_a_proj -> RMSNorm -> q_b_proj) of this rank; None: "
+           "q_proj", adds=4, cli=False),
+    Option("qk_nope_head_dim", "size", "MLA: each head's non-rotary query / key width", cli=False),
+    Option("qk_rope_head_dim", "size", "MLA: the rotary query / key width (the rotary key shared by the heads)",
+           cli=False),
+    Option("v_head_dim", "size", "MLA: each head's value width", cli=False),
+    Option("rope_interleave", "compute", "MLA's rotary on adjacent pairs (DeepSeek V2; V3's rope_interleave) "
+           "instead of rotate-half", cli=False, only_with=("kv_lora_rank", 6)),
+    Option("latent_norm_eps", "compute", "the eps of MLA's latent RMSNorms (HF: 1e-6 whatever rms_norm_eps)",
+           cli=False, only_with=("kv_lora_rank", 6)),
+    Option("routing", "compute", "'softmax' (top k of the softmax), 'deepseek_v2' (softmax, groups by their best "
+           "score), 'deepseek_v3' (sigmoid, e_score_correction_bias for the choice, groups by their top-2 sums)",
+           adds="deepseek_v3", cli=False),
+    Option("n_group", "compute", "DeepSeek routing: the experts in this many equal groups", cli=False),
+    Option("topk_group", "compute", "DeepSeek routing: the groups kept for the top k", cli=False),
+    Option("routed_scaling_factor", "compute", "DeepSeek routing: the k weights times this", cli=False),
+    Option("shared_expert_gate", "compute", "the shared expert times sigmoid(a gate) (Qwen2-MoE); False: ungated "
+           "(DeepSeek's shared experts)", adds=True, cli=False),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -153,7 +173,11 @@ BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 # that value and what refuses it switched off (PROBE_EXCLUDED). Code that needs every name
 # reads the union over PROBES; set differences against PROBE (config inference) stay within one.
 # option: (value in PROBE, what its adds refuses)
-PROBE_EXCLUDED: dict[str, tuple[Any, dict[str, Any]]] = {"norm_type": ("layernorm", {"qk_norm": False})}
+PROBE_EXCLUDED: dict[str, tuple[Any, dict[str, Any]]] = {
+    "norm_type": ("layernorm", {"qk_norm": False}),
+    "kv_lora_rank": (None, {"qk_norm": False, "norm_type": "rmsnorm", "rope_theta": 100.0, "qk_rope_head_dim": 2,
+                            "v_head_dim": 2}),  # MLA: its RMSNorms, its rotary, no QK-norm
+}
 _PROBE_VALUES: dict[str, Any] = {o.name: PROBE_EXCLUDED[o.name][0] if o.name in PROBE_EXCLUDED else o.adds
                                  for o in OPTIONS if o.adds is not None}
 PROBE = BlockConfig(d_model=8, num_heads=2, d_ff=8, activation="silu", **_PROBE_VALUES)
@@ -303,6 +327,25 @@ DETAILS = """\
   the weights: a call that needs one of those raises (`check_attention_call`). Cached decoding and
   cross-attention stay dense (torch: SDPA unless "dense" or weights are asked for).
 - `attention_block`: query and key block size of the "blocked" path (Flax only).
+- `kv_lora_rank` (DeepSeek V2 / V3, `flax_blocks/mla.py`, `torch_blocks/mla.py`): multi-head latent attention
+  replaces the self-attention. Queries: q_proj (E -> H (dn + dr)), or with `q_lora_rank` q_a_proj -> RMSNorm ->
+  q_b_proj. kv_a_proj_with_mqa (E -> r + dr) gives the latent c (r = kv_lora_rank) and one rotary key part
+  shared by the heads (dr = `qk_rope_head_dim`); RMSNorm(c) -> kv_b_proj gives each head's non-rotary key
+  (dn = `qk_nope_head_dim`) and value (`v_head_dim`). Rotary (rope_theta, rope_scaling over dr dims) acts on the
+  queries' last dr dims and the shared key part only; `rope_interleave` pairs adjacent dims (DeepSeek V2's
+  complex rotation, V3's rope_interleave) instead of rotate-half. Logits scaled by (dn + dr) ** -0.5, times
+  (0.1 mscale_all_dim ln(factor) + 1) ** 2 when rope_scaling sets mscale_all_dim (DeepSeek's yarn). The
+  latent norms' eps is `latent_norm_eps` (HF: 1e-6, whatever rms_norm_eps says). Biases (qkv_bias) on
+  q_a_proj, kv_a_proj_with_mqa and o_proj. Always the dense softmax; a decoding cache holds the latent and the
+  rotated key part, (r + dr) numbers a token and layer. Needs rmsnorm and takes no QK-norm, GQA, partial rotary,
+  soft-cap, query scalar or window.
+- `routing`: "softmax" (Mixtral, Qwen-MoE, OLMoE); "deepseek_v2": softmax scores, the experts in `n_group`
+  groups ranked by their best score, `topk_group` kept (the others' scores 0), the top k there; "deepseek_v3":
+  sigmoid scores, a learned `e_score_correction_bias` (X,) added for choosing only, groups ranked by the sum of
+  their two best biased scores, `topk_group` kept (others -inf), the top k there. Weights: the chosen unbiased
+  scores, divided by their sum (+ 1e-20) with norm_topk_prob, times `routed_scaling_factor`.
+  `shared_expert_gate=False`: the shared expert (shared_expert_d_ff wide) is added ungated (DeepSeek's
+  n_shared_experts * moe_intermediate_size).
 """
 
 

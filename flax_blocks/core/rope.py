@@ -276,3 +276,11 @@ def dynamic_theta(s: RopeScaling, theta: Any, dim: int, length: Any) -> Any:
     theta * (factor * L / max - (factor - 1)) ** (dim / (dim - 2))."""
     assert s.factor is not None and s.max_position_embeddings is not None
     return theta * ((s.factor * length / s.max_position_embeddings) - (s.factor - 1)) ** (dim / (dim - 2))
+
+
+def interleaved_order(dim: int) -> list[int]:
+    """The dims of an interleaved rotary (pairs (0, 1), (2, 3), ...: DeepSeek's rope_interleave,
+    GPT-J) in the order that makes it rotate-half: evens first, then odds. Rotate-half on
+    x[..., order] gives HF DeepSeek V3's `apply_rotary_pos_emb_interleave` exactly, and V2's
+    complex rotation permuted (the same q.k products)."""
+    return [*range(0, dim, 2), *range(1, dim, 2)]

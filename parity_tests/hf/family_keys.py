@@ -31,7 +31,12 @@ DIALECTS_END = "<!-- dialect-table:end -->"
 _SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, n_inner=40),
           "distilbert": dict(dim=32, n_heads=4, n_layers=2, hidden_dim=40),
           "whisper": dict(d_model=32, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=40,
-                          decoder_ffn_dim=40, encoder_layers=2, decoder_layers=2)}
+                          decoder_ffn_dim=40, encoder_layers=2, decoder_layers=2),
+          **{t: dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, intermediate_size=40,
+                     num_hidden_layers=2, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+                     kv_lora_rank=8, q_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4,
+                     **({"n_group": 2, "topk_group": 1} if t == "deepseek_v3" else {}))
+             for t in ("deepseek_v2", "deepseek_v3")}}
 _LLAMA_SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
                     num_hidden_layers=2, head_dim=8)
 _ACTIVATIONS = ["relu", "gelu", "gelu_pytorch_tanh", "silu", "gelu_fast"]

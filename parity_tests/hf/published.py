@@ -42,7 +42,7 @@ SUITE = (
     "qwen2_5_0_5b_instruct", "qwen2_5_7b_instruct__modelcard_yarn", "deepseek_r1_distill_qwen_1_5b", "qwen3_0_6b",
     "phi_2", "phi3_mini_4k_instruct", "phi3_5_mini_instruct", "phi4_mini_instruct", "gemma_2b", "gemma2_2b_it",
     "gemma3_1b_it", "gemma3_4b_it", "olmo2_1124_7b", "pythia_160m", "stablelm_2_zephyr_1_6b", "starcoder2_3b",
-    "mixtral_8x7b_v0_1", "qwen1_5_moe_a2_7b", "qwen3_30b_a3b", "olmoe_1b_7b_0924",
+    "mixtral_8x7b_v0_1", "qwen1_5_moe_a2_7b", "qwen3_30b_a3b", "olmoe_1b_7b_0924", "deepseek_v2_lite", "deepseek_v3",
 )
 
 HIDDEN, HEADS, FFN, VOCAB = 32, 4, 48, 64
@@ -111,12 +111,34 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
         c["shared_expert_intermediate_size"] = FFN
     if c.get("head_dim") is None and _rotary_dim(c) % 2:  # Phi-2's 0.4 of 8 dims: odd, which HF cannot rotate
         c[hidden_key] = HEADS * 10  # a head of 10, 4 rotary dims
+    _shrink_deepseek(c)
     c["vocab_size"] = VOCAB
     _renumber_tokens(c)
     for key in ("rope_scaling", "rope_parameters"):
         if isinstance(c.get(key), dict) and "long_factor" in c[key]:
             c[key] = _resampled(c[key], _rotary_dim(c))
     return c
+
+
+# DeepSeek's latent attention sizes, shrunk (the file's q_lora_rank None stays None)
+_LATENT = {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+
+
+def _shrink_deepseek(c: dict[str, Any]) -> None:
+    """DeepSeek V2 / V3: the latent attention's sizes; 16 routed experts (V3's 8 groups keep two
+    each, its top-2 group scores need them); first_k_dense_replace 1 of the 2 layers (so one runs
+    the experts); and no quantization_config: the model built here holds float tensors, what a
+    dequantized checkpoint holds (reading the quantized files is flax_blocks' quantized reading's)."""
+    if c.get("model_type") not in ("deepseek_v2", "deepseek_v3"):
+        return
+    for key, small in _LATENT.items():
+        if isinstance(c.get(key), int):
+            c[key] = small
+    if isinstance(c.get("n_routed_experts"), int) and c["n_routed_experts"] > 2 * EXPERTS:
+        c["n_routed_experts"] = 2 * EXPERTS
+    if isinstance(c.get("first_k_dense_replace"), int) and c["first_k_dense_replace"] > 1:
+        c["first_k_dense_replace"] = 1
+    c.pop("quantization_config", None)
 
 
 def _renumber_tokens(c: dict[str, Any]) -> None:

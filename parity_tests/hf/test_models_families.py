@@ -1,6 +1,7 @@
 """Whole models of the families beyond LLaMA, GPT-2 and BERT:
 fb.from_hf(part="causal-lm") for OPT, Phi-3, Qwen3, Gemma, Gemma 2, Gemma 3 text, OLMo 2,
-GPT-NeoX, StableLM, Starcoder2 and the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE),
+GPT-NeoX, StableLM, Starcoder2 and the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek
+V2 / V3),
 part="model" for RoBERTa and DistilBERT, fb.to_hf of the
 whole model, fb.generate, and the torch twin on the parts these families add (OPT's position
 offset, Gemma's embedding scale, Gemma 2's final logit soft-cap).
@@ -71,10 +72,26 @@ EXPERTS = {
                        norm_topk_prob=True, mlp_only_layers=[0])),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(ROTARY, num_experts=4, num_experts_per_tok=2,
                                                       intermediate_size=16)),
+    # DeepSeek: multi-head latent attention (V2 direct queries, V3 low-rank ones and yarn with mscale_all_dim),
+    # layer 0 dense (first_k_dense_replace 1), then top-3 of 8 experts in 4 groups, 2 kept (V2 group-limited
+    # greedy softmax; V3 sigmoid with a drawn correction bias), scaled, beside ungated shared experts
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
+                    dict(ROTARY, num_key_value_heads=4, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=3,
+                         moe_intermediate_size=16, n_shared_experts=2, topk_method="group_limited_greedy", n_group=4,
+                         topk_group=2, routed_scaling_factor=1.5, first_k_dense_replace=1, kv_lora_rank=12,
+                         q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(ROTARY, num_key_value_heads=4, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=3,
+                         moe_intermediate_size=16, n_shared_experts=1, n_group=4, topk_group=2,
+                         routed_scaling_factor=2.5, first_k_dense_replace=1, kv_lora_rank=12, q_lora_rank=10,
+                         qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                                       "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})),
 }
 CAUSAL.update(EXPERTS)
 TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2"}
-GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe"]  # (MoE: 9-15 s each)
+GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
+            "deepseek_v2", "deepseek_v3"]  # (the latent cache: the latent and the rotary key, HF's too)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
@@ -101,6 +118,9 @@ def _build_varied(cfg_cls, model_cls, kw):
         for name, p in model.named_parameters():
             if p.dim() >= 2:  # the experts' stacked (X, out, in) matrices too
                 p.normal_(0.0, 0.02 if gemma and "embed_tokens" in name else 0.2)
+        for name, b in model.named_buffers():  # DeepSeek V3's correction bias (zeros at init): one that acts
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
     return model
 
 
@@ -219,7 +239,7 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
     and final soft-cap in the torch twin: HF's logits, and the same greedy tokens."""

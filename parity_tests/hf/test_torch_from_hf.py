@@ -53,7 +53,8 @@ _WITHOUT_JAX = textwrap.dedent("""
         assert err <= 1e-4, (name, err)
         assert type(lm).__name__ == "LanguageModel" and tb.load_report(lm).model_type == name
         eos = hf.generation_config.eos_token_id  # generation_config.json read, as from_pretrained reads it
-        assert lm.lm.generation.eos_token_id == (None if eos is None else tuple(eos if isinstance(eos, list) else [eos]))
+        want = None if eos is None else tuple(eos if isinstance(eos, list) else [eos])
+        assert lm.lm.generation.eos_token_id == want
         tb.save_hf(lm, back)
         again = type(hf).from_pretrained(back)
         theirs = hf.state_dict()

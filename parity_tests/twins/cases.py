@@ -20,6 +20,16 @@ LLAMA = fb.BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, d_ff=20, dropout
                        bias=False, causal=True)
 
 
+# DeepSeek's multi-head latent attention: 4 heads of non-rotary key 4, rotary key 4 (shared), value 3 (!= 8),
+# latent 6; its yarn (mscale and mscale_all_dim: the softmax scale grows with the factor)
+MLA = replace(LLAMA, num_kv_heads=None, qk_norm=False, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
+              v_head_dim=3, rope_theta=100.0)
+_DEEPSEEK_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4, "beta_fast": 4.0,
+                  "mscale": 1.0, "mscale_all_dim": 0.7}
+DEEPSEEK_V2 = dict(num_experts=8, expert_d_ff=6, routing="deepseek_v2", n_group=4, topk_group=2,
+                   norm_topk_prob=False, routed_scaling_factor=2.0, shared_expert_d_ff=10, shared_expert_gate=False)
+DEEPSEEK_V3 = dict(num_experts=8, expert_d_ff=6, num_experts_per_tok=3, routing="deepseek_v3", n_group=4,
+                   topk_group=2, routed_scaling_factor=2.5, shared_expert_d_ff=10, shared_expert_gate=False)
 _LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 32}  # at theta 100, head_dim 8: one kept, one blended, two divided
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 4.0}  # ramp 0, 0.5
@@ -147,6 +157,18 @@ CASES: list[Case] = [
     Case("FeedForward", replace(BASE, bias=False, num_experts=3, num_experts_per_tok=1, norm_topk_prob=False)),
     Case("Encoder", replace(LLAMA, num_experts=4, expert_d_ff=6, shared_expert_d_ff=5, decoder_sparse_step=2,
                             mlp_only_layers=(0,)), num_layers=4, seq=6, key_mask=True),
+    # DeepSeek: multi-head latent attention with direct queries over padded keys; low-rank queries, interleaved
+    # rotary, yarn with mscale_all_dim, attention biases, a latent eps of its own; V2's routing (softmax, group
+    # limited greedy, unrenormalised, scaled) and V3's (sigmoid, correction bias, groups by their top-2 sums)
+    # with an ungated shared expert; a V3 stack whose first layer is dense (first_k_dense_replace = 1)
+    replace(BLOCK, cfg=MLA, seq=6, key_mask=True),
+    replace(BLOCK, cfg=replace(MLA, q_lora_rank=5, rope_interleave=True, qkv_bias=True, latent_norm_eps=1e-3,
+                               rope_scaling=_DEEPSEEK_YARN), seq=6),
+    replace(BLOCK, cfg=replace(LLAMA, **DEEPSEEK_V2), seq=6),
+    replace(BLOCK, cfg=replace(LLAMA, **DEEPSEEK_V3), seq=6, key_mask=True),
+    Case("Encoder", replace(MLA, q_lora_rank=5, rope_interleave=True, **{**DEEPSEEK_V3, "n_group": 2,
+                                                                           "topk_group": 1},
+                            mlp_only_layers=(0,)), num_layers=2, seq=6, key_mask=True),
 ]
 
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax

@@ -106,6 +106,13 @@ class Case:
                  + (f"-shared{c.shared_expert_d_ff}" if c.shared_expert_d_ff else "")
                  + (f"-sparse-step{c.decoder_sparse_step}" if c.decoder_sparse_step != 1 else "")
                  + (f"-dense{list(c.mlp_only_layers)}" if c.mlp_only_layers else "")] if c.num_experts else []
+        bits += [f"{c.routing}-groups{c.topk_group}of{c.n_group}-x{c.routed_scaling_factor:g}"] \
+            if c.routing != "softmax" else []
+        bits += ["shared-ungated"] if c.shared_expert_d_ff and not c.shared_expert_gate else []
+        bits += [f"mla{c.kv_lora_rank}" + (f"-q{c.q_lora_rank}" if c.q_lora_rank else "")
+                 + f"-nope{c.qk_nope_head_dim}-rope{c.qk_rope_head_dim}-v{c.v_head_dim}"
+                 + ("-interleave" if c.rope_interleave else "")
+                 + (f"-eps{c.latent_norm_eps:g}" if c.latent_norm_eps != 1e-6 else "")] if c.latent else []
         bits += [f"kv{c.num_kv_heads}"] if c.num_kv_heads is not None else []
         bits += [f"hd{c.head_dim}"] if c.head_dim is not None else []
         bits += [("qk-norm" if c.qk_norm_over == "head" else "qk-norm-projection")] if c.qk_norm else []

@@ -9,6 +9,8 @@ conversion script knows; KV heads tiled = query heads regrouped), else by a wron
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import replace
 
 import jax
@@ -19,8 +21,9 @@ from flax import nnx
 import flax_blocks as fb
 from flax_blocks.attention import Attention, rotary
 from flax_blocks.blocks import TransformerBlock
-from flax_blocks.experts import Experts
+from flax_blocks.experts import Experts, deepseek_route
 from flax_blocks.layers import Norm
+from flax_blocks.mla import LatentAttention
 
 from .harness import Case, Inputs
 
@@ -225,6 +228,55 @@ class _SharedExpertUngated(Experts):
         return self.shared_down(h)
 
 
+class _CorrectionBiasInWeights(Experts):
+    """DeepSeek V3's routing with the weights taken from the biased scores (sigmoid + the
+    e_score_correction_bias), where the bias serves the choice only."""
+
+    def route(self, logits):
+        bias = self.e_score_correction_bias[...]
+        _, experts = deepseek_route(self.cfg, logits, bias)
+        w = jnp.take_along_axis(jax.nn.sigmoid(logits) + bias, experts, axis=-1)
+        if self.cfg.norm_topk_prob:
+            w = w / (jnp.sum(w, axis=-1, keepdims=True) + 1e-20)
+        return w * self.cfg.routed_scaling_factor, experts
+
+
+class _RotaryOnTheNonRotaryPart(LatentAttention):
+    """Multi-head latent attention whose queries rotate their first qk_rope_head_dim dims (the
+    non-rotary part, kept for kv_b_proj's keys) instead of the last (the rotary part)."""
+
+    def project(self, x, positions):
+        q, latent, k_rot = super().project(x, positions)
+        dn, dr = self.cfg.qk_nope_head_dim, self.cfg.qk_rope_head_dim
+        q_lin = self.q_proj(x).reshape(q.shape)  # the unrotated queries
+        return jnp.concatenate([self.rotate(q_lin[..., :dr], positions), q_lin[..., dr:dn], q_lin[..., dn:]],
+                               axis=-1), latent, k_rot
+
+
+class _MscaleOnce(fb.BlockConfig):
+    """DeepSeek's softmax scale times yarn's mscale once, where yarn_apply_mscale multiplies by it twice."""
+
+    @property
+    def latent_scale(self) -> float:
+        s = self.rope_scaling
+        assert s is not None and s.factor is not None and s.mscale_all_dim
+        return super().latent_scale / (0.1 * s.mscale_all_dim * math.log(s.factor) + 1.0)
+
+
+def mscale_once(case: Case, module, inp: Inputs):
+    attn = _attention(case, module)
+    attn.cfg = _MscaleOnce(**{f.name: getattr(attn.cfg, f.name) for f in dataclasses.fields(attn.cfg)})
+    return module, inp
+
+
+def _attention_as(cls):
+    def mutate(case: Case, module, inp: Inputs):
+        _attention(case, module).__class__ = cls
+        return module, inp
+
+    return mutate
+
+
 def _experts_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         module.experts.__class__ = cls
@@ -252,6 +304,10 @@ _LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_f
            "original_max_position_embeddings": 32}
 
 MOE = replace(MODERN, mlp="swiglu", num_experts=4, expert_d_ff=6)
+MLA = replace(MODERN, causal=True, rope_theta=100.0, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
+              v_head_dim=3)
+DEEPSEEK_V3 = replace(MOE, num_experts=8, num_experts_per_tok=3, routing="deepseek_v3", n_group=4, topk_group=2,
+                      routed_scaling_factor=2.5)
 
 MUTATIONS = {
     "layer_norm_eps_1e-6": (BLOCK, replace(BASE, layer_norm_eps=1e-6), None),
@@ -324,4 +380,14 @@ MUTATIONS = {
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),
     "layernorm_scaling_from_0": (LN_SCALING, None, _stack_layers_as(_LayersFromZero)),
+    # DeepSeek: rotary on the queries' non-rotary part; V3's rotary read as rotate-half where rope_interleave
+    # pairs adjacent dims; V3's correction bias in the weights as well as in the choice
+    "mla_rotary_on_the_non_rotary_part": (Case("TransformerBlock", MLA, seq=6), None,
+                                          _attention_as(_RotaryOnTheNonRotaryPart)),
+    "mla_rope_interleave_ignored": (Case("TransformerBlock", replace(MLA, rope_interleave=True), seq=6), MLA, None),
+    "mla_yarn_mscale_once": (Case("TransformerBlock", replace(MLA, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4, "mscale": 1.0,
+        "mscale_all_dim": 0.7}), seq=6), None, mscale_once),
+    "correction_bias_in_the_weights": (Case("TransformerBlock", DEEPSEEK_V3, seq=6), None,
+                                       _experts_as(_CorrectionBiasInWeights)),
 }

@@ -27,6 +27,16 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              by their sum with norm_topk_prob; y = sum over the k of p_x MLP_x(x) (+ sigmoid(x g)
              MLP_shared(x)); token by token. Layer l (from 1) runs them iff decoder_sparse_step
              divides l and l - 1 is not in mlp_only_layers, else the dense MLP.
+  Latent     DeepSeek's multi-head latent attention (kv_lora_rank): q = x Wq^T or Wqb RMSNorm(Wqa x);
+             [c; k_rot] = Wkva x; c = RMSNorm(c) (eps latent_norm_eps); [k_nope_h; v_h] = Wkvb c per head;
+             rotary on q's last qk_rope_head_dim dims and on k_rot (shared by the heads), adjacent pairs
+             with rope_interleave; softmax(q [k_nope; k_rot]^T * s) v, s = (dn + dr)^-0.5, times
+             (0.1 mscale_all_dim ln(factor) + 1)^2 under a scaled rotary with mscale_all_dim.
+  Routing    deepseek_v2: p = softmax, groups ranked by their best p; deepseek_v3: p = sigmoid, choice
+             p + e_score_correction_bias, groups ranked by their two best choices; the topk_group best
+             groups kept (others 0 / -inf), the top k choices; weights p of those (/ (sum + 1e-20) with
+             norm_topk_prob) * routed_scaling_factor. A shared expert without gate with shared_expert_gate
+             False.
   Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
   Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
              peri: x + s Norm_out(F(Norm(x)));  out: x + s Norm(F(x)) (OLMo 2);  none: x + s F(x);
@@ -54,6 +64,8 @@ HANDLED = frozenset({
         "layernorm_scaling",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers",
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
+    "latent_norm_eps", "routing", "n_group", "topk_group", "routed_scaling_factor", "shared_expert_gate",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -340,6 +352,57 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     return out, w, logit_max
 
 
+def rotary_pairs(x: np.ndarray, theta: float, scaling: Any = None) -> np.ndarray:
+    """Rotary on adjacent pairs (x_2i, x_2i+1) of x (B, H, T, d) at positions 0..T-1, pair i by
+    pos * theta^(-2i/d) (or a scaled rotary's frequencies and factor): DeepSeek V2's complex
+    rotation, in place."""
+    d, t = x.shape[-1], x.shape[-2]
+    inv_freq, factor = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d), 1.0
+    if scaling is not None:
+        inv_freq, factor = scaled_frequencies(scaling, theta, d, t)
+    angle = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, d/2)
+    cos, sin = np.cos(angle) * factor, np.sin(angle) * factor
+    out = np.empty_like(x)
+    out[..., 0::2] = x[..., 0::2] * cos - x[..., 1::2] * sin
+    out[..., 1::2] = x[..., 1::2] * cos + x[..., 0::2] * sin
+    return out
+
+
+def latent_attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarray | None):
+    """DeepSeek's multi-head latent attention of x (B, T, E), HF's parameter names (q_proj or
+    q_a_proj / q_a_layernorm / q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
+    Returns (out (B, T, E), weights (B, H, T, T), largest scaled logit ())."""
+    b, t, e = x.shape
+    h, r, dn, dr, dv = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    qkv_bias = _opt(cfg, "qkv_bias", None)
+    bias = cfg.bias if qkv_bias is None else qkv_bias
+    eps = cfg.latent_norm_eps
+    if cfg.q_lora_rank is None:
+        q = _linear(p, prefix + "q_proj.", x, h * (dn + dr), False)
+    else:
+        qa = _linear(p, prefix + "q_a_proj.", x, cfg.q_lora_rank, bias)
+        qa = rms_norm(qa, p(prefix + "q_a_layernorm.weight", (cfg.q_lora_rank,)), eps)
+        q = _linear(p, prefix + "q_b_proj.", qa, h * (dn + dr), False)
+    q = q.reshape(b, t, h, dn + dr).transpose(0, 2, 1, 3)  # (B, H, T, dn + dr)
+    kva = _linear(p, prefix + "kv_a_proj_with_mqa.", x, r + dr, bias)
+    c = rms_norm(kva[..., :r], p(prefix + "kv_a_layernorm.weight", (r,)), eps)
+    k_rot = kva[..., r:][:, None]  # (B, 1, T, dr)
+    kv = _linear(p, prefix + "kv_b_proj.", c, h * (dn + dv), False).reshape(b, t, h, dn + dv).transpose(0, 2, 1, 3)
+    scaling = _opt(cfg, "rope_scaling", None)
+    turn = (lambda a: rotary_pairs(a, cfg.rope_theta, scaling)) if cfg.rope_interleave else (
+        lambda a: rotary(a, cfg.rope_theta, 1.0, scaling))
+    q = np.concatenate([q[..., :dn], turn(q[..., dn:])], axis=-1)
+    k = np.concatenate([kv[..., :dn], np.broadcast_to(turn(k_rot), (b, h, t, dr))], axis=-1)
+    scale = (dn + dr) ** -0.5
+    if scaling is not None and getattr(scaling, "mscale_all_dim", None) and scaling.factor > 1:
+        scale *= (0.1 * scaling.mscale_all_dim * math.log(scaling.factor) + 1.0) ** 2
+    o, w, logit_max = softmax_attention(q, k, kv[..., dn:], masked, scale)
+    out = _linear(p, prefix + "o_proj.", o.transpose(0, 2, 1, 3).reshape(b, t, h * dv), e, bias)
+    if masked is not None:  # a query with no key gets no output, bias included
+        out = np.where(masked.all(-1)[..., None], 0.0, out)
+    return out, w, logit_max
+
+
 def mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray, layer: int = 1,
         extras: dict | None = None) -> np.ndarray:
     """dense: linear2(act(linear1 x)); gated: linear2(act(linear_gate x) * linear1 x); or the
@@ -379,9 +442,35 @@ def moe_layer(cfg: Any, layer: int) -> bool:
     return layer % _opt(cfg, "decoder_sparse_step", 1) == 0 and layer - 1 not in _opt(cfg, "mlp_only_layers", ())
 
 
-def route(cfg: Any, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def deepseek_route(cfg: Any, logits: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek V2's / V3's routing of one token's logits (X,) -> (weights (k,), experts (k,))."""
+    n = cfg.num_experts // cfg.n_group
+    if cfg.routing == "deepseek_v2":
+        scores = np.exp(logits - logits.max())
+        scores /= scores.sum()
+        choice = scores.copy()
+        ranks = np.array([choice[j * n:(j + 1) * n].max() for j in range(cfg.n_group)])
+    else:
+        scores = 1 / (1 + np.exp(-logits))
+        choice = scores + bias
+        ranks = np.array([np.sort(choice[j * n:(j + 1) * n])[-2:].sum() for j in range(cfg.n_group)])
+    kept = np.argsort(-ranks, kind="stable")[:cfg.topk_group]
+    for j in range(cfg.n_group):
+        if j not in kept:
+            choice[j * n:(j + 1) * n] = 0.0 if cfg.routing == "deepseek_v2" else -np.inf
+    chosen = np.argsort(-choice, kind="stable")[:cfg.num_experts_per_tok]
+    w = scores[chosen]
+    if cfg.norm_topk_prob:
+        w = w / (w.sum() + 1e-20)
+    return w * cfg.routed_scaling_factor, chosen
+
+
+def route(cfg: Any, logits: np.ndarray, bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Router logits (X,) of one token -> (weights (k,), experts (k,)): the k largest softmax
-    probabilities (ties: the lowest index), renormalised with norm_topk_prob."""
+    probabilities (ties: the lowest index), renormalised with norm_topk_prob; DeepSeek's routings
+    in `deepseek_route`."""
+    if _opt(cfg, "routing", "softmax") != "softmax":
+        return deepseek_route(cfg, logits, bias)
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
     chosen = np.argsort(-probs, kind="stable")[:cfg.num_experts_per_tok]
@@ -397,15 +486,17 @@ def experts(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> tuple[np.ndarray
     gate = None if _opt(cfg, "mlp", "dense") == "dense" else p(prefix + "gate", (n, f, e))
     t = x.reshape(-1, e)
     logits = t @ router.T
+    bias = p(prefix + "e_score_correction_bias", (n,)) if _opt(cfg, "routing", "softmax") == "deepseek_v3" else None
     y = np.zeros_like(t)
     for i in range(t.shape[0]):
-        for w, j in zip(*route(cfg, logits[i]), strict=True):
+        for w, j in zip(*route(cfg, logits[i], bias), strict=True):
             h = up[j] @ t[i]
             h = activation(cfg.activation, h) if gate is None else activation(cfg.activation, gate[j] @ t[i]) * h
             y[i] += w * (down[j] @ h)
     if cfg.shared_expert_d_ff:
         s = dense_mlp(cfg, p, prefix, t, cfg.shared_expert_d_ff, ("shared_up.", "shared_gate.", "shared_down."))
-        y += s / (1 + np.exp(-(t @ p(prefix + "shared_expert_gate", (1, e)).T)))
+        y += s / (1 + np.exp(-(t @ p(prefix + "shared_expert_gate", (1, e)).T))) if _opt(
+            cfg, "shared_expert_gate", True) else s  # DeepSeek's shared experts: no gate
     return y.reshape(x.shape), logits.reshape(*x.shape[:-1], n)
 
 
@@ -477,6 +568,10 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
             if fn == "mlp":
                 return mlp(cfg, p, prefix + module, h, layer, extras)
             cross = fn == "cross_attention"
+            if not cross and _opt(cfg, "kv_lora_rank", None) is not None:  # DeepSeek's latent attention
+                out, extras[f"{fn}_weights"], extras[f"{fn}_logits_max"] = latent_attention(
+                    cfg, p, prefix + module, h, masked)
+                return out
             out, extras[f"{fn}_weights"], extras[f"{fn}_logits_max"] = attention(
                 cfg, p, prefix + module, h, memory_masked if cross else masked,
                 memory if cross else None, positions=not cross, layer=layer)

@@ -6,6 +6,8 @@ this order; docs/adding-a-family.md walks through adding one."""
 
 from . import (  # noqa: F401 - imported for their registrations
     bert,
+    deepseek_v2,
+    deepseek_v3,
     distilbert,
     gemma,
     gemma2,
