@@ -120,6 +120,303 @@ class FlaxGPTJModel(nnx.Module):
 
 
 # ----------------------------------------------------------------------------------------
+# Phi: parallel block, partial rotary on halves, biases everywhere
+# ----------------------------------------------------------------------------------------
+
+
+def rope_attention(x: jax.Array, projs: tuple, n_heads: int, n_kv: int, sin: jax.Array, cos: jax.Array,
+                   pairing: str, keep: jax.Array, scale: float | None = None) -> jax.Array:
+    """LLaMA-style attention before its output projection: q, k, v projected, split into
+    (B, heads, T, D), rotated on their first 2 * sin.shape[-1] features, kv heads repeated;
+    (B, T, heads * D)."""
+    q = split_heads(projs[0](x), n_heads)
+    k, v = split_heads(projs[1](x), n_kv), split_heads(projs[2](x), n_kv)
+    q, k = (partial_rotary(a, sin, cos, pairing) for a in (q, k))
+    k, v = jnp.repeat(k, n_heads // n_kv, axis=1), jnp.repeat(v, n_heads // n_kv, axis=1)
+    return merge_heads(attend(q, k, v, keep, q.shape[-1] ** -0.5 if scale is None else scale))
+
+
+class FlaxPhiAttention(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, pairing: str):
+        h, self.n_heads = cfg.hidden_size, cfg.num_attention_heads
+        self.q_proj, self.k_proj, self.v_proj, self.dense = (nnx.Linear(h, h, rngs=rngs) for _ in range(4))
+        self.pairing = pairing
+
+    def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, keep: jax.Array) -> jax.Array:
+        return self.dense(rope_attention(x, (self.q_proj, self.k_proj, self.v_proj), self.n_heads, self.n_heads,
+                                         sin, cos, self.pairing, keep))
+
+
+class FlaxMLP(nnx.Module):
+    """fc1, an activation, fc2 (Phi's, ViT's, Whisper's)."""
+
+    def __init__(self, d: int, d_ff: int, *, rngs: nnx.Rngs, tanh_gelu: bool):
+        self.fc1, self.fc2 = nnx.Linear(d, d_ff, rngs=rngs), nnx.Linear(d_ff, d, rngs=rngs)
+        self.tanh_gelu = tanh_gelu
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.fc2(jax.nn.gelu(self.fc1(x), approximate=self.tanh_gelu))
+
+
+class FlaxPhiLayer(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, pairing: str, sequential: bool, exact_gelu: bool):
+        self.input_layernorm = nnx.LayerNorm(cfg.hidden_size, epsilon=cfg.layer_norm_eps, rngs=rngs)
+        self.self_attn = FlaxPhiAttention(cfg, rngs=rngs, pairing=pairing)
+        self.mlp = FlaxMLP(cfg.hidden_size, cfg.intermediate_size, rngs=rngs, tanh_gelu=not exact_gelu)
+        self.sequential = sequential
+
+    def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, keep: jax.Array) -> jax.Array:
+        h = self.input_layernorm(x)
+        if self.sequential:
+            x = x + self.self_attn(h, sin, cos, keep)
+            return x + self.mlp(self.input_layernorm(x))
+        return x + self.self_attn(h, sin, cos, keep) + self.mlp(h)
+
+
+class FlaxPhiModel(nnx.Module):
+    """PhiModel's port. mistakes: rotary="neighbours", sequential, exact_gelu."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs, rotary: str = "halves", sequential: bool = False,
+                 exact_gelu: bool = False):
+        self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
+        self.layers = nnx.List([FlaxPhiLayer(cfg, rngs=rngs, pairing=rotary, sequential=sequential,
+                                             exact_gelu=exact_gelu) for _ in range(cfg.num_hidden_layers)])
+        self.final_layernorm = nnx.LayerNorm(cfg.hidden_size, epsilon=cfg.layer_norm_eps, rngs=rngs)
+        head = cfg.hidden_size // cfg.num_attention_heads
+        self.rotary_dim = int(head * cfg.rope_parameters["partial_rotary_factor"])
+        self.theta = cfg.rope_parameters["rope_theta"]
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        t = input_ids.shape[1]
+        x = self.embed_tokens(input_ids)
+        sin, cos = sincos(jnp.arange(t), self.rotary_dim, self.theta)
+        keep = causal(t) if attention_mask is None else causal(t) & padding(attention_mask)
+        for layer in self.layers:
+            x = layer(x, sin, cos, keep)
+        return self.final_layernorm(x)
+
+
+# ----------------------------------------------------------------------------------------
+# Falcon (new decoder architecture): fused grouped qkv, ln_attn and ln_mlp, parallel
+# ----------------------------------------------------------------------------------------
+
+
+class FlaxFalconAttention(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, pairing: str):
+        h = cfg.hidden_size
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_kv_heads, h // cfg.num_attention_heads
+        self.query_key_value = nnx.Linear(h, (self.n_heads + 2 * self.n_kv) * self.head_dim, use_bias=cfg.bias,
+                                          rngs=rngs)
+        self.dense = nnx.Linear(h, h, use_bias=cfg.bias, rngs=rngs)
+        self.pairing = pairing
+
+    def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, keep: jax.Array) -> jax.Array:
+        b, t, _ = x.shape
+        g = self.n_heads // self.n_kv
+        qkv = self.query_key_value(x).reshape(b, t, self.n_kv, g + 2, self.head_dim)  # per group: g q, 1 k, 1 v
+        q = qkv[:, :, :, :g].reshape(b, t, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
+        k, v = (jnp.repeat(qkv[:, :, :, i], g, axis=2).transpose(0, 2, 1, 3) for i in (g, g + 1))
+        q, k = (partial_rotary(a, sin, cos, self.pairing) for a in (q, k))
+        return self.dense(merge_heads(attend(q, k, v, keep, self.head_dim ** -0.5)))
+
+
+class FlaxFalconMLP(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        self.dense_h_to_4h = nnx.Linear(cfg.hidden_size, cfg.ffn_hidden_size, use_bias=cfg.bias, rngs=rngs)
+        self.dense_4h_to_h = nnx.Linear(cfg.ffn_hidden_size, cfg.hidden_size, use_bias=cfg.bias, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.dense_4h_to_h(jax.nn.gelu(self.dense_h_to_4h(x), approximate=False))
+
+
+class FlaxFalconLayer(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, pairing: str, one_norm: bool, eps: float):
+        self.ln_attn = nnx.LayerNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.ln_mlp = nnx.LayerNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.self_attention = FlaxFalconAttention(cfg, rngs=rngs, pairing=pairing)
+        self.mlp = FlaxFalconMLP(cfg, rngs=rngs)
+        self.one_norm = one_norm
+
+    def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, keep: jax.Array) -> jax.Array:
+        h = self.ln_attn(x)
+        return x + self.self_attention(h, sin, cos, keep) + self.mlp(h if self.one_norm else self.ln_mlp(x))
+
+
+class FlaxFalconModel(nnx.Module):
+    """FalconModel's port (new_decoder_architecture). mistakes: rotary="neighbours",
+    one_norm (ln_attn's output fed to the MLP too), eps."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs, rotary: str = "halves", one_norm: bool = False,
+                 eps: float | None = None):
+        eps = cfg.layer_norm_epsilon if eps is None else eps
+        self.word_embeddings = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
+        self.h = nnx.List([FlaxFalconLayer(cfg, rngs=rngs, pairing=rotary, one_norm=one_norm, eps=eps)
+                           for _ in range(cfg.num_hidden_layers)])
+        self.ln_f = nnx.LayerNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.head_dim, self.theta = cfg.hidden_size // cfg.num_attention_heads, cfg.rope_parameters["rope_theta"]
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        t = input_ids.shape[1]
+        x = self.word_embeddings(input_ids)
+        sin, cos = sincos(jnp.arange(t), self.head_dim, self.theta)
+        keep = causal(t) if attention_mask is None else causal(t) & padding(attention_mask)
+        for layer in self.h:
+            x = layer(x, sin, cos, keep)
+        return self.ln_f(x)
+
+
+# ----------------------------------------------------------------------------------------
+# Gemma 2: (1 + w) norms around both branches, query_pre_attn_scalar, soft-capped logits
+# ----------------------------------------------------------------------------------------
+
+
+class GemmaNorm(nnx.Module):
+    """Gemma's RMSNorm: x / rms(x) * (1 + w), w stored from 0. mistake: plain_w (scales by w)."""
+
+    def __init__(self, dim: int, eps: float, plain_w: bool):
+        self.weight = nnx.Param(jnp.zeros((dim,)))
+        self.eps, self.plain_w = eps, plain_w
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return y * (self.weight[...] if self.plain_w else 1 + self.weight[...])
+
+
+class FlaxGemma2Attention(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, head_dim_scale: bool):
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = nnx.Linear(h, self.n_heads * d, use_bias=False, rngs=rngs)
+        self.k_proj = nnx.Linear(h, self.n_kv * d, use_bias=False, rngs=rngs)
+        self.v_proj = nnx.Linear(h, self.n_kv * d, use_bias=False, rngs=rngs)
+        self.o_proj = nnx.Linear(self.n_heads * d, h, use_bias=False, rngs=rngs)
+        self.scale = d ** -0.5 if head_dim_scale else cfg.query_pre_attn_scalar ** -0.5
+        self.cap = cfg.attn_logit_softcapping
+
+    def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, keep: jax.Array) -> jax.Array:
+        q = split_heads(self.q_proj(x), self.n_heads)
+        k, v = split_heads(self.k_proj(x), self.n_kv), split_heads(self.v_proj(x), self.n_kv)
+        q, k = (partial_rotary(a, sin, cos, "halves") for a in (q, k))
+        k, v = jnp.repeat(k, self.n_heads // self.n_kv, axis=1), jnp.repeat(v, self.n_heads // self.n_kv, axis=1)
+        att = jnp.tanh((q @ k.swapaxes(-1, -2)) * self.scale / self.cap) * self.cap
+        att = jnp.where(keep, att, jnp.finfo(att.dtype).min)
+        return self.o_proj(merge_heads(jax.nn.softmax(att, axis=-1) @ v))
+
+
+class FlaxGemma2MLP(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, exact_gelu: bool):
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj, self.up_proj = nnx.Linear(h, i, use_bias=False, rngs=rngs), nnx.Linear(h, i, use_bias=False,
+                                                                                                 rngs=rngs)
+        self.down_proj = nnx.Linear(i, h, use_bias=False, rngs=rngs)
+        self.exact_gelu = exact_gelu
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.gelu(self.gate_proj(x), approximate=not self.exact_gelu) * self.up_proj(x))
+
+
+class FlaxGemma2Layer(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, plain_w: bool, head_dim_scale: bool, exact_gelu: bool):
+        def norm():
+            return GemmaNorm(cfg.hidden_size, cfg.rms_norm_eps, plain_w)
+        self.input_layernorm, self.post_attention_layernorm = norm(), norm()
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+        self.self_attn = FlaxGemma2Attention(cfg, rngs=rngs, head_dim_scale=head_dim_scale)
+        self.mlp = FlaxGemma2MLP(cfg, rngs=rngs, exact_gelu=exact_gelu)
+
+    def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, keep: jax.Array) -> jax.Array:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), sin, cos, keep))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class FlaxGemma2Model(nnx.Module):
+    """Gemma2Model's port (eager attention: soft-capped logits). mistakes: plain_w (norms
+    scale by w), head_dim_scale (1/sqrt(head_dim) for 1/sqrt(query_pre_attn_scalar)),
+    exact_gelu."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs, plain_w: bool = False, head_dim_scale: bool = False,
+                 exact_gelu: bool = False):
+        self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
+        self.layers = nnx.List([FlaxGemma2Layer(cfg, rngs=rngs, plain_w=plain_w, head_dim_scale=head_dim_scale,
+                                                exact_gelu=exact_gelu) for _ in range(cfg.num_hidden_layers)])
+        self.norm = GemmaNorm(cfg.hidden_size, cfg.rms_norm_eps, plain_w)
+        self.head_dim, self.theta = cfg.head_dim, cfg.rope_parameters["rope_theta"]
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        t = input_ids.shape[1]
+        x = self.embed_tokens(input_ids) * self.embed_tokens.features ** 0.5  # HF's normalizer
+        sin, cos = sincos(jnp.arange(t), self.head_dim, self.theta)
+        keep = causal(t) if attention_mask is None else causal(t) & padding(attention_mask)
+        for layer in self.layers:
+            x = layer(x, sin, cos, keep)
+        return self.norm(x)
+
+
+# ----------------------------------------------------------------------------------------
+# ViT: patches by a strided conv, a CLS token, pre-LN layers; pixel_values (B, C, H, W)
+# ----------------------------------------------------------------------------------------
+
+
+class FlaxViTAttention(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        h, self.n_heads = cfg.hidden_size, cfg.num_attention_heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nnx.Linear(h, h, rngs=rngs) for _ in range(4))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        q, k, v = (split_heads(f(x), self.n_heads) for f in (self.q_proj, self.k_proj, self.v_proj))
+        return self.o_proj(merge_heads(attend(q, k, v, None, q.shape[-1] ** -0.5)))
+
+
+class FlaxViTLayer(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, eps: float, tanh_gelu: bool, parallel: bool):
+        self.layernorm_before = nnx.LayerNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.attention = FlaxViTAttention(cfg, rngs=rngs)
+        self.layernorm_after = nnx.LayerNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.mlp = FlaxMLP(cfg.hidden_size, cfg.intermediate_size, rngs=rngs, tanh_gelu=tanh_gelu)
+        self.parallel = parallel
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = x + self.attention(self.layernorm_before(x))
+        return h + self.mlp(self.layernorm_after(x if self.parallel else h))
+
+
+class FlaxViTEmbeddings(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        p, h = cfg.patch_size, cfg.hidden_size
+        n = (cfg.image_size // p) ** 2
+        self.projection = nnx.Conv(cfg.num_channels, h, (p, p), strides=(p, p), padding="VALID", rngs=rngs)
+        self.cls_token = nnx.Param(jnp.zeros((1, 1, h)))
+        self.position_embeddings = nnx.Param(jnp.zeros((1, n + 1, h)))
+
+    def __call__(self, pixel_values: jax.Array) -> jax.Array:  # (B, C, H, W) as HF's
+        x = self.projection(pixel_values.transpose(0, 2, 3, 1))  # (B, H/p, W/p, h)
+        x = x.reshape(x.shape[0], -1, x.shape[-1])
+        cls = jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[-1]))
+        return jnp.concatenate([cls, x], axis=1) + self.position_embeddings[...]
+
+
+class FlaxViTModel(nnx.Module):
+    """ViTModel's port: (sequence output, pooled output). mistakes: tanh_gelu, eps, parallel
+    (a sequential layer run in parallel)."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs, tanh_gelu: bool = False, eps: float | None = None,
+                 parallel: bool = False):
+        eps = cfg.layer_norm_eps if eps is None else eps
+        self.embeddings = FlaxViTEmbeddings(cfg, rngs=rngs)
+        self.layers = nnx.List([FlaxViTLayer(cfg, rngs=rngs, eps=eps, tanh_gelu=tanh_gelu, parallel=parallel)
+                                for _ in range(cfg.num_hidden_layers)])
+        self.layernorm = nnx.LayerNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.pooler = nnx.Linear(cfg.hidden_size, cfg.hidden_size, rngs=rngs)
+
+    def __call__(self, pixel_values: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = self.embeddings(pixel_values)
+        for layer in self.layers:
+            x = layer(x)
+        x = self.layernorm(x)
+        return x, jnp.tanh(self.pooler(x[:, 0]))
+
+
+# ----------------------------------------------------------------------------------------
 # The models, tiny
 # ----------------------------------------------------------------------------------------
 
@@ -128,21 +425,46 @@ def config(name: str):
     """A tiny transformers config: d_model 32, 4 heads of 8, 2 layers."""
     import transformers as tr
 
+    common = dict(vocab_size=96, max_position_embeddings=32, bos_token_id=1, eos_token_id=2, hidden_size=32,
+                  num_hidden_layers=2, num_attention_heads=4)
     if name == "gptj":
         return tr.GPTJConfig(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
                              bos_token_id=1, eos_token_id=2)
+    if name == "phi":
+        return tr.PhiConfig(**common, intermediate_size=64, partial_rotary_factor=0.5)
+    if name == "falcon":
+        return tr.FalconConfig(**common, num_kv_heads=2, new_decoder_architecture=True, bias=True,
+                               ffn_hidden_size=64)
+    if name == "mistral":
+        return tr.MistralConfig(**common, intermediate_size=64, num_key_value_heads=2, sliding_window=None)
+    if name == "gemma2":
+        return tr.Gemma2Config(**common, intermediate_size=64, num_key_value_heads=2, head_dim=8,
+                               query_pre_attn_scalar=16, sliding_window=16, attn_logit_softcapping=5.0)
+    if name == "vit":
+        return tr.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                            image_size=8, patch_size=4, num_channels=3)
     raise KeyError(f"no tiny config for {name!r}; expected one of {sorted(PORTS)}")
 
 
-PORTS = {"gptj": ("GPTJModel", FlaxGPTJModel)}
+def _mistral(cfg, *, rngs: nnx.Rngs, **mistakes) -> nnx.Module:
+    """Mistral's port is LLaMA's (hf_zoo.FlaxLlamaModel): the same layers."""
+    from .hf_zoo import FlaxLlamaModel
+
+    return FlaxLlamaModel(cfg, rngs=rngs, **mistakes)
 
 
-def torch_model(name: str, seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
+PORTS = {"gptj": ("GPTJModel", FlaxGPTJModel), "phi": ("PhiModel", FlaxPhiModel),
+         "falcon": ("FalconModel", FlaxFalconModel), "mistral": ("MistralModel", _mistral),
+         "gemma2": ("Gemma2Model", FlaxGemma2Model), "vit": ("ViTModel", FlaxViTModel)}
+EAGER = {"gemma2"}  # soft-capped logits: transformers runs them eagerly
+
+
+def torch_model(name: str, seed: int = 0) -> torch.nn.Module:
     """The transformers model `name` with random weights (seeded), in eval mode."""
     import transformers as tr
 
     cfg = config(name)
-    cfg._attn_implementation = attn
+    cfg._attn_implementation = "eager" if name in EAGER else "sdpa"
     torch.manual_seed(seed)
     return getattr(tr, PORTS[name][0])(cfg).eval()
 
@@ -155,8 +477,24 @@ def port(name: str, cfg, seed: int = 0, **mistakes) -> nnx.Module:
 
 
 def inputs(name: str, seed: int = 0, batch: int = 2, length: int = 9) -> dict[str, np.ndarray]:
-    """input_ids (B, T) and attention_mask (B, T), the second sequence's last 3 tokens padding."""
+    """input_ids (B, T) and attention_mask (B, T), the second sequence's last 3 tokens padding;
+    ViT: pixel_values (B, 3, 8, 8)."""
     rng = np.random.default_rng(seed)
+    if name == "vit":
+        return {"pixel_values": rng.standard_normal((batch, 3, 8, 8))}
     mask = np.ones((batch, length), np.int64)
     mask[-1, -3:] = 0
     return {"input_ids": rng.integers(3, 96, (batch, length)), "attention_mask": mask}
+
+
+# Factories for the command line (`python -m parity_tests.port TORCH FLAX`) ---------------
+
+
+def gptj() -> torch.nn.Module:
+    """The tiny GPTJModel (its forward: input_ids, cache, attention_mask, ...)."""
+    return torch_model("gptj")
+
+
+def flax_gptj() -> FlaxGPTJModel:
+    """Its port (its call: input_ids, attention_mask)."""
+    return port("gptj", config("gptj"))

@@ -57,6 +57,7 @@ def run_both(torch_module, flax_module, inputs: tuple, named: dict, dtype: str, 
     tm = _torch_copy(torch_module, dtype)
     fm = _flax_copy(flax_module, dtype)
     t_in, f_in, t_kw, f_kw = _inputs(inputs, named, dtype)
+    t_in, t_kw = by_name(tm, fm, t_in, t_kw)
     t_out, tcalls, found = _torch_run(tm, t_in, t_kw, watch_islands=dtype == "float64")
     constants = islands.init_constants(tm) if dtype == "float64" else []
     _mark_constants(tcalls, constants, found)
@@ -191,6 +192,27 @@ def _inputs(inputs: tuple, named: dict, dtype: str) -> tuple[list, list, dict, d
     kw = {k: both(x) for k, x in named.items()}
     return [t for t, _ in pos], [f for _, f in pos], {k: t for k, (t, _) in kw.items()}, \
         {k: f for k, (_, f) in kw.items()}
+
+
+def by_name(tm, fm, t_in: list, t_kw: dict) -> tuple[list, dict]:
+    """torch's positional inputs handed over by the names the port's call gives them, where
+    torch's forward has parameters of those names (GPT-J's second parameter is its cache,
+    the port's is attention_mask); as they are otherwise. Keywords pass through."""
+    import inspect
+
+    def params(fn) -> list[inspect.Parameter]:
+        try:
+            return list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            return []
+
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    fnames = [p.name for p in params(fm.__call__) if p.kind in kinds][:len(t_in)]
+    tparams = {p.name: p for p in params(tm.forward)}
+    if len(fnames) < len(t_in) or any(n not in tparams or tparams[n].kind not in
+                                      (*kinds[1:], inspect.Parameter.KEYWORD_ONLY) or n in t_kw for n in fnames):
+        return t_in, t_kw
+    return [], {**dict(zip(fnames, t_in, strict=True)), **t_kw}
 
 
 # ----------------------------------------------------------------------------------------
