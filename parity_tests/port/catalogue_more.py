@@ -205,12 +205,21 @@ def scale_factors(root) -> Iterator[tuple[str, Callable[[int, float], float]]]:
     """(sentence, factor(d, torch's scale)) for the attention logits of a port: the factor the
     port's logits carry over torch's (1/d and no scale are catalogue.py's own)."""
     yield "softmax scale: the flax port scales the attention logits twice (the scale applied doubled)", lambda d, s: s
+    yield ("softmax scale: the flax port scales the attention logits by 1/sqrt(head_dim) where torch does not scale "
+           "them (T5's attention: the scale is folded into its initialisation)", lambda d, s: _unscaled(s, d ** -0.5))
     for v in pre_attn_scalars(root):
         yield (f"softmax scale: the flax port scales by 1/sqrt(head_dim) where torch scales by "
                f"1/sqrt(query_pre_attn_scalar) (config.query_pre_attn_scalar = {v:g})",
                lambda d, s, v=v: (d ** -0.5) / (v ** -0.5))
         yield (f"softmax scale: the flax port scales by 1/sqrt(query_pre_attn_scalar) ({v:g}) where torch scales by "
                f"1/sqrt(head_dim)", lambda d, s, v=v: (v ** -0.5) / (d ** -0.5))
+
+
+def _unscaled(s: float, factor: float) -> float:
+    """`factor`, where torch's scale is 1 as the sentence says; else no replay."""
+    if s != 1.0:
+        raise LookupError("torch scales its logits")
+    return factor
 
 
 def positions_shifted(offset: int) -> Callable[[tuple, dict], tuple[tuple, dict]]:

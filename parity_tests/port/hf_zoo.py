@@ -185,11 +185,12 @@ class FlaxGPT2Block(nnx.Module):
 class FlaxGPT2Model(nnx.Module):
     """GPT2Model's port. mistakes: exact_gelu, scale="d" / "none", causal_offset=+-1,
     split="heads-last" (or "heads-last-both": merged back that way too), skip_ln_f, no_wpe,
-    pos_offset=n (positions from n, as OPT's are offset by 2)."""
+    pos_offset=n (positions from n, as OPT's are offset by 2), mask_inverted (with
+    mask_style="additive": the padding bias on the real tokens)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, exact_gelu: bool = False, scale: str = "sqrt", causal_offset: int = 0,
                  split: str = "heads-first", skip_ln_f: bool = False, no_wpe: bool = False, pos_offset: int = 0,
-                 mask_style: str = "keep"):
+                 mask_style: str = "keep", mask_inverted: bool = False):
         self.wte = nnx.Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
         self.wpe = nnx.Embed(cfg.n_positions, cfg.n_embd, rngs=rngs)
         self.h = nnx.List([FlaxGPT2Block(cfg, rngs=rngs, exact_gelu=exact_gelu, scale=scale,
@@ -197,13 +198,15 @@ class FlaxGPT2Model(nnx.Module):
                            for _ in range(cfg.n_layer)])
         self.ln_f = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
         self.skip_ln_f, self.no_wpe, self.pos_offset, self.mask_style = skip_ln_f, no_wpe, pos_offset, mask_style
+        self.mask_inverted = mask_inverted
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         pos = jnp.arange(input_ids.shape[1]) + self.pos_offset  # (T,)
         x = self.wte(input_ids) if self.no_wpe else self.wte(input_ids) + self.wpe(pos)
         keep = padding(attention_mask)
         if self.mask_style == "additive" and attention_mask is not None:  # HF's old Flax GPT-2: -1e4 on padding
-            keep = (1.0 - attention_mask[:, None, None, :].astype(x.dtype)) * -10000.0
+            real = attention_mask[:, None, None, :].astype(x.dtype)
+            keep = (real if self.mask_inverted else 1.0 - real) * -10000.0  # mask_inverted: real tokens masked
         for block in self.h:
             x = block(x, keep)
         return x if self.skip_ln_f else self.ln_f(x)

@@ -417,6 +417,163 @@ class FlaxViTModel(nnx.Module):
 
 
 # ----------------------------------------------------------------------------------------
+# Whisper's encoder: two convolutions over (B, mel, T) and GELU, learned positions
+# ----------------------------------------------------------------------------------------
+
+
+class FlaxWhisperAttention(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        d, self.n_heads = cfg.d_model, cfg.encoder_attention_heads
+        self.q_proj, self.v_proj, self.out_proj = (nnx.Linear(d, d, rngs=rngs) for _ in range(3))
+        self.k_proj = nnx.Linear(d, d, use_bias=False, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        q, k, v = (split_heads(f(x), self.n_heads) for f in (self.q_proj, self.k_proj, self.v_proj))
+        return self.out_proj(merge_heads(attend(q, k, v, None, q.shape[-1] ** -0.5)))
+
+
+class FlaxWhisperLayer(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, eps: float, tanh_gelu: bool):
+        d = cfg.d_model
+        self.self_attn_layer_norm = nnx.LayerNorm(d, epsilon=eps, rngs=rngs)
+        self.self_attn = FlaxWhisperAttention(cfg, rngs=rngs)
+        self.final_layer_norm = nnx.LayerNorm(d, epsilon=eps, rngs=rngs)
+        self.fc1, self.fc2 = nnx.Linear(d, cfg.encoder_ffn_dim, rngs=rngs), nnx.Linear(cfg.encoder_ffn_dim, d,
+                                                                                       rngs=rngs)
+        self.tanh_gelu = tanh_gelu
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.self_attn(self.self_attn_layer_norm(x))
+        return x + self.fc2(jax.nn.gelu(self.fc1(self.final_layer_norm(x)), approximate=self.tanh_gelu))
+
+
+class FlaxWhisperEncoder(nnx.Module):
+    """WhisperEncoder's port; input_features (B, mel, 2 * max_source_positions) as HF's.
+    mistakes: causal_conv (conv1 padded (2, 0)), tanh_gelu (the layers'), eps."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs, causal_conv: bool = False, tanh_gelu: bool = False,
+                 eps: float = 1e-5):
+        d = cfg.d_model
+        self.conv1 = nnx.Conv(cfg.num_mel_bins, d, (3,), padding=((2, 0),) if causal_conv else ((1, 1),), rngs=rngs)
+        self.conv2 = nnx.Conv(d, d, (3,), strides=(2,), padding=((1, 1),), rngs=rngs)
+        self.embed_positions = nnx.Embed(cfg.max_source_positions, d, rngs=rngs)
+        self.layers = nnx.List([FlaxWhisperLayer(cfg, rngs=rngs, eps=eps, tanh_gelu=tanh_gelu)
+                                for _ in range(cfg.encoder_layers)])
+        self.layer_norm = nnx.LayerNorm(d, epsilon=eps, rngs=rngs)
+
+    def __call__(self, input_features: jax.Array) -> jax.Array:
+        x = jax.nn.gelu(self.conv1(input_features.transpose(0, 2, 1)), approximate=False)  # (B, T, d)
+        x = jax.nn.gelu(self.conv2(x), approximate=False)
+        x = x + self.embed_positions(jnp.arange(x.shape[1]))
+        for layer in self.layers:
+            x = layer(x)
+        return self.layer_norm(x)
+
+
+# ----------------------------------------------------------------------------------------
+# T5's encoder: RMS norms, no softmax scale, relative position buckets in the first block
+# ----------------------------------------------------------------------------------------
+
+
+def t5_buckets(t: int, num_buckets: int, max_distance: int) -> jax.Array:
+    """(T, T) bidirectional relative position buckets of key - query (HF's
+    _relative_position_bucket)."""
+    rel = jnp.arange(t)[None, :] - jnp.arange(t)[:, None]
+    half = num_buckets // 2
+    out = (rel > 0).astype(jnp.int32) * half
+    n = jnp.abs(rel)
+    exact = half // 2
+    large = exact + (jnp.log(jnp.maximum(n, 1) / exact) / np.log(max_distance / exact) * (half - exact)).astype(
+        jnp.int32)
+    return out + jnp.where(n < exact, n, jnp.minimum(large, half - 1))
+
+
+class FlaxT5Attention(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, bias: bool, scaled: bool):
+        d, inner = cfg.d_model, cfg.num_heads * cfg.d_kv
+        self.n_heads = cfg.num_heads
+        self.q, self.k, self.v = (nnx.Linear(d, inner, use_bias=False, rngs=rngs) for _ in range(3))
+        self.o = nnx.Linear(inner, d, use_bias=False, rngs=rngs)
+        if bias:
+            self.relative_attention_bias = nnx.Embed(cfg.relative_attention_num_buckets, cfg.num_heads, rngs=rngs)
+        self.buckets, self.max_distance = cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
+        self.scaled = scaled
+
+    def position_bias(self, t: int) -> jax.Array:  # (1, H, T, T)
+        return self.relative_attention_bias(t5_buckets(t, self.buckets, self.max_distance)).transpose(2, 0, 1)[None]
+
+    def __call__(self, x: jax.Array, bias: jax.Array, keep: jax.Array | None) -> jax.Array:
+        q, k, v = (split_heads(f(x), self.n_heads) for f in (self.q, self.k, self.v))
+        att = q @ k.swapaxes(-1, -2) * (q.shape[-1] ** -0.5 if self.scaled else 1.0) + bias
+        if keep is not None:
+            att = jnp.where(keep, att, jnp.finfo(att.dtype).min)
+        return self.o(merge_heads(jax.nn.softmax(att, axis=-1) @ v))
+
+
+class FlaxT5SelfAttentionLayer(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, bias: bool, scaled: bool, eps: float):
+        self.SelfAttention = FlaxT5Attention(cfg, rngs=rngs, bias=bias, scaled=scaled)
+        self.layer_norm = nnx.RMSNorm(cfg.d_model, epsilon=eps, rngs=rngs)
+
+    def __call__(self, x: jax.Array, bias: jax.Array, keep: jax.Array | None) -> jax.Array:
+        return x + self.SelfAttention(self.layer_norm(x), bias, keep)
+
+
+class FlaxT5DenseReluDense(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, gelu: bool):
+        self.wi = nnx.Linear(cfg.d_model, cfg.d_ff, use_bias=False, rngs=rngs)
+        self.wo = nnx.Linear(cfg.d_ff, cfg.d_model, use_bias=False, rngs=rngs)
+        self.gelu = gelu
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.wo((jax.nn.gelu if self.gelu else jax.nn.relu)(self.wi(x)))
+
+
+class FlaxT5FFLayer(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, gelu: bool, eps: float):
+        self.DenseReluDense = FlaxT5DenseReluDense(cfg, rngs=rngs, gelu=gelu)
+        self.layer_norm = nnx.RMSNorm(cfg.d_model, epsilon=eps, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + self.DenseReluDense(self.layer_norm(x))
+
+
+class FlaxT5Block(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, first: bool, scaled: bool, gelu: bool, eps: float):
+        self.layer = nnx.List([FlaxT5SelfAttentionLayer(cfg, rngs=rngs, bias=first, scaled=scaled, eps=eps),
+                               FlaxT5FFLayer(cfg, rngs=rngs, gelu=gelu, eps=eps)])
+
+    def __call__(self, x: jax.Array, bias: jax.Array, keep: jax.Array | None) -> jax.Array:
+        return self.layer[1](self.layer[0](x, bias, keep))
+
+
+class FlaxT5Stack(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, scaled: bool, gelu: bool, eps: float):
+        self.block = nnx.List([FlaxT5Block(cfg, rngs=rngs, first=i == 0, scaled=scaled, gelu=gelu, eps=eps)
+                               for i in range(cfg.num_layers)])
+        self.final_layer_norm = nnx.RMSNorm(cfg.d_model, epsilon=eps, rngs=rngs)
+
+    def __call__(self, x: jax.Array, keep: jax.Array | None) -> jax.Array:
+        bias = self.block[0].layer[0].SelfAttention.position_bias(x.shape[1])  # shared by every block
+        for block in self.block:
+            x = block(x, bias, keep)
+        return self.final_layer_norm(x)
+
+
+class FlaxT5EncoderModel(nnx.Module):
+    """T5EncoderModel's port. mistakes: scaled (1/sqrt(d_kv) on the logits), gelu (for ReLU),
+    eps."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs, scaled: bool = False, gelu: bool = False, eps: float | None = None):
+        eps = cfg.layer_norm_epsilon if eps is None else eps
+        self.shared = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+        self.encoder = FlaxT5Stack(cfg, rngs=rngs, scaled=scaled, gelu=gelu, eps=eps)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        return self.encoder(self.shared(input_ids), padding(attention_mask))
+
+
+# ----------------------------------------------------------------------------------------
 # The models, tiny
 # ----------------------------------------------------------------------------------------
 
@@ -443,6 +600,13 @@ def config(name: str):
     if name == "vit":
         return tr.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                             image_size=8, patch_size=4, num_channels=3)
+    if name == "whisper":
+        return tr.WhisperConfig(num_mel_bins=8, d_model=32, encoder_layers=2, encoder_attention_heads=4,
+                                encoder_ffn_dim=64, max_source_positions=8, decoder_layers=1,
+                                decoder_attention_heads=4, decoder_ffn_dim=64, vocab_size=96)
+    if name == "t5":
+        return tr.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                           relative_attention_num_buckets=8, relative_attention_max_distance=16)
     raise KeyError(f"no tiny config for {name!r}; expected one of {sorted(PORTS)}")
 
 
@@ -455,18 +619,30 @@ def _mistral(cfg, *, rngs: nnx.Rngs, **mistakes) -> nnx.Module:
 
 PORTS = {"gptj": ("GPTJModel", FlaxGPTJModel), "phi": ("PhiModel", FlaxPhiModel),
          "falcon": ("FalconModel", FlaxFalconModel), "mistral": ("MistralModel", _mistral),
-         "gemma2": ("Gemma2Model", FlaxGemma2Model), "vit": ("ViTModel", FlaxViTModel)}
+         "gemma2": ("Gemma2Model", FlaxGemma2Model), "vit": ("ViTModel", FlaxViTModel),
+         "whisper": ("WhisperEncoder", FlaxWhisperEncoder), "t5": ("T5EncoderModel", FlaxT5EncoderModel)}
 EAGER = {"gemma2"}  # soft-capped logits: transformers runs them eagerly
 
 
 def torch_model(name: str, seed: int = 0) -> torch.nn.Module:
-    """The transformers model `name` with random weights (seeded), in eval mode."""
+    """The transformers model `name` with random weights (seeded; every vector moved off its
+    init), in eval mode."""
     import transformers as tr
 
     cfg = config(name)
     cfg._attn_implementation = "eager" if name in EAGER else "sdpa"
     torch.manual_seed(seed)
-    return getattr(tr, PORTS[name][0])(cfg).eval()
+    if name == "whisper":
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        model = WhisperEncoder(cfg).eval()
+    else:
+        model = getattr(tr, PORTS[name][0])(cfg).eval()
+    with torch.no_grad():  # norms (and biases) off their init, so that two norms differ
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
 
 
 def port(name: str, cfg, seed: int = 0, **mistakes) -> nnx.Module:
@@ -482,6 +658,8 @@ def inputs(name: str, seed: int = 0, batch: int = 2, length: int = 9) -> dict[st
     rng = np.random.default_rng(seed)
     if name == "vit":
         return {"pixel_values": rng.standard_normal((batch, 3, 8, 8))}
+    if name == "whisper":
+        return {"input_features": rng.standard_normal((batch, 8, 16))}
     mask = np.ones((batch, length), np.int64)
     mask[-1, -3:] = 0
     return {"input_ids": rng.integers(3, 96, (batch, length)), "attention_mask": mask}

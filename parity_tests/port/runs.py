@@ -419,9 +419,9 @@ def island_lines(calls: list[Call], found: dict[int, set[str]]) -> list[str]:
     made: dict[tuple[str, str], list[str]] = {}
     for c in calls:
         if id(c) in found and c.index == 0:
-            for f in sorted(found[id(c)]):
-                if f.startswith("init:"):
-                    made.setdefault((type(c.module).__name__, f[5:]), []).append(c.path or "(root)")
+            held = ", ".join(sorted(f[5:] for f in found[id(c)] if f.startswith("init:")))
+            if held:
+                made.setdefault((type(c.module).__name__, held), []).append(c.path or "(root)")
             if any(not f.startswith("init:") for f in found[id(c)]):
                 by_class.setdefault(type(c.module).__name__, []).append(c.path or "(root)")
     lines = [f"{cls} holds {name}, made at init: torch's `{paths[0]}` table was computed in float32 at init "

@@ -110,6 +110,8 @@ MISTAKES = [
     # the same mistakes in ports written another way: HF's old Flax masks (-1e9 future, -1e4
     # padding), a boolean padding mask, norms and softmax in float32 as HF's code
     ("gpt2", dict(mask_style="additive", causal_offset=-1), None, "h.0.attn", "no query sees its own key"),
+    # a causal model's padding read inverted: the replay flips the padding part and keeps the causal one
+    ("gpt2", dict(mask_style="additive", mask_inverted=True), None, "h.0.attn", "opposite sense"),
     ("bert", dict(mask_style="bool", mask_inverted=True), None, "encoder.layer.0.attention.self", "opposite sense"),
     ("llama", dict(upcast=True, gqa="tile"), None, "layers.0.self_attn", "tiles the key / value heads"),
     ("gpt_neox", dict(sequential=True), None, "layers.0", "a parallel residual"),
