@@ -595,6 +595,8 @@ def mistakes(root, eps_values: list[float]) -> Iterator[Mistake]:
                    (torch.Tensor, "__matmul__"): _gqa_matmul})
     for says, patches in M.rotary_mistakes(root, ROTARY_HALVES):
         yield Mistake(says, patches)
+    for says, swaps in M.rotary_bases(root):
+        yield Mistake(says, swaps=swaps)
     for seen, hooks, forwards in M.block_mistakes(root):
         yield Mistake("{seen}", forwards=forwards, hooks=hooks, seen=seen)
     yield Mistake("mask: the flax port reads the padding mask in the opposite sense (nn.MultiheadAttention's "

@@ -83,6 +83,25 @@ def rotary_mistakes(root, halves_says: str) -> Iterator[tuple[str, dict]]:
             yield ROTARY_SLICE.format(r="rotary_dim"), {(owner, name): _features_moved(pairing, "slice")}
 
 
+def rotary_bases(root) -> Iterator[tuple[str, list]]:
+    """(sentence, swaps) for a rotary base (rope_theta) other than torch's: every `inv_freq`
+    buffer of the subtree recomputed from it."""
+    import torch
+
+    tables = [b for m in root.modules() if (b := m._buffers.get("inv_freq")) is not None
+              and b.is_floating_point() and b.ndim == 1 and b.numel() > 1]
+    if not tables:
+        return
+    dim = 2 * tables[0].numel()
+    theta = float(tables[0][1]) ** (-dim / 2)
+    for base in (1e4, 1e5, 5e5, 1e6):
+        if abs(base / theta - 1) < 1e-3:
+            continue
+        swaps = [(b, (1.0 / base ** (torch.arange(0, 2 * b.numel(), 2, dtype=torch.float64) / (2 * b.numel())))
+                  .to(b.dtype)) for b in tables]
+        yield f"rotary: the flax port's rotary base (rope_theta) is {base:g} where torch's is {theta:.4g}", swaps
+
+
 # ----------------------------------------------------------------------------------------
 # Blocks: parallel and sequential, the norm each branch reads
 # ----------------------------------------------------------------------------------------

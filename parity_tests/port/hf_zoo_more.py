@@ -2,10 +2,19 @@
 and not tuned to the checker (parity_tests/port/test_port_zoo.py runs them): each port is
 correct by default and has switches that plant one mistake.
 
-    transformers model   port              mistakes it can plant
-    GPTJModel            FlaxGPTJModel     rotary="halves" (GPT-J pairs neighbours), sequential (its parallel
-                                           block run sequentially), pos_offset=1 (rotary positions from 1),
-                                           eps
+    transformers model   port                 mistakes it can plant
+    GPTJModel            FlaxGPTJModel        rotary="halves" (GPT-J pairs neighbours), sequential (its parallel
+                                              block run sequentially), pos_offset=1, eps
+    PhiModel             FlaxPhiModel         rotary="neighbours", sequential, exact_gelu
+    FalconModel          FlaxFalconModel      rotary="neighbours", one_norm (ln_attn fed to the MLP), eps
+    MistralModel         hf_zoo's LLaMA port  gqa="tile", norm="one-plus", act="gelu", ...
+    Gemma2Model          FlaxGemma2Model      plain_w (w for 1 + w), head_dim_scale (for query_pre_attn_scalar),
+                                              exact_gelu; soft-capped logits, eager attention
+    ViTModel             FlaxViTModel         tanh_gelu, eps, parallel (a sequential layer run in parallel)
+    WhisperEncoder       FlaxWhisperEncoder   causal_conv, tanh_gelu, eps
+    T5EncoderModel       FlaxT5EncoderModel   scaled (1/sqrt(d_kv) where T5 has none), gelu (for ReLU), eps
+    Qwen3Model           FlaxQwen3Model       no_qk_norm, eps, act="gelu"
+    GPTBigCodeModel      FlaxGPTBigCodeModel  scale="d", causal_offset, exact_gelu (multi-query attention)
 
 GPT-J's sin / cos table is a float32 buffer torch computes in `__init__`; the port computes its
 own in float64 (that is correct): the checker must name torch's table as a float32 island.
@@ -282,6 +291,13 @@ class GemmaNorm(nnx.Module):
         return y * (self.weight[...] if self.plain_w else 1 + self.weight[...])
 
 
+class ScaledEmbed(nnx.Embed):
+    """Gemma's embedding: the lookup times sqrt(hidden_size) (HF's ScaledWordEmbedding)."""
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return super().__call__(ids) * self.features ** 0.5
+
+
 class FlaxGemma2Attention(nnx.Module):
     def __init__(self, cfg, *, rngs: nnx.Rngs, head_dim_scale: bool):
         h, d = cfg.hidden_size, cfg.head_dim
@@ -336,7 +352,7 @@ class FlaxGemma2Model(nnx.Module):
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, plain_w: bool = False, head_dim_scale: bool = False,
                  exact_gelu: bool = False):
-        self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
+        self.embed_tokens = ScaledEmbed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
         self.layers = nnx.List([FlaxGemma2Layer(cfg, rngs=rngs, plain_w=plain_w, head_dim_scale=head_dim_scale,
                                                 exact_gelu=exact_gelu) for _ in range(cfg.num_hidden_layers)])
         self.norm = GemmaNorm(cfg.hidden_size, cfg.rms_norm_eps, plain_w)
@@ -344,7 +360,7 @@ class FlaxGemma2Model(nnx.Module):
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         t = input_ids.shape[1]
-        x = self.embed_tokens(input_ids) * self.embed_tokens.features ** 0.5  # HF's normalizer
+        x = self.embed_tokens(input_ids)
         sin, cos = sincos(jnp.arange(t), self.head_dim, self.theta)
         keep = causal(t) if attention_mask is None else causal(t) & padding(attention_mask)
         for layer in self.layers:
@@ -380,17 +396,34 @@ class FlaxViTLayer(nnx.Module):
         return h + self.mlp(self.layernorm_after(x if self.parallel else h))
 
 
+class FlaxViTPatches(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        p = cfg.patch_size
+        self.projection = nnx.Conv(cfg.num_channels, cfg.hidden_size, (p, p), strides=(p, p), padding="VALID",
+                                   rngs=rngs)
+
+    def __call__(self, pixel_values: jax.Array) -> jax.Array:  # (B, C, H, W) -> (B, patches, hidden)
+        x = self.projection(pixel_values.transpose(0, 2, 3, 1))
+        return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+class FlaxViTPooler(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(cfg.hidden_size, cfg.hidden_size, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.tanh(self.dense(x[:, 0]))
+
+
 class FlaxViTEmbeddings(nnx.Module):
     def __init__(self, cfg, *, rngs: nnx.Rngs):
-        p, h = cfg.patch_size, cfg.hidden_size
-        n = (cfg.image_size // p) ** 2
-        self.projection = nnx.Conv(cfg.num_channels, h, (p, p), strides=(p, p), padding="VALID", rngs=rngs)
+        h, n = cfg.hidden_size, (cfg.image_size // cfg.patch_size) ** 2
+        self.patch_embeddings = FlaxViTPatches(cfg, rngs=rngs)
         self.cls_token = nnx.Param(jnp.zeros((1, 1, h)))
         self.position_embeddings = nnx.Param(jnp.zeros((1, n + 1, h)))
 
     def __call__(self, pixel_values: jax.Array) -> jax.Array:  # (B, C, H, W) as HF's
-        x = self.projection(pixel_values.transpose(0, 2, 3, 1))  # (B, H/p, W/p, h)
-        x = x.reshape(x.shape[0], -1, x.shape[-1])
+        x = self.patch_embeddings(pixel_values)
         cls = jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[-1]))
         return jnp.concatenate([cls, x], axis=1) + self.position_embeddings[...]
 
@@ -406,14 +439,14 @@ class FlaxViTModel(nnx.Module):
         self.layers = nnx.List([FlaxViTLayer(cfg, rngs=rngs, eps=eps, tanh_gelu=tanh_gelu, parallel=parallel)
                                 for _ in range(cfg.num_hidden_layers)])
         self.layernorm = nnx.LayerNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
-        self.pooler = nnx.Linear(cfg.hidden_size, cfg.hidden_size, rngs=rngs)
+        self.pooler = FlaxViTPooler(cfg, rngs=rngs)
 
     def __call__(self, pixel_values: jax.Array) -> tuple[jax.Array, jax.Array]:
         x = self.embeddings(pixel_values)
         for layer in self.layers:
             x = layer(x)
         x = self.layernorm(x)
-        return x, jnp.tanh(self.pooler(x[:, 0]))
+        return x, self.pooler(x)
 
 
 # ----------------------------------------------------------------------------------------
@@ -574,6 +607,136 @@ class FlaxT5EncoderModel(nnx.Module):
 
 
 # ----------------------------------------------------------------------------------------
+# Qwen3: LLaMA's layers with an RMSNorm on each head's queries and keys
+# ----------------------------------------------------------------------------------------
+
+
+class FlaxQwen3Attention(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, qk_norm: bool, eps: float):
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = nnx.Linear(h, self.n_heads * d, use_bias=False, rngs=rngs)
+        self.k_proj = nnx.Linear(h, self.n_kv * d, use_bias=False, rngs=rngs)
+        self.v_proj = nnx.Linear(h, self.n_kv * d, use_bias=False, rngs=rngs)
+        self.o_proj = nnx.Linear(self.n_heads * d, h, use_bias=False, rngs=rngs)
+        self.q_norm, self.k_norm = (nnx.RMSNorm(d, epsilon=eps, rngs=rngs) for _ in range(2))
+        self.qk_norm = qk_norm
+
+    def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, keep: jax.Array) -> jax.Array:
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.n_heads, -1)
+        k = self.k_proj(x).reshape(b, t, self.n_kv, -1)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
+        v = split_heads(self.v_proj(x), self.n_kv)
+        q, k = (partial_rotary(a, sin, cos, "halves") for a in (q, k))
+        k, v = jnp.repeat(k, self.n_heads // self.n_kv, axis=1), jnp.repeat(v, self.n_heads // self.n_kv, axis=1)
+        return self.o_proj(merge_heads(attend(q, k, v, keep, q.shape[-1] ** -0.5)))
+
+
+class FlaxQwen3Layer(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, qk_norm: bool, eps: float, act: str):
+        from .hf_zoo import FlaxLlamaMLP
+
+        self.input_layernorm = nnx.RMSNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.self_attn = FlaxQwen3Attention(cfg, rngs=rngs, qk_norm=qk_norm, eps=eps)
+        self.post_attention_layernorm = nnx.RMSNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.mlp = FlaxLlamaMLP(cfg, rngs=rngs, act=act)
+
+    def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, keep: jax.Array) -> jax.Array:
+        x = x + self.self_attn(self.input_layernorm(x), sin, cos, keep)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class FlaxQwen3Model(nnx.Module):
+    """Qwen3Model's port. mistakes: no_qk_norm (q_norm / k_norm held, never called), eps,
+    act="gelu"."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs, no_qk_norm: bool = False, eps: float | None = None,
+                 act: str = "silu"):
+        eps = cfg.rms_norm_eps if eps is None else eps
+        self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
+        self.layers = nnx.List([FlaxQwen3Layer(cfg, rngs=rngs, qk_norm=not no_qk_norm, eps=eps, act=act)
+                                for _ in range(cfg.num_hidden_layers)])
+        self.norm = nnx.RMSNorm(cfg.hidden_size, epsilon=eps, rngs=rngs)
+        self.head_dim, self.theta = cfg.head_dim, cfg.rope_parameters["rope_theta"]
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        t = input_ids.shape[1]
+        x = self.embed_tokens(input_ids)
+        sin, cos = sincos(jnp.arange(t), self.head_dim, self.theta)
+        keep = causal(t) if attention_mask is None else causal(t) & padding(attention_mask)
+        for layer in self.layers:
+            x = layer(x, sin, cos, keep)
+        return self.norm(x)
+
+
+# ----------------------------------------------------------------------------------------
+# GPT-BigCode: GPT-2's layout with nn.Linear and one key / value head (multi-query)
+# ----------------------------------------------------------------------------------------
+
+
+class FlaxBigCodeAttention(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, scale: str, causal_offset: int):
+        e = cfg.n_embd
+        self.n_head, self.head_dim = cfg.n_head, e // cfg.n_head
+        self.c_attn = nnx.Linear(e, e + 2 * self.head_dim, rngs=rngs)  # queries, one key head, one value head
+        self.c_proj = nnx.Linear(e, e, rngs=rngs)
+        self.scale, self.causal_offset = scale, causal_offset
+
+    def __call__(self, x: jax.Array, keep: jax.Array | None) -> jax.Array:
+        b, t, e = x.shape
+        q, k, v = jnp.split(self.c_attn(x), [e, e + self.head_dim], axis=-1)
+        q = split_heads(q, self.n_head)
+        k, v = (jnp.broadcast_to(a[:, None], (b, self.n_head, t, self.head_dim)) for a in (k, v))
+        mask = causal(t, self.causal_offset)
+        scale = 1 / self.head_dim if self.scale == "d" else self.head_dim ** -0.5
+        return self.c_proj(merge_heads(attend(q, k, v, mask if keep is None else mask & keep, scale)))
+
+
+class FlaxBigCodeMLP(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, exact_gelu: bool):
+        self.c_fc = nnx.Linear(cfg.n_embd, 4 * cfg.n_embd, rngs=rngs)
+        self.c_proj = nnx.Linear(4 * cfg.n_embd, cfg.n_embd, rngs=rngs)
+        self.exact_gelu = exact_gelu
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.c_proj(jax.nn.gelu(self.c_fc(x), approximate=not self.exact_gelu))  # gelu_pytorch_tanh
+
+
+class FlaxBigCodeBlock(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, scale: str, causal_offset: int, exact_gelu: bool):
+        self.ln_1 = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
+        self.attn = FlaxBigCodeAttention(cfg, rngs=rngs, scale=scale, causal_offset=causal_offset)
+        self.ln_2 = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
+        self.mlp = FlaxBigCodeMLP(cfg, rngs=rngs, exact_gelu=exact_gelu)
+
+    def __call__(self, x: jax.Array, keep: jax.Array | None) -> jax.Array:
+        x = x + self.attn(self.ln_1(x), keep)
+        return x + self.mlp(self.ln_2(x))
+
+
+class FlaxGPTBigCodeModel(nnx.Module):
+    """GPTBigCodeModel's port (multi-query). mistakes: scale="d", causal_offset=+-1,
+    exact_gelu."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs, scale: str = "sqrt", causal_offset: int = 0,
+                 exact_gelu: bool = False):
+        self.wte = nnx.Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
+        self.wpe = nnx.Embed(cfg.n_positions, cfg.n_embd, rngs=rngs)
+        self.h = nnx.List([FlaxBigCodeBlock(cfg, rngs=rngs, scale=scale, causal_offset=causal_offset,
+                                            exact_gelu=exact_gelu) for _ in range(cfg.n_layer)])
+        self.ln_f = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        x = self.wte(input_ids) + self.wpe(jnp.arange(input_ids.shape[1]))
+        for block in self.h:
+            x = block(x, padding(attention_mask))
+        return self.ln_f(x)
+
+
+# ----------------------------------------------------------------------------------------
 # The models, tiny
 # ----------------------------------------------------------------------------------------
 
@@ -600,6 +763,11 @@ def config(name: str):
     if name == "vit":
         return tr.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                             image_size=8, patch_size=4, num_channels=3)
+    if name == "qwen3":
+        return tr.Qwen3Config(**common, intermediate_size=64, num_key_value_heads=2, head_dim=8)
+    if name == "gpt_bigcode":
+        return tr.GPTBigCodeConfig(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4, multi_query=True,
+                                   bos_token_id=1, eos_token_id=2)
     if name == "whisper":
         return tr.WhisperConfig(num_mel_bins=8, d_model=32, encoder_layers=2, encoder_attention_heads=4,
                                 encoder_ffn_dim=64, max_source_positions=8, decoder_layers=1,
@@ -620,7 +788,8 @@ def _mistral(cfg, *, rngs: nnx.Rngs, **mistakes) -> nnx.Module:
 PORTS = {"gptj": ("GPTJModel", FlaxGPTJModel), "phi": ("PhiModel", FlaxPhiModel),
          "falcon": ("FalconModel", FlaxFalconModel), "mistral": ("MistralModel", _mistral),
          "gemma2": ("Gemma2Model", FlaxGemma2Model), "vit": ("ViTModel", FlaxViTModel),
-         "whisper": ("WhisperEncoder", FlaxWhisperEncoder), "t5": ("T5EncoderModel", FlaxT5EncoderModel)}
+         "whisper": ("WhisperEncoder", FlaxWhisperEncoder), "t5": ("T5EncoderModel", FlaxT5EncoderModel),
+         "qwen3": ("Qwen3Model", FlaxQwen3Model), "gpt_bigcode": ("GPTBigCodeModel", FlaxGPTBigCodeModel)}
 EAGER = {"gemma2"}  # soft-capped logits: transformers runs them eagerly
 
 
