@@ -209,6 +209,8 @@ def by_name(tm, fm, t_in: list, t_kw: dict) -> tuple[list, dict]:
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     fnames = [p.name for p in params(fm.__call__) if p.kind in kinds][:len(t_in)]
     tparams = {p.name: p for p in params(tm.forward)}
+    if [n for n, p in tparams.items() if p.kind in kinds][:len(t_in)] == fnames:
+        return t_in, t_kw  # the same names in the same places
     if len(fnames) < len(t_in) or any(n not in tparams or tparams[n].kind not in
                                       (*kinds[1:], inspect.Parameter.KEYWORD_ONLY) or n in t_kw for n in fnames):
         return t_in, t_kw
