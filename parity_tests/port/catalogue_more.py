@@ -136,8 +136,6 @@ def block_mistakes(root) -> Iterator[tuple[list[str], list[tuple[Any, str, Calla
     found = _branches(root)
     if found is None:
         return
-    import torch
-
     attn, mlp, norms = found
     names = {id(m): n for n, m in root.named_children()}
     for which in ("sequential", "parallel", "again"):
@@ -158,7 +156,6 @@ def block_mistakes(root) -> Iterator[tuple[list[str], list[tuple[Any, str, Calla
                 _seen.append(_sentence(_which, h, x, att, norms, _nname, names[id(attn)], names[id(mlp)]))
                 return type(mlp).forward(mlp, new, *a, **k)
             yield seen, [(root, "pre", grab_x), (attn, "post", grab_a)], {mlp: wrong}
-    del torch
 
 
 def _sentence(which: str, h, x, att, norms: dict, nname: str, aname: str, mname: str) -> str:
@@ -174,10 +171,13 @@ def _sentence(which: str, h, x, att, norms: dict, nname: str, aname: str, mname:
                 near = torch.allclose(m(v), h, rtol=0, atol=1e-12 * max(1.0, float(h.abs().max())))
             if own is None and near:
                 own = (form, n)
-    form, tnorm = own if own is not None else ("?", "?")
     if which == "again":
         return (f"norm read twice: the flax port normalises {mname}'s input again with {nname} (x -> {nname}(norm(x)))"
                 f" where torch normalises it once")
+    if own is None:  # torch's block is neither form: say what the port computes only
+        fed = {"sequential": f"{nname}(x + {aname}(...))", "parallel": f"{nname}(x)"}[which]
+        return f"block: the flax port feeds {mname} {fed}, the block's input x, where torch feeds it something else"
+    form, tnorm = own
     if tnorm != nname and which == form:
         return (f"norm: the flax port feeds {mname} the output of {nname} where torch feeds it {tnorm}'s (a norm of "
                 f"one branch read for the other)")
