@@ -17,7 +17,8 @@ that plant one known porting mistake. The port checker's tests on real models
                                             RMSNorm, norm eps, GELU for SiLU, causal offset (mask built
                                             by the model)
     Qwen2Model           FlaxLlamaModel     (biases on q, k, v)
-    GPTNeoXModel         FlaxGPTNeoXModel   rotary interleaved, parallel residual read as sequential
+    GPTNeoXModel         FlaxGPTNeoXModel   rotary interleaved or on the head's last features, parallel
+                                            residual read as sequential
 
 A copy mistake (GPT-2's square `c_proj` Conv1D transposed) is a rule given to copy_weights.
 """
@@ -472,7 +473,11 @@ class FlaxGPTNeoXAttention(nnx.Module):
         qkv = self.query_key_value(x).reshape(b, t, self.n_heads, 3 * self.head_size).transpose(0, 2, 1, 3)
         q, k, v = jnp.split(qkv, 3, axis=-1)
         cos, sin = rotary(t, self.rotary_ndims, self.theta)
-        q, k = (apply_rotary(a, cos, sin, interleaved=self.rope == "interleaved") for a in (q, k))
+        if self.rope == "last":  # the mistake: the head's last rotary_ndims features rotated
+            d = self.head_size - self.rotary_ndims
+            q, k = (jnp.concatenate([a[..., :d], apply_rotary(a[..., d:], cos, sin)], axis=-1) for a in (q, k))
+        else:
+            q, k = (apply_rotary(a, cos, sin, interleaved=self.rope == "interleaved") for a in (q, k))
         mask = causal(t) if keep is None else causal(t) & keep
         return self.dense(merge_heads(attend(q, k, v, mask, self.head_size ** -0.5)))
 
@@ -503,8 +508,9 @@ class FlaxGPTNeoXLayer(nnx.Module):
 
 
 class FlaxGPTNeoXModel(nnx.Module):
-    """GPTNeoXModel's port. mistakes: rope="interleaved", sequential (the residual of a
-    use_parallel_residual model read as sequential)."""
+    """GPTNeoXModel's port. mistakes: rope="interleaved" / "last" (the partial rotary on the
+    head's last features), sequential (the residual of a use_parallel_residual model read as
+    sequential)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, rope: str = "halves", sequential: bool = False):
         self.embed_in = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
