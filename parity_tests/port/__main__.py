@@ -5,6 +5,10 @@ returning its Flax NNX port). The torch module's weights (its own, or --weights,
 dict file) are copied into the port (copy_weights), both are compared (compare) and the
 per-module table is printed; exit 1 naming the first divergent module, 2 on bad arguments.
 
+--kw name=VALUE (repeated) hands an input to both by name (VALUE: a .npy file, or one SPEC
+item); positional inputs go to torch by the names the port's call gives them where torch's
+forward has such parameters (GPT-J's second parameter is its cache).
+
 SPEC: comma-separated inputs, each `float:2x16x32` (standard normal), `int:2x16:100`
 (integers in [0, 100)) or `bool:2x16` (True with probability --true-rate), e.g.
     python -m parity_tests.port mypkg.model:TorchLM mypkg.port:FlaxLM --inputs int:2x16:50000
@@ -33,8 +37,8 @@ def _factory(spec: str):
 def parse_inputs(spec: str, seed: int = 0, true_rate: float = 0.8) -> list[np.ndarray]:
     """'float:2x8x16,int:2x8:100,bool:2x8' -> numpy arrays (seeded)."""
     rng = np.random.default_rng(seed)
-    out = []
-    for item in spec.split(","):
+    out: list[np.ndarray] = []
+    for item in filter(None, spec.split(",")):
         kind, _, rest = item.strip().partition(":")
         shape_s, _, high = rest.partition(":")
         try:
@@ -54,6 +58,19 @@ def parse_inputs(spec: str, seed: int = 0, true_rate: float = 0.8) -> list[np.nd
     return out
 
 
+def named_inputs(items: list[str], seed: int = 0, true_rate: float = 0.8) -> dict[str, np.ndarray]:
+    """['attention_mask=mask.npy', 'pixel_values=float:2x3x8x8'] -> {name: array}."""
+    import os
+
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier() or not value:
+            raise ValueError(f"--kw {item!r}: expected NAME=FILE.npy or NAME=SPEC, e.g. attention_mask=mask.npy")
+        out[name] = np.load(value) if os.path.exists(value) else parse_inputs(value, seed, true_rate)[0]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -63,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("torch", type=_factory, help="module:factory returning the torch module")
     ap.add_argument("flax", type=_factory, help="module:factory returning its Flax NNX port")
-    ap.add_argument("--inputs", required=True, help="e.g. int:2x16:100,bool:2x16")
+    ap.add_argument("--inputs", default="", help="e.g. int:2x16:100,bool:2x16")
+    ap.add_argument("--kw", action="append", default=[], metavar="NAME=VALUE",
+                    help="a named input: a .npy file or one SPEC item, e.g. attention_mask=mask.npy")
     ap.add_argument("--weights", help="a torch state dict file (.pt) for the torch module")
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     ap.add_argument("--no-grads", action="store_true", help="skip the gradients")
@@ -75,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     tm, fm = args.torch(), args.flax()
     try:
         inputs = parse_inputs(args.inputs, args.seed, args.true_rate)
+        named = named_inputs(args.kw, args.seed, args.true_rate)
     except ValueError as e:
         ap.error(str(e))
     if args.weights:
@@ -82,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_weights(tm, fm)
     start = time.perf_counter()
     try:
-        report = compare(tm, fm, *inputs, dtype=args.dtype, grads=not args.no_grads, seed=args.seed)
+        report = compare(tm, fm, *inputs, dtype=args.dtype, grads=not args.no_grads, seed=args.seed, **named)
     except Exception as e:  # the inputs do not fit the models: say which
         ap.error(f"running the models on --inputs {args.inputs} failed: {type(e).__name__}: {e}")
     print(report)

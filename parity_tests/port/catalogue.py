@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import catalogue_more as M
 from .behaviour import ACTIVATIONS, Norm, activation_of, norm_forward, norm_of
 from .pairing import MASKED
 from .record import map_nested
@@ -37,6 +37,7 @@ class Mistake:
     swaps: list[tuple[Any, Any]] = field(default_factory=list)
     args: Callable[[tuple, dict], tuple[tuple, dict]] | None = None
     seen: list = field(default_factory=list, compare=False)
+    hooks: list = field(default_factory=list, compare=False)  # (module, "pre" / "post", hook) while made
     dead: list = field(default_factory=list, compare=False)  # (B, Tq) queries the mistaken mask leaves no key
 
     @contextlib.contextmanager
@@ -78,7 +79,11 @@ class Mistake:
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 return swapped.get(func, func)(*args, **(kwargs or {}))
 
+        handles = []
         try:
+            for m, kind, hook in self.hooks:
+                handles.append(m.register_forward_pre_hook(hook, with_kwargs=True) if kind == "pre"
+                               else m.register_forward_hook(hook))
             for (owner, attr), original in saved.items():
                 setattr(owner, attr, counted(original, self.patches[(owner, attr)](original)))
             for m, wrong in self.forwards.items():
@@ -89,6 +94,8 @@ class Mistake:
             with Swap() if swapped else contextlib.nullcontext():
                 yield count
         finally:
+            for h in handles:
+                h.remove()
             for (owner, attr), original in saved.items():
                 setattr(owner, attr, original)
             for m, before in own.items():
@@ -230,7 +237,8 @@ def _sdpa(scale_of=None, mask_change: Callable | None = None, causal_offset: int
     def make(f):
         def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
             if scale_of is not None:
-                scale = scale_of(q.shape[-1])
+                d = q.shape[-1]
+                scale = scale_of(d, d ** -0.5 if scale is None else scale)
             if causal_offset:
                 import torch
 
@@ -362,37 +370,6 @@ def _gqa_matmul(f):
                 b = _tiled(b, r)
         return f(a, b, *rest, **kw)
     return matmul
-
-
-def _interleaved(f):
-    """HF's apply_rotary_pos_emb (halves pair up: i with i + D/2) made to pair adjacent
-    features (2i with 2i + 1) with the same frequencies: features reordered evens-then-odds
-    before it and back after."""
-    def apply(q, k, cos, sin, *a, **kw):
-        import torch
-
-        r = cos.shape[-1]
-        perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)])
-        inv = torch.argsort(perm)
-
-        def to(x, p):
-            return torch.cat([x[..., :r][..., p], x[..., r:]], dim=-1)
-
-        q2, k2 = f(to(q, perm), to(k, perm), cos, sin, *a, **kw)
-        return to(q2, inv), to(k2, inv)
-    return apply
-
-
-def _rotary_owners(root) -> list[tuple[Any, str]]:
-    """(python module, name) of HF's apply_rotary_pos_emb in the modelling files of the
-    replayed subtree's classes."""
-    found = []
-    for m in root.modules():
-        mod = sys.modules.get(type(m).__module__)
-        fn = getattr(mod, "apply_rotary_pos_emb", None)
-        if callable(fn) and (mod, "apply_rotary_pos_emb") not in found:
-            found.append((mod, "apply_rotary_pos_emb"))
-    return found
 
 
 # ----------------------------------------------------------------------------------------
@@ -554,6 +531,41 @@ def _conv(kind: str, pad: Callable[[int], tuple[int, int]], says: str) -> Mistak
 # The catalogue
 # ----------------------------------------------------------------------------------------
 
+ROTARY_HALVES = ("rotary: the flax port rotates adjacent feature pairs (2i, 2i + 1: GPT-J's and Meta's "
+                 "interleaved layout) where torch rotates halves (i, i + D/2: HF's rotate_half)")
+
+
+def _if_usual(d: int, s: float, wrong: float) -> float:
+    """`wrong`, where torch's scale is 1/sqrt(d) as the sentence says; else no replay."""
+    if abs(s * d ** 0.5 - 1) > 1e-9:
+        raise LookupError("torch's scale is not 1/sqrt(head_dim)")
+    return wrong
+
+
+def _scales(root) -> Iterator[Mistake]:
+    """The softmax scale made another way in scaled_dot_product_attention (torch's own scale
+    known there) and, for query_pre_attn_scalar, in the matmul of queries by keys (head_dim
+    read from its shapes)."""
+    import torch
+    import torch.nn.functional as F
+
+    yield Mistake("softmax scale: the flax port scales the attention logits by 1/head_dim where torch uses "
+                  "1/sqrt(head_dim)",
+                  {(F, "scaled_dot_product_attention"): _sdpa(scale_of=lambda d, s: _if_usual(d, s, 1.0 / d))})
+    yield Mistake("softmax scale: the flax port scales the attention logits by 1 (no scale) where torch uses "
+                  "1/sqrt(head_dim)",
+                  {(F, "scaled_dot_product_attention"): _sdpa(scale_of=lambda d, s: _if_usual(d, s, 1.0))})
+    for says, factor in M.scale_factors(root):
+        yield Mistake(says, {(F, "scaled_dot_product_attention"): _sdpa(scale_of=lambda d, s, f=factor: f(d, s) * s)})
+        if "query_pre_attn_scalar" not in says:  # torch's own scale is not known in a matmul
+            continue
+        yield Mistake(says + " (in the matmul of queries by keys)",
+                      {(torch.Tensor, "__matmul__"): lambda f, c=factor: lambda a, b: f(a, b) * c(
+                          a.shape[-1], a.shape[-1] ** -0.5),
+                       (torch, "matmul"): lambda f, c=factor: lambda a, b, **k: f(a, b, **k) * c(
+                           a.shape[-1], a.shape[-1] ** -0.5)})
+
+
 MASK_SENSE = ("mask: the flax port reads the mask in the opposite sense, inverted (torch bool masks: True = masked in "
               "masked_fill / nn.MultiheadAttention, True = may attend in scaled_dot_product_attention and HF's "
               "masks; flax: True = may attend)")
@@ -581,11 +593,12 @@ def mistakes(root, eps_values: list[float]) -> Iterator[Mistake]:
                   "jnp.tile) where torch repeats them (h // (num_heads // num_kv_heads): repeat_kv, jnp.repeat)",
                   {(F, "scaled_dot_product_attention"): _gqa_sdpa, (torch, "matmul"): _gqa_matmul,
                    (torch.Tensor, "__matmul__"): _gqa_matmul})
-    rotary = _rotary_owners(root)
-    if rotary:
-        yield Mistake("rotary: the flax port rotates adjacent feature pairs (2i, 2i + 1: GPT-J's and Meta's "
-                      "interleaved layout) where torch rotates halves (i, i + D/2: HF's rotate_half)",
-                      {owner: _interleaved for owner in rotary})
+    for says, patches in M.rotary_mistakes(root, ROTARY_HALVES):
+        yield Mistake(says, patches)
+    for says, swaps in M.rotary_bases(root):
+        yield Mistake(says, swaps=swaps)
+    for seen, hooks, forwards in M.block_mistakes(root):
+        yield Mistake("{seen}", forwards=forwards, hooks=hooks, seen=seen)
     yield Mistake("mask: the flax port reads the padding mask in the opposite sense (nn.MultiheadAttention's "
                   "key_padding_mask: True = padding; flax's mask: True = may attend)",
                   {(F, "multi_head_attention_forward"): _mha_mask_flipped})
@@ -606,10 +619,12 @@ def mistakes(root, eps_values: list[float]) -> Iterator[Mistake]:
     yield Mistake("padding: the flax port pads the other side of the sequence (F.pad's (left, right) "
                   "read as (right, left): the future where torch pads the past, or the reverse)",
                   {(F, "pad"): lambda f: lambda x, pad, *a, **k: f(x, _swap_sides(pad), *a, **k)})
-    for name, scale in (("1/head_dim", lambda d: 1.0 / d), ("1 (no scale)", lambda d: 1.0)):
-        yield Mistake(f"softmax scale: the flax port scales the attention logits by {name} where torch uses "
-                      f"1/sqrt(head_dim)", {(F, "scaled_dot_product_attention"): _sdpa(scale_of=scale)})
-    for d in (4, 6, 8, 12, 16, 32, 64, 128, 256):
+    yield from _scales(root)
+    for offset in (1, -1):
+        yield Mistake(f"positions off by one: the flax port's positions are torch's {offset:+d} (counted from "
+                      f"{offset} where torch counts from 0{', or the reverse' if offset < 0 else ''})",
+                      args=M.positions_shifted(offset))
+    for d in sorted({4, 6, 8, 12, 16, 32, 64, 128, 256} | set(M.head_dims(root))):
         for c, said in ((1 / math.sqrt(d), f"an extra 1/sqrt({d})"), (math.sqrt(d), f"sqrt({d}) less")):
             yield Mistake(f"softmax scale: the flax port's attention logits carry {said} than torch's "
                           f"(a scale of 1/{d} for 1/sqrt({d}), or none)",

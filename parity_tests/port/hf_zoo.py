@@ -17,7 +17,8 @@ that plant one known porting mistake. The port checker's tests on real models
                                             RMSNorm, norm eps, GELU for SiLU, causal offset (mask built
                                             by the model)
     Qwen2Model           FlaxLlamaModel     (biases on q, k, v)
-    GPTNeoXModel         FlaxGPTNeoXModel   rotary interleaved, parallel residual read as sequential
+    GPTNeoXModel         FlaxGPTNeoXModel   rotary interleaved or on the head's last features, parallel
+                                            residual read as sequential
 
 A copy mistake (GPT-2's square `c_proj` Conv1D transposed) is a rule given to copy_weights.
 """
@@ -185,11 +186,12 @@ class FlaxGPT2Block(nnx.Module):
 class FlaxGPT2Model(nnx.Module):
     """GPT2Model's port. mistakes: exact_gelu, scale="d" / "none", causal_offset=+-1,
     split="heads-last" (or "heads-last-both": merged back that way too), skip_ln_f, no_wpe,
-    pos_offset=n (positions from n, as OPT's are offset by 2)."""
+    pos_offset=n (positions from n, as OPT's are offset by 2), mask_inverted (with
+    mask_style="additive": the padding bias on the real tokens)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, exact_gelu: bool = False, scale: str = "sqrt", causal_offset: int = 0,
                  split: str = "heads-first", skip_ln_f: bool = False, no_wpe: bool = False, pos_offset: int = 0,
-                 mask_style: str = "keep"):
+                 mask_style: str = "keep", mask_inverted: bool = False):
         self.wte = nnx.Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
         self.wpe = nnx.Embed(cfg.n_positions, cfg.n_embd, rngs=rngs)
         self.h = nnx.List([FlaxGPT2Block(cfg, rngs=rngs, exact_gelu=exact_gelu, scale=scale,
@@ -197,13 +199,15 @@ class FlaxGPT2Model(nnx.Module):
                            for _ in range(cfg.n_layer)])
         self.ln_f = nnx.LayerNorm(cfg.n_embd, epsilon=cfg.layer_norm_epsilon, rngs=rngs)
         self.skip_ln_f, self.no_wpe, self.pos_offset, self.mask_style = skip_ln_f, no_wpe, pos_offset, mask_style
+        self.mask_inverted = mask_inverted
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         pos = jnp.arange(input_ids.shape[1]) + self.pos_offset  # (T,)
         x = self.wte(input_ids) if self.no_wpe else self.wte(input_ids) + self.wpe(pos)
         keep = padding(attention_mask)
         if self.mask_style == "additive" and attention_mask is not None:  # HF's old Flax GPT-2: -1e4 on padding
-            keep = (1.0 - attention_mask[:, None, None, :].astype(x.dtype)) * -10000.0
+            real = attention_mask[:, None, None, :].astype(x.dtype)
+            keep = (real if self.mask_inverted else 1.0 - real) * -10000.0  # mask_inverted: real tokens masked
         for block in self.h:
             x = block(x, keep)
         return x if self.skip_ln_f else self.ln_f(x)
@@ -469,7 +473,11 @@ class FlaxGPTNeoXAttention(nnx.Module):
         qkv = self.query_key_value(x).reshape(b, t, self.n_heads, 3 * self.head_size).transpose(0, 2, 1, 3)
         q, k, v = jnp.split(qkv, 3, axis=-1)
         cos, sin = rotary(t, self.rotary_ndims, self.theta)
-        q, k = (apply_rotary(a, cos, sin, interleaved=self.rope == "interleaved") for a in (q, k))
+        if self.rope == "last":  # the mistake: the head's last rotary_ndims features rotated
+            d = self.head_size - self.rotary_ndims
+            q, k = (jnp.concatenate([a[..., :d], apply_rotary(a[..., d:], cos, sin)], axis=-1) for a in (q, k))
+        else:
+            q, k = (apply_rotary(a, cos, sin, interleaved=self.rope == "interleaved") for a in (q, k))
         mask = causal(t) if keep is None else causal(t) & keep
         return self.dense(merge_heads(attend(q, k, v, mask, self.head_size ** -0.5)))
 
@@ -500,8 +508,9 @@ class FlaxGPTNeoXLayer(nnx.Module):
 
 
 class FlaxGPTNeoXModel(nnx.Module):
-    """GPTNeoXModel's port. mistakes: rope="interleaved", sequential (the residual of a
-    use_parallel_residual model read as sequential)."""
+    """GPTNeoXModel's port. mistakes: rope="interleaved" / "last" (the partial rotary on the
+    head's last features), sequential (the residual of a use_parallel_residual model read as
+    sequential)."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, rope: str = "halves", sequential: bool = False):
         self.embed_in = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from .record import map_nested
@@ -81,3 +82,64 @@ def promoted() -> Iterator[None]:
 
     with Promote():
         yield
+
+
+# ----------------------------------------------------------------------------------------
+# Constants made at init
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Constant:
+    """A floating buffer torch computed in float32 in a module's `__init__` (HF's rotary
+    tables: GPT-J's `embed_positions`, the `inv_freq` of LLaMA's family): held by `owner` (at
+    `path`) as `name`, not stored in the state dict (the port computes its own), its values
+    float32's after the float64 cast. `wobbled`: the values moved by float32's rounding
+    (2^-24 relative, signs drawn), the reference the noise they carry is measured against."""
+
+    path: str
+    owner: Any
+    name: str
+    wobbled: Any
+
+
+def _float32_made(b) -> bool:
+    """Whether a float64 tensor holds float32 values only, and values a float32 computation
+    rounds (some finite entry with more than 12 fractional bits: not a mask, not integers)."""
+    import torch
+
+    finite = b[torch.isfinite(b)]
+    if finite.numel() == 0 or not torch.equal(finite, finite.float().double()):
+        return False
+    scaled = finite * 4096
+    return bool((scaled != torch.round(scaled)).any())
+
+
+def init_constants(root) -> list[Constant]:
+    """The float32 constants made at init in `root` (its float64 copy): non-persistent
+    floating buffers whose values hold float32's precision."""
+    import torch
+
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for path, m in root.named_modules():
+        for name, b in m._buffers.items():
+            if b is None or not b.is_floating_point() or b.dtype != torch.float64 \
+                    or name not in m._non_persistent_buffers_set or not _float32_made(b):
+                continue
+            signs = torch.randint(0, 2, b.shape, generator=gen).double() * 2 - 1
+            out.append(Constant(path, m, name, b * (1 + signs * 2.0 ** -24)))
+    return out
+
+
+@contextlib.contextmanager
+def wobbled(constants: list[Constant]) -> Iterator[None]:
+    """While the block runs, each constant holds its values moved by float32's rounding."""
+    kept = [(c, c.owner._buffers[c.name]) for c in constants]
+    try:
+        for c, _ in kept:
+            c.owner._buffers[c.name] = c.wobbled
+        yield
+    finally:
+        for c, b in kept:
+            c.owner._buffers[c.name] = b

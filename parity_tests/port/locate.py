@@ -173,6 +173,8 @@ def _between(p: Paired, parent: Paired, prev: Call | None, pairs: list[Paired], 
     index = {id(q.t): q for q in pairs}
     why = _argument_differs(p) or _left_out(p, pt, index) or _swapped_axes(p) or _weights_of(parent, ctx, own=True) \
         or ctx.explain(parent)
+    if why.startswith("unexplained"):
+        why = facts(p, why) + f" (given a wrong input by {pt.path or '(root)'}'s code)"
     ran = [c.path for c in descendants(pt) if (prev.end if prev else pt.start) < c.start and c.end < t.start]
     gap = f" (torch runs {', '.join(ran)} there)" if ran else ""
     return Divergence(t.path, p.f.path, "between", p.row.local if p.row.local is not None else float("nan"),
@@ -288,15 +290,28 @@ def _weights_of(p: Paired, ctx: Context, own: bool = False) -> str:
 
 
 def _inside_why(p: Paired, ctx: Context) -> str:
-    """Why `p`'s Flax module computes something else than torch's on torch's input."""
+    """Why `p`'s Flax module computes something else than torch's on torch's input: only a
+    mistake a replay confirmed (explain.py), else "unexplained" with the measured facts."""
     said = _weights_of(p, ctx) or ctx.explain(p)
-    if said.startswith("unexplained"):
-        inverted = next((a for a in p.args.pairs if a.torch is not None and a.sense == "inverted"), None)
-        if inverted is not None:
-            return (f"mask: the flax port gives {p.f.path or '(root)'} its mask ({inverted.flax.name}) inverted, in "
-                    f"the opposite sense to torch's ({inverted.torch.name}), and {p.f.path or 'it'} reads it as torch "
-                    f"reads its own")
-    return said
+    return facts(p, said) if said.startswith("unexplained") else said
+
+
+def facts(p: Paired, said: str) -> str:
+    """`said` ("unexplained ...") with what was measured: where, how large, which of the
+    module's arguments differ from torch's (and how)."""
+    row = p.row
+    local = "-" if row.local is None else f"{row.local:.1e}"
+    parts = [f"at {p.f.path or '(root)'} the local error is {local} (tolerance {row.tol_local:.0e}), its input's "
+             f"{row.input:.1e}"]
+    for a in p.args.pairs:
+        if a.torch is None:
+            parts.append(f"{a.flax.name} has no counterpart in torch's call")
+        elif a.note:
+            parts.append(f"{a.flax.name}: {a.note}")
+        elif a.err > row.tol_in or a.sense == "inverted":
+            parts.append(f"{a.flax.name} differs from torch's {a.torch.name} ({a.differs or f'error {a.err:.1e}'}"
+                         f"{', read in the opposite sense' if a.sense == 'inverted' else ''})")
+    return f"{said}; measured: " + "; ".join(parts)
 
 
 def grad_divergence(rows: list[Row]) -> Divergence | None:

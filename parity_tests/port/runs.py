@@ -46,6 +46,7 @@ class Runs:
     cots: list[np.ndarray] | None = None
     fgrads: dict[str, np.ndarray] = field(default_factory=dict)
     t64: Any = None
+    constants: list = field(default_factory=list)  # islands.Constant: float32 tables made at init
 
 
 def run_both(torch_module, flax_module, inputs: tuple, named: dict, dtype: str, grads: bool, seed: int) -> Runs:
@@ -56,19 +57,22 @@ def run_both(torch_module, flax_module, inputs: tuple, named: dict, dtype: str, 
     tm = _torch_copy(torch_module, dtype)
     fm = _flax_copy(flax_module, dtype)
     t_in, f_in, t_kw, f_kw = _inputs(inputs, named, dtype)
+    t_in, t_kw = by_name(tm, fm, t_in, t_kw)
     t_out, tcalls, found = _torch_run(tm, t_in, t_kw, watch_islands=dtype == "float64")
+    constants = islands.init_constants(tm) if dtype == "float64" else []
+    _mark_constants(tcalls, constants, found)
     names = flax_modules(fm)
     cots = cotangents(t_out, seed) if grads else None
     f_out, fcalls, fgrads = _flax_run(fm, f_in, f_kw, names, cots)
     runs = Runs(dtype, tm, fm, t_in, t_kw, f_in, f_kw, t_out, f_out, tcalls, fcalls, names, found, cots=cots,
-                fgrads=fgrads)
+                fgrads=fgrads, constants=constants)
     if dtype == "float32":
         runs.t64 = _torch_copy(torch_module, "float64")
         _, calls64, _ = _torch_run(runs.t64, [_double(x) for x in t_in], {k: _double(v) for k, v in t_kw.items()},
                                    watch_islands=False)
         runs.noise = _noise(tcalls, calls64)
     elif found:
-        with torch.no_grad(), record_torch(tm) as rec, islands.promoted():
+        with torch.no_grad(), record_torch(tm) as rec, islands.promoted(), islands.wobbled(constants):
             tm(*t_in, **t_kw)
         runs.noise = _noise(tcalls, rec.calls)
     return runs
@@ -188,6 +192,29 @@ def _inputs(inputs: tuple, named: dict, dtype: str) -> tuple[list, list, dict, d
     kw = {k: both(x) for k, x in named.items()}
     return [t for t, _ in pos], [f for _, f in pos], {k: t for k, (t, _) in kw.items()}, \
         {k: f for k, (_, f) in kw.items()}
+
+
+def by_name(tm, fm, t_in: list, t_kw: dict) -> tuple[list, dict]:
+    """torch's positional inputs handed over by the names the port's call gives them, where
+    torch's forward has parameters of those names (GPT-J's second parameter is its cache,
+    the port's is attention_mask); as they are otherwise. Keywords pass through."""
+    import inspect
+
+    def params(fn) -> list[inspect.Parameter]:
+        try:
+            return list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            return []
+
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    fnames = [p.name for p in params(fm.__call__) if p.kind in kinds][:len(t_in)]
+    tparams = {p.name: p for p in params(tm.forward)}
+    if [n for n, p in tparams.items() if p.kind in kinds][:len(t_in)] == fnames:
+        return t_in, t_kw  # the same names in the same places
+    if len(fnames) < len(t_in) or any(n not in tparams or tparams[n].kind not in
+                                      (*kinds[1:], inspect.Parameter.KEYWORD_ONLY) or n in t_kw for n in fnames):
+        return t_in, t_kw
+    return [], {**dict(zip(fnames, t_in, strict=True)), **t_kw}
 
 
 # ----------------------------------------------------------------------------------------
@@ -352,13 +379,35 @@ def _noise(calls: list[Call], ref: list[Call]) -> dict[tuple, tuple[float, float
     return out
 
 
-def local_noise(t: Call) -> float:
+def _mark_constants(calls: list[Call], constants: list, found: dict[int, set[str]]) -> None:
+    """Each call of a module holding a float32 constant made at init is an island ("init:"
+    and the constant's name); a constant whose owner is never called marks the innermost call
+    enclosing it."""
+    for k in constants:
+        own = [c for c in calls if c.module is k.owner]
+        if not own:
+            around = [c for c in calls if any(m is k.owner for m in c.module.modules())]
+            own = [c for c in around if not any(d is not c and within_call(d, c) for d in around)]
+        for c in own:
+            found.setdefault(id(c), set()).add(f"init:{k.name}")
+
+
+def within_call(c: Call | None, ancestor: Call) -> bool:
+    while c is not None:
+        if c is ancestor:
+            return True
+        c = c.parent
+    return False
+
+
+def local_noise(t: Call, constants: list | None = None) -> float:
     """How far torch's own module is, on its recorded input, from the same computation with
-    its float32 islands in float64."""
+    its float32 islands in float64 (and its constants made at init moved by float32's
+    rounding)."""
     import torch
 
     try:
-        with torch.no_grad(), islands.promoted():
+        with torch.no_grad(), islands.promoted(), islands.wobbled(constants or []):
             again = t.module(*t.args, **t.kwargs)
     except Exception:
         return 0.0
@@ -366,12 +415,22 @@ def local_noise(t: Call) -> float:
 
 
 def island_lines(calls: list[Call], found: dict[int, set[str]]) -> list[str]:
-    """One line per class of module that computes in float32 inside torch's float64 run."""
+    """One line per class of module that computes in float32 inside torch's float64 run, and
+    one per float32 constant made at init."""
     by_class: dict[str, list[str]] = {}
+    made: dict[tuple[str, str], list[str]] = {}
     for c in calls:
         if id(c) in found and c.index == 0:
-            by_class.setdefault(type(c.module).__name__, []).append(c.path or "(root)")
-    lines = []
+            held = ", ".join(sorted(f[5:] for f in found[id(c)] if f.startswith("init:")))
+            if held:
+                made.setdefault((type(c.module).__name__, held), []).append(c.path or "(root)")
+            if any(not f.startswith("init:") for f in found[id(c)]):
+                by_class.setdefault(type(c.module).__name__, []).append(c.path or "(root)")
+    lines = [f"{cls} holds {name}, made at init: torch's `{paths[0]}` table was computed in float32 at init "
+             f"(a constant holding float32's precision in the float64 run): judged at float32's floor (ten times the "
+             f"noise of its float32 rounding, at least {FLOOR32:g}), as is what it feeds "
+             f"[{', '.join(paths[:3])}{f', ... ({len(paths)} modules)' if len(paths) > 3 else ''}]"
+             for (cls, name), paths in made.items()]
     for cls, paths in by_class.items():
         where = ", ".join(paths[:3]) + (f", ... ({len(paths)} modules)" if len(paths) > 3 else "")
         lines.append(f"{cls} computes in float32 in torch: judged at float32's floor (ten times torch's own "
@@ -405,7 +464,7 @@ def reference_grads(runs: Runs) -> Callable[[list[np.ndarray]], dict[str, np.nda
                                         {k: _double(v) for k, v in runs.t_kw.items()}, cots)
     if runs.found:
         def promoted(cots):
-            with islands.promoted():
+            with islands.promoted(), islands.wobbled(runs.constants):
                 return torch_grads(runs.tm, runs.t_in, runs.t_kw, cots)
         return promoted
     return None

@@ -253,7 +253,7 @@ def _tolerances(runs: Runs, t: Call, holds_island: bool) -> tuple[float, float, 
     def judged(n: float) -> float:
         return TOL64 if n <= TOL64 / 10 else max(10 * n, FLOOR32)
 
-    local = max(10 * local_noise(t), FLOOR32) if holds_island else TOL64
+    local = max(10 * local_noise(t, runs.constants), FLOOR32) if holds_island else TOL64
     return judged(out_n), judged(in_n), local
 
 

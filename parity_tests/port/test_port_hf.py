@@ -107,9 +107,12 @@ MISTAKES = [
     ("llama", dict(act="gelu"), None, "layers.0.mlp", "tanh GELU (jax.nn.gelu's default) where torch computes silu"),
     ("llama", dict(mask_in_root=True, causal_offset=1), None, "", "a causal mask shifted by one"),
     ("gpt_neox", dict(rope="interleaved"), None, "layers.0.attention", "rotates adjacent feature pairs"),
+    ("gpt_neox", dict(rope="last"), None, "layers.0.attention", "rotates the last rotary_dim features"),
     # the same mistakes in ports written another way: HF's old Flax masks (-1e9 future, -1e4
     # padding), a boolean padding mask, norms and softmax in float32 as HF's code
     ("gpt2", dict(mask_style="additive", causal_offset=-1), None, "h.0.attn", "no query sees its own key"),
+    # a causal model's padding read inverted: the replay flips the padding part and keeps the causal one
+    ("gpt2", dict(mask_style="additive", mask_inverted=True), None, "h.0.attn", "opposite sense"),
     ("bert", dict(mask_style="bool", mask_inverted=True), None, "encoder.layer.0.attention.self", "opposite sense"),
     ("llama", dict(upcast=True, gqa="tile"), None, "layers.0.self_attn", "tiles the key / value heads"),
     ("gpt_neox", dict(sequential=True), None, "layers.0", "a parallel residual"),
