@@ -51,7 +51,8 @@ class _Block(nnx.Module):
 
     def __init__(self, cfg: BlockConfig, *, rngs: nnx.Rngs, mlp: str | None = None):
         self.cfg = cfg = cfg.resolve()
-        component = declarations.block(cfg, self.kind, mlp)  # mlp: see `declarations.block`
+        # mlp: what its MLP sublayer holds (`declarations.block`); None: layer 1's (a block alone is layer 1)
+        component = declarations.block(cfg, self.kind, declarations.layer_mlp(cfg, 1) if mlp is None else mlp)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
         check_parallel(cfg, self.kind, self.sublayers)
         values = initial_values(rngs.params(), component, cfg)  # the whole block in one jitted draw

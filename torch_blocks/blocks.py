@@ -65,7 +65,8 @@ class _Block(nn.Module):
     def __init__(self, cfg: BlockConfig, *, generator: torch.Generator | None = None, mlp: str | None = None):
         super().__init__()
         self.cfg = cfg = cfg.resolve()
-        component = declarations.block(cfg, self.kind, mlp)  # mlp: this layer's MLP (`declarations.layer_mlp`)
+        # mlp: what its MLP sublayer holds (`declarations.block`); None: layer 1's (a block alone is layer 1)
+        component = declarations.block(cfg, self.kind, declarations.layer_mlp(cfg, 1) if mlp is None else mlp)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
         check_parallel(cfg, self.kind, self.sublayers)
         create_params(self, component, cfg, generator)

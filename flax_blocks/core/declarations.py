@@ -343,13 +343,14 @@ def block(cfg: BlockConfig, kind: str, mlp: str | None = None) -> Component:
     """The component tree of block `kind` (a key of BLOCKS):
     its residual scales as own params, every sublayer's modules and norms as named children.
     mlp: what the MLP sublayer holds, "dense" (linear1, linear_gate, linear2), "experts" or
-    "none" (a Flax mixed stack's blocks, whose MLPs are stacked apart); None: the MLP of layer 1
-    (`layer_mlp`: experts when cfg.num_experts, unless a mixed stack's layer 1 is dense)."""
+    "none" (a Flax mixed stack's blocks, whose MLPs are stacked apart), as a block of both twins
+    holds it (`layer_mlp`); None: every name a layer of cfg's stacks may hold (a mixed stack's
+    cfg: both MLPs; what the probes and name checks read, never what a block holds)."""
     if kind not in BLOCKS:
         raise ValueError(f"unknown block kind {kind!r}; expected one of {tuple(BLOCKS)}")
-    mlp = layer_mlp(cfg, 1) if mlp is None else mlp
-    if mlp not in MLP_KINDS or (mlp == "experts" and not cfg.num_experts):
+    if mlp is not None and (mlp not in MLP_KINDS or (mlp == "experts" and not cfg.num_experts)):
         raise ValueError(f"mlp must be one of {MLP_KINDS} (experts only with num_experts > 0), got {mlp!r}")
+    mlps = (mlp,) if mlp is not None else ("dense", "experts") if cfg.mixed_mlp else (layer_mlp(cfg, 1),)
     modules: list[tuple[str, Component]] = []  # torch's order: functions, then norms
     norms: list[tuple[str, Component]] = []
     out_norms: list[tuple[str, Component]] = []
@@ -360,12 +361,12 @@ def block(cfg: BlockConfig, kind: str, mlp: str | None = None) -> Component:
             modules.append((sub.modules[0], attention(cfg)))
         else:
             up, gate_name, down = sub.modules
-            if mlp == "dense":
+            if "dense" in mlps:
                 modules.append((up, linear(cfg, e, f, "up")))
                 if cfg.gated:
                     modules.append((gate_name, linear(cfg, e, f, "gate")))
                 modules.append((down, linear(cfg, f, e, "down")))
-            elif mlp == "experts":
+            if "experts" in mlps:
                 modules.append((EXPERTS_MODULE, experts(cfg)))
         if cfg.norm != "none" and not (cfg.parallel_residual == "shared_norm" and norms):
             norms.append((sub.norm, norm(cfg, e)))  # a shared-norm parallel block: norm1 alone

@@ -12,11 +12,13 @@ from ...core import declarations
 from ...core.declarations import FINAL_NORM, Param
 from ...core.options import PROBE, PROBES
 from ..io import read_state_dict
-from .params import BLOCK_KINDS, LAYER, module_params
+from .params import BLOCK_KINDS, LAYER
 
 
 def _names(kind: str, **options: Any) -> dict[str, Param]:
-    return {t: p for t, _, p, _ in module_params(kind, replace(PROBE, **options))}
+    """Every name a layer of block `kind` may hold under the probe config with `options` applied (both
+    MLPs of a mixed stack's layers: `declarations.block`'s mlp=None)."""
+    return {t: p for t, _, p in declarations.flatten(declarations.block(replace(PROBE, **options), kind))}
 
 
 def _only_with(kind: str, **options: Any) -> set[str]:
@@ -26,7 +28,8 @@ def _only_with(kind: str, **options: Any) -> set[str]:
 
 def _only_in_probes(kind: str) -> set[str]:
     """Names of the other probes (values refused beside PROBE's, as DyT's alpha) that PROBE lacks."""
-    return {t for probe in PROBES[1:] for t, _, _, _ in module_params(kind, probe)} - set(_names(kind))
+    return {t for probe in PROBES[1:] for t, _, _ in declarations.flatten(declarations.block(probe, kind))} - set(
+        _names(kind))
 
 
 @dataclass

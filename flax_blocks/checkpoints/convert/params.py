@@ -30,7 +30,8 @@ def module_params(kind: str, cfg: BlockConfig, *, num_layers: Any = None,
     takes num_layers and final_norm as (encoder, decoder) pairs; its encoder is never causal
     (which changes no parameter)."""
     if kind in BLOCK_KINDS:
-        return [(t, f, p, None) for t, f, p in declarations.flatten(declarations.block(cfg, kind))]
+        block = declarations.block(cfg, kind, declarations.layer_mlp(cfg, 1))  # a block alone is layer 1
+        return [(t, f, p, None) for t, f, p in declarations.flatten(block)]
     if kind == "Transformer":
         out = []
         for (prefix, stack), n, fn in zip(declarations.TRANSFORMER.items(), num_layers, final_norm, strict=True):
