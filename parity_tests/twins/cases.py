@@ -147,6 +147,9 @@ CASES: list[Case] = [
     Case("FeedForward", replace(BASE, bias=False, num_experts=3, num_experts_per_tok=1, norm_topk_prob=False)),
     Case("Encoder", replace(LLAMA, num_experts=4, expert_d_ff=6, shared_expert_d_ff=5, decoder_sparse_step=2,
                             mlp_only_layers=(0,)), num_layers=4, seq=6, key_mask=True),
+    # the same mixed as runs of like layers (experts, experts, dense: Flax scans each run apart; the stack
+    # above scans one (dense, experts) period twice)
+    Case("Encoder", replace(LLAMA, num_experts=4, expert_d_ff=6, mlp_only_layers=(2,)), num_layers=3, seq=5),
 ]
 
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax
