@@ -160,7 +160,8 @@ class _Stack(nnx.Module):
             raise ValueError(f"a decoding cache of {len(layers)} layers for a stack of {self.num_layers}")
         carry, new = (x, ctx.shared()), []
         graphdef = nnx.graphdef(self.layers)
-        groups = tuple((k, g) for k, (g, _) in self._mlp_groups().items())
+        groups = tuple((k, nnx.graphdef(getattr(self, name))) for k, name in declarations.LAYER_MLPS.items()
+                       if getattr(self, name) is not None)
         for i, entry in enumerate(layers):
             key, w = None if keys is None else keys[i], entry["weights"]
             if self.mlp_kinds:  # a mixed stack's layer: {"block": its block's state, "mlp": its MLP's}
