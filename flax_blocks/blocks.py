@@ -29,7 +29,7 @@ from flax import nnx
 from .attention import Attention, attention_path, build_mask, self_attention_masks
 from .caches import Cache, cached_context, new_cache
 from .core import declarations
-from .core.config import BlockConfig, check_parallel, is_moe_layer, layer_scale
+from .core.config import BlockConfig, check_parallel, layer_scale
 from .core.context import Context
 from .core.declarations import Sublayer
 from .experts import Experts
@@ -51,9 +51,10 @@ class _Block(nnx.Module):
     # named by declarations.BLOCKS); each subclass annotates its own, so that type checkers
     # and IDEs see them. None: an option that is off (no norm, no gate, no residual scale).
 
-    def __init__(self, cfg: BlockConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: BlockConfig, *, rngs: nnx.Rngs, mlp: str | None = None):
         self.cfg = cfg = cfg.resolve()
-        component = declarations.block(cfg, self.kind)
+        # mlp: what its MLP sublayer holds (`declarations.block`); None: layer 1's (a block alone is layer 1)
+        component = declarations.block(cfg, self.kind, declarations.layer_mlp(cfg, 1) if mlp is None else mlp)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
         check_parallel(cfg, self.kind, self.sublayers)
         values = initial_values(rngs.params(), component, cfg)  # the whole block in one jitted draw
@@ -151,27 +152,26 @@ class _Block(nnx.Module):
         """Sublayer i, the MLP, on h (B, T, E). dense: down(Dropout(act(up(h))));  gated:
         down(Dropout(act(gate(h)) * up(h))). Both matmuls on the (B*T, E) token matrix, as 2-D
         GEMMs (faster on XLA:CPU than on (B, T, E)). With experts (cfg.num_experts), the experts
-        MLP instead (`Experts`; its router logits (B, T, X) in ctx.found["router_logits"]); a layer
-        of a mixed stack runs the one `is_moe_layer` picks (lax.cond on a scanned layer index)."""
+        MLP instead (`Experts`; its router logits (B, T, X) in ctx.found["router_logits"]). Each
+        layer holds its own MLP: a mixed stack's dense layers run a dense one (router logits
+        zeros), its MLPs held apart from the blocks and handed in as ctx.mlp (a `LayerMLP`)."""
         t = h.reshape(-1, h.shape[-1])
-        experts: Experts | None = getattr(self, declarations.EXPERTS_MODULE)
-        if experts is None:
-            return self.dense_mlp(t, ctx, i).reshape(h.shape)
-        moe = is_moe_layer(self.cfg, ctx.layer)
+        owner = self if ctx.mlp is None else ctx.mlp
+        experts: Experts | None = getattr(owner, declarations.EXPERTS_MODULE)
         x = self.cfg.num_experts
-        if moe is True:
+        if not x:
+            return self.dense_mlp(t, ctx, i, owner).reshape(h.shape)
+        if experts is not None:
             y, logits = experts(t)
-        elif moe is False:
-            y, logits = self.dense_mlp(t, ctx, i), jnp.zeros((t.shape[0], x), t.dtype)
         else:
-            y, logits = jax.lax.cond(moe, experts, lambda t: (self.dense_mlp(t, ctx, i),
-                                                              jnp.zeros((t.shape[0], x), t.dtype)), t)
+            y, logits = self.dense_mlp(t, ctx, i, owner), jnp.zeros((t.shape[0], x), t.dtype)
         ctx.found["router_logits"] = logits.reshape(*h.shape[:-1], x)
         return y.reshape(h.shape)
 
-    def dense_mlp(self, t: jax.Array, ctx: Context, i: int) -> jax.Array:
-        """The dense MLP of sublayer i on a token matrix t (N, E) -> (N, E)."""
-        up, gate, down = (getattr(self, name) for name in self.sublayers[i].modules)
+    def dense_mlp(self, t: jax.Array, ctx: Context, i: int, owner: nnx.Module | None = None) -> jax.Array:
+        """The dense MLP of sublayer i (owner's modules: this block's, or a `LayerMLP`'s) on a
+        token matrix t (N, E) -> (N, E)."""
+        up, gate, down = (getattr(self if owner is None else owner, name) for name in self.sublayers[i].modules)
         act = ACTIVATION_FNS[self.cfg.activation]
         a = act(up(t)) if gate is None else act(gate(t)) * up(t)
         return down(self.dropout_act(a, deterministic=ctx.deterministic, rngs=ctx.key(2 * i)))
@@ -205,6 +205,27 @@ class _Block(nnx.Module):
         """x (B, T, E) -> y (B, T, E): the block's sublayers in order, each through the
         placement's residual; what they find and write in `ctx`."""
         raise NotImplementedError
+
+
+class LayerMLP(nnx.Module):
+    """One layer's MLP held apart from its block: a mixed stack (cfg.mixed_mlp) stacks its
+    blocks without MLPs (mlp="none") and the dense layers' and experts layers' MLPs in two
+    stacks of these, each as long as its kind's layers (`stacks._Stack`). mlp: "dense"
+    (linear1, linear_gate when gated, linear2) or "experts"; the others are None."""
+
+    linear1: Linear | None
+    linear_gate: Linear | None
+    linear2: Linear | None
+    experts: Experts | None
+
+    def __init__(self, cfg: BlockConfig, kind: str, mlp: str, *, rngs: nnx.Rngs):
+        names = (*declarations.MLP_MODULES, declarations.EXPERTS_MODULE)
+        children = tuple((n, c) for n, c in declarations.block(cfg, kind, mlp).children if n in names)
+        values = initial_values(rngs.params(), declarations.Component("block", (), children=children), cfg)
+        for name in names:
+            child = dict(children).get(name)
+            setattr(self, name, None if child is None else MODULES[child.kind](cfg, child, rngs=rngs,
+                                                                                values=values[name]))
 
 
 def call_context(module, x, attention_mask, key_mask, return_intermediates, deterministic) -> Context:
@@ -248,7 +269,7 @@ class FeedForward(_Block):
     Params: linear1, linear_gate (gated), linear2, norm, norm_out, scale."""
 
     kind = "FeedForward"
-    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
+    linear1: Linear | None  # None: an experts layer (`declarations.layer_mlp`)
     linear_gate: Linear | None
     linear2: Linear | None
     experts: Experts | None  # cfg.num_experts > 0
@@ -274,7 +295,7 @@ class TransformerBlock(_Block):
 
     kind = "TransformerBlock"
     self_attn: Attention
-    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
+    linear1: Linear | None  # None: an experts layer (`declarations.layer_mlp`)
     linear_gate: Linear | None
     linear2: Linear | None
     experts: Experts | None  # cfg.num_experts > 0
@@ -319,7 +340,7 @@ class DecoderBlock(_Block):
     kind = "DecoderBlock"
     self_attn: Attention
     multihead_attn: Attention
-    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
+    linear1: Linear | None  # None: an experts layer (`declarations.layer_mlp`)
     linear_gate: Linear | None
     linear2: Linear | None
     experts: Experts | None  # cfg.num_experts > 0

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import cache_mask
+from .core import declarations
 from .core.config import check_cached_call, check_new_cache, overflow_message
 from .core.context import Context
 from .layers import as_batched, stream_dtype
@@ -56,10 +57,18 @@ class Stacked(Protocol):
     num_layers: int
 
 
-def layer_weights(stack: Stacked) -> tuple[nnx.State, ...]:
-    """Each layer's state (weights) cut out of a stack's stacked state: a tuple of num_layers."""
+def layer_weights(stack: Stacked) -> tuple[Any, ...]:
+    """Each layer's state (weights) cut out of a stack's stacked state: a tuple of num_layers.
+    A mixed stack's (`mlp_kinds`): {"block": its block's state, "mlp": its own MLP's}."""
     _, state = nnx.split(stack.layers)
-    return tuple(jax.tree.map(lambda a, i=i: a[i], state) for i in range(stack.num_layers))
+    out = [jax.tree.map(lambda a, i=i: a[i], state) for i in range(stack.num_layers)]
+    kinds = getattr(stack, "mlp_kinds", None)
+    if not kinds:
+        return tuple(out)
+    groups = {k: nnx.split(getattr(stack, name))[1] for k, name in declarations.LAYER_MLPS.items() if k in kinds}
+    index = [kinds[:i].count(k) for i, k in enumerate(kinds)]  # each layer's place among its kind's
+    return tuple({"block": w, "mlp": jax.tree.map(lambda a, j=j: a[j], groups[k])}
+                 for w, k, j in zip(out, kinds, index, strict=True))
 
 
 def decoding_cache(stack: Stacked, cache: Cache, weights: tuple[nnx.State, ...] | None = None) -> Cache:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import build_mask
-from .blocks import DecoderBlock, TransformerBlock, _Block, call_context
+from .blocks import DecoderBlock, LayerMLP, TransformerBlock, _Block, call_context
 from .caches import Cache, cached_context, checked_positions, new_cache
 from .core import declarations
 from .core.config import FINAL_NORM_BY_DEFAULT, BlockConfig, check_remat
@@ -29,6 +29,13 @@ class _Stack(nnx.Module):
     grow with depth. `final_norm` defaults to True for pre-LN, Peri-LN and "out" (OLMo 2)
     (such a stack needs it), False otherwise. Params: layers (each leaf has a leading layer axis), norm.
 
+    A stack of unlike layers (cfg.mixed_mlp: dense and experts MLPs, `is_moe_layer`) holds each
+    layer's own MLP only, as HF's: its blocks (layers) hold no MLP, the dense layers' MLPs are
+    stacked in dense_mlps and the experts layers' in experts_mlps (`declarations.LAYER_MLPS`), and
+    the layers run as scanned segments (`segments`: one scan over a repeating period, e.g. dense
+    then experts for decoder_sparse_step 2, else one scan per run of like layers). A stack of like
+    layers (all dense, all experts) is one block stacked and one scan, as before.
+
     remat: rematerialisation inside each layer, trading compute for memory in the
     backward pass: None (keep every activation), "full" (keep only each layer's input and
     recompute the rest) or the name of a `jax.checkpoint_policies` policy (e.g.
@@ -44,6 +51,9 @@ class _Stack(nnx.Module):
 
     block: type[_Block]
     layers: _Block  # one block whose parameters have a leading layer axis
+    mlp_kinds: tuple[str, ...] | None  # a mixed stack's layers' MLP kinds ("dense", "experts"); None: like layers
+    dense_mlps: LayerMLP | None  # a mixed stack's dense MLPs, stacked over its dense layers (LAYER_MLPS)
+    experts_mlps: LayerMLP | None  # a mixed stack's experts MLPs, stacked over its experts layers
     norm: Norm | None  # the final norm (declarations.FINAL_NORM), set by name
 
     def __init__(self, cfg: BlockConfig, *, num_layers: int, final_norm: bool | None = None,
@@ -60,17 +70,16 @@ class _Stack(nnx.Module):
         self.scan_layers = scan_layers
         self.cfg = cfg = cfg.resolve(num_layers)
         self.num_layers = num_layers
-        block = self.block
-
-        @nnx.split_rngs(splits=num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: declarations.LAYER_AXIS})
-        def make_layers(rngs: nnx.Rngs) -> _Block:
-            return block(cfg, rngs=rngs)
-
-        self.layers = make_layers(rngs)
-        for _, v in nnx.iter_graph(self.layers):  # nnx.vmap adds "layers" only to non-empty annotations
-            if isinstance(v, nnx.Variable) and v.get_metadata().get("out_sharding") == ():
-                v.set_metadata(out_sharding=(declarations.LAYER_AXIS,))
+        block, kinds = self.block, tuple(declarations.layer_mlp(cfg, i) for i in range(1, num_layers + 1))
+        # A stack of unlike layers (dense and experts MLPs, cfg.mixed_mlp): blocks without MLPs, each
+        # kind's MLPs stacked apart (declarations.LAYER_MLPS), run by `_run_segments`. None: like layers.
+        self.mlp_kinds = kinds if len(set(kinds)) > 1 else None
+        self.layers = _stacked(lambda r: block(cfg, rngs=r, mlp="none" if self.mlp_kinds else kinds[0]),
+                               num_layers, rngs)
+        for kind, name in declarations.LAYER_MLPS.items():
+            n = kinds.count(kind) if self.mlp_kinds else 0
+            mlps = _stacked(lambda r, k=kind: LayerMLP(cfg, block.kind, k, rngs=r), n, rngs) if n else None
+            setattr(self, name, mlps)
         # The stacked layers' dropouts get one key per layer per call from this stream,
         # drawn outside the layer scan, so the scan never mutates RNG state.
         self.rngs = rngs["dropout"].fork() if cfg.dropout > 0 else None
@@ -108,10 +117,41 @@ class _Stack(nnx.Module):
             return self._run_split(run, x, ctx, keys)
         loop = jax.lax.scan if self.scan_layers else _unrolled_scan
         layer = jnp.arange(1, self.num_layers + 1, dtype=jnp.int32)  # each layer's index, scanned with its state
-        (y, _), (per_layer, caches) = loop(run, (x, ctx.shared()), (state, keys, ctx.cache, layer))
+        if self.mlp_kinds:
+            y, per_layer, caches = self._run_segments(loop, graphdef, x, ctx, (state, keys, ctx.cache, layer),
+                                                      return_intermediates)
+        else:
+            (y, _), (per_layer, caches) = loop(run, (x, ctx.shared()), (state, keys, ctx.cache, layer))
         if self.final_norm is not None:
             y = self.final_norm(y)
         return y, per_layer, caches
+
+    def _mlp_groups(self) -> dict[str, tuple[nnx.GraphDef, nnx.State]]:
+        """{kind: (graphdef, state stacked over that kind's layers)} of a mixed stack's MLPs."""
+        return {k: nnx.split(getattr(self, name)) for k, name in declarations.LAYER_MLPS.items()
+                if getattr(self, name) is not None}
+
+    def _run_segments(self, loop, graphdef, x, ctx: Context, xs, return_intermediates: bool):
+        """A mixed stack's layers over x (B, T, E): one scan (`loop`) per segment of `segments`
+        (a period of layer kinds repeated), each step running a period's layers, each block merged
+        with its own MLP -> (y, per-layer intermediates, caches), stacked over all layers as a
+        stack of like layers gives them. xs: (block state, keys, cache, layer index), each (L, ...)."""
+        assert self.mlp_kinds is not None  # a mixed stack's
+        groups = self._mlp_groups()
+        plan = segments(self.mlp_kinds)
+        mlp_graphdefs = tuple((k, g) for k, (g, _) in groups.items())
+        pieces = _cut(xs, [len(p) * r for p, r in plan], [len(p) for p, _ in plan])
+        mlps = {k: _cut(st, [p.count(k) * r for p, r in plan], [p.count(k) for p, _ in plan])
+                for k, (_, st) in groups.items()}
+        carry, ys = (x, ctx.shared()), []
+        for s, (pattern, _) in enumerate(plan):
+            own = {k: mlps[k][s] for k in groups if k in pattern}
+            run = _segment_body(graphdef, mlp_graphdefs, pattern, return_intermediates, ctx.deterministic,
+                                self.remat, ctx.path)
+            carry, y = loop(run, carry, (*pieces[s], own))
+            ys.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), y))  # (repeats, period) -> layers
+        per_layer, caches = jax.tree.map(lambda *a: jnp.concatenate(a), *ys) if len(ys) > 1 else ys[0]
+        return carry[0], per_layer, caches
 
     def _run_split(self, run, x, ctx: Context, keys):
         """The layers one after another, each with the weights and cache its entry of a
@@ -120,10 +160,17 @@ class _Stack(nnx.Module):
         if len(layers) != self.num_layers:
             raise ValueError(f"a decoding cache of {len(layers)} layers for a stack of {self.num_layers}")
         carry, new = (x, ctx.shared()), []
+        graphdef = nnx.graphdef(self.layers)
+        groups = tuple((k, nnx.graphdef(getattr(self, name))) for k, name in declarations.LAYER_MLPS.items()
+                       if getattr(self, name) is not None)
         for i, entry in enumerate(layers):
-            carry, (_, cache) = run(carry, (entry["weights"], None if keys is None else keys[i], entry["cache"],
-                                            jnp.int32(i + 1)))
-            new.append({"weights": entry["weights"], "cache": cache})
+            key, w = None if keys is None else keys[i], entry["weights"]
+            if self.mlp_kinds:  # a mixed stack's layer: {"block": its block's state, "mlp": its MLP's}
+                one = _layer_body(graphdef, groups, self.mlp_kinds[i], False, ctx.deterministic, None, ctx.path)
+                carry, (_, cache) = one(carry, (w["block"], key, entry["cache"], jnp.int32(i + 1), w["mlp"]))
+            else:
+                carry, (_, cache) = run(carry, (w, key, entry["cache"], jnp.int32(i + 1)))
+            new.append({"weights": w, "cache": cache})
         y = carry[0]
         if self.final_norm is not None:
             y = self.final_norm(y)
@@ -275,6 +322,103 @@ def _layer_scan_body(graphdef, return_intermediates: bool, deterministic: bool |
 
     if remat is not None:  # recompute inside each layer in the backward pass (prevent_cse off, as in a scan)
         run = jax.checkpoint(run, policy=_remat_policy(remat), prevent_cse=False)
+    return run
+
+
+def _stacked(make, n: int, rngs: nnx.Rngs):
+    """n independently initialised `make(rngs)` modules, their parameters stacked on a leading
+    axis (nnx.vmap) annotated as the layer axis."""
+
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: declarations.LAYER_AXIS})
+    def make_all(rngs: nnx.Rngs):
+        return make(rngs)
+
+    module = make_all(rngs)
+    for _, v in nnx.iter_graph(module):  # nnx.vmap adds "layers" only to non-empty annotations
+        if isinstance(v, nnx.Variable) and v.get_metadata().get("out_sharding") == ():
+            v.set_metadata(out_sharding=(declarations.LAYER_AXIS,))
+    return module
+
+
+def segments(kinds: tuple[str, ...]) -> list[tuple[tuple[str, ...], int]]:
+    """A stack's layer kinds ("dense" / "experts", one per layer) as scanned segments, (period,
+    repeats) each: the shortest period that repeats over the whole stack (decoder_sparse_step:
+    ("dense", "experts") x L/2, one scan), else the runs of like layers (first_k_dense_replace,
+    mlp_only_layers: ("dense",) x k then ("experts",) x L - k, a scan each)."""
+    n = len(kinds)
+    for p in range(1, n):
+        if n % p == 0 and kinds == kinds[:p] * (n // p):
+            return [(kinds[:p], n // p)]
+    runs: list[tuple[tuple[str, ...], int]] = []
+    for kind in kinds:
+        if runs and runs[-1][0] == (kind,):
+            runs[-1] = ((kind,), runs[-1][1] + 1)
+        else:
+            runs.append(((kind,), 1))
+    return runs
+
+
+def _cut(tree, sizes: list[int], periods: list[int]) -> list:
+    """tree's leaves (sum(sizes), ...) cut into pieces of `sizes` along axis 0, piece s reshaped
+    to (sizes[s] // periods[s], periods[s], ...). Floating leaves through one lax.split (whose
+    transpose is one concatenate), others (keys, integers) by slicing."""
+    bounds = [sum(sizes[:s]) for s in range(len(sizes) + 1)]
+
+    def cut(a):
+        if jnp.issubdtype(a.dtype, jnp.inexact):
+            parts = jax.lax.split(a, sizes)
+        else:
+            parts = [a[bounds[s]:bounds[s + 1]] for s in range(len(sizes))]
+        return [b.reshape(n // max(p, 1), max(p, 1), *b.shape[1:]) if p else b
+                for b, n, p in zip(parts, sizes, periods, strict=True)]
+
+    flat, treedef = jax.tree.flatten(tree)
+    cut_leaves = [cut(a) for a in flat]
+    return [jax.tree.unflatten(treedef, [c[s] for c in cut_leaves]) for s in range(len(sizes))]
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_body(graphdef, mlp_graphdefs: tuple, kind: str, return_intermediates: bool, deterministic: bool | None,
+                remat: str | None, path: str):
+    """One layer of a mixed stack: (carry, (block state, key, cache, layer, MLP state)) -> (carry, ys),
+    the block merged from graphdef, its MLP (a `LayerMLP` of `kind`) from mlp_graphdefs' entry."""
+    mlp_graphdef = dict(mlp_graphdefs)[kind]
+
+    def one(carry, xs):
+        h, shared = carry
+        layer_state, key, cache, layer, mlp_state = xs
+        block = nnx.merge(graphdef, layer_state)
+        ctx = Context(**shared, path=path, deterministic=deterministic, layer=layer, cache=cache,
+                      keys=block.dropout_keys(key), mlp=nnx.merge(mlp_graphdef, mlp_state))
+        h = block.run(h, ctx)
+        return (h, shared), ((h, ctx.found) if return_intermediates else None, None if cache is None else ctx.written)
+
+    if remat is not None:
+        one = jax.checkpoint(one, policy=_remat_policy(remat), prevent_cse=False)
+    return one
+
+
+@functools.lru_cache(maxsize=64)
+def _segment_body(graphdef, mlp_graphdefs: tuple, pattern: tuple[str, ...], return_intermediates: bool,
+                  deterministic: bool | None, remat: str | None, path: str):
+    """A mixed stack's scan body over one period `pattern` of its layers (`segments`): xs (block
+    states, keys, caches, layer indices, each (period, ...); {kind: MLP states (that kind's count
+    in the period, ...)}) -> (carry, ys stacked (period, ...))."""
+
+    def run(carry, xs):
+        states, keys, caches, layers, mlps = xs
+        seen = dict.fromkeys(pattern, 0)
+        ys = []
+        for j, kind in enumerate(pattern):
+            one = _layer_body(graphdef, mlp_graphdefs, kind, return_intermediates, deterministic, remat, path)
+            at = functools.partial(jax.tree.map, lambda a, j=j: a[j])
+            m, seen[kind] = seen[kind], seen[kind] + 1
+            carry, y = one(carry, (at(states), None if keys is None else keys[j], None if caches is None else
+                                   at(caches), layers[j], jax.tree.map(lambda a, m=m: a[m], mlps[kind])))
+            ys.append(y)
+        return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
+
     return run
 
 

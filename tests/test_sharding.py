@@ -131,13 +131,14 @@ def test_expert_parallel_specs_of_an_experts_stack():
     third axis."""
     cfg = BlockConfig(d_model=16, num_heads=4, d_ff=24, bias=False, mlp="swiglu", activation="silu", num_experts=4,
                       expert_d_ff=8, shared_expert_d_ff=8, decoder_sparse_step=2)
-    state = nnx.state(Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0)))
+    state = nnx.state(Encoder(cfg, num_layers=2, rngs=nnx.Rngs(0)))  # a mixed stack: dense, experts
     specs = {p: s for p, _, s in S.describe(state, S.TENSOR_PARALLEL | S.EXPERT_PARALLEL)}
-    assert specs["layers/experts/up"] == P(None, "expert", None, "model")  # (L, X, E, F)
-    assert specs["layers/experts/down"] == P(None, "expert", "model", None)  # (L, X, F, E)
-    assert specs["layers/experts/router"] == P(None, None, None)  # (L, E, X)
-    assert specs["layers/experts/shared_up/kernel"] == P(None, None, "model")
-    assert specs["layers/linear1/kernel"] == P(None, None, "model")  # a mixed stack's dense MLP
+    assert specs["experts_mlps/experts/up"] == P(None, "expert", None, "model")  # (L experts, X, E, F)
+    assert specs["experts_mlps/experts/down"] == P(None, "expert", "model", None)  # (L experts, X, F, E)
+    assert specs["experts_mlps/experts/router"] == P(None, None, None)  # (L experts, E, X)
+    assert specs["experts_mlps/experts/shared_up/kernel"] == P(None, None, "model")
+    assert specs["dense_mlps/linear1/kernel"] == P(None, None, "model")  # (L dense, E, F)
+    assert not any(p.startswith(("layers/linear", "layers/experts")) for p in specs)  # each layer's own MLP
     mesh = S.make_mesh(data=1, model=1, expert=1)
     assert mesh.axis_names == ("data", "model", "expert")
     assert S.loading_rules(mesh) == S.TENSOR_PARALLEL | S.EXPERT_PARALLEL

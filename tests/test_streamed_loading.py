@@ -466,9 +466,10 @@ _MESH = textwrap.dedent("""
     model = fb.from_hf(moe, part="causal-lm", mesh=emesh)
     read = stream.bytes_read() - before
     params = {"/".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-    up = params["encoder/layers/experts/up"]  # (L, X, E, F)
+    up = params["encoder/experts_mlps/experts/up"]  # (experts layers, X, E, F): the mixed stack's layer 2 alone
+    assert up.shape[0] == 1 and params["encoder/dense_mlps/linear1/kernel"].shape[0] == 1
     assert up.sharding.spec[1] == "expert" and all(s.data.shape[1] == 2 for s in up.addressable_shards), up.sharding
-    assert params["encoder/layers/experts/router"].sharding.is_fully_replicated
+    assert params["encoder/experts_mlps/experts/router"].sharding.is_fully_replicated
     unsharded = fb.from_hf(moe, part="causal-lm")
     want = np.asarray(forward(unsharded, ids))
     got = np.asarray(forward(model, ids))

@@ -24,6 +24,8 @@ BASE = fb.BlockConfig(d_model=16, num_heads=4, d_ff=24, dropout=0.0, norm="pre",
 LLAMA = fb.BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, d_ff=24, dropout=0.0, norm="pre", norm_type="rmsnorm",
                        mlp="swiglu", activation="silu", rope_theta=1e4, qk_norm=True, bias=False, causal=True,
                        dtype="float64", param_dtype="float64")
+# a mixed stack: dense, experts, dense (3 segments)
+MIXED = replace(LLAMA, num_experts=4, num_experts_per_tok=2, expert_d_ff=8, decoder_sparse_step=2)
 
 
 @pytest.fixture
@@ -86,7 +88,7 @@ def _decode(graphdef, params, rest, x, cache):
     return nnx.merge(graphdef, params, rest)(x, cache=cache)
 
 
-@pytest.mark.parametrize("cls,cfg", [(fb.Encoder, BASE), (fb.Encoder, LLAMA), (fb.Decoder, BASE)])
+@pytest.mark.parametrize("cls,cfg", [(fb.Encoder, BASE), (fb.Encoder, LLAMA), (fb.Decoder, BASE), (fb.Encoder, MIXED)])
 def test_unrolled_equals_scan_forward_and_gradients(x64, pairs, cls, cfg):
     rng = np.random.default_rng(0)
     x, r = (jnp.asarray(rng.normal(size=(2, 6, 16))) for _ in range(2))

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from flax_blocks.core import declarations
-from flax_blocks.core.config import BlockConfig, check_parallel, is_moe_layer, layer_scale
+from flax_blocks.core.config import BlockConfig, check_parallel, layer_scale
 from flax_blocks.core.context import Context
 from flax_blocks.core.declarations import Sublayer
 
@@ -64,10 +64,11 @@ class _Block(nn.Module):
     # kind), named by declarations.BLOCKS); each subclass annotates its own, so that type
     # checkers and IDEs see them. None: an option that is off (no norm, no gate, no residual scale).
 
-    def __init__(self, cfg: BlockConfig, *, generator: torch.Generator | None = None):
+    def __init__(self, cfg: BlockConfig, *, generator: torch.Generator | None = None, mlp: str | None = None):
         super().__init__()
         self.cfg = cfg = cfg.resolve()
-        component = declarations.block(cfg, self.kind)
+        # mlp: what its MLP sublayer holds (`declarations.block`); None: layer 1's (a block alone is layer 1)
+        component = declarations.block(cfg, self.kind, declarations.layer_mlp(cfg, 1) if mlp is None else mlp)
         self.sublayers: tuple[Sublayer, ...] = declarations.BLOCKS[self.kind]
         check_parallel(cfg, self.kind, self.sublayers)
         create_params(self, component, cfg, generator)
@@ -155,13 +156,13 @@ class _Block(nn.Module):
     def mlp(self, h: Tensor, ctx: Context, i: int) -> Tensor:
         """Sublayer i, the MLP, on h (B, T, E). dense: down(Dropout(act(up(h))));  gated:
         down(Dropout(act(gate(h)) * up(h))). With experts (cfg.num_experts), the experts MLP
-        instead (`Experts`; its router logits (B, T, X) in ctx.found["router_logits"]); a layer of
-        a mixed stack runs the one `is_moe_layer` picks, the other's logits are zeros."""
+        instead (`Experts`; its router logits (B, T, X) in ctx.found["router_logits"]). Each layer
+        holds its own MLP (a mixed stack's dense layers: dense, their router logits zeros)."""
         experts: Experts | None = getattr(self, declarations.EXPERTS_MODULE)
-        if experts is None:
+        if not self.cfg.num_experts:
             return self.dense_mlp(h, ctx, i)
         t = h.reshape(-1, h.shape[-1])
-        if is_moe_layer(self.cfg, ctx.layer):
+        if experts is not None:
             y, logits = experts(t)
         else:
             y, logits = self.dense_mlp(t, ctx, i), t.new_zeros(t.shape[0], self.cfg.num_experts)
@@ -248,7 +249,7 @@ class FeedForward(_Block):
     Params: linear1.*, linear_gate.* (gated), linear2.*, norm.*, norm_out.*, scale."""
 
     kind = "FeedForward"
-    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
+    linear1: Linear | None  # None: an experts layer (`declarations.layer_mlp`)
     linear_gate: Linear | None
     linear2: Linear | None
     experts: Experts | None  # cfg.num_experts > 0
@@ -275,7 +276,7 @@ class TransformerBlock(_Block):
 
     kind = "TransformerBlock"
     self_attn: Attention
-    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
+    linear1: Linear | None  # None: an experts layer (`declarations.layer_mlp`)
     linear_gate: Linear | None
     linear2: Linear | None
     experts: Experts | None  # cfg.num_experts > 0
@@ -317,7 +318,7 @@ class DecoderBlock(_Block):
     kind = "DecoderBlock"
     self_attn: Attention
     multihead_attn: Attention
-    linear1: Linear | None  # None: experts only (cfg.num_experts, unmixed)
+    linear1: Linear | None  # None: an experts layer (`declarations.layer_mlp`)
     linear_gate: Linear | None
     linear2: Linear | None
     experts: Experts | None  # cfg.num_experts > 0

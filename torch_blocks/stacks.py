@@ -42,7 +42,8 @@ class _Stack(nn.Module):
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
         self.cfg = cfg = cfg.resolve(num_layers)
         self.num_layers = num_layers
-        self.layers = nn.ModuleList(self.block(cfg, generator=generator) for _ in range(num_layers))
+        self.layers = nn.ModuleList(self.block(cfg, generator=generator, mlp=declarations.layer_mlp(cfg, i + 1))
+                                    for i in range(num_layers))  # each layer's own MLP (a mixed stack's differ)
         if final_norm is None:
             final_norm = cfg.norm in FINAL_NORM_BY_DEFAULT
         norm = Norm(cfg, declarations.norm(cfg, cfg.d_model), generator=generator) if final_norm else None

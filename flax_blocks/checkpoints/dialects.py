@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from ..core import declarations
-from ..core.config import BlockConfig, is_moe_layer
+from ..core.config import BlockConfig
 from ..core.options import PROBES
 from .family import families_of_dialect
 from .io import ConversionError, read_state_dict
@@ -394,9 +394,8 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
     The torch dialect returns the dict unchanged. Raises ConversionError listing keys inside
     the layers that the dialect does not know and merges with parts missing. num_heads: the
     query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX). cfg: the stack's
-    config; a stack that mixes dense and experts layers (cfg.mixed_mlp, Qwen2-MoE's
-    decoder_sparse_step / mlp_only_layers) holds both MLPs in every layer, the checkpoint only
-    the one each layer runs: the idle one is read as zeros (never computed with)."""
+    config, taken for the callers that pass it; a translation needs nothing from it (a stack
+    mixing dense and experts layers holds each layer's own MLP, as the checkpoint does)."""
     name = detect_dialect(sd) if dialect is None else _get(dialect).name
     lay = DIALECTS[name]
     if lay.rules is None:
@@ -467,40 +466,12 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                     continue
                 a = _regroup(a, num_heads, r.per_head, to_ours=True)
             out[f"{declarations.LAYERS}.{i}.{r.ours}"] = a
-    if cfg is not None and cfg.mixed_mlp:
-        _fill_idle(out, cfg, lay, sorted(layers))
     if problems:
         raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
     if not layers:
         raise ConversionError([f"no key matches {prefix}{lay.layer} (the keys' roots are {_roots(sd)})"],
                               header=f"cannot read the {name} checkpoint")
     return Translated(out, name, prefix, dropped)
-
-
-def _idle(cfg: BlockConfig, layer: int, ours: str) -> bool:
-    """Whether our name `ours` (within layer `layer`, from 0) is the idle MLP of a mixed stack's
-    layer: the dense MLP of a layer that runs the experts, or the experts of one that does not."""
-    if not cfg.mixed_mlp:
-        return False
-    module = ours.split(".")[0]
-    if module == declarations.EXPERTS_MODULE:
-        return not is_moe_layer(cfg, layer + 1)
-    return module in declarations.MLP_MODULES and bool(is_moe_layer(cfg, layer + 1))
-
-
-def _fill_idle(out: dict[str, Any], cfg: BlockConfig, lay: Dialect, layers: list[int]) -> None:
-    """Zeros (lazy, the layer's dtype) for each layer's idle MLP, which the checkpoint lacks."""
-    from .stream import Zeros
-
-    names = [(t, p.shape) for t, _, p in declarations.flatten(declarations.block(cfg, declarations.STACKS[lay.stack]))]
-    for i in layers:
-        mine = [a for k, a in out.items() if k.startswith(f"{declarations.LAYERS}.{i}.")]
-        if not mine:
-            continue
-        for t, shape in names:
-            key = f"{declarations.LAYERS}.{i}.{t}"
-            if key not in out and _idle(cfg, i, t):
-                out[key] = Zeros(shape, mine[0].dtype)
 
 
 # ----------------------------------------------------------------------------------------
@@ -546,8 +517,6 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
                 out[f"{prefix}{lay.final_norm}.{k.split('.', 1)[1]}"] = a
             else:
                 problems.append(f"{k}: the {lay.name} dialect has no place for it")
-            continue
-        if _idle(cfg, int(m.group(1)), m.group(2)):  # a mixed stack's idle MLP: the family's files lack it
             continue
         r = by_ours.get(m.group(2))
         if r is None:

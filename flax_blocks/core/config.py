@@ -455,8 +455,8 @@ class BlockConfig:
     @property
     def mixed_mlp(self) -> bool:
         """Whether a stack mixes dense and experts layers (decoder_sparse_step > 1 or
-        mlp_only_layers, Qwen2-MoE): each layer then holds both MLPs and runs its own
-        (`is_moe_layer`); the other is idle (zeros, never read, no gradient)."""
+        mlp_only_layers, Qwen2-MoE): each layer then holds and runs its own MLP only
+        (`is_moe_layer`), as HF builds it (a Flax stack holds the two kinds apart, `stacks`)."""
         return self.num_experts > 0 and (self.decoder_sparse_step > 1 or bool(self.mlp_only_layers))
 
     def resolve(self, num_layers: int = 1) -> BlockConfig:

@@ -20,7 +20,8 @@ class Context:
 
     Per block: layer, its index in its stack from 1 (traced in a Flax scan); cache, its
     caches {"self": {"k", "v"}, "cross": {"k", "v"}} (None: uncached); keys, Flax's dropout
-    keys, two per sublayer (inside, output; None: the modules' own RNG streams).
+    keys, two per sublayer (inside, output; None: the modules' own RNG streams); mlp, the
+    layer's MLP where a Flax mixed stack holds it apart from the block (None: the block's own).
 
     Handed back: found, the intermediates ("attention_weights", "attention_logits_max",
     "cross_..."); written, the updated caches by part."""
@@ -36,6 +37,7 @@ class Context:
     layer: Any = 1
     cache: Any = None
     keys: Any = None
+    mlp: Any = None
     found: dict[str, Any] = field(default_factory=dict)
     written: dict[str, Any] = field(default_factory=dict)
 

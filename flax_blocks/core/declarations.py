@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .config import BlockConfig
+from .config import BlockConfig, is_moe_layer
 
 Spec = tuple[str, float]  # ("uniform", bound) | ("normal", std) | ("const", value), iid entries
 Chunks = tuple[tuple[int, Spec], ...]  # (rows, spec) pieces along torch's dim 0
@@ -366,15 +366,34 @@ BLOCKS: dict[str, tuple[Sublayer, ...]] = {
 LAYERS = "layers"
 LAYER_AXIS = "layers"  # the logical name of that leading axis (sharding annotations)
 FINAL_NORM = "norm"
+# A Flax mixed stack (layers of both MLP kinds, cfg.mixed_mlp): its blocks under LAYERS hold no MLP;
+# each kind's MLPs are stacked apart, one entry per layer of that kind in order (torch: LAYERS.{i}.).
+LAYER_MLPS = {"dense": "dense_mlps", "experts": "experts_mlps"}
 STACKS = {"Encoder": "TransformerBlock", "Decoder": "DecoderBlock"}
 TRANSFORMER = {"encoder": "Encoder", "decoder": "Decoder"}  # torch's nn.Transformer
 
 
-def block(cfg: BlockConfig, kind: str) -> Component:
+MLP_KINDS = ("dense", "experts", "none")  # what a block's MLP sublayer holds (`block`'s mlp=)
+
+
+def layer_mlp(cfg: BlockConfig, layer: int) -> str:
+    """The MLP layer `layer` (from 1) of a stack holds: "experts" where `is_moe_layer`, else "dense".
+    A mixed stack's layers (cfg.mixed_mlp) each hold their own only, as HF builds them."""
+    return "experts" if is_moe_layer(cfg, layer) else "dense"
+
+
+def block(cfg: BlockConfig, kind: str, mlp: str | None = None) -> Component:
     """The component tree of block `kind` (a key of BLOCKS):
-    its residual scales as own params, every sublayer's modules and norms as named children."""
+    its residual scales as own params, every sublayer's modules and norms as named children.
+    mlp: what the MLP sublayer holds, "dense" (linear1, linear_gate, linear2), "experts" or
+    "none" (a Flax mixed stack's blocks, whose MLPs are stacked apart), as a block of both twins
+    holds it (`layer_mlp`); None: every name a layer of cfg's stacks may hold (a mixed stack's
+    cfg: both MLPs; what the probes and name checks read, never what a block holds)."""
     if kind not in BLOCKS:
         raise ValueError(f"unknown block kind {kind!r}; expected one of {tuple(BLOCKS)}")
+    if mlp is not None and (mlp not in MLP_KINDS or (mlp == "experts" and not cfg.num_experts)):
+        raise ValueError(f"mlp must be one of {MLP_KINDS} (experts only with num_experts > 0), got {mlp!r}")
+    mlps = (mlp,) if mlp is not None else ("dense", "experts") if cfg.mixed_mlp else (layer_mlp(cfg, 1),)
     modules: list[tuple[str, Component]] = []  # torch's order: functions, then norms
     norms: list[tuple[str, Component]] = []
     out_norms: list[tuple[str, Component]] = []
@@ -387,12 +406,12 @@ def block(cfg: BlockConfig, kind: str) -> Component:
             modules.append((sub.modules[0], attention(cfg)))
         else:
             up, gate_name, down = sub.modules
-            if not cfg.num_experts or cfg.mixed_mlp:  # a dense MLP (a mixed stack's layers hold both)
+            if "dense" in mlps:
                 modules.append((up, linear(cfg, e, f, "up")))
                 if cfg.gated:
                     modules.append((gate_name, linear(cfg, e, f, "gate")))
                 modules.append((down, linear(cfg, f, e, "down")))
-            if cfg.num_experts:
+            if "experts" in mlps:
                 modules.append((EXPERTS_MODULE, experts(cfg)))
         if cfg.norm != "none" and not (cfg.parallel_residual == "shared_norm" and norms):
             norms.append((sub.norm, norm(cfg, e)))  # a shared-norm parallel block: norm1 alone

@@ -250,8 +250,8 @@ DETAILS = """\
   the experts'.
 - `decoder_sparse_step`, `mlp_only_layers`: which layers of a stack run the experts (HF Qwen2-MoE / Qwen3-MoE):
   layer l (from 1) does iff l % decoder_sparse_step == 0 and l - 1 is not in mlp_only_layers; the others run
-  a dense MLP of kind `mlp` and width d_ff. Where the two kinds mix, every layer holds both MLPs (a stack
-  scans one layer) and runs its own; the other stays zero and gets no gradient (`is_moe_layer`).
+  a dense MLP of kind `mlp` and width d_ff. Where the two kinds mix, each layer holds its own MLP only, as
+  HF builds it (`is_moe_layer`; a Flax stack scans segments of layers, the two MLP kinds stacked apart).
 - `num_kv_heads`: key/value heads for grouped-query attention (None: num_heads; 1: multi-query); query head h
   uses key/value head h // (num_heads // num_kv_heads).
 - `head_dim`: each attention head's width, given explicitly (Qwen3, Gemma: HF's `head_dim`): q, k and v

@@ -224,7 +224,7 @@ def test_a_mixture_of_experts_round_trips_from_either_layout_bit_for_bit(tmp_pat
     """Qwen2-MoE with dense and experts layers mixed (decoder_sparse_step 2, mlp_only_layers [2]) and a
     shared expert, saved by transformers in its fused layout (save_original_format=False:
     experts.gate_up_proj (X, 2F, E), down_proj (X, E, F)): fb.from_hf reads it equal to HF; fb.save_hf
-    writes save_pretrained's per-expert names without the idle MLPs (each layer of ours holds both),
+    writes save_pretrained's per-expert names, each layer's own MLP only (as each layer of ours holds),
     and from_pretrained reads that folder with nothing missing or unexpected, every tensor identical."""
     config = transformers.Qwen2MoeConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                                          intermediate_size=40, num_hidden_layers=3, vocab_size=64, num_experts=4,
@@ -247,7 +247,7 @@ def test_a_mixture_of_experts_round_trips_from_either_layout_bit_for_bit(tmp_pat
         names = set(f.keys())
     assert "model.layers.1.mlp.experts.3.up_proj.weight" in names and "model.layers.0.mlp.gate_proj.weight" in names
     assert not any(n.startswith(("model.layers.1.mlp.gate_proj", "model.layers.0.mlp.experts",
-                                 "model.layers.2.mlp.experts")) for n in names)  # the idle MLPs
+                                 "model.layers.2.mlp.experts")) for n in names)  # no other MLP
     back, problems = _hf_load(tmp_path / "ours")
     assert problems == {}
     original = hf.state_dict()

@@ -169,6 +169,9 @@ CASES: list[Case] = [
     Case("Encoder", replace(MLA, q_lora_rank=5, rope_interleave=True, **{**DEEPSEEK_V3, "n_group": 2,
                                                                            "topk_group": 1},
                             mlp_only_layers=(0,)), num_layers=2, seq=6, key_mask=True),
+    # the same mixed as runs of like layers (experts, experts, dense: Flax scans each run apart; the stack
+    # above scans one (dense, experts) period twice)
+    Case("Encoder", replace(LLAMA, num_experts=4, expert_d_ff=6, mlp_only_layers=(2,)), num_layers=3, seq=5),
 ]
 
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax

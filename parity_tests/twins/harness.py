@@ -233,7 +233,7 @@ def run_torch(case: Case, module: torch.nn.Module, inp: Inputs, dtype: str) -> R
     else:
         y = module(x, *args)
     (y * torch.tensor(inp.r, dtype=tdt)).sum().backward()
-    # a parameter the call never read has no gradient (a mixed stack's idle MLP): zeros, which Flax's must equal
+    # a parameter the call never read has no gradient: zeros, which Flax's must equal
     grads = {n: p.grad.numpy().copy() if p.grad is not None else np.zeros(p.shape, p.detach().numpy().dtype)
              for n, p in module.named_parameters()}
     dmem = None if memory is None else memory.grad.numpy()

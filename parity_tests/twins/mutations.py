@@ -277,6 +277,13 @@ def _attention_as(cls):
     return mutate
 
 
+def experts_mlps_off_by_one(case: Case, module, inp: Inputs):
+    """A mixed stack's experts MLPs cut from their stack one layer off (each experts layer runs the previous one's)."""
+    state = nnx.state(module.experts_mlps, nnx.Param)
+    nnx.update(module.experts_mlps, jax.tree.map(lambda a: jnp.roll(a, 1, axis=0), state))
+    return module, inp
+
+
 def _experts_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         module.experts.__class__ = cls
@@ -332,6 +339,8 @@ MUTATIONS = {
                             _experts_as(_SoftmaxAfterTopK)),
     "shared_expert_ungated": (Case("TransformerBlock", replace(MOE, shared_expert_d_ff=8)), None,
                               _experts_as(_SharedExpertUngated)),
+    "mixed_stack_experts_off_by_one": (Case("Encoder", replace(MOE, decoder_sparse_step=2), num_layers=4), None,
+                                       experts_mlps_off_by_one),  # dense, experts, dense, experts
     "memory_mask_on_self_attention": (  # memory as long as the target, so the swapped masks fit
         Case("DecoderBlock", replace(BASE, causal=True), memory_seq=5, memory_key_mask=True), None,
         memory_mask_on_self_attention),

@@ -407,12 +407,10 @@ def mlp(cfg: Any, p: Params, prefix: str, x: np.ndarray, layer: int = 1,
         extras: dict | None = None) -> np.ndarray:
     """dense: linear2(act(linear1 x)); gated: linear2(act(linear_gate x) * linear1 x); or the
     experts (`moe_layer`), their router logits in extras["router_logits"] (zeros in a dense layer
-    of a mixed stack, whose unused MLP is left unread)."""
+    of a mixed stack)."""
     x_count = _opt(cfg, "num_experts", 0)
     if x_count:
         moe = moe_layer(cfg, layer)
-        idle = [k for k in p.arrays if k.startswith(prefix + ("linear" if moe else "experts."))]
-        p.used.update(idle)  # a mixed stack's layers hold both MLPs
         if moe:
             y, logits = experts(cfg, p, prefix + "experts.", x)
         else:

@@ -16,14 +16,17 @@ from ...core import declarations
 from ...core.declarations import FINAL_NORM, Param
 from ...core.options import PROBE, PROBES
 from ..io import read_state_dict
-from .params import BLOCK_KINDS, LAYER, module_params
+from .params import BLOCK_KINDS, LAYER
 
 
 # The declarations of the probe configs never change: each answer below is computed once per
 # process (a load then reads them without re-deriving every block's parameters).
 @functools.cache
 def _names(kind: str, **options: Any) -> Mapping[str, Param]:
-    return MappingProxyType({t: p for t, _, p, _ in module_params(kind, replace(PROBE, **options))})
+    """Every name a layer of block `kind` may hold under the probe config with `options` applied (both
+    MLPs of a mixed stack's layers: `declarations.block`'s mlp=None)."""
+    block = declarations.block(replace(PROBE, **options), kind)
+    return MappingProxyType({t: p for t, _, p in declarations.flatten(block)})
 
 
 @functools.cache
@@ -35,7 +38,8 @@ def _only_with(kind: str, **options: Any) -> frozenset[str]:
 @functools.cache
 def _only_in_probes(kind: str) -> frozenset[str]:
     """Names of the other probes (values refused beside PROBE's, as DyT's alpha) that PROBE lacks."""
-    return frozenset(t for probe in PROBES[1:] for t, _, _, _ in module_params(kind, probe)) - frozenset(_names(kind))
+    return frozenset(t for probe in PROBES[1:] for t, _, _ in declarations.flatten(declarations.block(probe, kind))
+                     ) - frozenset(_names(kind))
 
 
 @dataclass

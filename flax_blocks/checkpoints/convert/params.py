@@ -2,7 +2,7 @@
 the declarations: the one map both conversion directions read.
 
 A stack's layer i is torch's `layers.{i}.` and index i of the Flax layers' leading
-(stacked) axis; a Transformer holds an encoder and a decoder stack.
+(stacked) axis (a mixed stack's MLPs: index j of their kind's); a Transformer holds an encoder and a decoder stack.
 """
 
 from __future__ import annotations
@@ -24,11 +24,14 @@ def module_params(kind: str, cfg: BlockConfig, *, num_layers: Any = None,
                   final_norm: Any = False) -> list[tuple[str, str, Param, int | None]]:
     """(torch name, dotted Flax path, Param, layer index or None) of every parameter of a
     module of `kind`, derived from the declarations. A stack's layer i is torch's
-    `layers.{i}.` and index i of the Flax layers' leading (stacked) axis. A Transformer
+    `layers.{i}.` and index i of the Flax layers' leading (stacked) axis; each layer holds its
+    own MLP (`declarations.layer_mlp`), and a stack mixing the two kinds holds them in Flax
+    apart (`declarations.LAYER_MLPS`: index j among that kind's layers). A Transformer
     takes num_layers and final_norm as (encoder, decoder) pairs; its encoder is never causal
     (which changes no parameter)."""
     if kind in BLOCK_KINDS:
-        return [(t, f, p, None) for t, f, p in declarations.flatten(declarations.block(cfg, kind))]
+        block = declarations.block(cfg, kind, declarations.layer_mlp(cfg, 1))  # a block alone is layer 1
+        return [(t, f, p, None) for t, f, p in declarations.flatten(block)]
     if kind == "Transformer":
         out = []
         for (prefix, stack), n, fn in zip(declarations.TRANSFORMER.items(), num_layers, final_norm, strict=True):
@@ -37,8 +40,16 @@ def module_params(kind: str, cfg: BlockConfig, *, num_layers: Any = None,
         return out
     if kind not in declarations.STACKS:
         raise TypeError(f"expected one of {KINDS}, got {kind!r}")
-    layer = declarations.flatten(declarations.block(cfg, declarations.STACKS[kind]))
-    out = [(f"{LAYERS}.{i}.{t}", f"{LAYERS}.{f}", p, i) for i in range(num_layers or 0) for t, f, p in layer]
+    out = []
+    kinds = [declarations.layer_mlp(cfg, i + 1) for i in range(num_layers or 0)]
+    mixed = len(set(kinds)) > 1
+    for i, mlp in enumerate(kinds):
+        for t, f, p in declarations.flatten(declarations.block(cfg, declarations.STACKS[kind], mlp)):
+            if mixed and f.split(".")[0] in (*declarations.MLP_MODULES, declarations.EXPERTS_MODULE):
+                # a mixed stack's MLPs: Flax stacks each kind apart, index j among that kind's layers
+                out.append((f"{LAYERS}.{i}.{t}", f"{declarations.LAYER_MLPS[mlp]}.{f}", p, kinds[:i].count(mlp)))
+            else:
+                out.append((f"{LAYERS}.{i}.{t}", f"{LAYERS}.{f}", p, i))
     if final_norm:
         norm = declarations.norm(cfg, cfg.d_model)
         out += [(t, f, p, None) for t, f, p in declarations.flatten(norm, f"{FINAL_NORM}.")]

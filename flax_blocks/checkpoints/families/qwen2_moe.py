@@ -3,7 +3,7 @@ with a mixture of num_experts SwiGLU experts of width moe_intermediate_size, the
 num_experts_per_tok of the router's softmax (renormalised with norm_topk_prob), plus a shared
 expert (shared_expert_intermediate_size) scaled by a sigmoid gate; layers run a dense MLP
 (intermediate_size) instead where decoder_sparse_step or mlp_only_layers say (a mixed stack: each
-layer of ours holds both MLPs; the idle one is zeros on load and never written)."""
+layer of ours holds its own MLP only, as HF's)."""
 
 from __future__ import annotations
 
