@@ -123,6 +123,8 @@ def _regroup(a, heads: int, parts: int, *, to_ours: bool):
 # A family without experts fixes the experts options at their defaults (one dense MLP in every layer).
 DENSE = {"num_experts": 0, "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
          "mlp_only_layers": ()}
+# What GPT-OSS alone computes (families/gpt_oss.py reads them): every other family fixes them off.
+NO_GPT_OSS = {"attn_sinks": False, "experts_bias": False, "swiglu_limit": None, "swiglu_alpha": 1.702}
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,9 @@ class Dialect:
     def __post_init__(self) -> None:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
             object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
+        if self.rules is not None:  # GPT-OSS's options off unless the family reads or fixes them
+            off = {k: v for k, v in NO_GPT_OSS.items() if k not in self.reads}
+            object.__setattr__(self, "settings", {**off, **self.settings})
 
     @property
     def layer_regex(self) -> re.Pattern:

@@ -147,6 +147,13 @@ CASES: list[Case] = [
     Case("FeedForward", replace(BASE, bias=False, num_experts=3, num_experts_per_tok=1, norm_topk_prob=False)),
     Case("Encoder", replace(LLAMA, num_experts=4, expert_d_ff=6, shared_expert_d_ff=5, decoder_sparse_step=2,
                             mlp_only_layers=(0,)), num_layers=4, seq=6, key_mask=True),
+    # GPT-OSS: sinks in every softmax, on local and global layers alternating (layer_types), q/k/v/o biases,
+    # experts with biases (router and projections) and the clamped SwiGLU (a limit small enough to clamp here,
+    # an alpha other than the default)
+    Case("Encoder", replace(LLAMA, attn_sinks=True, qk_norm=False, bias=True, norm_bias=False, sliding_window=2,
+                            sliding_window_pattern=2, num_experts=4, num_experts_per_tok=2, expert_d_ff=6,
+                            experts_bias=True, swiglu_limit=0.3, swiglu_alpha=1.1), num_layers=2, seq=6,
+         key_mask=True),
 ]
 
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax

@@ -19,7 +19,7 @@ from flax import nnx
 import flax_blocks as fb
 from flax_blocks.attention import Attention, rotary
 from flax_blocks.blocks import TransformerBlock
-from flax_blocks.experts import Experts
+from flax_blocks.experts import ClampedSwiGLU, Experts
 from flax_blocks.layers import Norm
 
 from .harness import Case, Inputs
@@ -225,6 +225,24 @@ class _SharedExpertUngated(Experts):
         return self.shared_down(h)
 
 
+class _SinkLeftOut(Attention):
+    """GPT-OSS's attention with the sinks left out of the softmax's denominator (a plain softmax)."""
+
+    def softmax(self, logits):
+        return jax.nn.softmax(logits, axis=-1)
+
+
+def sink_left_out(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _SinkLeftOut
+    return module, inp
+
+
+def clamp_missing(case: Case, module, inp: Inputs):
+    """GPT-OSS's experts computing (up + 1) * gate * sigmoid(alpha * gate) without clamping gate and up."""
+    module.experts.glu = ClampedSwiGLU(float("inf"), module.cfg.swiglu_alpha)
+    return module, inp
+
+
 def _experts_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         module.experts.__class__ = cls
@@ -276,6 +294,11 @@ MUTATIONS = {
                             _experts_as(_SoftmaxAfterTopK)),
     "shared_expert_ungated": (Case("TransformerBlock", replace(MOE, shared_expert_d_ff=8)), None,
                               _experts_as(_SharedExpertUngated)),
+    # GPT-OSS: the sinks left out of the softmax; the experts' SwiGLU clamp missing (a limit that clamps here)
+    "sink_left_out": (Case("TransformerBlock", replace(MODERN, causal=True, attn_sinks=True), seq=6), None,
+                      sink_left_out),
+    "swiglu_clamp_missing": (Case("TransformerBlock", replace(MOE, experts_bias=True, swiglu_limit=0.3)), None,
+                             clamp_missing),
     "memory_mask_on_self_attention": (  # memory as long as the target, so the swapped masks fit
         Case("DecoderBlock", replace(BASE, causal=True), memory_seq=5, memory_key_mask=True), None,
         memory_mask_on_self_attention),
