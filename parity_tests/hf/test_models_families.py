@@ -68,10 +68,18 @@ EXPERTS = {
                        norm_topk_prob=True, mlp_only_layers=[0])),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(ROTARY, num_experts=4, num_experts_per_tok=2,
                                                       intermediate_size=16)),
+    # GPT-OSS: sinks, local / global layers (window 4 < T), yarn past its original length, q/k/v/o biases, biased
+    # experts whose SwiGLU clamp acts at these weights (limit 1), another alpha
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(ROTARY, head_dim=8, num_local_experts=4, num_experts_per_tok=2, intermediate_size=16,
+                     sliding_window=4, swiglu_limit=1.0, swiglu_alpha=1.5,
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 8.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 4,
+                                      "rope_theta": 500.0})),
 }
 CAUSAL.update(EXPERTS)
 TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2"}
-GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe"]  # (MoE: 9-15 s each)
+GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe", "gpt_oss"]  # (MoE: 9-15 s each)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
@@ -284,6 +292,36 @@ def test_the_experts_are_read_with_their_routing_and_in_the_right_halves(hf_mode
         want = float(hf_models["qwen2_moe"](torch.tensor(ids), attention_mask=torch.tensor(mask),
                                             position_ids=torch.tensor(positions), output_router_logits=True).aux_loss)
     assert abs(ours - want) <= 1e-5 * want, (ours, want)
+
+
+def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models, flax_models, reference):
+    """GPT-OSS read as GptOssModel computes it (sinks, biased experts clamped at swiglu_limit with its alpha,
+    layers alternating local and global, the softmax over the top k = the renormalised top k), and three
+    wrong readings a porter could make, each caught: gate_up_proj split in halves where gate and up
+    interleave column by column, the sinks left out of the softmax, the SwiGLU's clamp missing."""
+    from flax_blocks.checkpoints.convert.load import from_torch_state_dict
+
+    lm = flax_models["gpt_oss"]
+    c = lm.cfg
+    assert (c.attn_sinks, c.experts_bias, c.swiglu_limit, c.swiglu_alpha, c.norm_topk_prob) == (True, True, 1.0, 1.5,
+                                                                                                 True)
+    assert (c.sliding_window, c.sliding_window_pattern, c.rope_scaling.rope_type) == (4, 2, "yarn")
+    ids, mask, positions = _batch()
+    live = mask.astype(bool)
+    hf = hf_models["gpt_oss"]
+    halves = {k: v.numpy() for k, v in hf.state_dict().items()}
+    for k in [k for k in halves if "gate_up_proj" in k]:  # read as [gate | up]: gate = the first half
+        a = halves[k]
+        halves[k] = np.stack([a[..., : a.shape[-1] // 2], a[..., a.shape[-1] // 2:]], axis=-1).reshape(a.shape)
+    sd = fb.torch_state_dict(lm)
+    wrong = {"gate_up_proj read in halves": load(hf.config.to_dict(), halves, "causal-lm"),
+             "sinks left out": from_torch_state_dict(replace(c, attn_sinks=False), lm.lm,
+                                                     {k: v for k, v in sd.items() if not k.endswith(".sinks")}),
+             "SwiGLU clamp missing": from_torch_state_dict(replace(c, swiglu_limit=1e30), lm.lm, sd)}
+    for what, model in wrong.items():
+        err = _rel(_logits(model, ids, mask, positions), reference["gpt_oss"], live)
+        print(f"gpt_oss: {what}: rel error {err:.1e}")
+        assert err > 1e-3, what  # a hundred times the test's tolerance
 
 
 # A real mistake per new part: (family, what, the LMConfig fields of the mistake).
