@@ -294,11 +294,12 @@ def test_the_experts_are_read_with_their_routing_and_in_the_right_halves(hf_mode
     assert abs(ours - want) <= 1e-5 * want, (ours, want)
 
 
-def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models, flax_models, reference):
+def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models, flax_models, reference, tmp_path):
     """GPT-OSS read as GptOssModel computes it (sinks, biased experts clamped at swiglu_limit with its alpha,
     layers alternating local and global, the softmax over the top k = the renormalised top k), and three
     wrong readings a porter could make, each caught: gate_up_proj split in halves where gate and up
-    interleave column by column, the sinks left out of the softmax, the SwiGLU's clamp missing."""
+    interleave column by column, the sinks left out of the softmax, the SwiGLU's clamp missing. fb.save_hf
+    writes a folder from_pretrained reads with nothing missing or unexpected, every tensor identical."""
     from flax_blocks.checkpoints.convert.load import from_torch_state_dict
 
     lm = flax_models["gpt_oss"]
@@ -322,6 +323,12 @@ def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models,
         err = _rel(_logits(model, ids, mask, positions), reference["gpt_oss"], live)
         print(f"gpt_oss: {what}: rel error {err:.1e}")
         assert err > 1e-3, what  # a hundred times the test's tolerance
+    fb.save_hf(lm, tmp_path)
+    back, info = type(hf).from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+    original = hf.state_dict()
+    assert set(back.state_dict()) == set(original)
+    assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
 
 
 # A real mistake per new part: (family, what, the LMConfig fields of the mistake).
