@@ -132,10 +132,8 @@ def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: 
     if need_weights or explicit_mask or dropout_active or not isinstance(seq, int):
         return "dense"
     gpu = (jax.default_backend() if platform is None else platform) == "gpu"
-    if cfg.attn_sinks:  # (the blocked and fused paths have no sink in their softmax)
-        return "dense"
-    if gpu and cfg.attn_logit_softcapping is None and cfg.sliding_window_pattern is None:  # (see BlockConfig)
-        return "fused"
+    if gpu and cfg.attn_logit_softcapping is None and cfg.sliding_window_pattern is None and not cfg.attn_sinks:
+        return "fused"  # (see BlockConfig; jax.nn.dot_product_attention has no sinks)
     return "blocked" if seq >= AUTO_MIN_KEYS else "dense"
 
 
@@ -490,7 +488,8 @@ class Attention(nnx.Module):
                                    window=cfg.sliding_window if local is True else None)
         return blocked_attention(q, k, v, causal=cfg.causal, key_valid=key_valid,  # memory-efficient: no (T, S)
                                  block=cfg.attention_block, scale=cfg.attention_scale,
-                                 softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local)
+                                 softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local,
+                                 sinks=None if self.sinks is None else self.sinks[...].astype(q.dtype))
 
     def _dense(self, q: jax.Array, kh: jax.Array, vh: jax.Array, step: tuple | None, mask: jax.Array | None,
                rows: jax.Array | None, index: jax.Array | int, key: jax.Array | None,

@@ -126,8 +126,7 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(layernorm_scaling=True, norm="none"), ["layernorm_scaling", "norm='none'"]),
         (dict(layernorm_scaling=1, norm="pre"), ["layernorm_scaling", "bool"]),
         # GPT-OSS's options
-        (dict(attn_sinks=True, attention="blocked"), ["attention='blocked'", "attn_sinks", "'dense'"]),
-        (dict(attn_sinks=True, attention="fused"), ["attention='fused'", "attn_sinks"]),
+        (dict(attn_sinks=True, attention="fused"), ["attention='fused'", "attn_sinks", "'blocked'"]),
         (dict(attn_sinks=1), ["attn_sinks", "bool"]),
         (dict(swiglu_limit=7.0), ["swiglu_limit=7.0", "num_experts > 0"]),
         (dict(num_experts=2, mlp="swiglu", activation="silu", swiglu_limit=0.0), ["swiglu_limit", "> 0"]),
@@ -397,16 +396,17 @@ def test_flax_blocks_imports_jax_but_not_torch():
     assert _loaded_after("import flax_blocks; flax_blocks.TransformerBlock") == {"jax", "flax"}
 
 
-def test_sinks_take_the_dense_softmax_in_both_twins():
-    """Attention sinks join the explicit softmax's denominator: "auto" never takes the blocked or fused
-    path with them (Flax, even past AUTO_MIN_KEYS and on a GPU; torch: not SDPA)."""
+def test_sinks_never_take_the_fused_path():
+    """Attention sinks join the softmax's denominator, which jax.nn.dot_product_attention and SDPA have no
+    place for: "auto" takes the blocked path past AUTO_MIN_KEYS even on a GPU (Flax), torch the explicit
+    softmax."""
     from flax_blocks.attention import attention_path
     from torch_blocks.attention import attention_path as torch_attention_path
 
     cfg = make(attn_sinks=True, causal=True)
     for platform in ("cpu", "gpu"):
         assert attention_path(cfg, 4096, need_weights=False, explicit_mask=False, dropout_active=False,
-                              platform=platform) == "dense"
-    assert torch_attention_path(cfg, need_weights=False) == "dense"
+                              platform=platform) == "blocked"
     assert attention_path(make(causal=True), 4096, need_weights=False, explicit_mask=False, dropout_active=False,
-                          platform="cpu") == "blocked"
+                          platform="gpu") == "fused"
+    assert torch_attention_path(cfg, need_weights=False) == "dense"

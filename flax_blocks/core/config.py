@@ -307,10 +307,10 @@ class BlockConfig:
                              "whose window is then not a static size. Use attention='auto', 'dense' or 'blocked'")
         if not isinstance(self.attn_sinks, bool):
             raise ValueError(f"BlockConfig.attn_sinks must be a bool, got {self.attn_sinks!r}")
-        if self.attn_sinks and self.attention in ("blocked", "fused"):
-            raise ValueError(f"BlockConfig.attention={self.attention!r} cannot compute attention sinks (attn_sinks, "
-                             "GPT-OSS): its online softmax has no sink in the denominator. Use attention='auto' "
-                             "(dense with sinks) or 'dense'")
+        if self.attn_sinks and self.attention == "fused":
+            raise ValueError("BlockConfig.attention='fused' cannot compute attention sinks (attn_sinks, GPT-OSS): "
+                             "jax.nn.dot_product_attention and SDPA have no sink in the denominator. Use "
+                             "attention='auto', 'dense' or 'blocked'")
         if self.attn_logit_softcapping is not None and self.attention == "fused":
             raise ValueError("BlockConfig.attention='fused' cannot soft-cap the logits (attn_logit_softcapping): "
                              "jax.nn.dot_product_attention and SDPA have no soft-cap. Use attention='auto', "

@@ -114,7 +114,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("attn_logit_softcapping", "compute", "attention logits s become c * tanh(s / c) before the mask "
            "(Gemma 2: 50); not on the fused path"),
     Option("attn_sinks", "compute", "a learned logit per head joining each softmax's denominator, then dropped "
-           "(GPT-OSS sinks); dense path only", adds=True),
+           "(GPT-OSS sinks); not on the fused path", adds=True),
     Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 "
            "(Gemma 2 / 3)"),
     Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
@@ -271,7 +271,8 @@ DETAILS = """\
 - `attn_sinks`: a learned logit s_h per head (GPT-OSS `sinks`, torch `self_attn.sinks` (H,)) joins every
   query row's softmax as one more column and is dropped after it: weights exp(l_j) / (sum_j exp(l_j) +
   exp(s_h)), so a row may give less than all its weight to the keys. On local and global layers alike, in
-  cached decoding too. The dense path computes it ("auto" takes dense; "blocked" and "fused" are refused);
+  cached decoding too. The dense and blocked paths compute it (the blocked one adds exp(s_h) at the end of
+  its online softmax and takes d s_h from the log-sum-exp); "fused" is refused and "auto" never takes it;
   torch serves it with the explicit softmax.
 - `query_pre_attn_scalar`: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim) (Gemma 2 / 3
   `query_pre_attn_scalar`).

@@ -138,6 +138,9 @@ CASES: list[Case] = [
     Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
          memory_key_mask=True),
     Case("TransformerBlock", replace(BASE, attention="dense"), key_mask=True),
+    # GPT-OSS's sinks on the blocked path: exp(sink) in the online softmax's denominator, d sink from the lse
+    Case("TransformerBlock", replace(LLAMA, attention="blocked", attention_block=2, attn_sinks=True,
+                                     sliding_window=3), seq=7, key_mask=True),
     # mixtures of experts: Mixtral's (top-2 of 4 SwiGLU experts, renormalised), Qwen2-MoE's shared expert
     # with its gate and unrenormalised weights, top-1 of dense GELU experts; a stack mixing dense and experts
     # layers (decoder_sparse_step 2, layer 0 dense by mlp_only_layers: dense, experts, dense, experts)
