@@ -31,6 +31,7 @@ from .core import declarations
 from .core.config import BlockConfig
 from .core.lm_config import OPTIONAL, LMConfig, build_order, default_positions
 from .layers import Linear, Norm, compute_dtype, create_params
+from .sharding import explicit_call
 from .stacks import Encoder
 
 Cache = dict[str, Any]
@@ -241,6 +242,12 @@ class LanguageModel(nnx.Module):
         `flax_blocks.experts.load_balancing_loss` turns into HF's auxiliary loss}). Bad ids,
         masks and positions are refused before anything is computed (where their values can be
         read)."""
+        explicit = explicit_call(  # a mesh of Explicit axes (jax.make_mesh's): computed with them Auto
+            self, lambda m, *a: m(a[0], attention_mask=a[1], positions=a[2], token_type_ids=a[3], cache=a[4],
+                                  deterministic=deterministic, return_intermediates=return_intermediates),
+            (input_ids, attention_mask, positions, token_type_ids, cache), cache=cache, extra=return_intermediates)
+        if explicit is not None:
+            return explicit
         out = self.hidden(input_ids, attention_mask=attention_mask, positions=positions, token_type_ids=token_type_ids,
                           cache=cache, deterministic=deterministic, return_intermediates=return_intermediates)
         h, extra = out if cache is not None or return_intermediates else (out, None)

@@ -405,8 +405,101 @@ def misplaced(state: Any, mesh: Mesh, rules: Any) -> list[str]:
 
 
 def input_sharding(mesh: Mesh, rules: Any, axes: Sequence[str | None] = ACTIVATION_AXES) -> NamedSharding:
-    """Sharding of an input whose axes are `axes` (default (batch, seq, activation_embed))."""
+    """Sharding of an input whose logical axes are `axes` (default (batch, seq,
+    activation_embed): hidden states (B, T, E) into a stack); token ids (B, T) take ("batch",
+    "seq"): `token_sharding`."""
     return NamedSharding(mesh, logical_to_spec(axes, rules, mesh))
+
+
+def explicit_mesh(tree: Any) -> Any:
+    """The mesh with Explicit axes (sharding in types: `jax.make_mesh`'s default) that the
+    context (`jax.set_mesh`) or an array of `tree` is typed on; None: none (no mesh, an Auto
+    mesh, or inside `on_auto_axes`, whose context mesh is Auto)."""
+    context = jax.sharding.get_abstract_mesh()
+    if not context.empty:
+        return context if context.explicit_axes else None
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            mesh = getattr(jax.typeof(leaf).sharding, "mesh", None)
+            if mesh is not None and not mesh.empty and mesh.explicit_axes:
+                return mesh
+    return None
+
+
+def on_auto_axes(module: Any, method: Any, arrays: Any, out_specs: Any, mesh: Any) -> Any:
+    """`method(module, *arrays)` computed with `mesh`'s Explicit axes made Auto
+    (`jax.sharding.auto_axes`: XLA places what the library's products leave open, as on a
+    mesh of Auto axes); its output resharded to `out_specs` (PartitionSpecs, a prefix of the
+    output's tree) on `mesh`. The module's Params go in as arguments (a closed-over array typed
+    on the Explicit mesh would meet the Auto context); its other state (RNG counts) comes back
+    replicated and is written into `module`."""
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)  # type: ignore[misc]
+
+    def body(params, rest, arrays):
+        m = nnx.merge(graphdef, params, rest)
+        return method(m, *arrays), nnx.state(m, nnx.Not(nnx.Param))
+
+    named = jax.tree.map(lambda s: NamedSharding(mesh, s), (out_specs, PartitionSpec()),
+                         is_leaf=lambda x: isinstance(x, PartitionSpec))
+    out, rest = jax.sharding.auto_axes(body, axes=mesh.explicit_axes, out_sharding=named)(params, rest, arrays)
+    nnx.update(module, rest)
+    return out
+
+
+def explicit_call(module: Any, call: Any, arrays: tuple[Any, ...], *, cache: Any = None,
+                  extra: bool = False) -> Any:
+    """`call(module, *arrays)` through `on_auto_axes` when `module`'s Params, `arrays` or the
+    context sit on a mesh of Explicit axes; None otherwise (the caller computes as usual). The
+    output's (batch, seq) dims keep those of `arrays[0]` (token ids (B, T) or hidden states
+    (B, T, E)); a cache comes back placed as it came, intermediates (`extra`) replicated."""
+    mesh = explicit_mesh((nnx.state(module, nnx.Param), arrays))
+    if mesh is None:
+        return None
+    spec = batch_spec(arrays[0])
+    if cache is not None:
+        specs: Any = (spec, jax.tree.map(lambda a: jax.typeof(a).sharding.spec, cache))
+    else:
+        specs = (spec, PartitionSpec()) if extra else spec
+    return on_auto_axes(module, call, arrays, specs, mesh)
+
+
+def batch_spec(ids: Any) -> PartitionSpec:
+    """The spec of the (batch, seq) dims of token ids `ids` on their mesh (P(): not sharded)."""
+    if not isinstance(ids, jax.Array):
+        return PartitionSpec()
+    spec = tuple(getattr(jax.typeof(ids).sharding, "spec", ()) or ())
+    return PartitionSpec(*spec[:2])
+
+
+def token_sharding(mesh: Mesh, rules: Any = DATA_PARALLEL) -> NamedSharding:
+    """The sharding of token ids, masks and positions (B, T) on `mesh`: their axes are the
+    logical ("batch", "seq"), placed by `rules` (default DATA_PARALLEL: the batch over "data",
+    the sequence whole; HYBRID and FSDP do the same). For a model's call, `fb.generate` and a
+    train step: `jax.device_put(ids, token_sharding(mesh))`."""
+    return input_sharding(mesh, rules, ("batch", "seq"))
+
+
+def model_mesh(model: Any) -> Mesh | None:
+    """The mesh `model`'s parameters are placed on (`from_hf(mesh=)`, `shard_model`); None: none."""
+    for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+        if isinstance(leaf, jax.Array) and isinstance(leaf.sharding, NamedSharding) \
+                and isinstance(leaf.sharding.mesh, Mesh):
+            return leaf.sharding.mesh
+    return None
+
+
+def sharded_optimizer(model: Any, tx: Any, *, wrt: Any = nnx.Param, rules: Any = None) -> Any:
+    """An `nnx.Optimizer(model, tx, wrt=wrt)` whose whole state is placed on `model`'s mesh:
+    made inside `jax.set_mesh(mesh)`, so its step counters (and optax's) are replicated over
+    the mesh as the jitted step gives them back (made outside, they sit on one device and the
+    second step compiles again), the moments beside their parameters; with `rules`, then
+    placed by them (`shard_model`). A model on no mesh: a plain nnx.Optimizer."""
+    mesh = model_mesh(model)
+    if mesh is None:
+        return nnx.Optimizer(model, tx, wrt=wrt)
+    with jax.set_mesh(mesh):
+        optimizer = nnx.Optimizer(model, tx, wrt=wrt)
+    return optimizer if rules is None else shard_model(optimizer, mesh, rules)
 
 
 def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None, *,

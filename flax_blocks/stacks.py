@@ -18,6 +18,7 @@ from .core.config import FINAL_NORM_BY_DEFAULT, BlockConfig, check_remat
 from .core.context import Context
 from .core.declarations import FINAL_NORM
 from .layers import Norm, as_batched, batched_memory
+from .sharding import explicit_call
 
 
 class _Stack(nnx.Module):
@@ -167,6 +168,12 @@ class Encoder(_Stack):
         positions: (B, T) integer rotary positions per row (HF's position_ids; left-padded
         rows start later); None: 0..T-1, or with a cache each row's next position onwards.
         """
+        explicit = explicit_call(  # a mesh of Explicit axes (jax.make_mesh's): computed with them Auto
+            self, lambda m, *a: m(a[0], attention_mask=a[1], key_mask=a[2], cache=a[3], positions=a[4],
+                                  return_intermediates=return_intermediates, deterministic=deterministic),
+            (x, attention_mask, key_mask, cache, positions), cache=cache, extra=return_intermediates)
+        if explicit is not None:
+            return explicit
         x, unbatched = as_batched(self.cfg, x)
         positions = checked_positions(positions, x.shape[:2])
         if cache is not None:

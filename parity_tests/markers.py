@@ -21,3 +21,28 @@ def rewrite(path: str, text: str, start: str, end: str, name: str) -> None:
         doc = f.read()
     with open(path, "w") as f:
         f.write(splice(doc, text, start, end, name))
+
+
+def row_key(row: str) -> str:
+    """A markdown table row's name: the first word of its first cell ("| llama (llama -> hf-llama) |
+    ..." -> "llama")."""
+    return row.split("|")[1].strip().split(" ")[0]
+
+
+def replace_rows(path: str, rows: str, start: str, end: str, name: str) -> None:
+    """Replace, in the table between the markers of the file at `path`, the rows named as the
+    rows of `rows` (`row_key`), each in its place; the other rows stay as they are. A ValueError
+    names a row the table does not hold (a new one needs the whole table written)."""
+    with open(path) as f:
+        doc = f.read()
+    if start not in doc or end not in doc:
+        splice(doc, "", start, end, name)  # raises, naming the markers
+    table = doc.split(start, 1)[1].split(end, 1)[0].strip("\n").splitlines()
+    new = {row_key(r): r for r in rows.strip("\n").splitlines() if r.startswith("| ")}
+    keys = [row_key(r) if r.startswith("| ") and not r.startswith("|---") else None for r in table]
+    missing = sorted(set(new) - set(keys))
+    if missing:
+        raise ValueError(f"the {name} table of {path} has no rows {missing}: write the whole table (without --only)")
+    text = "\n".join(new.get(k, r) if k else r for k, r in zip(keys, table, strict=True)) + "\n"
+    with open(path, "w") as f:
+        f.write(splice(doc, text, start, end, name))

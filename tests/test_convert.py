@@ -155,7 +155,7 @@ except ImportError as e:
     assert "'torch' extra" in str(e), e
     print("OK", err)
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("OK")
 
@@ -357,7 +357,7 @@ def _cli(*runs: list[str]) -> list[SimpleNamespace]:
     """Run the converter CLI's main() once per argv list, all in one fresh interpreter
     (it turns on jax_enable_x64, which must not leak into this test process)."""
     out = subprocess.run([sys.executable, "-c", CLI_RUNNER, json.dumps(list(runs))], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
+                         cwd=ROOT)
     assert out.returncode == 0, out.stderr
     return [SimpleNamespace(**r) for r in json.loads(out.stdout.splitlines()[-1])]
 
@@ -385,7 +385,7 @@ def test_cli_round_trip_and_errors(tmp_path):
     assert not (tmp_path / "o.safetensors").exists()
     assert "shape mismatch for layers.1.linear1.weight: expected (20, 12), found (20, 5)" in wrong_shape.stderr
     entry = subprocess.run([sys.executable, "-m", "flax_blocks.checkpoints.convert", "--help"], capture_output=True,
-                           text=True, cwd=ROOT, timeout=120)
+                           text=True, cwd=ROOT)
     assert entry.returncode == 0 and "--num-heads" in entry.stdout
 
 

@@ -98,3 +98,15 @@ def test_cells_of_the_experts_variants_name_their_settings_and_dense_cells_keep_
     assert [cell_name(cell_config(depth, *run)) for run in depth.runs()] == depth_cells
     assert sweep_from_args(parse_args(["--preset", "cpu-moe", "--router-aux-coef", "0.01"])).router_aux_coef == 0.01
     assert sweep.router_aux_coef == 0.0 and all(p.router_aux_coef == 0.0 for p in PRESETS.values())
+
+
+def test_the_lab_takes_a_mesh_of_explicit_axes():
+    """jax.make_mesh's default mesh (Explicit axes) runs as the same devices with Auto axes (the
+    Trainer places its own arrays; measured on 2 simulated devices: the same losses, bit for bit)."""
+    explicit = jax.make_mesh((1,), ("runs",))
+    assert explicit.axis_types == (jax.sharding.AxisType.Explicit,)
+    task = markov_task(vocab=8, seq_len=8, seed=0)
+    tr = Trainer(ModelConfig("pre-moe", 2, **TINY), task, TrainConfig(steps=2, batch=4, chunk=2, heldout=4, pool=32),
+                 mesh=explicit, options=compiler_options(0))
+    assert tr.mesh.axis_types == (jax.sharding.AxisType.Auto,) and tr.mesh.axis_names == ("runs",)
+    assert tr.mesh.devices.tolist() == explicit.devices.tolist()

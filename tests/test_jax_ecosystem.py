@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
+import re
 
 import jax
 import jax.numpy as jnp
@@ -207,22 +207,22 @@ def test_to_linen():
     close(out, h)
 
 
-def _compile_seconds(num_layers: int) -> float:
+def _compiled_program(num_layers: int) -> str:
     cfg = BlockConfig(d_model=8, num_heads=2, d_ff=16, dropout=0.0, norm="pre")
     # abstract construction: shapes only, nothing is computed
     enc = nnx.eval_shape(lambda: fb.Encoder(cfg, num_layers=num_layers, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(enc)
     assert state["layers"]["linear1"]["kernel"].get_value().shape == (num_layers, 8, 16)
-    f = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))  # a fresh function: no cache hit
+    f = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
     x = jax.ShapeDtypeStruct((2, 8, 8), jnp.float32)
-    t = time.perf_counter()
-    f.lower(state, x).compile()
-    return time.perf_counter() - t
+    return f.lower(state, x).compile().as_text()
 
 
-def test_compile_time_does_not_grow_with_depth():
-    t6, t48 = [], []
-    for _ in range(2):  # interleaved, best of two (the first also warms up): robust on a busy machine
-        t6.append(_compile_seconds(6))
-        t48.append(_compile_seconds(48))
-    assert min(t48) <= 2 * min(t6), (t6, t48)
+def test_the_compiled_program_does_not_grow_with_depth():
+    """The layers run under one scan: the program XLA compiles for 48 layers is the one for 6
+    but for its numbers (the trip count, the stacked parameters' leading dimension), so compile
+    time cannot grow with depth. Measured on the program, not on the clock (a busy machine
+    cannot fail it); an unrolled stack would hold 8x the ops."""
+    h6, h48 = _compiled_program(6), _compiled_program(48)
+    assert "while" in h48
+    assert re.sub(r"\d+", "N", h48) == re.sub(r"\d+", "N", h6)

@@ -65,7 +65,7 @@ print(json.dumps(out))
 def test_help_works_on_every_module_with_a_main():
     """`python -m MODULE --help` exits 0 with a usage line (run as __main__, one interpreter)."""
     res = subprocess.run([sys.executable, "-c", HELP_RUNNER, json.dumps(CLI_MODULES)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.splitlines()[-1])
     for mod in CLI_MODULES:
@@ -123,7 +123,7 @@ print(json.dumps(results))
 def _cli(*runs: tuple[str, list[str]]) -> list[dict]:
     """Run CLI mains in one fresh interpreter (the converter turns on jax_enable_x64)."""
     res = subprocess.run([sys.executable, "-c", CLI_RUNNER, json.dumps(runs)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+                         text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.splitlines()[-1])
 

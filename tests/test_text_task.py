@@ -231,7 +231,7 @@ def test_split_independent_of_pythonhashseed(corpus, topics):
     for seed in ("1", "4242"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                             check=True, timeout=60).stdout
+                             check=True).stdout
         assert json.loads(out) == expected
 
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from flax_blocks.core.config import BlockConfig
 from flax_blocks.core.declarations import Component
+from flax_blocks.core.generation_settings import Resolved, resolve
 from flax_blocks.core.lm_config import OPTIONAL, LMConfig, build_order, default_positions
 
 from .layers import Linear, Norm, create_params
@@ -158,30 +159,56 @@ class LanguageModel(nn.Module):
         return y if extra is None else (y, extra)
 
 
+def _eos_hit(tokens: Tensor, eos: tuple[int, ...]) -> Tensor:
+    """tokens (B,) -> (B,) bool: the token is one of the eos ids."""
+    return (tokens[:, None] == torch.tensor(eos, dtype=tokens.dtype, device=tokens.device)).any(-1)
+
+
+def _choose(logits: Tensor, run: Resolved, generator: torch.Generator | None) -> Tensor:
+    """logits (B, V) -> (B,) tokens: argmax, or a draw from HF's warpers' logits (temperature,
+    top-k, top-p) with `generator`."""
+    if not run.sample:
+        return logits.argmax(-1)
+    logits = logits.float() / run.temperature
+    if run.top_k is not None and run.top_k < logits.shape[-1]:
+        logits = logits.masked_fill(logits < torch.topk(logits, run.top_k)[0][..., -1:], float("-inf"))
+    if run.top_p is not None:  # HF's TopPLogitsWarper
+        sorted_logits, order = torch.sort(logits, descending=False)
+        drop = sorted_logits.softmax(-1).cumsum(-1) <= 1 - run.top_p
+        drop[..., -1] = False
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+
+
 @torch.no_grad()
 def generate(model: LanguageModel, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-             max_new_tokens: int, eos_token_id: int | None = None, pad_token_id: int | None = None) -> Tensor:
-    """Greedy cached generation, the prompt in one chunk then one token per step (a Python
-    loop): (B, T + max_new_tokens), rows finished by eos padded with pad_token_id (default
-    eos). Left-padded prompts get HF's positions (cumsum(mask) - 1, 0 at padding). A model with
-    a recompute_length recomputes every key once there, as `fb.generate`."""
+             max_new_tokens: int, do_sample: bool | None = None, temperature: float | None = None,
+             top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None,
+             eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None) -> Tensor:
+    """Cached generation, the prompt in one chunk then one token per step (a Python loop):
+    (B, T + N), N = max_new_tokens or fewer once every row has emitted an eos, rows that ended
+    padded with pad_token_id, as HF's generate. Arguments left None come from the model's
+    generation settings (`model.lm.generation`), as `fb.generate`
+    (`flax_blocks.core.generation_settings.resolve`); sampling draws with `generator`.
+    Left-padded prompts get HF's positions (cumsum(mask) - 1, 0 at padding). A model with a
+    recompute_length recomputes every key once there, as `fb.generate`."""
+    run = resolve(model.lm.generation, eos_token_id=eos_token_id, pad_token_id=pad_token_id, do_sample=do_sample,
+                  temperature=temperature, top_k=top_k, top_p=top_p)
+    eos, pad = run.eos, run.pad
     b, t = input_ids.shape
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
     if not bool(mask[:, -1].all()):
         raise ValueError("the last token of every row must be real: left-pad the prompts")
-    pad = eos_token_id if pad_token_id is None else pad_token_id  # read only with an eos_token_id
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     cache = model.init_cache(b, t + max_new_tokens)
     h, cache = model.hidden(input_ids, mask, positions, cache=cache)
-    token = model.logits(h[:, -1]).argmax(-1)
-    done = torch.zeros(b, dtype=torch.bool) if eos_token_id is None else token == eos_token_id
+    token = _choose(model.logits(h[:, -1]), run, generator)
+    done = torch.zeros(b, dtype=torch.bool) if eos is None else _eos_hit(token, eos)
     out = [token]
     again = model.lm.recompute_length  # HF's Phi-3 generate: all keys recomputed once the sequence passes it
     for step in range(1, max_new_tokens):
-        if eos_token_id is not None and bool(done.all()):
-            assert pad is not None  # eos_token_id given: pad defaults to it
-            out.append(torch.full_like(token, pad))
-            continue
+        if eos is not None and bool(done.all()):
+            break  # HF's generate stops once every row has ended
         if again is not None and t + step == again + 1:  # the whole sequence so far, from a fresh cache
             so_far = torch.cat([input_ids, torch.stack(out, 1)], dim=1)
             full = torch.cat([mask, torch.ones(b, step, dtype=mask.dtype)], dim=1)
@@ -189,11 +216,11 @@ def generate(model: LanguageModel, input_ids: Tensor, attention_mask: Tensor | N
             h, cache = model.hidden(so_far, full, (full.cumsum(1) - 1).clamp(min=0), cache=cache)
         else:
             h, cache = model.hidden(token[:, None], cache=cache)
-        nxt = model.logits(h[:, -1]).argmax(-1)
-        if eos_token_id is not None:
-            assert pad is not None
+        nxt = _choose(model.logits(h[:, -1]), run, generator)
+        if eos is not None:
+            assert pad is not None  # resolve: pad defaults to eos[0]
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-            done = done | (nxt == eos_token_id)
+            done = done | _eos_hit(nxt, eos)
         token = nxt
         out.append(token)
     return torch.cat([input_ids, torch.stack(out, 1)], dim=1)

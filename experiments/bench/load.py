@@ -74,6 +74,9 @@ DTYPES = ("float32", "bfloat16")
 CACHE = Path("~/.cache/twin_blocks").expanduser()
 LOADERS = ("limit", "limit-4k", "ours", "ours-1", "hf", "mesh")
 MESH = (2, 4)  # (data, model) of the simulated mesh
+OURS = ("ours", "ours-1", "mesh", "ours-f32")  # ours-f32: fb.from_hf(..., dtype="float32") (the FP8 folder)
+FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+       "modules_to_not_convert": ["lm_head"]}
 KEYS = ("seconds", "peak_over_baseline", "rss_after", "rss_file_after", "read_seconds", "load_read_seconds",
         "peak_read_over_baseline", "rss_anon_read", "rss_file_read", "baseline_rss", "device_bytes")
 
@@ -175,7 +178,7 @@ def copy_all(folder: Path, small_pages: bool) -> list[np.ndarray]:
 
 def worker(loader: str, folder: str, logits_out: str | None) -> dict[str, Any]:
     """One load in this (fresh) process; returns the measurements."""
-    if loader in ("ours", "ours-1", "mesh"):
+    if loader in OURS:
         import jax
         import jax.numpy as jnp
         from flax import nnx
@@ -205,10 +208,10 @@ def worker(loader: str, folder: str, logits_out: str | None) -> dict[str, Any]:
         hwm_reset = proc_status()["VmHWM"] <= base["VmRSS"] * 1.01 + (1 << 20)
     except OSError:
         hwm_reset = False
-    before = stream.bytes_read() if loader in ("ours", "ours-1", "mesh") else 0
+    before = stream.bytes_read() if loader in OURS else 0
     t0 = time.perf_counter()
-    if loader in ("ours", "ours-1", "mesh"):
-        model = fb.from_hf(folder, part="causal-lm", mesh=mesh)
+    if loader in OURS:
+        model = fb.from_hf(folder, part="causal-lm", mesh=mesh, dtype="float32" if loader == "ours-f32" else None)
         jax.block_until_ready(nnx.state(model))
     elif loader == "hf":
         model = AutoModelForCausalLM.from_pretrained(folder)
@@ -217,7 +220,7 @@ def worker(loader: str, folder: str, logits_out: str | None) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     after = proc_status()
     t0 = time.perf_counter()
-    if loader in ("ours", "ours-1", "mesh"):
+    if loader in OURS:
         leaves = jax.tree.leaves(nnx.state(model))
         weights = [np.asarray(s.data) for w in leaves for s in w.addressable_shards]  # zero-copy views on CPU
         dtypes = sorted({str(w.dtype) for w in leaves})
@@ -259,7 +262,8 @@ def run_worker(loader: str, folder: Path, logits_out: Path | None) -> dict[str, 
     if loader == "mesh":
         flags = [f for f in env.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
         env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={MESH[0] * MESH[1]}"])
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, env=env)
+    root = Path(__file__).resolve().parents[2]  # the repository's root: its flax_blocks first on sys.path
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
     if proc.returncode:
         raise RuntimeError(f"{loader} worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -358,6 +362,9 @@ def write_summary(out: Path, res: dict[str, Any]) -> None:
                                 f" -> {lib['sha256_end']}: CHANGED DURING THE RUN, rounds may differ") + ".",
         f"Versions: {res['versions']}.",
     ]
+    text += ["", "bf16_folder: the bfloat16 folder the FP8 one was quantized from (not quantized), loaded the same way "
+             "for comparison. bytes read: from the files (FP8 weights, scales and the bfloat16 rest); staged: the "
+             "float32 values that went through a temporary (every dequantized weight)."]
     (out / "summary.md").write_text("\n".join(text) + "\n")
     (out / "summary.json").write_text(json.dumps(res, indent=1) + "\n")
     print("\n".join(text))
@@ -406,13 +413,17 @@ def main() -> None:
     ap.add_argument("--folder", type=Path, default=None, help="(workers) the checkpoint folder")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--_worker", choices=LOADERS, help=argparse.SUPPRESS)
+    ap.add_argument("--fp8", action="store_true", help="the FP8 folder's loads only (-> results/load-fp8/)")
+    ap.add_argument("--_worker", choices=LOADERS + ("ours-f32",), help=argparse.SUPPRESS)
     ap.add_argument("--logits-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._worker:
         print(json.dumps(worker(args._worker, str(args.folder), args.logits_out)))
         return
     size = "small" if args.small else "200m"
+    if args.fp8:
+        fp8_main(args, size)
+        return
     folders = {dtype: CACHE / f"llama-{'tiny' if args.small else '200m'}{'' if dtype == 'float32' else '-' + dtype}"
                for dtype in DTYPES}
     checkpoints = {}
@@ -473,6 +484,96 @@ def main() -> None:
                     "Qwen2.5-0.5B bfloat16 (its shape)": per_device_bytes(QWEN25_05B, 2)})
     args.out.mkdir(parents=True, exist_ok=True)
     write_summary(args.out, summary)
+
+
+def build_fp8(folder: Path, source: Path) -> None:
+    """The bfloat16 LLaMA in block-scaled FP8 as the published releases hold it (DeepSeek-V3,
+    Qwen3-FP8): every projection of the layers float8_e4m3fn with a float32 weight_scale_inv per
+    128 x 128 block (`flax_blocks.checkpoints.quantized.fp8_quantize`), the embeddings, norms and
+    lm_head (modules_to_not_convert) in bfloat16; one shard per source shard."""
+    if is_built(folder):
+        print(f"reusing {folder}")
+        return
+    from safetensors.numpy import save_file
+
+    from flax_blocks.checkpoints import quantized, stream
+
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    weight_map: dict[str, str] = {}
+    for path in shards(source):
+        out: dict[str, np.ndarray] = {}
+        for name, t in stream.read_safetensors(path).items():
+            if ".layers." in name and name.endswith("proj.weight"):
+                out[name], out[name + "_scale_inv"] = quantized.fp8_quantize(t.read().astype(np.float32), (128, 128))
+            else:
+                out[name] = t.read()
+        save_file(out, str(tmp / path.name), metadata={"format": "pt"})
+        weight_map.update({n: path.name for n in out})
+    (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = json.loads((source / "config.json").read_text())
+    (tmp / "config.json").write_text(json.dumps({**config, "quantization_config": FP8}, indent=2))
+    if folder.exists():
+        import shutil
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+
+
+def fp8_main(args: argparse.Namespace, size: str) -> None:
+    """Peak host memory of loading the FP8 folder, dequantized as read, against the bytes of
+    the model it gives (bfloat16, the config's dtype; float32 when asked)."""
+    source = CACHE / f"llama-{'tiny' if args.small else '200m'}-bfloat16"
+    folder = CACHE / f"llama-{'tiny' if args.small else '200m'}-fp8"
+    build(source, size, "bfloat16")
+    build_fp8(folder, source)
+    files = shards(folder)
+    for f in files:
+        with open(f, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+    ckpt = sum(f.stat().st_size for f in files)
+    runs = []
+    cases = {"ours": folder, "ours-f32": folder, "bf16": source}  # bf16: the unquantized folder, side by side
+    for r in range(args.repeats):
+        for loader, where in cases.items():
+            res = dict(run_worker("ours" if loader == "bf16" else loader, where, None), loader=loader)
+            print(f"round {r} {loader}: {res['seconds']:.3f} s, peak +{res['peak_over_baseline'] / 1e9:.3f} GB "
+                  f"({res['peak_over_baseline'] / res['device_bytes']:.3f}x the model's bytes)", flush=True)
+            runs.append(dict(res, round=r))
+    rows = {}
+    for loader in cases:
+        mine = [r for r in runs if r["loader"] == loader]
+        rows[loader] = dict(dtypes=mine[0]["dtypes"], model_bytes=mine[0]["device_bytes"],
+                            seconds=stats([r["seconds"] for r in mine]),
+                            peak_over_model=stats([r["peak_over_baseline"] / r["device_bytes"] for r in mine]),
+                            peak_read_over_model=stats([r["peak_read_over_baseline"] / r["device_bytes"]
+                                                        for r in mine]),
+                            bytes_read=mine[0]["bytes_read"], staged_bytes=mine[0]["staged_bytes"])
+    root = Path(__file__).resolve().parent.parent
+    summary = dict(machine=dict(cpus=os.cpu_count(), platform=platform.platform(), loadavg=os.getloadavg()),
+                   repeats=args.repeats, checkpoint=dict(folder=str(folder), bytes=ckpt, shards=len(files)),
+                   library=library_state(root), loaders=rows, runs=runs)
+    out = args.out.parent / "load-fp8" if args.out == Path("experiments/bench/results/load") else args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    text = ["# Loading an FP8 checkpoint (block-scaled, 128 x 128), dequantized while read", "",
+            f"LLaMA {size} (the load bench's, bfloat16) with every projection of its layers in float8_e4m3fn: "
+            f"{ckpt / 1e9:.3f} GB in {len(files)} shards. {args.repeats} rounds, each load in a fresh process, "
+            f"{os.cpu_count()} CPUs, 1-minute load average {summary['machine']['loadavg'][0]:.1f} at the end. Peak: "
+            "VmHWM over the baseline, against the bytes of the model loaded.", "",
+            "| load | weights | load (s) min / med / max | peak over baseline, x model bytes min / med / max "
+            "| after first read | bytes read (GB) | staged (GB) |", "|---|---|---|---|---|---|---|"]
+    for loader, row in rows.items():
+        s, p, q = row["seconds"], row["peak_over_model"], row["peak_read_over_model"]
+        call = ('fb.from_hf(fp8_folder, part="causal-lm"' + (', dtype="float32")' if loader == "ours-f32" else ")")
+                if loader != "bf16" else 'fb.from_hf(bf16_folder, part="causal-lm")')
+        text.append(f"| `{call}` | {row['dtypes']} {row['model_bytes'] / 1e9:.3f} GB | {s['min']:.3f} / "
+                    f"{s['median']:.3f} / {s['max']:.3f} | {p['min']:.3f} / {p['median']:.3f} / {p['max']:.3f} | "
+                    f"{q['median']:.3f} | {row['bytes_read'] / 1e9:.3f} | {row['staged_bytes'] / 1e9:.3f} |")
+    text += ["", "bf16_folder: the bfloat16 folder the FP8 one was quantized from (not quantized), loaded the same way "
+             "for comparison. bytes read: from the files (FP8 weights, scales and the bfloat16 rest); staged: the "
+             "float32 values that went through a temporary (every dequantized weight)."]
+    (out / "summary.md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
 
 
 if __name__ == "__main__":

@@ -290,6 +290,8 @@ def lr_sweep(records: list[dict], path: Path) -> Path:
 
     h = records[0]["task"]["optimal_loss"]
     depths = sorted({r["config"]["depth"] for r in records})
+    if len({r["config"]["lr"] for r in records}) == 1:  # no learning-rate axis to draw: a point per variant
+        return _one_lr(records, path, depths, h)
     fig, axes = _axes(len(depths), width=4.6, height=3.6)
     by = _by(records, "depth", "variant", "warmup", "lr")
     # strict=False: _axes makes at least one axis, so with no depths one is spare
@@ -312,6 +314,31 @@ def lr_sweep(records: list[dict], path: Path) -> Path:
         ax.set_ylabel("min(final, initial) held-out loss")
         ax.legend(fontsize=6)
     fig.suptitle("Final loss vs learning rate (line: seed mean, dots: seeds; dotted: with warmup)", fontsize=10)
+    return _save(fig, path)
+
+
+def _one_lr(records: list[dict], path: Path, depths: list[int], h: float) -> Path:
+    """lr_sweep's chart for a sweep of one learning rate: per depth, each variant (and warmup)
+    on its own tick, its seeds as dots and their mean as a bar; no learning-rate axis."""
+    from .analysis import clipped_loss
+
+    fig, axes = _axes(len(depths), width=4.6, height=3.6)
+    by = _by(records, "depth", "variant", "warmup")
+    for ax, depth in zip(axes, depths, strict=False):
+        keys = sorted((k[1], k[2]) for k in by if k[0] == depth)
+        keys.sort(key=lambda k: (ORDER.get(k[0], 99), k[1]))
+        for i, (v, w) in enumerate(keys):
+            y = [clipped_loss(r["summary"]["final_loss"], float(r["metrics"]["heldout_loss0"]))
+                 for r in by[(depth, v, w)]]
+            ax.bar(i, np.mean(y), width=0.6, color=COLORS.get(v, "k"), alpha=0.45 if w else 0.8)
+            ax.plot([i] * len(y), y, ".", color="k", ms=4)
+        ax.set_xticks(range(len(keys)), [v if not w else f"{v}\nwarmup {w}" for v, w in keys], fontsize=7)
+        ax.axhline(h, color="k", ls=":", lw=1, label=f"H = {h:.2f}")
+        ax.set_title(f"{depth} layers", fontsize=9)
+        ax.set_ylabel("min(final, initial) held-out loss")
+        ax.legend(fontsize=6)
+    lr = records[0]["config"]["lr"]
+    fig.suptitle(f"Final loss at the sweep's one learning rate, {lr:g} (bar: seed mean, dots: seeds)", fontsize=10)
     return _save(fig, path)
 
 

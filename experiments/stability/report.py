@@ -868,6 +868,74 @@ CLAIMS = [
 ]
 
 
+PLAIN = {"post": "post-LN", "pre": "pre-LN"}  # the question's two placements, in words
+
+
+def _cell(d: Data, variant: str, depth: int) -> list[tuple[float, int, int]]:
+    """(lr, seeds trained, seeds run) for each learning rate of the grid that ran, without warmup."""
+    return [(lr, sum(r["summary"]["status"] == "trained" for r in recs), len(recs))
+            for lr in d.lrs if (recs := d.get(variant, depth, lr, 0))]
+
+
+def _depths(depths: list[int]) -> str:
+    return "no depth" if not depths else " and ".join([", ".join(map(str, depths[:-1])), str(depths[-1])]
+                                                       if len(depths) > 1 else [str(depths[0])]) + " layers"
+
+
+def _headline(d: Data, trains: dict[str, list[int]], ran: dict[str, list[int]]) -> str:
+    """The question's answer in one or two sentences: where post-LN and pre-LN train."""
+    if not ({"post", "pre"} <= set(trains)):
+        return ("**Pre-LN or post-LN at depth?** Not asked by this sweep (it runs "
+                + ", ".join(f"`{v}`" for v in trains) + "); where each placement trains:")
+    said = "; ".join(f"{PLAIN[v]} trains at {_depths(trains[v])}"
+                     + (f" and fails at {_depths(sorted(set(ran[v]) - set(trains[v])))}"
+                        if set(ran[v]) - set(trains[v]) else "") for v in ("post", "pre"))
+    deep = max(set(ran["post"]) & set(ran["pre"]), default=None)
+    if deep is None:
+        return f"**Pre-LN or post-LN at depth?** {said[0].upper() + said[1:]}."
+    post, pre = deep in trains["post"], deep in trains["pre"]
+    end = (f"at {deep} layers pre-LN trains and post-LN does not" if pre and not post else
+           f"at {deep} layers post-LN trains and pre-LN does not" if post and not pre else
+           f"at {deep} layers both train" if post else
+           f"at {deep} layers neither trains: this sweep cannot tell them apart there")
+    return f"**Pre-LN or post-LN at depth?** {said[0].upper() + said[1:]}: {end}."
+
+
+def opening(d: Data) -> str:
+    """The report's opening, computed from the cells: which placement trains at which depth
+    (a table of every variant and depth), and how sure (the rule, the seeds behind each cell,
+    which cells the seeds split)."""
+    trains: dict[str, list[int]] = {}
+    ran: dict[str, list[int]] = {}
+    rows, cells, split = [], 0, []
+    for v in d.variants:
+        row = []
+        for L in d.depths:
+            cell = _cell(d, v, L)
+            if not cell:
+                row.append("-")
+                continue
+            ok = [lr for lr, k, n in cell if 2 * k > n]  # most of the seeds trained (`_outcome`)
+            ran.setdefault(v, []).append(L)
+            trains.setdefault(v, []).extend([L] if ok else [])
+            lrs = "" if len(d.lrs) == 1 else f" at lr {', '.join(f'{x:g}' for x in ok)}" if ok else " at every lr"
+            row.append(f"{'trains' if ok else 'fails'}{lrs} ({', '.join(f'{k}/{n}' for _, k, n in cell)} "
+                       "seeds trained)")
+            cells += len(cell)
+            split += [f"`{v}` at {L} layers, lr {lr:g} ({k}/{n})" for lr, k, n in cell if 0 < k < n]
+        rows.append(f"| `{v}` {VARIANT_NOTES.get(v, '')} | " + " | ".join(row) + " |")
+    seeds = sorted({len(r) for r in d.by.values()})
+    grid = f"lr {d.lrs[0]:g}" if len(d.lrs) == 1 else f"each learning rate of {', '.join(f'{x:g}' for x in d.lrs)}"
+    sure = (f"How sure: each cell is {'-'.join(map(str, seeds))} seeds at {grid}, without warmup. The rule (fixed "
+            "before the runs): a run fails when its loss goes non-finite or its final held-out loss stays above "
+            f"half-way ({PLATEAU_FRACTION:g}) from its loss at init to H; a placement trains at a depth when more "
+            f"than half of its seeds train (at some learning rate). The seeds agreed in {cells - len(split)} of "
+            f"{cells} (variant, depth, lr) cells" + (f"; they split in {'; '.join(split)}." if split else "."))
+    table = ("| placement | " + " | ".join(f"{L} layers" for L in d.depths) + " |\n|---|"
+             + "---|" * len(d.depths) + "\n" + "\n".join(rows))
+    return _headline(d, trains, ran) + "\n\n" + table + "\n\n" + sure
+
+
 def answer(d: Data, verdicts: list[tuple[str, str, str, str]]) -> str:
     """The report's first screen: which placements train at which depth and learning rate in
     this sweep, the best loss at the deepest depth, and where that agrees with the papers; one
@@ -1028,26 +1096,8 @@ def task_line(sweep: dict, task: dict) -> str:
             if task.get("heldout_optimal_loss") is not None else "") + ".")
 
 
-def write_report(out: Path) -> Path:
-    """Write OUT/report.md and the PNG plots next to it; returns the report's path."""
-    out = Path(out)
-    meta, records = load(out)
-    if not records:
-        raise SystemExit(f"no finished cells for the sweep in {out}")
-    sweep = meta["sweep"]
-    d = Data(records)
-    plots.write_all(records, out)
-    env = records[0]["environment"]
-    task = records[0]["task"]
-    from dataclasses import asdict, fields
-
-    preset = PRESETS.get(sweep["name"])
-    resolved = {**sweep, "vocab": 0} if preset is not None and preset.vocab == 0 else sweep  # text: the corpus's
-    defaults = {f.name: f.default for f in fields(Sweep)}  # a field newer than the sweep.json: its default
-    resolved = {**{k: v for k, v in defaults.items() if k not in resolved}, **resolved}
-    same = preset is not None and json.loads(json.dumps(asdict(preset))) == resolved
-    preset_note = "" if same else ", modified"
-    last = meta.get("last_run")
+def _timing(last: dict | None, env: dict) -> str:
+    """The Setup's words on how long the last invocation took, and on what machine load."""
     timing = "timing not recorded"
     if last:
         cpu = f" and {last['cpu_seconds']:.0f} s of CPU time" if last.get("cpu_seconds") is not None else ""
@@ -1068,11 +1118,70 @@ def write_report(out: Path) -> Path:
             timing += (f"; the machine's 1-minute load average was {loads[0][0]:.1f} before and "
                        f"{loads[-1][0]:.1f} after (other processes competing for its {env.get('cpu_count')} CPUs "
                        "slow the wall-clock time)")
+    return timing
+
+
+def _experts_setup(sweep: dict, aux_coef: float) -> str:
+    """The Setup's bullet on the experts variants' MLP."""
+    return (f"- Experts variants: the MLP sublayer is `flax_blocks`' experts MLP (`BlockConfig(num_experts="
+            f"{MOE_EXPERTS}, num_experts_per_tok={MOE_TOP_K}, expert_d_ff=d_ff / {MOE_TOP_K}, norm_topk_prob=True)`): "
+            f"a bias-free router, softmax over the {MOE_EXPERTS} experts, the top {MOE_TOP_K} renormalised; each "
+            f"expert the lab's ReLU MLP of width {sweep['d_ff'] // MOE_TOP_K} without biases, so a token's active "
+            f"width is the dense d_ff {sweep['d_ff']} ({MOE_EXPERTS // MOE_TOP_K}x the MLP's parameters); no "
+            "capacity limit, no token dropped; xavier-uniform router and experts. Router auxiliary (load-balancing) "
+            f"loss coefficient {aux_coef:g}" + (" (off, the default; `--router-aux-coef`)" if not aux_coef else
+                                                 " (HF's Switch-style loss added to the objective)") + ". Measured "
+            "at init and after every chunk on the held-out batch, per layer: the largest |router logit| and their "
+            "RMS, each expert's share of the top-k picks and the load balance (X * the largest share), and HF's "
+            "load-balancing loss over the stack; the FFN W2 gradient norm is the experts' down projections'.")
+
+
+def _failure_rule(sweep: dict) -> str:
+    """The Setup's bullet on when a run counts as failed (the text task's reference is the n-gram model)."""
+    rule = (f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
+            f"U − {PLATEAU_FRACTION} (U − H) with U the unigram loss and H the n-gram reference (\"plateau\"): "
+            "a run must cover half of the way from a context-free model to the n-gram model"
+            if sweep["task"] == "text" else
+            f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
+            f"l0 − {PLATEAU_FRACTION} (l0 − H) with l0 the held-out loss at init (\"plateau\")")
+    return rule + (". The fail step is the first non-finite step, or the step from which the loss stayed above "
+                   "that line.")
+
+
+def _preset_note(sweep: dict) -> str:
+    """", modified" when the sweep is not its preset's own grid (a field newer than the sweep.json: its default)."""
+    from dataclasses import asdict, fields
+
+    preset = PRESETS.get(sweep["name"])
+    resolved = {**sweep, "vocab": 0} if preset is not None and preset.vocab == 0 else sweep  # text: the corpus's
+    defaults = {f.name: f.default for f in fields(Sweep)}  # a field newer than the sweep.json: its default
+    resolved = {**{k: v for k, v in defaults.items() if k not in resolved}, **resolved}
+    same = preset is not None and json.loads(json.dumps(asdict(preset))) == resolved
+    return "" if same else ", modified"
+
+
+def write_report(out: Path) -> Path:
+    """Write OUT/report.md and the PNG plots next to it; returns the report's path."""
+    out = Path(out)
+    meta, records = load(out)
+    if not records:
+        raise SystemExit(f"no finished cells for the sweep in {out}")
+    sweep = meta["sweep"]
+    d = Data(records)
+    plots.write_all(records, out)
+    env = records[0]["environment"]
+    task = records[0]["task"]
+    preset_note = _preset_note(sweep)
+    timing = _timing(meta.get("last_run"), env)
     aux_coef = float(sweep.get("router_aux_coef", 0.0))
     verdicts = [(ref, claim, *fn(d)) for ref, claim, fn in CLAIMS + moe_claims(d, aux_coef)]
 
     lines = [
         f"# Depth stability: pre-LN vs post-LN and friends (`{sweep['name']}` preset{preset_note})",
+        "",
+        "## Verdict",
+        "",
+        opening(d),
         "",
         f"Generated by `{meta.get('command') or 'python -m experiments.stability'}` (the text and plots "
         "alone can be regenerated from the saved cells with `python -m experiments.stability.report DIR`). Every "
@@ -1096,31 +1205,14 @@ def write_report(out: Path) -> Path:
         "DeepNorm's own beta-scaled xavier-normal on v/out/FFN), embeddings N(0, 1/2) each.",
         "- Variants: " + "; ".join(f"`{v}` {VARIANT_NOTES.get(v, '')}" for v in d.variants) + ". Norms are "
         "LayerNorm unless named (eps 1e-5).",
-        *([f"- Experts variants: the MLP sublayer is `flax_blocks`' experts MLP (`BlockConfig(num_experts="
-           f"{MOE_EXPERTS}, num_experts_per_tok={MOE_TOP_K}, expert_d_ff=d_ff / {MOE_TOP_K}, norm_topk_prob=True)`): "
-           f"a bias-free router, softmax over the {MOE_EXPERTS} experts, the top {MOE_TOP_K} renormalised; each "
-           f"expert the lab's ReLU MLP of width {sweep['d_ff'] // MOE_TOP_K} without biases, so a token's active "
-           f"width is the dense d_ff {sweep['d_ff']} ({MOE_EXPERTS // MOE_TOP_K}x the MLP's parameters); no "
-           "capacity limit, no token dropped; xavier-uniform router and experts. Router auxiliary (load-balancing) "
-           f"loss coefficient {aux_coef:g}" + (" (off, the default; `--router-aux-coef`)" if not aux_coef else
-                                                " (HF's Switch-style loss added to the objective)") + ". Measured "
-           "at init and after every chunk on the held-out batch, per layer: the largest |router logit| and their "
-           "RMS, each expert's share of the top-k picks and the load balance (X * the largest share), and HF's "
-           "load-balancing loss over the stack; the FFN W2 gradient norm is the experts' down projections'."]
-          if any(m in d.variants for m in MOE_VARIANTS) else []),
+        *([_experts_setup(sweep, aux_coef)] if any(m in d.variants for m in MOE_VARIANTS) else []),
         f"- Depths {', '.join(map(str, d.depths))}; learning rates "
         f"{', '.join(f'{x:g}' for x in d.lrs)}; warmup {', '.join(map(str, d.warmups))} steps"
         + (f" (nonzero warmup for {', '.join(sweep['warmup_variants'])} only)" if sweep.get("warmup_variants")
            and len(d.warmups) > 1 else "") + "; "
         f"{sweep['seeds']} seeds; {sweep['steps']} steps of Adam (0.9, 0.98, eps 1e-9), batch "
         f"{sweep['batch']} x {sweep['seq_len']} tokens, no clipping, no weight decay.",
-        (f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
-         f"U − {PLATEAU_FRACTION} (U − H) with U the unigram loss and H the n-gram reference (\"plateau\"): "
-         "a run must cover half of the way from a context-free model to the n-gram model"
-         if sweep["task"] == "text" else
-         f"- Failure: a non-finite loss (\"diverged\"), or a final held-out loss above "
-         f"l0 − {PLATEAU_FRACTION} (l0 − H) with l0 the held-out loss at init (\"plateau\")")
-        + ". The fail step is the first non-finite step, or the step from which the loss stayed above that line.",
+        _failure_rule(sweep),
         f"- Measured per run: training and held-out loss, gradient global norm and update size every step; "
         "per-layer gradient norms (whole layer, FFN W2, attention) at the first step of every chunk of "
         f"{sweep['chunk']} steps and their means over the chunk; on the held-out batch, at the start of every "
@@ -1144,7 +1236,16 @@ def write_report(out: Path) -> Path:
     lines += [f"| {claim} | {ref} | **{verdict}** |" for ref, claim, verdict, _ in verdicts]
     for ref, claim, verdict, body in verdicts:
         lines += ["", f"### {ref}: {verdict}", "", f"*{claim}*", "", body]
-    lines += [
+    lines += _tables(d)
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _tables(d: Data) -> list[str]:
+    """The report's closing sections: every run, the learning-rate sensitivity, the logits,
+    the attention entropy and the rules changed after seeing data."""
+    return [
         "", "## All runs", "", results_table(d),
         "", "## Learning-rate sensitivity", "", lr_sensitivity_table(d), "", "![final loss vs lr](lr_sweep.png)",
         "", "## Attention and output logits", "", logit_table(d),
@@ -1154,9 +1255,6 @@ def write_report(out: Path) -> Path:
         "", "![gradient norm](grad_norm.png)",
         "", "## Rules changed after seeing data", "", rule_changes(), "",
     ]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:

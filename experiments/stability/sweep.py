@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from .analysis import failure
+from .flags import PROG, LabParser, check_args, check_sweep, floats, ints, pairs, refuse
 from .model import MOE_EXPERTS, MOE_TOP_K, MOE_VARIANTS, VARIANTS
 from .presets import PRESETS, Sweep
 from .tasks import TASKS
@@ -112,8 +113,8 @@ def resolve_task(sweep: Sweep) -> Sweep:
     except CorpusError as err:  # one line, not a traceback: the message says what to install
         raise SystemExit(f"--task text: {err}") from None
     if sweep.vocab not in (0, vocab):
-        raise SystemExit(f"--task text: the vocabulary is the corpus's alphabet ({vocab} symbols); "
-                         f"got --vocab {sweep.vocab} (leave it out)")
+        refuse("--vocab", sweep.vocab, f"--task text's vocabulary is the corpus's alphabet ({vocab} symbols): "
+               "leave --vocab out")
     return replace(sweep, vocab=vocab)
 
 
@@ -556,14 +557,6 @@ def write_last_run(out: Path, meta: dict, groups: list[Group], cells_dir: Path, 
 # ------------------------------------------------------------------------------------
 
 
-def _floats(s: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in s.split(",") if x)
-
-
-def _ints(s: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in s.split(",") if x)
-
-
 def _xla_option(s: str) -> tuple[str, Any]:
     name, eq, value = s.partition("=")
     if not eq or not name.strip():
@@ -576,14 +569,6 @@ def _xla_option(s: str) -> tuple[str, Any]:
         return name, value
 
 
-def _pairs(s: str) -> tuple[tuple[str, int], ...]:
-    out = []
-    for item in filter(None, s.split(",")):
-        v, _, d = item.partition(":")
-        out.append((v, int(d)))
-    return tuple(out)
-
-
 def _describe(sweep: Sweep) -> str:
     extra = f" + {','.join(f'{v}:{d}' for v, d in sweep.extra)}" if sweep.extra else ""
     return (f"{','.join(sweep.variants)} at depths {','.join(map(str, sweep.depths))}{extra}, "
@@ -593,7 +578,7 @@ def _describe(sweep: Sweep) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.stability", description=__doc__,
+    p = LabParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
                    help="the grid to start from; the options below change it (default: quick). "
@@ -605,12 +590,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="training task (default: the preset's, markov); text: characters of CPython's "
                         "documentation (pydoc_data), its vocabulary the corpus's alphabet")
     p.add_argument("--variants", type=lambda s: tuple(s.split(",")), help=f"comma list of {', '.join(VARIANTS)}")
-    p.add_argument("--depths", type=_ints, help="comma list of layer counts, e.g. 6,12")
-    p.add_argument("--extra", type=_pairs,
+    p.add_argument("--depths", type=ints, help="comma list of layer counts, e.g. 6,12")
+    p.add_argument("--extra", type=pairs,
                    help="extra variant:depth groups outside variants x depths, e.g. noskip:6 ('' for none). "
                         "Default: the preset's (quick: noskip:6), dropped when --variants or --depths is given")
-    p.add_argument("--lrs", type=_floats, help="comma list of peak learning rates, e.g. 1e-3,1e-2")
-    p.add_argument("--warmups", type=_ints, help="warmup steps, 0 = none, e.g. 0,100")
+    p.add_argument("--lrs", type=floats, help="comma list of peak learning rates, e.g. 1e-3,1e-2")
+    p.add_argument("--warmups", type=ints, help="warmup steps, 0 = none, e.g. 0,100")
     p.add_argument("--warmup-variants", metavar="LIST",
                    help="variants that also run the nonzero warmups (default: the preset's; '' = every variant)")
     p.add_argument("--seeds", type=int, help="seeds per (variant, depth, lr, warmup)")
@@ -650,8 +635,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--process-id", type=int, help="multi-process: this process's index, 0..N-1 (implies --distributed)")
     p.add_argument("--max-groups", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.cpu_devices is not None and args.cpu_devices < 0:
-        p.error(f"--cpu-devices: a count of CPU devices, or 0 for JAX's default of one; got {args.cpu_devices}")
+    check_args(args)
     return args
 
 
@@ -671,12 +655,7 @@ def sweep_from_args(args: argparse.Namespace) -> Sweep:
     if sweep.task == "text" and "vocab" not in changes:
         sweep = replace(sweep, vocab=0)  # the corpus's alphabet (resolve_task)
     sweep = resolve_task(sweep)
-    bad = [v for v in sweep.variants + tuple(v for v, _ in sweep.extra) + (sweep.warmup_variants or ())
-           if v not in VARIANTS]
-    if bad:
-        raise SystemExit(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
-    if sweep.steps % sweep.chunk:
-        raise SystemExit(f"--steps ({sweep.steps}) must be a multiple of --chunk ({sweep.chunk})")
+    check_sweep(sweep)  # exit status 2 and one line for a grid that cannot run
     return sweep
 
 
@@ -745,11 +724,11 @@ def default_out(preset: str, sweep: Sweep) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    sweep = sweep_from_args(args)  # an impossible setting is refused here, before anything runs
     import jax
 
     distributed = args.distributed or args.coordinator or args.num_processes or args.process_id is not None
     cache_dir = compile_cache(not args.no_compile_cache, jax_cache=bool(distributed))
-    sweep = sweep_from_args(args)
     if args.cpu_devices is not None or not distributed:  # several processes: their own XLA_FLAGS
         cpu_devices(args.cpu_devices)
     chosen = args.cpu_devices is not None or forced_device_count()

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .model import ModelConfig, model_binder, pure_params
@@ -126,6 +126,15 @@ class RunSpec:
 def runs_mesh() -> Mesh:
     """A 1-D mesh over every device (all hosts), axis name "runs"."""
     return Mesh(np.array(jax.devices()), ("runs",))
+
+
+def auto_axes_mesh(mesh: Mesh) -> Mesh:
+    """`mesh` with every axis Auto: the Trainer makes every array it computes on (params,
+    batches, pools) on its mesh and places them itself, so a mesh of Explicit axes
+    (`jax.make_mesh`'s default) is run as the same devices and names with XLA choosing."""
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
 TRACING = threading.Lock()  # one thread traces at a time (`Trainer.compile`, `sample_pool`)
@@ -244,7 +253,7 @@ class Trainer:
             raise ValueError(f"model (vocab {model_cfg.vocab}, seq_len {model_cfg.seq_len}) does not "
                              f"match task (vocab {task.vocab}, seq_len {task.seq_len})")
         self.model_cfg, self.task, self.train_cfg = model_cfg, task, train_cfg
-        self.mesh = mesh or runs_mesh()
+        self.mesh = auto_axes_mesh(mesh or runs_mesh())
         self.n_devices = self.mesh.devices.size
         self.adam = optax.scale_by_adam(b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps)
         self.weights = task.weights()  # (T,) loss weight per target position

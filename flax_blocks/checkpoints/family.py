@@ -85,9 +85,13 @@ READ_EVERYWHERE = ("model_type", "dtype", "torch_dtype", "transformers_weights")
 
 # Keys that change what a model computes whatever its family, refused wherever they are set.
 REFUSED_ANYWHERE = {
-    "quantization_config": "quantized weights (the blocks read plain float tensors)",
+    "quantization_config": "quantized weights (the blocks read plain float tensors, and the quant_methods "
+                           "fp8 and mxfp4 dequantized as they are read)",
     "pruned_heads": "heads pruned from the attention (the blocks have every head)",
 }
+
+# quantization_config.quant_method values whose weights are read, dequantized (checkpoints.quantized)
+QUANT_METHODS = ("fp8", "mxfp4")
 
 DROPOUT = "a dropout rate: inference runs without dropout"
 INIT = "an initialisation setting; the checkpoint's weights are read"
@@ -114,6 +118,7 @@ class Outside:
     final_logit_softcap: str | None = None  # the config key of a final logit soft-cap (Gemma 2, Gemma 3)
     projections: tuple[str, str, str] | None = None  # (width key, project_in, project_out): OPT's narrower embeddings
     recompute_past_original: bool = False  # generate recomputes every key past longrope's original length (Phi-3)
+    head_bias: bool = False  # the LM head has a bias (Phi-1/2's lm_head)
 
 
 @dataclass(frozen=True)
@@ -256,6 +261,9 @@ def audit(config: Mapping[str, Any], family: Family) -> tuple[list[str], dict[st
         if key in READ_EVERYWHERE:
             continue
         if key in REFUSED_ANYWHERE:
+            if key == "quantization_config" and isinstance(value, Mapping) and \
+                    value.get("quant_method") in QUANT_METHODS:
+                continue  # read by the folder's reader (checkpoints.quantized)
             if value not in (None, {}, []):
                 problems.append(f"{key}={value!r}: {REFUSED_ANYWHERE[key]}")
             continue
@@ -286,7 +294,6 @@ NOT_COMPUTED = {
     "mpt": "ALiBi position biases",
     "gptj": "rotary on interleaved (adjacent) pairs of dimensions and a parallel block sharing one LayerNorm",
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
-    "phi": "a parallel block with partial rotary and a dense MLP under Phi-1/2's names (phi3 is supported)",
     "gpt_neo": "local attention on alternate layers with unscaled logits",
     "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",

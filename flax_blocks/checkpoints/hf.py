@@ -14,24 +14,21 @@ final hidden state after it: the Flax stack's output is the one before project_o
 positions are part of the rotary families' layers and are computed by the Flax stack
 (positions 0..T-1). The settings come from the model's own config (`flax_blocks.checkpoints.hf_config`:
 heads, KV heads, eps, activation, rotary base, causal, norm placement, biases, final norm);
-what the Flax blocks cannot compute (scaled rotary variants such as LLaMA 3's, layer-dependent
-attention scaling, a window layout the blocks lack) is refused by name, never silently
-approximated. The stack is built for inference: dropout 0.
+every scaled rotary (linear, dynamic, LLaMA 3's, yarn, longrope) is read; what the Flax blocks
+cannot compute (a model_type of `family.NOT_COMPUTED`, a value a family's key takes that the
+blocks lack) is refused by name, never silently approximated. The stack is built for inference: dropout 0.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import replace
 from typing import Any
 
 from ..core.config import BlockConfig
 from . import dialects
-from .family import LANGUAGE_MODELS
-from .hf_config import hf_model_config, hf_state_dict, read_config, read_folder, weight_files
-from .io import ConversionError, read_state_dict
-from .load_report import report_ignored
+from .checkpoint import Checkpoint, mark, read_checkpoint
+from .hf_models import twin_state_dict
+from .io import ConversionError
 
 log = logging.getLogger("flax_blocks")
 
@@ -84,100 +81,26 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
     The stack remembers its family's dialect (`hf_dialect`), which `to_hf` writes back, and
     what the load read and ignored (`fb.load_report(model)`).
     """
-    config, sd, origin = _read_source(source, revision)
-    if isinstance(ignore_keys, str):
-        raise TypeError(f"ignore_keys must be a tuple of config keys, e.g. ({ignore_keys!r},), got the string "
-                        f"{ignore_keys!r}")
-    ignore_keys = tuple(ignore_keys)
-    if part in ("model", "causal-lm"):
-        from . import hf_models
-
-        return hf_models.load(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh,
-                              rules=rules, origin=origin)
-    if part not in ("stack", "encoder", "decoder"):
-        raise ValueError(f"part must be one of 'stack', 'encoder', 'decoder', 'model', 'causal-lm', got {part!r}")
-    return _load_stack(config, sd, part, dtype=dtype, seed=seed, ignore_keys=ignore_keys, mesh=mesh, rules=rules,
-                       origin=origin)
+    ckpt = read_checkpoint(source, part=part, dtype=dtype, ignore_keys=ignore_keys, revision=revision)
+    return place(ckpt, dtype=dtype, seed=seed, mesh=mesh, rules=rules)
 
 
-def _read_source(source: Any, revision: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(config.json's dict, the state dict named as in the whole model, where it came from:
-    {"source": ..., "files": [...]}) of a folder, a Hub id or a transformers model object (see
-    `from_hf`)."""
-    config: dict[str, Any] | None
-    if isinstance(source, (str, os.PathLike)):
-        from .hub import resolve
-
-        folder = resolve(os.fspath(source), revision)
-        config, sd = read_folder(folder)
-        origin = {"source": os.fspath(source), "folder": os.path.abspath(folder),
-                  "files": [os.path.basename(f) for f in weight_files(folder, config.get("transformers_weights"))]}
-    elif (config := hf_model_config(source)) is not None:
-        sd = read_state_dict(hf_state_dict(source))
-        origin = {"source": f"a {type(source).__name__} object", "files": []}
-    else:
-        raise TypeError(f"source must be a save_pretrained folder or a transformers model, got {type(source).__name__}")
-    config, sd, origin = _language_model(config, sd, origin)
-    return config, _whole_model_names(config, sd), origin
-
-
-def _language_model(config: dict[str, Any], sd: dict[str, Any], origin: dict[str, Any]
-                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """A multimodal model whose language model is a registered family (`LANGUAGE_MODELS`; Gemma 3
-    from 4B up): its text config (the file's dtype carried over) and its language
-    model's weights named as the family's causal LM; the rest (vision tower, projector) is
-    left unread and noted in the load report. Other configs pass through."""
-    entry = LANGUAGE_MODELS.get(config.get("model_type"))  # type: ignore[arg-type]
-    if entry is None:
-        return config, sd, origin
-    key, prefixes = entry
-    text = dict(config.get(key) or {})
-    for dtype_key in ("dtype", "torch_dtype"):
-        if dtype_key in config and "dtype" not in text and "torch_dtype" not in text:
-            text[dtype_key] = config[dtype_key]
-    ours, rest = {}, []
-    for name, a in sd.items():
-        for theirs, mine in prefixes:
-            if name.startswith(theirs):
-                ours[mine + name[len(theirs):]] = a
-                break
-        else:
-            rest.append(name)
-    parts = sorted({n.split(".")[0] for n in rest})
-    note = (f"a {config['model_type']} model: its language model ({text.get('model_type')}) read; "
-            f"{', '.join(parts) or 'nothing else'} ({len(rest)} tensors) left unread")
-    return text, ours, {**origin, "notes": (*origin.get("notes", ()), note)}
-
-
-def _load_stack(config: dict[str, Any], sd: dict[str, Any], part: str, *, dtype: Any, seed: int,
-                ignore_keys: tuple[str, ...], mesh: Any, rules: Any, origin: dict[str, Any]):
-    """`from_hf`'s part "stack", "encoder" or "decoder": the Encoder (or Decoder) of the
-    family's layers, remembering its dialect."""
+def place(ckpt: Checkpoint, *, dtype: Any = None, seed: int = 0, mesh: Any = None, rules: Any = None):
+    """A Flax model holding a read Checkpoint's tensors (each read once, as it is placed; on
+    `mesh` each device reads its slice), marked with its dialect, family and load report:
+    a LanguageModel for a whole model, else an Encoder or Decoder."""
     from .. import stacks
     from .convert import from_torch
+    from .convert.load import from_torch_state_dict
 
-    read = read_config(config, dtype=dtype, part=None if part == "stack" else part, ignore_keys=ignore_keys)
-    dialect, cfg, num_layers, final_norm = read.dialect, read.cfg, read.num_layers, read.final_norm
-    stack = dialects.translate(sd, dialect, num_heads=cfg.num_heads, cfg=cfg).state_dict
-    if dtype is None:
-        dtypes = {str(a.dtype) for a in stack.values()}
-        if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
-            cfg = replace(cfg, param_dtype=dtypes.pop())
-    log.info("from_hf: %s model, dialect %s, %d layers", config.get("model_type"), dialect, num_layers)
-    cls = getattr(stacks, dialects.DIALECTS[dialect].stack)
-    module = from_torch(cls, cfg, stack, dialect="torch", num_layers=num_layers, final_norm=final_norm,
-                        dtype=dtype, seed=seed, mesh=mesh, rules=rules)
-    module.hf_dialect = dialect  # a plain attribute (static in nnx.split): to_hf's default
-    report_ignored(module, config, part, origin, read)
-    return module
-
-
-def _whole_model_names(config: dict[str, Any], sd: dict[str, Any]) -> dict[str, Any]:
-    """A part saved on its own (a WhisperEncoder: architectures ["WhisperEncoder"], its keys
-    without "encoder.") named as in the whole model, which the dialects read."""
-    if config.get("architectures") == ["WhisperEncoder"] and not any(k.startswith("encoder.") for k in sd):
-        return {f"encoder.{k}": v for k, v in sd.items()}
-    return sd
+    if ckpt.lm is not None:
+        model = from_torch_state_dict(ckpt.cfg, ckpt.lm, ckpt.tensors, seed=seed, dtype=dtype, mesh=mesh, rules=rules)
+    else:
+        log.info("from_hf: %s model, dialect %s, %d layers", ckpt.family, ckpt.dialect, ckpt.num_layers)
+        model = from_torch(getattr(stacks, ckpt.stack), ckpt.cfg, ckpt.tensors, dialect="torch",
+                           num_layers=ckpt.num_layers, final_norm=ckpt.final_norm, dtype=dtype, seed=seed, mesh=mesh,
+                           rules=rules)
+    return mark(model, ckpt)
 
 
 def dialect_for(cfg: BlockConfig, stack: str = "Encoder") -> str:
@@ -217,8 +140,6 @@ def to_hf(module, dialect: str | None = None, *, prefix: str | None = None) -> d
     (embeddings, pooler, heads)."""
     import numpy as np
 
-    from .convert import torch_state_dict
-
     if type(module).__name__ == "LanguageModel":
         from .hf_models import to_hf_model
 
@@ -231,5 +152,5 @@ def to_hf(module, dialect: str | None = None, *, prefix: str | None = None) -> d
     dialect = dialect or getattr(module, "hf_dialect", None) or dialect_for(module.cfg, type(module).__name__)
     if dialect == "torch":
         raise ValueError("dialect 'torch' is our own naming: use flax_blocks.torch_state_dict")
-    sd = dialects.to_dialect(torch_state_dict(module), dialect, module.cfg, prefix=prefix)
+    sd = dialects.to_dialect(twin_state_dict(module), dialect, module.cfg, prefix=prefix)
     return {k: np.ascontiguousarray(v) for k, v in sd.items()}

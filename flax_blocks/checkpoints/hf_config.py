@@ -19,9 +19,10 @@ from typing import Any
 
 from ..core.config import BlockConfig, dtype_name
 from ..core.options import BY_NAME
-from . import dialects
+from . import dialects, stream
 from .family import FAMILIES, NOT_COMPUTED, PARTS, Family, Read, audit, not_computed
 from .io import ConversionError, read_state_dict
+from .quantized import dequantize
 
 
 def family_of(config: Mapping[str, Any], part: str | None = None) -> Family:
@@ -167,9 +168,12 @@ def weight_files(path: str, explicit: str | None = None) -> list[str]:
     return [os.path.join(path, s) for s in shards]
 
 
-def read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_folder(path: str, *, dequantized: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, state dict) of a save_pretrained folder (see `weight_files`): the state
-    dict's values are `flax_blocks.checkpoints.stream.Lazy`, described by the files' headers, not read."""
+    dict's values are `flax_blocks.checkpoints.stream.Lazy`, described by the files' headers, not read.
+    A folder whose quantization_config is fp8 or mxfp4 gives its quantized tensors dequantized
+    (`flax_blocks.checkpoints.quantized`: named, shaped and typed as transformers' dequantize=True
+    load holds them, in the config's dtype, dequantized as they are read); dequantized=False: as stored."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json (expected a folder written by save_pretrained)")
@@ -177,7 +181,9 @@ def read_folder(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         config = json.load(f)
     sd: dict[str, Any] = {}
     for s in weight_files(path, config.get("transformers_weights")):
-        sd.update(read_state_dict(s, lazy=True))
+        sd.update(stream.read_safetensors(s) if s.endswith(".safetensors") else read_state_dict(s, lazy=True))
+    if dequantized and "quantization_config" in config:
+        sd = dequantize(config, sd, config_dtype(config))
     return config, sd
 
 

@@ -10,9 +10,10 @@ offsets and default positions, Gemma's embedding scale, Gemma 2's final logit so
 projections. What a family computes there that the LanguageModel does not is refused by name. A
 family without one (ViT, Whisper) loads as a stack only (part="stack").
 
-    load(config, state_dict, part)   -> LanguageModel    (fb.from_hf(source, part=...))
+    read_whole(config, state_dict, part) -> its LMConfig and tensors  (read_checkpoint's whole models)
     to_hf_model(model)               -> {HF name: array} (fb.to_hf(model)), names as
                                         HF's model.state_dict()
+    twin_state_dict(model)           a model of either twin -> {torch name: numpy array}
 """
 
 from __future__ import annotations
@@ -27,13 +28,23 @@ import numpy as np
 from ..core.lm_config import ENCODER, LMConfig
 from . import dialects, stream
 from .family import FAMILIES, Outside, Read, families_of_dialect
-from .hf_config import ConfigRead, family_of, read_config
+from .hf_config import ConfigRead, read_config
 from .io import ConversionError
-from .load_report import report_ignored
+from .stream import to_numpy
 
 log = logging.getLogger("flax_blocks")
 
 PARTS = ("stack", "model", "causal-lm")
+
+
+def twin_state_dict(model: Any) -> dict[str, Any]:
+    """{torch name: numpy array} of a model of either twin: a torch_blocks module's own
+    state_dict, a flax_blocks module's `torch_state_dict` (the same names and layouts)."""
+    if type(model).__module__.split(".")[0] == "torch_blocks":
+        return {k: to_numpy(v) for k, v in model.state_dict().items()}
+    from .convert import torch_state_dict
+
+    return torch_state_dict(model)
 
 
 def causal_lm_class(model_type: str) -> str:
@@ -86,7 +97,7 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
     read = read_config(config, ignore_keys=ignore_keys)
     cfg, num_layers, final_norm = read.cfg, read.num_layers, read.final_norm
     model_type, out = _family(config)
-    c = Read({k: v for k, v in config.items() if k not in ignore_keys}, family_of(config))
+    c = Read({k: v for k, v in config.items() if k not in ignore_keys}, read.family)
     if part == "causal-lm" and (out.head is None or not cfg.causal):
         why = ("is_causal=False: transformers builds a bidirectional mask from it, so this is no causal language "
                "model" if out.head is not None else f"{model_type} is not a causal language model")
@@ -96,6 +107,9 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
     window, why = _cache_window(config, read) if part == "causal-lm" else (None, "")
     if why and window is None:
         problems.append(why)
+    if part == "causal-lm" and out.head_bias and c["tie_word_embeddings"]:
+        problems.append("tie_word_embeddings=True: the head is the embedding and keeps a bias of its own, which a "
+                        "tied LanguageModel head does not hold")
     if problems:
         raise ConversionError(problems, header=f"cannot load a whole {model_type} model as part={part!r}")
     if window is not None:  # read after all, by the cache: no longer among the ignored keys
@@ -110,6 +124,7 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
         token_types=int(c["type_vocab_size"] or 0) if out.token_type else 0,
         embed_norm=out.embed_norm is not None, final_norm=final_norm,
         head="none" if part == "model" else ("tied" if tied else "untied"),
+        head_bias=out.head_bias and part == "causal-lm",
         position_offset=offset, default_positions=out.default_positions,
         pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
         embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
@@ -179,18 +194,16 @@ def _stored_head(lm: LMConfig, ours: dict[str, Any], stored: Any, name: str) -> 
     return replace(lm, head="untied"), (note,)
 
 
-def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: Any = None, seed: int = 0,
-         ignore_keys: tuple[str, ...] = (), mesh: Any = None, rules: Any = None, origin: Mapping[str,
-                                                                                                 Any] | None = None):
-    """A LanguageModel computing an HF model's `part` from its config and state dict.
+def read_whole(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, ignore_keys: tuple[str, ...] = ()
+               ) -> tuple[ConfigRead, LMConfig, dict[str, Any], tuple[str, ...]]:
+    """An HF model's `part` ("model" or "causal-lm") read from its config and state dict:
+    (the config read, the LMConfig, {the twins' LanguageModel torch name: tensor}, notes);
+    framework-free (`flax_blocks.checkpoints.checkpoint.read_checkpoint` wraps it for either twin).
 
     Every tensor is read or the load is refused naming it. A head stored beside a config that
     says tie_word_embeddings: what from_pretrained does, the file's head is kept (untied when it
     differs from the embedding). The state dict's values may be `flax_blocks.checkpoints.stream.Lazy`
-    (a folder's files, described by their headers): they are read as they are placed, on
-    `mesh` by `rules` when given."""
-    from .convert.load import from_torch_state_dict
-
+    (a folder's files, described by their headers): they stay unread until placed."""
     read, lm = _lm_config(config, part, ignore_keys)
     dialect, cfg = read.dialect, read.cfg
     _, out = _family(config)
@@ -227,6 +240,8 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
                             "part='causal-lm' needs the model with its head (LlamaForCausalLM), or take part='model'")
         else:
             take("head.weight", head + "weight")
+            if lm.head_bias:
+                take("head.bias", head + "bias")
     elif lm.head == "tied" and head + "weight" in sd:  # a model object's state dict holds the tied weight twice
         taken.add(head + "weight")
     stack = {k for k in sd if k not in tr.dropped}
@@ -241,20 +256,8 @@ def load(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, dtype: 
     notes: tuple[str, ...] = ()
     if lm.head == "tied" and head + "weight" in sd:  # read (a block of rows at a time) once all checks passed
         lm, notes = _stored_head(lm, ours, sd[head + "weight"], head)
-    if dtype is None:
-        dtypes = {str(a.dtype) for a in ours.values()}
-        if len(dtypes) == 1 and dtypes <= {"float32", "float64", "bfloat16", "float16"}:
-            cfg = replace(cfg, param_dtype=dtypes.pop())
-    else:
-        from ..core.config import dtype_name
-
-        cfg = replace(cfg, param_dtype=dtype_name(dtype))
     log.info("from_hf: %s model as part=%s (%s head)", config.get("model_type"), part, lm.head)
-    model = from_torch_state_dict(cfg, lm, ours, seed=seed, dtype=dtype, mesh=mesh, rules=rules)
-    model.hf_dialect = dialect  # to_hf writes it back in this family's names (as from_hf's stacks)
-    model.hf_family = config["model_type"]  # and its parts around the stack as this family's
-    report_ignored(model, config, part, origin or {"source": "a state dict"}, read, (*read.notes, *notes))
-    return model
+    return read, lm, ours, (*read.notes, *notes)
 
 
 def _family_of(model, dialect: str, family: str | None = None) -> tuple[str, Outside]:
@@ -296,12 +299,10 @@ def to_hf_model(model, dialect: str, *, prefix: str | None = None, family: str |
     BertModel, RobertaModel) for head="none". A tied head is written as lm_head.weight too,
     as HF's state_dict() holds it (the same values as the embedding). The family is the one
     from_hf read the model from (`hf_family`), else the first of `dialect`'s with a table."""
-    from .convert import torch_state_dict
-
     _, out = _family_of(model, dialect, family)
     lm = model.lm
     base = ("" if lm.head == "none" else out.base) if prefix is None else prefix
-    sd = torch_state_dict(model)
+    sd = twin_state_dict(model)
     hf: dict[str, np.ndarray] = {base + out.embed: sd["embed.weight"]}
     if lm.max_positions is not None:
         if not out.positions:

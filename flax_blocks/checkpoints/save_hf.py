@@ -1,4 +1,4 @@
-"""A Flax model back to a Hugging Face folder that transformers' `from_pretrained` reads.
+"""A model of either twin back to a Hugging Face folder that transformers' `from_pretrained` reads.
 
     fb.save_hf(model, folder)                     # a model (or stack) that came from fb.from_hf
     fb.save_hf(model, folder, family="llama")     # one built from scratch, written as a family
@@ -22,6 +22,7 @@ jax.experimental.multihost_utils) and process 0 writes: the host holds one shard
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -29,10 +30,14 @@ from typing import Any
 import numpy as np
 
 from ..core.config import DTYPES, dtype_name
-from . import dialects
+from ..core.generation_settings import GenerationSettings
+from . import dialects, quantized
 from .family import FAMILIES, LANGUAGE_MODELS
+from .generation_config import write_generation_config
 from .hf_config import WEIGHT_FILES, read_config, read_folder
 from .io import ConversionError
+
+log = logging.getLogger("flax_blocks")
 
 # Fields that say how a model is computed or trained, not what: never compared with the config read back.
 _FREE = ("dropout", "init", "dtype", "param_dtype", "attention", "attention_block", "dyt_alpha_init",
@@ -40,7 +45,7 @@ _FREE = ("dropout", "init", "dtype", "param_dtype", "attention", "attention_bloc
 
 
 def save_hf(model: Any, folder: str | os.PathLike, *, family: str | None = None, base: Any = None,
-            max_shard_size: int | str = "5GB", dtype: Any = None) -> list[str]:
+            max_shard_size: int | str = "5GB", dtype: Any = None, quantization: str | None = None) -> list[str]:
     """Write `model` (a LanguageModel or a stack from `fb.from_hf`, or a LanguageModel built
     from scratch with `family` named, e.g. "llama") to `folder` as a Hugging Face checkpoint.
 
@@ -49,6 +54,12 @@ def save_hf(model: Any, folder: str | os.PathLike, *, family: str | None = None,
     max_shard_size: bytes per safetensors file (an int, or "5GB", "500MB"); the weights go in
       one model.safetensors when they fit, else in shards with an index.
     dtype: the dtype the tensors are written in (default: the model's).
+    quantization: None writes plain weights: a model read from a quantized folder (fp8,
+      mxfp4) is written dequantized, without its quantization_config (a warning says so);
+      "fp8" writes block-scaled FP8 as transformers reads it (`flax_blocks.checkpoints.quantized`):
+      the weights its source folder stored in FP8 (an unchanged one: bit for bit, with its own
+      scales), or for another model every 2-D weight of the layers, in the source's
+      quantization_config (else [128, 128] blocks, dynamic activations); the rest in `dtype`.
     Returns the files written. Weight files of an earlier save in `folder` are replaced (as
     save_pretrained does), so that from_pretrained cannot read a stale one first."""
     folder = os.fspath(folder)
@@ -59,12 +70,53 @@ def save_hf(model: Any, folder: str | os.PathLike, *, family: str | None = None,
     model = _on_this_host(model)
     config = _config(model, family)
     config[("dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype")] = want
-    return _write(folder, config, _tensors(model, config, base), want, limit)
+    tensors = _quantized(model, config, _tensors(model, config, base), quantization)
+    first = _is_torch(model) or _process_index() == 0
+    files = _write(folder, config, tensors, want, limit, first)
+    generation = getattr(getattr(model, "lm", None), "generation", None)
+    if first and generation not in (None, GenerationSettings()):  # as save_pretrained does
+        files.append(write_generation_config(folder, generation))
+    return files
+
+
+def _quantized(model: Any, config: dict[str, Any], tensors: dict[str, Any], quantization: str | None
+               ) -> dict[str, Any]:
+    """The tensors (and config) in the format `quantization` asks (see save_hf)."""
+    method = quantized.method_of(config)
+    if quantization is None:
+        if config.pop("quantization_config", None) is not None:
+            log.warning("save_hf: the model was read from a %s-quantized folder; its weights are written "
+                        "dequantized, without quantization_config (quantization='fp8' writes FP8)", method)
+        return tensors
+    if quantization != "fp8":
+        raise ValueError(f"quantization must be None (plain weights) or 'fp8' (block-scaled FP8), got "
+                         f"{quantization!r}")
+    report = getattr(model, "load_report", None)
+    folder = getattr(report, "folder", None)
+    stored: dict[str, Any] = {}
+    if method == "fp8" and folder and os.path.isdir(folder):
+        stored = {k: v for k, v in read_folder(folder, dequantized=False)[1].items() if k.endswith("_scale_inv")}
+    else:
+        config["quantization_config"] = dict(quantized.FP8_CONFIG)
+    return quantized.fp8_tensors(tensors, config, stored)
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def _is_torch(model: Any) -> bool:
+    return type(model).__module__.split(".")[0] == "torch_blocks"
 
 
 def _on_this_host(model: Any) -> Any:
-    """`model` itself, or (in a multi-process run, where some arrays span other hosts' devices)
-    a copy whose arrays are gathered whole onto every process: one host then writes them."""
+    """`model` itself, or (a Flax model in a multi-process run, where some arrays span other
+    hosts' devices) a copy whose arrays are gathered whole onto every process: one host then
+    writes them."""
+    if _is_torch(model):
+        return model
     import jax
     from flax import nnx
 
@@ -147,8 +199,8 @@ def _check_read_back(model: Any, config: Mapping[str, Any]) -> None:
         has_norm = model.encoder.final_norm is not None  # LMConfig.final_norm None: the placement's default
         lm = dataclasses.replace(lm, final_norm=None if lm.final_norm == has_norm else lm.final_norm)
         mine = dataclasses.replace(model.lm, final_norm=None if model.lm.final_norm in (None, has_norm) else has_norm)
-        for f in dataclasses.fields(lm):
-            if f.name not in ("init_std", "head_init") and getattr(lm, f.name) != getattr(mine, f.name):
+        for f in dataclasses.fields(lm):  # (generation: written to generation_config.json)
+            if f.name not in ("init_std", "head_init", "generation") and getattr(lm, f.name) != getattr(mine, f.name):
                 problems.append(f"lm.{f.name}: the model has {getattr(mine, f.name)!r}, its config.json would "
                                 f"give {getattr(lm, f.name)!r}")
     if problems:
@@ -205,10 +257,10 @@ def _base_state_dict(model: Any, base: Any) -> dict[str, Any] | None:
     return dict(hf_state_dict(base))
 
 
-def _write(folder: str, config: dict[str, Any], tensors: Mapping[str, Any], dtype: str, limit: int) -> list[str]:
+def _write(folder: str, config: dict[str, Any], tensors: Mapping[str, Any], dtype: str, limit: int,
+           first: bool = True) -> list[str]:
     """config.json and the safetensors files, each tensor cast to `dtype` as its shard is
-    written (process 0 of a multi-process run writes)."""
-    import jax
+    written (only by the `first` process of a multi-process run)."""
     from safetensors.numpy import save_file
 
     target = _np_dtype(dtype)
@@ -223,7 +275,7 @@ def _write(folder: str, config: dict[str, Any], tensors: Mapping[str, Any], dtyp
         size += nbytes
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    if jax.process_index() != 0:
+    if not first:
         return []
     os.makedirs(folder, exist_ok=True)
     _remove_weights(folder)
@@ -232,7 +284,7 @@ def _write(folder: str, config: dict[str, Any], tensors: Mapping[str, Any], dtyp
         f.write("\n")
     total = 0
     for file, names in zip(files, shards, strict=True):
-        arrays = {n: np.ascontiguousarray(np.asarray(tensors[n]).astype(target, copy=False)) for n in names}
+        arrays = {n: np.ascontiguousarray(_cast(n, np.asarray(tensors[n]), target)) for n in names}
         total += sum(a.nbytes for a in arrays.values())
         save_file(arrays, os.path.join(folder, file), metadata={"format": "pt"})
     if len(files) > 1:
@@ -243,6 +295,12 @@ def _write(folder: str, config: dict[str, Any], tensors: Mapping[str, Any], dtyp
             f.write("\n")
         files.append("model.safetensors.index.json")
     return [os.path.join(folder, f) for f in ["config.json", *files]]
+
+
+def _cast(name: str, a: np.ndarray, target: np.dtype) -> np.ndarray:
+    """A tensor in the dtype written; FP8 weights and their scales (`_scale_inv`) as they are."""
+    keep = str(a.dtype).startswith("float8") or name.endswith("_scale_inv")
+    return a if keep else a.astype(target, copy=False)
 
 
 def _remove_weights(folder: str) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from . import declarations
 from .config import BlockConfig
 from .declarations import LINEAR, Component, Param
+from .generation_settings import GenerationSettings
 
 HEADS = ("untied", "tied", "none")
 HEAD_INITS = ("normal", "xavier")
@@ -73,6 +74,10 @@ class LMConfig:
       forward without a cache sees every earlier key. transformers' generation cache
       (DynamicCache) does this where a config carries sliding_window (or
       attention_chunk_size) that the family's layers never read; None: the cache keeps all.
+    generation: the checkpoint's generation settings (eos ids, pad, bos, sampling defaults:
+      `flax_blocks.core.generation_settings`), which `generate` follows unless told otherwise in
+      both twins; set by `from_hf(..., part="causal-lm")` from generation_config.json; None: HF's
+      global defaults (greedy, no eos).
     """
 
     vocab_size: int
@@ -93,6 +98,7 @@ class LMConfig:
     project_dim: int | None = None
     recompute_length: int | None = None
     cache_window: int | None = None
+    generation: GenerationSettings | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -139,6 +145,8 @@ class LMConfig:
             w = getattr(self, name)
             if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
                 problems.append(f"{name} must be a positive int or None, got {w!r}")
+        if self.generation is not None and not isinstance(self.generation, GenerationSettings):
+            problems.append(f"generation must be a GenerationSettings or None, got {type(self.generation).__name__}")
         if problems:
             raise ValueError("; ".join(problems))
 

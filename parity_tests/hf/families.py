@@ -1,4 +1,4 @@
-"""`python -m parity_tests.hf.families [--doc docs/families.md]`: the Hugging Face families beyond
+"""`python -m parity_tests.hf.families [--doc docs/families.md] [--only NAME,...]`: the Hugging Face families beyond
 BERT, GPT-2 and LLaMA (RoBERTa, DistilBERT, OPT pre- and post-LN, ViT, Phi-3, Qwen3, Gemma,
 OLMo 2, GPT-NeoX parallel and sequential), each a tiny
 random model measured against HF itself, as a markdown table; --doc replaces the table between
@@ -101,6 +101,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                                num_hidden_layers=LAYERS, max_position_embeddings=32, layer_norm_eps=1e-5,
                                rope_theta=1000.0, use_qkv_bias=False, use_parallel_residual=True),
                           "use_parallel_residual: one shared norm, x + Attn(Norm(x)) + MLP(Norm(x))"),
+    "phi": ("phi",
+            dict(**_TEXT, hidden_size=24, num_attention_heads=3, num_key_value_heads=1, intermediate_size=40,
+                 num_hidden_layers=LAYERS, max_position_embeddings=32, layer_norm_eps=1e-5, rope_theta=1000.0,
+                 partial_rotary_factor=0.5, hidden_act="gelu_new"),
+            "one shared input_layernorm (parallel block), biases everywhere, rotary on 4 of 8 dims, 1 KV head"),
     "whisper": ("whisper",
                 dict(vocab_size=16, d_model=24, encoder_attention_heads=3, encoder_ffn_dim=40, encoder_layers=LAYERS,
                      decoder_attention_heads=3, decoder_ffn_dim=40, decoder_layers=LAYERS, num_mel_bins=4,
@@ -157,6 +162,7 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
     "starcoder2": [],
     "stablelm": [(dict(qk_layernorm=True), "qk_layernorm=True")],
     "stablelm-parallel": [],
+    "phi": [(dict(qk_layernorm=True), "qk_layernorm=True")],
     "whisper": [(dict(activation_function="gelu_fast"), "activation_function='gelu_fast'")],
     "gemma2": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
                 "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
@@ -405,7 +411,7 @@ def describe(name: str) -> dict[str, str]:
 def table(measured: dict[str, Measured]) -> str:
     lines = ["| family | built | read from the config | fixed by the family | refused by name | "
              "float64 fwd / grad | float32 fwd / grad |", "|---|---|---|---|---|---|---|"]
-    for name in FAMILIES:
+    for name in measured:  # FAMILIES' order (or the --only selection's)
         d, m = describe(name), measured[name]
         lines.append(f"| {d['family']} | {d['model']} | {d['reads']} | {d['fixed']} | {d['refused']} | "
                      f"{m.float64[0]:.0e} / {m.float64[1]:.0e} | "
@@ -425,14 +431,23 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--doc", metavar="FILE", help=f"replace the table between this file's markers (the committed "
                                                   f"one: {DOC})")
+    ap.add_argument("--only", metavar="NAMES", type=lambda s: s.split(","),
+                    help="measure these families only (comma list of FAMILIES' names, e.g. llama,gemma); with "
+                         "--doc their rows are replaced and the table's other rows kept")
     args = ap.parse_args(argv)
+    chosen = args.only or list(FAMILIES)
+    unknown = sorted(set(chosen) - set(FAMILIES))
+    if unknown:
+        ap.error(f"--only {','.join(unknown)}: not in FAMILIES ({', '.join(FAMILIES)})")
     if args.doc:
         with open(args.doc) as f:
             splice(f.read(), "")
     with tempfile.TemporaryDirectory() as tmp:
-        text = table({n: measure(n, os.path.join(tmp, n)) for n in FAMILIES})
+        text = table({n: measure(n, os.path.join(tmp, n)) for n in FAMILIES if n in chosen})
     print(text)
-    if args.doc:
+    if args.doc and args.only:
+        markers.replace_rows(args.doc, text, START, END, "families-table")
+    elif args.doc:
         markers.rewrite(args.doc, text, START, END, "families-table")
     return 0
 

@@ -1,6 +1,8 @@
-"""`python -m parity_tests.hf.family_keys [--doc docs/families.md]`: per Hugging Face family, the
-config keys `fb.from_hf` reads (with the config class's defaults), the values it refuses by
-name, and the keys it knows change nothing, as markdown generated from the tables in
+"""`python -m parity_tests.hf.family_keys [--doc docs/families.md] [--dialects-doc docs/dialects.md]`:
+per Hugging Face family, the config keys `fb.from_hf` reads (with the config class's defaults),
+the values it refuses by name, the keys it knows change nothing, and the model_types it refuses
+by name (NOT_COMPUTED); and docs/dialects.md's table of the dialects (DIALECTS); as markdown
+generated from the tables in
 the family modules (`flax_blocks/checkpoints/families/`). The refused values are found by probing: each read key is set
 to a few values people use (the other boolean, other activations, a scaled rotary type, a
 mixed layer_types) on a small valid config, and a value is listed when `hf_config` refuses it
@@ -12,7 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flax_blocks.checkpoints.family import COMMON, FAMILIES, MODULES, PARTS, REFUSED_ANYWHERE, Family
+from flax_blocks.checkpoints import dialects
+from flax_blocks.checkpoints.family import COMMON, FAMILIES, MODULES, NOT_COMPUTED, PARTS, REFUSED_ANYWHERE, Family
 from flax_blocks.checkpoints.hf_config import hf_config
 from flax_blocks.checkpoints.io import ConversionError
 
@@ -21,6 +24,9 @@ from .. import markers
 DOC = "docs/families.md"
 START = f"<!-- family-keys:start (python -m parity_tests.hf.family_keys --doc {DOC}) -->"
 END = "<!-- family-keys:end -->"
+DIALECTS_DOC = "docs/dialects.md"
+DIALECTS_START = f"<!-- dialect-table:start (python -m parity_tests.hf.family_keys --dialects-doc {DIALECTS_DOC}) -->"
+DIALECTS_END = "<!-- dialect-table:end -->"
 
 _SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, n_inner=40),
           "distilbert": dict(dim=32, n_heads=4, n_layers=2, hidden_dim=40),
@@ -99,6 +105,24 @@ def modules() -> str:
     return "\n".join(rows) + "\n"
 
 
+def refused_model_types() -> str:
+    """One row per model_type transformers has that `fb.from_hf` refuses by name (NOT_COMPUTED)."""
+    rows = ["| model_type | refused: what it computes that the blocks do not |", "|---|---|"]
+    rows += [f"| `{t}` | {why.replace('{', '').replace('}', '')} |" for t, why in sorted(NOT_COMPUTED.items())]
+    return "\n".join(rows) + "\n"
+
+
+def dialect_table() -> str:
+    """docs/dialects.md's table: each dialect of `flax_blocks.checkpoints.dialects.DIALECTS`, its
+    description and the model_types read with it."""
+    rows = ["| dialect | checkpoints (names) | model_types read with it |", "|---|---|---|"]
+    for name, d in dialects.DIALECTS.items():
+        types = [f"`{t}`" for t, f in FAMILIES.items() if f.dialect == name]
+        types += ['`whisper` (part="decoder")'] if name == PARTS["whisper"]["decoder"].dialect else []
+        rows.append(f"| `{name}` | {d.description} | {', '.join(types) or '- (state dicts of PyTorch modules)'} |")
+    return "\n".join(rows) + "\n"
+
+
 def page() -> str:
     tables = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
     common = "; ".join(f"`{k}`" for k in COMMON)
@@ -108,6 +132,9 @@ def page() -> str:
             "ignores it, and listed (one warning and `fb.load_report(model)`); `ignore_keys=` reads named keys as "
             "absent. Refused anywhere: " + "; ".join(f"`{k}` ({why})" for k, why in REFUSED_ANYWHERE.items())
             + f". Known inert in every family (PretrainedConfig's own keys and generation defaults): {common}.\n\n"
+            + "Refused by name: the model_types transformers has that compute what the blocks do not "
+            "(`NOT_COMPUTED` in `flax_blocks/checkpoints/family.py`; any other model_type is refused as unknown):\n\n"
+            + refused_model_types() + "\n"
             + "\n".join(section(f) for f in tables))
 
 
@@ -115,11 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.hf.family_keys", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--doc", metavar="FILE", help=f"replace the section between this file's markers ({DOC})")
+    ap.add_argument("--dialects-doc", metavar="FILE",
+                    help=f"replace the dialect table between this file's markers ({DIALECTS_DOC})")
     args = ap.parse_args(argv)
     text = page()
     if args.doc:
         markers.rewrite(args.doc, text, START, END, "family-keys")
-    else:
+    if args.dialects_doc:
+        markers.rewrite(args.dialects_doc, dialect_table(), DIALECTS_START, DIALECTS_END, "dialect-table")
+    if not args.doc and not args.dialects_doc:
         print(text)
     return 0
 

@@ -2,7 +2,7 @@
 SOURCES.md says from where), shrunk in their sizes only, for tests that build each in
 transformers and read it with `fb.from_hf`.
 
-    python -m parity_tests.hf.published [--doc docs/families.md]
+    python -m parity_tests.hf.published [--doc docs/families.md] [--only NAME,...]
 
 runs every file of the corpus (parity_tests.hf.fuzz.run_case: float32 logits on a left-padded
 batch and HF's greedy tokens) and prints (or writes between the page's markers) one row per
@@ -12,7 +12,8 @@ checkpoint; the suite (test_config_published.py) runs `SUITE`, one file of each 
 heads where the file groups them, head_dim 8, or 16 where the file's head_dim differs from
 hidden / heads), feed-forward widths 48, 2 layers (6 for Gemma 3, so that one is global), a
 vocabulary of 64 (special token ids past it renumbered below it), windows of 4 positions
-(so they act within a short prompt) and longrope's factor lists resampled to the new rotary
+(so they act within a short prompt), a head of 10 where a partial rotary factor of 8 dims is odd
+(Phi-2's 0.4), and longrope's factor lists resampled to the new rotary
 width. Rotary lengths (max_position_embeddings, original_max_position_embeddings) and learned
 position tables keep theirs: they are what the scaled rotary types read.
 """
@@ -39,7 +40,7 @@ SUITE = (
     "xlm_roberta_base", "bge_m3", "gpt2", "distilgpt2", "opt_125m", "opt_350m", "llama2_7b_hf", "llama3_1_8b",
     "llama3_2_1b", "smollm2_135m", "deepseek_r1_distill_llama_8b", "mistral_7b_v0_1", "mistral_7b_instruct_v0_3",
     "qwen2_5_0_5b_instruct", "qwen2_5_7b_instruct__modelcard_yarn", "deepseek_r1_distill_qwen_1_5b", "qwen3_0_6b",
-    "phi3_mini_4k_instruct", "phi3_5_mini_instruct", "phi4_mini_instruct", "gemma_2b", "gemma2_2b_it",
+    "phi_2", "phi3_mini_4k_instruct", "phi3_5_mini_instruct", "phi4_mini_instruct", "gemma_2b", "gemma2_2b_it",
     "gemma3_1b_it", "gemma3_4b_it", "olmo2_1124_7b", "pythia_160m", "stablelm_2_zephyr_1_6b", "starcoder2_3b",
     "mixtral_8x7b_v0_1", "qwen1_5_moe_a2_7b", "qwen3_30b_a3b", "olmoe_1b_7b_0924", "gpt_oss_20b",
 )
@@ -108,6 +109,8 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
         c["moe_intermediate_size"] = EXPERT_FFN
     if c.get("shared_expert_intermediate_size"):
         c["shared_expert_intermediate_size"] = FFN
+    if c.get("head_dim") is None and _rotary_dim(c) % 2:  # Phi-2's 0.4 of 8 dims: odd, which HF cannot rotate
+        c[hidden_key] = HEADS * 10  # a head of 10, 4 rotary dims
     c["vocab_size"] = VOCAB
     _renumber_tokens(c)
     for key in ("rope_scaling", "rope_parameters"):
@@ -192,10 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity_tests.hf.published", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--doc", metavar="FILE", help=f"replace the table between this file's markers ({DOC})")
+    ap.add_argument("--only", metavar="NAMES", type=lambda s: s.split(","),
+                    help="check these files only (comma list of names without .json, e.g. llama3_2_1b); with "
+                         "--doc their rows are replaced and the table's other rows kept")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - set(names()))
+    if unknown:
+        ap.error(f"--only {','.join(unknown)}: no such file in {FOLDER}")
     os.environ.setdefault("FUZZ_HF_EAGER", "1")  # tiny models of alike sizes: eager ops' compiles are shared
-    text = table(names())
-    if args.doc:
+    text = table(args.only or names())
+    if args.doc and args.only:
+        markers.replace_rows(args.doc, text, START, END, "published-configs")
+    elif args.doc:
         markers.rewrite(args.doc, text, START, END, "published-configs")
     else:
         print(text, end="")

@@ -18,7 +18,15 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 from flax_blocks.checkpoints import dialects  # noqa: E402
-from flax_blocks.checkpoints.family import FAMILIES, PARTS, TRANSFORMERS, Family, audit, unexpected  # noqa: E402
+from flax_blocks.checkpoints.family import (  # noqa: E402
+    FAMILIES,
+    NOT_COMPUTED,
+    PARTS,
+    TRANSFORMERS,
+    Family,
+    audit,
+    unexpected,
+)
 from flax_blocks.checkpoints.hf_config import read_config  # noqa: E402
 
 TABLES = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
@@ -114,6 +122,11 @@ def test_the_family_keys_page_is_what_the_writer_writes():
     with open(family_keys.DOC) as f:
         doc = f.read()
     assert family_keys.START in doc and family_keys.page() in doc
+    with open(family_keys.DIALECTS_DOC) as f:  # what loads (DIALECTS) and what is refused (NOT_COMPUTED)
+        dialects_doc = f.read()
+    assert family_keys.DIALECTS_START in dialects_doc and family_keys.dialect_table() in dialects_doc
+    assert all(f"| `{t}` |" in doc for t in NOT_COMPUTED)
+    assert all(f"| `{d}` |" in dialects_doc for d in dialects.DIALECTS)
 
 
 def test_ignore_keys_as_a_string_is_a_clear_error(tmp_path):

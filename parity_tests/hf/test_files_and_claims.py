@@ -64,6 +64,17 @@ def test_a_single_file_beside_an_index_is_read_as_transformers_reads_it(two, tmp
     assert report.files == ("model.safetensors",)
 
 
+def test_model_safetensors_is_read_before_pytorch_model_bin(two, tmp_path):
+    """A folder holding model.safetensors and another model's pytorch_model.bin: transformers
+    reads model.safetensors, and so do we (the .bin alone is read as the other model)."""
+    both = _merge(two, ["single"], tmp_path / "safe-and-bin")
+    torch.save(_llama(2).state_dict(), both / "pytorch_model.bin")
+    assert _logits_equal(both) < 1e-5
+    assert fb.load_report(fb.from_hf(both, part="causal-lm")).files == ("model.safetensors",)
+    (both / "model.safetensors").unlink()
+    assert _logits_equal(both) < 1e-5  # the other model: the two files differ
+
+
 def test_a_stale_index_beside_a_single_file_is_not_read(two, tmp_path):
     stale = _merge(two, ["single"], tmp_path / "stale")
     (stale / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"x": "gone.bin"}}))

@@ -120,6 +120,67 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
         assert (ours[:, n:] == 1).all() and (ours[0, 11:] == 1).all()
 
 
+def test_generate_follows_the_folders_generation_config_as_hf(hf_models, tmp_path):
+    """A LLaMA folder whose generation_config.json names eos ids that greedy decoding reaches
+    (one id, then a list; pad named, then left to HF's eos[0]): fb.generate and the torch twin's
+    generate give HF's generate output exactly (its length too: HF stops once every row has
+    ended); an argument overrides the file; the config.json fallback without the file."""
+    import json
+
+    hf = hf_models["llama"]
+    ids, mask, _ = _batch(t=6, pad=2, seed=1)
+    with torch.no_grad():  # greedy without an eos (the model's config names none)
+        free = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=16,
+                           do_sample=False, pad_token_id=0).numpy()[:, 6:]
+    cases = [({"eos_token_id": int(free[0, 3]), "pad_token_id": 1},  # row 0 ends at step 3, row 1 runs on
+             {"eos_token_id": [int(free[1, 2]), int(free[0, 4])]})]  # both rows end; pad = eos[0]
+    outputs = []
+    for gen in cases[0]:
+        folder = tmp_path / f"eos{len(json.dumps(gen))}"
+        hf.save_pretrained(folder)
+        (folder / "generation_config.json").write_text(json.dumps(gen))
+        theirs_model = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+        with torch.no_grad():
+            theirs = theirs_model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                           max_new_tokens=16).numpy()
+        lm = fb.from_hf(folder, part="causal-lm")
+        ours = np.asarray(fb.generate(lm, ids, mask, max_new_tokens=16))
+        np.testing.assert_array_equal(ours, theirs)
+        if "pad_token_id" in gen:  # row 0 padded after its eos, row 1 to the end
+            assert ours.shape == (2, 22) and (ours[0, 10:] == 1).all() and (ours[1, 6:] == free[1]).all()
+        else:  # both rows ended: HF's shorter output
+            assert ours.shape[1] <= 6 + 5 and np.isin(ours[:, -1], gen["eos_token_id"]).any()
+        twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
+        twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
+        np.testing.assert_array_equal(tb.lm.generate(twin, torch.tensor(ids), torch.tensor(mask),
+                                                     max_new_tokens=16).numpy(), theirs)
+        outputs.append(ours)
+    again = fb.generate(lm, ids, mask, max_new_tokens=16, eos_token_id=int(free[0, 3]), pad_token_id=1)
+    np.testing.assert_array_equal(np.asarray(again), outputs[0])  # the arguments win over the file
+    fb.save_hf(lm, tmp_path / "saved")  # writes the settings back
+    assert fb.from_hf(tmp_path / "saved", part="causal-lm").lm.generation == lm.lm.generation
+
+    # a file that samples: the torch twin draws HF's tokens from the same torch seed (temperature,
+    # HF's default top_k 50, top_p); fb.generate samples too, so it asks for a key
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.7, "top_p": 0.9}))
+    sampler = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    lm = fb.from_hf(folder, part="causal-lm")
+    twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
+    twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
+    draws = []
+    for generate in (sampler.generate, lambda *a, **k: tb.generate(twin, *a, **k)):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            draws.append(generate(torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=8).numpy())
+    np.testing.assert_array_equal(draws[0], draws[1])
+    with pytest.raises(ValueError, match="needs key="):
+        fb.generate(lm, ids, mask, max_new_tokens=8)
+    (folder / "generation_config.json").unlink()  # transformers' fallback: config.json's keys
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": int(free[0, 3])}))
+    assert fb.from_hf(folder, part="causal-lm").lm.generation.eos_token_id == (int(free[0, 3]),)
+
+
 def test_part_model_is_the_base_model_and_bert_reads_token_types(hf_models):
     hf = hf_models["llama"]
     base = fb.from_hf(hf, part="model")

@@ -25,8 +25,10 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
+from flax_blocks.checkpoints.checkpoint import describe  # noqa: E402
+from flax_blocks.checkpoints.hf import place  # noqa: E402
 from flax_blocks.checkpoints.hf_config import hf_state_dict  # noqa: E402
-from flax_blocks.checkpoints.hf_models import lm_config, load  # noqa: E402
+from flax_blocks.checkpoints.hf_models import lm_config  # noqa: E402
 from torch_blocks.lm import generate as torch_generate  # noqa: E402
 
 from .test_models import NO_SPECIAL, E, V, _batch, _build, greedy_equals_hf  # noqa: E402
@@ -54,6 +56,7 @@ CAUSAL = {
                                                              max_position_embeddings=64, rotary_pct=0.5,
                                                              **NO_SPECIAL)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
 }
 # Mixtures of experts: 4 experts, top 2; Qwen2-MoE's layers dense, experts (with the shared expert), dense
@@ -277,7 +280,7 @@ def test_the_experts_are_read_with_their_routing_and_in_the_right_halves(hf_mode
     for k in [k for k in fused if k.endswith("experts.gate_up_proj")]:
         gate, up = np.split(fused[k], 2, axis=1)
         fused[k] = np.concatenate([up, gate], axis=1)
-    swapped = load(hf.config.to_dict(), fused, "causal-lm")
+    swapped = place(describe(hf.config.to_dict(), fused, "causal-lm"))
     err = _rel(_logits(swapped, ids, mask, positions), reference["olmoe"], live)
     print(f"olmoe: gate_up_proj halves swapped: rel error {err:.1e}")
     assert err > 1e-3
@@ -316,7 +319,7 @@ def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models,
         a = halves[k]
         halves[k] = np.stack([a[..., : a.shape[-1] // 2], a[..., a.shape[-1] // 2:]], axis=-1).reshape(a.shape)
     sd = fb.torch_state_dict(lm)
-    wrong = {"gate_up_proj read in halves": load(hf.config.to_dict(), halves, "causal-lm"),
+    wrong = {"gate_up_proj read in halves": place(describe(hf.config.to_dict(), halves, "causal-lm")),
              "sinks left out": from_torch_state_dict(replace(c, attn_sinks=False), lm.lm,
                                                      {k: v for k, v in sd.items() if not k.endswith(".sinks")}),
              "SwiGLU clamp missing": from_torch_state_dict(replace(c, swiglu_limit=1e30), lm.lm, sd)}
@@ -392,7 +395,7 @@ def test_encoder_model_matches_last_hidden_state(family, hf_models, flax_models)
         fb.from_hf(hf, part="causal-lm")
     extra = {**files, "extra.weight": files["embeddings.word_embeddings.weight"]}  # an encoder has no head to
     with pytest.raises(fb.ConversionError, match="unexpected key extra.weight"):  # hide unread keys behind
-        load(hf.config.to_dict(), extra, "model")
+        describe(hf.config.to_dict(), extra, "model")
 
 
 def test_what_the_blocks_do_not_compute_is_refused_by_name():

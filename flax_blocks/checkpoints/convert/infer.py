@@ -3,7 +3,11 @@ read from the declarations: which parameter names exist under which option."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -15,18 +19,23 @@ from ..io import read_state_dict
 from .params import BLOCK_KINDS, LAYER, module_params
 
 
-def _names(kind: str, **options: Any) -> dict[str, Param]:
-    return {t: p for t, _, p, _ in module_params(kind, replace(PROBE, **options))}
+# The declarations of the probe configs never change: each answer below is computed once per
+# process (a load then reads them without re-deriving every block's parameters).
+@functools.cache
+def _names(kind: str, **options: Any) -> Mapping[str, Param]:
+    return MappingProxyType({t: p for t, _, p, _ in module_params(kind, replace(PROBE, **options))})
 
 
-def _only_with(kind: str, **options: Any) -> set[str]:
+@functools.cache
+def _only_with(kind: str, **options: Any) -> frozenset[str]:
     """Names that exist with the probe config and vanish when `options` are applied."""
-    return set(_names(kind)) - set(_names(kind, **options))
+    return frozenset(_names(kind)) - frozenset(_names(kind, **options))
 
 
-def _only_in_probes(kind: str) -> set[str]:
+@functools.cache
+def _only_in_probes(kind: str) -> frozenset[str]:
     """Names of the other probes (values refused beside PROBE's, as DyT's alpha) that PROBE lacks."""
-    return {t for probe in PROBES[1:] for t, _, _, _ in module_params(kind, probe)} - set(_names(kind))
+    return frozenset(t for probe in PROBES[1:] for t, _, _, _ in module_params(kind, probe)) - frozenset(_names(kind))
 
 
 @dataclass
@@ -78,7 +87,7 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
                     if dim is not None:
                         info.setdefault(dim, int(size))
 
-        def has(names: set[str]) -> bool:
+        def has(names: AbstractSet[str]) -> bool:
             return any(n in inner for n in names)
 
         # `bias` from the biases that follow it alone (out_proj's: the probe fixes qkv_bias, mlp_bias and

@@ -19,6 +19,7 @@ from . import (  # noqa: F401 - imported for their registrations
     olmo2,
     olmoe,
     opt,
+    phi,
     phi3,
     qwen2,
     qwen2_moe,
