@@ -134,8 +134,8 @@ def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: 
     if need_weights or explicit_mask or dropout_active or not isinstance(seq, int):
         return "dense"
     gpu = (jax.default_backend() if platform is None else platform) == "gpu"
-    if gpu and cfg.attn_logit_softcapping is None and cfg.sliding_window_pattern is None:  # (see BlockConfig)
-        return "fused"
+    if gpu and cfg.attn_logit_softcapping is None and cfg.sliding_window_pattern is None and not cfg.attn_sinks:
+        return "fused"  # (see BlockConfig; jax.nn.dot_product_attention has no sinks)
     return "blocked" if seq >= AUTO_MIN_KEYS else "dense"
 
 
@@ -273,7 +273,7 @@ class Attention(nnx.Module):
     """Self-attention with one packed q/k/v projection (see `declarations.attention`).
 
     Parameters: in_kernel (E, K, G+2, hd), in_bias (K, G+2, hd), out_kernel (H, hd, E),
-    out_bias (E,), q_norm / k_norm (Norm over hd); K key/value heads, G = H / K query heads
+    out_bias (E,), q_norm / k_norm (Norm over hd), sinks (H,); K key/value heads, G = H / K query heads
     per key/value head. The torch twin is `torch_blocks.attention.Attention`, whose
     in_proj_weight ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
     """
@@ -286,6 +286,7 @@ class Attention(nnx.Module):
     out_bias: nnx.Param[jax.Array] | None
     q_norm: Norm | None
     k_norm: Norm | None
+    sinks: nnx.Param[jax.Array] | None
 
     def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *, rngs: nnx.Rngs,
                  values: dict | None = None):
@@ -296,7 +297,7 @@ class Attention(nnx.Module):
         create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
             setattr(self, name, Norm(cfg, child, rngs=rngs, values=values[name]))
-        for name in ("in_bias", "out_bias", "q_norm", "k_norm"):  # options that are off
+        for name in ("in_bias", "out_bias", "q_norm", "k_norm", "sinks"):  # options that are off
             if not hasattr(self, name):
                 setattr(self, name, None)
         self.dropout = dropout(cfg, rngs)
@@ -355,6 +356,15 @@ class Attention(nnx.Module):
         if c is not None:
             logits = c * jnp.tanh(logits / c)
         return logits if mask is None else jnp.where(mask, logits, -jnp.inf)
+
+    def softmax(self, logits: jax.Array) -> jax.Array:
+        """The dense path's softmax over the keys of logits (B, H, T, S); with attn_sinks (GPT-OSS) each
+        head's sink logit joins as one more column, dropped after the softmax (a row's weights then
+        sum to less than 1)."""
+        if self.sinks is None:
+            return jax.nn.softmax(logits, axis=-1)
+        sink = jnp.broadcast_to(self.sinks[...].astype(logits.dtype)[:, None, None], (*logits.shape[:-1], 1))
+        return jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
 
     def _weights(self, x: jax.Array):
         """x and the parameters promoted to the computation dtype."""
@@ -480,7 +490,8 @@ class Attention(nnx.Module):
                                    window=cfg.sliding_window if local is True else None)
         return blocked_attention(q, k, v, causal=cfg.causal, key_valid=key_valid,  # memory-efficient: no (T, S)
                                  block=cfg.attention_block, scale=cfg.attention_scale,
-                                 softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local)
+                                 softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local,
+                                 sinks=None if self.sinks is None else self.sinks[...].astype(q.dtype))
 
     def _dense(self, q: jax.Array, kh: jax.Array, vh: jax.Array, step: tuple | None, mask: jax.Array | None,
                rows: jax.Array | None, index: jax.Array | int, key: jax.Array | None,
@@ -503,7 +514,7 @@ class Attention(nnx.Module):
             scores = jnp.where(column, _head_product(qh, step[0], dt), scores)
         logits = self.logits(scores.reshape(b, kv * g, t, s), mask)  # head = kv * G + g
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
-        weights = jax.nn.softmax(logits, axis=-1)
+        weights = self.softmax(logits)
         if rows is not None:
             weights = jnp.where(rows, weights, 0.0)
         weights = weights.astype(vh.dtype)

@@ -20,6 +20,7 @@ against a dense MLP of the active width (results in experiments/bench/results/mo
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -102,8 +103,24 @@ def block_rows(experts: jax.Array, num_experts: int, block: int) -> tuple[jax.Ar
     return slot, block_expert, starts < ends[-1], nb
 
 
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """GPT-OSS's gated hidden layer, taken as `act` by `grouped_mlp` (cfg.swiglu_limit): gate clamped
+    above at limit, up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate), in HF
+    GptOssExperts._apply_gate's order of operations."""
+
+    limit: float
+    alpha: float
+
+    def glu(self, hu: jax.Array, hg: jax.Array) -> jax.Array:
+        g = jnp.minimum(hg, self.limit)
+        return (jnp.clip(hu, -self.limit, self.limit) + 1) * (g * jax.nn.sigmoid(g * self.alpha))
+
+
 def _hidden(act, hu: jax.Array, hg: jax.Array | None) -> jax.Array:
-    return act(hu) if hg is None else act(hg) * hu
+    if hg is None:
+        return act(hu)
+    return act.glu(hu, hg) if isinstance(act, ClampedSwiGLU) else act(hg) * hu
 
 
 def expert_blocks(experts: jax.Array, num_experts: int, block: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -212,7 +229,8 @@ def grouped_mlp(x: jax.Array, experts: jax.Array, up: jax.Array, gate: jax.Array
 
 class Experts(nnx.Module):
     """The experts MLP on a token matrix t (N, E) -> (y (N, E), router logits (N, X)).
-    Params: router (E, X), up / gate (X, E, F), down (X, F, E); shared_up / shared_gate /
+    Params: router (E, X), up / gate (X, E, F), down (X, F, E); with experts_bias (GPT-OSS)
+    router_bias (X,), up_bias / gate_bias (X, F), down_bias (X, E); shared_up / shared_gate /
     shared_down (Linear) and shared_expert_gate (E, 1) with a shared expert. The twin of
     `torch_blocks.experts.Experts`; declared in `declarations.experts`."""
 
@@ -220,6 +238,10 @@ class Experts(nnx.Module):
     up: nnx.Param[jax.Array]
     gate: nnx.Param[jax.Array] | None
     down: nnx.Param[jax.Array]
+    router_bias: nnx.Param[jax.Array] | None
+    up_bias: nnx.Param[jax.Array] | None
+    gate_bias: nnx.Param[jax.Array] | None
+    down_bias: nnx.Param[jax.Array] | None
     shared_expert_gate: nnx.Param[jax.Array] | None
     shared_up: Linear | None
     shared_gate: Linear | None
@@ -230,26 +252,37 @@ class Experts(nnx.Module):
                  values: dict[str, Any] | None = None):
         self.cfg = cfg
         self.act = ACTIVATION_FNS[cfg.activation]
+        self.glu = self.act if cfg.swiglu_limit is None else ClampedSwiGLU(cfg.swiglu_limit, cfg.swiglu_alpha)
         self.dtype = compute_dtype(cfg)
         if values is None:
             values = initial_values(rngs.params(), component, cfg)
         create_params(self, component, cfg, rngs, values)
         for name, child in component.children:
             setattr(self, name, Linear(cfg, child, rngs=rngs, values=values[name]))
-        for name in ("gate", "shared_expert_gate", "shared_up", "shared_gate", "shared_down",
-                     "e_score_correction_bias"):
+        for name in ("gate", "router_bias", "up_bias", "gate_bias", "down_bias", "shared_expert_gate", "shared_up",
+                     "shared_gate", "shared_down", "e_score_correction_bias"):
             if not hasattr(self, name):
                 setattr(self, name, None)
 
     def __call__(self, t: jax.Array) -> tuple[jax.Array, jax.Array]:
         """t (N, E) -> (y (N, E), router logits (N, X) in t's dtype)."""
-        gate = None if self.gate is None else self.gate[...]
-        t, router, up, gate, down = nnx.nn.dtypes.promote_dtype(
-            (t, self.router[...], self.up[...], gate, self.down[...]), dtype=self.dtype)
-        logits = t @ router
+        def get(p):
+            return None if p is None else p[...]
+
+        t, router, up, gate, down, rb, ub, gb, db = nnx.nn.dtypes.promote_dtype(
+            (t, self.router[...], self.up[...], get(self.gate), self.down[...], get(self.router_bias),
+             get(self.up_bias), get(self.gate_bias), get(self.down_bias)), dtype=self.dtype)
+        logits = t @ router if rb is None else t @ router + rb
         weights, experts = self.route(logits)
         n, k = experts.shape
-        y = grouped_mlp(jnp.repeat(t, k, axis=0), experts.reshape(-1), up, gate, down, self.act)
+        rows = jnp.repeat(t, k, axis=0)  # (N k, E)
+        if ub is not None:  # the up / gate biases as one more input row of ones (grouped_mlp's padding stays 0)
+            rows = jnp.concatenate([rows, jnp.ones((n * k, 1), rows.dtype)], axis=1)
+            up = jnp.concatenate([up, ub[:, None]], axis=1)  # (X, E + 1, F)
+            gate = None if gate is None or gb is None else jnp.concatenate([gate, gb[:, None]], axis=1)
+        y = grouped_mlp(rows, experts.reshape(-1), up, gate, down, self.glu)
+        if db is not None:
+            y = y + db[experts.reshape(-1)]
         y = jnp.sum(y.reshape(n, k, -1) * weights[..., None].astype(y.dtype), axis=1)
         if self.shared_up is not None:
             y = y + self.shared(t)

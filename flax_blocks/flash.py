@@ -72,16 +72,24 @@ def _pair_logits(qi, kj, bias_j, i, j, bq, bk, causal, acc_dt, softcap=None, win
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10))
 def _flash(qb, kb, vb, validb, local, causal: bool, bq: int, scale: float, softcap: float | None,
-           window: int | None, skip: bool):
-    return _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip)[0]
+           window: int | None, skip: bool, sink):
+    return _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip, sink)[0]
 
 
-def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip):
+def _with_sink(m, denom, sink):
+    """The online softmax's end with a sink logit per row (K, R) (GPT-OSS): -> (the rows' new max m',
+    the factor exp(m - m') on the running sums, the denominator with exp(sink - m') added)."""
+    m_all = jnp.maximum(m, sink)
+    corr = jnp.exp(m - m_all)  # m = -inf (a row without keys): 0
+    return m_all, corr, denom * corr + jnp.exp(sink - m_all)
+
+
+def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, skip, sink=None):
     """qb (nq, B, K, R, hd) (R = G * bq rows), kb / vb (nk, B, K, bk, hd), validb (nk, B, bk)
     or None (every key real) -> out (nq, B, K, R, hd) (0 for rows without keys), and the
     residuals (the inputs, out, each row's log-sum-exp, 0 where a row has no key). The
     softmax's row sums ride on the P V product (V gets a column of ones): one pass over the
-    probabilities fewer."""
+    probabilities fewer. sink (K, R) or None: each row's sink logit, in the denominator alone."""
     nq, b, kv, r, d = qb.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qb.dtype, jnp.float32)
@@ -108,11 +116,14 @@ def _flash_fwd(qb, kb, vb, validb, local, causal, bq, scale, softcap, window, sk
     for pi, pj, masked in _pair_groups(nq, nk, bq, bk, causal, window, skip):
         carry, _ = jax.lax.scan(step(masked), carry, (jnp.asarray(pi), jnp.asarray(pj)))
     m, acc = carry
-    denom = acc[..., d]  # the softmax's running sum (flash attention's l)
+    denom, pv = acc[..., d], acc[..., :d]  # the softmax's running sum (flash attention's l), P V
+    if sink is not None:
+        m, corr, denom = _with_sink(m, denom, sink.astype(acc_dt))
+        pv = pv * corr[..., None]
     has = denom > 0
-    out = (acc[..., :d] / jnp.where(has, denom, 1.0)[..., None]).astype(vb.dtype)
+    out = (pv / jnp.where(has, denom, 1.0)[..., None]).astype(vb.dtype)
     lse = jnp.where(has, m + jnp.log(jnp.where(has, denom, 1.0)), 0.0)
-    return out, (qs, kb, vb, validb, local, out, lse)
+    return out, (qs, kb, vb, validb, local, out, lse, sink)
 
 
 def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
@@ -122,7 +133,7 @@ def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
     transposed, (keys, rows), so that every product is a plain matrix product (dV = P^T dO,
     dK = dS^T (scale Q) and dQ^T = K^T dS^T: no operand transposed inside the loop; XLA:CPU's
     products with a transposed left operand ran 3-4x slower)."""
-    qs, kb, vb, validb, local, out, lse = res  # qs: the queries times the scale (the forward's)
+    qs, kb, vb, validb, local, out, lse, sink = res  # qs: the queries times the scale (the forward's)
     nq, b, kv, r, d = qs.shape
     nk, bk = kb.shape[0], kb.shape[3]
     acc_dt = jnp.promote_types(qs.dtype, jnp.float32)
@@ -152,7 +163,10 @@ def _flash_bwd(causal, bq, scale, softcap, window, skip, res, dout):
         carry, _ = jax.lax.scan(step(masked), carry, (jnp.asarray(pi), jnp.asarray(pj)))
     dqt, dk, dv = carry
     dq = dqt.swapaxes(-1, -2) * jnp.asarray(scale, acc_dt)
-    return dq.astype(qs.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None
+    dsink = None  # a sink's probability p_s = exp(s - lse); d s = -sum over rows of p_s * D
+    if sink is not None:
+        dsink = -jnp.sum(jnp.exp(sink.astype(acc_dt) - lse) * delta, axis=(0, 1)).astype(sink.dtype)
+    return dq.astype(qs.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None, dsink
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -160,7 +174,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, key_valid: jax.Array | None,
                       block: int, scale: float | None = None, softcap: float | None = None,
-                      window: int | None = None, local=True) -> tuple[jax.Array, jax.Array]:
+                      window: int | None = None, local=True, sinks: jax.Array | None = None,
+                      ) -> tuple[jax.Array, jax.Array]:
     """softmax(q k^T * scale) v (scale default 1 / sqrt(hd); soft-capped logits c tanh(s / c)
     with softcap c, Gemma 2; a causal sliding window W, keys i - W < j <= i, where `local`, a
     Python bool or a traced one, with the key blocks wholly outside it skipped when `local` is
@@ -173,6 +188,8 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     grouped-query heads without repeating k and v (a key block serves the G * block rows of
     its query heads).
 
+    sinks (K * G,) or None: a logit per query head in each row's denominator (GPT-OSS), head
+    k * G + g (d sinks from the same log-sum-exp).
     q (B, T, K, G, hd), k and v (B, S, K, hd); key_valid (B, S) or None. Returns (out
     (B, T, K, G, hd), has_key (B, T)); rows without any key give 0 (and zero gradients),
     as the dense path."""
@@ -195,7 +212,8 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     skip = window is not None and local is True  # statically local: skip the blocks outside the window
     scale = d ** -0.5 if scale is None else float(scale)
     softcap = None if softcap is None else float(softcap)
-    out = _flash(qb, kb, vb, validb, jnp.asarray(local, jnp.bool_), causal, bq, scale, softcap, window, skip)
+    sink = None if sinks is None else jnp.broadcast_to(sinks.reshape(kv, g, 1), (kv, g, bq)).reshape(kv, g * bq)
+    out = _flash(qb, kb, vb, validb, jnp.asarray(local, jnp.bool_), causal, bq, scale, softcap, window, skip, sink)
     out = out.reshape(nq, b, kv, g, bq, d).transpose(1, 0, 4, 2, 3, 5).reshape(b, nq * bq, kv, g, d)[:, :t]
     if causal:  # a real key at or before the query (and inside its window)
         has_key = _keys_seen(valid, t, window, local)

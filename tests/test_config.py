@@ -125,6 +125,16 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(layernorm_scaling=True, norm="peri"), ["layernorm_scaling", "norm='pre'", "Peri-LN's output norm"]),
         (dict(layernorm_scaling=True, norm="none"), ["layernorm_scaling", "norm='none'"]),
         (dict(layernorm_scaling=1, norm="pre"), ["layernorm_scaling", "bool"]),
+        # GPT-OSS's options
+        (dict(attn_sinks=True, attention="fused"), ["attention='fused'", "attn_sinks", "'blocked'"]),
+        (dict(attn_sinks=1), ["attn_sinks", "bool"]),
+        (dict(swiglu_limit=7.0), ["swiglu_limit=7.0", "num_experts > 0"]),
+        (dict(num_experts=2, mlp="swiglu", activation="silu", swiglu_limit=0.0), ["swiglu_limit", "> 0"]),
+        (dict(num_experts=2, swiglu_limit=7.0), ["swiglu_limit=7.0", "mlp='swiglu'", "mlp='dense'"]),
+        (dict(num_experts=2, mlp="swiglu", activation="silu", swiglu_limit=7.0, shared_expert_d_ff=4),
+         ["swiglu_limit", "shared_expert_d_ff=4"]),
+        (dict(num_experts=2, mlp="swiglu", activation="silu", swiglu_alpha=float("nan")), ["swiglu_alpha", "finite"]),
+        (dict(num_experts=2, experts_bias="yes"), ["experts_bias", "bool"]),
     ],
 )
 def test_invalid_values_raise_valueerror_saying_what_is_allowed(kw, fragments):
@@ -384,3 +394,19 @@ def test_torch_blocks_takes_only_the_spec_from_flax_blocks():
 def test_flax_blocks_imports_jax_but_not_torch():
     # also shows the probe is not vacuous: it does see the framework that was imported
     assert _loaded_after("import flax_blocks; flax_blocks.TransformerBlock") == {"jax", "flax"}
+
+
+def test_sinks_never_take_the_fused_path():
+    """Attention sinks join the softmax's denominator, which jax.nn.dot_product_attention and SDPA have no
+    place for: "auto" takes the blocked path past AUTO_MIN_KEYS even on a GPU (Flax), torch the explicit
+    softmax."""
+    from flax_blocks.attention import attention_path
+    from torch_blocks.attention import attention_path as torch_attention_path
+
+    cfg = make(attn_sinks=True, causal=True)
+    for platform in ("cpu", "gpu"):
+        assert attention_path(cfg, 4096, need_weights=False, explicit_mask=False, dropout_active=False,
+                              platform=platform) == "blocked"
+    assert attention_path(make(causal=True), 4096, need_weights=False, explicit_mask=False, dropout_active=False,
+                          platform="gpu") == "fused"
+    assert torch_attention_path(cfg, need_weights=False) == "dense"

@@ -32,7 +32,7 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
     or "fused" (F.scaled_dot_product_attention, no weights; masks and dropout it takes).
 
     "dense" when cfg.attention is "dense", weights are asked for, the logits are soft-capped
-    (attn_logit_softcapping) or windowed (sliding_window); else "fused" ("auto",
+    (attn_logit_softcapping), windowed (sliding_window) or take sinks (attn_sinks); else "fused" ("auto",
     and "blocked" / "fused", which torch serves with SDPA). With `check` (an uncached
     self-attention, as the Flax twin's `attention_path`), a forced "blocked" / "fused"
     that the call cannot honour raises the same ValueError as in Flax
@@ -40,7 +40,8 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
     if check:
         check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask,
                              dropout_active=dropout_active)
-    explicit = cfg.attn_logit_softcapping is not None or cfg.sliding_window is not None  # (SDPA: neither)
+    explicit = (cfg.attn_logit_softcapping is not None or cfg.sliding_window is not None  # (SDPA: none of these)
+                or cfg.attn_sinks)
     return "dense" if need_weights or cfg.attention == "dense" or explicit else "fused"
 
 
@@ -197,6 +198,7 @@ class Attention(nn.Module):
     out_proj: _Projection
     q_norm: Norm | None
     k_norm: Norm | None
+    sinks: nn.Parameter | None
 
     def __init__(self, cfg: BlockConfig, component: declarations.Component | None = None, *,
                  generator: torch.Generator | None = None):
@@ -206,7 +208,8 @@ class Attention(nn.Module):
         create_params(self, component, cfg, generator)
         for name, child in component.children:
             setattr(self, name, Norm(cfg, child, generator=generator))
-        for owner, name in ((self, "in_proj_bias"), (self.out_proj, "bias"), (self, "q_norm"), (self, "k_norm")):
+        for owner, name in ((self, "in_proj_bias"), (self.out_proj, "bias"), (self, "q_norm"), (self, "k_norm"),
+                            (self, "sinks")):
             if not hasattr(owner, name):  # options that are off
                 setattr(owner, name, None)
 
@@ -310,7 +313,7 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # head -> h // G
         logits = self.logits(q @ k.transpose(-1, -2), masked, bias)  # (B, H, T, S)
         logit_max = logits.max() if rows is None else logits.masked_fill(~rows, float("-inf")).max()
-        weights = logits.softmax(dim=-1)
+        weights = self.softmax(logits)
         if rows is not None:
             weights = torch.where(rows, weights, 0.0)
         weights = weights.to(v.dtype)
@@ -333,6 +336,14 @@ class Attention(nn.Module):
         if rows is not None and rows.shape[1] > 1:  # a head with no key (per-head masks) gives no output
             out = torch.where(rows, out, 0.0)
         return out
+
+    def softmax(self, logits: Tensor) -> Tensor:
+        """The dense path's softmax over the keys of logits (B, H, T, S); with attn_sinks (GPT-OSS) each
+        head's sink logit joins as one more column, dropped after the softmax."""
+        if self.sinks is None:
+            return logits.softmax(dim=-1)
+        sink = self.sinks.to(logits.dtype)[:, None, None].expand(*logits.shape[:-1], 1)
+        return torch.cat([logits, sink], dim=-1).softmax(dim=-1)[..., :-1]
 
     def qk_normed(self, norm: Norm, a: Tensor) -> Tensor:
         """QK-norm of a (B, T, heads, hd): over each head, or (qk_norm_over="projection",

@@ -66,13 +66,18 @@ def deepseek_route(cfg: BlockConfig, logits: Tensor, bias: Tensor | None) -> tup
 class Experts(nn.Module):
     """The experts MLP on a token matrix t (N, E) -> (y (N, E), router logits (N, X)).
     Params: router (X, E), up / gate (X, F, E), down (X, E, F) (each expert's matrices as
-    nn.Linear holds them); shared_up / shared_gate / shared_down (Linear) and shared_expert_gate
+    nn.Linear holds them); with experts_bias (GPT-OSS) router_bias (X,), up_bias / gate_bias (X, F),
+    down_bias (X, E); shared_up / shared_gate / shared_down (Linear) and shared_expert_gate
     (1, E) with a shared expert. Declared in `declarations.experts`."""
 
     router: nn.Parameter
     up: nn.Parameter
     gate: nn.Parameter | None
     down: nn.Parameter
+    router_bias: nn.Parameter | None
+    up_bias: nn.Parameter | None
+    gate_bias: nn.Parameter | None
+    down_bias: nn.Parameter | None
     shared_expert_gate: nn.Parameter | None
     shared_up: Linear | None
     shared_gate: Linear | None
@@ -86,14 +91,28 @@ class Experts(nn.Module):
         create_params(self, component, cfg, generator)
         for name, child in component.children:
             setattr(self, name, Linear(cfg, child, generator=generator))
-        for name in ("gate", "shared_expert_gate", "shared_up", "shared_gate", "shared_down",
-                     "e_score_correction_bias"):
+        for name in ("gate", "router_bias", "up_bias", "gate_bias", "down_bias", "shared_expert_gate", "shared_up",
+                     "shared_gate", "shared_down", "e_score_correction_bias"):
             if not hasattr(self, name):
                 setattr(self, name, None)
 
+    def hidden(self, up: Tensor, gate: Tensor | None) -> Tensor:
+        """An expert's hidden layer from its up and gate products (N, F): act(up), act(gate) * up, or
+        GPT-OSS's clamped SwiGLU (cfg.swiglu_limit) in HF GptOssExperts._apply_gate's order."""
+        limit = self.cfg.swiglu_limit
+        if gate is None:
+            return self.act(up)
+        if limit is None:
+            return self.act(gate) * up
+        gate = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * self.cfg.swiglu_alpha))
+
     def forward(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """t (N, E) -> (y (N, E), router logits (N, X))."""
-        logits = F.linear(t, self.router)
+        def bias(p: nn.Parameter | None, x: int) -> Tensor | None:
+            return None if p is None else p[x]
+
+        logits = F.linear(t, self.router, self.router_bias)
         weights, experts = route(self.cfg, logits, self.e_score_correction_bias)
         y = torch.zeros_like(t)
         hit = torch.zeros(self.cfg.num_experts, dtype=torch.bool, device=t.device)
@@ -101,9 +120,9 @@ class Experts(nn.Module):
         for x in hit.nonzero().flatten().tolist():  # the experts that have tokens
             token, slot = torch.where(experts == x)
             h = t[token]
-            a = F.linear(h, self.up[x])
-            a = self.act(a) if self.gate is None else self.act(F.linear(h, self.gate[x])) * a
-            out = F.linear(a, self.down[x]) * weights[token, slot, None].to(t.dtype)
+            g = None if self.gate is None else F.linear(h, self.gate[x], bias(self.gate_bias, x))
+            a = self.hidden(F.linear(h, self.up[x], bias(self.up_bias, x)), g)
+            out = F.linear(a, self.down[x], bias(self.down_bias, x)) * weights[token, slot, None].to(t.dtype)
             y = y.index_add(0, token, out)
         if self.shared_up is not None:
             assert self.shared_down is not None

@@ -74,6 +74,10 @@ class Rule:
       zero one computes exactly what HF computes); written back only when zero, else refused.
     axis: the axis a chunk rule splits (transformers 5's fused experts.gate_up_proj (X, 2F, E):
       gate = block 0, up = block 1 along axis 1).
+    interleave: a chunk rule's blocks alternate entry by entry along `axis` (block i = entries
+      i, i + count, ...: GPT-OSS's gate_up_proj, gate = [..., ::2], up = [..., 1::2]) instead of
+      lying one after the other. A chunk rule may transpose too (the last two axes swapped first:
+      GPT-OSS's experts store (X, in, out)).
     per_expert: their one name holds "{j}", one tensor per expert (Mixtral's
       block_sparse_moe.experts.{j}.w1.weight (F, E)): ours stacks experts 0..X-1 along a new
       axis 0 ((X, F, E)); written back one tensor per expert.
@@ -92,13 +96,16 @@ class Rule:
     zero: tuple[str, ...] = ()
     axis: int = 0
     per_expert: bool = False
+    interleave: bool = False
 
     def __post_init__(self):
         if self.split and len(self.split) != len(self.theirs):
             raise ValueError(f"{self.ours}: a split rule names one part per tensor of theirs, got split={self.split} "
                              f"for theirs={self.theirs}")
-        if self.chunk is not None and (len(self.theirs) != 1 or self.transpose or self.split):
-            raise ValueError(f"{self.ours}: a chunk rule takes one tensor of theirs, untransposed and unsplit")
+        if self.chunk is not None and (len(self.theirs) != 1 or self.split):
+            raise ValueError(f"{self.ours}: a chunk rule takes one tensor of theirs, unsplit")
+        if self.interleave and self.chunk is None:
+            raise ValueError(f"{self.ours}: interleave says how a chunk rule's blocks lie: it needs chunk")
         if self.per_head and (len(self.theirs) != 1 or self.transpose or self.split or self.chunk):
             raise ValueError(f"{self.ours}: a per-head rule takes one tensor of theirs, untransposed and unsplit")
         if self.per_expert and (len(self.theirs) != 1 or "{j}" not in self.theirs[0] or self.transpose
@@ -127,6 +134,8 @@ DENSE = {"num_experts": 0, "num_experts_per_tok": 2, "norm_topk_prob": True, "de
 # it reads excepted).
 NOT_DEEPSEEK = {"kv_lora_rank": None, "rope_interleave": False, "latent_norm_eps": 1e-6, "routing": "softmax",
                 "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "shared_expert_gate": True}
+# What GPT-OSS alone computes (families/gpt_oss.py reads them): every other family fixes them off.
+NO_GPT_OSS = {"attn_sinks": False, "experts_bias": False, "swiglu_limit": None, "swiglu_alpha": 1.702}
 
 
 @dataclass(frozen=True)
@@ -148,9 +157,9 @@ class Dialect:
     def __post_init__(self) -> None:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
             object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
-        if self.rules is not None:
-            kept = {k: v for k, v in NOT_DEEPSEEK.items() if k not in self.reads}
-            object.__setattr__(self, "settings", {**kept, **self.settings})
+        if self.rules is not None:  # DeepSeek's and GPT-OSS's options off unless the family reads or fixes them
+            off = {k: v for k, v in {**NOT_DEEPSEEK, **NO_GPT_OSS}.items() if k not in self.reads}
+            object.__setattr__(self, "settings", {**off, **self.settings})
 
     @property
     def layer_regex(self) -> re.Pattern:
@@ -380,9 +389,30 @@ class Translated:
     dropped: list[str] = field(default_factory=list)  # keys outside the stack (embeddings, heads)
 
 
+def _swap(a):
+    """a matrix transposed; a stack of matrices (X, m, n) each transposed (X, n, m)."""
+    return a.T if a.ndim < 3 else a.transpose(*range(a.ndim - 2), a.ndim - 1, a.ndim - 2)
+
+
 def _cat(parts: list, transpose: bool):
-    parts = [p.T if transpose else p for p in parts]
+    parts = [_swap(p) if transpose else p for p in parts]
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def _block(a, r: Rule):
+    """Block r.chunk[0] of r.chunk[1] along r.axis of a: contiguous, or every count-th entry (interleave)."""
+    assert r.chunk is not None  # a chunk rule's
+    (index, count), n = r.chunk, a.shape[r.axis]
+    pick = slice(index, None, count) if r.interleave else slice(index * n // count, (index + 1) * n // count)
+    return a[(slice(None),) * r.axis + (pick,)]
+
+
+def _join(parts: list, axis: int, interleave: bool):
+    """The blocks of a fused tensor joined back along axis (interleaved entry by entry, or one after another)."""
+    if not interleave:
+        return np.concatenate(parts, axis=axis)
+    a = np.stack(parts, axis=axis + 1)
+    return a.reshape(*a.shape[:axis], -1, *a.shape[axis + 2:])
 
 
 def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str = "",
@@ -450,13 +480,13 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                 continue
             a = _cat([theirs[t] for t in r.theirs], r.transpose)
             if r.chunk is not None:
-                (index, count), rows = r.chunk, a.shape[r.axis]
+                count, rows = r.chunk[1], a.shape[r.axis]
                 if rows % count:
                     problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]} (shape {tuple(a.shape)}): {rows} "
                                     f"{'rows' if r.axis == 0 else f'entries along axis {r.axis}'} do not split into "
                                     f"{count} equal blocks")
                     continue
-                a = a[(slice(None),) * r.axis + (slice(index * rows // count, (index + 1) * rows // count),)]
+                a = _block(a, r)
             if r.per_head:
                 if num_heads is None or a.shape[0] % (num_heads * r.per_head):
                     problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]} (shape {tuple(a.shape)}): its "
@@ -508,7 +538,7 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
     layer = re.compile(rf"{declarations.LAYERS}\.(\d+)\.(.+)")
     out: dict[str, Any] = {}
     fused: dict[str, dict[int, Any]] = {}  # their fused name -> {block index: our tensor}
-    blocks: dict[str, tuple[int, int]] = {}  # their fused name -> how many blocks, along which axis
+    blocks: dict[str, Rule] = {}  # their fused name -> a rule of its blocks (how many, along which axis, how)
     problems = []
     for k, a in sd.items():
         m = layer.match(k)
@@ -528,13 +558,13 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
             continue
         if r.chunk is not None:  # one block of a fused tensor of theirs: joined below
             fused.setdefault(base + r.theirs[0], {})[r.chunk[0]] = a
-            blocks[base + r.theirs[0]] = (r.chunk[1], r.axis)
+            blocks[base + r.theirs[0]] = r
             continue
         if r.per_head:
             out[base + r.theirs[0]] = _regroup(a, cfg.num_heads, r.per_head, to_ours=False)
             continue
         if len(r.theirs) == 1:
-            out[base + r.theirs[0]] = a.T if r.transpose else a
+            out[base + r.theirs[0]] = _swap(a) if r.transpose else a
             continue
         start = 0
         for t, part in zip(r.theirs, r.split, strict=True):
@@ -548,11 +578,13 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
                 continue
             out[base + t] = piece
     for name, parts in fused.items():
-        count, axis = blocks[name]
+        r = blocks[name]
+        count = r.chunk[1] if r.chunk else 0
         if sorted(parts) != list(range(count)):
             problems.append(f"{name}: {count} blocks fused, only {sorted(parts)} given")
         else:
-            out[name] = np.concatenate([parts[i] for i in range(count)], axis=axis)
+            joined = _join([parts[i] for i in range(count)], r.axis, r.interleave)
+            out[name] = _swap(joined) if r.transpose else joined
     if problems:
         raise ConversionError(problems, header=f"cannot write a {lay.name} checkpoint")
     return out
@@ -574,7 +606,8 @@ def settings_of(module: Any) -> dict[str, Any]:
                                              "qk_norm_over", "rope_theta", "partial_rotary_factor",
                                              "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
                                              "sliding_window_pattern", "rope_local_theta",
-                                             "parallel_residual", "residual", "scaling", "layernorm_scaling")}
+                                             "parallel_residual", "residual", "scaling", "layernorm_scaling",
+                                             "attn_sinks", "swiglu_limit", "swiglu_alpha")}
         if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out
@@ -593,7 +626,7 @@ def settings_of(module: Any) -> dict[str, Any]:
         act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
     out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
                layer_norm_eps=layer.norm1.eps, norm_type="layernorm", norm_weight_offset=0.0, mlp="dense",
-               parallel_residual="none", layernorm_scaling=False)
+               parallel_residual="none", layernorm_scaling=False, attn_sinks=False)
     if act_name is not None:
         out["activation"] = act_name
     return out

@@ -299,8 +299,6 @@ NOT_COMPUTED = {
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
     "llama4": "chunked attention, experts weighted by a sigmoid before the expert (on its input) beside an ungated "
               "shared expert, and no rotary on some layers",
-    "gpt_oss": "attention sinks, experts with biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(1.702 gate), "
-               "both clamped) on interleaved gate / up columns, and a router with a bias",
     "dbrx": "experts renormalised by a p-norm (moe_normalize_expert_weights) with input jitter, a fused Wqkv with "
             "clip_qkv and LayerNorms without bias",
     "phimoe": "sparsemixer routing (sampled top-2 with a jitter mask) and LayerNorms",

@@ -89,6 +89,9 @@ class BlockConfig:
     shared_expert_d_ff: int = 0
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    experts_bias: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
     num_kv_heads: int | None = None
     head_dim: int | None = None
     qk_norm: bool = False
@@ -97,6 +100,7 @@ class BlockConfig:
     partial_rotary_factor: float = 1.0
     rope_scaling: RopeScaling | None = None
     attn_logit_softcapping: float | None = None
+    attn_sinks: bool = False
     query_pre_attn_scalar: float | None = None
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
@@ -166,7 +170,7 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
 
     def _check_experts(self) -> None:
-        """The experts MLP's sizes (the experts and the router have no biases, as in every HF family;
+        """The experts MLP's sizes (the experts and the router have biases with experts_bias alone, GPT-OSS;
         mlp_bias applies to the dense and shared MLPs)."""
         def count(name: str, low: int) -> int:
             value = getattr(self, name)
@@ -176,6 +180,9 @@ class BlockConfig:
 
         x = count("num_experts", 0)
         if not x:
+            if self.swiglu_limit is not None:  # (experts_bias without experts has nothing to bias: no parameter)
+                raise ValueError(f"BlockConfig.swiglu_limit={self.swiglu_limit!r} is the clamped SwiGLU of the "
+                                 f"experts MLP (GPT-OSS) and needs num_experts > 0")
             return
         k = count("num_experts_per_tok", 1)
         if k > x:
@@ -186,10 +193,30 @@ class BlockConfig:
         count("decoder_sparse_step", 1)
         if not isinstance(self.norm_topk_prob, bool):
             raise ValueError(f"BlockConfig.norm_topk_prob must be a bool, got {self.norm_topk_prob!r}")
+        self._check_gpt_oss_experts()
         if not isinstance(self.mlp_only_layers, tuple) or not all(
                 isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.mlp_only_layers):
             raise ValueError(f"BlockConfig.mlp_only_layers must be a tuple of layer indices >= 0 (from 0, as HF's), "
                              f"got {self.mlp_only_layers!r}")
+
+    def _check_gpt_oss_experts(self) -> None:
+        """GPT-OSS's experts: biases on the router and every expert projection (experts_bias) and the
+        clamped SwiGLU (swiglu_limit, swiglu_alpha), which its experts alone compute."""
+        if not isinstance(self.experts_bias, bool):
+            raise ValueError(f"BlockConfig.experts_bias must be a bool, got {self.experts_bias!r}")
+        a = self.swiglu_alpha
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a):
+            raise ValueError(f"BlockConfig.swiglu_alpha must be a finite number (GPT-OSS: 1.702), got {a!r}")
+        limit = self.swiglu_limit
+        if limit is None:
+            return
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise ValueError(f"BlockConfig.swiglu_limit must be None or a number > 0 (GPT-OSS: 7.0), got {limit!r}")
+        if self.mlp != "swiglu" or self.shared_expert_d_ff or self.mixed_mlp:
+            raise ValueError(f"BlockConfig.swiglu_limit={limit!r} is GPT-OSS's clamped SwiGLU of the routed experts "
+                             f"and needs mlp='swiglu' without a shared expert or dense layers (whose MLP it would "
+                             f"leave ambiguous), got mlp={self.mlp!r}, shared_expert_d_ff={self.shared_expert_d_ff}, "
+                             f"decoder_sparse_step={self.decoder_sparse_step}, mlp_only_layers={self.mlp_only_layers}")
 
     def _check_choices(self) -> None:
         """Each choice among its allowed values, each flag a bool, the norms' and heads' numbers."""
@@ -295,6 +322,12 @@ class BlockConfig:
             raise ValueError("BlockConfig.attention='fused' takes a sliding window only in every layer "
                              "(sliding_window_pattern=None): a stack of local and global layers scans one layer, "
                              "whose window is then not a static size. Use attention='auto', 'dense' or 'blocked'")
+        if not isinstance(self.attn_sinks, bool):
+            raise ValueError(f"BlockConfig.attn_sinks must be a bool, got {self.attn_sinks!r}")
+        if self.attn_sinks and self.attention == "fused":
+            raise ValueError("BlockConfig.attention='fused' cannot compute attention sinks (attn_sinks, GPT-OSS): "
+                             "jax.nn.dot_product_attention and SDPA have no sink in the denominator. Use "
+                             "attention='auto', 'dense' or 'blocked'")
         if self.attn_logit_softcapping is not None and self.attention == "fused":
             raise ValueError("BlockConfig.attention='fused' cannot soft-cap the logits (attn_logit_softcapping): "
                              "jax.nn.dot_product_attention and SDPA have no soft-cap. Use attention='auto', "

@@ -219,6 +219,8 @@ def attention(cfg: BlockConfig) -> Component:
                                ("kv_heads", "qkv", "head_dim"), _one(b_in, sum(rows)), QKV_BIAS))
     if cfg.bias:
         params.append(Param("out_proj.bias", "out_bias", (e,), ("d_model",), ("embed",), _one(b_out, e)))
+    if cfg.attn_sinks:  # GPT-OSS: one logit per head in the softmax's denominator (HF inits N(0, 0.02))
+        params.append(Param("sinks", "sinks", (h,), ("num_heads",), ("heads",), _one(("normal", 0.02), h)))
     children: tuple[tuple[str, Component], ...] = ()
     if cfg.qk_norm and cfg.qk_norm_over == "projection":  # OLMo 2: over H * hd and K * hd
         children = (("q_norm", norm(cfg, h * d, dim=None, axis=None, bias=False)),
@@ -270,7 +272,8 @@ def experts(cfg: BlockConfig) -> Component:
     """The experts MLP (cfg.num_experts > 0): the router, a bias-free map d_model -> X (torch
     router (X, E), Flax kernel (E, X)); the X experts' stacked projections, torch (X, out, in) as
     X nn.Linear weights, Flax (X, in, out): up (X, F, E), gate (gated MLPs), down (X, E, F), F =
-    cfg.experts_width, no biases; with cfg.shared_expert_d_ff = S, a shared expert (shared_up,
+    cfg.experts_width, no biases (with cfg.experts_bias, GPT-OSS: router_bias (X,), up_bias / gate_bias
+    (X, F), down_bias (X, E)); with cfg.shared_expert_d_ff = S, a shared expert (shared_up,
     shared_gate, shared_down: linear maps of width S, biases as cfg.has_mlp_bias) and its gate
     shared_expert_gate (1, E), Flax (E, 1) (cfg.shared_expert_gate; DeepSeek's shared experts have
     none); e_score_correction_bias (X,) under DeepSeek V3's routing. Each expert matrix is
@@ -295,6 +298,15 @@ def experts(cfg: BlockConfig) -> Component:
                         ("expert", "mlp", "embed"), _one(spec(f, e, True), x), EXPERTS))
     if cfg.routing == "deepseek_v3":  # added to the scores for choosing only (HF's buffer, zeros at init)
         params.append(Param("e_score_correction_bias", "e_score_correction_bias", (x,), ("num_experts",), (None,),
+                            _one(ZERO, x)))
+    if cfg.experts_bias:  # GPT-OSS: the router's and every expert projection's biases (zeros, as HF's)
+        params += [Param("router_bias", "router_bias", (x,), ("num_experts",), (None,), _one(ZERO, x)),
+                   Param("up_bias", "up_bias", (x, f), ("num_experts", "expert_d_ff"), ("expert", "mlp"),
+                         _one(ZERO, x))]
+        if cfg.gated:
+            params.append(Param("gate_bias", "gate_bias", (x, f), ("num_experts", "expert_d_ff"), ("expert", "mlp"),
+                                _one(ZERO, x)))
+        params.append(Param("down_bias", "down_bias", (x, e), ("num_experts", "d_model"), ("expert", "embed"),
                             _one(ZERO, x)))
     children: tuple[tuple[str, Component], ...] = ()
     if s and cfg.shared_expert_gate:

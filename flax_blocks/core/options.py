@@ -91,6 +91,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("mlp_only_layers", "compute", "layers (from 0, as HF's mlp_only_layers) that run a dense MLP "
            "instead of the experts", cli=False,
            not_in_matrix="a per-layer choice: a stack's test (parity_tests/twins/test_experts.py)"),
+    Option("experts_bias", "compute", "biases on the router and on every expert's projections (GPT-OSS)",
+           adds=True),
+    Option("swiglu_limit", "compute", "the experts' clamped SwiGLU (GPT-OSS): gate clamped above at the limit, up to "
+           "[-limit, limit], (up + 1) * gate * sigmoid(swiglu_alpha * gate); None: plain SwiGLU"),
+    Option("swiglu_alpha", "compute", "the clamped SwiGLU's sigmoid gain (GPT-OSS 1.702; read with swiglu_limit)"),
     Option("num_kv_heads", "compute", "key/value heads for grouped-query attention (default: as many as "
            "query heads)"),
     Option("head_dim", "size", "each attention head's width when not d_model / num_heads (Qwen3, Gemma): q/k/v "
@@ -108,6 +113,8 @@ OPTIONS: tuple[Option, ...] = (
            "layers stay plain"),
     Option("attn_logit_softcapping", "compute", "attention logits s become c * tanh(s / c) before the mask "
            "(Gemma 2: 50); not on the fused path"),
+    Option("attn_sinks", "compute", "a learned logit per head joining each softmax's denominator, then dropped "
+           "(GPT-OSS sinks); not on the fused path", adds=True),
     Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 "
            "(Gemma 2 / 3)"),
     Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
@@ -252,6 +259,13 @@ DETAILS = """\
   layer l (from 1) does iff l % decoder_sparse_step == 0 and l - 1 is not in mlp_only_layers; the others run
   a dense MLP of kind `mlp` and width d_ff. Where the two kinds mix, each layer holds its own MLP only, as
   HF builds it (`is_moe_layer`; a Flax stack scans segments of layers, the two MLP kinds stacked apart).
+- `experts_bias`: biases on the router (logits = x R^T + b) and on each expert's up, gate and down
+  projections (GPT-OSS's router.bias, gate_up_proj_bias, down_proj_bias); nothing without experts.
+- `swiglu_limit`, `swiglu_alpha`: GPT-OSS's clamped SwiGLU in each routed expert: g = min(gate, limit),
+  u = clip(up, -limit, limit), hidden (u + 1) * g * sigmoid(alpha * g) (HF GptOssExperts._apply_gate, limit 7.0,
+  alpha 1.702). None: the plain SwiGLU silu(gate) * up. Needs mlp="swiglu" and no shared expert or dense
+  layers. (GPT-OSS's router, a softmax over the top k logits, is the top k of the softmax renormalised:
+  norm_topk_prob=True.)
 - `num_kv_heads`: key/value heads for grouped-query attention (None: num_heads; 1: multi-query); query head h
   uses key/value head h // (num_heads // num_kv_heads).
 - `head_dim`: each attention head's width, given explicitly (Qwen3, Gemma: HF's `head_dim`): q, k and v
@@ -278,6 +292,12 @@ DETAILS = """\
   before the mask is applied and before the softmax (Gemma 2 `attn_logit_softcapping`, c = 50; HF Gemma2's
   eager attention). Every attention path computes it but "fused" (jax.nn.dot_product_attention and SDPA have
   no soft-cap): that choice is refused, and "auto" never takes it (torch serves it with the explicit softmax).
+- `attn_sinks`: a learned logit s_h per head (GPT-OSS `sinks`, torch `self_attn.sinks` (H,)) joins every
+  query row's softmax as one more column and is dropped after it: weights exp(l_j) / (sum_j exp(l_j) +
+  exp(s_h)), so a row may give less than all its weight to the keys. On local and global layers alike, in
+  cached decoding too. The dense and blocked paths compute it (the blocked one adds exp(s_h) at the end of
+  its online softmax and takes d s_h from the log-sum-exp); "fused" is refused and "auto" never takes it;
+  torch serves it with the explicit softmax.
 - `query_pre_attn_scalar`: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim) (Gemma 2 / 3
   `query_pre_attn_scalar`).
 - `sliding_window`: None, or W: in a local layer, query i sees key j iff i - W < j <= i (causal only; HF's

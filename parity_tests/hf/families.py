@@ -129,6 +129,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                                      "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
                f"QK-norm per head, sandwich norms, layers 1 and 3 local (window {WINDOW}, rotary base 100; "
                f"global 1000)"),
+    "gpt_oss": ("gpt_oss",
+                dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                     intermediate_size=16, num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-5,
+                     sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=0.1,
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 8.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 4,
+                                      "rope_theta": 1000.0}),
+                f"sinks, layers 1 and 3 local (window {WINDOW}), yarn past its original length, q/k/v/o biases, "
+                "4 biased experts top 2 with the SwiGLU clamped at 0.1, gate / up interleaved; eager attention"),
 }
 
 # What each family computes that the blocks do not: (config change, the refusal's words). The
@@ -157,6 +166,8 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
     "whisper": [(dict(activation_function="gelu_fast"), "activation_function='gelu_fast'")],
     "gemma2": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
                 "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
+    "gpt_oss": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
+                 "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
     "gemma3": [(dict(use_bidirectional_attention=True), "use_bidirectional_attention=True"),
                (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e3},
                                       "sliding_attention": {"rope_type": "linear", "rope_theta": 100.0,
@@ -192,12 +203,12 @@ def build(name: str, dtype: str):
     import torch
     import transformers
 
-    from .reference import reference
+    from .reference import attention_for
 
     model_type, kw, _ = FAMILIES[name]
     config_cls, model_cls = getattr(transformers, registered(model_type).config_class), model_class(name)
-    attn = "sdpa" if dtype == "float64" and reference(config_cls.model_type).float32_inside else "eager"
-    cfg = config_cls(**kw, attn_implementation=attn)
+    attn = attention_for(config_cls.model_type, dtype)
+    cfg = config_cls(**kw, attn_implementation=attn, experts_implementation="eager")  # (grouped_mm: no float64)
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(cfg).to(getattr(torch, dtype)).eval()
     with torch.no_grad():

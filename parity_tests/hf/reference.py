@@ -61,7 +61,7 @@ def _rotary64(self, x, position_ids, layer_type=None):
             seq_len = None
         inv_freq, factor = rope_functions64()[kind](cfg, None, seq_len=seq_len, layer_type=layer_type)
     freqs = position_ids[..., None].to(torch.float64) * inv_freq.to(torch.float64)
-    emb = torch.cat((freqs, freqs), dim=-1)
+    emb = freqs if getattr(self, "_halves", False) else torch.cat((freqs, freqs), dim=-1)  # GPT-OSS: one half
     return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
 
@@ -113,6 +113,21 @@ def _eager_softmax_in_the_query_dtype(model) -> None:
 
 
 
+def attention_for(model_type: str | None, dtype: str) -> str:
+    """The attention HF runs in a test: SDPA for a float64 model of a family computing in float32
+    inside (its eager softmax is float32), where its classes have SDPA (GPT-OSS has not: its eager
+    softmax, sinks included, is in the model's dtype); else eager."""
+    import transformers
+
+    from flax_blocks.checkpoints.family import FAMILIES
+
+    if dtype != "float64" or not reference(model_type).float32_inside:
+        return "eager"
+    family = FAMILIES.get(model_type) if model_type else None
+    cls = getattr(transformers, family.model_class, None) if family is not None else None
+    return "sdpa" if cls is None or getattr(cls, "_supports_sdpa", True) else "eager"
+
+
 def reference(model_type: str | None):
     """What the family's registration says of transformers' implementation
     (`flax_blocks.checkpoints.family.Reference`: float32 inside a float64 model, eager attention
@@ -138,6 +153,7 @@ def float64_faithful(model):
             m._offset = "1.0 + self.weight" in inspect.getsource(type(m).forward)
             m.forward = types.MethodType(_rmsnorm64, m)
         elif name.endswith("RotaryEmbedding"):
+            m._halves = "emb = freqs\n" in inspect.getsource(type(m).forward)  # cos, sin of half a head (GPT-OSS)
             m.forward = types.MethodType(_rotary64, m)
     return model
 
@@ -258,7 +274,8 @@ def load_hf(folder: str, dtype: str):
 
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    attn = "sdpa" if reference(config.get("model_type")).float32_inside and dtype == "float64" else "eager"
-    model = transformers.AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=attn)
+    attn = attention_for(config.get("model_type"), dtype)
+    model = transformers.AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype), attn_implementation=attn,
+                                                   experts_implementation="eager")  # (grouped_mm: no float64)
     model = embeddings_out_of_the_way(model.eval())
     return config, (float64_faithful(model) if dtype == "float64" else model)

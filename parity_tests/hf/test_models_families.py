@@ -87,11 +87,19 @@ EXPERTS = {
                          qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
                          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
                                        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})),
+    # GPT-OSS: sinks, local / global layers (window 4 < T), yarn past its original length, q/k/v/o biases, biased
+    # experts whose SwiGLU clamp acts at these weights (limit 1), another alpha
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(ROTARY, head_dim=8, num_local_experts=4, num_experts_per_tok=2, intermediate_size=16,
+                     sliding_window=4, swiglu_limit=1.0, swiglu_alpha=1.5,
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 8.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 4,
+                                      "rope_theta": 500.0})),
 }
 CAUSAL.update(EXPERTS)
 TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
-            "deepseek_v2", "deepseek_v3"]  # (the latent cache: the latent and the rotary key, HF's too)
+            "deepseek_v2", "deepseek_v3", "gpt_oss"]  # (the latent cache: the latent and the rotary key, HF's too)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
@@ -239,10 +247,11 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
-    and final soft-cap in the torch twin: HF's logits, and the same greedy tokens."""
+    and final soft-cap, GPT-OSS's sinks and clamped experts (cached decoding with sinks on local and
+    global layers) in the torch twin: HF's logits, and the same greedy tokens."""
     lm = flax_models[family]
     twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
     twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
@@ -307,6 +316,43 @@ def test_the_experts_are_read_with_their_routing_and_in_the_right_halves(hf_mode
         want = float(hf_models["qwen2_moe"](torch.tensor(ids), attention_mask=torch.tensor(mask),
                                             position_ids=torch.tensor(positions), output_router_logits=True).aux_loss)
     assert abs(ours - want) <= 1e-5 * want, (ours, want)
+
+
+def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models, flax_models, reference, tmp_path):
+    """GPT-OSS read as GptOssModel computes it (sinks, biased experts clamped at swiglu_limit with its alpha,
+    layers alternating local and global, the softmax over the top k = the renormalised top k), and three
+    wrong readings a porter could make, each caught: gate_up_proj split in halves where gate and up
+    interleave column by column, the sinks left out of the softmax, the SwiGLU's clamp missing. fb.save_hf
+    writes a folder from_pretrained reads with nothing missing or unexpected, every tensor identical."""
+    from flax_blocks.checkpoints.convert.load import from_torch_state_dict
+
+    lm = flax_models["gpt_oss"]
+    c = lm.cfg
+    assert (c.attn_sinks, c.experts_bias, c.swiglu_limit, c.swiglu_alpha, c.norm_topk_prob) == (True, True, 1.0, 1.5,
+                                                                                                 True)
+    assert (c.sliding_window, c.sliding_window_pattern, c.rope_scaling.rope_type) == (4, 2, "yarn")
+    ids, mask, positions = _batch()
+    live = mask.astype(bool)
+    hf = hf_models["gpt_oss"]
+    halves = {k: v.numpy() for k, v in hf.state_dict().items()}
+    for k in [k for k in halves if "gate_up_proj" in k]:  # read as [gate | up]: gate = the first half
+        a = halves[k]
+        halves[k] = np.stack([a[..., : a.shape[-1] // 2], a[..., a.shape[-1] // 2:]], axis=-1).reshape(a.shape)
+    sd = fb.torch_state_dict(lm)
+    wrong = {"gate_up_proj read in halves": place(describe(hf.config.to_dict(), halves, "causal-lm")),
+             "sinks left out": from_torch_state_dict(replace(c, attn_sinks=False), lm.lm,
+                                                     {k: v for k, v in sd.items() if not k.endswith(".sinks")}),
+             "SwiGLU clamp missing": from_torch_state_dict(replace(c, swiglu_limit=1e30), lm.lm, sd)}
+    for what, model in wrong.items():
+        err = _rel(_logits(model, ids, mask, positions), reference["gpt_oss"], live)
+        print(f"gpt_oss: {what}: rel error {err:.1e}")
+        assert err > 1e-3, what  # a hundred times the test's tolerance
+    fb.save_hf(lm, tmp_path)
+    back, info = type(hf).from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+    original = hf.state_dict()
+    assert set(back.state_dict()) == set(original)
+    assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
 
 
 # A real mistake per new part: (family, what, the LMConfig fields of the mistake).

@@ -110,6 +110,7 @@ MISTAKES = {
     "whisper": ("causal attention (its decoder's) for the encoder", dict(causal=True), None),
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
     "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),
+    "gpt_oss": ("the SwiGLU's clamp missing", dict(swiglu_limit=1e30), None),
 }
 # More mistakes where one family carries several new settings.
 MORE_MISTAKES = [

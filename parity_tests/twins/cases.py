@@ -148,6 +148,9 @@ CASES: list[Case] = [
     Case("DecoderBlock", replace(LLAMA, attention="blocked", attention_block=2), seq=6, key_mask=True,
          memory_key_mask=True),
     Case("TransformerBlock", replace(BASE, attention="dense"), key_mask=True),
+    # GPT-OSS's sinks on the blocked path: exp(sink) in the online softmax's denominator, d sink from the lse
+    Case("TransformerBlock", replace(LLAMA, attention="blocked", attention_block=2, attn_sinks=True,
+                                     sliding_window=3), seq=7, key_mask=True),
     # mixtures of experts: Mixtral's (top-2 of 4 SwiGLU experts, renormalised), Qwen2-MoE's shared expert
     # with its gate and unrenormalised weights, top-1 of dense GELU experts; a stack mixing dense and experts
     # layers (decoder_sparse_step 2, layer 0 dense by mlp_only_layers: dense, experts, dense, experts)
@@ -172,6 +175,13 @@ CASES: list[Case] = [
     # the same mixed as runs of like layers (experts, experts, dense: Flax scans each run apart; the stack
     # above scans one (dense, experts) period twice)
     Case("Encoder", replace(LLAMA, num_experts=4, expert_d_ff=6, mlp_only_layers=(2,)), num_layers=3, seq=5),
+    # GPT-OSS: sinks in every softmax, on local and global layers alternating (layer_types), q/k/v/o biases,
+    # experts with biases (router and projections) and the clamped SwiGLU (a limit small enough to clamp here,
+    # an alpha other than the default)
+    Case("Encoder", replace(LLAMA, attn_sinks=True, qk_norm=False, bias=True, norm_bias=False, sliding_window=2,
+                            sliding_window_pattern=2, num_experts=4, num_experts_per_tok=2, expert_d_ff=6,
+                            experts_bias=True, swiglu_limit=0.3, swiglu_alpha=1.1), num_layers=2, seq=6,
+         key_mask=True),
 ]
 
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax

@@ -105,7 +105,10 @@ class Case:
         bits += [f"experts{c.num_experts}top{c.num_experts_per_tok}" + ("" if c.norm_topk_prob else "-unnormed")
                  + (f"-shared{c.shared_expert_d_ff}" if c.shared_expert_d_ff else "")
                  + (f"-sparse-step{c.decoder_sparse_step}" if c.decoder_sparse_step != 1 else "")
-                 + (f"-dense{list(c.mlp_only_layers)}" if c.mlp_only_layers else "")] if c.num_experts else []
+                 + (f"-dense{list(c.mlp_only_layers)}" if c.mlp_only_layers else "")
+                 + ("-biased" if c.experts_bias else "")
+                 + (f"-clamp{c.swiglu_limit:g}-alpha{c.swiglu_alpha:g}" if c.swiglu_limit is not None else "")
+                 ] if c.num_experts else []
         bits += [f"{c.routing}-groups{c.topk_group}of{c.n_group}-x{c.routed_scaling_factor:g}"] \
             if c.routing != "softmax" else []
         bits += ["shared-ungated"] if c.shared_expert_d_ff and not c.shared_expert_gate else []
@@ -120,6 +123,7 @@ class Case:
         bits += [f"rotary{c.rotary_dim}of{c.head_width}"] if c.partial_rotary_factor != 1.0 else []
         bits += [f"rope-{c.rope_scaling.rope_type}"] if c.rope_scaling is not None else []
         bits += [f"softcap{c.attn_logit_softcapping:g}"] if c.attn_logit_softcapping is not None else []
+        bits += ["sinks"] if c.attn_sinks else []
         bits += [f"qscale{c.query_pre_attn_scalar:g}"] if c.query_pre_attn_scalar is not None else []
         bits += [f"window{c.sliding_window}"] if c.sliding_window is not None else []
         bits += [f"global-every-{c.sliding_window_pattern}"] if c.sliding_window_pattern is not None else []

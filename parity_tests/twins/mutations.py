@@ -21,7 +21,7 @@ from flax import nnx
 import flax_blocks as fb
 from flax_blocks.attention import Attention, rotary
 from flax_blocks.blocks import TransformerBlock
-from flax_blocks.experts import Experts, deepseek_route
+from flax_blocks.experts import ClampedSwiGLU, Experts, deepseek_route
 from flax_blocks.layers import Norm
 from flax_blocks.mla import LatentAttention
 
@@ -284,6 +284,24 @@ def experts_mlps_off_by_one(case: Case, module, inp: Inputs):
     return module, inp
 
 
+class _SinkLeftOut(Attention):
+    """GPT-OSS's attention with the sinks left out of the softmax's denominator (a plain softmax)."""
+
+    def softmax(self, logits):
+        return jax.nn.softmax(logits, axis=-1)
+
+
+def sink_left_out(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _SinkLeftOut
+    return module, inp
+
+
+def clamp_missing(case: Case, module, inp: Inputs):
+    """GPT-OSS's experts computing (up + 1) * gate * sigmoid(alpha * gate) without clamping gate and up."""
+    module.experts.glu = ClampedSwiGLU(float("inf"), module.cfg.swiglu_alpha)
+    return module, inp
+
+
 def _experts_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         module.experts.__class__ = cls
@@ -341,6 +359,11 @@ MUTATIONS = {
                               _experts_as(_SharedExpertUngated)),
     "mixed_stack_experts_off_by_one": (Case("Encoder", replace(MOE, decoder_sparse_step=2), num_layers=4), None,
                                        experts_mlps_off_by_one),  # dense, experts, dense, experts
+    # GPT-OSS: the sinks left out of the softmax; the experts' SwiGLU clamp missing (a limit that clamps here)
+    "sink_left_out": (Case("TransformerBlock", replace(MODERN, causal=True, attn_sinks=True), seq=6), None,
+                      sink_left_out),
+    "swiglu_clamp_missing": (Case("TransformerBlock", replace(MOE, experts_bias=True, swiglu_limit=0.3)), None,
+                             clamp_missing),
     "memory_mask_on_self_attention": (  # memory as long as the target, so the swapped masks fit
         Case("DecoderBlock", replace(BASE, causal=True), memory_seq=5, memory_key_mask=True), None,
         memory_mask_on_self_attention),

@@ -21,11 +21,14 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              and takes rope_local_theta (plain rotary);
              softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
              soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
-             a query row with every key masked gives zero weights and a zero output.
+             a query row with every key masked gives zero weights and a zero output; with attn_sinks
+             (GPT-OSS) exp(sink_h) joins each row's denominator.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
-  Experts    p = softmax(x R^T) over all X experts; the k largest (ties: the lowest index), divided
-             by their sum with norm_topk_prob; y = sum over the k of p_x MLP_x(x) (+ sigmoid(x g)
-             MLP_shared(x)); token by token. Layer l (from 1) runs them iff decoder_sparse_step
+  Experts    p = softmax(x R^T + b_R) over all X experts (b_R and the experts' biases with
+             experts_bias, GPT-OSS); the k largest (ties: the lowest index), divided by their sum
+             with norm_topk_prob; y = sum over the k of p_x MLP_x(x) (+ sigmoid(x g) MLP_shared(x));
+             token by token; swiglu_limit L: the gated hidden (clip(u, -L, L) + 1) g sigmoid(alpha g),
+             g = min(gate, L) (GPT-OSS). Layer l (from 1) runs them iff decoder_sparse_step
              divides l and l - 1 is not in mlp_only_layers, else the dense MLP.
   Latent     DeepSeek's multi-head latent attention (kv_lora_rank): q = x Wq^T or Wqb RMSNorm(Wqa x);
              [c; k_rot] = Wkva x; c = RMSNorm(c) (eps latent_norm_eps); [k_nope_h; v_h] = Wkvb c per head;
@@ -63,7 +66,7 @@ HANDLED = frozenset({
     "sliding_window_pattern", "rope_local_theta", "rope_scaling", "qkv_bias", "mlp_bias", "norm_bias",
         "layernorm_scaling",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
-    "decoder_sparse_step", "mlp_only_layers",
+    "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
     "latent_norm_eps", "routing", "n_group", "topk_group", "routed_scaling_factor", "shared_expert_gate",
 })
@@ -193,10 +196,10 @@ def scaled_frequencies(s: Any, base: float, dim: int, seq_len: int) -> tuple[np.
 
 
 def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None,
-                      scale: float | None = None, softcap: float | None = None):
+                      scale: float | None = None, softcap: float | None = None, sinks: np.ndarray | None = None):
     """q (B, H, T, hd), k and v (B, H, S, hd), masked (B|1, T, S) True = may NOT attend.
     Logits q.k * scale (default 1 / sqrt(hd)); with softcap c (Gemma 2) c * tanh(logit / c),
-    before the mask.
+    before the mask; sinks (H,) (GPT-OSS): exp(sink_h) added to each row's denominator.
 
     Returns (out (B, H, T, hd), weights (B, H, T, S), the largest scaled logit over the
     pairs that may attend ()); rows with no key give zeros."""
@@ -207,8 +210,13 @@ def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.nd
         logits = np.where(masked[:, None], -np.inf, logits)
     top = logits.max(-1, keepdims=True)
     empty = ~np.isfinite(top)  # every key masked
+    if sinks is not None:  # the sink is one more logit of the row: the shift takes it too
+        top = np.where(empty, top, np.maximum(top, sinks[None, :, None, None]))
     e = np.exp(logits - np.where(empty, 0.0, top))
-    w = e / np.where(empty, 1.0, e.sum(-1, keepdims=True))  # exp(-inf) = 0: empty rows stay 0
+    denom = e.sum(-1, keepdims=True)
+    if sinks is not None:
+        denom = denom + np.exp(sinks[None, :, None, None] - np.where(empty, 0.0, top))
+    w = e / np.where(empty, 1.0, denom)  # exp(-inf) = 0: empty rows stay 0
     return np.einsum("bhts,bhsd->bhtd", w, v), w, logits.max()
 
 
@@ -344,8 +352,9 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
     a = _opt(cfg, "query_pre_attn_scalar", None)  # Gemma: q.k / sqrt(a)
+    sinks = p(prefix + "sinks", (h,)) if _opt(cfg, "attn_sinks", False) else None
     o, w, logit_max = softmax_attention(q, k, v, masked, None if a is None else 1 / math.sqrt(a),
-                                        _opt(cfg, "attn_logit_softcapping", None))
+                                        _opt(cfg, "attn_logit_softcapping", None), sinks)
     out = _linear(p, prefix + "out_proj.", o.transpose(0, 2, 1, 3).reshape(b, t, h * hd), e, cfg.bias)
     if masked is not None:  # a query with no key gets no output, bias included
         out = np.where(masked.all(-1)[..., None], 0.0, out)
@@ -482,20 +491,34 @@ def experts(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> tuple[np.ndarray
     router = p(prefix + "router", (n, e))
     up, down = p(prefix + "up", (n, f, e)), p(prefix + "down", (n, e, f))
     gate = None if _opt(cfg, "mlp", "dense") == "dense" else p(prefix + "gate", (n, f, e))
+    biased = _opt(cfg, "experts_bias", False)  # GPT-OSS: the router and every expert projection
+    zeros = {"router": np.zeros(n), "up": np.zeros((n, f)), "gate": np.zeros((n, f)), "down": np.zeros((n, e))}
+    b = {name: p(prefix + name + "_bias", zeros[name].shape) if biased and (name != "gate" or gate is not None)
+         else zeros[name] for name in zeros}
     t = x.reshape(-1, e)
-    logits = t @ router.T
+    logits = t @ router.T + b["router"]
     bias = p(prefix + "e_score_correction_bias", (n,)) if _opt(cfg, "routing", "softmax") == "deepseek_v3" else None
     y = np.zeros_like(t)
     for i in range(t.shape[0]):
         for w, j in zip(*route(cfg, logits[i], bias), strict=True):
-            h = up[j] @ t[i]
-            h = activation(cfg.activation, h) if gate is None else activation(cfg.activation, gate[j] @ t[i]) * h
-            y[i] += w * (down[j] @ h)
+            h = up[j] @ t[i] + b["up"][j]
+            h = activation(cfg.activation, h) if gate is None else gated_hidden(cfg, h, gate[j] @ t[i] + b["gate"][j])
+            y[i] += w * (down[j] @ h + b["down"][j])
     if cfg.shared_expert_d_ff:
         s = dense_mlp(cfg, p, prefix, t, cfg.shared_expert_d_ff, ("shared_up.", "shared_gate.", "shared_down."))
         y += s / (1 + np.exp(-(t @ p(prefix + "shared_expert_gate", (1, e)).T))) if _opt(
             cfg, "shared_expert_gate", True) else s  # DeepSeek's shared experts: no gate
     return y.reshape(x.shape), logits.reshape(*x.shape[:-1], n)
+
+
+def gated_hidden(cfg: Any, up: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    """An expert's gated hidden layer: act(gate) * up, or GPT-OSS's clamped SwiGLU with swiglu_limit L
+    and swiglu_alpha a: g = min(gate, L), (clip(up, -L, L) + 1) * g * sigmoid(a g)."""
+    limit = _opt(cfg, "swiglu_limit", None)
+    if limit is None:
+        return activation(cfg.activation, gate) * up
+    g = np.minimum(gate, limit)
+    return (np.clip(up, -limit, limit) + 1) * g / (1 + np.exp(-cfg.swiglu_alpha * g))
 
 
 def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, gate: str,

@@ -105,6 +105,9 @@ def infer_config(source: Any, *, prefix: str = "") -> ConfigReport:
             info["norm"] = "peri"
         info["gated_mlp"] = has(_only_with(kind, mlp="dense", activation="relu"))
         info["qk_norm"] = has(_only_with(kind, qk_norm=False))
+        for option in ("attn_sinks", "experts_bias"):  # GPT-OSS's sinks, its experts' biases: recorded when there
+            if has(_only_with(kind, **{option: False})):
+                info[option] = True
         if has(_only_in_probes(kind)):  # DyT's alpha (its bias and weight are LayerNorm's names)
             info["norm_type"] = "dyt"
         elif info["bias"] and info["layer_norms"]:

@@ -14,6 +14,7 @@ from . import (  # noqa: F401 - imported for their registrations
     gemma3,
     gpt2,
     gpt_neox,
+    gpt_oss,
     llama,
     mistral,
     mixtral,
