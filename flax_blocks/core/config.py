@@ -100,6 +100,7 @@ class BlockConfig:
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
     rope_local_theta: float | None = None
+    rope_interleaved: bool = False
     qkv_bias: bool | None = None
     mlp_bias: bool | None = None
     norm_bias: bool | None = None
@@ -241,6 +242,9 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.partial_rotary_factor={f!r} gives rotary_dim = int({self.head_width} * "
                              f"{f!r}) = {self.rotary_dim}, which rotates {self.rotary_width} dims (an odd count "
                              f"rounded up, as HF): it must be at least 1 and fit head_dim={self.head_width}")
+        if not isinstance(self.rope_interleaved, bool) or (self.rope_interleaved and self.rope_theta is None):
+            raise ValueError(f"BlockConfig.rope_interleaved (rotary on adjacent pairs) must be a bool and needs "
+                             f"rope_theta, got {self.rope_interleaved!r} with rope_theta={self.rope_theta!r}")
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, RopeScaling):
                 raise ValueError(f"BlockConfig.rope_scaling must be None, a RopeScaling or its dict, got "

@@ -276,3 +276,11 @@ def dynamic_theta(s: RopeScaling, theta: Any, dim: int, length: Any) -> Any:
     theta * (factor * L / max - (factor - 1)) ** (dim / (dim - 2))."""
     assert s.factor is not None and s.max_position_embeddings is not None
     return theta * ((s.factor * length / s.max_position_embeddings) - (s.factor - 1)) ** (dim / (dim - 2))
+
+
+def interleave_order(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, inverse) index arrays of `width` (even) rotated dims: rotary on adjacent pairs
+    (2i, 2i + 1) (GPT-J's rotate_every_two, Cohere's) is rotate-half on x[..., order] (evens
+    first, then odds), read back through x[..., inverse]."""
+    order = np.concatenate([np.arange(0, width, 2), np.arange(1, width, 2)])
+    return order, np.argsort(order)

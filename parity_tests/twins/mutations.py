@@ -284,6 +284,9 @@ MUTATIONS = {
     # Gemma's RMSNorm read as LLaMA's: w where 1 + w was meant (every norm: QK-norm and block norms)
     "norm_w_for_1_plus_w": (Case("TransformerBlock", replace(MODERN, norm_weight_offset=1.0, qk_norm=True)),
                             replace(MODERN, qk_norm=True), None),
+    # GPT-J's / Cohere's adjacent pairs rotated as halves (rope_interleaved ignored)
+    "halves_for_interleaved_rotary": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, rope_interleaved=True),
+                                           seq=7), replace(MODERN, rope_theta=100.0), None),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),
