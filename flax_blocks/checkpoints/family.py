@@ -292,7 +292,6 @@ NOT_COMPUTED = {
               "block (new_decoder_architecture: two norms)",
     "bloom": "ALiBi position biases added to the attention logits (no rotary, no learned positions)",
     "mpt": "ALiBi position biases",
-    "gptj": "rotary on interleaved (adjacent) pairs of dimensions and a parallel block sharing one LayerNorm",
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
     "gpt_neo": "local attention on alternate layers with unscaled logits",
     "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",

@@ -56,6 +56,8 @@ def config_for(family: str, model: Any) -> dict[str, Any]:
         config["num_key_value_heads"] = cfg.kv_heads
     if "head_dim" in table.reads:
         config["head_dim"] = cfg.head_width
+    if "rotary_dim" in table.reads and cfg.rope_theta is not None:  # GPT-J: the rotated dims themselves
+        config["rotary_dim"] = cfg.rotary_dim
     act = next((k for k in _ACTIVATION_KEYS if k in table.reads), None)
     if act is not None:
         config[act] = _HF_ACTIVATION[cfg.activation]

@@ -123,6 +123,15 @@ def reference(model_type: str | None):
     return family.reference if family is not None else Reference()
 
 
+def _sinusoids64(num_pos: int, dim: int):
+    """GPT-J's create_sinusoidal_positions (sin then cos, dim / 2 frequencies of base 10000) in float64."""
+    import torch
+
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = torch.arange(num_pos, dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
+
+
 def float64_faithful(model):
     """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32
     (Gemma's RMSNorm, whose source scales by 1.0 + self.weight, keeps that offset); for
@@ -137,6 +146,8 @@ def float64_faithful(model):
         if name.endswith("RMSNorm"):
             m._offset = "1.0 + self.weight" in inspect.getsource(type(m).forward)
             m.forward = types.MethodType(_rmsnorm64, m)
+        elif name == "GPTJRotaryEmbedding":  # its sin / cos table, built in float32 at init
+            m.embed_positions = _sinusoids64(m.max_positions, m.pos_embd_dim)
         elif name.endswith("RotaryEmbedding"):
             m.forward = types.MethodType(_rotary64, m)
     return model

@@ -12,6 +12,7 @@ from . import (  # noqa: F401 - imported for their registrations
     gemma3,
     gpt2,
     gpt_neox,
+    gptj,
     llama,
     mistral,
     mixtral,
