@@ -80,4 +80,6 @@ def config_for(family: str, model: Any) -> dict[str, Any]:
         config["pad_token_id"] = lm.pad_token_id
     if lm.final_logit_softcap is not None and "final_logit_softcapping" in table.reads:
         config["final_logit_softcapping"] = lm.final_logit_softcap
+    if "logit_scale" in table.reads:  # Cohere: 0.0625 when left out; an unscaled model writes 1.0
+        config["logit_scale"] = lm.logit_scale if lm.logit_scale is not None else 1.0
     return config

@@ -61,7 +61,8 @@ def _rotary64(self, x, position_ids, layer_type=None):
             seq_len = None
         inv_freq, factor = rope_functions64()[kind](cfg, None, seq_len=seq_len, layer_type=layer_type)
     freqs = position_ids[..., None].to(torch.float64) * inv_freq.to(torch.float64)
-    emb = torch.cat((freqs, freqs), dim=-1)
+    interleaved = type(self).__name__.startswith("Cohere")  # Cohere: repeat_interleave, each frequency twice
+    emb = torch.repeat_interleave(freqs, 2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
 
@@ -123,6 +124,27 @@ def reference(model_type: str | None):
     return family.reference if family is not None else Reference()
 
 
+def _cohere_norm64(self, x):
+    import torch
+
+    x = x - x.mean(-1, keepdim=True)
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _cohere_rotary_in_the_query_dtype(model) -> None:
+    """Cohere's apply_rotary_pos_emb casts q and k to float32 (process-wide: the module's function
+    replaced by one computing in q's dtype, the same function for float32 models)."""
+    import importlib
+
+    modeling = importlib.import_module(type(model).__module__)
+
+    def apply(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + modeling.rotate_half(q) * sin, k * cos + modeling.rotate_half(k) * sin
+
+    modeling.apply_rotary_pos_emb = apply
+
+
 def _sinusoids64(num_pos: int, dim: int):
     """GPT-J's create_sinusoidal_positions (sin then cos, dim / 2 frequencies of base 10000) in float64."""
     import torch
@@ -141,11 +163,15 @@ def float64_faithful(model):
 
     if reference(getattr(model.config, "model_type", None)).eager_only:
         _eager_softmax_in_the_query_dtype(model)
+    if getattr(model.config, "model_type", None) in ("cohere", "cohere2"):
+        _cohere_rotary_in_the_query_dtype(model)
     for m in model.modules():
         name = type(m).__name__
         if name.endswith("RMSNorm"):
             m._offset = "1.0 + self.weight" in inspect.getsource(type(m).forward)
             m.forward = types.MethodType(_rmsnorm64, m)
+        elif name == "CohereLayerNorm":  # mean-subtracted, no bias, in float32
+            m.forward = types.MethodType(_cohere_norm64, m)
         elif name == "GPTJRotaryEmbedding":  # its sin / cos table, built in float32 at init
             m.embed_positions = _sinusoids64(m.max_positions, m.pos_embd_dim)
         elif name.endswith("RotaryEmbedding"):

@@ -58,6 +58,7 @@ CAUSAL = {
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(ROTARY, logit_scale=0.5, attention_bias=True)),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48, n_layer=2,
                                                    n_positions=64, rotary_dim=4, **NO_SPECIAL)),
 }
@@ -75,7 +76,7 @@ EXPERTS = {
                                                       intermediate_size=16)),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2"}
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe", "gptj"]  # (MoE: 9-15 s each)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
@@ -221,10 +222,11 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "cohere"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
-    and final soft-cap in the torch twin: HF's logits, and the same greedy tokens."""
+    and final soft-cap, Cohere's logit scale and interleaved rotary in the torch twin: HF's
+    logits, and the same greedy tokens."""
     lm = flax_models[family]
     twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
     twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
@@ -297,6 +299,7 @@ MISTAKES = [
      dict(position_offset=0, max_positions=42, default_positions="arange")),
     ("gemma", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
     ("gemma2", "no final logit soft-cap", dict(final_logit_softcap=None)),
+    ("cohere", "logits not multiplied by logit_scale", dict(logit_scale=None)),
     ("gemma3", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
 ]
 

@@ -108,6 +108,8 @@ MISTAKES = {
     "stablelm-parallel": ("rotary on half of each head for StableLM's quarter", dict(partial_rotary_factor=0.5), None),
     "phi": ("rotary on every dim (partial_rotary_factor ignored)", dict(partial_rotary_factor=1.0), None),
     "gptj": ("rotary on halves (rotate_half, LLaMA's) for GPT-J's adjacent pairs", dict(rope_interleaved=False), None),
+    "cohere": ("rotary on halves (LLaMA's names, LLaMA's rotary) for Cohere's adjacent pairs",
+               dict(rope_interleaved=False), None),
     "whisper": ("causal attention (its decoder's) for the encoder", dict(causal=True), None),
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
     "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),
