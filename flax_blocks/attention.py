@@ -321,19 +321,27 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
-        if self.cfg.rope_theta is not None:
-            theta: float | jax.Array
-            theta, dim, local_theta = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_local_theta
-            scaling, pairs = self.cfg.rope_scaling, self.cfg.rope_interleaved
-            if local_theta is not None and local is not False:
-                if scaling is not None and local is not True:  # a scanned layer: both rotations, one taken
-                    qg, kg = (rotary(a, positions, theta, dim, scaling, pairs) for a in (q, k))
-                    ql, kl = (rotary(a, positions, local_theta, dim, None, pairs) for a in (q, k))
-                    return jnp.where(local, ql, qg), jnp.where(local, kl, kg)
-                theta = local_theta if local is True else jnp.where(local, local_theta, theta)
-                scaling = None if local is True else scaling
-            q, k = rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
-        return q, k
+        if self.cfg.rope_theta is None or (self.cfg.rope_local_only and local is False):
+            return q, k
+        rq, rk = self.rotated(q, k, positions, local)
+        if self.cfg.rope_local_only and local is not True:  # a scanned layer: the global ones keep q and k
+            return jnp.where(local, rq, q), jnp.where(local, rk, k)
+        return rq, rk
+
+    def rotated(self, q: jax.Array, k: jax.Array, positions: jax.Array, local) -> tuple[jax.Array, jax.Array]:
+        """q and k rotated at positions, at rope_local_theta in a local layer when given."""
+        assert self.cfg.rope_theta is not None
+        theta: float | jax.Array = self.cfg.rope_theta
+        dim, local_theta = self.cfg.rotary_dim, self.cfg.rope_local_theta
+        scaling, pairs = self.cfg.rope_scaling, self.cfg.rope_interleaved
+        if local_theta is not None and local is not False:
+            if scaling is not None and local is not True:  # a scanned layer: both rotations, one taken
+                qg, kg = (rotary(a, positions, theta, dim, scaling, pairs) for a in (q, k))
+                ql, kl = (rotary(a, positions, local_theta, dim, None, pairs) for a in (q, k))
+                return jnp.where(local, ql, qg), jnp.where(local, kl, kg)
+            theta = local_theta if local is True else jnp.where(local, local_theta, theta)
+            scaling = None if local is True else scaling
+        return rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
 
     def windowed(self, mask: jax.Array, rows: jax.Array | None, index, t: int, s: int,
                  local) -> tuple[jax.Array, jax.Array | None]:

@@ -381,7 +381,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
-        if self.cfg.rope_theta is not None:
+        if self.cfg.rope_theta is not None and (local or not self.cfg.rope_local_only):  # Cohere 2: local only
             theta, dim, scaling = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_scaling
             if local and self.cfg.rope_local_theta is not None:  # Gemma 3's local layers: plain, their own base
                 theta, scaling = self.cfg.rope_local_theta, None

@@ -118,6 +118,8 @@ OPTIONS: tuple[Option, ...] = (
            "default rope_theta)"),
     Option("rope_interleaved", "compute", "rotary pairs adjacent dims (2i, 2i + 1) instead of halves (i, i + "
            "rotary_dim / 2): GPT-J's rotate_every_two, Cohere's repeat-interleave"),
+    Option("rope_local_only", "compute", "rotary on the local (sliding-window) layers alone, the global layers "
+           "without positions (Cohere 2)"),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True),
     Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
@@ -273,6 +275,9 @@ DETAILS = """\
   `rotate_every_two` with its sin / cos repeat-interleaved, Cohere's `repeat_interleave` of the frequencies).
   The same as rotate-half on the rotated dims reordered evens first (`flax_blocks.core.rope.interleave_order`),
   which both twins compute.
+- `rope_local_only`: False, rotary in every layer; True, only the local layers (`sliding_window`,
+  `sliding_window_pattern`) rotate q and k, the global layers attend without positions (Cohere 2's
+  `Cohere2Attention` applies rotary only where its layer has a sliding window).
 - `qkv_bias`: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True with bias=False).
 - `mlp_bias`: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's `mlp_bias` beside
   `attention_bias`).

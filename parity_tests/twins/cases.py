@@ -112,6 +112,9 @@ CASES: list[Case] = [
     Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
     Case("Decoder", replace(LLAMA, partial_rotary_factor=0.5), num_layers=2, seq=6, memory_seq=3),
     Case("Decoder", replace(LLAMA, causal=True, rope_theta=100.0, rope_interleaved=True), num_layers=2, seq=6),
+    # Cohere 2: local, local, global layers, rotary (on adjacent pairs) on the local ones alone
+    Case("Decoder", replace(LLAMA, causal=True, rope_theta=100.0, rope_interleaved=True, sliding_window=3,
+                            sliding_window_pattern=3, rope_local_only=True), num_layers=3, seq=6, key_mask=True),
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),

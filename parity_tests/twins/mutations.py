@@ -287,6 +287,13 @@ MUTATIONS = {
     # GPT-J's / Cohere's adjacent pairs rotated as halves (rope_interleaved ignored)
     "halves_for_interleaved_rotary": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, rope_interleaved=True),
                                            seq=7), replace(MODERN, rope_theta=100.0), None),
+    # Cohere 2's global layers rotated too (rope_local_only ignored); a block alone is layer 1, local under a
+    # pattern, so the global layer is a 2-layer encoder's second
+    "rotary_on_the_global_layers": (Case("Encoder", replace(MODERN, causal=True, rope_theta=100.0, sliding_window=3,
+                                                            sliding_window_pattern=2, rope_local_only=True),
+                                         num_layers=2, seq=7),
+                                    replace(MODERN, causal=True, rope_theta=100.0, sliding_window=3,
+                                            sliding_window_pattern=2), None),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),

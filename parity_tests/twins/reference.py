@@ -50,7 +50,8 @@ HANDLED = frozenset({
     "scaling", "deepnorm_alpha", "causal",
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "sliding_window_pattern", "rope_local_theta", "rope_scaling", "rope_interleaved", "qkv_bias", "mlp_bias",
+    "sliding_window_pattern", "rope_local_theta", "rope_scaling", "rope_interleaved", "rope_local_only",
+    "qkv_bias", "mlp_bias",
     "norm_bias", "layernorm_scaling",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers",
@@ -334,7 +335,7 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     if local:  # query i sees key j only if i - W < j (HF's sliding_window_overlay), besides the causal mask
         window = np.arange(s)[None, :] <= np.arange(t)[:, None] - cfg.sliding_window
         masked = window[None] if masked is None else masked | window[None]
-    if theta is not None and positions:
+    if theta is not None and positions and (local or not _opt(cfg, "rope_local_only", False)):  # Cohere 2
         fraction = _opt(cfg, "partial_rotary_factor", 1.0)
         pairs = _opt(cfg, "rope_interleaved", False)
         q, k = rotary(q, theta, fraction, scaling, pairs), rotary(k, theta, fraction, scaling, pairs)
