@@ -170,7 +170,7 @@ def float64_faithful(model):
         if name.endswith("RMSNorm"):
             m._offset = "1.0 + self.weight" in inspect.getsource(type(m).forward)
             m.forward = types.MethodType(_rmsnorm64, m)
-        elif name == "CohereLayerNorm":  # mean-subtracted, no bias, in float32
+        elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):  # mean-subtracted, no bias, in float32
             m.forward = types.MethodType(_cohere_norm64, m)
         elif name == "GPTJRotaryEmbedding":  # its sin / cos table, built in float32 at init
             m.embed_positions = _sinusoids64(m.max_positions, m.pos_embd_dim)

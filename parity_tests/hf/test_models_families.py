@@ -59,6 +59,8 @@ CAUSAL = {
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
     "cohere": ("CohereConfig", "CohereForCausalLM", dict(ROTARY, logit_scale=0.5, attention_bias=True)),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(ROTARY, logit_scale=0.5, sliding_window=4,
+                                                           layer_types=["sliding_attention", "full_attention"])),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48, n_layer=2,
                                                    n_positions=64, rotary_dim=4, **NO_SPECIAL)),
 }
@@ -76,8 +78,9 @@ EXPERTS = {
                                                       intermediate_size=16)),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere"}
-GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe", "gptj"]  # (MoE: 9-15 s each)
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2"}
+GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
+            "gptj", "cohere2"]
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,

@@ -110,6 +110,7 @@ MISTAKES = {
     "gptj": ("rotary on halves (rotate_half, LLaMA's) for GPT-J's adjacent pairs", dict(rope_interleaved=False), None),
     "cohere": ("rotary on halves (LLaMA's names, LLaMA's rotary) for Cohere's adjacent pairs",
                dict(rope_interleaved=False), None),
+    "cohere2": ("rotary on the global layers too (Cohere's every layer)", dict(rope_local_only=False), None),
     "whisper": ("causal attention (its decoder's) for the encoder", dict(causal=True), None),
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
     "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),

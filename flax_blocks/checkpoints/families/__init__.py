@@ -7,6 +7,7 @@ this order; docs/adding-a-family.md walks through adding one."""
 from . import (  # noqa: F401 - imported for their registrations
     bert,
     cohere,
+    cohere2,
     distilbert,
     gemma,
     gemma2,
