@@ -191,7 +191,7 @@ def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attenti
 
 
 def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: int | None = None,
-           scaling: RopeScaling | None = None) -> jax.Array:
+           scaling: RopeScaling | None = None, interleaved: bool = False) -> jax.Array:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, ..., hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
@@ -201,11 +201,17 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: in
     (partial rotary, HF GPT-NeoX); an odd dim rotates dim + 1 dims, the frequencies still
     theta^(-2i/dim), as HF's rotary does; None: all.
     scaling: a scaled rotary (`flax_blocks.core.rope`): its frequencies, with the sequence
-    length max(positions) + 1 where the type reads one, and its factor on cos and sin."""
+    length max(positions) + 1 where the type reads one, and its factor on cos and sin.
+    interleaved: dims 2i and 2i + 1 rotate together instead (GPT-J, Cohere): rotate-half on the
+    rotated dims reordered evens first (`flax_blocks.core.rope.interleave_order`)."""
     dim = x.shape[-1] if dim is None else dim
     width = dim + dim % 2  # HF's cos and sin cover ceil(dim / 2) frequencies, twice
     if width < x.shape[-1]:
-        return jnp.concatenate([rotary(x[..., :width], positions, theta, dim, scaling), x[..., width:]], axis=-1)
+        rotated = rotary(x[..., :width], positions, theta, dim, scaling, interleaved)
+        return jnp.concatenate([rotated, x[..., width:]], axis=-1)
+    if interleaved:
+        order, inverse = rope.interleave_order(width)
+        return rotary(x[..., order], positions, theta, dim, scaling)[..., inverse]
     dt = jnp.promote_types(x.dtype, jnp.float32)
     if scaling is not None and scaling.rope_type == "dynamic":  # the base grows past max_position_embeddings
         length = jnp.maximum(jnp.max(positions) + 1, scaling.max_length).astype(dt)
@@ -318,19 +324,27 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
-        if self.cfg.rope_theta is not None:
-            theta: float | jax.Array
-            theta, dim, local_theta = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_local_theta
-            scaling = self.cfg.rope_scaling
-            if local_theta is not None and local is not False:
-                if scaling is not None and local is not True:  # a scanned layer: both rotations, one taken
-                    qg, kg = rotary(q, positions, theta, dim, scaling), rotary(k, positions, theta, dim, scaling)
-                    ql, kl = rotary(q, positions, local_theta, dim), rotary(k, positions, local_theta, dim)
-                    return jnp.where(local, ql, qg), jnp.where(local, kl, kg)
-                theta = local_theta if local is True else jnp.where(local, local_theta, theta)
-                scaling = None if local is True else scaling
-            q, k = rotary(q, positions, theta, dim, scaling), rotary(k, positions, theta, dim, scaling)
-        return q, k
+        if self.cfg.rope_theta is None or (self.cfg.rope_local_only and local is False):
+            return q, k
+        rq, rk = self.rotated(q, k, positions, local)
+        if self.cfg.rope_local_only and local is not True:  # a scanned layer: the global ones keep q and k
+            return jnp.where(local, rq, q), jnp.where(local, rk, k)
+        return rq, rk
+
+    def rotated(self, q: jax.Array, k: jax.Array, positions: jax.Array, local) -> tuple[jax.Array, jax.Array]:
+        """q and k rotated at positions, at rope_local_theta in a local layer when given."""
+        assert self.cfg.rope_theta is not None
+        theta: float | jax.Array = self.cfg.rope_theta
+        dim, local_theta = self.cfg.rotary_dim, self.cfg.rope_local_theta
+        scaling, pairs = self.cfg.rope_scaling, self.cfg.rope_interleaved
+        if local_theta is not None and local is not False:
+            if scaling is not None and local is not True:  # a scanned layer: both rotations, one taken
+                qg, kg = (rotary(a, positions, theta, dim, scaling, pairs) for a in (q, k))
+                ql, kl = (rotary(a, positions, local_theta, dim, None, pairs) for a in (q, k))
+                return jnp.where(local, ql, qg), jnp.where(local, kl, kg)
+            theta = local_theta if local is True else jnp.where(local, local_theta, theta)
+            scaling = None if local is True else scaling
+        return rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
 
     def windowed(self, mask: jax.Array, rows: jax.Array | None, index, t: int, s: int,
                  local) -> tuple[jax.Array, jax.Array | None]:

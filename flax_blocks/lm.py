@@ -217,7 +217,7 @@ class LanguageModel(nnx.Module):
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Hidden states (..., E) -> logits (..., V) through the head (tied: embed.weight^T),
-        soft-capped when the model has a final_logit_softcap (Gemma 2)."""
+        times logit_scale (Cohere), soft-capped when the model has a final_logit_softcap (Gemma 2)."""
         if self.lm.head == "none":
             raise ValueError("this model has no head (head='none'): it returns hidden states")
         if self.head is not None:
@@ -226,6 +226,8 @@ class LanguageModel(nnx.Module):
             table = self.embed.embedding[...]
             h, table = nnx.nn.dtypes.promote_dtype((h, table), dtype=compute_dtype(self.cfg))
             y = jnp.dot(h, table.T)
+        if self.lm.logit_scale is not None:  # Cohere: logits * logit_scale
+            y = y * self.lm.logit_scale
         cap = self.lm.final_logit_softcap
         return y if cap is None else jnp.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 

@@ -22,7 +22,7 @@ from flax import nnx
 from .attention import rotary
 from .core import declarations
 from .core.config import BlockConfig
-from .core.rope import interleaved_order
+from .core.rope import interleave_order
 from .layers import Linear, Norm, compute_dtype, dropout, initial_values
 
 
@@ -77,7 +77,7 @@ class LatentAttention(nnx.Module):
         """Rotary on a (B, T, heads, dr): rotate-half, on the dims ordered evens first under rope_interleave."""
         cfg = self.cfg
         if cfg.rope_interleave:
-            a = a[..., jnp.asarray(interleaved_order(a.shape[-1]))]
+            a = a[..., jnp.asarray(interleave_order(a.shape[-1])[0])]
         assert cfg.rope_theta is not None  # the config checks it
         return rotary(a, positions, cfg.rope_theta, None, cfg.rope_scaling)
 

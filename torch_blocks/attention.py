@@ -138,7 +138,7 @@ def _warn_if_fully_masked(rows: Tensor, batch: int) -> None:
 
 
 def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None,
-           scaling: RopeScaling | None = None) -> Tensor:
+           scaling: RopeScaling | None = None, interleaved: bool = False) -> Tensor:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x (B, T, heads, hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
@@ -148,11 +148,18 @@ def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None,
     (partial rotary, HF GPT-NeoX); an odd dim rotates dim + 1 dims, the frequencies still
     theta^(-2i/dim), as HF's rotary does; None: all.
     scaling: a scaled rotary (`flax_blocks.core.rope`): its frequencies, with the sequence
-    length max(positions) + 1 where the type reads one, and its factor on cos and sin."""
+    length max(positions) + 1 where the type reads one, and its factor on cos and sin.
+    interleaved: dims 2i and 2i + 1 rotate together instead (GPT-J, Cohere): rotate-half on the
+    rotated dims reordered evens first (`flax_blocks.core.rope.interleave_order`)."""
     dim = x.shape[-1] if dim is None else dim
     width = dim + dim % 2  # HF's cos and sin cover ceil(dim / 2) frequencies, twice
     if width < x.shape[-1]:
-        return torch.cat([rotary(x[..., :width], positions, theta, dim, scaling), x[..., width:]], dim=-1)
+        rotated = rotary(x[..., :width], positions, theta, dim, scaling, interleaved)
+        return torch.cat([rotated, x[..., width:]], dim=-1)
+    if interleaved:
+        order, inverse = rope.interleave_order(width)
+        rotated = rotary(x[..., torch.from_numpy(order).to(x.device)], positions, theta, dim, scaling)
+        return rotated[..., torch.from_numpy(inverse).to(x.device)]
     dt = torch.promote_types(x.dtype, torch.float32)
     base: float | Tensor = theta
     if scaling is not None and scaling.rope_type == "dynamic":  # the base grows past max_position_embeddings
@@ -385,9 +392,10 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
-        if self.cfg.rope_theta is not None:
+        if self.cfg.rope_theta is not None and (local or not self.cfg.rope_local_only):  # Cohere 2: local only
             theta, dim, scaling = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_scaling
             if local and self.cfg.rope_local_theta is not None:  # Gemma 3's local layers: plain, their own base
                 theta, scaling = self.cfg.rope_local_theta, None
-            q, k = rotary(q, positions, theta, dim, scaling), rotary(k, positions, theta, dim, scaling)
+            pairs = self.cfg.rope_interleaved
+            q, k = rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
         return q, k

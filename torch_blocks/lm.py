@@ -144,6 +144,8 @@ class LanguageModel(nn.Module):
         if self.lm.head == "none":
             raise ValueError("this model has no head (head='none'): it returns hidden states")
         y = self.head(h) if self.head is not None else h @ self.embed.weight.T
+        if self.lm.logit_scale is not None:  # Cohere: logits * logit_scale
+            y = y * self.lm.logit_scale
         cap = self.lm.final_logit_softcap
         return y if cap is None else torch.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 

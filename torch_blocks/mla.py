@@ -17,7 +17,7 @@ from torch import Tensor
 
 from flax_blocks.core import declarations
 from flax_blocks.core.config import BlockConfig
-from flax_blocks.core.rope import interleaved_order
+from flax_blocks.core.rope import interleave_order
 
 from .attention import Attention, Mask, rotary
 from .layers import Linear, Norm
@@ -71,7 +71,7 @@ class LatentAttention(Attention):
         """Rotary on a (B, T, heads, dr): rotate-half, on the dims ordered evens first under rope_interleave."""
         cfg = self.cfg
         if cfg.rope_interleave:
-            a = a[..., interleaved_order(a.shape[-1])]
+            a = a[..., torch.as_tensor(interleave_order(a.shape[-1])[0])]
         assert cfg.rope_theta is not None  # the config checks it
         return rotary(a, positions, cfg.rope_theta, None, cfg.rope_scaling)
 

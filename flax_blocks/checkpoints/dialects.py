@@ -245,6 +245,7 @@ CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", 
            "rope_scaling": None, "partial_rotary_factor": 1.0, "attn_logit_softcapping": None,
                "query_pre_attn_scalar": None,
             "sliding_window": None, "sliding_window_pattern": None, "rope_local_theta": None, "qk_norm": False,
+            "rope_interleaved": False, "rope_local_only": False,
             "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "mlp_bias": None, "norm_bias": None,
             "layernorm_scaling": False,
             "parallel_residual": "none"}
@@ -268,7 +269,7 @@ LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0
                    "activation": "silu", "scaling": "none", "residual": "add", "qk_norm": False,
                    "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
                    "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
-                   "mlp_bias": None, "norm_bias": None}
+                   "mlp_bias": None, "norm_bias": None, "rope_interleaved": False, "rope_local_only": False}
 WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
 # Qwen3, Gemma (2, 3), OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP (read:
 # bias=attention_bias, mlp_bias=False).
@@ -605,7 +606,7 @@ def settings_of(module: Any) -> dict[str, Any]:
                                              "activation", "layer_norm_eps", "causal", "mlp", "qk_norm",
                                              "qk_norm_over", "rope_theta", "partial_rotary_factor",
                                              "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-                                             "sliding_window_pattern", "rope_local_theta",
+                                             "sliding_window_pattern", "rope_local_theta", "rope_interleaved",
                                              "parallel_residual", "residual", "scaling", "layernorm_scaling",
                                              "attn_sinks", "swiglu_limit", "swiglu_alpha")}
         if type(module).__name__ in declarations.STACKS:

@@ -119,6 +119,7 @@ class Outside:
     projections: tuple[str, str, str] | None = None  # (width key, project_in, project_out): OPT's narrower embeddings
     recompute_past_original: bool = False  # generate recomputes every key past longrope's original length (Phi-3)
     head_bias: bool = False  # the LM head has a bias (Phi-1/2's lm_head)
+    logit_scale: str | None = None  # the config key of a factor on the logits (Cohere's logit_scale)
 
 
 @dataclass(frozen=True)
@@ -287,12 +288,10 @@ def unexpected(ignored: Mapping[str, str], family: Family) -> list[str]:
 NOT_COMPUTED = {
     "t5": "a learned relative position bias added to the attention logits, and an encoder-decoder",
     "mt5": "T5's relative position bias", "umt5": "T5's relative position bias",
-    "cohere": "parallel residual with a shared LayerNorm without bias and a logit scale",
     "falcon": "ALiBi or rotary by config, multi-query attention with one fused query_key_value and a parallel "
               "block (new_decoder_architecture: two norms)",
     "bloom": "ALiBi position biases added to the attention logits (no rotary, no learned positions)",
     "mpt": "ALiBi position biases",
-    "gptj": "rotary on interleaved (adjacent) pairs of dimensions and a parallel block sharing one LayerNorm",
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
     "gpt_neo": "local attention on alternate layers with unscaled logits",
     "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",

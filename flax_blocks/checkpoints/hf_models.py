@@ -110,6 +110,10 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
     if part == "causal-lm" and out.head_bias and c["tie_word_embeddings"]:
         problems.append("tie_word_embeddings=True: the head is the embedding and keeps a bias of its own, which a "
                         "tied LanguageModel head does not hold")
+    scale = c[out.logit_scale] if out.logit_scale else None
+    if part == "causal-lm" and out.logit_scale and (not isinstance(scale, (int, float)) or isinstance(scale, bool)):
+        problems.append(f"{out.logit_scale}={scale!r}: the logits are multiplied by it (transformers fails on "
+                        "anything but a number)")
     if problems:
         raise ConversionError(problems, header=f"cannot load a whole {model_type} model as part={part!r}")
     if window is not None:  # read after all, by the cache: no longer among the ignored keys
@@ -129,6 +133,7 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
         pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
         embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
         final_logit_softcap=None if cap is None or part == "model" else float(cap),
+        logit_scale=None if scale is None or part == "model" else float(scale),
         project_dim=_project_dim(out, c), cache_window=window, recompute_length=_recompute_length(out, cfg),
     )
     return read, lm
@@ -280,6 +285,8 @@ def _family_of(model, dialect: str, family: str | None = None) -> tuple[str, Out
                         f"{float(model.cfg.d_model) ** 0.5}")
     if lm.final_logit_softcap is not None and out.final_logit_softcap is None:
         problems.append(f"final_logit_softcap={lm.final_logit_softcap}: {family} has no final logit soft-cap")
+    if lm.logit_scale is not None and out.logit_scale is None:
+        problems.append(f"logit_scale={lm.logit_scale}: {family} does not scale its logits")
     want = {"none": (0, "arange"), "two": (2, "mask")}.get(out.position_offset)
     if want is not None and (lm.position_offset, lm.default_positions) != want:
         problems.append(f"position_offset={lm.position_offset}, default_positions={lm.default_positions!r}: {family} "

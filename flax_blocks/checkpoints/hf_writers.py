@@ -56,6 +56,8 @@ def config_for(family: str, model: Any) -> dict[str, Any]:
         config["num_key_value_heads"] = cfg.kv_heads
     if "head_dim" in table.reads:
         config["head_dim"] = cfg.head_width
+    if "rotary_dim" in table.reads and cfg.rope_theta is not None:  # GPT-J: the rotated dims themselves
+        config["rotary_dim"] = cfg.rotary_dim
     act = next((k for k in _ACTIVATION_KEYS if k in table.reads), None)
     if act is not None:
         config[act] = _HF_ACTIVATION[cfg.activation]
@@ -78,4 +80,6 @@ def config_for(family: str, model: Any) -> dict[str, Any]:
         config["pad_token_id"] = lm.pad_token_id
     if lm.final_logit_softcap is not None and "final_logit_softcapping" in table.reads:
         config["final_logit_softcapping"] = lm.final_logit_softcap
+    if "logit_scale" in table.reads:  # Cohere: 0.0625 when left out; an unscaled model writes 1.0
+        config["logit_scale"] = lm.logit_scale if lm.logit_scale is not None else 1.0
     return config

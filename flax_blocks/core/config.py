@@ -105,6 +105,8 @@ class BlockConfig:
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
     rope_local_theta: float | None = None
+    rope_interleaved: bool = False
+    rope_local_only: bool = False
     qkv_bias: bool | None = None
     mlp_bias: bool | None = None
     norm_bias: bool | None = None
@@ -285,6 +287,14 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.partial_rotary_factor={f!r} gives rotary_dim = int({self.head_width} * "
                              f"{f!r}) = {self.rotary_dim}, which rotates {self.rotary_width} dims (an odd count "
                              f"rounded up, as HF): it must be at least 1 and fit head_dim={self.head_width}")
+        if not isinstance(self.rope_interleaved, bool) or (self.rope_interleaved and self.rope_theta is None):
+            raise ValueError(f"BlockConfig.rope_interleaved (rotary on adjacent pairs) must be a bool and needs "
+                             f"rope_theta, got {self.rope_interleaved!r} with rope_theta={self.rope_theta!r}")
+        if not isinstance(self.rope_local_only, bool) or (self.rope_local_only and (self.rope_theta is None or
+                                                                                     self.sliding_window is None)):
+            raise ValueError(f"BlockConfig.rope_local_only (rotary on the local layers alone) must be a bool and needs "
+                             f"rope_theta and sliding_window, got {self.rope_local_only!r} with rope_theta="
+                             f"{self.rope_theta!r}, sliding_window={self.sliding_window!r}")
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, RopeScaling):
                 raise ValueError(f"BlockConfig.rope_scaling must be None, a RopeScaling or its dict, got "

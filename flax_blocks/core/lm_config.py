@@ -3,7 +3,7 @@
     tokens (B, T) -> embed (* embed_scale) (+ learned positions) (+ token types) (-> embed_norm)
                   -> the library's Encoder (layers + final norm)
                   -> head (its own weight, or the token embedding's transpose when tied) -> logits
-                  (-> final_logit_softcap * tanh(logits / final_logit_softcap))
+                  (* logit_scale) (-> final_logit_softcap * tanh(logits / final_logit_softcap))
 
 `LMConfig` says which of those parts a model has; `components` declares their parameters
 (torch name, Flax path, shape, axes, init, transform) as `flax_blocks.core.declarations` does for
@@ -15,6 +15,7 @@ encoder.layers.{i}.* / encoder.norm.*, head.weight (V, E), head.bias (V,). Frame
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from . import declarations
@@ -52,6 +53,8 @@ class LMConfig:
       the weights' dtype; None: not scaled.
     final_logit_softcap: c: logits <- c * tanh(logits / c) after the head (Gemma 2's
       final_logit_softcapping); None: none.
+    logit_scale: s: logits <- logits * s after the head, before any soft-cap (Cohere's
+      logit_scale, 0.0625 by default); None: none.
     token_types: rows of BERT's token-type embedding; 0: none.
     embed_norm: a norm (the blocks' norm type and eps) on the embedded input (BERT).
     final_norm: the stack's final norm; None: the stack's default (pre-LN and Peri-LN).
@@ -95,6 +98,7 @@ class LMConfig:
     pad_token_id: int | None = None
     embed_scale: float | None = None
     final_logit_softcap: float | None = None
+    logit_scale: float | None = None
     project_dim: int | None = None
     recompute_length: int | None = None
     cache_window: int | None = None
@@ -141,6 +145,11 @@ class LMConfig:
                 problems.append(f"{name} must be a positive number or None, got {v!r}")
         if self.final_logit_softcap is not None and self.head == "none":
             problems.append("final_logit_softcap needs a head (head='none' returns hidden states)")
+        s = self.logit_scale
+        if s is not None and (not isinstance(s, (int, float)) or isinstance(s, bool) or not math.isfinite(s)):
+            problems.append(f"logit_scale must be a finite number or None, got {s!r}")
+        elif s is not None and self.head == "none":
+            problems.append("logit_scale needs a head (head='none' returns hidden states)")
         for name in ("project_dim", "recompute_length", "cache_window"):
             w = getattr(self, name)
             if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):

@@ -123,6 +123,10 @@ OPTIONS: tuple[Option, ...] = (
            "(Gemma 2: 2, Gemma 3: 6; default: every layer local)"),
     Option("rope_local_theta", "compute", "the rotary base of the local layers (Gemma 3 rope_local_base_freq; "
            "default rope_theta)"),
+    Option("rope_interleaved", "compute", "rotary pairs adjacent dims (2i, 2i + 1) instead of halves (i, i + "
+           "rotary_dim / 2): GPT-J's rotate_every_two, Cohere's repeat-interleave"),
+    Option("rope_local_only", "compute", "rotary on the local (sliding-window) layers alone, the global layers "
+           "without positions (Cohere 2)"),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True),
     Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
@@ -310,6 +314,14 @@ DETAILS = """\
   compiled layer for both kinds).
 - `rope_local_theta`: the rotary base of local layers (Gemma 3 `rope_local_base_freq`, 10000 beside a global
   1e6); None: rope_theta in every layer.
+- `rope_interleaved`: False, rotary pairs dim i with i + w/2 (rotate-half, HF LLaMA / GPT-NeoX; w the rotated
+  width); True, it pairs dims 2i and 2i + 1 at the same angle pos * theta^(-2i/rotary_dim) (GPT-J's
+  `rotate_every_two` with its sin / cos repeat-interleaved, Cohere's `repeat_interleave` of the frequencies).
+  The same as rotate-half on the rotated dims reordered evens first (`flax_blocks.core.rope.interleave_order`),
+  which both twins compute.
+- `rope_local_only`: False, rotary in every layer; True, only the local layers (`sliding_window`,
+  `sliding_window_pattern`) rotate q and k, the global layers attend without positions (Cohere 2's
+  `Cohere2Attention` applies rotary only where its layer has a sliding window).
 - `qkv_bias`: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True with bias=False).
 - `mlp_bias`: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's `mlp_bias` beside
   `attention_bias`).

@@ -278,9 +278,11 @@ def dynamic_theta(s: RopeScaling, theta: Any, dim: int, length: Any) -> Any:
     return theta * ((s.factor * length / s.max_position_embeddings) - (s.factor - 1)) ** (dim / (dim - 2))
 
 
-def interleaved_order(dim: int) -> list[int]:
-    """The dims of an interleaved rotary (pairs (0, 1), (2, 3), ...: DeepSeek's rope_interleave,
-    GPT-J) in the order that makes it rotate-half: evens first, then odds. Rotate-half on
-    x[..., order] gives HF DeepSeek V3's `apply_rotary_pos_emb_interleave` exactly, and V2's
-    complex rotation permuted (the same q.k products)."""
-    return [*range(0, dim, 2), *range(1, dim, 2)]
+def interleave_order(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, inverse) index arrays of `width` (even) rotated dims: rotary on adjacent pairs
+    (2i, 2i + 1) (GPT-J's rotate_every_two, Cohere's, DeepSeek's rope_interleave) is rotate-half on
+    x[..., order] (evens first, then odds), read back through x[..., inverse]. DeepSeek's MLA keeps
+    the reordered dims (its q . k products are the same): rotate-half on x[..., order] gives HF
+    DeepSeek V3's `apply_rotary_pos_emb_interleave` exactly, and V2's complex rotation permuted."""
+    order = np.concatenate([np.arange(0, width, 2), np.arange(1, width, 2)])
+    return order, np.argsort(order)

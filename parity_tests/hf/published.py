@@ -13,9 +13,9 @@ heads where the file groups them, head_dim 8, or 16 where the file's head_dim di
 hidden / heads), feed-forward widths 48, 2 layers (6 for Gemma 3, so that one is global), a
 vocabulary of 64 (special token ids past it renumbered below it), windows of 4 positions
 (so they act within a short prompt), a head of 10 where a partial rotary factor of 8 dims is odd
-(Phi-2's 0.4), and longrope's factor lists resampled to the new rotary
-width. Rotary lengths (max_position_embeddings, original_max_position_embeddings) and learned
-position tables keep theirs: they are what the scaled rotary types read.
+(Phi-2's 0.4), GPT-J's rotary_dim kept at its share of the head (64 of 256: 2 of 8), and
+longrope's factor lists resampled to the new rotary width. Rotary lengths (max_position_embeddings,
+original_max_position_embeddings) and learned position tables keep theirs: they are what the scaled rotary types read.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ SUITE = (
     "xlm_roberta_base", "bge_m3", "gpt2", "distilgpt2", "opt_125m", "opt_350m", "llama2_7b_hf", "llama3_1_8b",
     "llama3_2_1b", "smollm2_135m", "deepseek_r1_distill_llama_8b", "mistral_7b_v0_1", "mistral_7b_instruct_v0_3",
     "qwen2_5_0_5b_instruct", "qwen2_5_7b_instruct__modelcard_yarn", "deepseek_r1_distill_qwen_1_5b", "qwen3_0_6b",
-    "phi_2", "phi3_mini_4k_instruct", "phi3_5_mini_instruct", "phi4_mini_instruct", "gemma_2b", "gemma2_2b_it",
-    "gemma3_1b_it", "gemma3_4b_it", "olmo2_1124_7b", "pythia_160m", "stablelm_2_zephyr_1_6b", "starcoder2_3b",
-    "mixtral_8x7b_v0_1", "qwen1_5_moe_a2_7b", "qwen3_30b_a3b", "olmoe_1b_7b_0924", "deepseek_v2_lite", "deepseek_v3",
-    "gpt_oss_20b",
+    "gpt_j_6b", "aya_23_8b", "command_r7b_12_2024", "phi_2", "phi3_mini_4k_instruct", "phi3_5_mini_instruct",
+    "phi4_mini_instruct", "gemma_2b", "gemma2_2b_it", "gemma3_1b_it", "gemma3_4b_it", "olmo2_1124_7b",
+    "pythia_160m", "stablelm_2_zephyr_1_6b", "starcoder2_3b", "mixtral_8x7b_v0_1", "qwen1_5_moe_a2_7b",
+    "qwen3_30b_a3b", "olmoe_1b_7b_0924", "deepseek_v2_lite", "deepseek_v3", "gpt_oss_20b",
 )
 
 HIDDEN, HEADS, FFN, VOCAB = 32, 4, 48, 64
@@ -113,6 +113,8 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
     if c.get("head_dim") is None and _rotary_dim(c) % 2:  # Phi-2's 0.4 of 8 dims: odd, which HF cannot rotate
         c[hidden_key] = HEADS * 10  # a head of 10, 4 rotary dims
     _shrink_deepseek(c)
+    if isinstance(c.get("rotary_dim"), int):  # GPT-J: the rotated dims keep their share of the head (64 of 256: 2)
+        c["rotary_dim"] = max(2, round(c["rotary_dim"] * heads * HIDDEN / (hidden * HEADS) / 2) * 2)
     c["vocab_size"] = VOCAB
     _renumber_tokens(c)
     for key in ("rope_scaling", "rope_parameters"):

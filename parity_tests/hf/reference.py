@@ -61,7 +61,12 @@ def _rotary64(self, x, position_ids, layer_type=None):
             seq_len = None
         inv_freq, factor = rope_functions64()[kind](cfg, None, seq_len=seq_len, layer_type=layer_type)
     freqs = position_ids[..., None].to(torch.float64) * inv_freq.to(torch.float64)
-    emb = freqs if getattr(self, "_halves", False) else torch.cat((freqs, freqs), dim=-1)  # GPT-OSS: one half
+    if getattr(self, "_halves", False):  # GPT-OSS: one half
+        emb = freqs
+    elif type(self).__name__.startswith("Cohere"):  # Cohere: repeat_interleave, each frequency twice
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
 
@@ -138,6 +143,36 @@ def reference(model_type: str | None):
     return family.reference if family is not None else Reference()
 
 
+def _cohere_norm64(self, x):
+    import torch
+
+    x = x - x.mean(-1, keepdim=True)
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _cohere_rotary_in_the_query_dtype(model) -> None:
+    """Cohere's apply_rotary_pos_emb casts q and k to float32 (process-wide: the module's function
+    replaced by one computing in q's dtype, the same function for float32 models)."""
+    import importlib
+
+    modeling = importlib.import_module(type(model).__module__)
+
+    def apply(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + modeling.rotate_half(q) * sin, k * cos + modeling.rotate_half(k) * sin
+
+    modeling.apply_rotary_pos_emb = apply
+
+
+def _sinusoids64(num_pos: int, dim: int):
+    """GPT-J's create_sinusoidal_positions (sin then cos, dim / 2 frequencies of base 10000) in float64."""
+    import torch
+
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = torch.arange(num_pos, dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
+
+
 def float64_faithful(model):
     """Replace, on this instance only, the RMSNorm and rotary forwards that cast to float32
     (Gemma's RMSNorm, whose source scales by 1.0 + self.weight, keeps that offset); for
@@ -147,11 +182,17 @@ def float64_faithful(model):
 
     if reference(getattr(model.config, "model_type", None)).eager_only:
         _eager_softmax_in_the_query_dtype(model)
+    if getattr(model.config, "model_type", None) in ("cohere", "cohere2"):
+        _cohere_rotary_in_the_query_dtype(model)
     for m in model.modules():
         name = type(m).__name__
         if name.endswith("RMSNorm"):
             m._offset = "1.0 + self.weight" in inspect.getsource(type(m).forward)
             m.forward = types.MethodType(_rmsnorm64, m)
+        elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):  # mean-subtracted, no bias, in float32
+            m.forward = types.MethodType(_cohere_norm64, m)
+        elif name == "GPTJRotaryEmbedding":  # its sin / cos table, built in float32 at init
+            m.embed_positions = _sinusoids64(m.max_positions, m.pos_embd_dim)
         elif name.endswith("RotaryEmbedding"):
             m._halves = "emb = freqs\n" in inspect.getsource(type(m).forward)  # cos, sin of half a head (GPT-OSS)
             m.forward = types.MethodType(_rotary64, m)

@@ -59,6 +59,11 @@ CAUSAL = {
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(ROTARY, logit_scale=0.5, attention_bias=True)),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(ROTARY, logit_scale=0.5, sliding_window=4,
+                                                           layer_types=["sliding_attention", "full_attention"])),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48, n_layer=2,
+                                                   n_positions=64, rotary_dim=4, **NO_SPECIAL)),
 }
 # Mixtures of experts: 4 experts, top 2; Qwen2-MoE's layers dense, experts (with the shared expert), dense
 # (decoder_sparse_step 2, mlp_only_layers [2]), Qwen3-MoE's first dense (mlp_only_layers [0]).
@@ -97,9 +102,9 @@ EXPERTS = {
                                       "rope_theta": 500.0})),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2"}
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
-            "deepseek_v2", "deepseek_v3", "gpt_oss"]  # (the latent cache: the latent and the rotary key, HF's too)
+            "deepseek_v3", "gpt_oss", "gptj", "cohere2"]  # (DeepSeek: the latent cache, HF's too)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
@@ -247,11 +252,12 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss", "cohere"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
-    and final soft-cap, GPT-OSS's sinks and clamped experts (cached decoding with sinks on local and
-    global layers) in the torch twin: HF's logits, and the same greedy tokens."""
+    and final soft-cap, DeepSeek's latent attention and routing, GPT-OSS's sinks and clamped experts
+    (cached decoding with sinks on local and global layers), Cohere's logit scale and interleaved
+    rotary in the torch twin: HF's logits, and the same greedy tokens."""
     lm = flax_models[family]
     twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
     twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
@@ -361,6 +367,7 @@ MISTAKES = [
      dict(position_offset=0, max_positions=42, default_positions="arange")),
     ("gemma", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
     ("gemma2", "no final logit soft-cap", dict(final_logit_softcap=None)),
+    ("cohere", "logits not multiplied by logit_scale", dict(logit_scale=None)),
     ("gemma3", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
 ]
 

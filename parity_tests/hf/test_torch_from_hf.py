@@ -97,9 +97,9 @@ def _error(fn, *args, **kwargs) -> str:
 
 def test_refusals_are_the_flax_twins_word_for_word(gpt2_folder, tmp_path):
     model = transformers.GPTJForCausalLM(transformers.GPTJConfig(n_embd=32, n_head=4, n_layer=1, vocab_size=50,
-                                                                 rotary_dim=4))
+                                                                 rotary_dim=5))
     assert _error(tb.from_hf, model) == _error(fb.from_hf, model)
-    assert "gptj" in _error(tb.from_hf, model)
+    assert "gptj" in _error(tb.from_hf, model) and "rotary_dim=5" in _error(tb.from_hf, model)
     bert = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1,
                                                           intermediate_size=40, vocab_size=50))
     assert "not a causal language model" in _error(tb.from_hf, bert, part="causal-lm")

@@ -91,6 +91,9 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
     # an odd rotary dim (int(6 * 0.5) = 3): HF rotates 4 dims at theta^(-2i/3) (GPT-NeoX, Phi-3 with such sizes)
     replace(BLOCK, cfg=replace(WIDE, rope_theta=100.0, head_dim=6, partial_rotary_factor=0.5), seq=7),
+    # rotary on adjacent pairs (GPT-J's rotate_every_two on its first 4 of 8 dims, Cohere's on all of them)
+    replace(BLOCK, cfg=replace(WIDE, rope_theta=100.0, head_dim=8, partial_rotary_factor=0.5, rope_interleaved=True,
+                               parallel_residual="shared_norm", causal=True), seq=7, key_mask=True),
     replace(BLOCK, cfg=replace(WIDE, rope_theta=500.0, qk_norm=True, causal=True), key_mask=True),
     _cfg(qkv_bias=True, bias=False, mlp_bias=True),
     _cfg(qkv_bias=False, mlp_bias=False),  # LLaMA's attention_bias without mlp_bias: out_proj's bias alone
@@ -118,6 +121,10 @@ CASES: list[Case] = [
          key_mask=True, memory_key_mask=True),
     Case("Decoder", replace(BASE, norm="post", scaling="deepnorm", causal=True), num_layers=3),
     Case("Decoder", replace(LLAMA, partial_rotary_factor=0.5), num_layers=2, seq=6, memory_seq=3),
+    Case("Decoder", replace(LLAMA, causal=True, rope_theta=100.0, rope_interleaved=True), num_layers=2, seq=6),
+    # Cohere 2: local, local, global layers, rotary (on adjacent pairs) on the local ones alone
+    Case("Decoder", replace(LLAMA, causal=True, rope_theta=100.0, rope_interleaved=True, sliding_window=3,
+                            sliding_window_pattern=3, rope_local_only=True), num_layers=3, seq=6, key_mask=True),
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),

@@ -372,6 +372,16 @@ MUTATIONS = {
     # Gemma's RMSNorm read as LLaMA's: w where 1 + w was meant (every norm: QK-norm and block norms)
     "norm_w_for_1_plus_w": (Case("TransformerBlock", replace(MODERN, norm_weight_offset=1.0, qk_norm=True)),
                             replace(MODERN, qk_norm=True), None),
+    # GPT-J's / Cohere's adjacent pairs rotated as halves (rope_interleaved ignored)
+    "halves_for_interleaved_rotary": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, rope_interleaved=True),
+                                           seq=7), replace(MODERN, rope_theta=100.0), None),
+    # Cohere 2's global layers rotated too (rope_local_only ignored); a block alone is layer 1, local under a
+    # pattern, so the global layer is a 2-layer encoder's second
+    "rotary_on_the_global_layers": (Case("Encoder", replace(MODERN, causal=True, rope_theta=100.0, sliding_window=3,
+                                                            sliding_window_pattern=2, rope_local_only=True),
+                                         num_layers=2, seq=7),
+                                    replace(MODERN, causal=True, rope_theta=100.0, sliding_window=3,
+                                            sliding_window_pattern=2), None),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),

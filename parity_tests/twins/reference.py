@@ -63,8 +63,9 @@ HANDLED = frozenset({
     "scaling", "deepnorm_alpha", "causal",
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "sliding_window_pattern", "rope_local_theta", "rope_scaling", "qkv_bias", "mlp_bias", "norm_bias",
-        "layernorm_scaling",
+    "sliding_window_pattern", "rope_local_theta", "rope_scaling", "rope_interleaved", "rope_local_only",
+    "qkv_bias", "mlp_bias",
+    "norm_bias", "layernorm_scaling",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
@@ -120,7 +121,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * weight
 
 
-def rotary(x: np.ndarray, theta: float, fraction: float = 1.0, scaling: Any = None) -> np.ndarray:
+def rotary(x: np.ndarray, theta: float, fraction: float = 1.0, scaling: Any = None,
+           interleaved: bool = False) -> np.ndarray:
     """Rotary positions, rotate-half convention (HF LLaMA / GPT-NeoX).
 
     x: (B, H, T, hd), positions 0..T-1; dims i and i + hd/2 rotate together by pos * theta^(-2i/hd).
@@ -128,6 +130,8 @@ def rotary(x: np.ndarray, theta: float, fraction: float = 1.0, scaling: Any = No
     r = int(hd * fraction) dims rotate, as above with r for hd; the others pass unchanged.
     scaling: a scaled rotary (an object with HF's rope_parameters as attributes): the
     frequencies and the factor on cos and sin of `scaled_frequencies`.
+    interleaved (GPT-J's rotate_every_two, Cohere): dims 2i and 2i + 1 rotate together by frequency i,
+    written out as GPT-J writes it (sin and cos repeat-interleaved).
     """
     r = int(x.shape[-1] * fraction)  # HF's rotary dim: an odd r rotates r + 1 dims at theta^(-2i/r)
     t = x.shape[-2]
@@ -139,6 +143,11 @@ def rotary(x: np.ndarray, theta: float, fraction: float = 1.0, scaling: Any = No
     angle = np.arange(t, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, w/2)
     cos = np.concatenate([np.cos(angle)] * 2, axis=-1) * factor  # (T, w)
     sin = np.concatenate([np.sin(angle)] * 2, axis=-1) * factor
+    if interleaved:  # out[2i] = x[2i] cos_i - x[2i+1] sin_i, out[2i+1] = x[2i+1] cos_i + x[2i] sin_i
+        cos, sin = np.repeat(cos[:, : w // 2], 2, axis=-1), np.repeat(sin[:, : w // 2], 2, axis=-1)
+        pairs = x[..., :w].reshape(*x.shape[:-1], w // 2, 2)
+        turned = np.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(*x.shape[:-1], w)
+        return np.concatenate([x[..., :w] * cos + turned * sin, x[..., w:]], axis=-1)
     x1, x2 = x[..., : w // 2], x[..., w // 2: w]
     rotated = x[..., :w] * cos + np.concatenate([-x2, x1], axis=-1) * sin
     return np.concatenate([rotated, x[..., w:]], axis=-1)
@@ -346,9 +355,10 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     if local:  # query i sees key j only if i - W < j (HF's sliding_window_overlay), besides the causal mask
         window = np.arange(s)[None, :] <= np.arange(t)[:, None] - cfg.sliding_window
         masked = window[None] if masked is None else masked | window[None]
-    if theta is not None and positions:
+    if theta is not None and positions and (local or not _opt(cfg, "rope_local_only", False)):  # Cohere 2
         fraction = _opt(cfg, "partial_rotary_factor", 1.0)
-        q, k = rotary(q, theta, fraction, scaling), rotary(k, theta, fraction, scaling)
+        pairs = _opt(cfg, "rope_interleaved", False)
+        q, k = rotary(q, theta, fraction, scaling, pairs), rotary(k, theta, fraction, scaling, pairs)
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
     a = _opt(cfg, "query_pre_attn_scalar", None)  # Gemma: q.k / sqrt(a)

@@ -6,6 +6,8 @@ this order; docs/adding-a-family.md walks through adding one."""
 
 from . import (  # noqa: F401 - imported for their registrations
     bert,
+    cohere,
+    cohere2,
     deepseek_v2,
     deepseek_v3,
     distilbert,
@@ -15,6 +17,7 @@ from . import (  # noqa: F401 - imported for their registrations
     gpt2,
     gpt_neox,
     gpt_oss,
+    gptj,
     llama,
     mistral,
     mixtral,
