@@ -295,7 +295,6 @@ NOT_COMPUTED = {
     "gptj": "rotary on interleaved (adjacent) pairs of dimensions and a parallel block sharing one LayerNorm",
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
     "gpt_neo": "local attention on alternate layers with unscaled logits",
-    "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
     "deepseek_v2": "multi-head latent attention (compressed q / kv with a decoupled rotary) and experts chosen by "
                    "group-limited greedy routing scaled by routed_scaling_factor, with shared experts",

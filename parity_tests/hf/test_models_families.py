@@ -57,6 +57,8 @@ CAUSAL = {
                                                              **NO_SPECIAL)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48,
+                                                                   n_layer=2, n_positions=64, **NO_SPECIAL)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
 }
 # Mixtures of experts: 4 experts, top 2; Qwen2-MoE's layers dense, experts (with the shared expert), dense
@@ -73,7 +75,7 @@ EXPERTS = {
                                                       intermediate_size=16)),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2"}
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "gpt_bigcode"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe"]  # (MoE: 9-15 s each)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {

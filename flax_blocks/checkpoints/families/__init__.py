@@ -11,6 +11,7 @@ from . import (  # noqa: F401 - imported for their registrations
     gemma2,
     gemma3,
     gpt2,
+    gpt_bigcode,
     gpt_neox,
     llama,
     mistral,
