@@ -145,6 +145,8 @@ class Dialect:
     def __post_init__(self) -> None:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
             object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
+        if self.rules is not None and "residual_multiplier" not in {*self.settings, *self.reads}:
+            object.__setattr__(self, "settings", {**self.settings, "residual_multiplier": 1.0})  # all but Granite
 
     @property
     def layer_regex(self) -> re.Pattern:

@@ -95,6 +95,9 @@ CASES: list[Case] = [
     # 2025): 3 layers, so 1/sqrt(l) differs per layer (scanned index; unrolled with DyT, no bias)
     Case("Encoder", replace(BASE, norm_type="dyt"), num_layers=2, key_mask=True),
     Case("Encoder", replace(BASE, layernorm_scaling=True), num_layers=3),
+    # Granite: x + m * F(x) (residual_multiplier), with its query scale (query_pre_attn_scalar = m_a ** -2)
+    Case("Encoder", replace(LLAMA, causal=True, residual_multiplier=0.22, query_pre_attn_scalar=2.5), num_layers=2,
+         seq=6, key_mask=True),
     Case("Encoder", replace(LLAMA, norm_type="dyt", qk_norm=False, layernorm_scaling=True), num_layers=3, seq=6,
          scan_layers=False),
     # decoders: causal self-attention, cross-attention to a memory of another length
@@ -113,8 +116,8 @@ CASES: list[Case] = [
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
     # StableLM's block: one LayerNorm (with its bias) for both parallel branches, linear maps without biases
-    Case("Encoder", replace(BASE, parallel_residual="shared_norm", bias=False, norm_bias=True), num_layers=3,
-         key_mask=True, scan_layers=False),
+    Case("Encoder", replace(BASE, parallel_residual="shared_norm", bias=False, norm_bias=True, residual_multiplier=0.5),
+         num_layers=3, key_mask=True, scan_layers=False),
     Case("Decoder", replace(LLAMA, causal=True, sliding_window=2, sliding_window_pattern=2, rope_local_theta=100.0),
          num_layers=2, seq=6, scan_layers=False),  # Gemma 2's alternation, Gemma 3's local rotary base
     # scaled rotary, each type where it acts: small bases, and original lengths below the sequence where the

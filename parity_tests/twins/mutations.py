@@ -244,6 +244,7 @@ def _stack_layers_as(cls):
 BLOCK = Case("TransformerBlock", BASE)
 DYT = Case("TransformerBlock", replace(BASE, norm="pre", norm_type="dyt"))
 LN_SCALING = Case("Encoder", replace(BASE, norm="pre", layernorm_scaling=True), num_layers=3)
+RESIDUAL_X = Case("Encoder", replace(BASE, norm="pre", residual_multiplier=0.22), num_layers=2)
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
 _LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2.0, 4.0],
              "original_max_position_embeddings": 4, "factor": 8.0}
@@ -324,4 +325,6 @@ MUTATIONS = {
     "dyt_without_alpha": (DYT, None, _dyt_as(_DyTWithoutAlpha)),
     "layernorm_scaling_by_1_over_l": (LN_SCALING, None, _stack_layers_as(_ScaledByOneOverL)),
     "layernorm_scaling_from_0": (LN_SCALING, None, _stack_layers_as(_LayersFromZero)),
+    # Granite's residual_multiplier dropped: x + F(x) for x + m * F(x)
+    "residual_multiplier_ignored": (RESIDUAL_X, replace(RESIDUAL_X.cfg, residual_multiplier=1.0), None),
 }
