@@ -225,6 +225,8 @@ class LanguageModel(nnx.Module):
             table = self.embed.embedding[...]
             h, table = nnx.nn.dtypes.promote_dtype((h, table), dtype=compute_dtype(self.cfg))
             y = jnp.dot(h, table.T)
+        if self.lm.logits_divisor is not None:
+            y = y / self.lm.logits_divisor  # Granite's logits_scaling
         cap = self.lm.final_logit_softcap
         return y if cap is None else jnp.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 

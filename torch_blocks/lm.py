@@ -143,6 +143,8 @@ class LanguageModel(nn.Module):
         if self.lm.head == "none":
             raise ValueError("this model has no head (head='none'): it returns hidden states")
         y = self.head(h) if self.head is not None else h @ self.embed.weight.T
+        if self.lm.logits_divisor is not None:
+            y = y / self.lm.logits_divisor  # Granite's logits_scaling
         cap = self.lm.final_logit_softcap
         return y if cap is None else torch.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 

@@ -119,6 +119,8 @@ class Outside:
     projections: tuple[str, str, str] | None = None  # (width key, project_in, project_out): OPT's narrower embeddings
     recompute_past_original: bool = False  # generate recomputes every key past longrope's original length (Phi-3)
     head_bias: bool = False  # the LM head has a bias (Phi-1/2's lm_head)
+    embed_multiplier: str | None = None  # the config key multiplying the token embeddings (Granite)
+    logits_divisor: str | None = None  # the config key dividing the logits (Granite's logits_scaling)
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,6 @@ NOT_COMPUTED = {
     "flex_olmo": "OLMo 2's norms after the sublayers around OLMoE's experts",
     "glm4_moe": "experts routed by sigmoid scores with a selection bias and grouped top-k, an ungated shared expert",
     "olmo": "OLMo 1's LayerNorm without parameters and clipped q, k, v (olmo2 is supported)",
-    "granite": "multipliers on the embeddings, residuals, attention and logits",
 }
 
 

@@ -29,6 +29,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "attn_logit_softcapping": ("attn_logit_softcapping",),
     "sliding_window": ("sliding_window",),
     "causal": ("is_causal",),
+    "residual_multiplier": ("residual_multiplier",),
 }
 _ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function", "activation")
 _HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "silu": "silu"}
@@ -78,4 +79,10 @@ def config_for(family: str, model: Any) -> dict[str, Any]:
         config["pad_token_id"] = lm.pad_token_id
     if lm.final_logit_softcap is not None and "final_logit_softcapping" in table.reads:
         config["final_logit_softcapping"] = lm.final_logit_softcap
+    if "attention_multiplier" in table.reads:  # Granite: the softmax scale itself
+        config["attention_multiplier"] = cfg.attention_scale
+    if table.outside is not None and table.outside.embed_multiplier is not None:
+        config[table.outside.embed_multiplier] = 1.0 if lm.embed_scale is None else lm.embed_scale
+    if table.outside is not None and table.outside.logits_divisor is not None:
+        config[table.outside.logits_divisor] = 1.0 if lm.logits_divisor is None else lm.logits_divisor
     return config

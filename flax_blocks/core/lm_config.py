@@ -3,7 +3,7 @@
     tokens (B, T) -> embed (* embed_scale) (+ learned positions) (+ token types) (-> embed_norm)
                   -> the library's Encoder (layers + final norm)
                   -> head (its own weight, or the token embedding's transpose when tied) -> logits
-                  (-> final_logit_softcap * tanh(logits / final_logit_softcap))
+                  (-> / logits_divisor) (-> final_logit_softcap * tanh(logits / final_logit_softcap))
 
 `LMConfig` says which of those parts a model has; `components` declares their parameters
 (torch name, Flax path, shape, axes, init, transform) as `flax_blocks.core.declarations` does for
@@ -51,6 +51,7 @@ class LMConfig:
       the weights' dtype; None: not scaled.
     final_logit_softcap: c: logits <- c * tanh(logits / c) after the head (Gemma 2's
       final_logit_softcapping); None: none.
+    logits_divisor: d: logits <- logits / d after the head (Granite's logits_scaling); None: none.
     token_types: rows of BERT's token-type embedding; 0: none.
     embed_norm: a norm (the blocks' norm type and eps) on the embedded input (BERT).
     final_norm: the stack's final norm; None: the stack's default (pre-LN and Peri-LN).
@@ -90,6 +91,7 @@ class LMConfig:
     pad_token_id: int | None = None
     embed_scale: float | None = None
     final_logit_softcap: float | None = None
+    logits_divisor: float | None = None
     project_dim: int | None = None
     recompute_length: int | None = None
     cache_window: int | None = None
@@ -129,12 +131,13 @@ class LMConfig:
         if (self.default_positions == "ids") != (self.pad_token_id is not None):
             problems.append(f"pad_token_id goes with default_positions='ids' (got pad_token_id={self.pad_token_id!r}, "
                             f"default_positions={self.default_positions!r})")
-        for name in ("embed_scale", "final_logit_softcap"):
+        for name in ("embed_scale", "final_logit_softcap", "logits_divisor"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
                 problems.append(f"{name} must be a positive number or None, got {v!r}")
-        if self.final_logit_softcap is not None and self.head == "none":
-            problems.append("final_logit_softcap needs a head (head='none' returns hidden states)")
+        for name in ("final_logit_softcap", "logits_divisor"):
+            if getattr(self, name) is not None and self.head == "none":
+                problems.append(f"{name} needs a head (head='none' returns hidden states)")
         for name in ("project_dim", "recompute_length", "cache_window"):
             w = getattr(self, name)
             if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):

@@ -57,6 +57,8 @@ CAUSAL = {
                                                              **NO_SPECIAL)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ROTARY, attention_multiplier=0.3, residual_multiplier=0.22,
+                                                          embedding_multiplier=6.0, logits_scaling=4.0)),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48,
                                                                    n_layer=2, n_positions=64, **NO_SPECIAL)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
@@ -298,6 +300,8 @@ MISTAKES = [
     ("gemma", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
     ("gemma2", "no final logit soft-cap", dict(final_logit_softcap=None)),
     ("gemma3", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
+    ("granite", "embeddings not multiplied by embedding_multiplier", dict(embed_scale=None)),
+    ("granite", "logits not divided by logits_scaling", dict(logits_divisor=None)),
 ]
 
 

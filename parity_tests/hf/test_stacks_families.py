@@ -115,6 +115,7 @@ MISTAKES = {
     "stablelm": ("rotary on every dim (partial_rotary_factor ignored)", dict(partial_rotary_factor=1.0), None),
     "stablelm-parallel": ("rotary on half of each head for StableLM's quarter", dict(partial_rotary_factor=0.5), None),
     "phi": ("rotary on every dim (partial_rotary_factor ignored)", dict(partial_rotary_factor=1.0), None),
+    "granite": ("residual_multiplier ignored (read as a LLaMA: its names)", dict(residual_multiplier=1.0), None),
     "gpt_bigcode": ("c_attn's key and value rows swapped ([q; v; k])", {}, _kv_swapped),
     "whisper": ("causal attention (its decoder's) for the encoder", dict(causal=True), None),
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
@@ -124,6 +125,7 @@ MISTAKES = {
 MORE_MISTAKES = [
     ("gemma2", "attention logits not soft-capped", dict(attn_logit_softcapping=None)),
     ("gemma2", "every layer local (the alternation ignored)", dict(sliding_window_pattern=None)),
+    ("granite", "1 / sqrt(head_dim) for the softmax scale attention_multiplier", dict(query_pre_attn_scalar=None)),
 ]
 
 

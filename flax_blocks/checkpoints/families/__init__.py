@@ -13,6 +13,7 @@ from . import (  # noqa: F401 - imported for their registrations
     gpt2,
     gpt_bigcode,
     gpt_neox,
+    granite,
     llama,
     mistral,
     mixtral,
