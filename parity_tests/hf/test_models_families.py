@@ -223,10 +223,11 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "granite"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
-    and final soft-cap in the torch twin: HF's logits, and the same greedy tokens."""
+    and final soft-cap, Granite's four multipliers in the torch twin: HF's logits, and the
+    same greedy tokens."""
     lm = flax_models[family]
     twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
     twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
@@ -392,6 +393,8 @@ def test_to_hf_refuses_a_family_that_computes_otherwise(flax_models):
     (dict(max_positions=8, position_offset=2, default_positions="ids"), "pad_token_id goes with"),
     (dict(embed_scale=0.0), "embed_scale must be a positive number"),
     (dict(final_logit_softcap=30.0, head="none"), "final_logit_softcap needs a head"),
+    (dict(logits_divisor=8.0, head="none"), "logits_divisor needs a head"),
+    (dict(logits_divisor=0.0), "logits_divisor must be a positive number"),
     (dict(head="tied", head_init="xavier"), "head_init='xavier' needs head='untied'"),
     (dict(head_init="glorot"), "head_init must be one of"),
     (dict(init_std=0), "init_std must be a positive number"),
