@@ -310,7 +310,6 @@ NOT_COMPUTED = {
     "dbrx": "experts renormalised by a p-norm (moe_normalize_expert_weights) with input jitter, a fused Wqkv with "
             "clip_qkv and LayerNorms without bias",
     "phimoe": "sparsemixer routing (sampled top-2 with a jitter mask) and LayerNorms",
-    "granitemoe": "multipliers on the embeddings, residuals, attention and logits (muP) around its experts",
     "granitemoeshared": "Granite's multipliers and an ungated shared expert",
     "granitemoehybrid": "Mamba-2 layers beside attention, Granite's multipliers",
     "jamba": "Mamba layers beside attention (without rotary), experts every expert_layer_period layers",

@@ -75,6 +75,9 @@ EXPERTS = {
                        norm_topk_prob=True, mlp_only_layers=[0])),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(ROTARY, num_experts=4, num_experts_per_tok=2,
                                                       intermediate_size=16)),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
+                   dict(ROTARY, num_local_experts=4, intermediate_size=16, attention_multiplier=0.3,
+                        residual_multiplier=0.22, embedding_multiplier=6.0, logits_scaling=4.0)),
 }
 CAUSAL.update(EXPERTS)
 TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "gpt_bigcode"}
@@ -303,6 +306,7 @@ MISTAKES = [
     ("gemma3", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
     ("granite", "embeddings not multiplied by embedding_multiplier", dict(embed_scale=None)),
     ("granite", "logits not divided by logits_scaling", dict(logits_divisor=None)),
+    ("granitemoe", "embeddings not multiplied by embedding_multiplier", dict(embed_scale=None)),
 ]
 
 

@@ -14,6 +14,7 @@ from . import (  # noqa: F401 - imported for their registrations
     gpt_bigcode,
     gpt_neox,
     granite,
+    granitemoe,
     llama,
     mistral,
     mixtral,

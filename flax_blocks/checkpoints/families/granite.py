@@ -33,7 +33,8 @@ HF_GRANITE = Dialect(
 register_dialect(HF_GRANITE)
 
 
-def _positive(c: Read, key: str) -> float:
+def positive_multiplier(c: Read, key: str) -> float:
+    """A Granite multiplier's value, refused by name unless a positive number."""
     value = c[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         c.refuse(key, "a multiplier the blocks take as a positive number")
@@ -50,8 +51,8 @@ def _granite(c: Read) -> dict[str, Any]:
     attn, mlp = bool(c["attention_bias"]), bool(c["mlp_bias"])
     return {**sizes, **explicit_head_dim(c, sizes["d_model"], sizes["num_heads"]), **silu_only(c, "hidden_act"),
             "layer_norm_eps": float(c["rms_norm_eps"]), "bias": attn, "mlp_bias": None if mlp == attn else mlp,
-            "causal": read_causal(c), "query_pre_attn_scalar": _positive(c, "attention_multiplier") ** -2,
-            "residual_multiplier": _positive(c, "residual_multiplier"),
+            "causal": read_causal(c), "query_pre_attn_scalar": positive_multiplier(c, "attention_multiplier") ** -2,
+            "residual_multiplier": positive_multiplier(c, "residual_multiplier"),
             "sliding_window": None, "sliding_window_pattern": None, **read_rope(c), "final_norm": True}
 
 
