@@ -74,9 +74,10 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=1)),
     _cfg(qk_norm=True),
     # Gemma's (1 + w) (QK-norm's too), Gemma 2's soft-capped logits (a cap small enough to bend these) over a
-    # causal mask, the query scale query_pre_attn_scalar ** -0.5
+    # causal mask, the query scale query_pre_attn_scalar ** -0.5; Granite's x + m * F(x) (residual_multiplier)
     replace(BLOCK, cfg=replace(BASE, qk_norm=True, norm_type="rmsnorm", norm_weight_offset=1.0, causal=True,
-                               attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), key_mask=True),
+                               attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0, residual_multiplier=0.22),
+            key_mask=True),
     # 4 heads x 8 != d_model 16; rotary on the first 4 of 8 dims (GPT-NeoX rotary_pct)
     replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
     # an odd rotary dim (int(6 * 0.5) = 3): HF rotates 4 dims at theta^(-2i/3) (GPT-NeoX, Phi-3 with such sizes)
@@ -95,9 +96,6 @@ CASES: list[Case] = [
     # 2025): 3 layers, so 1/sqrt(l) differs per layer (scanned index; unrolled with DyT, no bias)
     Case("Encoder", replace(BASE, norm_type="dyt"), num_layers=2, key_mask=True),
     Case("Encoder", replace(BASE, layernorm_scaling=True), num_layers=3),
-    # Granite: x + m * F(x) (residual_multiplier), with its query scale (query_pre_attn_scalar = m_a ** -2)
-    Case("Encoder", replace(LLAMA, causal=True, residual_multiplier=0.22, query_pre_attn_scalar=2.5), num_layers=2,
-         seq=6, key_mask=True),
     Case("Encoder", replace(LLAMA, norm_type="dyt", qk_norm=False, layernorm_scaling=True), num_layers=3, seq=6,
          scan_layers=False),
     # decoders: causal self-attention, cross-attention to a memory of another length
