@@ -99,6 +99,8 @@ class _Block(nnx.Module):
         h = self.dropouts[i](h, deterministic=ctx.deterministic, rngs=ctx.key(2 * i + 1))
         if s is not None:
             h = s[...].astype(x.dtype) * h  # the ReZero / LayerScale gate
+        if cfg.residual_multiplier != 1.0:
+            h = h * cfg.residual_multiplier  # Granite: x + m * F(x)
         if cfg.residual == "add":  # the skip: x + h; DeepNorm: alpha * x + h
             alpha = cfg.residual_alpha
             h = (x if alpha == 1.0 else x * alpha) + h
@@ -122,7 +124,8 @@ class _Block(nnx.Module):
                     h_in = h_in * layer_scale(ctx.layer, h_in.dtype)
             h = self.dropouts[i](f(h_in, ctx, i), deterministic=ctx.deterministic, rngs=ctx.key(2 * i + 1))
             s = getattr(self, sub.scale)
-            y = y + (h if s is None else s[...].astype(x.dtype) * h)  # both added to the same x
+            h = h if s is None else s[...].astype(x.dtype) * h
+            y = y + (h if cfg.residual_multiplier == 1.0 else h * cfg.residual_multiplier)  # both added to one x
         return y
 
     def self_attention(self, h: jax.Array, ctx: Context, i: int) -> jax.Array:

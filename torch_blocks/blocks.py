@@ -107,6 +107,8 @@ class _Block(nn.Module):
         h = self.dropouts[i](h)
         if s is not None:
             h = s * h  # the ReZero / LayerScale gate
+        if cfg.residual_multiplier != 1.0:
+            h = h * cfg.residual_multiplier  # Granite: x + m * F(x)
         if cfg.residual == "add":  # the skip: x + h; DeepNorm: alpha * x + h
             alpha = cfg.residual_alpha
             h = (x if alpha == 1.0 else x * alpha) + h
@@ -130,7 +132,8 @@ class _Block(nn.Module):
                     h_in = h_in * layer_scale(ctx.layer, h_in.dtype)
             h = self.dropouts[i](f(h_in, ctx, i))
             s = getattr(self, sub.scale)
-            y = y + (h if s is None else s * h)  # both added to the same x
+            h = h if s is None else s * h
+            y = y + (h if cfg.residual_multiplier == 1.0 else h * cfg.residual_multiplier)  # both added to one x
         return y
 
     def self_attention(self, h: Tensor, ctx: Context, i: int) -> Tensor:

@@ -146,6 +146,8 @@ class LanguageModel(nn.Module):
         y = self.head(h) if self.head is not None else h @ self.embed.weight.T
         if self.lm.logit_scale is not None:  # Cohere: logits * logit_scale
             y = y * self.lm.logit_scale
+        if self.lm.logits_divisor is not None:
+            y = y / self.lm.logits_divisor  # Granite's logits_scaling
         cap = self.lm.final_logit_softcap
         return y if cap is None else torch.tanh(y / cap) * cap  # HF's order: / c, tanh, * c
 

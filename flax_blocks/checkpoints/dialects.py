@@ -153,6 +153,7 @@ class Dialect:
     shared_by: str = ""  # families that use the same key names and compute something else
     outside: str = ""  # what the rest of such a checkpoint holds, for messages
     stack: str = "Encoder"  # the stack it reads: "Encoder", or "Decoder" (cross-attention layers)
+    by_name: bool = True  # False: names alone never choose it (GPT-BigCode's are GPT-2's, its shapes transposed)
 
     def __post_init__(self) -> None:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
@@ -160,6 +161,8 @@ class Dialect:
         if self.rules is not None:  # DeepSeek's and GPT-OSS's options off unless the family reads or fixes them
             off = {k: v for k, v in {**NOT_DEEPSEEK, **NO_GPT_OSS}.items() if k not in self.reads}
             object.__setattr__(self, "settings", {**off, **self.settings})
+        if self.rules is not None and "residual_multiplier" not in {*self.settings, *self.reads}:
+            object.__setattr__(self, "settings", {**self.settings, "residual_multiplier": 1.0})  # all but Granite
 
     @property
     def layer_regex(self) -> re.Pattern:
@@ -352,7 +355,7 @@ def detect_dialect(source: Any) -> str:
     an explicit dialect= (or fb.from_hf, which reads the model's config) says which family
     the checkpoint is."""
     keys = list(source.keys()) if isinstance(source, Mapping) else list(read_state_dict(source, lazy=True))
-    counts = {name: len(_stack_keys(keys, lay)) for name, lay in DIALECTS.items()}
+    counts = {name: len(_stack_keys(keys, lay)) for name, lay in DIALECTS.items() if lay.by_name}
     best = max(counts.values(), default=0)
     winners = [n for n, c in counts.items() if c == best and c > 0]
     if winners and all(DIALECTS[w].shared_by for w in winners):  # several families name their tensors alike

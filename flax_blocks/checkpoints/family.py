@@ -120,6 +120,8 @@ class Outside:
     recompute_past_original: bool = False  # generate recomputes every key past longrope's original length (Phi-3)
     head_bias: bool = False  # the LM head has a bias (Phi-1/2's lm_head)
     logit_scale: str | None = None  # the config key of a factor on the logits (Cohere's logit_scale)
+    embed_multiplier: str | None = None  # the config key multiplying the token embeddings (Granite)
+    logits_divisor: str | None = None  # the config key dividing the logits (Granite's logits_scaling)
 
 
 @dataclass(frozen=True)
@@ -294,14 +296,12 @@ NOT_COMPUTED = {
     "mpt": "ALiBi position biases",
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
     "gpt_neo": "local attention on alternate layers with unscaled logits",
-    "gpt_bigcode": "multi-query attention with a fused c_attn of another layout",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
     "llama4": "chunked attention, experts weighted by a sigmoid before the expert (on its input) beside an ungated "
               "shared expert, and no rotary on some layers",
     "dbrx": "experts renormalised by a p-norm (moe_normalize_expert_weights) with input jitter, a fused Wqkv with "
             "clip_qkv and LayerNorms without bias",
     "phimoe": "sparsemixer routing (sampled top-2 with a jitter mask) and LayerNorms",
-    "granitemoe": "multipliers on the embeddings, residuals, attention and logits (muP) around its experts",
     "granitemoeshared": "Granite's multipliers and an ungated shared expert",
     "granitemoehybrid": "Mamba-2 layers beside attention, Granite's multipliers",
     "jamba": "Mamba layers beside attention (without rotary), experts every expert_layer_period layers",
@@ -312,7 +312,6 @@ NOT_COMPUTED = {
     "flex_olmo": "OLMo 2's norms after the sublayers around OLMoE's experts",
     "glm4_moe": "experts routed by sigmoid scores with a selection bias and grouped top-k, an ungated shared expert",
     "olmo": "OLMo 1's LayerNorm without parameters and clipped q, k, v (olmo2 is supported)",
-    "granite": "multipliers on the embeddings, residuals, attention and logits",
 }
 
 

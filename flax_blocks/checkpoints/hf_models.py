@@ -131,12 +131,19 @@ def _lm_config(config: Mapping[str, Any], part: str, ignore_keys: tuple[str, ...
         head_bias=out.head_bias and part == "causal-lm",
         position_offset=offset, default_positions=out.default_positions,
         pad_token_id=int(c["pad_token_id"]) if out.default_positions == "ids" else None,
-        embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else None,
+        embed_scale=float(c["hidden_size"]) ** 0.5 if out.embed_scale else _multiplier(c, out.embed_multiplier),
         final_logit_softcap=None if cap is None or part == "model" else float(cap),
         logit_scale=None if scale is None or part == "model" else float(scale),
+        logits_divisor=None if part == "model" else _multiplier(c, out.logits_divisor),
         project_dim=_project_dim(out, c), cache_window=window, recompute_length=_recompute_length(out, cfg),
     )
     return read, lm
+
+
+def _multiplier(c: Read, key: str | None) -> float | None:
+    """A scalar multiplier's config value (Granite's embedding_multiplier, logits_scaling); None
+    where the family has none or it is 1 (the same function)."""
+    return None if key is None or float(c[key]) == 1.0 else float(c[key])
 
 
 def _recompute_length(out: Outside, cfg: Any) -> int | None:
@@ -277,12 +284,16 @@ def _family_of(model, dialect: str, family: str | None = None) -> tuple[str, Out
                               header="cannot write this whole model")
     out, lm, problems = FAMILIES[family].outside, model.lm, []
     assert out is not None  # chosen above among the families that declare their parts around the stack
-    if (lm.embed_scale is not None) != out.embed_scale:
+    if out.embed_multiplier is not None or out.logits_divisor is not None:
+        pass  # scalars the family's config holds (Granite): written into it by save_hf
+    elif (lm.embed_scale is not None) != out.embed_scale:
         problems.append(f"embed_scale={lm.embed_scale}: {family} " + ("scales its embeddings by sqrt(hidden_size)"
                                                                      if out.embed_scale else "has no embedding scale"))
     elif out.embed_scale and lm.embed_scale != float(model.cfg.d_model) ** 0.5:
         problems.append(f"embed_scale={lm.embed_scale}: {family} scales by sqrt(hidden_size) = "
                         f"{float(model.cfg.d_model) ** 0.5}")
+    if lm.logits_divisor is not None and out.logits_divisor is None:
+        problems.append(f"logits_divisor={lm.logits_divisor}: {family} does not divide its logits")
     if lm.final_logit_softcap is not None and out.final_logit_softcap is None:
         problems.append(f"final_logit_softcap={lm.final_logit_softcap}: {family} has no final logit soft-cap")
     if lm.logit_scale is not None and out.logit_scale is None:

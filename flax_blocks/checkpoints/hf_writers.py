@@ -29,6 +29,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "attn_logit_softcapping": ("attn_logit_softcapping",),
     "sliding_window": ("sliding_window",),
     "causal": ("is_causal",),
+    "residual_multiplier": ("residual_multiplier",),
 }
 _ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function", "activation")
 _HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "silu": "silu"}
@@ -82,4 +83,10 @@ def config_for(family: str, model: Any) -> dict[str, Any]:
         config["final_logit_softcapping"] = lm.final_logit_softcap
     if "logit_scale" in table.reads:  # Cohere: 0.0625 when left out; an unscaled model writes 1.0
         config["logit_scale"] = lm.logit_scale if lm.logit_scale is not None else 1.0
+    if "attention_multiplier" in table.reads:  # Granite: the softmax scale itself
+        config["attention_multiplier"] = cfg.attention_scale
+    if table.outside is not None and table.outside.embed_multiplier is not None:
+        config[table.outside.embed_multiplier] = 1.0 if lm.embed_scale is None else lm.embed_scale
+    if table.outside is not None and table.outside.logits_divisor is not None:
+        config[table.outside.logits_divisor] = 1.0 if lm.logits_divisor is None else lm.logits_divisor
     return config

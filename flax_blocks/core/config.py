@@ -112,6 +112,7 @@ class BlockConfig:
     norm_bias: bool | None = None
     parallel_residual: Literal["none", "two_norms", "shared_norm"] = "none"
     residual: Literal["add", "none"] = "add"
+    residual_multiplier: float = 1.0
     scaling: Literal["none", "deepnorm", "rezero", "layerscale"] = "none"
     deepnorm_alpha: float | None = None
     deepnorm_beta: float | None = None
@@ -234,6 +235,12 @@ class BlockConfig:
                              f"Attn(Norm(x)) + MLP(Norm(x)) (GPT-NeoX, StableLM) and needs norm='pre' and "
                              f"residual='add', got norm={self.norm!r}, residual={self.residual!r}")
         _allowed("scaling", self.scaling, SCALINGS)
+        m = self.residual_multiplier
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0:
+            raise ValueError(f"BlockConfig.residual_multiplier must be a positive number, got {m!r}")
+        if m != 1.0 and self.residual != "add":
+            raise ValueError(f"BlockConfig.residual_multiplier={m!r} scales each sublayer's output before the skip "
+                             f"adds it and needs residual='add', got residual={self.residual!r}")
         _allowed("init", self.init, INITS)
         _allowed("dtype", self.dtype, (None, *DTYPES))
         _allowed("param_dtype", self.param_dtype, DTYPES)

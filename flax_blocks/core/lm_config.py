@@ -3,7 +3,7 @@
     tokens (B, T) -> embed (* embed_scale) (+ learned positions) (+ token types) (-> embed_norm)
                   -> the library's Encoder (layers + final norm)
                   -> head (its own weight, or the token embedding's transpose when tied) -> logits
-                  (* logit_scale) (-> final_logit_softcap * tanh(logits / final_logit_softcap))
+                  (* logit_scale) (-> / logits_divisor) (-> final_logit_softcap * tanh(logits / final_logit_softcap))
 
 `LMConfig` says which of those parts a model has; `components` declares their parameters
 (torch name, Flax path, shape, axes, init, transform) as `flax_blocks.core.declarations` does for
@@ -55,6 +55,7 @@ class LMConfig:
       final_logit_softcapping); None: none.
     logit_scale: s: logits <- logits * s after the head, before any soft-cap (Cohere's
       logit_scale, 0.0625 by default); None: none.
+    logits_divisor: d: logits <- logits / d after the head (Granite's logits_scaling); None: none.
     token_types: rows of BERT's token-type embedding; 0: none.
     embed_norm: a norm (the blocks' norm type and eps) on the embedded input (BERT).
     final_norm: the stack's final norm; None: the stack's default (pre-LN and Peri-LN).
@@ -99,6 +100,7 @@ class LMConfig:
     embed_scale: float | None = None
     final_logit_softcap: float | None = None
     logit_scale: float | None = None
+    logits_divisor: float | None = None
     project_dim: int | None = None
     recompute_length: int | None = None
     cache_window: int | None = None
@@ -139,12 +141,13 @@ class LMConfig:
         if (self.default_positions == "ids") != (self.pad_token_id is not None):
             problems.append(f"pad_token_id goes with default_positions='ids' (got pad_token_id={self.pad_token_id!r}, "
                             f"default_positions={self.default_positions!r})")
-        for name in ("embed_scale", "final_logit_softcap"):
+        for name in ("embed_scale", "final_logit_softcap", "logits_divisor"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
                 problems.append(f"{name} must be a positive number or None, got {v!r}")
-        if self.final_logit_softcap is not None and self.head == "none":
-            problems.append("final_logit_softcap needs a head (head='none' returns hidden states)")
+        for name in ("final_logit_softcap", "logits_divisor"):
+            if getattr(self, name) is not None and self.head == "none":
+                problems.append(f"{name} needs a head (head='none' returns hidden states)")
         s = self.logit_scale
         if s is not None and (not isinstance(s, (int, float)) or isinstance(s, bool) or not math.isfinite(s)):
             problems.append(f"logit_scale must be a finite number or None, got {s!r}")

@@ -134,6 +134,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("parallel_residual", "compute", "'two_norms' x + Attn(Norm1(x)) + MLP(Norm2(x)) (GPT-NeoX), "
            "'shared_norm' one norm for both (StableLM, GPT-J), 'none' sequential (needs norm='pre')"),
     Option("residual", "compute", "'add' keeps the skip path; 'none' is the skip ablation"),
+    Option("residual_multiplier", "compute", "each sublayer's output times m before the skip adds it, "
+           "x + m * F(x) (Granite's residual_multiplier); 1.0: none"),
     Option("scaling", "compute", "residual scaling: 'deepnorm', 'rezero', 'layerscale' or 'none' (DeepNorm has "
            "post-LN's tensors, so it cannot be read from a file)", adds="layerscale"),
     Option("deepnorm_alpha", "compute", "DeepNorm's alpha (default: from the depth)", not_in_matrix=_RESOLVED,
@@ -239,6 +241,10 @@ DETAILS = """\
   layer l of a stack (counted from 1) each pre-norm's output is multiplied by 1 / sqrt(l), so deep layers'
   sublayers stay off the identity. No parameter; needs norm="pre" (the paper's placement). A block called
   alone is layer 1 (scale 1); the stacks pass each layer its index.
+- `residual_multiplier`: m: every sublayer's output (after its dropout and any ReZero / LayerScale gate) is
+  multiplied by m before the skip adds it, x + m * F(x), in the parallel block too (Granite's
+  `residual_multiplier`, HF `residual + hidden_states * residual_multiplier`). No parameter; needs
+  residual="add". 1.0 (default): x + F(x).
 - `mlp`: "dense" W2 act(W1 x), or gated "swiglu" / "geglu": W2 (act(Wg x) * W1 x), with activation "silu"
   (swiglu) or "gelu" / "gelu_tanh" (geglu).
 - `num_experts`: 0 (a dense MLP), or a mixture of experts in the MLP sublayer (Mixtral, Qwen2-MoE, Qwen3-MoE,

@@ -58,6 +58,10 @@ CAUSAL = {
                                                              **NO_SPECIAL)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ROTARY, attention_multiplier=0.3, residual_multiplier=0.22,
+                                                          embedding_multiplier=6.0, logits_scaling=4.0)),
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48,
+                                                                   n_layer=2, n_positions=64, **NO_SPECIAL)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(ROTARY, sliding_window=4)),
     "cohere": ("CohereConfig", "CohereForCausalLM", dict(ROTARY, logit_scale=0.5, attention_bias=True)),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(ROTARY, logit_scale=0.5, sliding_window=4,
@@ -100,9 +104,12 @@ EXPERTS = {
                      rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 8.0, "beta_slow": 1.0,
                                       "truncate": False, "original_max_position_embeddings": 4,
                                       "rope_theta": 500.0})),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
+                   dict(ROTARY, num_local_experts=4, intermediate_size=16, attention_multiplier=0.3,
+                        residual_multiplier=0.22, embedding_multiplier=6.0, logits_scaling=4.0)),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2"}
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
             "deepseek_v3", "gpt_oss", "gptj", "cohere2"]  # (DeepSeek: the latent cache, HF's too)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
@@ -252,12 +259,12 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss", "cohere"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss", "cohere", "granite"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
     and final soft-cap, DeepSeek's latent attention and routing, GPT-OSS's sinks and clamped experts
     (cached decoding with sinks on local and global layers), Cohere's logit scale and interleaved
-    rotary in the torch twin: HF's logits, and the same greedy tokens."""
+    rotary, Granite's four multipliers in the torch twin: HF's logits, and the same greedy tokens."""
     lm = flax_models[family]
     twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
     twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
@@ -369,6 +376,9 @@ MISTAKES = [
     ("gemma2", "no final logit soft-cap", dict(final_logit_softcap=None)),
     ("cohere", "logits not multiplied by logit_scale", dict(logit_scale=None)),
     ("gemma3", "embeddings not multiplied by sqrt(hidden_size)", dict(embed_scale=None)),
+    ("granite", "embeddings not multiplied by embedding_multiplier", dict(embed_scale=None)),
+    ("granite", "logits not divided by logits_scaling", dict(logits_divisor=None)),
+    ("granitemoe", "embeddings not multiplied by embedding_multiplier", dict(embed_scale=None)),
 ]
 
 
@@ -459,6 +469,8 @@ def test_to_hf_refuses_a_family_that_computes_otherwise(flax_models):
     (dict(max_positions=8, position_offset=2, default_positions="ids"), "pad_token_id goes with"),
     (dict(embed_scale=0.0), "embed_scale must be a positive number"),
     (dict(final_logit_softcap=30.0, head="none"), "final_logit_softcap needs a head"),
+    (dict(logits_divisor=8.0, head="none"), "logits_divisor needs a head"),
+    (dict(logits_divisor=0.0), "logits_divisor must be a positive number"),
     (dict(head="tied", head_init="xavier"), "head_init='xavier' needs head='untied'"),
     (dict(head_init="glorot"), "head_init must be one of"),
     (dict(init_std=0), "init_std must be a positive number"),

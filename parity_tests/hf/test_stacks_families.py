@@ -88,6 +88,14 @@ def _qkv_as_blocks(theirs):
     return {k: dialects._regroup(v, 3, 3, to_ours=False) if ".query_key_value." in k else v for k, v in theirs.items()}
 
 
+def _kv_swapped(theirs):
+    """GPT-BigCode's c_attn rows read as [q; v; k] (one KV head of 8 rows each)."""
+    def swap(v):
+        q, k, val = np.split(v, [len(v) - 16, len(v) - 8])
+        return np.concatenate([q, val, k])
+    return {k: swap(v) if ".attn.c_attn." in k else v for k, v in theirs.items()}
+
+
 # A real mistake per family: (what, fields changed, the HF tensors mangled as the mistake reads them).
 MISTAKES = {
     "roberta": ("is_decoder ignored: read as BERT's bidirectional encoder", dict(causal=False), None),
@@ -111,6 +119,8 @@ MISTAKES = {
     "cohere": ("rotary on halves (LLaMA's names, LLaMA's rotary) for Cohere's adjacent pairs",
                dict(rope_interleaved=False), None),
     "cohere2": ("rotary on the global layers too (Cohere's every layer)", dict(rope_local_only=False), None),
+    "granite": ("residual_multiplier ignored (read as a LLaMA: its names)", dict(residual_multiplier=1.0), None),
+    "gpt_bigcode": ("c_attn's key and value rows swapped ([q; v; k])", {}, _kv_swapped),
     "whisper": ("causal attention (its decoder's) for the encoder", dict(causal=True), None),
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
     "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),
@@ -120,6 +130,7 @@ MISTAKES = {
 MORE_MISTAKES = [
     ("gemma2", "attention logits not soft-capped", dict(attn_logit_softcapping=None)),
     ("gemma2", "every layer local (the alternation ignored)", dict(sliding_window_pattern=None)),
+    ("granite", "1 / sqrt(head_dim) for the softmax scale attention_multiplier", dict(query_pre_attn_scalar=None)),
 ]
 
 
@@ -248,6 +259,11 @@ def test_names_alone(built):
     with pytest.raises(fb.ConversionError, match=r"(?s)grouped per head.*num_heads"):
         dialects.translate(neox, "hf-gpt-neox")  # query_key_value's per-head rows need the head count
     assert fb.detect_dialect(read_folder(str(built("starcoder2").folder))[1]) == "hf-starcoder2"
+    bigcode = read_folder(str(built("gpt_bigcode").folder))[1]  # GPT-2's names, nn.Linear (out, in) matrices
+    assert fb.detect_dialect(bigcode) == "hf-gpt2"  # names alone never say GPT-BigCode ...
+    with pytest.raises(fb.ConversionError, match=r"shape mismatch for layers.0.self_attn.in_proj_weight"):  # loud
+        fb.from_torch(fb.Encoder, built("gpt_bigcode").flax.cfg, bigcode, dialect="hf-gpt2", num_layers=3,
+                      final_norm=True)
     for name, dialect in (("qwen3", "hf-qwen3"), ("gemma", "hf-gemma"), ("olmo2", "hf-olmo2"), ("gemma2", "hf-gemma2"),
                           ("gemma3", "hf-gemma3"), ("stablelm", "hf-stablelm")):
         with pytest.raises(fb.ConversionError, match=rf"(?s)cannot tell the checkpoint's family.*pass "

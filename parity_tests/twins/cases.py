@@ -84,9 +84,10 @@ CASES: list[Case] = [
     replace(BLOCK, cfg=replace(WIDE, num_kv_heads=1)),
     _cfg(qk_norm=True),
     # Gemma's (1 + w) (QK-norm's too), Gemma 2's soft-capped logits (a cap small enough to bend these) over a
-    # causal mask, the query scale query_pre_attn_scalar ** -0.5
+    # causal mask, the query scale query_pre_attn_scalar ** -0.5; Granite's x + m * F(x) (residual_multiplier)
     replace(BLOCK, cfg=replace(BASE, qk_norm=True, norm_type="rmsnorm", norm_weight_offset=1.0, causal=True,
-                               attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0), key_mask=True),
+                               attn_logit_softcapping=0.5, query_pre_attn_scalar=2.0, residual_multiplier=0.22),
+            key_mask=True),
     # 4 heads x 8 != d_model 16; rotary on the first 4 of 8 dims (GPT-NeoX rotary_pct)
     replace(BLOCK, cfg=replace(WIDE, rope_theta=10000.0, head_dim=8, partial_rotary_factor=0.5), seq=7),
     # an odd rotary dim (int(6 * 0.5) = 3): HF rotates 4 dims at theta^(-2i/3) (GPT-NeoX, Phi-3 with such sizes)
@@ -130,8 +131,8 @@ CASES: list[Case] = [
     Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
     # StableLM's block: one LayerNorm (with its bias) for both parallel branches, linear maps without biases
-    Case("Encoder", replace(BASE, parallel_residual="shared_norm", bias=False, norm_bias=True), num_layers=3,
-         key_mask=True, scan_layers=False),
+    Case("Encoder", replace(BASE, parallel_residual="shared_norm", bias=False, norm_bias=True, residual_multiplier=0.5),
+         num_layers=3, key_mask=True, scan_layers=False),
     Case("Decoder", replace(LLAMA, causal=True, sliding_window=2, sliding_window_pattern=2, rope_local_theta=100.0),
          num_layers=2, seq=6, scan_layers=False),  # Gemma 2's alternation, Gemma 3's local rotary base
     # scaled rotary, each type where it acts: small bases, and original lengths below the sequence where the

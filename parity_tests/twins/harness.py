@@ -101,6 +101,7 @@ class Case:
         bits += [c.norm_type] if c.norm_type != "layernorm" else []
         bits += [f"norm-w+{c.norm_weight_offset:g}"] if c.norm_weight_offset else []
         bits += ["ln-scaling"] if c.layernorm_scaling else []
+        bits += [f"resid-x{c.residual_multiplier:g}"] if c.residual_multiplier != 1.0 else []
         bits += [c.mlp] if c.mlp != "dense" else []
         bits += [f"experts{c.num_experts}top{c.num_experts_per_tok}" + ("" if c.norm_topk_prob else "-unnormed")
                  + (f"-shared{c.shared_expert_d_ff}" if c.shared_expert_d_ff else "")

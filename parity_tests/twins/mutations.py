@@ -321,6 +321,7 @@ def _stack_layers_as(cls):
 BLOCK = Case("TransformerBlock", BASE)
 DYT = Case("TransformerBlock", replace(BASE, norm="pre", norm_type="dyt"))
 LN_SCALING = Case("Encoder", replace(BASE, norm="pre", layernorm_scaling=True), num_layers=3)
+RESIDUAL_X = Case("Encoder", replace(BASE, norm="pre", residual_multiplier=0.22), num_layers=2)
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
 _LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2.0, 4.0],
              "original_max_position_embeddings": 4, "factor": 8.0}
@@ -432,4 +433,6 @@ MUTATIONS = {
         "mscale_all_dim": 0.7}), seq=6), None, mscale_once),
     "correction_bias_in_the_weights": (Case("TransformerBlock", DEEPSEEK_V3, seq=6), None,
                                        _experts_as(_CorrectionBiasInWeights)),
+    # Granite's residual_multiplier dropped: x + F(x) for x + m * F(x)
+    "residual_multiplier_ignored": (RESIDUAL_X, replace(RESIDUAL_X.cfg, residual_multiplier=1.0), None),
 }

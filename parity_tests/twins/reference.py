@@ -64,8 +64,7 @@ HANDLED = frozenset({
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
     "sliding_window_pattern", "rope_local_theta", "rope_scaling", "rope_interleaved", "rope_local_only",
-    "qkv_bias", "mlp_bias",
-    "norm_bias", "layernorm_scaling",
+    "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling", "residual_multiplier",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
@@ -548,7 +547,7 @@ def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, ga
         h = _norm(cfg, p, norm, f(x))
     else:
         h = f(x)
-    y = s * h + (alpha * x if cfg.residual == "add" else 0.0)
+    y = s * h * _opt(cfg, "residual_multiplier", 1.0) + (alpha * x if cfg.residual == "add" else 0.0)
     return _norm(cfg, p, norm, y) if cfg.norm == "post" else y
 
 
@@ -619,7 +618,7 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
             h = _norm(cfg, p, branches[0][1] if shared else norm, x)
             if _opt(cfg, "layernorm_scaling", False):
                 h = h / math.sqrt(layer)
-            y = y + _gate(cfg, p, gate, x.shape[-1]) * f(h)
+            y = y + _gate(cfg, p, gate, x.shape[-1]) * f(h) * _opt(cfg, "residual_multiplier", 1.0)
         x = y
     return x, extras
 
