@@ -128,9 +128,10 @@ def test_save_hf_quantizes_a_plain_model_as_transformers_reads_it(fp8_folder, tm
 
 
 def test_a_gpt_oss_folder_with_mxfp4_experts_reads_as_transformers_dequantizes_it(tmp_path):
-    """The GPT-OSS family lands after this: here the folder's tensors as `read_folder` gives
-    them to a family (experts' gate_up_proj / down_proj named, shaped and valued as
-    transformers' Mxfp4Config(dequantize=True) model holds them), against that model."""
+    """A GPT-OSS folder with MXFP4 experts: its tensors as `read_folder` gives them to the family
+    (experts' gate_up_proj / down_proj named, shaped and valued as transformers'
+    Mxfp4Config(dequantize=True) model holds them), and the whole model's logits and greedy
+    tokens, against that model."""
     from flax_blocks.checkpoints.hf_config import read_folder
 
     config = transformers.GptOssConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
@@ -158,3 +159,14 @@ def test_a_gpt_oss_folder_with_mxfp4_experts_reads_as_transformers_dequantizes_i
     for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"):
         assert sd[name].shape == tuple(theirs[name].shape) and sd[name].dtype == ml_dtypes.bfloat16
         np.testing.assert_array_equal(sd[name].astype(np.float32).read(), theirs[name].numpy(), err_msg=name)
+    # the whole model (the GPT-OSS family): logits of a left-padded batch and greedy tokens as transformers'
+    lm = fb.from_hf(str(tmp_path), part="causal-lm", dtype="float32")
+    ids, mask = np.array([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 9]]), np.array([[0, 0, 1, 1, 1, 1], [1] * 6])
+    positions = np.clip(mask.cumsum(-1) - 1, 0, None)
+    with torch.no_grad():
+        want = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(positions)).logits
+    got = np.asarray(lm(ids, attention_mask=mask, positions=positions))
+    real = mask.astype(bool)
+    assert np.abs(got - want.numpy())[real].max() <= 1e-4 * np.abs(want.numpy()[real]).max()
+    tokens = hf.generate(torch.tensor(ids[1:]), max_new_tokens=5, do_sample=False).numpy()
+    np.testing.assert_array_equal(np.asarray(fb.generate(lm, ids[1:], max_new_tokens=5)), tokens)
