@@ -376,7 +376,10 @@ def test_torch_blocks_imports_torch_but_neither_jax_nor_flax():
 
 def test_torch_blocks_takes_only_the_spec_from_flax_blocks():
     """Statically, every import of flax_blocks in torch_blocks is of the framework-free spec
-    (flax_blocks.core.*) or of the package's own __init__ (its __version__, BlockConfig)."""
+    (flax_blocks.core.*), of the framework-free checkpoint reading that tb.from_hf shares with
+    fb.from_hf (flax_blocks.checkpoints.*, never its JAX-side converter `convert`: importing
+    torch_blocks and loading through it loads no JAX, test_torch_blocks_imports_torch_but_neither_jax_nor_flax and
+    parity_tests/hf/test_torch_from_hf.py), or of the package's own __init__ (__version__, BlockConfig)."""
     import ast
 
     root = Path(__file__).resolve().parents[1]
@@ -388,7 +391,8 @@ def test_torch_blocks_takes_only_the_spec_from_flax_blocks():
             elif isinstance(node, ast.Import):
                 taken.update(alias.name for alias in node.names)
     flax_side = {m for m in taken if m.split(".")[0] == "flax_blocks"}
-    assert flax_side and all(m == "flax_blocks" or m.startswith("flax_blocks.core") for m in flax_side), flax_side
+    assert flax_side and all(m == "flax_blocks" or m.startswith(("flax_blocks.core", "flax_blocks.checkpoints"))
+                             and not m.startswith("flax_blocks.checkpoints.convert") for m in flax_side), flax_side
 
 
 def test_flax_blocks_imports_jax_but_not_torch():

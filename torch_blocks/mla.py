@@ -49,6 +49,7 @@ class LatentAttention(Attention):
         for name in ("q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj"):
             if not hasattr(self, name):
                 setattr(self, name, None)
+        self.sinks = None  # Attention's dense softmax takes no sinks here (BlockConfig refuses them with MLA)
 
     def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, E) -> (q (B, H, T, dn + dr), the normed latent (B, T, r), the rotary key (B, T, dr)),

@@ -391,7 +391,9 @@ class BlockConfig:
                "qk_norm": self.qk_norm, "partial_rotary_factor": self.partial_rotary_factor != 1.0,
                "attn_logit_softcapping": self.attn_logit_softcapping is not None,
                "query_pre_attn_scalar": self.query_pre_attn_scalar is not None,
-               "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense")}
+               "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense"),
+               "attn_sinks": self.attn_sinks, "rope_interleaved": self.rope_interleaved,
+               "rope_local_only": self.rope_local_only}
         bad = [name for name, on in off.items() if on]
         if bad:
             raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "

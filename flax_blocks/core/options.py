@@ -189,7 +189,8 @@ BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 PROBE_EXCLUDED: dict[str, tuple[Any, dict[str, Any]]] = {
     "norm_type": ("layernorm", {"qk_norm": False}),
     "kv_lora_rank": (None, {"qk_norm": False, "norm_type": "rmsnorm", "rope_theta": 100.0, "qk_rope_head_dim": 2,
-                            "v_head_dim": 2}),  # MLA: its RMSNorms, its rotary, no QK-norm
+                            "v_head_dim": 2, "attn_sinks": False, "rope_interleaved": False,
+                            "rope_local_only": False}),  # MLA: its RMSNorms, its rotary, no QK-norm or sinks
 }
 _PROBE_VALUES: dict[str, Any] = {o.name: PROBE_EXCLUDED[o.name][0] if o.name in PROBE_EXCLUDED else o.adds
                                  for o in OPTIONS if o.adds is not None}
