@@ -163,18 +163,19 @@ class _Block(nnx.Module):
         experts: Experts | None = getattr(owner, declarations.EXPERTS_MODULE)
         x = self.cfg.num_experts
         if not x:
-            return self.dense_mlp(t, ctx, i, owner).reshape(h.shape)
+            return self.dense_mlp(t, ctx, i).reshape(h.shape)
         if experts is not None:
             y, logits = experts(t)
         else:
-            y, logits = self.dense_mlp(t, ctx, i, owner), jnp.zeros((t.shape[0], x), t.dtype)
+            y, logits = self.dense_mlp(t, ctx, i), jnp.zeros((t.shape[0], x), t.dtype)
         ctx.found["router_logits"] = logits.reshape(*h.shape[:-1], x)
         return y.reshape(h.shape)
 
-    def dense_mlp(self, t: jax.Array, ctx: Context, i: int, owner: nnx.Module | None = None) -> jax.Array:
-        """The dense MLP of sublayer i (owner's modules: this block's, or a `LayerMLP`'s) on a
+    def dense_mlp(self, t: jax.Array, ctx: Context, i: int) -> jax.Array:
+        """The dense MLP of sublayer i (this block's modules, or ctx.mlp's, a `LayerMLP`) on a
         token matrix t (N, E) -> (N, E)."""
-        up, gate, down = (getattr(self if owner is None else owner, name) for name in self.sublayers[i].modules)
+        owner = self if ctx.mlp is None else ctx.mlp  # (no module as an argument: nnx.tabulate reprs them)
+        up, gate, down = (getattr(owner, name) for name in self.sublayers[i].modules)
         act = ACTIVATION_FNS[self.cfg.activation]
         a = act(up(t)) if gate is None else act(gate(t)) * up(t)
         return down(self.dropout_act(a, deterministic=ctx.deterministic, rngs=ctx.key(2 * i)))
