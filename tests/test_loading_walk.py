@@ -1,7 +1,8 @@
 """Loading's walk through the house: a second fb.from_hf of a tiny LLaMA folder reads its
 config once, resolves its family once, and moves between the project's files at most half as
 often as 0.3.0 did (1,652 re-entries into a file it had left, 25 files; measured with the
-same profile hook as below). The profile counts Python calls into the project's files."""
+same profile hook as below). The profile counts Python calls into the project's files. The
+issue's 15 files is not reached: model construction alone visits 9."""
 
 from __future__ import annotations
 
@@ -60,4 +61,6 @@ def test_a_second_load_reads_its_config_once_and_walks_half_as_far(tmp_path):
     assert by_name["family_of"] == 1, by_name  # the family resolved once
     assert reentries <= 1652 // 2, reentries
     files = {f for f, _ in calls}
-    assert "flax_blocks/checkpoints/checkpoint.py" in files and len(files) <= 25, sorted(files)
+    # 0.3.0 visited 25 files; the one reading added checkpoint.py, the generation settings two more
+    # (core/generation_settings.py, checkpoints/generation_config.py): the walk must not grow past that
+    assert "flax_blocks/checkpoints/checkpoint.py" in files and len(files) <= 27, sorted(files)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,13 +138,16 @@ def test_outward_settings_share_the_depth_studys_grid():
     assert PRESETS["full-text"].task == "text" and PRESETS["full-text"].d_model == 128
 
 
-def test_text_task_without_its_corpus_or_with_another_vocab_is_one_clear_line(monkeypatch):
+def test_text_task_without_its_corpus_or_with_another_vocab_is_one_clear_line(monkeypatch, capsys):
     from experiments.stability import text
     from experiments.stability.presets import PRESETS
     from experiments.stability.sweep import parse_args, resolve_task, sweep_from_args
 
-    with pytest.raises(SystemExit, match="vocabulary is the corpus's alphabet .* got --vocab 32"):
+    with pytest.raises(SystemExit) as refused:  # the lab's refusals: exit status 2, one line on stderr
         sweep_from_args(parse_args(["--task", "text", "--vocab", "32"]))
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and len(err.splitlines()) == 1
+    assert re.search("--vocab 32: --task text's vocabulary is the corpus's alphabet", err), err
     assert sweep_from_args(parse_args(["--task", "text"])).vocab == load_corpus().vocab
     monkeypatch.setitem(sys.modules, "pydoc_data.topics", None)  # a Python without pydoc_data
     text.load_corpus.cache_clear()
