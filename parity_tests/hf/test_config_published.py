@@ -20,13 +20,19 @@ pytest.importorskip("transformers")
 from parity_tests.hf import published  # noqa: E402
 from parity_tests.hf.fuzz import MODELS  # noqa: E402
 
+# Families loaded without a published file in the corpus: no verbatim config.json of theirs was found
+# in the stored copies (a file rebuilt from memory would test our memory); their tiny configs are tested.
+UNPUBLISHED = {"granitemoe"}
+
 
 def test_the_corpus_holds_the_popular_checkpoints_of_every_family():
     names = published.names()
     types = {published.text_config(published.load(n))["model_type"] for n in names}
     assert len(names) >= 30 and len(published.SUITE) >= 30 and set(published.SUITE) <= set(names)
-    assert set(MODELS) <= types | {"bert"}  # every family the fuzzer draws
-    assert {published.text_config(published.load(n))["model_type"] for n in published.SUITE} >= set(MODELS)
+    assert set(MODELS) - UNPUBLISHED <= types | {"bert"}  # every family the fuzzer draws
+    assert {published.text_config(published.load(n))["model_type"] for n in published.SUITE} >= \
+        set(MODELS) - UNPUBLISHED
+    assert set(MODELS) >= UNPUBLISHED and not UNPUBLISHED & types  # the exemption stays true
 
 
 @pytest.mark.parametrize("name", published.SUITE)
