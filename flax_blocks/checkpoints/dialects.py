@@ -420,16 +420,15 @@ def _join(parts: list, axis: int, interleave: bool):
 
 
 def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str = "",
-              num_heads: int | None = None, cfg: BlockConfig | None = None) -> Translated:
+              num_heads: int | None = None) -> Translated:
     """Their state dict (numpy arrays) -> ours: `layers.{i}.<our name>` and `norm.*`.
 
     dialect None: detected (see `detect_dialect`). prefix: their keys' model prefix; detected
     when not given (the part before the first layer key: "bert.", "transformer.", "model.").
     The torch dialect returns the dict unchanged. Raises ConversionError listing keys inside
     the layers that the dialect does not know and merges with parts missing. num_heads: the
-    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX). cfg: the stack's
-    config, taken for the callers that pass it; a translation needs nothing from it (a stack
-    mixing dense and experts layers holds each layer's own MLP, as the checkpoint does)."""
+    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX). A stack mixing
+    dense and experts layers holds each layer's own MLP, as the checkpoint does: nothing is filled."""
     name = detect_dialect(sd) if dialect is None else _get(dialect).name
     lay = DIALECTS[name]
     if lay.rules is None:
