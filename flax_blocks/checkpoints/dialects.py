@@ -78,6 +78,14 @@ class Rule:
       i, i + count, ...: GPT-OSS's gate_up_proj, gate = [..., ::2], up = [..., 1::2]) instead of
       lying one after the other. A chunk rule may transpose too (the last two axes swapped first:
       GPT-OSS's experts store (X, in, out)).
+    per_group: their one tensor's rows are grouped per key/value head, [the group's
+      num_heads / num_kv_heads queries; its key; its value] of head_dim rows each (Falcon's
+      query_key_value: one group for multi-query, one per head for the old layout, num_kv_heads
+      for new_decoder_architecture); ours holds [every query; every key; every value]. Needs
+      both head counts; exact both ways.
+    only: (BlockConfig field, value): the rule is written only when the config has that value
+      (Falcon's ln_attn / ln_mlp under parallel_residual="two_norms", input_layernorm else);
+      read whenever the checkpoint holds its tensor.
     per_expert: their one name holds "{j}", one tensor per expert (Mixtral's
       block_sparse_moe.experts.{j}.w1.weight (F, E)): ours stacks experts 0..X-1 along a new
       axis 0 ((X, F, E)); written back one tensor per expert.
@@ -97,6 +105,8 @@ class Rule:
     axis: int = 0
     per_expert: bool = False
     interleave: bool = False
+    per_group: bool = False
+    only: tuple[str, Any] | tuple[()] = ()
 
     def __post_init__(self):
         if self.split and len(self.split) != len(self.theirs):
@@ -108,6 +118,8 @@ class Rule:
             raise ValueError(f"{self.ours}: interleave says how a chunk rule's blocks lie: it needs chunk")
         if self.per_head and (len(self.theirs) != 1 or self.transpose or self.split or self.chunk):
             raise ValueError(f"{self.ours}: a per-head rule takes one tensor of theirs, untransposed and unsplit")
+        if self.per_group and (len(self.theirs) != 1 or self.transpose or self.split or self.chunk or self.per_head):
+            raise ValueError(f"{self.ours}: a per-group rule takes one tensor of theirs, untransposed and unsplit")
         if self.per_expert and (len(self.theirs) != 1 or "{j}" not in self.theirs[0] or self.transpose
                                 or self.split or self.chunk or self.per_head):
             raise ValueError(f"{self.ours}: a per-expert rule takes one name of theirs holding {{j}}, untransposed, "
@@ -125,6 +137,20 @@ def _regroup(a, heads: int, parts: int, *, to_ours: bool):
     d = a_rows // (heads * parts)
     shape = (heads, parts) if to_ours else (parts, heads)
     return a.reshape(*shape, d, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+
+
+def _ungroup(a, heads: int, kv: int, *, to_ours: bool):
+    """Rows per key/value group [its heads // kv queries; its key; its value] (theirs: Falcon's
+    query_key_value) <-> [every query; every key; every value] (ours), head_dim rows each; exact."""
+    n, rest = heads // kv, tuple(a.shape[1:])
+    d = a.shape[0] // (heads + 2 * kv)
+    if to_ours:
+        g = a.reshape(kv, n + 2, d, *rest)
+        return np.concatenate([g[:, :n].reshape(heads * d, *rest), g[:, n].reshape(kv * d, *rest),
+                               g[:, n + 1].reshape(kv * d, *rest)])
+    q, k, v = a[:heads * d], a[heads * d:(heads + kv) * d], a[(heads + kv) * d:]
+    g = np.concatenate([q.reshape(kv, n * d, *rest), k.reshape(kv, d, *rest), v.reshape(kv, d, *rest)], axis=1)
+    return g.reshape(a.shape)
 
 
 # A family without experts fixes the experts options at their defaults (one dense MLP in every layer).
@@ -420,14 +446,15 @@ def _join(parts: list, axis: int, interleave: bool):
 
 
 def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str = "",
-              num_heads: int | None = None) -> Translated:
+              num_heads: int | None = None, num_kv_heads: int | None = None) -> Translated:
     """Their state dict (numpy arrays) -> ours: `layers.{i}.<our name>` and `norm.*`.
 
     dialect None: detected (see `detect_dialect`). prefix: their keys' model prefix; detected
     when not given (the part before the first layer key: "bert.", "transformer.", "model.").
     The torch dialect returns the dict unchanged. Raises ConversionError listing keys inside
     the layers that the dialect does not know and merges with parts missing. num_heads: the
-    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX). A stack mixing
+    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX); num_kv_heads: the
+    key/value heads besides, for one that fuses them per key/value group (Falcon). A stack mixing
     dense and experts layers holds each layer's own MLP, as the checkpoint does: nothing is filled."""
     name = detect_dialect(sd) if dialect is None else _get(dialect).name
     lay = DIALECTS[name]
@@ -498,6 +525,16 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                                     "divide them"))
                     continue
                 a = _regroup(a, num_heads, r.per_head, to_ours=True)
+            if r.per_group:
+                if num_heads is None or num_kv_heads is None or num_heads % num_kv_heads or \
+                        a.shape[0] % (num_heads + 2 * num_kv_heads):
+                    problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]} (shape {tuple(a.shape)}): its "
+                                    "rows are grouped per key/value head, " + (
+                                        "and the head counts were not given (num_heads=, num_kv_heads=)"
+                                        if num_heads is None or num_kv_heads is None else
+                                        f"{num_heads} query and {num_kv_heads} key/value heads do not divide them"))
+                    continue
+                a = _ungroup(a, num_heads, num_kv_heads, to_ours=True)
             out[f"{declarations.LAYERS}.{i}.{r.ours}"] = a
     if problems:
         raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
@@ -537,7 +574,8 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
     check_settings(cfg, lay.name)
     by_ours: dict[str, Rule] = {}
     for rule in lay.rules:  # the first rule of each name of ours: the names the family's files hold
-        by_ours.setdefault(rule.ours, rule)
+        if not rule.only or getattr(cfg, rule.only[0]) == rule.only[1]:
+            by_ours.setdefault(rule.ours, rule)
     layer = re.compile(rf"{declarations.LAYERS}\.(\d+)\.(.+)")
     out: dict[str, Any] = {}
     fused: dict[str, dict[int, Any]] = {}  # their fused name -> {block index: our tensor}
@@ -565,6 +603,9 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
             continue
         if r.per_head:
             out[base + r.theirs[0]] = _regroup(a, cfg.num_heads, r.per_head, to_ours=False)
+            continue
+        if r.per_group:
+            out[base + r.theirs[0]] = _ungroup(a, cfg.num_heads, cfg.kv_heads, to_ours=False)
             continue
         if len(r.theirs) == 1:
             out[base + r.theirs[0]] = _swap(a) if r.transpose else a
@@ -655,8 +696,8 @@ def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None 
         raise ConversionError(bad, header=f"the config contradicts the source {type(module).__name__}")
 
 
-def prepare(source: Any, dialect: str | None, prefix: str = "",
-            num_heads: int | None = None) -> tuple[dict[str, Any], str, str | None]:
+def prepare(source: Any, dialect: str | None, prefix: str = "", num_heads: int | None = None,
+            num_kv_heads: int | None = None) -> tuple[dict[str, Any], str, str | None]:
     """For the loaders: read `source` and translate it to our names.
 
     Returns (state dict, prefix left to apply, hint). A torch-named source comes back as it
@@ -676,4 +717,4 @@ def prepare(source: Any, dialect: str | None, prefix: str = "",
                 log.info("checkpoint dialect %s (detected from the key names)", dialect)
     if _get(dialect).rules is None:
         return sd, prefix, hint
-    return translate(sd, dialect, prefix=prefix, num_heads=num_heads).state_dict, "", None
+    return translate(sd, dialect, prefix=prefix, num_heads=num_heads, num_kv_heads=num_kv_heads).state_dict, "", None

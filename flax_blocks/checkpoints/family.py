@@ -290,8 +290,6 @@ def unexpected(ignored: Mapping[str, str], family: Family) -> list[str]:
 NOT_COMPUTED = {
     "t5": "a learned relative position bias added to the attention logits, and an encoder-decoder",
     "mt5": "T5's relative position bias", "umt5": "T5's relative position bias",
-    "falcon": "ALiBi or rotary by config, multi-query attention with one fused query_key_value and a parallel "
-              "block (new_decoder_architecture: two norms)",
     "bloom": "ALiBi position biases added to the attention logits (no rotary, no learned positions)",
     "mpt": "ALiBi position biases",
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",

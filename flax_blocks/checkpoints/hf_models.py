@@ -219,7 +219,7 @@ def read_whole(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, i
     read, lm = _lm_config(config, part, ignore_keys)
     dialect, cfg = read.dialect, read.cfg
     _, out = _family(config)
-    tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads)
+    tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads)
     base = tr.prefix  # "" for a base model, "model." / "transformer." / "bert." inside a model with a head
     ours: dict[str, Any] = {f"{ENCODER}.{k}": v for k, v in tr.state_dict.items()}
     problems: list[str] = []

@@ -131,6 +131,17 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                     dict(**_TEXT, n_embd=24, n_head=3, n_inner=40, n_layer=LAYERS, n_positions=32,
                          activation_function="gelu_pytorch_tanh", multi_query=True),
                     "multi-query attention: c_attn rows [q; k; v] with one KV head, nn.Linear (out, in)"),
+    "falcon": ("falcon",
+               dict(**_TEXT, hidden_size=24, num_attention_heads=3, ffn_hidden_size=40, num_hidden_layers=LAYERS,
+                    max_position_embeddings=32, rope_theta=1000.0, multi_query=True, parallel_attn=True, bias=False),
+               "falcon-7b: multi-query (query_key_value rows [q; k; v], one KV head), one shared "
+               "input_layernorm (parallel block), no linear biases"),
+    "falcon-40b": ("falcon",
+                   dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=40,
+                        num_hidden_layers=LAYERS, max_position_embeddings=32, rope_theta=1000.0,
+                        new_decoder_architecture=True, bias=True),
+                   "new_decoder_architecture: query_key_value rows per KV group [q, q; k; v] (2 groups), ln_attn / "
+                   "ln_mlp (parallel block, two norms); bias=True"),
     "whisper": ("whisper",
                 dict(vocab_size=16, d_model=24, encoder_attention_heads=3, encoder_ffn_dim=40, encoder_layers=LAYERS,
                      decoder_attention_heads=3, decoder_ffn_dim=40, decoder_layers=LAYERS, num_mel_bins=4,
@@ -194,6 +205,8 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
     "granite": [(dict(residual_multiplier=-1.0), "residual_multiplier=-1.0")],
     "gpt_bigcode": [(dict(multi_query=False), "multi_query=False"),
                     (dict(scale_attn_weights=False), "scale_attn_weights=False")],
+    "falcon": [(dict(alibi=True), "alibi=True"), (dict(num_ln_in_parallel_attn=2), "num_ln_in_parallel_attn=2")],
+    "falcon-40b": [(dict(parallel_attn=False), "parallel_attn=False"), (dict(num_kv_heads=3), "num_kv_heads=3")],
     "whisper": [(dict(activation_function="gelu_fast"), "activation_function='gelu_fast'")],
     "gemma2": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
                 "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
@@ -253,7 +266,7 @@ def build(name: str, dtype: str):
 
 # Settings of a family measured both ways in another entry (or, Mistral, in parity_tests/hf/test_stacks.py):
 # float64 from the folder only, to keep the suite's time (each float32 run compiles anew).
-FLOAT64_ONLY = ("gpt_neox-sequential", "stablelm-parallel", "mistral-window")
+FLOAT64_ONLY = ("gpt_neox-sequential", "stablelm-parallel", "mistral-window", "falcon-40b")
 
 # Families whose stack takes no padding mask (Whisper's encoder): measured without padding.
 NO_PADDING = ("whisper",)

@@ -68,6 +68,10 @@ CAUSAL = {
                                                            layer_types=["sliding_attention", "full_attention"])),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48, n_layer=2,
                                                    n_positions=64, rotary_dim=4, **NO_SPECIAL)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
+                                                         num_kv_heads=2, ffn_hidden_size=48, num_hidden_layers=2,
+                                                         new_decoder_architecture=True, rope_theta=500.0,
+                                                         **NO_SPECIAL)),
 }
 # Mixtures of experts: 4 experts, top 2; Qwen2-MoE's layers dense, experts (with the shared expert), dense
 # (decoder_sparse_step 2, mlp_only_layers [2]), Qwen3-MoE's first dense (mlp_only_layers [0]).
@@ -109,7 +113,7 @@ EXPERTS = {
                         residual_multiplier=0.22, embedding_multiplier=6.0, logits_scaling=4.0)),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode"}
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode", "falcon"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
             "deepseek_v3", "gpt_oss", "gptj", "cohere2"]  # (DeepSeek: the latent cache, HF's too)
 PAD = 1  # RoBERTa's padding token (its padding_idx)

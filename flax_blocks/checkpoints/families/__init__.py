@@ -11,6 +11,7 @@ from . import (  # noqa: F401 - imported for their registrations
     deepseek_v2,
     deepseek_v3,
     distilbert,
+    falcon,
     gemma,
     gemma2,
     gemma3,
