@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from .core import declarations, rope
+from .core.alibi import alibi_slopes
 from .core.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
 from .core.rope import RopeScaling
 from .flash import blocked_attention, fused_attention
@@ -131,8 +132,8 @@ def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: 
         return "dense"
     if cfg.attention != "auto":
         return cfg.attention
-    if need_weights or explicit_mask or dropout_active or not isinstance(seq, int):
-        return "dense"
+    if need_weights or explicit_mask or dropout_active or not isinstance(seq, int) or cfg.alibi:
+        return "dense"  # (ALiBi's biases: the dense path alone adds them)
     gpu = (jax.default_backend() if platform is None else platform) == "gpu"
     if gpu and cfg.attn_logit_softcapping is None and cfg.sliding_window_pattern is None and not cfg.attn_sinks:
         return "fused"  # (see BlockConfig; jax.nn.dot_product_attention has no sinks)
@@ -236,6 +237,14 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: in
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     x1, x2 = x[..., : width // 2], x[..., width // 2:]
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def _bfloat16(x: jax.Array) -> jax.Array:
+    """float32 x with each value rounded to the nearest bfloat16 (ties to even), by its bits: a
+    cast there and back may be removed by XLA (excess precision), a bit operation is not."""
+    u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & jnp.uint32(1))) & jnp.uint32(0xFFFF0000)
+    return jax.lax.bitcast_convert_type(u, jnp.float32)
 
 
 def _head_product(q: jax.Array, k: jax.Array, dtype) -> jax.Array:
@@ -359,6 +368,18 @@ class Attention(nnx.Module):
         has = jnp.any(m, axis=-1, keepdims=True)
         return m | ~has, (has if rows is None else rows & has)
 
+    def alibi_bias(self, mask: jax.Array | None, rows: jax.Array | None, s: int) -> jax.Array:
+        """ALiBi's biases (B|1, H, 1, S) in float32 (`flax_blocks.core.alibi`): slope_h times key j's
+        position among the real keys (the keys some query may attend, from mask (B|1, H|1, T, S) and
+        rows; all S when mask is None), each bfloat16-rounded as Falcon's build_alibi_tensor."""
+        if mask is None:
+            pos = jnp.arange(s)[None]
+        else:
+            valid = jnp.any((mask if rows is None else mask & rows)[:, 0], axis=1)  # (B|1, S)
+            pos = jnp.where(valid, jnp.cumsum(valid, axis=-1) - 1, 0)
+        slopes = jnp.asarray(alibi_slopes(self.cfg.num_heads))[None, :, None, None]
+        return _bfloat16(slopes * _bfloat16(pos.astype(jnp.float32))[:, None, None, :])
+
     def logits(self, qk: jax.Array, mask: jax.Array | None) -> jax.Array:
         """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
         query_pre_attn_scalar ** -0.5, Gemma), in float32 at least, soft-capped c tanh(s / c)
@@ -466,7 +487,8 @@ class Attention(nnx.Module):
         if local is not False:  # a sliding-window layer (the causal mask is never None then)
             assert mask is not None
             mask, rows = self.windowed(mask, rows, index, x.shape[1], kh.shape[2], local)
-        out, weights, logit_max, written = self._dense(q, kh, vh, step, mask, rows, index, key, deterministic)
+        alibi = self.alibi_bias(mask, rows, kh.shape[2]) if self.cfg.alibi and not cross else None
+        out, weights, logit_max, written = self._dense(q, kh, vh, step, mask, rows, index, key, deterministic, alibi)
         cache = written if written is not None else cache  # a decoding step writes after its products
         out = self._out(out, w_out, b_out)
         if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
@@ -509,9 +531,11 @@ class Attention(nnx.Module):
 
     def _dense(self, q: jax.Array, kh: jax.Array, vh: jax.Array, step: tuple | None, mask: jax.Array | None,
                rows: jax.Array | None, index: jax.Array | int, key: jax.Array | None,
-               deterministic: bool | None) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
+               deterministic: bool | None, alibi: jax.Array | None = None,
+               ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
         """The explicit softmax over q (B, T, K, G, hd) and head-major kh, vh (B, K, S, hd) (a
-        decoding step's new key and value in `step`): (out (B, T, H, hd), weights (B, H, T, S),
+        decoding step's new key and value in `step`; ALiBi's biases (B|1, H, 1, S) added to q.k
+        before the scale): (out (B, T, H, hd), weights (B, H, T, S),
         the largest unmasked logit (), the cache a decoding step wrote, else None)."""
         b, t, kv, g, d = q.shape
         s = kh.shape[2]
@@ -526,7 +550,10 @@ class Attention(nnx.Module):
         if step is not None:  # the new token's key, in its slot
             column = jnp.arange(s) == index
             scores = jnp.where(column, _head_product(qh, step[0], dt), scores)
-        logits = self.logits(scores.reshape(b, kv * g, t, s), mask)  # head = kv * G + g
+        heads = scores.reshape(b, kv * g, t, s)  # head = kv * G + g
+        if alibi is not None:  # ALiBi's biases, added before the scale (Falcon)
+            heads = heads + alibi.astype(heads.dtype)
+        logits = self.logits(heads, mask)
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = self.softmax(logits)
         if rows is not None:

@@ -128,6 +128,10 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         # GPT-OSS's options
         (dict(attn_sinks=True, attention="fused"), ["attention='fused'", "attn_sinks", "'blocked'"]),
         (dict(attn_sinks=1), ["attn_sinks", "bool"]),
+        # Falcon-RW's ALiBi: the dense path alone adds its biases
+        (dict(alibi=True, attention="blocked"), ["attention='blocked'", "ALiBi", "'dense'"]),
+        (dict(alibi=True, attention="fused"), ["attention='fused'", "ALiBi"]),
+        (dict(alibi=1), ["alibi", "bool"]),
         (dict(swiglu_limit=7.0), ["swiglu_limit=7.0", "num_experts > 0"]),
         (dict(num_experts=2, mlp="swiglu", activation="silu", swiglu_limit=0.0), ["swiglu_limit", "> 0"]),
         (dict(num_experts=2, swiglu_limit=7.0), ["swiglu_limit=7.0", "mlp='swiglu'", "mlp='dense'"]),
@@ -413,4 +417,16 @@ def test_sinks_never_take_the_fused_path():
                               platform=platform) == "blocked"
     assert attention_path(make(causal=True), 4096, need_weights=False, explicit_mask=False, dropout_active=False,
                           platform="gpu") == "fused"
+    assert torch_attention_path(cfg, need_weights=False) == "dense"
+
+
+def test_alibi_takes_the_dense_path_alone():
+    """ALiBi's biases are added on the dense path: "auto" never takes the blocked or fused one (either twin)."""
+    from flax_blocks.attention import attention_path
+    from torch_blocks.attention import attention_path as torch_attention_path
+
+    cfg = make(alibi=True, causal=True)
+    for platform in ("cpu", "gpu"):
+        assert attention_path(cfg, 4096, need_weights=False, explicit_mask=False, dropout_active=False,
+                              platform=platform) == "dense"
     assert torch_attention_path(cfg, need_weights=False) == "dense"

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flax_blocks.core import declarations, rope
+from flax_blocks.core.alibi import alibi_slopes
 from flax_blocks.core.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
 from flax_blocks.core.rope import RopeScaling
 
@@ -41,7 +42,7 @@ def attention_path(cfg: BlockConfig, *, need_weights: bool, explicit_mask: bool 
         check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask,
                              dropout_active=dropout_active)
     explicit = (cfg.attn_logit_softcapping is not None or cfg.sliding_window is not None  # (SDPA: none of these)
-                or cfg.attn_sinks)
+                or cfg.attn_sinks or cfg.alibi)
     return "dense" if need_weights or cfg.attention == "dense" or explicit else "fused"
 
 
@@ -276,7 +277,8 @@ class Attention(nn.Module):
             assert masked is not None
             masked, rows = self.windowed(masked, rows, index, t, k.shape[2])
         if path == "dense":
-            out, weights, logit_max = self._dense(q, k, v, masked, rows, bias, p)
+            alibi = self.alibi_bias(masked, rows, k.shape[2]) if cfg.alibi and not cross else None
+            out, weights, logit_max = self._dense(q, k, v, masked, rows, bias, p, alibi)
             if not need_weights:
                 weights = logit_max = None
         else:
@@ -313,12 +315,14 @@ class Attention(nn.Module):
         return q.transpose(1, 2), mem["k"], mem["v"]
 
     def _dense(self, q: Tensor, k: Tensor, v: Tensor, masked: Tensor | None, rows: Tensor | None,
-               bias: Tensor | None, p: float) -> tuple[Tensor, Tensor, Tensor]:
-        """The explicit softmax over q (B, H, T, hd) and k, v (B, K, S, hd): (out (B, H, T, hd),
-        weights (B, H, T, S), the largest unmasked logit ())."""
+               bias: Tensor | None, p: float, alibi: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The explicit softmax over q (B, H, T, hd) and k, v (B, K, S, hd), ALiBi's biases
+        (B|1, H, 1, S) added to q.k before the scale: (out (B, H, T, hd), weights (B, H, T, S),
+        the largest unmasked logit ())."""
         g = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # head -> h // G
-        logits = self.logits(q @ k.transpose(-1, -2), masked, bias)  # (B, H, T, S)
+        qk = q @ k.transpose(-1, -2)
+        logits = self.logits(qk if alibi is None else qk + alibi.to(qk.dtype), masked, bias)  # (B, H, T, S)
         logit_max = logits.max() if rows is None else logits.masked_fill(~rows, float("-inf")).max()
         weights = self.softmax(logits)
         if rows is not None:
@@ -358,6 +362,20 @@ class Attention(nn.Module):
         if self.cfg.qk_norm_over == "projection":
             return norm(a.flatten(2)).view(a.shape)
         return norm(a)
+
+    def alibi_bias(self, masked: Tensor | None, rows: Tensor | None, s: int) -> Tensor:
+        """ALiBi's biases (B|1, H, 1, S) in float32 (`flax_blocks.core.alibi`): slope_h times key j's
+        position among the real keys (those some query may attend, from masked (B|1, H|1, T, S) and
+        rows; all S when masked is None), each rounded to bfloat16 as Falcon's build_alibi_tensor."""
+        device = None if masked is None else masked.device
+        if masked is None:
+            pos = torch.arange(s, device=device)[None]
+        else:
+            allowed = ~masked if rows is None else ~masked & rows
+            valid = allowed[:, 0].any(dim=1)  # (B|1, S)
+            pos = (valid.cumsum(-1) - 1) * valid
+        slopes = torch.from_numpy(alibi_slopes(self.cfg.num_heads)).to(device=device, dtype=torch.bfloat16)
+        return (slopes[None, :, None, None] * pos.to(torch.bfloat16)[:, None, None, :]).float()
 
     def windowed(self, masked: Tensor, rows: Tensor | None, index: int, t: int, s: int) -> tuple[Tensor, Tensor]:
         """A local layer's (masked, rows): query i (at position index + i) may NOT attend to key

@@ -189,6 +189,8 @@ class Dialect:
             object.__setattr__(self, "settings", {**off, **self.settings})
         if self.rules is not None and "residual_multiplier" not in {*self.settings, *self.reads}:
             object.__setattr__(self, "settings", {**self.settings, "residual_multiplier": 1.0})  # all but Granite
+        if self.rules is not None and "alibi" not in {*self.settings, *self.reads}:
+            object.__setattr__(self, "settings", {**self.settings, "alibi": False})  # all but Falcon
 
     @property
     def layer_regex(self) -> re.Pattern:
@@ -651,7 +653,7 @@ def settings_of(module: Any) -> dict[str, Any]:
                                              "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
                                              "sliding_window_pattern", "rope_local_theta", "rope_interleaved",
                                              "parallel_residual", "residual", "scaling", "layernorm_scaling",
-                                             "attn_sinks", "swiglu_limit", "swiglu_alpha")}
+                                             "attn_sinks", "swiglu_limit", "swiglu_alpha", "alibi")}
         if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out
@@ -670,7 +672,7 @@ def settings_of(module: Any) -> dict[str, Any]:
         act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
     out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
                layer_norm_eps=layer.norm1.eps, norm_type="layernorm", norm_weight_offset=0.0, mlp="dense",
-               parallel_residual="none", layernorm_scaling=False, attn_sinks=False)
+               parallel_residual="none", layernorm_scaling=False, attn_sinks=False, alibi=False)
     if act_name is not None:
         out["activation"] = act_name
     return out

@@ -131,11 +131,14 @@ class Reference:
     model (float64 comparisons then run it with SDPA, its norms and rotary patched);
     eager_only, its attention is served by the eager kernel only (Gemma 2's soft-cap: its
     softmax patched instead); scales_inputs, the base model's forward multiplies
-    inputs_embeds by sqrt(hidden_size) (Gemma, Gemma 2)."""
+    inputs_embeds by sqrt(hidden_size) (Gemma, Gemma 2); sdpa, its eager attention computes
+    something else than its SDPA one, which from_pretrained takes (Falcon's eager path adds the
+    ALiBi biases twice): the tests run it with SDPA in every dtype."""
 
     float32_inside: bool = False
     eager_only: bool = False
     scales_inputs: bool = False
+    sdpa: bool = False
 
 
 class Read:

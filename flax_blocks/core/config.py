@@ -101,6 +101,7 @@ class BlockConfig:
     rope_scaling: RopeScaling | None = None
     attn_logit_softcapping: float | None = None
     attn_sinks: bool = False
+    alibi: bool = False
     query_pre_attn_scalar: float | None = None
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
@@ -345,6 +346,11 @@ class BlockConfig:
             raise ValueError("BlockConfig.attention='fused' cannot compute attention sinks (attn_sinks, GPT-OSS): "
                              "jax.nn.dot_product_attention and SDPA have no sink in the denominator. Use "
                              "attention='auto', 'dense' or 'blocked'")
+        if not isinstance(self.alibi, bool):
+            raise ValueError(f"BlockConfig.alibi must be a bool, got {self.alibi!r}")
+        if self.alibi and self.attention in ("fused", "blocked"):
+            raise ValueError(f"BlockConfig.attention={self.attention!r} cannot add ALiBi biases (alibi, Falcon-RW): "
+                             "they are added on the dense path. Use attention='auto' or 'dense'")
         if self.attn_logit_softcapping is not None and self.attention == "fused":
             raise ValueError("BlockConfig.attention='fused' cannot soft-cap the logits (attn_logit_softcapping): "
                              "jax.nn.dot_product_attention and SDPA have no soft-cap. Use attention='auto', "
@@ -393,7 +399,7 @@ class BlockConfig:
                "query_pre_attn_scalar": self.query_pre_attn_scalar is not None,
                "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense"),
                "attn_sinks": self.attn_sinks, "rope_interleaved": self.rope_interleaved,
-               "rope_local_only": self.rope_local_only}
+               "rope_local_only": self.rope_local_only, "alibi": self.alibi}
         bad = [name for name, on in off.items() if on]
         if bad:
             raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "

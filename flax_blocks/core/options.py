@@ -115,6 +115,9 @@ OPTIONS: tuple[Option, ...] = (
            "(Gemma 2: 50); not on the fused path"),
     Option("attn_sinks", "compute", "a learned logit per head joining each softmax's denominator, then dropped "
            "(GPT-OSS sinks); not on the fused path", adds=True),
+    Option("alibi", "compute", "ALiBi: head h adds slope_h * (the key's position among the real keys) to its "
+           "logits before the 1 / sqrt(head_dim) scale, bfloat16-rounded as Falcon's build_alibi_tensor; not on the "
+           "fused or blocked path"),
     Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 "
            "(Gemma 2 / 3)"),
     Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
@@ -309,6 +312,14 @@ DETAILS = """\
   cached decoding too. The dense and blocked paths compute it (the blocked one adds exp(s_h) at the end of
   its online softmax and takes d s_h from the log-sum-exp); "fused" is refused and "auto" never takes it;
   torch serves it with the explicit softmax.
+- `alibi`: ALiBi position biases (Press et al. 2022) as transformers' Falcon computes them
+  (`build_alibi_tensor`, falcon-rw-1b): head h's logit for key j is (q.k + b_hj) / sqrt(head_dim), b_hj =
+  slope_h * p_j, p_j the key's position among its row's real keys (cumsum of the key mask - 1: padding
+  and, in cached decoding, unwritten slots not counted), the slopes 2 ** (-8 (h + 1) / n) of the largest
+  power of two n <= H then every other slope of 2n for the rest (`flax_blocks.core.alibi`). As transformers
+  does, the slopes, the positions and each product are rounded to bfloat16 (also in a float32 or float64
+  model). Self-attention only; no parameter; the dense path computes it ("auto" takes it, "fused" and
+  "blocked" are refused). Usually without rotary (rope_theta None).
 - `query_pre_attn_scalar`: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim) (Gemma 2 / 3
   `query_pre_attn_scalar`).
 - `sliding_window`: None, or W: in a local layer, query i sees key j iff i - W < j <= i (causal only; HF's

@@ -142,6 +142,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                         new_decoder_architecture=True, bias=True),
                    "new_decoder_architecture: query_key_value rows per KV group [q, q; k; v] (2 groups), ln_attn / "
                    "ln_mlp (parallel block, two norms); bias=True"),
+    "falcon-rw": ("falcon",
+                  dict(**_TEXT, hidden_size=24, num_attention_heads=3, ffn_hidden_size=40, num_hidden_layers=LAYERS,
+                       max_position_embeddings=32, alibi=True, multi_query=False, parallel_attn=False, bias=True),
+                  "falcon-rw-1b: ALiBi (3 heads: slopes past a power of two; padding mid-row not counted), "
+                  "query_key_value per head [q; k; v], the sequential pre-LN block, biases"),
     "whisper": ("whisper",
                 dict(vocab_size=16, d_model=24, encoder_attention_heads=3, encoder_ffn_dim=40, encoder_layers=LAYERS,
                      decoder_attention_heads=3, decoder_ffn_dim=40, decoder_layers=LAYERS, num_mel_bins=4,
@@ -205,7 +210,8 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
     "granite": [(dict(residual_multiplier=-1.0), "residual_multiplier=-1.0")],
     "gpt_bigcode": [(dict(multi_query=False), "multi_query=False"),
                     (dict(scale_attn_weights=False), "scale_attn_weights=False")],
-    "falcon": [(dict(alibi=True), "alibi=True"), (dict(num_ln_in_parallel_attn=2), "num_ln_in_parallel_attn=2")],
+    "falcon": [(dict(num_ln_in_parallel_attn=2), "num_ln_in_parallel_attn=2")],
+    "falcon-rw": [(dict(num_kv_heads=1), "num_kv_heads=1")],
     "falcon-40b": [(dict(parallel_attn=False), "parallel_attn=False"), (dict(num_kv_heads=3), "num_kv_heads=3")],
     "whisper": [(dict(activation_function="gelu_fast"), "activation_function='gelu_fast'")],
     "gemma2": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),

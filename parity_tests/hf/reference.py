@@ -126,6 +126,8 @@ def attention_for(model_type: str | None, dtype: str) -> str:
 
     from flax_blocks.checkpoints.family import FAMILIES
 
+    if reference(model_type).sdpa:  # its eager path computes something else (Falcon's ALiBi twice)
+        return "sdpa"
     if dtype != "float64" or not reference(model_type).float32_inside:
         return "eager"
     family = FAMILIES.get(model_type) if model_type else None

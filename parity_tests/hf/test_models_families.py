@@ -27,6 +27,7 @@ transformers = pytest.importorskip("transformers")
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
 from flax_blocks.checkpoints.checkpoint import describe  # noqa: E402
+from flax_blocks.checkpoints.family import FAMILIES as FAMILY_TABLES  # noqa: E402
 from flax_blocks.checkpoints.hf import place  # noqa: E402
 from flax_blocks.checkpoints.hf_config import hf_state_dict  # noqa: E402
 from flax_blocks.checkpoints.hf_models import lm_config  # noqa: E402
@@ -72,6 +73,10 @@ CAUSAL = {
                                                          num_kv_heads=2, ffn_hidden_size=48, num_hidden_layers=2,
                                                          new_decoder_architecture=True, rope_theta=500.0,
                                                          **NO_SPECIAL)),
+    "falcon-rw": ("FalconConfig", "FalconForCausalLM", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
+                                                            ffn_hidden_size=48, num_hidden_layers=2, alibi=True,
+                                                            multi_query=False, parallel_attn=False, bias=True,
+                                                            **NO_SPECIAL)),
 }
 # Mixtures of experts: 4 experts, top 2; Qwen2-MoE's layers dense, experts (with the shared expert), dense
 # (decoder_sparse_step 2, mlp_only_layers [2]), Qwen3-MoE's first dense (mlp_only_layers [0]).
@@ -113,9 +118,11 @@ EXPERTS = {
                         residual_multiplier=0.22, embedding_multiplier=6.0, logits_scaling=4.0)),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode", "falcon"}
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode", "falcon",
+        "falcon-rw"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
-            "deepseek_v3", "gpt_oss", "gptj", "cohere2"]  # (DeepSeek: the latent cache, HF's too)
+            "deepseek_v3", "gpt_oss", "gptj", "cohere2",  # (DeepSeek: the latent cache, HF's too)
+            "falcon-rw"]  # (ALiBi by the keys' ranks in the cache)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
@@ -137,6 +144,8 @@ def _build_varied(cfg_cls, model_cls, kw):
     one id), but Gemma's token embeddings (scaled up by sqrt(d) and tied to the head: at 0.2
     each row's argmax is its last token)."""
     model = _build(cfg_cls, model_cls, kw)
+    if FAMILY_TABLES[model.config.model_type].reference.sdpa:  # its eager path computes otherwise (Falcon)
+        model.config._attn_implementation = "sdpa"  # (Falcon refuses set_attn_implementation; it reads this)
     gemma = model.config.model_type.startswith("gemma")
     with torch.no_grad():
         for name, p in model.named_parameters():

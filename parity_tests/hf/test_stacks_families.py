@@ -136,6 +136,7 @@ MISTAKES = {
     "granite": ("residual_multiplier ignored (read as a LLaMA: its names)", dict(residual_multiplier=1.0), None),
     "gpt_bigcode": ("c_attn's key and value rows swapped ([q; v; k])", {}, _kv_swapped),
     "falcon": ("query_key_value's key and value rows swapped ([q; v; k])", {}, _falcon_kv_swapped),
+    "falcon-rw": ("ALiBi ignored (no position at all)", dict(alibi=False), None),
     "falcon-40b": ("query_key_value rows read as [q; k; v] blocks, not per KV group", {}, _falcon_groups_as_blocks),
     "whisper": ("causal attention (its decoder's) for the encoder", dict(causal=True), None),
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),

@@ -159,6 +159,9 @@ CASES: list[Case] = [
     # GPT-OSS's sinks on the blocked path: exp(sink) in the online softmax's denominator, d sink from the lse
     Case("TransformerBlock", replace(LLAMA, attention="blocked", attention_block=2, attn_sinks=True,
                                      sliding_window=3), seq=7, key_mask=True),
+    # Falcon-RW's ALiBi: 3 heads (not a power of two: slopes 2^-4 of a power of two, then 2^-2 of the next),
+    # position biases by each key's rank among the real keys (padding mid-row skipped), no rotary
+    Case("TransformerBlock", replace(BASE, d_model=18, num_heads=3, causal=True, alibi=True), seq=7, key_mask=True),
     # mixtures of experts: Mixtral's (top-2 of 4 SwiGLU experts, renormalised), Qwen2-MoE's shared expert
     # with its gate and unrenormalised weights, top-1 of dense GELU experts; a stack mixing dense and experts
     # layers (decoder_sparse_step 2, layer 0 dense by mlp_only_layers: dense, experts, dense, experts)

@@ -125,6 +125,7 @@ class Case:
         bits += [f"rope-{c.rope_scaling.rope_type}"] if c.rope_scaling is not None else []
         bits += [f"softcap{c.attn_logit_softcapping:g}"] if c.attn_logit_softcapping is not None else []
         bits += ["sinks"] if c.attn_sinks else []
+        bits += ["alibi"] if c.alibi else []
         bits += [f"qscale{c.query_pre_attn_scalar:g}"] if c.query_pre_attn_scalar is not None else []
         bits += [f"window{c.sliding_window}"] if c.sliding_window is not None else []
         bits += [f"global-every-{c.sliding_window_pattern}"] if c.sliding_window_pattern is not None else []

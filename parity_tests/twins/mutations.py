@@ -291,6 +291,20 @@ class _SinkLeftOut(Attention):
         return jax.nn.softmax(logits, axis=-1)
 
 
+class _AlibiSlopesReversed(Attention):
+    """Falcon's ALiBi with the heads' slopes in reverse order (head 0 takes the last head's slope)."""
+
+    def alibi_bias(self, mask, rows, s):
+        return super().alibi_bias(mask, rows, s)[:, ::-1]
+
+
+class _AlibiNegated(Attention):
+    """Falcon's ALiBi subtracted (the bias's sign flipped: later keys favoured less, not more)."""
+
+    def alibi_bias(self, mask, rows, s):
+        return -super().alibi_bias(mask, rows, s)
+
+
 def sink_left_out(case: Case, module, inp: Inputs):
     _attention(case, module).__class__ = _SinkLeftOut
     return module, inp
@@ -363,6 +377,11 @@ MUTATIONS = {
     # GPT-OSS: the sinks left out of the softmax; the experts' SwiGLU clamp missing (a limit that clamps here)
     "sink_left_out": (Case("TransformerBlock", replace(MODERN, causal=True, attn_sinks=True), seq=6), None,
                       sink_left_out),
+    # Falcon-RW's ALiBi: the slopes in reverse head order; the bias subtracted
+    "alibi_slopes_reversed": (Case("TransformerBlock", replace(MODERN, causal=True, alibi=True), seq=6, key_mask=True),
+                              None, _attention_as(_AlibiSlopesReversed)),
+    "alibi_negated": (Case("TransformerBlock", replace(MODERN, causal=True, alibi=True), seq=6), None,
+                      _attention_as(_AlibiNegated)),
     "swiglu_clamp_missing": (Case("TransformerBlock", replace(MOE, experts_bias=True, swiglu_limit=0.3)), None,
                              clamp_missing),
     "memory_mask_on_self_attention": (  # memory as long as the target, so the swapped masks fit

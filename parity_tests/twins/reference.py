@@ -22,7 +22,9 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
              soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output; with attn_sinks
-             (GPT-OSS) exp(sink_h) joins each row's denominator.
+             (GPT-OSS) exp(sink_h) joins each row's denominator; with alibi (Falcon-RW) q.k + b_hj before
+             the scale, b_hj = bf16(bf16(m_h) bf16(p_j)), m_h = 2^(-8(h+1)/n) for the largest power of two
+             n <= H, then every other slope of 2n; p_j key j's rank among the keys some query may attend.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
   Experts    p = softmax(x R^T + b_R) over all X experts (b_R and the experts' biases with
              experts_bias, GPT-OSS); the k largest (ties: the lowest index), divided by their sum
@@ -69,6 +71,7 @@ HANDLED = frozenset({
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
     "latent_norm_eps", "routing", "n_group", "topk_group", "routed_scaling_factor", "shared_expert_gate",
+    "alibi",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -203,15 +206,37 @@ def scaled_frequencies(s: Any, base: float, dim: int, seq_len: int) -> tuple[np.
     return inv, factor
 
 
+def bfloat16(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest bfloat16 value (ties to even), as float64: the float32 bits'
+    low 16 rounded away."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def alibi(num_heads: int, masked: np.ndarray | None, s: int) -> np.ndarray:
+    """Falcon's ALiBi biases (B|1, H, 1, S) over s keys (HF build_alibi_tensor): slopes of the
+    largest power of two n <= H, 2^(-8/n) to the powers 1..n, then 2^(-4/n) to the odd powers for
+    the heads left; times each key's rank among the keys some query may attend (masked (B|1, T,
+    S) True = may NOT attend); slopes, ranks and products rounded to bfloat16."""
+    n = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = [np.float32(2.0 ** (-8.0 / n)) ** np.float32(i) for i in range(1, n + 1)]
+    slopes += [np.float32(2.0 ** (-4.0 / n)) ** np.float32(i) for i in range(1, 2 * (num_heads - n), 2)][:n]
+    valid = np.ones((1, s), bool) if masked is None else ~masked.all(axis=1)
+    rank = (np.cumsum(valid, axis=-1) - 1) * valid
+    return bfloat16(bfloat16(np.array(slopes))[None, :, None, None] * bfloat16(rank)[:, None, None, :])
+
+
 def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None,
-                      scale: float | None = None, softcap: float | None = None, sinks: np.ndarray | None = None):
+                      scale: float | None = None, softcap: float | None = None, sinks: np.ndarray | None = None,
+                      bias: np.ndarray | None = None):
     """q (B, H, T, hd), k and v (B, H, S, hd), masked (B|1, T, S) True = may NOT attend.
     Logits q.k * scale (default 1 / sqrt(hd)); with softcap c (Gemma 2) c * tanh(logit / c),
     before the mask; sinks (H,) (GPT-OSS): exp(sink_h) added to each row's denominator.
 
     Returns (out (B, H, T, hd), weights (B, H, T, S), the largest scaled logit over the
     pairs that may attend ()); rows with no key give zeros."""
-    logits = np.einsum("bhtd,bhsd->bhts", q, k) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    qk = np.einsum("bhtd,bhsd->bhts", q, k) + (0.0 if bias is None else bias)  # ALiBi: before the scale
+    logits = qk * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if softcap is not None:
         logits = softcap * np.tanh(logits / softcap)
     if masked is not None:
@@ -362,8 +387,9 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     v = np.repeat(v, h // k_heads, axis=1)
     a = _opt(cfg, "query_pre_attn_scalar", None)  # Gemma: q.k / sqrt(a)
     sinks = p(prefix + "sinks", (h,)) if _opt(cfg, "attn_sinks", False) else None
+    bias = alibi(h, masked, s) if positions and _opt(cfg, "alibi", False) else None  # self-attention only
     o, w, logit_max = softmax_attention(q, k, v, masked, None if a is None else 1 / math.sqrt(a),
-                                        _opt(cfg, "attn_logit_softcapping", None), sinks)
+                                        _opt(cfg, "attn_logit_softcapping", None), sinks, bias)
     out = _linear(p, prefix + "out_proj.", o.transpose(0, 2, 1, 3).reshape(b, t, h * hd), e, cfg.bias)
     if masked is not None:  # a query with no key gets no output, bias included
         out = np.where(masked.all(-1)[..., None], 0.0, out)

@@ -37,7 +37,7 @@ HF_FALCON = Dialect(
                                                                  "bias", "mlp_bias", "norm_bias")},
               "norm": "pre"},
     reads=(*CLASSIC_READS, "rope_theta", "rope_scaling", "parallel_residual", "bias", "mlp_bias", "norm_bias",
-           "causal"),
+           "causal", "alibi"),
     outside="token embeddings (word_embeddings), the rotary inv_freq buffer and the LM head (lm_head, tied)",
     by_name=False,  # BLOOM's names: only model_type or dialect= chooses it
 )
@@ -88,7 +88,7 @@ def _falcon(c: Read) -> dict[str, Any]:
     """FalconModel: LayerNorms (eps layer_norm_epsilon) with biases, `bias` on every linear map,
     head_dim hidden_size (or n_embed) // num_attention_heads, ffn_hidden_size (None: 4 * hidden_size), the
     block from new_decoder_architecture / parallel_attn / num_ln_in_parallel_attn, rotary on
-    whole heads (rope_parameters) unless alibi."""
+    whole heads (rope_parameters), or ALiBi's biases instead (alibi: no rotary at all)."""
     sizes = read_sizes(c, "hidden_size", "num_attention_heads", None, "num_hidden_layers")
     if c["n_embed"] is not None:  # FalconConfig.__post_init__: the older n_embed wins over hidden_size
         sizes["d_model"] = int(c["n_embed"])
@@ -96,14 +96,14 @@ def _falcon(c: Read) -> dict[str, Any]:
     if d % h:
         c.refuse("hidden_size", f"{d} is not divisible by num_attention_heads={h} (FalconAttention fails)")
         return {**sizes, "final_norm": True}
-    if c["alibi"]:
-        c.refuse("alibi", "ALiBi position biases added to the attention logits (rotary is computed)")
     ff = c["ffn_hidden_size"]
     b = bool(c["bias"])
+    alibi = bool(c["alibi"])  # FalconConfig.rotary is `not alibi`: one or the other
     return {**sizes, "num_kv_heads": _heads(c, h), "d_ff": int(ff) if ff is not None else 4 * d,
             "activation": read_activation(c, "activation"), "layer_norm_eps": float(c["layer_norm_epsilon"]),
             "parallel_residual": _block(c), "bias": b, "mlp_bias": None, "norm_bias": None if b else True,
-            "causal": read_causal(c), **read_rope(c, head_dim=d // h), "final_norm": True}
+            "causal": read_causal(c), "alibi": alibi,
+            **({"rope_theta": None} if alibi else read_rope(c, head_dim=d // h)), "final_norm": True}
 
 
 register(Family("falcon", "FalconConfig", "FalconModel", "hf-falcon",
@@ -115,7 +115,8 @@ register(Family("falcon", "FalconConfig", "FalconModel", "hf-falcon",
                 _falcon, {**DECODER_INERT, "hidden_dropout": DROPOUT},
                 lm=("vocab_size", "tie_word_embeddings"),
                 lm_class="FalconForCausalLM", outside=Outside("transformer.", "word_embeddings.weight"),
-                reference=Reference(float32_inside=True),  # rotary's cos / sin in float32
+                # rotary's cos / sin in float32; the eager path adds ALiBi twice (SDPA, the default, once)
+                reference=Reference(float32_inside=True, sdpa=True),
                 draws={"new_decoder_architecture": (False, True), "multi_query": (True, False),
                        "parallel_attn": (True, False), "num_ln_in_parallel_attn": (None, 1, 2),
                        "num_kv_heads": (None, 2), "bias": (False, True), "alibi": (False, True),
