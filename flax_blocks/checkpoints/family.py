@@ -298,6 +298,8 @@ NOT_COMPUTED = {
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
     "gpt_neo": "local attention on alternate layers with unscaled logits",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
+    "falcon_mamba": "a state-space model (Mamba with RMS-normed B, C and dt), not attention",
+    "falcon_h1": "Mamba-2 state-space heads beside attention in every layer, with muP multipliers",
     "llama4": "chunked attention, experts weighted by a sigmoid before the expert (on its input) beside an ungated "
               "shared expert, and no rotary on some layers",
     "dbrx": "experts renormalised by a p-norm (moe_normalize_expert_weights) with input jitter, a fused Wqkv with "
