@@ -272,7 +272,7 @@ def build(name: str, dtype: str):
 
 # Settings of a family measured both ways in another entry (or, Mistral, in parity_tests/hf/test_stacks.py):
 # float64 from the folder only, to keep the suite's time (each float32 run compiles anew).
-FLOAT64_ONLY = ("gpt_neox-sequential", "stablelm-parallel", "mistral-window", "falcon-40b")
+FLOAT64_ONLY = ("gpt_neox-sequential", "stablelm-parallel", "mistral-window", "falcon", "falcon-40b")
 
 # Families whose stack takes no padding mask (Whisper's encoder): measured without padding.
 NO_PADDING = ("whisper",)
