@@ -41,7 +41,7 @@ SUITE = (
     "llama2_7b_hf", "llama3_1_8b", "llama3_2_1b", "smollm2_135m", "deepseek_r1_distill_llama_8b", "mistral_7b_v0_1",
     "mistral_7b_instruct_v0_3",
     "qwen2_5_0_5b_instruct", "qwen2_5_7b_instruct__modelcard_yarn", "deepseek_r1_distill_qwen_1_5b", "qwen3_0_6b",
-    "gpt_j_6b", "aya_23_8b", "command_r7b_12_2024", "phi_2", "phi3_mini_4k_instruct", "phi3_5_mini_instruct",
+    "gpt_j_6b", "falcon_7b_instruct", "aya_23_8b", "command_r7b_12_2024", "phi_2", "phi3_mini_4k_instruct", "phi3_5_mini_instruct",
     "phi4_mini_instruct", "gemma_2b", "gemma2_2b_it", "gemma3_1b_it", "gemma3_4b_it", "granite_3_0_2b_instruct",
     "olmo2_1124_7b", "pythia_160m", "stablelm_2_zephyr_1_6b", "starcoder2_3b", "mixtral_8x7b_v0_1",
     "qwen1_5_moe_a2_7b", "qwen3_30b_a3b", "olmoe_1b_7b_0924", "deepseek_v2_lite", "deepseek_v3", "gpt_oss_20b",

@@ -22,7 +22,7 @@ from parity_tests.hf.fuzz import MODELS  # noqa: E402
 
 # Families loaded without a published file in the corpus: no verbatim config.json of theirs was found
 # in the stored copies (a file rebuilt from memory would test our memory); their tiny configs are tested.
-UNPUBLISHED = {"granitemoe", "falcon"}  # (falcon: tiiuae's falcon-7b / 40b / rw-1b / 11B files were not in them)
+UNPUBLISHED = {"granitemoe"}
 
 
 def test_the_corpus_holds_the_popular_checkpoints_of_every_family():
