@@ -107,6 +107,7 @@ class BlockConfig:
     rope_local_theta: float | None = None
     rope_interleaved: bool = False
     rope_local_only: bool = False
+    nope_layers: tuple[int, ...] = ()
     qkv_bias: bool | None = None
     mlp_bias: bool | None = None
     norm_bias: bool | None = None
@@ -145,6 +146,8 @@ class BlockConfig:
             object.__setattr__(self, "rope_scaling", self._scaling_from_dict(self.rope_scaling))
         if isinstance(self.mlp_only_layers, list):  # HF configs hold a list
             object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if isinstance(self.nope_layers, list):
+            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
         self._check_sizes()
         self._check_experts()
         self._check_choices()
@@ -302,6 +305,7 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.rope_local_only (rotary on the local layers alone) must be a bool and needs "
                              f"rope_theta and sliding_window, got {self.rope_local_only!r} with rope_theta="
                              f"{self.rope_theta!r}, sliding_window={self.sliding_window!r}")
+        self._check_nope_layers()
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, RopeScaling):
                 raise ValueError(f"BlockConfig.rope_scaling must be None, a RopeScaling or its dict, got "
@@ -332,6 +336,17 @@ class BlockConfig:
             if self.rope_theta is None or self.sliding_window is None:
                 raise ValueError("BlockConfig.rope_local_theta is the rotary base of the local (sliding-window) "
                                  "layers and needs rope_theta and sliding_window")
+
+    def _check_nope_layers(self) -> None:
+        """nope_layers: layer indices (from 0) without rotary, which need rotary elsewhere."""
+        nope = self.nope_layers
+        if not isinstance(nope, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in nope):
+            raise ValueError(f"BlockConfig.nope_layers must be a tuple of layer indices >= 0 (from 0, as HF's "
+                             f"no_rope_layers), got {nope!r}")
+        if nope and self.rope_theta is None:
+            raise ValueError(f"BlockConfig.nope_layers={nope!r} names the layers without rotary (SmolLM3, Llama 4's "
+                             f"NoPE layers) and needs rope_theta for the others")
 
     def _check_combinations(self) -> None:
         """Options that contradict each other (or an attention path that cannot compute them)."""
@@ -393,7 +408,7 @@ class BlockConfig:
                "query_pre_attn_scalar": self.query_pre_attn_scalar is not None,
                "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense"),
                "attn_sinks": self.attn_sinks, "rope_interleaved": self.rope_interleaved,
-               "rope_local_only": self.rope_local_only}
+               "rope_local_only": self.rope_local_only, "nope_layers": bool(self.nope_layers)}
         bad = [name for name, on in off.items() if on]
         if bad:
             raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "
@@ -559,6 +574,18 @@ def is_local(cfg: BlockConfig, layer: Any) -> Any:
         return False
     n = cfg.sliding_window_pattern
     return True if n is None else layer % n != 0
+
+
+def has_rotary(cfg: BlockConfig, layer: Any, local: Any) -> Any:
+    """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) rotates q and k:
+    rope_theta set, layer - 1 not in nope_layers (SmolLM3, Llama 4) and, with rope_local_only (Cohere 2),
+    a local layer (`local`: is_local's answer). A Python bool, or a boolean array when either is traced."""
+    if cfg.rope_theta is None or (cfg.rope_local_only and local is False):
+        return False
+    rope = local if cfg.rope_local_only else True
+    for i in cfg.nope_layers:
+        rope = rope & (layer != i + 1)
+    return rope
 
 
 def is_moe_layer(cfg: BlockConfig, layer: Any) -> Any:

@@ -127,6 +127,8 @@ OPTIONS: tuple[Option, ...] = (
            "rotary_dim / 2): GPT-J's rotate_every_two, Cohere's repeat-interleave"),
     Option("rope_local_only", "compute", "rotary on the local (sliding-window) layers alone, the global layers "
            "without positions (Cohere 2)"),
+    Option("nope_layers", "compute", "layers (from 0, HF no_rope_layers' zeros) that attend without rotary "
+           "positions (SmolLM3, Llama 4's NoPE layers)", cli=False),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True),
     Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
@@ -329,6 +331,9 @@ DETAILS = """\
 - `rope_local_only`: False, rotary in every layer; True, only the local layers (`sliding_window`,
   `sliding_window_pattern`) rotate q and k, the global layers attend without positions (Cohere 2's
   `Cohere2Attention` applies rotary only where its layer has a sliding window).
+- `nope_layers`: (), rotary in every layer; layer indices from 0, the layers that attend without rotary
+  positions (SmolLM3's and Llama 4's `no_rope_layers` hold 1 = rotary, 0 = NoPE per layer: these are its
+  zeros). With `rope_local_only` a layer rotates when it is local and not among them.
 - `qkv_bias`: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True with bias=False).
 - `mlp_bias`: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's `mlp_bias` beside
   `attention_bias`).

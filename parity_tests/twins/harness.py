@@ -131,6 +131,7 @@ class Case:
         bits += [f"local-rope{c.rope_local_theta:g}"] if c.rope_local_theta is not None else []
         bits += ["rope-pairs"] if c.rope_interleaved else []
         bits += ["rope-local-only"] if c.rope_local_only else []
+        bits += [f"nope-{'-'.join(map(str, c.nope_layers))}"] if c.nope_layers else []
         bits += [f"qkv-bias-{c.qkv_bias}"] if c.qkv_bias is not None else []
         bits += [f"mlp-bias-{c.mlp_bias}"] if c.mlp_bias is not None else []
         bits += [f"norm-bias-{c.norm_bias}"] if c.norm_bias is not None else []

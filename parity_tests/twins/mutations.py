@@ -383,6 +383,10 @@ MUTATIONS = {
                                          num_layers=2, seq=7),
                                     replace(MODERN, causal=True, rope_theta=100.0, sliding_window=3,
                                             sliding_window_pattern=2), None),
+    # SmolLM3's / Llama 4's NoPE layers rotated (nope_layers ignored); a block alone is layer 1 (index 0)
+    "rotary_on_the_nope_layers": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                   nope_layers=(0,)), seq=7),
+                                  replace(MODERN, causal=True, rope_theta=100.0), None),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),

@@ -18,7 +18,8 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              scaled rotary (rope_scaling: linear, dynamic, yarn, longrope, llama3, as transformers'
              ROPE_INIT_FUNCTIONS, with yarn's and longrope's factor on cos and sin);
              a local layer (sliding_window; every layer, or l % pattern != 0) masks key j <= i - W
-             and takes rope_local_theta (plain rotary);
+             and takes rope_local_theta (plain rotary); no rotary in layer l when l - 1 is in
+             nope_layers (SmolLM3) or, with rope_local_only (Cohere 2), when l is not local;
              softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
              soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output; with attn_sinks
@@ -64,6 +65,7 @@ HANDLED = frozenset({
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
     "sliding_window_pattern", "rope_local_theta", "rope_scaling", "rope_interleaved", "rope_local_only",
+    "nope_layers",
     "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling", "residual_multiplier",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
@@ -354,7 +356,8 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     if local:  # query i sees key j only if i - W < j (HF's sliding_window_overlay), besides the causal mask
         window = np.arange(s)[None, :] <= np.arange(t)[:, None] - cfg.sliding_window
         masked = window[None] if masked is None else masked | window[None]
-    if theta is not None and positions and (local or not _opt(cfg, "rope_local_only", False)):  # Cohere 2
+    rotates = (local or not _opt(cfg, "rope_local_only", False)) and layer - 1 not in _opt(cfg, "nope_layers", ())
+    if theta is not None and positions and rotates:  # Cohere 2: local layers alone; SmolLM3: not its NoPE layers
         fraction = _opt(cfg, "partial_rotary_factor", 1.0)
         pairs = _opt(cfg, "rope_interleaved", False)
         q, k = rotary(q, theta, fraction, scaling, pairs), rotary(k, theta, fraction, scaling, pairs)
