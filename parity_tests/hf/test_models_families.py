@@ -58,6 +58,7 @@ CAUSAL = {
                                                              **NO_SPECIAL)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(ROTARY, rope_theta=500.0, no_rope_layers=[0, 1])),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ROTARY, attention_multiplier=0.3, residual_multiplier=0.22,
                                                           embedding_multiplier=6.0, logits_scaling=4.0)),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48,
@@ -109,9 +110,9 @@ EXPERTS = {
                         residual_multiplier=0.22, embedding_multiplier=6.0, logits_scaling=4.0)),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode"}
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode", "smollm3"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
-            "deepseek_v3", "gpt_oss", "gptj", "cohere2"]  # (DeepSeek: the latent cache, HF's too)
+            "deepseek_v3", "gpt_oss", "gptj", "cohere2", "smollm3"]  # (DeepSeek: the latent cache, HF's too)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,

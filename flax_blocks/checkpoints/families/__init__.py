@@ -34,6 +34,7 @@ from . import (  # noqa: F401 - imported for their registrations
     qwen3,
     qwen3_moe,
     roberta,
+    smollm3,
     stablelm,
     starcoder2,
     vit,
