@@ -99,7 +99,7 @@ def swap_gate_and_up(case: Case, module, inp: Inputs):
 
 
 class _QKNormAfterRotary(Attention):
-    def position_qk(self, q, k, positions, local=False):
+    def position_qk(self, q, k, positions, local=False, rope=True):
         theta = self.cfg.rope_theta
         q, k = rotary(q, positions, theta), rotary(k, positions, theta)
         return self.q_norm(q), self.k_norm(k)
@@ -108,7 +108,7 @@ class _QKNormAfterRotary(Attention):
 class _RotaryOnLastDims(Attention):
     """Partial rotary on the last rotary_dim dims of each head instead of the first."""
 
-    def position_qk(self, q, k, positions, local=False):
+    def position_qk(self, q, k, positions, local=False, rope=True):
         theta, r = self.cfg.rope_theta, self.cfg.rotary_dim
         rot = lambda a: jnp.concatenate([a[..., :-r], rotary(a[..., -r:], positions, theta)], axis=-1)  # noqa: E731
         return rot(q), rot(k)
