@@ -22,7 +22,14 @@ import numpy as np
 from flax import nnx
 
 from .core import declarations, rope
-from .core.config import BlockConfig, check_attention_call, has_rotary, is_local, warn_fully_masked
+from .core.config import (
+    BlockConfig,
+    check_attention_call,
+    has_rotary,
+    is_local,
+    query_temperature,
+    warn_fully_masked,
+)
 from .core.rope import RopeScaling
 from .flash import blocked_attention, fused_attention
 from .layers import Norm, compute_dtype, create_params, dropout, initial_values
@@ -333,6 +340,16 @@ class Attention(nnx.Module):
             return jnp.where(rope, rq, q), jnp.where(rope, rk, k)
         return rq, rk
 
+    def tempered(self, q: jax.Array, index: jax.Array | int, rope) -> jax.Array:
+        """Llama 4's query temperature (`query_temperature`) on q (B, T, K, G, hd) of a layer without rotary
+        (`rope` False, or a traced one), at the slots index .. index + T - 1; q itself elsewhere."""
+        if self.cfg.query_temperature_floor is None or rope is True:
+            return q
+        dt = jnp.promote_types(q.dtype, jnp.float32)
+        t = query_temperature(self.cfg, (index + jnp.arange(q.shape[1])).astype(dt), jnp)  # (T,)
+        tempered = (q * t[:, None, None, None]).astype(q.dtype)
+        return tempered if rope is False else jnp.where(rope, q, tempered)
+
     def rotated(self, q: jax.Array, k: jax.Array, positions: jax.Array, local) -> tuple[jax.Array, jax.Array]:
         """q and k rotated at positions, at rope_local_theta in a local layer when given."""
         assert self.cfg.rope_theta is not None
@@ -455,8 +472,10 @@ class Attention(nnx.Module):
             q, kh, vh = self._cross_qkv(x, w_in, b_in, memory, cache)
             k = v = None
         else:
+            rope = has_rotary(self.cfg, layer, local)
             q, k, v = self._self_qkv(x, w_in, b_in, index + jnp.arange(x.shape[1]) if positions is None else positions,
-                                     local, has_rotary(self.cfg, layer, local))
+                                     local, rope)
+            q = self.tempered(q, index, rope)
             if cache is not None:
                 kh, vh, step, cache = _cache_write(cache, k, v, index)
             else:  # the keys and values head-major, (B, K, S, hd)

@@ -18,7 +18,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flax_blocks.core import declarations, rope
-from flax_blocks.core.config import BlockConfig, check_attention_call, has_rotary, is_local, warn_fully_masked
+from flax_blocks.core.config import (
+    BlockConfig,
+    check_attention_call,
+    has_rotary,
+    is_local,
+    query_temperature,
+    warn_fully_masked,
+)
 from flax_blocks.core.rope import RopeScaling
 
 from .layers import Norm, create_params
@@ -262,7 +269,9 @@ class Attention(nn.Module):
         if not cross:
             if positions is None:  # (B, T) per-row rotary positions (HF's position_ids), else index onwards
                 positions = index + torch.arange(t, device=x.device)
-            q, k, v = self._self_qkv(x, positions, local, has_rotary(cfg, layer, local))
+            rope = has_rotary(cfg, layer, local)
+            q, k, v = self._self_qkv(x, positions, local, rope)
+            q = self.tempered(q, index, rope)
             if cache is not None:
                 k_all, v_all = cache["k"].clone(), cache["v"].clone()
                 k_all[:, :, index:index + t], v_all[:, :, index:index + t] = k, v
@@ -384,6 +393,15 @@ class Attention(nn.Module):
         if bias is not None:
             logits = logits + bias
         return logits if masked is None else logits.masked_fill(masked, float("-inf"))
+
+    def tempered(self, q: Tensor, index: int, rope: bool) -> Tensor:
+        """Llama 4's query temperature (`query_temperature`) on q (B, H, T, hd) of a layer without rotary,
+        at the slots index .. index + T - 1; q itself elsewhere."""
+        if self.cfg.query_temperature_floor is None or rope:
+            return q
+        dt = torch.promote_types(q.dtype, torch.float32)
+        slots = index + torch.arange(q.shape[2], device=q.device, dtype=dt)
+        return (q * query_temperature(self.cfg, slots, torch)[:, None]).to(q.dtype)
 
     def position_qk(self, q: Tensor, k: Tensor, positions: Tensor, local: bool = False,
                     rope: bool = True) -> tuple[Tensor, Tensor]:

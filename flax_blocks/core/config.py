@@ -108,6 +108,8 @@ class BlockConfig:
     rope_interleaved: bool = False
     rope_local_only: bool = False
     nope_layers: tuple[int, ...] = ()
+    query_temperature_floor: float | None = None
+    query_temperature_scale: float = 0.1
     qkv_bias: bool | None = None
     mlp_bias: bool | None = None
     norm_bias: bool | None = None
@@ -347,6 +349,15 @@ class BlockConfig:
         if nope and self.rope_theta is None:
             raise ValueError(f"BlockConfig.nope_layers={nope!r} names the layers without rotary (SmolLM3, Llama 4's "
                              f"NoPE layers) and needs rope_theta for the others")
+        floor, scale = self.query_temperature_floor, self.query_temperature_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ValueError(f"BlockConfig.query_temperature_scale must be a finite number (Llama 4: 0.1), "
+                             f"got {scale!r}")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor > 0
+                                  or not nope):
+            raise ValueError(f"BlockConfig.query_temperature_floor (Llama 4's floor_scale: the queries of the layers "
+                             f"without rotary tempered by their slot) must be None or a number > 0 and needs "
+                             f"nope_layers, got {floor!r} with nope_layers={nope!r}")
 
     def _check_combinations(self) -> None:
         """Options that contradict each other (or an attention path that cannot compute them)."""
@@ -408,7 +419,8 @@ class BlockConfig:
                "query_pre_attn_scalar": self.query_pre_attn_scalar is not None,
                "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense"),
                "attn_sinks": self.attn_sinks, "rope_interleaved": self.rope_interleaved,
-               "rope_local_only": self.rope_local_only, "nope_layers": bool(self.nope_layers)}
+               "rope_local_only": self.rope_local_only, "nope_layers": bool(self.nope_layers),
+               "query_temperature_floor": self.query_temperature_floor is not None}
         bad = [name for name, on in off.items() if on]
         if bad:
             raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "
@@ -586,6 +598,15 @@ def has_rotary(cfg: BlockConfig, layer: Any, local: Any) -> Any:
     for i in cfg.nope_layers:
         rope = rope & (layer != i + 1)
     return rope
+
+
+def query_temperature(cfg: BlockConfig, slots: Any, xp: Any) -> Any:
+    """Llama 4's temperature of the queries in a layer without rotary (attn_temperature_tuning), at
+    the tokens' slots (T,) (cache index + i, HF's past_seen_tokens + i; not their position ids):
+    log1p(floor((slot + 1) / query_temperature_floor)) * query_temperature_scale + 1. `xp`: numpy,
+    jax.numpy or torch, whose log1p and floor it takes; `slots` a float array of that module."""
+    assert cfg.query_temperature_floor is not None
+    return xp.log1p(xp.floor((slots + 1.0) / cfg.query_temperature_floor)) * cfg.query_temperature_scale + 1.0
 
 
 def is_moe_layer(cfg: BlockConfig, layer: Any) -> Any:

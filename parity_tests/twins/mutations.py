@@ -114,6 +114,18 @@ class _RotaryOnLastDims(Attention):
         return rot(q), rot(k)
 
 
+class _TemperatureFromSlotZero(Attention):
+    """Llama 4's query temperature at floor(slot / floor) where HF takes floor((slot + 1) / floor)."""
+
+    def tempered(self, q, index, rope):
+        return super().tempered(q, jnp.asarray(index) - 1, rope)
+
+
+def temperature_from_slot_zero(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _TemperatureFromSlotZero
+    return module, inp
+
+
 def rotary_on_last_dims(case: Case, module, inp: Inputs):
     _attention(case, module).__class__ = _RotaryOnLastDims
     return module, inp
@@ -387,6 +399,11 @@ MUTATIONS = {
     "rotary_on_the_nope_layers": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
                                                                    nope_layers=(0,)), seq=7),
                                   replace(MODERN, causal=True, rope_theta=100.0), None),
+    # Llama 4's query temperature one slot early (HF's + 1 left out)
+    "query_temperature_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                      nope_layers=(0,), query_temperature_floor=2.0,
+                                                                      query_temperature_scale=0.5), seq=7),
+                                     None, temperature_from_slot_zero),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),
