@@ -22,6 +22,7 @@ from . import (  # noqa: F401 - imported for their registrations
     granite,
     granitemoe,
     llama,
+    llama4_text,
     mistral,
     mixtral,
     olmo2,
