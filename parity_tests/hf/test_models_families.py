@@ -266,12 +266,13 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss", "cohere", "granite"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss", "cohere", "granite", "llama4_text"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
     and final soft-cap, DeepSeek's latent attention and routing, GPT-OSS's sinks and clamped experts
     (cached decoding with sinks on local and global layers), Cohere's logit scale and interleaved
-    rotary, Granite's four multipliers in the torch twin: HF's logits, and the same greedy tokens."""
+    rotary, Granite's four multipliers, Llama 4's NoPE layer and its query temperature (at the cache's slots when
+    decoding) in the torch twin: HF's logits, and the same greedy tokens."""
     lm = flax_models[family]
     twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
     twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
