@@ -336,9 +336,17 @@ class Attention(nnx.Module):
         if self.cfg.rope_theta is None or rope is False:
             return q, k
         rq, rk = self.rotated(q, k, positions, local)
+        if self.cfg.qk_l2_norm:  # Llama 4: the rotary layers' q and k over their RMS, after rotary
+            rq, rk = self.l2_normed(rq), self.l2_normed(rk)
         if rope is not True:  # a scanned layer: the layers without rotary keep q and k
             return jnp.where(rope, rq, q), jnp.where(rope, rk, k)
         return rq, rk
+
+    def l2_normed(self, a: jax.Array) -> jax.Array:
+        """Llama 4's L2 norm (qk_l2_norm) of a (B, T, heads..., hd) over each head: a * rsqrt(mean(a^2) + eps), no
+        weight, in float32 at least."""
+        x = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+        return (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.layer_norm_eps)).astype(a.dtype)
 
     def tempered(self, q: jax.Array, index: jax.Array | int, rope) -> jax.Array:
         """Llama 4's query temperature (`query_temperature`) on q (B, T, K, G, hd) of a layer without rotary

@@ -394,6 +394,12 @@ class Attention(nn.Module):
             logits = logits + bias
         return logits if masked is None else logits.masked_fill(masked, float("-inf"))
 
+    def l2_normed(self, a: Tensor) -> Tensor:
+        """Llama 4's L2 norm (qk_l2_norm) of a (B, T, heads, hd) over each head: a * rsqrt(mean(a^2) + eps), no
+        weight, in float32 at least."""
+        x = a.to(torch.promote_types(a.dtype, torch.float32))
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.layer_norm_eps)).to(a.dtype)
+
     def tempered(self, q: Tensor, index: int, rope: bool) -> Tensor:
         """Llama 4's query temperature (`query_temperature`) on q (B, H, T, hd) of a layer without rotary,
         at the slots index .. index + T - 1; q itself elsewhere."""
@@ -418,4 +424,6 @@ class Attention(nn.Module):
                 theta, scaling = self.cfg.rope_local_theta, None
             pairs = self.cfg.rope_interleaved
             q, k = rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
+            if self.cfg.qk_l2_norm:  # Llama 4: the rotary layers' q and k over their RMS, after rotary
+                q, k = self.l2_normed(q), self.l2_normed(k)
         return q, k

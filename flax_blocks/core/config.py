@@ -110,6 +110,7 @@ class BlockConfig:
     nope_layers: tuple[int, ...] = ()
     query_temperature_floor: float | None = None
     query_temperature_scale: float = 0.1
+    qk_l2_norm: bool = False
     qkv_bias: bool | None = None
     mlp_bias: bool | None = None
     norm_bias: bool | None = None
@@ -349,6 +350,11 @@ class BlockConfig:
         if nope and self.rope_theta is None:
             raise ValueError(f"BlockConfig.nope_layers={nope!r} names the layers without rotary (SmolLM3, Llama 4's "
                              f"NoPE layers) and needs rope_theta for the others")
+        if not isinstance(self.qk_l2_norm, bool) or (self.qk_l2_norm and (self.rope_theta is None or self.qk_norm)):
+            raise ValueError(f"BlockConfig.qk_l2_norm (Llama 4's use_qk_norm: q and k over their RMS per head, no "
+                             f"weight, in the rotary layers) must be a bool and needs rope_theta, without qk_norm (the "
+                             f"weighted QK-norm), got {self.qk_l2_norm!r} with rope_theta={self.rope_theta!r}, "
+                             f"qk_norm={self.qk_norm!r}")
         floor, scale = self.query_temperature_floor, self.query_temperature_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise ValueError(f"BlockConfig.query_temperature_scale must be a finite number (Llama 4: 0.1), "
@@ -420,7 +426,7 @@ class BlockConfig:
                "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense"),
                "attn_sinks": self.attn_sinks, "rope_interleaved": self.rope_interleaved,
                "rope_local_only": self.rope_local_only, "nope_layers": bool(self.nope_layers),
-               "query_temperature_floor": self.query_temperature_floor is not None}
+               "query_temperature_floor": self.query_temperature_floor is not None, "qk_l2_norm": self.qk_l2_norm}
         bad = [name for name, on in off.items() if on]
         if bad:
             raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "

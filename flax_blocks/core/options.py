@@ -134,6 +134,8 @@ OPTIONS: tuple[Option, ...] = (
            "None: off", cli=False),
     Option("query_temperature_scale", "compute", "the query temperature's gain (Llama 4's attn_scale 0.1)", cli=False,
            only_with=("query_temperature_floor", 2.0)),
+    Option("qk_l2_norm", "compute", "Llama 4's use_qk_norm: q and k divided by their RMS over each head (no weight, "
+           "eps layer_norm_eps) in the layers that rotate, after rotary; not with qk_norm"),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True),
     Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
@@ -344,6 +346,9 @@ DETAILS = """\
   (`nope_layers`) the queries are multiplied by log1p(floor((s + 1) / floor)) * scale + 1, s the token's slot in
   the sequence or cache (0 .. T - 1 from the cache index; HF's past_seen_tokens + i, not the position ids a
   left-padded row carries), after QK-norm; the rotary layers' queries are untouched.
+- `qk_l2_norm`: Llama 4's `Llama4TextL2Norm` (`use_qk_norm`): in a layer that rotates (not in `nope_layers`), q
+  and k times rsqrt(mean over head_dim of x^2 + eps) after rotary, no parameter; rotary being a rotation of
+  the head's dims, the order against it changes nothing but rounding. The NoPE layers' q and k stay as they are.
 - `qkv_bias`: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True with bias=False).
 - `mlp_bias`: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's `mlp_bias` beside
   `attention_bias`).

@@ -59,9 +59,10 @@ CAUSAL = {
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(ROTARY, rope_theta=500.0, no_rope_layers=[0, 1])),
-    # Llama 4's text model, dense: layer 2 NoPE, its queries tempered (floor 2: slots 1, 3, 5 ... step up)
+    # Llama 4's text model, dense: layer 2 NoPE, its queries tempered (floor 2: slots 1, 3, 5 ... step up), layer 1's
+    # q and k over their RMS after rotary (use_qk_norm)
     "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
-                    dict(ROTARY, head_dim=8, intermediate_size_mlp=48, moe_layers=[], use_qk_norm=False,
+                    dict(ROTARY, head_dim=8, intermediate_size_mlp=48, moe_layers=[], use_qk_norm=True,
                          attention_chunk_size=None, no_rope_layers=[1, 0], floor_scale=2, attn_scale=0.5,
                          rope_theta=500.0)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ROTARY, attention_multiplier=0.3, residual_multiplier=0.22,
@@ -379,13 +380,15 @@ def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models,
 @pytest.mark.parametrize("what, fields", [
     ("the NoPE layer's queries not tempered (attn_temperature_tuning ignored)", dict(query_temperature_floor=None)),
     ("rotary on halves (LLaMA's) for Llama 4's complex pairs", dict(rope_interleaved=False)),
-    ("rotary in every layer (no_rope_layers ignored)", dict(nope_layers=(), query_temperature_floor=None))])
+    ("rotary in every layer (no_rope_layers ignored)", dict(nope_layers=(), query_temperature_floor=None)),
+    ("the rotary layer's L2 QK-norm left out (use_qk_norm ignored)", dict(qk_l2_norm=False))])
 def test_llama4_text_mistakes_are_caught(what, fields, flax_models, reference):
     """Llama 4's dense text model read otherwise than Llama4TextModel computes it: each caught."""
     from flax_blocks.checkpoints.convert.load import from_torch_state_dict
 
     lm = flax_models["llama4_text"]
-    assert (lm.cfg.nope_layers, lm.cfg.query_temperature_floor, lm.cfg.rope_interleaved) == ((1,), 2.0, True)
+    assert (lm.cfg.nope_layers, lm.cfg.query_temperature_floor, lm.cfg.rope_interleaved, lm.cfg.qk_l2_norm) == \
+        ((1,), 2.0, True, True)
     wrong = from_torch_state_dict(replace(lm.cfg, **fields), lm.lm, fb.torch_state_dict(lm))
     ids, mask, positions = _batch()
     err = _rel(_logits(wrong, ids, mask, positions), reference["llama4_text"], mask.astype(bool))
@@ -395,12 +398,11 @@ def test_llama4_text_mistakes_are_caught(what, fields, flax_models, reference):
 
 @pytest.mark.parametrize("changes, key", [
     (dict(), "interleave_moe_layer_step"), (dict(moe_layers=[1]), "moe_layers"),
-    (dict(moe_layers=[], use_qk_norm=True), "use_qk_norm"),
     (dict(moe_layers=[], use_qk_norm=False), "attention_chunk_size"),
     (dict(moe_layers=[], use_qk_norm=False, attention_chunk_size=None,
           layer_types=["chunked_attention", "full_attention"]), "layer_types")])
 def test_llama4_text_refuses_by_name_what_it_does_not_compute_yet(changes, key):
-    """Its experts, the L2 QK-norm of the rotary layers and chunked attention: refused, each by its key (a
+    """Its experts and chunked attention: refused, each by its key (a
     config.json as written by hand: moe_layers and layer_types derived as Llama4TextConfig derives them)."""
     from flax_blocks.checkpoints.hf_config import hf_config
 

@@ -133,6 +133,7 @@ class Case:
         bits += ["rope-local-only"] if c.rope_local_only else []
         bits += [f"nope-{'-'.join(map(str, c.nope_layers))}"] if c.nope_layers else []
         bits += [f"temperature-{c.query_temperature_floor:g}"] if c.query_temperature_floor is not None else []
+        bits += ["qk-l2"] if c.qk_l2_norm else []
         bits += [f"qkv-bias-{c.qkv_bias}"] if c.qkv_bias is not None else []
         bits += [f"mlp-bias-{c.mlp_bias}"] if c.mlp_bias is not None else []
         bits += [f"norm-bias-{c.norm_bias}"] if c.norm_bias is not None else []

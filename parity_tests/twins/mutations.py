@@ -126,6 +126,19 @@ def temperature_from_slot_zero(case: Case, module, inp: Inputs):
     return module, inp
 
 
+class _L2NormOnTheNopeLayers(Attention):
+    """Llama 4's L2 QK-norm applied in the layers without rotary too (HF: the rotary layers alone)."""
+
+    def position_qk(self, q, k, positions, local=False, rope=True):
+        q, k = super().position_qk(q, k, positions, local, rope)
+        return (q, k) if rope is True else (self.l2_normed(q), self.l2_normed(k))
+
+
+def l2_norm_on_the_nope_layers(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _L2NormOnTheNopeLayers
+    return module, inp
+
+
 def rotary_on_last_dims(case: Case, module, inp: Inputs):
     _attention(case, module).__class__ = _RotaryOnLastDims
     return module, inp
@@ -404,6 +417,10 @@ MUTATIONS = {
                                                                       nope_layers=(0,), query_temperature_floor=2.0,
                                                                       query_temperature_scale=0.5), seq=7),
                                      None, temperature_from_slot_zero),
+    # Llama 4's L2 QK-norm in its NoPE layers too (HF builds it in the rotary layers alone)
+    "l2_qk_norm_on_the_nope_layers": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                       nope_layers=(0,), qk_l2_norm=True), seq=7),
+                                      None, l2_norm_on_the_nope_layers),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),

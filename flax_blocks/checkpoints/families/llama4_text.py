@@ -1,10 +1,10 @@
 """Llama 4's text model (model_type llama4_text: Llama4TextModel, Llama4ForCausalLM): LLaMA's attention
 and norms, its MLP under feed_forward; rotary as complex pairs (adjacent dims, rope_interleaved) in the
 layers no_rope_layers marks 1, every no_rope_layer_interval-th (4th) layer without (NoPE), whose queries
-attn_temperature_tuning tempers by their slot (floor_scale, attn_scale). Not computed yet, refused by
-name: its experts (moe_layers, by default every layer), the L2 query-key norm of the rotary layers
-(use_qk_norm) and chunked attention (attention_chunk_size); so a published Scout / Maverick config is
-refused, a dense one without them loads."""
+attn_temperature_tuning tempers by their slot (floor_scale, attn_scale); the rotary layers' q and k over
+their RMS after rotary (use_qk_norm). Not computed yet, refused by name: its experts (moe_layers, by
+default every layer) and chunked attention (attention_chunk_size); so a published Scout / Maverick config
+is refused, a dense one without chunks loads."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ HF_LLAMA4 = Dialect(
     rules=(*LLAMA_ATTENTION_NORMS, *linear("linear_gate", "feed_forward.gate_proj"),
            *linear("linear1", "feed_forward.up_proj"), *linear("linear2", "feed_forward.down_proj")),
     settings={**{k: v for k, v in LLAMA_SETTINGS.items()
-                 if k not in ("mlp_bias", "rope_interleaved", "nope_layers", "query_temperature_floor")},
+                 if k not in ("mlp_bias", "rope_interleaved", "nope_layers", "query_temperature_floor", "qk_l2_norm")},
               "rope_interleaved": True, "sliding_window": None, "sliding_window_pattern": None, "qkv_bias": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal",
-           "nope_layers", "query_temperature_floor", "query_temperature_scale"),
+           "nope_layers", "query_temperature_floor", "query_temperature_scale", "qk_l2_norm"),
     outside=LLAMA_OUTSIDE, shared_by=LLAMA_NAMED,
 )
 register_dialect(HF_LLAMA4)
@@ -76,9 +76,6 @@ def _not_yet(c: Read, n: int, nope: tuple[int, ...]) -> None:
                  f"experts in layers {list(moe)}: a top-1 router whose sigmoid score multiplies the expert's input, "
                  "beside an ungated shared expert, which the blocks do not compute yet (moe_layers=[] loads dense "
                  "layers of intermediate_size_mlp)")
-    if c["use_qk_norm"] and len(nope) < n:
-        c.refuse("use_qk_norm", "an L2 norm without weights over each head of q and k after rotary in the rotary "
-                                "layers, which the blocks do not compute yet")
     types = c["layer_types"] or ["chunked_attention" if i not in nope and c["attention_chunk_size"] is not None
                                  else "full_attention" for i in range(n)]
     if "chunked_attention" in list(types):
@@ -106,7 +103,8 @@ def _temperature(c: Read, nope: tuple[int, ...]) -> dict[str, Any]:
 def _llama4_text(c: Read) -> dict[str, Any]:
     """Llama4TextModel with dense layers only: LLaMA's attention (attention_bias on q, k, v and o) and
     RMSNorms (rms_norm_eps), a SwiGLU of intermediate_size_mlp under feed_forward, rotary on adjacent
-    pairs outside the NoPE layers, the NoPE layers' query temperature."""
+    pairs outside the NoPE layers (there the L2 QK-norm, eps rms_norm_eps), the NoPE layers' query
+    temperature."""
     sizes = read_sizes(c, "hidden_size", "num_attention_heads", "intermediate_size_mlp", "num_hidden_layers",
                        "num_key_value_heads")
     n = sizes["num_layers"]
@@ -117,6 +115,7 @@ def _llama4_text(c: Read) -> dict[str, Any]:
     attn = bool(c["attention_bias"])
     return {**sizes, **head, **silu_only(c, "hidden_act"), "layer_norm_eps": float(c["rms_norm_eps"]), "bias": attn,
             "mlp_bias": False if attn else None, "causal": read_causal(c),
+            "qk_l2_norm": bool(c["use_qk_norm"]) and len(nope) < n,  # Llama4TextL2Norm: the rotary layers alone
             **read_rope(c, default_theta=500000.0, head_dim=width), "nope_layers": nope, **_temperature(c, nope),
             "final_norm": True}
 

@@ -40,7 +40,7 @@ HF_PHI3 = Dialect(
               "qkv_bias": None, "norm_weight_offset": 0.0, "parallel_residual": "none",
               "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
               "mlp_bias": None, "norm_bias": None, "rope_interleaved": False, "rope_local_only": False,
-              "nope_layers": (), "query_temperature_floor": None},
+              "nope_layers": (), "query_temperature_floor": None, "qk_l2_norm": False},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "partial_rotary_factor", "causal",
            *WINDOWS),
     outside="token embeddings (embed_tokens), the rotary inv_freq buffer and the LM head",
