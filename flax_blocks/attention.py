@@ -23,7 +23,14 @@ from flax import nnx
 
 from .core import declarations, rope
 from .core.alibi import alibi_slopes
-from .core.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from .core.config import (
+    BlockConfig,
+    check_attention_call,
+    has_rotary,
+    is_local,
+    query_temperature,
+    warn_fully_masked,
+)
 from .core.rope import RopeScaling
 from .flash import blocked_attention, fused_attention
 from .layers import Norm, compute_dtype, create_params, dropout, initial_values
@@ -326,19 +333,39 @@ class Attention(nnx.Module):
         return norm(a)
 
     def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array,
-                    local=False) -> tuple[jax.Array, jax.Array]:
+                    local=False, rope=True) -> tuple[jax.Array, jax.Array]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, K, G, hd),
         k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, or a traced
-        one), whose rotary base is rope_local_theta when given (Gemma 3)."""
+        one), whose rotary base is rope_local_theta when given (Gemma 3); rope: whether this layer
+        rotates (`has_rotary`: a bool, or a traced one; False in SmolLM3's NoPE layers, Cohere 2's
+        global layers)."""
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
-        if self.cfg.rope_theta is None or (self.cfg.rope_local_only and local is False):
+        if self.cfg.rope_theta is None or rope is False:
             return q, k
         rq, rk = self.rotated(q, k, positions, local)
-        if self.cfg.rope_local_only and local is not True:  # a scanned layer: the global ones keep q and k
-            return jnp.where(local, rq, q), jnp.where(local, rk, k)
+        if self.cfg.qk_l2_norm:  # Llama 4: the rotary layers' q and k over their RMS, after rotary
+            rq, rk = self.l2_normed(rq), self.l2_normed(rk)
+        if rope is not True:  # a scanned layer: the layers without rotary keep q and k
+            return jnp.where(rope, rq, q), jnp.where(rope, rk, k)
         return rq, rk
+
+    def l2_normed(self, a: jax.Array) -> jax.Array:
+        """Llama 4's L2 norm (qk_l2_norm) of a (B, T, heads..., hd) over each head: a * rsqrt(mean(a^2) + eps), no
+        weight, in float32 at least."""
+        x = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+        return (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.layer_norm_eps)).astype(a.dtype)
+
+    def tempered(self, q: jax.Array, index: jax.Array | int, rope) -> jax.Array:
+        """Llama 4's query temperature (`query_temperature`) on q (B, T, K, G, hd) of a layer without rotary
+        (`rope` False, or a traced one), at the slots index .. index + T - 1; q itself elsewhere."""
+        if self.cfg.query_temperature_floor is None or rope is True:
+            return q
+        dt = jnp.promote_types(q.dtype, jnp.float32)
+        t = query_temperature(self.cfg, (index + jnp.arange(q.shape[1])).astype(dt), jnp)  # (T,)
+        tempered = (q * t[:, None, None, None]).astype(q.dtype)
+        return tempered if rope is False else jnp.where(rope, q, tempered)
 
     def rotated(self, q: jax.Array, k: jax.Array, positions: jax.Array, local) -> tuple[jax.Array, jax.Array]:
         """q and k rotated at positions, at rope_local_theta in a local layer when given."""
@@ -474,8 +501,10 @@ class Attention(nnx.Module):
             q, kh, vh = self._cross_qkv(x, w_in, b_in, memory, cache)
             k = v = None
         else:
+            rope = has_rotary(self.cfg, layer, local)
             q, k, v = self._self_qkv(x, w_in, b_in, index + jnp.arange(x.shape[1]) if positions is None else positions,
-                                     local)
+                                     local, rope)
+            q = self.tempered(q, index, rope)
             if cache is not None:
                 kh, vh, step, cache = _cache_write(cache, k, v, index)
             else:  # the keys and values head-major, (B, K, S, hd)
@@ -496,13 +525,13 @@ class Attention(nnx.Module):
         return out, weights, logit_max, cache
 
     def _self_qkv(self, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, positions: jax.Array,
-                  local: bool | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                  local: bool | jax.Array, rope: bool | jax.Array = True) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Self-attention's q (B, T, K, G, hd) and k, v (B, T, K, hd) of x (B, T, E), QK-norm and
-        rotary (at positions, (T,) or (B, T)) applied."""
+        rotary (at positions, (T,) or (B, T), where `rope`) applied."""
         g = w_in.shape[2] - 2
         qkv = self._project(x, w_in, b_in)  # (B, T, K, G+2, hd)
         q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
-        q, k = self.position_qk(q, k, positions, local)
+        q, k = self.position_qk(q, k, positions, local, rope)
         return q, k, v
 
     def _cross_qkv(self, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, memory: jax.Array | None,

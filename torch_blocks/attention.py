@@ -19,7 +19,14 @@ from torch import Tensor, nn
 
 from flax_blocks.core import declarations, rope
 from flax_blocks.core.alibi import alibi_slopes
-from flax_blocks.core.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from flax_blocks.core.config import (
+    BlockConfig,
+    check_attention_call,
+    has_rotary,
+    is_local,
+    query_temperature,
+    warn_fully_masked,
+)
 from flax_blocks.core.rope import RopeScaling
 
 from .layers import Norm, create_params
@@ -263,7 +270,9 @@ class Attention(nn.Module):
         if not cross:
             if positions is None:  # (B, T) per-row rotary positions (HF's position_ids), else index onwards
                 positions = index + torch.arange(t, device=x.device)
-            q, k, v = self._self_qkv(x, positions, local)
+            rope = has_rotary(cfg, layer, local)
+            q, k, v = self._self_qkv(x, positions, local, rope)
+            q = self.tempered(q, index, rope)
             if cache is not None:
                 k_all, v_all = cache["k"].clone(), cache["v"].clone()
                 k_all[:, :, index:index + t], v_all[:, :, index:index + t] = k, v
@@ -288,16 +297,16 @@ class Attention(nn.Module):
             out = torch.where(rows.any(dim=1), out, 0.0)
         return out, weights, logit_max, cache
 
-    def _self_qkv(self, x: Tensor, positions: Tensor, local: bool) -> tuple[Tensor, Tensor, Tensor]:
+    def _self_qkv(self, x: Tensor, positions: Tensor, local: bool, rope: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's q (B, H, T, hd) and k, v (B, K, T, hd) of x (B, T, E), QK-norm and
-        rotary (at positions, (T,) or (B, T)) applied."""
+        rotary (at positions, (T,) or (B, T), where `rope`) applied."""
         cfg = self.cfg
         b, t, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.head_width
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
         q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
         q, k, v = q.view(b, t, h, d), k.view(b, t, kv, d), v.view(b, t, kv, d)
-        q, k = self.position_qk(q, k, positions, local)
+        q, k = self.position_qk(q, k, positions, local, rope)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def _cross_qkv(self, x: Tensor, memory: Tensor | None,
@@ -403,17 +412,36 @@ class Attention(nn.Module):
             logits = logits + bias
         return logits if masked is None else logits.masked_fill(masked, float("-inf"))
 
-    def position_qk(self, q: Tensor, k: Tensor, positions: Tensor, local: bool = False) -> tuple[Tensor, Tensor]:
+    def l2_normed(self, a: Tensor) -> Tensor:
+        """Llama 4's L2 norm (qk_l2_norm) of a (B, T, heads, hd) over each head: a * rsqrt(mean(a^2) + eps), no
+        weight, in float32 at least."""
+        x = a.to(torch.promote_types(a.dtype, torch.float32))
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.layer_norm_eps)).to(a.dtype)
+
+    def tempered(self, q: Tensor, index: int, rope: bool) -> Tensor:
+        """Llama 4's query temperature (`query_temperature`) on q (B, H, T, hd) of a layer without rotary,
+        at the slots index .. index + T - 1; q itself elsewhere."""
+        if self.cfg.query_temperature_floor is None or rope:
+            return q
+        dt = torch.promote_types(q.dtype, torch.float32)
+        slots = index + torch.arange(q.shape[2], device=q.device, dtype=dt)
+        return (q * query_temperature(self.cfg, slots, torch)[:, None]).to(q.dtype)
+
+    def position_qk(self, q: Tensor, k: Tensor, positions: Tensor, local: bool = False,
+                    rope: bool = True) -> tuple[Tensor, Tensor]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
         k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's, whose rotary base is
-        rope_local_theta when given (Gemma 3)."""
+        rope_local_theta when given (Gemma 3); rope: whether this layer rotates (`has_rotary`: False in
+        SmolLM3's NoPE layers, Cohere 2's global layers)."""
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
-        if self.cfg.rope_theta is not None and (local or not self.cfg.rope_local_only):  # Cohere 2: local only
+        if self.cfg.rope_theta is not None and rope:
             theta, dim, scaling = self.cfg.rope_theta, self.cfg.rotary_dim, self.cfg.rope_scaling
             if local and self.cfg.rope_local_theta is not None:  # Gemma 3's local layers: plain, their own base
                 theta, scaling = self.cfg.rope_local_theta, None
             pairs = self.cfg.rope_interleaved
             q, k = rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
+            if self.cfg.qk_l2_norm:  # Llama 4: the rotary layers' q and k over their RMS, after rotary
+                q, k = self.l2_normed(q), self.l2_normed(k)
         return q, k

@@ -108,6 +108,10 @@ class BlockConfig:
     rope_local_theta: float | None = None
     rope_interleaved: bool = False
     rope_local_only: bool = False
+    nope_layers: tuple[int, ...] = ()
+    query_temperature_floor: float | None = None
+    query_temperature_scale: float = 0.1
+    qk_l2_norm: bool = False
     qkv_bias: bool | None = None
     mlp_bias: bool | None = None
     norm_bias: bool | None = None
@@ -146,6 +150,8 @@ class BlockConfig:
             object.__setattr__(self, "rope_scaling", self._scaling_from_dict(self.rope_scaling))
         if isinstance(self.mlp_only_layers, list):  # HF configs hold a list
             object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if isinstance(self.nope_layers, list):
+            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
         self._check_sizes()
         self._check_experts()
         self._check_choices()
@@ -303,6 +309,7 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.rope_local_only (rotary on the local layers alone) must be a bool and needs "
                              f"rope_theta and sliding_window, got {self.rope_local_only!r} with rope_theta="
                              f"{self.rope_theta!r}, sliding_window={self.sliding_window!r}")
+        self._check_nope_layers()
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, RopeScaling):
                 raise ValueError(f"BlockConfig.rope_scaling must be None, a RopeScaling or its dict, got "
@@ -333,6 +340,31 @@ class BlockConfig:
             if self.rope_theta is None or self.sliding_window is None:
                 raise ValueError("BlockConfig.rope_local_theta is the rotary base of the local (sliding-window) "
                                  "layers and needs rope_theta and sliding_window")
+
+    def _check_nope_layers(self) -> None:
+        """nope_layers: layer indices (from 0) without rotary, which need rotary elsewhere."""
+        nope = self.nope_layers
+        if not isinstance(nope, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in nope):
+            raise ValueError(f"BlockConfig.nope_layers must be a tuple of layer indices >= 0 (from 0, as HF's "
+                             f"no_rope_layers), got {nope!r}")
+        if nope and self.rope_theta is None:
+            raise ValueError(f"BlockConfig.nope_layers={nope!r} names the layers without rotary (SmolLM3, Llama 4's "
+                             f"NoPE layers) and needs rope_theta for the others")
+        if not isinstance(self.qk_l2_norm, bool) or (self.qk_l2_norm and (self.rope_theta is None or self.qk_norm)):
+            raise ValueError(f"BlockConfig.qk_l2_norm (Llama 4's use_qk_norm: q and k over their RMS per head, no "
+                             f"weight, in the rotary layers) must be a bool and needs rope_theta, without qk_norm (the "
+                             f"weighted QK-norm), got {self.qk_l2_norm!r} with rope_theta={self.rope_theta!r}, "
+                             f"qk_norm={self.qk_norm!r}")
+        floor, scale = self.query_temperature_floor, self.query_temperature_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ValueError(f"BlockConfig.query_temperature_scale must be a finite number (Llama 4: 0.1), "
+                             f"got {scale!r}")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor > 0
+                                  or not nope):
+            raise ValueError(f"BlockConfig.query_temperature_floor (Llama 4's floor_scale: the queries of the layers "
+                             f"without rotary tempered by their slot) must be None or a number > 0 and needs "
+                             f"nope_layers, got {floor!r} with nope_layers={nope!r}")
 
     def _check_combinations(self) -> None:
         """Options that contradict each other (or an attention path that cannot compute them)."""
@@ -399,7 +431,8 @@ class BlockConfig:
                "query_pre_attn_scalar": self.query_pre_attn_scalar is not None,
                "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense"),
                "attn_sinks": self.attn_sinks, "rope_interleaved": self.rope_interleaved,
-               "rope_local_only": self.rope_local_only, "alibi": self.alibi}
+               "rope_local_only": self.rope_local_only, "alibi": self.alibi, "nope_layers": bool(self.nope_layers),
+               "query_temperature_floor": self.query_temperature_floor is not None, "qk_l2_norm": self.qk_l2_norm}
         bad = [name for name, on in off.items() if on]
         if bad:
             raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "
@@ -565,6 +598,27 @@ def is_local(cfg: BlockConfig, layer: Any) -> Any:
         return False
     n = cfg.sliding_window_pattern
     return True if n is None else layer % n != 0
+
+
+def has_rotary(cfg: BlockConfig, layer: Any, local: Any) -> Any:
+    """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) rotates q and k:
+    rope_theta set, layer - 1 not in nope_layers (SmolLM3, Llama 4) and, with rope_local_only (Cohere 2),
+    a local layer (`local`: is_local's answer). A Python bool, or a boolean array when either is traced."""
+    if cfg.rope_theta is None or (cfg.rope_local_only and local is False):
+        return False
+    rope = local if cfg.rope_local_only else True
+    for i in cfg.nope_layers:
+        rope = rope & (layer != i + 1)
+    return rope
+
+
+def query_temperature(cfg: BlockConfig, slots: Any, xp: Any) -> Any:
+    """Llama 4's temperature of the queries in a layer without rotary (attn_temperature_tuning), at
+    the tokens' slots (T,) (cache index + i, HF's past_seen_tokens + i; not their position ids):
+    log1p(floor((slot + 1) / query_temperature_floor)) * query_temperature_scale + 1. `xp`: numpy,
+    jax.numpy or torch, whose log1p and floor it takes; `slots` a float array of that module."""
+    assert cfg.query_temperature_floor is not None
+    return xp.log1p(xp.floor((slots + 1.0) / cfg.query_temperature_floor)) * cfg.query_temperature_scale + 1.0
 
 
 def is_moe_layer(cfg: BlockConfig, layer: Any) -> Any:

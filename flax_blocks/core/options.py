@@ -130,6 +130,15 @@ OPTIONS: tuple[Option, ...] = (
            "rotary_dim / 2): GPT-J's rotate_every_two, Cohere's repeat-interleave"),
     Option("rope_local_only", "compute", "rotary on the local (sliding-window) layers alone, the global layers "
            "without positions (Cohere 2)"),
+    Option("nope_layers", "compute", "layers (from 0, HF no_rope_layers' zeros) that attend without rotary "
+           "positions (SmolLM3, Llama 4's NoPE layers)", cli=False),
+    Option("query_temperature_floor", "compute", "Llama 4's attn_temperature_tuning: the queries of the layers "
+           "without rotary times log1p(floor((slot + 1) / floor)) * query_temperature_scale + 1 (floor_scale 8192); "
+           "None: off", cli=False),
+    Option("query_temperature_scale", "compute", "the query temperature's gain (Llama 4's attn_scale 0.1)", cli=False,
+           only_with=("query_temperature_floor", 2.0)),
+    Option("qk_l2_norm", "compute", "Llama 4's use_qk_norm: q and k divided by their RMS over each head (no weight, "
+           "eps layer_norm_eps) in the layers that rotate, after rotary; not with qk_norm"),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True),
     Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
@@ -340,6 +349,17 @@ DETAILS = """\
 - `rope_local_only`: False, rotary in every layer; True, only the local layers (`sliding_window`,
   `sliding_window_pattern`) rotate q and k, the global layers attend without positions (Cohere 2's
   `Cohere2Attention` applies rotary only where its layer has a sliding window).
+- `nope_layers`: (), rotary in every layer; layer indices from 0, the layers that attend without rotary
+  positions (SmolLM3's and Llama 4's `no_rope_layers` hold 1 = rotary, 0 = NoPE per layer: these are its
+  zeros). With `rope_local_only` a layer rotates when it is local and not among them.
+- `query_temperature_floor`, `query_temperature_scale`: Llama 4's temperature tuning of the NoPE layers
+  (Llama4TextAttention with `attn_temperature_tuning`, from arXiv 2501.19399): in a layer without rotary
+  (`nope_layers`) the queries are multiplied by log1p(floor((s + 1) / floor)) * scale + 1, s the token's slot in
+  the sequence or cache (0 .. T - 1 from the cache index; HF's past_seen_tokens + i, not the position ids a
+  left-padded row carries), after QK-norm; the rotary layers' queries are untouched.
+- `qk_l2_norm`: Llama 4's `Llama4TextL2Norm` (`use_qk_norm`): in a layer that rotates (not in `nope_layers`), q
+  and k times rsqrt(mean over head_dim of x^2 + eps) after rotary, no parameter; rotary being a rotation of
+  the head's dims, the order against it changes nothing but rounding. The NoPE layers' q and k stay as they are.
 - `qkv_bias`: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True with bias=False).
 - `mlp_bias`: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's `mlp_bias` beside
   `attention_bias`).

@@ -133,6 +133,8 @@ MISTAKES = {
     "cohere": ("rotary on halves (LLaMA's names, LLaMA's rotary) for Cohere's adjacent pairs",
                dict(rope_interleaved=False), None),
     "cohere2": ("rotary on the global layers too (Cohere's every layer)", dict(rope_local_only=False), None),
+    "smollm3": ("rotary in every layer (read as a LLaMA: its names; no_rope_layers ignored)", dict(nope_layers=()),
+                None),
     "granite": ("residual_multiplier ignored (read as a LLaMA: its names)", dict(residual_multiplier=1.0), None),
     "gpt_bigcode": ("c_attn's key and value rows swapped ([q; v; k])", {}, _kv_swapped),
     "falcon": ("query_key_value's key and value rows swapped ([q; v; k])", {}, _falcon_kv_swapped),

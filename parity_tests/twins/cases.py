@@ -128,7 +128,12 @@ CASES: list[Case] = [
                             sliding_window_pattern=3, rope_local_only=True), num_layers=3, seq=6, key_mask=True),
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
-    Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
+    # ... with its first layer without rotary (SmolLM3 / Llama 4's NoPE layers: nope_layers, from 0), its queries
+    # tempered by their slots (Llama 4's attn_temperature_tuning, floor 2: four values over 6 slots), the rotary
+    # layer's q and k over their RMS after rotary (Llama 4's L2 QK-norm)
+    Case("Decoder", replace(LLAMA, causal=True, nope_layers=(0,), query_temperature_floor=2.0,
+                            query_temperature_scale=0.5, qk_norm=False, qk_l2_norm=True), num_layers=2, seq=6,
+         remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
     # StableLM's block: one LayerNorm (with its bias) for both parallel branches, linear maps without biases
     Case("Encoder", replace(BASE, parallel_residual="shared_norm", bias=False, norm_bias=True, residual_multiplier=0.5),

@@ -99,7 +99,7 @@ def swap_gate_and_up(case: Case, module, inp: Inputs):
 
 
 class _QKNormAfterRotary(Attention):
-    def position_qk(self, q, k, positions, local=False):
+    def position_qk(self, q, k, positions, local=False, rope=True):
         theta = self.cfg.rope_theta
         q, k = rotary(q, positions, theta), rotary(k, positions, theta)
         return self.q_norm(q), self.k_norm(k)
@@ -108,10 +108,35 @@ class _QKNormAfterRotary(Attention):
 class _RotaryOnLastDims(Attention):
     """Partial rotary on the last rotary_dim dims of each head instead of the first."""
 
-    def position_qk(self, q, k, positions, local=False):
+    def position_qk(self, q, k, positions, local=False, rope=True):
         theta, r = self.cfg.rope_theta, self.cfg.rotary_dim
         rot = lambda a: jnp.concatenate([a[..., :-r], rotary(a[..., -r:], positions, theta)], axis=-1)  # noqa: E731
         return rot(q), rot(k)
+
+
+class _TemperatureFromSlotZero(Attention):
+    """Llama 4's query temperature at floor(slot / floor) where HF takes floor((slot + 1) / floor)."""
+
+    def tempered(self, q, index, rope):
+        return super().tempered(q, jnp.asarray(index) - 1, rope)
+
+
+def temperature_from_slot_zero(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _TemperatureFromSlotZero
+    return module, inp
+
+
+class _L2NormOnTheNopeLayers(Attention):
+    """Llama 4's L2 QK-norm applied in the layers without rotary too (HF: the rotary layers alone)."""
+
+    def position_qk(self, q, k, positions, local=False, rope=True):
+        q, k = super().position_qk(q, k, positions, local, rope)
+        return (q, k) if rope is True else (self.l2_normed(q), self.l2_normed(k))
+
+
+def l2_norm_on_the_nope_layers(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _L2NormOnTheNopeLayers
+    return module, inp
 
 
 def rotary_on_last_dims(case: Case, module, inp: Inputs):
@@ -402,6 +427,19 @@ MUTATIONS = {
                                          num_layers=2, seq=7),
                                     replace(MODERN, causal=True, rope_theta=100.0, sliding_window=3,
                                             sliding_window_pattern=2), None),
+    # SmolLM3's / Llama 4's NoPE layers rotated (nope_layers ignored); a block alone is layer 1 (index 0)
+    "rotary_on_the_nope_layers": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                   nope_layers=(0,)), seq=7),
+                                  replace(MODERN, causal=True, rope_theta=100.0), None),
+    # Llama 4's query temperature one slot early (HF's + 1 left out)
+    "query_temperature_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                      nope_layers=(0,), query_temperature_floor=2.0,
+                                                                      query_temperature_scale=0.5), seq=7),
+                                     None, temperature_from_slot_zero),
+    # Llama 4's L2 QK-norm in its NoPE layers too (HF builds it in the rotary layers alone)
+    "l2_qk_norm_on_the_nope_layers": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                       nope_layers=(0,), qk_l2_norm=True), seq=7),
+                                      None, l2_norm_on_the_nope_layers),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),

@@ -18,7 +18,11 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              scaled rotary (rope_scaling: linear, dynamic, yarn, longrope, llama3, as transformers'
              ROPE_INIT_FUNCTIONS, with yarn's and longrope's factor on cos and sin);
              a local layer (sliding_window; every layer, or l % pattern != 0) masks key j <= i - W
-             and takes rope_local_theta (plain rotary);
+             and takes rope_local_theta (plain rotary); no rotary in layer l when l - 1 is in
+             nope_layers (SmolLM3) or, with rope_local_only (Cohere 2), when l is not local; there
+             (Llama 4) q times log1p(floor((i + 1) / floor)) * scale + 1 at position i with
+             query_temperature_floor; in the rotary layers with qk_l2_norm q and k over their RMS
+             per head after rotary (Llama 4);
              softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
              soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output; with attn_sinks
@@ -66,6 +70,7 @@ HANDLED = frozenset({
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
     "sliding_window_pattern", "rope_local_theta", "rope_scaling", "rope_interleaved", "rope_local_only",
+    "nope_layers", "query_temperature_floor", "query_temperature_scale", "qk_l2_norm",
     "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling", "residual_multiplier",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
@@ -379,10 +384,17 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     if local:  # query i sees key j only if i - W < j (HF's sliding_window_overlay), besides the causal mask
         window = np.arange(s)[None, :] <= np.arange(t)[:, None] - cfg.sliding_window
         masked = window[None] if masked is None else masked | window[None]
-    if theta is not None and positions and (local or not _opt(cfg, "rope_local_only", False)):  # Cohere 2
+    rotates = (local or not _opt(cfg, "rope_local_only", False)) and layer - 1 not in _opt(cfg, "nope_layers", ())
+    if theta is not None and positions and rotates:  # Cohere 2: local layers alone; SmolLM3: not its NoPE layers
         fraction = _opt(cfg, "partial_rotary_factor", 1.0)
         pairs = _opt(cfg, "rope_interleaved", False)
         q, k = rotary(q, theta, fraction, scaling, pairs), rotary(k, theta, fraction, scaling, pairs)
+        if _opt(cfg, "qk_l2_norm", False):  # Llama 4: over each head's RMS, no weight, after rotary
+            q, k = (a / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + cfg.layer_norm_eps) for a in (q, k))
+    elif positions and _opt(cfg, "query_temperature_floor", None) is not None:  # Llama 4's NoPE layers
+        slots = np.arange(t, dtype=np.float64)
+        q = q * (np.log1p(np.floor((slots + 1) / cfg.query_temperature_floor)) * cfg.query_temperature_scale + 1)[
+            :, None]
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
     a = _opt(cfg, "query_pre_attn_scalar", None)  # Gemma: q.k / sqrt(a)
