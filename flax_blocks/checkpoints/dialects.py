@@ -136,6 +136,8 @@ NOT_DEEPSEEK = {"kv_lora_rank": None, "rope_interleave": False, "latent_norm_eps
                 "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "shared_expert_gate": True}
 # What GPT-OSS alone computes (families/gpt_oss.py reads them): every other family fixes them off.
 NO_GPT_OSS = {"attn_sinks": False, "experts_bias": False, "swiglu_limit": None, "swiglu_alpha": 1.702}
+# What ModernBERT alone computes (families/modernbert.py fixes them): every other family fixes them off.
+NO_MODERNBERT = {"first_attn_norm": True, "pattern_global_first": False}
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,8 @@ class Dialect:
     def __post_init__(self) -> None:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
             object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
-        if self.rules is not None:  # DeepSeek's and GPT-OSS's options off unless the family reads or fixes them
-            off = {k: v for k, v in {**NOT_DEEPSEEK, **NO_GPT_OSS}.items() if k not in self.reads}
+        if self.rules is not None:  # DeepSeek's, GPT-OSS's and ModernBERT's options off unless read or fixed
+            off = {k: v for k, v in {**NOT_DEEPSEEK, **NO_GPT_OSS, **NO_MODERNBERT}.items() if k not in self.reads}
             object.__setattr__(self, "settings", {**off, **self.settings})
         if self.rules is not None and "residual_multiplier" not in {*self.settings, *self.reads}:
             object.__setattr__(self, "settings", {**self.settings, "residual_multiplier": 1.0})  # all but Granite
@@ -608,7 +610,8 @@ def settings_of(module: Any) -> dict[str, Any]:
                                              "activation", "layer_norm_eps", "causal", "mlp", "qk_norm",
                                              "qk_norm_over", "rope_theta", "partial_rotary_factor",
                                              "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-                                             "sliding_window_pattern", "rope_local_theta", "rope_interleaved",
+                                             "sliding_window_pattern", "pattern_global_first", "first_attn_norm",
+                                             "rope_local_theta", "rope_interleaved",
                                              "parallel_residual", "residual", "scaling", "layernorm_scaling",
                                              "attn_sinks", "swiglu_limit", "swiglu_alpha")}
         if type(module).__name__ in declarations.STACKS:
@@ -629,7 +632,7 @@ def settings_of(module: Any) -> dict[str, Any]:
         act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
     out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
                layer_norm_eps=layer.norm1.eps, norm_type="layernorm", norm_weight_offset=0.0, mlp="dense",
-               parallel_residual="none", layernorm_scaling=False, attn_sinks=False)
+               parallel_residual="none", layernorm_scaling=False, attn_sinks=False, first_attn_norm=True)
     if act_name is not None:
         out["activation"] = act_name
     return out
