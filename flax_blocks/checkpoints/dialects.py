@@ -82,6 +82,10 @@ class Rule:
       block_sparse_moe.experts.{j}.w1.weight (F, E)): ours stacks experts 0..X-1 along a new
       axis 0 ((X, F, E)); written back one tensor per expert.
 
+    fill: the family's first layer has no such tensor (ModernBERT's layer 0 attn_norm is nn.Identity; the
+      blocks' alike layers hold one, unused under first_attn_norm=False): read as this value, shaped as
+      the next layer's (or the final norm's); never written for layer 0.
+
     Several rules may give the same name of ours from different names of theirs (the per-expert
     tensors on disk and the fused ones transformers 5 holds): a checkpoint is read from whichever
     it holds, and written in the first rule's names.
@@ -97,6 +101,7 @@ class Rule:
     axis: int = 0
     per_expert: bool = False
     interleave: bool = False
+    fill: float | None = None
 
     def __post_init__(self):
         if self.split and len(self.split) != len(self.theirs):
@@ -501,12 +506,25 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                     continue
                 a = _regroup(a, num_heads, r.per_head, to_ours=True)
             out[f"{declarations.LAYERS}.{i}.{r.ours}"] = a
+    _fill_first_layer(lay, layers, out)
     if problems:
         raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
     if not layers:
         raise ConversionError([f"no key matches {prefix}{lay.layer} (the keys' roots are {_roots(sd)})"],
                               header=f"cannot read the {name} checkpoint")
     return Translated(out, name, prefix, dropped)
+
+
+def _fill_first_layer(lay: Dialect, layers: dict[int, dict[str, Any]], out: dict[str, Any]) -> None:
+    """Layer 0's tensors the family never has (`Rule.fill`), shaped as layer 1's or the final norm's."""
+    for r in lay.rules or ():
+        ours = f"{declarations.LAYERS}.0.{r.ours}"
+        if r.fill is None or 0 not in layers or ours in out:
+            continue
+        shaped = (f"{declarations.LAYERS}.1.{r.ours}", f"{declarations.FINAL_NORM}.{r.ours.split('.')[-1]}")
+        like = [out[k] for k in shaped if k in out]
+        if like:
+            out[ours] = np.full(like[0].shape, r.fill, like[0].dtype)
 
 
 # ----------------------------------------------------------------------------------------
@@ -556,6 +574,8 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
         r = by_ours.get(m.group(2))
         if r is None:
             problems.append(f"{k}: the {lay.name} dialect has no place for it")
+            continue
+        if r.fill is not None and m.group(1) == "0":  # a tensor the family's first layer lacks (held, unused)
             continue
         base = f"{prefix}{lay.layer.format(i=m.group(1))}"
         if r.per_expert:

@@ -24,6 +24,7 @@ from . import (  # noqa: F401 - imported for their registrations
     llama,
     mistral,
     mixtral,
+    modernbert,
     olmo2,
     olmoe,
     opt,
