@@ -543,6 +543,9 @@ def check_settings(cfg: BlockConfig, dialect: str) -> None:
     lay = _get(dialect)
     bad = [f"{k}={getattr(cfg, k)!r}, but {lay.name} checkpoints have {k}={v!r}"
            for k, v in lay.settings.items() if getattr(cfg, k) != v]
+    if cfg.sliding_window is not None and not cfg.causal and lay.settings.get("causal") is not False:
+        bad.append(f"sliding_window={cfg.sliding_window} with causal=False is the bidirectional window |i - j| < W, "
+                   f"which {lay.name} checkpoints compute otherwise (transformers: |i - j| <= W) or not at all")
     if bad:
         raise ConversionError(bad, header=f"this config cannot be written as a {lay.name} checkpoint")
 
