@@ -87,9 +87,11 @@ def _rotary(c: Read, has_local: bool) -> dict[str, Any]:
     if not has_local:
         return rotary
     kind = local.get("rope_type", local.get("type", "default"))
-    if kind != "default":
-        c.problems.append(f"rope_parameters.sliding_attention={local!r}: rope_type {kind!r} on the sliding layers; "
-                          "the blocks' local layers take plain rotary at their own base")
+    if kind != "default":  # named by the key that set it (rope_scaling updates both kinds' parameters)
+        scaled = c["rope_scaling"] and any(k in c["rope_scaling"] for k in ("rope_type", "type"))
+        key = "rope_scaling" if scaled else "rope_parameters"
+        c.problems.append(f"{key}={c[key]!r}: rope_type {kind!r} on the sliding layers ({local!r}); the blocks' "
+                          "local layers take plain rotary at their own base")
     return {**rotary, "rope_local_theta": float(local["rope_theta"])}
 
 
