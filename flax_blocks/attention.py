@@ -139,12 +139,18 @@ def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: 
         return "dense"
     if cfg.attention != "auto":
         return cfg.attention
-    if need_weights or explicit_mask or dropout_active or not isinstance(seq, int) or cfg.alibi:
+    if (need_weights or explicit_mask or dropout_active or not isinstance(seq, int) or cfg.alibi
+            or _bidirectional_window(cfg)):
         return "dense"  # (ALiBi's biases: the dense path alone adds them)
     gpu = (jax.default_backend() if platform is None else platform) == "gpu"
     if gpu and cfg.attn_logit_softcapping is None and cfg.sliding_window_pattern is None and not cfg.attn_sinks:
         return "fused"  # (see BlockConfig; jax.nn.dot_product_attention has no sinks)
     return "blocked" if seq >= AUTO_MIN_KEYS else "dense"
+
+
+def _bidirectional_window(cfg: BlockConfig) -> bool:
+    """A window without causal (|i - j| < W, ModernBERT): the dense path alone computes it."""
+    return cfg.sliding_window is not None and not cfg.causal
 
 
 def self_attention_masks(cfg: BlockConfig, path: str, batch: int, seq: int, attention_mask, key_mask) -> dict:
@@ -382,16 +388,20 @@ class Attention(nnx.Module):
             scaling = None if local is True else scaling
         return rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
 
-    def windowed(self, mask: jax.Array, rows: jax.Array | None, index, t: int, s: int,
-                 local) -> tuple[jax.Array, jax.Array | None]:
+    def windowed(self, mask: jax.Array | None, rows: jax.Array | None, index, t: int, s: int,
+                 local) -> tuple[jax.Array | None, jax.Array | None]:
         """The dense path's (mask, rows) of a local layer (`local`: a bool or a traced one):
-        query i (at position index + i) sees key j (position j) only if i - W < j; a query
-        whose keys all lie before its window has none (rows False, its mask opened up)."""
+        query i (at position index + i) sees key j (position j) only if |i - j| < W (under the
+        causal mask: i - W < j); a query whose keys all lie outside its window has none (rows
+        False, its mask opened up). mask None: no other mask (a bidirectional window)."""
         if local is False:
             return mask, rows
+        window = self.cfg.sliding_window
+        assert window is not None  # only a local layer is windowed
         qpos, kpos = index + jnp.arange(t), jnp.arange(s)
-        inside = (kpos[None, :] > qpos[:, None] - self.cfg.sliding_window)[None, None]  # (1, 1, T, S)
-        m = mask & (inside if local is True else inside | ~local)
+        inside = (jnp.abs(kpos[None, :] - qpos[:, None]) < window)[None, None]  # (1, 1, T, S)
+        inside = inside if local is True else inside | ~local
+        m = inside if mask is None else mask & inside
         has = jnp.any(m, axis=-1, keepdims=True)
         return m | ~has, (has if rows is None else rows & has)
 
@@ -513,8 +523,7 @@ class Attention(nnx.Module):
             assert k is not None and v is not None
             out, has_key = self._efficient(path, q, k, v, key_valid, local)
             return jnp.where(has_key[..., None], self._out(out, w_out, b_out), 0.0), None, None, cache
-        if local is not False:  # a sliding-window layer (the causal mask is never None then)
-            assert mask is not None
+        if local is not False:  # a sliding-window layer
             mask, rows = self.windowed(mask, rows, index, x.shape[1], kh.shape[2], local)
         alibi = self.alibi_bias(mask, rows, kh.shape[2]) if self.cfg.alibi and not cross else None
         out, weights, logit_max, written = self._dense(q, kh, vh, step, mask, rows, index, key, deterministic, alibi)

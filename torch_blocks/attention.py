@@ -282,9 +282,8 @@ class Attention(nn.Module):
             q, k, v = self._cross_qkv(x, memory, cache)
         p = cfg.dropout if self.training else 0.0
         weights = logit_max = None
-        if local:  # the causal mask is never None then (sliding_window needs causal)
-            assert masked is not None
-            masked, rows = self.windowed(masked, rows, index, t, k.shape[2])
+        if local:  # a sliding-window layer
+            masked, rows = self.windowed(masked, rows, index, t, k.shape[2], x.device)
         if path == "dense":
             alibi = self.alibi_bias(masked, rows, k.shape[2]) if cfg.alibi and not cross else None
             out, weights, logit_max = self._dense(q, k, v, masked, rows, bias, p, alibi)
@@ -386,15 +385,17 @@ class Attention(nn.Module):
         slopes = torch.from_numpy(alibi_slopes(self.cfg.num_heads)).to(device=device, dtype=torch.bfloat16)
         return (slopes[None, :, None, None] * pos.to(torch.bfloat16)[:, None, None, :]).float()
 
-    def windowed(self, masked: Tensor, rows: Tensor | None, index: int, t: int, s: int) -> tuple[Tensor, Tensor]:
+    def windowed(self, masked: Tensor | None, rows: Tensor | None, index: int, t: int, s: int,
+                 device: torch.device) -> tuple[Tensor, Tensor]:
         """A local layer's (masked, rows): query i (at position index + i) may NOT attend to key
-        j (position j) when j <= i - W; a query whose keys all lie before its window has none
-        (rows False, its mask opened up)."""
+        j (position j) when |i - j| >= W (under the causal mask: j <= i - W); a query whose keys
+        all lie outside its window has none (rows False, its mask opened up). masked None: no
+        other mask (a bidirectional window)."""
         window = self.cfg.sliding_window
         assert window is not None  # only a local layer is windowed
-        qpos = index + torch.arange(t, device=masked.device)
-        outside = torch.arange(s, device=masked.device)[None, :] <= qpos[:, None] - window
-        m = masked | outside
+        qpos = index + torch.arange(t, device=device)
+        outside = ((torch.arange(s, device=device)[None, :] - qpos[:, None]).abs() >= window)[None, None]  # (1,1,T,S)
+        m = outside if masked is None else masked | outside
         has = ~m.all(dim=-1, keepdim=True)
         return m & has, (has if rows is None else rows & has)
 

@@ -90,6 +90,10 @@ class Rule:
       block_sparse_moe.experts.{j}.w1.weight (F, E)): ours stacks experts 0..X-1 along a new
       axis 0 ((X, F, E)); written back one tensor per expert.
 
+    fill: the family's first layer has no such tensor (ModernBERT's layer 0 attn_norm is nn.Identity; the
+      blocks' alike layers hold one, unused under first_attn_norm=False): read as this value, shaped as
+      the next layer's (or the final norm's); never written for layer 0.
+
     Several rules may give the same name of ours from different names of theirs (the per-expert
     tensors on disk and the fused ones transformers 5 holds): a checkpoint is read from whichever
     it holds, and written in the first rule's names.
@@ -107,6 +111,7 @@ class Rule:
     interleave: bool = False
     per_group: bool = False
     only: tuple[str, Any] | tuple[()] = ()
+    fill: float | None = None
 
     def __post_init__(self):
         if self.split and len(self.split) != len(self.theirs):
@@ -162,6 +167,9 @@ NOT_DEEPSEEK = {"kv_lora_rank": None, "rope_interleave": False, "latent_norm_eps
                 "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "shared_expert_gate": True}
 # What GPT-OSS alone computes (families/gpt_oss.py reads them): every other family fixes them off.
 NO_GPT_OSS = {"attn_sinks": False, "experts_bias": False, "swiglu_limit": None, "swiglu_alpha": 1.702}
+# What ModernBERT alone computes (families/modernbert.py fixes them): every other family fixes them off.
+NO_MODERNBERT = {"first_attn_norm": True, "pattern_global_first": False}
+NO_NOPE = {"nope_layers": (), "query_temperature_floor": None, "qk_l2_norm": False}  # all but SmolLM3, Llama 4
 
 
 @dataclass(frozen=True)
@@ -184,8 +192,9 @@ class Dialect:
     def __post_init__(self) -> None:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
             object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
-        if self.rules is not None:  # DeepSeek's and GPT-OSS's options off unless the family reads or fixes them
-            off = {k: v for k, v in {**NOT_DEEPSEEK, **NO_GPT_OSS}.items() if k not in self.reads}
+        if self.rules is not None:  # DeepSeek's, GPT-OSS's, ModernBERT's, Llama 4's options off unless read or fixed
+            everyone = {**NOT_DEEPSEEK, **NO_GPT_OSS, **NO_MODERNBERT, **NO_NOPE}
+            off = {k: v for k, v in everyone.items() if k not in self.reads}
             object.__setattr__(self, "settings", {**off, **self.settings})
         if self.rules is not None and "residual_multiplier" not in {*self.settings, *self.reads}:
             object.__setattr__(self, "settings", {**self.settings, "residual_multiplier": 1.0})  # all but Granite
@@ -540,12 +549,25 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                     continue
                 a = _ungroup(a, num_heads, num_kv_heads, to_ours=True)
             out[f"{declarations.LAYERS}.{i}.{r.ours}"] = a
+    _fill_first_layer(lay, layers, out)
     if problems:
         raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
     if not layers:
         raise ConversionError([f"no key matches {prefix}{lay.layer} (the keys' roots are {_roots(sd)})"],
                               header=f"cannot read the {name} checkpoint")
     return Translated(out, name, prefix, dropped)
+
+
+def _fill_first_layer(lay: Dialect, layers: dict[int, dict[str, Any]], out: dict[str, Any]) -> None:
+    """Layer 0's tensors the family never has (`Rule.fill`), shaped as layer 1's or the final norm's."""
+    for r in lay.rules or ():
+        ours = f"{declarations.LAYERS}.0.{r.ours}"
+        if r.fill is None or 0 not in layers or ours in out:
+            continue
+        shaped = (f"{declarations.LAYERS}.1.{r.ours}", f"{declarations.FINAL_NORM}.{r.ours.split('.')[-1]}")
+        like = [out[k] for k in shaped if k in out]
+        if like:
+            out[ours] = np.full(like[0].shape, r.fill, like[0].dtype)
 
 
 # ----------------------------------------------------------------------------------------
@@ -564,6 +586,9 @@ def check_settings(cfg: BlockConfig, dialect: str) -> None:
     lay = _get(dialect)
     bad = [f"{k}={getattr(cfg, k)!r}, but {lay.name} checkpoints have {k}={v!r}"
            for k, v in lay.settings.items() if getattr(cfg, k) != v]
+    if cfg.sliding_window is not None and not cfg.causal and lay.settings.get("causal") is not False:
+        bad.append(f"sliding_window={cfg.sliding_window} with causal=False is the bidirectional window |i - j| < W, "
+                   f"which {lay.name} checkpoints compute otherwise (transformers: |i - j| <= W) or not at all")
     if bad:
         raise ConversionError(bad, header=f"this config cannot be written as a {lay.name} checkpoint")
 
@@ -596,6 +621,8 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
         r = by_ours.get(m.group(2))
         if r is None:
             problems.append(f"{k}: the {lay.name} dialect has no place for it")
+            continue
+        if r.fill is not None and m.group(1) == "0":  # a tensor the family's first layer lacks (held, unused)
             continue
         base = f"{prefix}{lay.layer.format(i=m.group(1))}"
         if r.per_expert:
@@ -653,7 +680,8 @@ def settings_of(module: Any) -> dict[str, Any]:
                                              "activation", "layer_norm_eps", "causal", "mlp", "qk_norm",
                                              "qk_norm_over", "rope_theta", "partial_rotary_factor",
                                              "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-                                             "sliding_window_pattern", "rope_local_theta", "rope_interleaved",
+                                             "sliding_window_pattern", "pattern_global_first", "first_attn_norm",
+                                             "rope_local_theta", "rope_interleaved",
                                              "parallel_residual", "residual", "scaling", "layernorm_scaling",
                                              "attn_sinks", "swiglu_limit", "swiglu_alpha", "alibi")}
         if type(module).__name__ in declarations.STACKS:
@@ -674,7 +702,8 @@ def settings_of(module: Any) -> dict[str, Any]:
         act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
     out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
                layer_norm_eps=layer.norm1.eps, norm_type="layernorm", norm_weight_offset=0.0, mlp="dense",
-               parallel_residual="none", layernorm_scaling=False, attn_sinks=False, alibi=False)
+               parallel_residual="none", layernorm_scaling=False, attn_sinks=False, alibi=False,
+               first_attn_norm=True)
     if act_name is not None:
         out["activation"] = act_name
     return out

@@ -239,7 +239,7 @@ def read_whole(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, i
         take("token_type.weight", base + out.token_type)
     if out.embed_norm:
         take("embed_norm.weight", base + out.embed_norm + "weight")
-        if cfg.bias:
+        if cfg.has_norm_bias:  # (BERT: bias; ModernBERT: norm_bias)
             take("embed_norm.bias", base + out.embed_norm + "bias")
     if lm.project_dim is not None:
         assert out.projections is not None  # project_dim comes from them

@@ -81,6 +81,7 @@ class BlockConfig:
     norm_weight_offset: float = 0.0
     dyt_alpha_init: float = 0.5
     layernorm_scaling: bool = False
+    first_attn_norm: bool = True
     mlp: Literal["dense", "swiglu", "geglu"] = "dense"
     num_experts: int = 0
     num_experts_per_tok: int = 2
@@ -105,6 +106,7 @@ class BlockConfig:
     query_pre_attn_scalar: float | None = None
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
+    pattern_global_first: bool = False
     rope_local_theta: float | None = None
     rope_interleaved: bool = False
     rope_local_only: bool = False
@@ -257,6 +259,12 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.attention_block must be a positive int, got {self.attention_block!r}")
         if not isinstance(self.qk_norm, bool):
             raise ValueError(f"BlockConfig.qk_norm must be a bool, got {self.qk_norm!r}")
+        if not isinstance(self.first_attn_norm, bool) or (not self.first_attn_norm and (
+                self.norm != "pre" or self.parallel_residual != "none")):
+            raise ValueError(f"BlockConfig.first_attn_norm=False (the first layer's attention reads the stream "
+                             f"unnormalised, ModernBERT) must be a bool and needs norm='pre' without a parallel "
+                             f"residual, got {self.first_attn_norm!r} with norm={self.norm!r}, parallel_residual="
+                             f"{self.parallel_residual!r}")
         if not isinstance(self.layernorm_scaling, bool):
             raise ValueError(f"BlockConfig.layernorm_scaling must be a bool, got {self.layernorm_scaling!r}")
         if self.layernorm_scaling and self.norm != "pre":
@@ -328,12 +336,19 @@ class BlockConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"BlockConfig.{name} must be None or a positive int, got {value!r}")
-        if self.sliding_window is not None and not self.causal:
-            raise ValueError(f"BlockConfig.sliding_window={self.sliding_window!r} is the causal window i - W < j <= i "
-                             "(Mistral, Gemma 2 / 3) and needs causal=True")
+        if self.sliding_window is not None and not self.causal and self.attention in ("blocked", "fused"):
+            raise ValueError(f"BlockConfig.sliding_window={self.sliding_window!r} without causal=True is the "
+                             f"bidirectional window |i - j| < W (ModernBERT), which the attention={self.attention!r} "
+                             "path does not compute: use attention='auto' or 'dense', or causal=True")
         if self.sliding_window is None and self.sliding_window_pattern is not None:
             raise ValueError(f"BlockConfig.sliding_window_pattern={self.sliding_window_pattern!r} says which layers "
                              "are local and needs sliding_window")
+        if not isinstance(self.pattern_global_first, bool) or (self.pattern_global_first and
+                                                                self.sliding_window_pattern is None):
+            raise ValueError(f"BlockConfig.pattern_global_first (each period of sliding_window_pattern starts with "
+                             f"its global layer) must be a bool and needs sliding_window_pattern, got "
+                             f"{self.pattern_global_first!r} with sliding_window_pattern="
+                             f"{self.sliding_window_pattern!r}")
         if self.rope_local_theta is not None:
             if isinstance(self.rope_local_theta, bool) or not self.rope_local_theta > 0:
                 raise ValueError(f"BlockConfig.rope_local_theta must be None or > 0, got {self.rope_local_theta!r}")
@@ -593,11 +608,26 @@ def check_parallel(cfg: BlockConfig, kind: str, sublayers: tuple) -> None:
 
 def is_local(cfg: BlockConfig, layer: Any) -> Any:
     """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) is a
-    local, sliding-window layer: a Python bool, or a boolean array when `layer` is traced."""
+    local, sliding-window layer: a Python bool, or a boolean array when `layer` is traced.
+    With sliding_window_pattern n the global layers are those n divides (Gemma 2 / 3: each
+    period ends with its global layer), or with pattern_global_first those n divides l - 1
+    (ModernBERT: layer_id % global_attn_every_n_layers == 0, from 0)."""
     if cfg.sliding_window is None:
         return False
     n = cfg.sliding_window_pattern
-    return True if n is None else layer % n != 0
+    if n is None:
+        return True
+    return (layer - 1 if cfg.pattern_global_first else layer) % n != 0
+
+
+def skips_attn_norm(cfg: BlockConfig, layer: Any, kind: str) -> Any:
+    """Whether a sublayer of `kind` in layer `layer` (from 1; traced in a Flax layer scan) reads the
+    stream without its norm: the first layer's self-attention under first_attn_norm=False
+    (ModernBERT's layer 0 attn_norm is nn.Identity). A Python bool, or a boolean array when
+    `layer` is traced."""
+    if cfg.first_attn_norm or kind != "attention":
+        return False
+    return layer == 1
 
 
 def has_rotary(cfg: BlockConfig, layer: Any, local: Any) -> Any:

@@ -75,6 +75,8 @@ OPTIONS: tuple[Option, ...] = (
            only_with=("norm_type", "dyt")),
     Option("layernorm_scaling", "compute", "LayerNorm Scaling (Sun et al. 2025): layer l's pre-norm outputs times "
            "1 / sqrt(l), l from 1 (needs norm='pre'; a block alone is layer 1)"),
+    Option("first_attn_norm", "compute", "False: the first layer's attention reads the stream unnormalised, its norm "
+           "the identity (ModernBERT's layer 0 attn_norm; needs norm='pre')"),
     Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
     Option("num_experts", "compute", "experts in the MLP sublayer, a router sending each token to "
            "num_experts_per_tok of them (Mixtral, Qwen-MoE, OLMoE); 0: one dense MLP", adds=4),
@@ -120,10 +122,12 @@ OPTIONS: tuple[Option, ...] = (
            "fused or blocked path"),
     Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 "
            "(Gemma 2 / 3)"),
-    Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
-           "(Mistral, Gemma 2 / 3)"),
+    Option("sliding_window", "compute", "local layers' window: query i sees keys i - W < j <= i (causal: Mistral, "
+           "Gemma 2 / 3), or |i - j| < W without causal (ModernBERT)"),
     Option("sliding_window_pattern", "compute", "layer l (from 1) is global iff n divides l, the others local "
            "(Gemma 2: 2, Gemma 3: 6; default: every layer local)"),
+    Option("pattern_global_first", "compute", "each period of sliding_window_pattern starts with its global layer: "
+           "layer l global iff n divides l - 1 (ModernBERT's global_attn_every_n_layers)"),
     Option("rope_local_theta", "compute", "the rotary base of the local layers (Gemma 3 rope_local_base_freq; "
            "default rope_theta)"),
     Option("rope_interleaved", "compute", "rotary pairs adjacent dims (2i, 2i + 1) instead of halves (i, i + "
@@ -254,6 +258,11 @@ DETAILS = """\
   layer l of a stack (counted from 1) each pre-norm's output is multiplied by 1 / sqrt(l), so deep layers'
   sublayers stay off the identity. No parameter; needs norm="pre" (the paper's placement). A block called
   alone is layer 1 (scale 1); the stacks pass each layer its index.
+- `first_attn_norm`: True, every layer's attention reads its pre-norm's output; False, the first layer's
+  attention reads the stream itself (ModernBERT builds layer 0's attn_norm as nn.Identity: its embeddings end
+  with a LayerNorm). The first layer still holds its norm1 (the stacks' layers are alike), unused: a
+  checkpoint without it loads with ones there and is written back without it. A block called alone is layer
+  1. Needs norm="pre".
 - `residual_multiplier`: m: every sublayer's output (after its dropout and any ReZero / LayerScale gate) is
   multiplied by m before the skip adds it, x + m * F(x), in the parallel block too (Granite's
   `residual_multiplier`, HF `residual + hidden_states * residual_multiplier`). No parameter; needs
@@ -331,14 +340,20 @@ DETAILS = """\
   "blocked" are refused). Usually without rotary (rope_theta None).
 - `query_pre_attn_scalar`: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim) (Gemma 2 / 3
   `query_pre_attn_scalar`).
-- `sliding_window`: None, or W: in a local layer, query i sees key j iff i - W < j <= i (causal only; HF's
+- `sliding_window`: None, or W: in a local layer, query i sees key j iff i - W < j <= i (causal; HF's
   sliding_window_overlay `kv_idx > q_idx - sliding_window` over the causal mask: Mistral, Qwen2, Starcoder2,
-  Gemma 2 / 3), cached decoding included.
+  Gemma 2 / 3), cached decoding included; without causal iff |i - j| < W (ModernBERT: HF's
+  sliding_window_bidirectional_overlay `abs(q_idx - kv_idx) <= local_attention // 2`, so W = local_attention
+  // 2 + 1, the window HF hands flash attention), on the dense path only ("blocked" and "fused" refuse it,
+  "auto" takes dense).
 - `sliding_window_pattern`: which layers are local: None, every layer (Mistral, Qwen2, Starcoder2); n, layer l
   (counted from 1) is global iff l % n == 0, the others local (HF `layer_types`: layer i from 0
   "sliding_attention" iff (i + 1) % n; Gemma 2: 2, layers 1, 3, ... local; Gemma 3: 6, five local then one
   global). A block called alone is layer 1. The stacks compute each layer's kind from its scanned index (one
   compiled layer for both kinds).
+- `pattern_global_first`: False, the global layers of a `sliding_window_pattern` n are those with l % n == 0
+  (each period ends global: Gemma 2 / 3); True, those with (l - 1) % n == 0, layer 1 global (ModernBERT's
+  `global_attn_every_n_layers`: layer_id % n == 0 from 0 is full attention).
 - `rope_local_theta`: the rotary base of local layers (Gemma 3 `rope_local_base_freq`, 10000 beside a global
   1e6); None: rope_theta in every layer.
 - `rope_interleaved`: False, rotary pairs dim i with i + w/2 (rotate-half, HF LLaMA / GPT-NeoX; w the rotated

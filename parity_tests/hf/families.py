@@ -185,6 +185,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                 f"sinks, layers 1 and 3 local (window {WINDOW}), yarn past its original length, q/k/v/o biases, "
                 "4 biased experts top 2 with the SwiGLU clamped at 0.1, gate / up interleaved; eager attention"),
 }
+FAMILIES["modernbert"] = (
+    "modernbert",
+    dict(**_TEXT, cls_token_id=0, sep_token_id=2, hidden_size=24, num_attention_heads=3, intermediate_size=40,
+         num_hidden_layers=LAYERS, max_position_embeddings=32, local_attention=WINDOW, global_attn_every_n_layers=2,
+         attention_bias=True, norm_bias=True,
+         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+    f"encoder: layers 1 and 3 global (rotary base 1000), layer 2 local (window: distance <= {WINDOW} // 2, base 100); "
+    "fused Wqkv, GeGLU from the fused Wi, layer 0 without attn_norm; attention_bias, norm_bias")
 
 # What each family computes that the blocks do not: (config change, the refusal's words). The
 # tests assert each; the docs table lists them.
@@ -232,6 +241,13 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
                                                             "factor": 2.0}}),
                 "rope_type 'linear' on the sliding layers")],
 }
+REFUSALS["modernbert"] = [
+    (dict(hidden_activation="gelu_fast"), "hidden_activation='gelu_fast'"),
+    (dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+     "layer_types=['sliding_attention', 'full_attention', 'sliding_attention']"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e3},
+                           "sliding_attention": {"rope_type": "linear", "rope_theta": 100.0, "factor": 2.0}}),
+     "rope_type 'linear' on the sliding layers")]
 
 def config(name: str, **changes: Any) -> dict[str, Any]:
     """The family's tiny config (with changes) as a dict, as config.json holds it."""

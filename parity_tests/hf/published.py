@@ -12,9 +12,10 @@ checkpoint; the suite (test_config_published.py) runs `SUITE`, one file of each 
 heads where the file groups them, head_dim 8, or 16 where the file's head_dim differs from
 hidden / heads), feed-forward widths 48, 2 layers (6 for Gemma 3, so that one is global; 4 for SmolLM3, so
 that one is without rotary; per-layer lists cut to them), a vocabulary of 64 (special token ids past it
-renumbered below it), windows of 4 positions (so they act within a short prompt), a head of 10 where a
-partial rotary factor of 8 dims is odd (Phi-2's 0.4), GPT-J's rotary_dim kept at its share of the head (64
-of 256: 2 of 8), and longrope's factor lists resampled to the new rotary width. Rotary lengths (max_position_embeddings,
+renumbered below it), windows of 4 positions (so they act within a short prompt; ModernBERT's
+local_attention 4), a head of 10 where a partial rotary factor of 8 dims is odd (Phi-2's 0.4), GPT-J's
+rotary_dim kept at its share of the head (64 of 256: 2 of 8), and longrope's factor lists resampled to the
+new rotary width. Rotary lengths (max_position_embeddings,
 original_max_position_embeddings) and learned position tables keep theirs: they are what the scaled rotary types read.
 """
 
@@ -47,6 +48,7 @@ SUITE = (
     "granite_3_0_2b_instruct",
     "olmo2_1124_7b", "pythia_160m", "stablelm_2_zephyr_1_6b", "starcoder2_3b", "mixtral_8x7b_v0_1",
     "qwen1_5_moe_a2_7b", "qwen3_30b_a3b", "olmoe_1b_7b_0924", "deepseek_v2_lite", "deepseek_v3", "gpt_oss_20b",
+    "modernbert_base",
 )
 
 HIDDEN, HEADS, FFN, VOCAB = 32, 4, 48, 64
@@ -102,7 +104,7 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
     for key in ("layer_types", "no_rope_layers"):  # per-layer lists (SmolLM3's 1 / 0 rotary flags)
         if isinstance(c.get(key), list):
             c[key] = c[key][:layers]
-    for key in ("sliding_window", "attention_chunk_size"):
+    for key in ("sliding_window", "attention_chunk_size", "local_attention"):  # (ModernBERT: |i - j| <= 4 // 2)
         if isinstance(c.get(key), int):
             c[key] = 4
     for key in ("num_experts", "num_local_experts"):

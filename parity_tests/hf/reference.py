@@ -184,7 +184,7 @@ def float64_faithful(model):
 
     if reference(getattr(model.config, "model_type", None)).eager_only:
         _eager_softmax_in_the_query_dtype(model)
-    if getattr(model.config, "model_type", None) in ("cohere", "cohere2"):
+    if getattr(model.config, "model_type", None) in ("cohere", "cohere2", "modernbert"):  # (ModernBERT: q.float())
         _cohere_rotary_in_the_query_dtype(model)
     for m in model.modules():
         name = type(m).__name__
@@ -210,6 +210,8 @@ def embeddings_out_of_the_way(model):
         emb = getattr(model, "embeddings", None)
         if emb is not None and hasattr(emb, "patch_embeddings"):  # ViT: the hidden states pass as they are
             emb.forward = types.MethodType(lambda self, pixel_values, **kwargs: pixel_values, emb)
+        elif emb is not None and hasattr(emb, "tok_embeddings"):  # ModernBERT: norm(inputs_embeds)
+            emb.norm = torch.nn.Identity()
         elif emb is not None:  # BERT, RoBERTa, DistilBERT: inputs_embeds + (token type) + position, LayerNorm
             emb.position_embeddings.weight.zero_()
             if hasattr(emb, "token_type_embeddings"):

@@ -144,6 +144,11 @@ ENCODERS = {
     "distilbert": ("DistilBertConfig", "DistilBertModel", dict(vocab_size=V, dim=E, n_heads=4, hidden_dim=48,
                                                                n_layers=2, max_position_embeddings=20,
                                                                pad_token_id=PAD)),
+    # ModernBERT: global, local, local, global layers (a window |i - j| <= 1 over 7 tokens), layer 0 without attn_norm
+    "modernbert": ("ModernBertConfig", "ModernBertModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
+                                                               intermediate_size=48, num_hidden_layers=4,
+                                                               local_attention=2, pad_token_id=PAD, bos_token_id=0,
+                                                               eos_token_id=2, cls_token_id=0, sep_token_id=2)),
 }
 
 
@@ -487,7 +492,7 @@ def test_encoder_model_matches_last_hidden_state(family, hf_models, flax_models)
     assert unexpected == [] and all(k.startswith("pooler.") for k in missing)
     with pytest.raises(fb.ConversionError, match="not a causal language model"):
         fb.from_hf(hf, part="causal-lm")
-    extra = {**files, "extra.weight": files["embeddings.word_embeddings.weight"]}  # an encoder has no head to
+    extra = {**files, "extra.weight": next(iter(files.values()))}  # an encoder has no head to
     with pytest.raises(fb.ConversionError, match="unexpected key extra.weight"):  # hide unread keys behind
         describe(hf.config.to_dict(), extra, "model")
 

@@ -145,8 +145,12 @@ MISTAKES = {
     "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),
     "gpt_oss": ("the SwiGLU's clamp missing", dict(swiglu_limit=1e30), None),
 }
+MISTAKES["modernbert"] = ("the window one key short on each side (|i - j| <= local_attention // 2 read as <)",
+                          dict(sliding_window=families.WINDOW // 2), None)
 # More mistakes where one family carries several new settings.
 MORE_MISTAKES = [
+    ("modernbert", "the global layer last in each period (Gemma's phase)", dict(pattern_global_first=False)),
+    ("modernbert", "layer 0's attn_norm applied (the identity ignored)", dict(first_attn_norm=True)),
     ("gemma2", "attention logits not soft-capped", dict(attn_logit_softcapping=None)),
     ("gemma2", "every layer local (the alternation ignored)", dict(sliding_window_pattern=None)),
     ("granite", "1 / sqrt(head_dim) for the softmax scale attention_multiplier", dict(query_pre_attn_scalar=None)),

@@ -200,6 +200,12 @@ CASES: list[Case] = [
          key_mask=True),
 ]
 
+# ModernBERT's encoder: global, local, local, global layers (each period starts global), a bidirectional window
+# |i - j| < 2 over padded keys, two rotary bases, GeGLU, no biases, the first layer's attention unnormed
+CASES.append(Case("Encoder", replace(WIDE, bias=False, mlp="geglu", rope_theta=100.0, rope_local_theta=10.0,
+                                     sliding_window=2, sliding_window_pattern=3, pattern_global_first=True,
+                                     first_attn_norm=False), num_layers=4, seq=7, key_mask=True))
+
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax
 # in float32, so the forced "fused" path is compared in float32 only.
 FLOAT32_CASES: list[Case] = [

@@ -128,7 +128,9 @@ class Case:
         bits += ["alibi"] if c.alibi else []
         bits += [f"qscale{c.query_pre_attn_scalar:g}"] if c.query_pre_attn_scalar is not None else []
         bits += [f"window{c.sliding_window}"] if c.sliding_window is not None else []
-        bits += [f"global-every-{c.sliding_window_pattern}"] if c.sliding_window_pattern is not None else []
+        bits += [f"global-every-{c.sliding_window_pattern}" + ("-first" if c.pattern_global_first else "")
+                 ] if c.sliding_window_pattern is not None else []
+        bits += ["first-attn-unnormed"] if not c.first_attn_norm else []
         bits += [f"local-rope{c.rope_local_theta:g}"] if c.rope_local_theta is not None else []
         bits += ["rope-pairs"] if c.rope_interleaved else []
         bits += ["rope-local-only"] if c.rope_local_only else []

@@ -294,6 +294,18 @@ def mscale_once(case: Case, module, inp: Inputs):
     return module, inp
 
 
+class _WindowPastOnly(Attention):
+    """A bidirectional window (|i - j| < W, ModernBERT) bounded on the past side alone, as the causal
+    window i - W < j is: every later key stays visible."""
+
+    def windowed(self, mask, rows, index, t, s, local):
+        qpos, kpos = index + jnp.arange(t), jnp.arange(s)
+        inside = (kpos[None, :] > qpos[:, None] - self.cfg.sliding_window)[None, None]
+        m = inside if mask is None else mask & inside
+        has = jnp.any(m, axis=-1, keepdims=True)
+        return m | ~has, (has if rows is None else rows & has)
+
+
 def _attention_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         _attention(case, module).__class__ = cls
@@ -470,6 +482,18 @@ MUTATIONS = {
                                                                                      "factor": 4.0}), None),
     "window_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, sliding_window=2), seq=6),
                           replace(MODERN, causal=True, sliding_window=3), None),  # i - W <= j where i - W < j
+    # ModernBERT: its bidirectional window bounded on one side only; HF's |i - j| <= local_attention // 2 read
+    # as < (the window one key short on each side); the global layer of each period taken last (Gemma's
+    # phase); layer 0's identity attn_norm applied as the other layers' LayerNorm
+    "bidirectional_window_one_sided": (Case("TransformerBlock", replace(MODERN, sliding_window=2), seq=6), None,
+                                       _attention_as(_WindowPastOnly)),
+    "bidirectional_window_off_by_one": (Case("TransformerBlock", replace(MODERN, sliding_window=3), seq=6),
+                                        replace(MODERN, sliding_window=2), None),
+    "global_layer_last_in_each_period": (
+        Case("TransformerBlock", replace(MODERN, rope_theta=100.0, sliding_window=2, sliding_window_pattern=2,
+                                         pattern_global_first=True), seq=6),
+        replace(MODERN, rope_theta=100.0, sliding_window=2, sliding_window_pattern=2), None),
+    "first_attn_norm_applied": (Case("TransformerBlock", replace(MODERN, first_attn_norm=False)), MODERN, None),
     # LLaMA's mlp_bias read from attention_bias (MLP without its biases); StableLM's LayerNorm biases
     # dropped with the linear maps' (bias=False read for every bias)
     "mlp_bias_dropped": (Case("TransformerBlock", replace(BASE, bias=False, mlp_bias=True)), None,

@@ -17,8 +17,9 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              before the split into heads), then rotary (rotate-half), then
              scaled rotary (rope_scaling: linear, dynamic, yarn, longrope, llama3, as transformers'
              ROPE_INIT_FUNCTIONS, with yarn's and longrope's factor on cos and sin);
-             a local layer (sliding_window; every layer, or l % pattern != 0) masks key j <= i - W
-             and takes rope_local_theta (plain rotary); no rotary in layer l when l - 1 is in
+             a local layer (sliding_window; every layer, or l % pattern != 0, (l - 1) % pattern != 0
+             with pattern_global_first) masks key j where |i - j| >= W and takes rope_local_theta
+             (plain rotary); no rotary in layer l when l - 1 is in
              nope_layers (SmolLM3) or, with rope_local_only (Cohere 2), when l is not local; there
              (Llama 4) q times log1p(floor((i + 1) / floor)) * scale + 1 at position i with
              query_temperature_floor; in the rotary layers with qk_l2_norm q and k over their RMS
@@ -47,7 +48,8 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              norm_topk_prob) * routed_scaling_factor. A shared expert without gate with shared_expert_gate
              False.
   Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
-  Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
+  Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x)) (the first layer's attention: x + s F(x)
+             with first_attn_norm False, ModernBERT);
              peri: x + s Norm_out(F(Norm(x)));  out: x + s Norm(F(x)) (OLMo 2);  none: x + s F(x);
              residual "none" drops
              the skip term; alpha is DeepNorm's (2N)^(1/4) (Wang et al. 2022) for an
@@ -69,8 +71,9 @@ HANDLED = frozenset({
     "scaling", "deepnorm_alpha", "causal",
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "sliding_window_pattern", "rope_local_theta", "rope_scaling", "rope_interleaved", "rope_local_only",
-    "nope_layers", "query_temperature_floor", "query_temperature_scale", "qk_l2_norm",
+    "sliding_window_pattern", "pattern_global_first", "first_attn_norm", "rope_local_theta", "rope_scaling",
+    "rope_interleaved", "rope_local_only", "nope_layers", "query_temperature_floor", "query_temperature_scale",
+    "qk_l2_norm",
     "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling", "residual_multiplier",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
@@ -342,7 +345,8 @@ def _local(cfg: Any, layer: int) -> bool:
     if _opt(cfg, "sliding_window", None) is None:
         return False
     n = _opt(cfg, "sliding_window_pattern", None)
-    return n is None or layer % n != 0
+    first = _opt(cfg, "pattern_global_first", False)  # ModernBERT: layer_id % n == 0 (from 0) is global
+    return n is None or (layer - 1 if first else layer) % n != 0
 
 
 def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarray | None,
@@ -381,8 +385,8 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     scaling = _opt(cfg, "rope_scaling", None)
     if local and _opt(cfg, "rope_local_theta", None) is not None:
         theta, scaling = cfg.rope_local_theta, None  # Gemma 3's local layers: plain rotary
-    if local:  # query i sees key j only if i - W < j (HF's sliding_window_overlay), besides the causal mask
-        window = np.arange(s)[None, :] <= np.arange(t)[:, None] - cfg.sliding_window
+    if local:  # query i sees key j only if |i - j| < W (under the causal mask: HF's sliding_window_overlay i - W < j)
+        window = np.abs(np.arange(s)[None, :] - np.arange(t)[:, None]) >= cfg.sliding_window
         masked = window[None] if masked is None else masked | window[None]
     rotates = (local or not _opt(cfg, "rope_local_only", False)) and layer - 1 not in _opt(cfg, "nope_layers", ())
     if theta is not None and positions and rotates:  # Cohere 2: local layers alone; SmolLM3: not its NoPE layers
@@ -569,13 +573,16 @@ def gated_hidden(cfg: Any, up: np.ndarray, gate: np.ndarray) -> np.ndarray:
 
 
 def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, gate: str,
-             alpha: float, layer: int = 1) -> np.ndarray:
+             alpha: float, layer: int = 1, bare: bool = False) -> np.ndarray:
     """One residual sublayer around f (x -> F(x)) in layer `layer` (from 1) of a stack; norm,
     norm_out, gate: parameter prefixes. LayerNorm Scaling (Sun et al. 2025): the pre-norm's
-    output times 1 / sqrt(layer)."""
+    output times 1 / sqrt(layer). bare: F reads x, not the pre-norm's output (which is still
+    computed, its weights read)."""
     s = _gate(cfg, p, gate, x.shape[-1])
     if cfg.norm in ("pre", "peri"):
         h = _norm(cfg, p, norm, x)
+        if bare:
+            h = x  # ModernBERT: layer 0's attn_norm is nn.Identity (its weights held, unused)
         if _opt(cfg, "layernorm_scaling", False):
             h = h / math.sqrt(layer)
         h = f(h)
@@ -648,7 +655,8 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
         if _opt(cfg, "parallel_residual", "none") != "none":
             branches.append((f, prefix + norm, prefix + gate))
             continue
-        x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha, layer)
+        bare = fn == "attention" and layer == 1 and not _opt(cfg, "first_attn_norm", True)  # ModernBERT's layer 0
+        x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha, layer, bare)
     if branches:  # GPT-NeoX: x + Attn(LN1(x)) + MLP(LN2(x)); StableLM / GPT-J: LN1 for both
         shared = _opt(cfg, "parallel_residual", "none") == "shared_norm"
         y = x

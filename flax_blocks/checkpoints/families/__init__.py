@@ -26,6 +26,7 @@ from . import (  # noqa: F401 - imported for their registrations
     llama4_text,
     mistral,
     mixtral,
+    modernbert,
     olmo2,
     olmoe,
     opt,
