@@ -184,6 +184,27 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                                       "rope_theta": 1000.0}),
                 f"sinks, layers 1 and 3 local (window {WINDOW}), yarn past its original length, q/k/v/o biases, "
                 "4 biased experts top 2 with the SwiGLU clamped at 0.1, gate / up interleaved; eager attention"),
+    "deepseek_v2": ("deepseek_v2",
+                    dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=4, intermediate_size=40,
+                         num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
+                         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, n_shared_experts=2,
+                         topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
+                         first_k_dense_replace=1, kv_lora_rank=12, q_lora_rank=None, qk_nope_head_dim=8,
+                         qk_rope_head_dim=4, v_head_dim=6, rope_theta=1000.0),
+                    "latent attention with direct queries, layer 1 dense, then top 3 of 8 experts in 4 groups "
+                    "(group-limited greedy softmax, 2 groups kept) scaled by 1.5 beside 2 shared experts"),
+    "deepseek_v3": ("deepseek_v3",
+                    dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=4, intermediate_size=40,
+                         num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
+                         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, n_shared_experts=1,
+                         n_group=4, topk_group=2, routed_scaling_factor=2.5, first_k_dense_replace=1,
+                         kv_lora_rank=12, q_lora_rank=10, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4,
+                                          "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0,
+                                          "beta_slow": 1.0, "rope_theta": 1000.0}),
+                    "latent attention with low-rank queries, interleaved rotary, yarn past its original length "
+                    "(mscale_all_dim), layer 1 dense, then top 3 of 8 experts in 4 groups (sigmoid, the "
+                    "correction bias choosing only, 2 groups kept) scaled by 2.5 beside a shared expert"),
 }
 FAMILIES["modernbert"] = (
     "modernbert",
@@ -235,6 +256,8 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
                 "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
     "gpt_oss": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
                  "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
+    "deepseek_v2": [(dict(num_key_value_heads=2), "num_key_value_heads")],
+    "deepseek_v3": [(dict(num_key_value_heads=2), "num_key_value_heads")],
     "gemma3": [(dict(use_bidirectional_attention=True), "use_bidirectional_attention=True"),
                (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e3},
                                       "sliding_attention": {"rope_type": "linear", "rope_theta": 100.0,

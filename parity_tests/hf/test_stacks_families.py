@@ -144,6 +144,10 @@ MISTAKES = {
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
     "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),
     "gpt_oss": ("the SwiGLU's clamp missing", dict(swiglu_limit=1e30), None),
+    "deepseek_v2": ("routed_scaling_factor ignored (the routed experts' sum unscaled)",
+                    dict(routed_scaling_factor=1.0), None),
+    "deepseek_v3": ("rotary on halves (rotate_half, LLaMA's) for V3's interleaved pairs",
+                    dict(rope_interleave=False), None),
 }
 MISTAKES["modernbert"] = ("the window one key short on each side (|i - j| <= local_attention // 2 read as <)",
                           dict(sliding_window=families.WINDOW // 2), None)
