@@ -23,7 +23,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check flax_blocks torch_blocks parity_tests experiments tests
 	$(PY) -m mypy    # flax_blocks and torch_blocks (pyproject.toml's [tool.mypy])
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup   # a module marked xdist_group runs on one worker (its fixtures built once)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -170,6 +170,10 @@ def _build_varied(cfg_cls, model_cls, kw):
     return model
 
 
+# One worker runs the module (pytest-xdist --dist loadgroup, as `make test` runs): its module fixture
+# builds every family once, not once per worker.
+pytestmark = pytest.mark.xdist_group("hf_models_families")
+
 @pytest.fixture(scope="module")
 def hf_models():
     return {name: _build_varied(*spec) for name, spec in {**CAUSAL, **ENCODERS}.items()}

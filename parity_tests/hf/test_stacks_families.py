@@ -32,6 +32,10 @@ from parity_tests.hf.reference import rel_at  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# One worker runs the module (pytest-xdist --dist loadgroup, as `make test` runs): its module fixture
+# builds every family once, not once per worker.
+pytestmark = pytest.mark.xdist_group("hf_stacks_families")
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """family -> parity_tests.hf.families.Measured, built and measured on first use."""
