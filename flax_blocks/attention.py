@@ -1,19 +1,21 @@
-"""Multi-head attention for Flax NNX, owning every option: masks, causal, grouped-query
-heads, QK-norm, rotary positions and the attention weights. Twin of `torch_blocks.attention`:
-the same helpers under the same names in the same order, on the same layouts (queries
-(B, H, T, hd), keys and values (B, K, S, hd); query head h reads key/value head h // G).
+"""Multi-head attention for Flax NNX (twin of `torch_blocks.attention`), owning every option:
+masks, causal, grouped-query heads, QK-norm, rotary positions and the attention weights. The
+twins hold the same helpers under the same names in the same order, on the same layouts:
+queries (B, H, T, hd), keys and values (B, K, S, hd); query head h reads key/value head h // G.
+An attention call takes the input x (B, T, E) and one `AttentionCall` (mask, path, cache,
+positions, layer; `flax_blocks.core.context`).
 
-Mask convention (flax's): True means "may attend"; Flax's own mask helpers are taken as
-they come (nnx.make_attention_mask / make_causal_mask: (B, 1, T, S) of 0 / 1 floats),
+The paths (`AttentionCall.path`): "dense" (the explicit softmax: weights, every mask),
+"blocked" (an online softmax over key blocks, O(T * block) memory) and "fused" (one
+library kernel); BlockConfig.attention chooses, and `attention_path` resolves "auto" from
+static facts of the call (no global state) by the rule both twins share
+(`flax_blocks.core.attention_paths`). Flax's "blocked" and "fused" are `flash.py`'s.
+
+Masks follow flax's convention: True means "may attend"; Flax's own mask helpers are taken
+as they come (nnx.make_attention_mask / make_causal_mask: (B, 1, T, S) of 0 / 1 floats),
 and per-head masks (B, H, T, S). Rows in which every key is masked give a zero attention
 output (and zero attention weights) on both sides of the project, so a residual block
 passes such a position through its skip path unchanged.
-
-Three implementations of the same attention (`AttentionCall.path`): "dense" (explicit
-softmax, weights, every mask), "blocked" (online softmax over key blocks, O(T * block)
-memory) and "fused" (jax.nn.dot_product_attention), the latter two in `flash.py`.
-BlockConfig.attention chooses; `attention_path` resolves "auto" once per call from static
-facts (no global state) by the rule both twins share (`flax_blocks.core.attention_paths`).
 """
 
 from __future__ import annotations
@@ -34,17 +36,18 @@ from .layers import Norm, compute_dtype, create_params, dropout, initial_values
 
 def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: bool, dropout_active: bool,
                    platform: str | None = None) -> str:
-    """The path of an (uncached) self-attention over `seq` keys: "dense", "blocked" or "fused",
-    by the rule both twins share (`flax_blocks.core.attention_paths.choose_path`): "dense" when the
-    call needs the weights, an explicit attention mask or dropout on the weights, or `seq` is not a
-    concrete int (a symbolic dimension of jax.export is never compared in Python); else "fused" on a
-    GPU where jax.nn.dot_product_attention computes the options, "blocked" from AUTO_MIN_KEYS keys
-    on, "dense" below. A forced cfg.attention is returned as is, after `check_attention_call` (a
-    ValueError when the call needs weights, an explicit attention mask or dropout on the weights).
-    platform: default `jax.default_backend()`, read when this runs (at trace time): a program traced
-    for another platform than the process's default (jax.export(platforms=...)) gets the default's
-    choice (lax.platform_dependent would trace every branch: not worth it for a choice that only
-    changes speed and memory)."""
+    """The path of an attention call over `seq` keys by the rule both twins share
+    (`flax_blocks.core.attention_paths.choose_path`, whose docstring states it): "dense" when
+    the call needs the weights or `seq` is not a concrete int (a symbolic dimension of
+    jax.export is never compared in Python); else "fused" on a GPU and "blocked" from
+    AUTO_MIN_KEYS keys on, each where the twin's kernel computes the call; else "dense".
+    A forced "blocked" or "fused" that the call cannot honour raises the same ValueError in
+    both twins (`check_attention_call`), so a call fails alike on both sides.
+    Flax's kernels serve an uncached self-attention with causal and key masks (no explicit
+    mask, no dropout on the weights). platform: default `jax.default_backend()`, read when
+    this runs (at trace time): a program traced for another platform than the process's
+    default (jax.export(platforms=...)) gets the default's choice (lax.platform_dependent
+    would trace every branch: not worth it for a choice that only changes speed and memory)."""
     check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask, dropout_active=dropout_active)
     gpu = (jax.default_backend() if platform is None else platform) == "gpu"
     return choose_path(cfg, "flax", seq, need_weights=need_weights, explicit_mask=explicit_mask,
@@ -266,15 +269,15 @@ def _write_after_reading(k_cache, v_cache, step, scores, out) -> dict[str, jax.A
 
 
 class Attention(nnx.Module):
-    """Self-attention with one packed q/k/v projection (see `declarations.attention`).
+    """Self-attention with one packed q/k/v projection (see `declarations.attention`): K key/value
+    heads, G = H / K query heads per key/value head, q_norm / k_norm (Norm over hd), sinks (H,).
 
-    Parameters: in_kernel (E, K, G+2, hd), in_bias (K, G+2, hd), out_kernel (H, hd, E),
-    out_bias (E,), q_norm / k_norm (Norm over hd), sinks (H,); K key/value heads, G = H / K query heads
-    per key/value head. The torch twin is `torch_blocks.attention.Attention`, whose
-    in_proj_weight ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
+    Parameters: in_kernel (E, K, G+2, hd) (per key/value head, slots [G query heads; k; v]),
+    in_bias (K, G+2, hd), out_kernel (H, hd, E), out_bias (E,). The torch twin's in_proj_weight
+    ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
     """
 
-    # Set from the declarations (declarations.attention) by create_params and __init__;
+    # Registered from the declarations (declarations.attention) by create_params and __init__;
     # annotated here so that type checkers and IDEs see them. None: an option that is off.
     in_kernel: nnx.Param[jax.Array]
     in_bias: nnx.Param[jax.Array] | None
@@ -309,8 +312,8 @@ class Attention(nnx.Module):
     def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array,
                     local=False) -> tuple[jax.Array, jax.Array]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
-        k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, or a
-        traced one in a layer scan), whose rotary base is rope_local_theta when given (Gemma 3)."""
+        k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, traced
+        in a Flax layer scan), whose rotary base is rope_local_theta when given (Gemma 3)."""
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
@@ -338,8 +341,8 @@ class Attention(nnx.Module):
 
     def windowed(self, mask: jax.Array, rows: jax.Array | None, index, t: int, s: int,
                  local) -> tuple[jax.Array, jax.Array]:
-        """A local layer's (mask, rows) (`local`: a bool or a traced one): query i (at position
-        index + i) may attend to key j (position j) only if i - W < j; a query whose keys all lie
+        """A local layer's mask and rows (`local`: a bool, traced in a Flax layer scan): query i (at
+        position index + i) sees key j (position j) only when i - W < j; a query whose keys all lie
         before its window has none (rows False, its mask opened up)."""
         qpos, kpos = index + jnp.arange(t), jnp.arange(s)
         inside = (kpos[None, :] > qpos[:, None] - self.cfg.sliding_window)[None, None]  # (1, 1, T, S)
@@ -350,7 +353,7 @@ class Attention(nnx.Module):
     def logits(self, qk: jax.Array, mask: jax.Array | None) -> jax.Array:
         """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
         query_pre_attn_scalar ** -0.5, Gemma), in float32 at least, soft-capped c tanh(s / c)
-        (attn_logit_softcapping, Gemma 2), then the masked pairs -inf (mask False)."""
+        (attn_logit_softcapping, Gemma 2), then a float mask added and the masked pairs -inf."""
         a = self.cfg.query_pre_attn_scalar
         logits = qk / jnp.sqrt(jnp.asarray(self.cfg.head_width, qk.dtype)) if a is None else qk * float(a) ** -0.5
         logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # never softmax in bf16
@@ -366,14 +369,6 @@ class Attention(nnx.Module):
             return jax.nn.softmax(logits, axis=-1)
         sink = jnp.broadcast_to(self.sinks[...].astype(logits.dtype)[:, None, None], (*logits.shape[:-1], 1))
         return jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
-
-    def _weights(self, x: jax.Array):
-        """x and the parameters promoted to the computation dtype."""
-        return nnx.nn.dtypes.promote_dtype(
-            (x, self.in_kernel[...], None if self.in_bias is None else self.in_bias[...],
-             self.out_kernel[...], None if self.out_bias is None else self.out_bias[...]),
-            dtype=self.dtype,
-        )
 
     def _project(self, x: jax.Array, part: str) -> list[jax.Array]:
         """x (B, T, E) through the in-projection's `part` ("qkv", "q" or "kv"): its tensors
@@ -405,27 +400,27 @@ class Attention(nnx.Module):
                  ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
         """Self-attention of x (B, T, E), or (call.cross) cross-attention to call.memory (B, S, E).
 
-        call: the mask, path, cache, positions and layer (`AttentionCall`). mask (B|1, H|1, T, S)
-        and rows (B|1, H|1, T, 1) from `build_mask` / `cache_mask` (a head with no key gives no
-        output; a query with none in any head none at all). cache: for self-attention {"k", "v"}
-        (B, K, L, hd), head-major (a decoding step reads each head's keys in place, no copy of the
-        cache): x is the chunk at positions index .. index+T-1 (rotary continues from index); its
-        keys and values are written there and the queries attend to all L cached positions (the
-        mask hides the rest). For cross-attention, the memory's keys and values from `memory_kv`.
-        path: "dense" (the explicit softmax; every mask, weights, dropout; None: "dense"), or,
-        for an uncached self-attention, "blocked" (`blocked_attention`, blocks of
-        cfg.attention_block) or "fused" (`fused_attention`), which take the causal flag and
-        key_valid (B, S) (True = real key) instead of mask / rows, return no weights (None) and
-        apply no dropout; `attention_path` resolves it. positions: the rotary positions of x's
-        tokens, (B, T) per batch row (HF's position_ids); None: index .. index+T-1 for every
-        row. layer: this block's index in its stack (from 1; traced in a layer scan): whether a
-        self-attention is local (sliding_window, sliding_window_pattern) and which rotary base it
-        takes. key: dropout key (None: the module's own RNG stream); deterministic: dropout off
-        (True), on (False) or as the module's mode (None).
+        call (`AttentionCall`): mask, the prepared mask from `build_mask` / `cache_mask` (a head
+        with no key gives no output; a query with none in any head none at all). cache: for
+        self-attention {"k", "v"} (B, K, L, hd), head-major: x is the chunk at positions
+        index .. index+T-1 (rotary continues from index); its keys and values are written there
+        and the queries attend to all L cached positions (the mask hides the rest). For
+        cross-attention, the memory's keys and values from `memory_kv`. positions: the rotary
+        positions of x's tokens, (B, T) per batch row (HF's position_ids); None: index ..
+        index+T-1 for every row. layer: this block's index in its stack (from 1; traced in a
+        Flax layer scan): whether a self-attention is local (sliding_window,
+        sliding_window_pattern) and which rotary base it takes. path: "dense" (the explicit
+        softmax: every mask, weights, dropout) or a faster kernel (`attention_path`):
+        "blocked" (`blocked_attention`, blocks of cfg.attention_block) or "fused" (`fused_attention`)
+        for an uncached self-attention, which take the causal flag and key_valid (B, S) (True =
+        real key) instead of the mask, return no weights and apply no dropout; None: "dense". A
+        decoding step reads each head's keys in place (no copy of the cache). key: dropout key
+        (None: the module's own RNG stream); deterministic: dropout off (True), on (False) or as
+        the module's mode (None).
 
-        Returns (output (B, T, E), attention weights (B, H, T, S), the largest pre-softmax
-        logit over unmasked pairs (), the updated cache or None); weights and logit None on the
-        blocked and fused paths."""
+        Returns (out (B, T, E), attention weights (B, H, T, S), the largest pre-softmax logit over
+        unmasked pairs (), the updated cache or None); weights and logit None on the blocked and
+        fused paths."""
         call = call or AttentionCall()  # (None: an uncached self-attention, no mask)
         mask, rows = (None, None) if call.mask is None else call.mask
         b, t, _ = x.shape
@@ -500,14 +495,15 @@ class Attention(nnx.Module):
         the cache a decoding step wrote, else None).
 
         Batched matmuls over (B, K), a key/value head's G query heads as G*T rows (query head h =
-        kv * G + g): XLA:CPU runs them faster than the equivalent einsums, forward and backward; the
-        keys are contracted over hd in their (B, K, S, hd) layout, so a decoding step reads the
-        cache as it lies (a (B, K, hd, S) operand made XLA copy the whole cache, every layer, every
-        step: 40 % of a d512 batch-8 step)."""
+        kv * G + g): no copy of k and v per query head."""
         b, h, t, d = q.shape
         kv, s = k.shape[1], k.shape[2]
         q = q.reshape(b, kv, -1, d)  # (B, K, G*T, hd)
-        dt = jnp.result_type(q, k)
+        # XLA:CPU runs these faster than the equivalent einsums, forward and backward; the keys are
+        # contracted over hd in their (B, K, S, hd) layout, so a decoding step reads the cache as it
+        # lies (a (B, K, hd, S) operand made XLA copy the whole cache, every layer, every step: 40 %
+        # of a d512 batch-8 step).
+        dt = jnp.promote_types(q.dtype, k.dtype)
         scores = _head_product(q, k, dt)  # (B, K, G*T, S)
         if step is not None:  # the new token's key, in its slot
             column = jnp.arange(s) == index
@@ -534,3 +530,11 @@ class Attention(nnx.Module):
         b, h, t, d = out.shape
         out = jnp.dot(out.swapaxes(1, 2).reshape(b * t, h * d), w.reshape(h * d, -1)).reshape(b, t, -1)
         return out if bias is None else out + bias
+
+    def _weights(self, x: jax.Array):
+        """x and the parameters promoted to the computation dtype."""
+        return nnx.nn.dtypes.promote_dtype(
+            (x, self.in_kernel[...], None if self.in_bias is None else self.in_bias[...],
+             self.out_kernel[...], None if self.out_bias is None else self.out_bias[...]),
+            dtype=self.dtype,
+        )

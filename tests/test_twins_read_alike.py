@@ -2,8 +2,9 @@
 torch_blocks' attention.py and blocks.py (framework words normalised), the attention calls'
 argument counts, and the expert count never named `x` (which names the residual stream).
 
-Measured: attention.py 0.134 at 0.3.0 (queries (B, T, K, G, hd) in Flax, (B, H, T, hd) in torch;
-13 call arguments), blocks.py 0.546. Run as a script to print the shares."""
+Measured (this normalisation): attention.py 0.134 at 0.3.0 (queries (B, T, K, G, hd) in Flax,
+(B, H, T, hd) in torch; 13 call arguments), 0.398 after issue 60; blocks.py 0.546, 0.548.
+Run as a script to print the shares."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # framework words, each side's to one spelling (jnp.where / torch.where, axis= / dim=, ...)
-WORDS = [(r"\bjax\.Array\b", "Array"), (r"\bTensor\b", "Array"), (r"\b(jnp|torch|jax|F|np)\b", "xp"),
-         (r"\bnnx\b", "nn"), (r"\baxis=", "dim="), (r"\bkeepdims=", "keepdim="), (r"\.astype\(", ".to("),
+WORDS = [(r"\bjax\.Array\b", "Array"), (r"\bjax\.nn\.", "xp."), (r"\bTensor\b", "Array"),
+         (r"\b(jnp|torch|jax|F|np)\b", "xp"), (r"\bnnx\b", "nn"), (r"\baxis=", "dim="), (r"\bkeepdims=", "keepdim="),
+         (r"\.astype\(", ".to("),
          (r"\bconcatenate\b", "cat"), (r"\b__call__\b", "forward")]
-FLOORS = {"attention.py": 0.29, "blocks.py": 0.54}  # measured after the restructuring, rounded down
+FLOORS = {"attention.py": 0.39, "blocks.py": 0.54}  # measured after the restructuring, rounded down
 
 
 def _lines(text: str) -> list[str]:

@@ -1,17 +1,20 @@
-"""Multi-head attention in PyTorch, owning every option: masks, causal, grouped-query heads,
-QK-norm, rotary positions and the attention weights. Twin of `flax_blocks.attention`: the same
-helpers under the same names in the same order, on the same layouts (queries (B, H, T, hd),
-keys and values (B, K, S, hd); query head h reads key/value head h // G).
+"""Multi-head attention in PyTorch (twin of `flax_blocks.attention`), owning every option:
+masks, causal, grouped-query heads, QK-norm, rotary positions and the attention weights. The
+twins hold the same helpers under the same names in the same order, on the same layouts:
+queries (B, H, T, hd), keys and values (B, K, S, hd); query head h reads key/value head h // G.
+An attention call takes the input x (B, T, E) and one `AttentionCall` (mask, path, cache,
+positions, layer; `flax_blocks.core.context`).
+
+The paths (`AttentionCall.path`): "dense" (the explicit softmax: weights, every mask),
+"blocked" (an online softmax over key blocks, O(T * block) memory) and "fused" (one
+library kernel); BlockConfig.attention chooses, and `attention_path` resolves "auto" from
+static facts of the call (no global state) by the rule both twins share
+(`flax_blocks.core.attention_paths`). torch serves "blocked" and "fused" with SDPA.
 
 Masks follow torch's convention: True means "may NOT attend"; a float mask is added to the
-logits (-inf entries masked), as stock torch takes it. Rows in which every key is
-masked give a zero attention output (bias included) and zero weights, as in flax_blocks
-(torch's own MultiheadAttention gives NaN there).
-
-Two implementations of the same attention (`AttentionCall.path`): "dense" (explicit softmax,
-weights, every mask) and "fused" (F.scaled_dot_product_attention, which serves "blocked" too).
-BlockConfig.attention chooses; `attention_path` resolves "auto" from static facts by the rule
-both twins share (`flax_blocks.core.attention_paths`).
+logits (-inf entries masked), as stock torch takes it. Rows in which every key is masked
+give a zero attention output (bias included) and zero weights, as in flax_blocks (torch's
+own MultiheadAttention gives NaN there).
 """
 
 from __future__ import annotations
@@ -38,16 +41,16 @@ PATHS = ("dense", "fused")
 def attention_path(cfg: BlockConfig, seq: Any = None, *, need_weights: bool, explicit_mask: bool = False,
                    dropout_active: bool = False, cached_or_cross: bool = False, platform: str = "cpu",
                    check: bool = True) -> str:
-    """The path of an attention over `seq` keys: "dense" (the explicit softmax, which returns
-    weights) or "fused" (F.scaled_dot_product_attention: no weights; masks and dropout it takes),
-    by the rule both twins share (`flax_blocks.core.attention_paths.choose_path`): "dense" when
-    the call needs the weights or `seq` is not an int (None: unknown); else "fused" on a GPU
-    (platform "cuda") or from AUTO_MIN_KEYS keys on where SDPA computes the options (no
-    soft-capped logits, sliding windows or sinks), "dense" below. A forced "blocked" or "fused"
-    is served by SDPA where it computes the options, else densely. With `check` (an uncached
-    self-attention, as the Flax twin's `attention_path`), a forced "blocked" / "fused" that the
-    call cannot honour raises the same ValueError as in Flax (`check_attention_call`), so a call
-    fails alike on both sides."""
+    """The path of an attention call over `seq` keys by the rule both twins share
+    (`flax_blocks.core.attention_paths.choose_path`, whose docstring states it): "dense" when
+    the call needs the weights or `seq` is not a concrete int (None: unknown); else "fused" on a
+    GPU and "blocked" from AUTO_MIN_KEYS keys on, each where the twin's kernel computes the
+    call; else "dense". With `check` (an uncached self-attention, as the Flax twin's), a forced
+    "blocked" or "fused" that the call cannot honour raises the same ValueError in
+    both twins (`check_attention_call`), so a call fails alike on both sides.
+    torch's SDPA serves "blocked" and "fused" (masks, dropout, caches and memories included)
+    where it computes the options (no soft-capped logits, sliding windows or sinks), else the
+    path is "dense". platform: the device type ("cuda": a GPU)."""
     if check:
         check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask,
                              dropout_active=dropout_active)
@@ -185,7 +188,7 @@ def rotary(x: Tensor, positions: Tensor, theta: float, dim: int | None = None,
         inv_freq = inv_freq * m
     angles = positions.to(dt)[..., None] * inv_freq  # (T, width/2) or (B, T, width/2)
     angles = torch.cat([angles, angles], dim=-1)[..., None, :]  # (T, 1, width) or (B, T, 1, width)
-    cos, sin = angles.cos(), angles.sin()
+    cos, sin = torch.cos(angles), torch.sin(angles)
     if scaling is not None and (factor := rope.attention_factor(scaling)) != 1.0:  # yarn, longrope
         cos, sin = cos * factor, sin * factor
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -215,15 +218,16 @@ class _Projection(Protocol):
 
 
 class Attention(nn.Module):
-    """Self-attention with one packed q/k/v projection (see `declarations.attention`).
+    """Self-attention with one packed q/k/v projection (see `declarations.attention`): K key/value
+    heads, G = H / K query heads per key/value head, q_norm / k_norm (Norm over hd), sinks (H,).
 
-    Params: in_proj_weight ((H+2K)*hd, E) with rows [q heads; k heads; v heads],
-    in_proj_bias, out_proj.weight (E, H*hd), out_proj.bias, q_norm / k_norm (over hd).
-    With K = H these are nn.MultiheadAttention's names and shapes, so its weights load.
+    Parameters: in_proj_weight ((H+2K)*hd, E) with rows [q heads; k heads; v heads],
+    in_proj_bias, out_proj.weight (E, H*hd), out_proj.bias. With K = H these are
+    nn.MultiheadAttention's names and shapes, so its weights load.
     """
 
-    # Registered from the declarations (declarations.attention) by create_params and
-    # __init__; annotated here so that type checkers and IDEs see them. None: an option that is off.
+    # Registered from the declarations (declarations.attention) by create_params and __init__;
+    # annotated here so that type checkers and IDEs see them. None: an option that is off.
     in_proj_weight: nn.Parameter
     in_proj_bias: nn.Parameter | None
     out_proj: _Projection
@@ -253,8 +257,8 @@ class Attention(nn.Module):
 
     def position_qk(self, q: Tensor, k: Tensor, positions: Tensor, local: bool = False) -> tuple[Tensor, Tensor]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
-        k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's, whose rotary
-        base is rope_local_theta when given (Gemma 3)."""
+        k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, traced
+        in a Flax layer scan), whose rotary base is rope_local_theta when given (Gemma 3)."""
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
@@ -274,9 +278,9 @@ class Attention(nn.Module):
 
     def windowed(self, masked: Tensor, rows: Tensor | None, index: int, t: int, s: int,
                  local: bool) -> tuple[Tensor, Tensor]:
-        """A local layer's (masked, rows) (`local`: True): query i (at position index + i) may NOT
-        attend to key j (position j) when j <= i - W; a query whose keys all lie before its window
-        has none (rows False, its mask opened up)."""
+        """A local layer's mask and rows (`local`: a bool, traced in a Flax layer scan): query i (at
+        position index + i) sees key j (position j) only when i - W < j; a query whose keys all lie
+        before its window has none (rows False, its mask opened up)."""
         assert self.cfg.sliding_window is not None  # only a local layer is windowed
         qpos, kpos = index + torch.arange(t, device=masked.device), torch.arange(s, device=masked.device)
         outside = kpos[None, :] <= qpos[:, None] - self.cfg.sliding_window  # (T, S)
@@ -302,9 +306,9 @@ class Attention(nn.Module):
         """The dense path's softmax over the keys of logits (B, H, T, S); with attn_sinks (GPT-OSS) each
         head's sink logit joins as one more column, dropped after the softmax."""
         if self.sinks is None:
-            return logits.softmax(dim=-1)
+            return torch.softmax(logits, dim=-1)
         sink = self.sinks.to(logits.dtype)[:, None, None].expand(*logits.shape[:-1], 1)
-        return torch.cat([logits, sink], dim=-1).softmax(dim=-1)[..., :-1]
+        return torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
 
     def _project(self, x: Tensor, part: str) -> list[Tensor]:
         """x (B, T, E) through the in-projection's `part` ("qkv", "q" or "kv"): its tensors
@@ -330,21 +334,22 @@ class Attention(nn.Module):
                 ) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor] | None]:
         """Self-attention of x (B, T, E), or (call.cross) cross-attention to call.memory (B, S, E).
 
-        call: the mask, path, cache, positions and layer (`AttentionCall`). mask: a `Mask` from
-        `build_mask` / `cache_mask` (a head with no key gives no output; a query with none in any
-        head none at all). cache: for self-attention {"k", "v"} (B, K, L, hd), head-major: x is
-        the chunk at positions index .. index+T-1 (rotary continues from index); its keys and
-        values are written there and the queries attend to all L cached positions. For
-        cross-attention, the memory's keys and values from `memory_kv`. path: "dense" (explicit
-        softmax) or "fused" (SDPA, no weights); None: `attention_path` (unchecked) from cfg, the
-        keys and need_weights. positions: the rotary positions of x's tokens, (B, T) per batch row
-        (HF's position_ids); None: index .. index+T-1 for every row. layer: this block's index in
-        its stack (from 1): whether a self-attention is local (sliding_window,
-        sliding_window_pattern) and which rotary base it takes.
+        call (`AttentionCall`): mask, the prepared mask from `build_mask` / `cache_mask` (a head
+        with no key gives no output; a query with none in any head none at all). cache: for
+        self-attention {"k", "v"} (B, K, L, hd), head-major: x is the chunk at positions
+        index .. index+T-1 (rotary continues from index); its keys and values are written there
+        and the queries attend to all L cached positions (the mask hides the rest). For
+        cross-attention, the memory's keys and values from `memory_kv`. positions: the rotary
+        positions of x's tokens, (B, T) per batch row (HF's position_ids); None: index ..
+        index+T-1 for every row. layer: this block's index in its stack (from 1; traced in a
+        Flax layer scan): whether a self-attention is local (sliding_window,
+        sliding_window_pattern) and which rotary base it takes. path: "dense" (the explicit
+        softmax: every mask, weights, dropout) or a faster kernel (`attention_path`):
+        "fused" (SDPA, which takes masks and dropout but returns no weights); None: `attention_path`
+        (unchecked) from cfg, the keys and need_weights.
 
-        Returns (out (B, T, E), weights (B, H, T, S) or None, largest pre-softmax logit over
-        unmasked pairs () or None, the updated cache or None); weights and logit only when
-        need_weights."""
+        Returns (out (B, T, E), attention weights (B, H, T, S), the largest pre-softmax logit over
+        unmasked pairs (), the updated cache or None); weights and logit only when need_weights."""
         call = call or AttentionCall()  # (None: an uncached self-attention, no mask)
         masked, rows, bias, causal_only = (None, None, None, False) if call.mask is None else call.mask
         b, t, _ = x.shape
@@ -419,7 +424,7 @@ class Attention(nn.Module):
         weights (B, H, T, S), the largest unmasked logit ()).
 
         Batched matmuls over (B, K), a key/value head's G query heads as G*T rows (query head h =
-        kv * G + g), as in the Flax twin (no copy of k and v per query head)."""
+        kv * G + g): no copy of k and v per query head."""
         b, h, t, d = q.shape
         kv, s = k.shape[1], k.shape[2]
         q = q.reshape(b, kv, -1, d)  # (B, K, G*T, hd)
