@@ -424,7 +424,7 @@ class Attention(nnx.Module):
         call = call or AttentionCall()  # (None: an uncached self-attention, no mask)
         mask, rows = (None, None) if call.mask is None else call.mask
         b, t, _ = x.shape
-        local = False if call.cross else is_local(self.cfg, call.layer)  # a sliding-window layer (maybe traced)
+        local = False if call.cross else is_local(self.cfg, call.layer)  # a sliding-window layer (traced in a scan)
         cache, step = call.cache, None  # step: a decoding step's new key and value (B, K, 1, hd) and their slot
         if call.cross:  # queries from x, keys and values from the memory (or its cache)
             q, k, v = self._cross_qkv(x, call.memory, cache)

@@ -353,7 +353,7 @@ class Attention(nn.Module):
         call = call or AttentionCall()  # (None: an uncached self-attention, no mask)
         masked, rows, bias, causal_only = (None, None, None, False) if call.mask is None else call.mask
         b, t, _ = x.shape
-        local = False if call.cross else is_local(self.cfg, call.layer)  # a sliding-window layer
+        local = False if call.cross else is_local(self.cfg, call.layer)  # a sliding-window layer (traced in a scan)
         cache = call.cache
         if call.cross:  # queries from x, keys and values from the memory (or its cache)
             q, k, v = self._cross_qkv(x, call.memory, cache)
