@@ -154,12 +154,13 @@ def self_attention_masks(cfg: BlockConfig, path: str, batch: int, seq: int, atte
 
 def cache_mask(index: jax.Array | int, seq: int, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The causal mask of a chunk of `seq` queries at positions index .. index+seq-1 over a
-    cache of L keys, `valid` (B, L) marking the keys written and not padding.
-    Returns (mask (B, 1, seq, L), rows (B, 1, seq, 1)) as `build_mask`."""
+    cache of L keys, `valid` (B, L) marking the keys written and not padding: its mask
+    (B, 1, seq, L) and rows (B, 1, seq, 1) as `build_mask` returns them."""
     positions = index + jnp.arange(seq)
-    mask = (jnp.arange(valid.shape[1])[None, :] <= positions[:, None])[None, None] & valid[:, None, None, :]
-    rows = jnp.any(mask, axis=-1, keepdims=True)
-    return mask | ~rows, rows
+    keys = jnp.arange(valid.shape[1])
+    allowed = (keys[None, :] <= positions[:, None])[None, None] & valid[:, None, None, :]  # (B, 1, seq, L)
+    rows = allowed.any(axis=-1, keepdims=True)
+    return allowed | ~rows, rows
 
 
 def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attention_mask, key_mask) -> None:

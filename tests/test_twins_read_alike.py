@@ -3,7 +3,7 @@ torch_blocks' attention.py and blocks.py (framework words normalised), the atten
 argument counts, and the expert count never named `x` (which names the residual stream).
 
 Measured (this normalisation): attention.py 0.134 at 0.3.0 (queries (B, T, K, G, hd) in Flax,
-(B, H, T, hd) in torch; 13 call arguments), 0.398 after issue 60; blocks.py 0.546, 0.548.
+(B, H, T, hd) in torch; 13 call arguments), 0.409 after issue 60; blocks.py 0.546, 0.548.
 Run as a script to print the shares."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ WORDS = [(r"\bjax\.Array\b", "Array"), (r"\bjax\.nn\.", "xp."), (r"\bTensor\b", 
          (r"\b(jnp|torch|jax|F|np)\b", "xp"), (r"\bnnx\b", "nn"), (r"\baxis=", "dim="), (r"\bkeepdims=", "keepdim="),
          (r"\.astype\(", ".to("),
          (r"\bconcatenate\b", "cat"), (r"\b__call__\b", "forward")]
-FLOORS = {"attention.py": 0.39, "blocks.py": 0.54}  # measured after the restructuring, rounded down
+FLOORS = {"attention.py": 0.40, "blocks.py": 0.54}  # measured after the restructuring, rounded down
 
 
 def _lines(text: str) -> list[str]:

@@ -134,11 +134,11 @@ def build_mask(
 
 def cache_mask(index: int, seq: int, valid: Tensor) -> Mask:
     """The causal mask of a chunk of `seq` queries at positions index .. index+seq-1 over a
-    cache of L keys, `valid` (B, L) marking the keys written and not padding."""
+    cache of L keys, `valid` (B, L) marking the keys written and not padding: its mask
+    (B, 1, seq, L) and rows (B, 1, seq, 1) as `build_mask` returns them."""
     positions = index + torch.arange(seq, device=valid.device)
     keys = torch.arange(valid.shape[1], device=valid.device)
-    allowed = (keys[None, :] <= positions[:, None])[None] & valid[:, None, :]
-    allowed = allowed[:, None]  # (B, 1, seq, L)
+    allowed = (keys[None, :] <= positions[:, None])[None, None] & valid[:, None, None, :]  # (B, 1, seq, L)
     rows = allowed.any(dim=-1, keepdim=True)
     return Mask(~allowed & rows, rows)
 
