@@ -26,8 +26,9 @@ import numpy as np
 from flax import nnx
 
 from .core import declarations, rope
+from .core.alibi import alibi_slopes
 from .core.attention_paths import AUTO_MIN_KEYS, PATHS, choose_path  # noqa: F401 (AUTO_MIN_KEYS: tests read it here)
-from .core.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from .core.config import BlockConfig, check_attention_call, has_rotary, is_local, query_temperature, warn_fully_masked
 from .core.context import AttentionCall
 from .core.rope import RopeScaling
 from .flash import blocked_attention, fused_attention
@@ -233,6 +234,14 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: in
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
+def _bfloat16(x: jax.Array) -> jax.Array:
+    """float32 x with each value rounded to the nearest bfloat16 (ties to even), by its bits: a
+    cast there and back may be removed by XLA (excess precision), a bit operation is not."""
+    u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & jnp.uint32(1))) & jnp.uint32(0xFFFF0000)
+    return jax.lax.bitcast_convert_type(u, jnp.float32)
+
+
 def _head_product(q: jax.Array, k: jax.Array, dtype) -> jax.Array:
     """q (B, K, R, hd) . k (B, K, S, hd) over hd -> (B, K, R, S), batched over (B, K)."""
     return jax.lax.dot_general(q.astype(dtype), k.astype(dtype), (((3,), (3,)), ((0, 1), (0, 1))))
@@ -310,19 +319,39 @@ class Attention(nnx.Module):
             return norm(a.reshape(*a.shape[:2], -1)).reshape(a.shape)
         return norm(a)
 
+    def l2_normed(self, a: jax.Array) -> jax.Array:
+        """Llama 4's L2 norm (qk_l2_norm) of a (B, T, heads, hd) over each head: a * rsqrt(mean(a^2) +
+        eps), no weight, in float32 at least."""
+        x = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+        return (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.layer_norm_eps)).astype(a.dtype)
+
+    def tempered(self, q: jax.Array, index: jax.Array | int, rope) -> jax.Array:
+        """Llama 4's query temperature (`query_temperature`) on q (B, H, T, hd) of a layer without
+        rotary (`rope` False, or a traced one), at the slots index .. index + T - 1; q elsewhere."""
+        if self.cfg.query_temperature_floor is None or rope is True:
+            return q
+        dt = jnp.promote_types(q.dtype, jnp.float32)
+        slots = (index + jnp.arange(q.shape[2])).astype(dt)
+        tempered = (q * query_temperature(self.cfg, slots, jnp)[:, None]).astype(q.dtype)
+        return tempered if rope is False else jnp.where(rope, q, tempered)
+
     def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array,
-                    local=False) -> tuple[jax.Array, jax.Array]:
+                    local=False, rope=True) -> tuple[jax.Array, jax.Array]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
         k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, traced
-        in a Flax layer scan), whose rotary base is rope_local_theta when given (Gemma 3)."""
+        in a Flax layer scan), whose rotary base is rope_local_theta when given (Gemma 3); rope:
+        whether this layer rotates (`has_rotary`: a bool, traced in a Flax layer scan; False in
+        SmolLM3's NoPE layers, Cohere 2's global layers)."""
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
-        if self.cfg.rope_theta is None or (self.cfg.rope_local_only and local is False):  # Cohere 2: local only
+        if self.cfg.rope_theta is None or rope is False:
             return q, k
         rq, rk = self.rotated(q, k, positions, local)
-        if self.cfg.rope_local_only and local is not True:  # a scanned layer: the global ones keep q and k
-            return jnp.where(local, rq, q), jnp.where(local, rk, k)
+        if self.cfg.qk_l2_norm:  # Llama 4: the rotary layers' q and k over their RMS, after rotary
+            rq, rk = self.l2_normed(rq), self.l2_normed(rk)
+        if rope is not True:  # a scanned layer: the layers without rotary keep q and k
+            return jnp.where(rope, rq, q), jnp.where(rope, rk, k)
         return rq, rk
 
     def rotated(self, q: jax.Array, k: jax.Array, positions: jax.Array, local) -> tuple[jax.Array, jax.Array]:
@@ -340,16 +369,32 @@ class Attention(nnx.Module):
             scaling = None if local is True else scaling
         return rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
 
-    def windowed(self, mask: jax.Array, rows: jax.Array | None, index, t: int, s: int,
+    def windowed(self, mask: jax.Array | None, rows: jax.Array | None, index, t: int, s: int,
                  local) -> tuple[jax.Array, jax.Array]:
         """A local layer's mask and rows (`local`: a bool, traced in a Flax layer scan): query i (at
-        position index + i) sees key j (position j) only when i - W < j; a query whose keys all lie
-        before its window has none (rows False, its mask opened up)."""
+        position index + i) sees key j (position j) only when |i - j| < W (under the causal mask:
+        i - W < j); a query whose keys all lie outside its window has none (rows False, its mask
+        opened up). mask None: no other mask (a bidirectional window, ModernBERT)."""
+        window = self.cfg.sliding_window
+        assert window is not None  # only a local layer is windowed
         qpos, kpos = index + jnp.arange(t), jnp.arange(s)
-        inside = (kpos[None, :] > qpos[:, None] - self.cfg.sliding_window)[None, None]  # (1, 1, T, S)
-        m = mask & (inside if local is True else inside | ~local)
+        inside = (jnp.abs(kpos[None, :] - qpos[:, None]) < window)[None, None]  # (1, 1, T, S)
+        inside = inside if local is True else inside | ~local
+        m = inside if mask is None else mask & inside
         has = jnp.any(m, axis=-1, keepdims=True)
         return m | ~has, (has if rows is None else rows & has)
+
+    def alibi_bias(self, mask: jax.Array | None, rows: jax.Array | None, s: int) -> jax.Array:
+        """ALiBi's biases (B|1, H, 1, S) in float32 (`flax_blocks.core.alibi`): slope_h times key j's
+        position among the real keys (the keys some query may attend, from mask (B|1, H|1, T, S) and
+        rows; all S when mask is None), each bfloat16-rounded as Falcon's build_alibi_tensor."""
+        if mask is None:
+            pos = jnp.arange(s)[None]
+        else:
+            valid = jnp.any((mask if rows is None else mask & rows)[:, 0], axis=1)  # (B|1, S)
+            pos = jnp.where(valid, jnp.cumsum(valid, axis=-1) - 1, 0)
+        slopes = jnp.asarray(alibi_slopes(self.cfg.num_heads))[None, :, None, None]
+        return _bfloat16(slopes * _bfloat16(pos.astype(jnp.float32))[:, None, None, :])
 
     def logits(self, qk: jax.Array, mask: jax.Array | None) -> jax.Array:
         """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
@@ -431,7 +476,9 @@ class Attention(nnx.Module):
             q, k, v = self._cross_qkv(x, call.memory, cache)
         else:  # (B, T) per-row rotary positions (HF's position_ids), else index onwards
             positions = call.index + jnp.arange(t) if call.positions is None else call.positions
-            q, k, v = self._self_qkv(x, positions, local)
+            rope = has_rotary(self.cfg, call.layer, local)  # a layer with rotary (traced in a scan)
+            q, k, v = self._self_qkv(x, positions, local, rope)
+            q = self.tempered(q, call.index, rope)
             if cache is not None:
                 k, v, step, cache = _cache_write(cache, k, v, call.index)
         path = call.path or "dense"  # (the weights this call returns need the dense path: rule 1)
@@ -443,21 +490,23 @@ class Attention(nnx.Module):
         if path != "dense":  # an uncached self-attention
             out, has_key = self._efficient(path, q, k, v, call.key_valid, local)
             return jnp.where(has_key[..., None], self._out(out), 0.0), None, None, cache
-        if local is not False:  # the causal mask is never None then (sliding_window needs causal)
-            assert mask is not None
+        if local is not False:  # a sliding-window layer
             mask, rows = self.windowed(mask, rows, call.index, t, k.shape[2], local)
-        out, weights, logit_max, written = self._dense(q, k, v, step, mask, rows, call.index, key, deterministic)
+        alibi = self.alibi_bias(mask, rows, k.shape[2]) if self.cfg.alibi and not call.cross else None
+        out, weights, logit_max, written = self._dense(q, k, v, step, mask, rows, call.index, key, deterministic,
+                                                       alibi)
         cache = written if written is not None else cache  # a decoding step writes after its products
         out = self._out(out)
         if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
             out = jnp.where(rows.any(axis=1), out, 0.0)
         return out, weights, logit_max, cache
 
-    def _self_qkv(self, x: jax.Array, positions: jax.Array, local) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def _self_qkv(self, x: jax.Array, positions: jax.Array, local,
+                  rope=True) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Self-attention's q (B, H, T, hd) and k, v (B, K, T, hd) of x (B, T, E), QK-norm and
-        rotary (at positions, (T,) or (B, T)) applied."""
+        rotary (at positions, (T,) or (B, T), where `rope`) applied."""
         q, k, v = self._project(x, "qkv")
-        q, k = self.position_qk(q, k, positions, local)
+        q, k = self.position_qk(q, k, positions, local, rope)
         return q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
 
     def _cross_qkv(self, x: jax.Array, memory: jax.Array | None,
@@ -489,11 +538,12 @@ class Attention(nnx.Module):
         return out.reshape(b, t, h, d).swapaxes(1, 2), has_key
 
     def _dense(self, q: jax.Array, k: jax.Array, v: jax.Array, step: tuple | None, mask: jax.Array | None,
-               rows: jax.Array | None, index: jax.Array | int, key: jax.Array | None,
-               deterministic: bool | None) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
+               rows: jax.Array | None, index: jax.Array | int, key: jax.Array | None, deterministic: bool | None,
+               alibi: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
         """The explicit softmax over q (B, H, T, hd) and k, v (B, K, S, hd) (a decoding step's new key
-        and value in `step`): (out (B, H, T, hd), weights (B, H, T, S), the largest unmasked logit (),
-        the cache a decoding step wrote, else None).
+        and value in `step`; ALiBi's biases (B|1, H, 1, S) added to q.k before the scale): (out
+        (B, H, T, hd), weights (B, H, T, S), the largest unmasked logit (), the cache a decoding step
+        wrote, else None).
 
         Batched matmuls over (B, K), a key/value head's G query heads as G*T rows (query head h =
         kv * G + g): no copy of k and v per query head."""
@@ -509,7 +559,10 @@ class Attention(nnx.Module):
         if step is not None:  # the new token's key, in its slot
             column = jnp.arange(s) == index
             scores = jnp.where(column, _head_product(q, step[0], dt), scores)
-        logits = self.logits(scores.reshape(b, h, t, s), mask)
+        heads = scores.reshape(b, h, t, s)
+        if alibi is not None:  # ALiBi's biases, added before the scale (Falcon)
+            heads = heads + alibi.astype(heads.dtype)
+        logits = self.logits(heads, mask)
         logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
         weights = self.softmax(logits)
         if rows is not None:

@@ -29,7 +29,7 @@ from flax import nnx
 from .attention import Attention, attention_path, build_mask, self_attention_masks
 from .caches import Cache, cached_context, new_cache
 from .core import declarations
-from .core.config import BlockConfig, check_parallel, layer_scale
+from .core.config import BlockConfig, check_parallel, layer_scale, skips_attn_norm
 from .core.context import Context
 from .core.declarations import Sublayer
 from .experts import Experts
@@ -89,6 +89,9 @@ class _Block(nnx.Module):
         cfg, sub = self.cfg, self.sublayers[i]
         norm, s = getattr(self, sub.norm), getattr(self, sub.scale)
         h = norm(x) if cfg.norm in ("pre", "peri") else x  # pre-LN, Peri-LN: the norm first
+        skip = skips_attn_norm(cfg, ctx.layer, sub.kind)  # ModernBERT: layer 1's attention reads x itself
+        if skip is not False:
+            h = jnp.where(skip, x, h)
         if cfg.layernorm_scaling:
             h = h * layer_scale(ctx.layer, h.dtype)  # c * Norm(x)
         h = f(h, ctx, i)  # the sublayer

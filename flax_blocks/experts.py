@@ -7,19 +7,24 @@ renormalised when cfg.norm_topk_prob. Dispatch costs what the active experts cos
 (token, expert) rows are sorted by expert into blocks of one expert each (`block_rows`), and
 `grouped_mlp` runs a loop over the experts that have rows, each expert's weights sliced once, with
 an inner loop over its blocks running each block's whole MLP; its backward (a custom VJP) runs the
-same loops, each expert's weight gradients summed in the inner loop's carry and written once.
-Experts without rows cost nothing; no capacity, no token dropped: static shapes bound the blocks
-by N * k / block + X.
+same loops, each expert's weight gradients started from its first block's products, summed over
+its other blocks in the inner loop's carry and written once. Blocks hold the mean rows per expert
+plus two standard deviations (`block_size`), so most experts run one block. Experts without rows
+cost nothing; no capacity, no token dropped: static shapes bound the blocks by N * k / block + X.
 
 `jax.lax.ragged_dot` is the obvious tool, but XLA:CPU (jax 0.10) computes it densely, every row
 through every expert: 0.36 s for 8 experts and 1.9 s for 64 where one expert's matmul takes 0.03 s
-(4096 x 2 rows, 256 -> 512). experiments/bench/moe.py measures the loops at 8 and 64 experts
-against a dense MLP of the active width (results in experiments/bench/results/moe/summary.md).
+(4096 x 2 rows, 256 -> 512). A batched product over every expert's first block (an einsum with a
+batch dimension: each weight read once, no loop) was measured too and costs more on XLA:CPU than
+the loop (1.40x against 1.09x the 8-experts forward at 64 experts). experiments/bench/moe.py
+measures the loops at 8 and 64 experts top-2 and 32 and 256 top-8 against a dense MLP of the
+active width, with an op profile (results in experiments/bench/results/moe/summary.md).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,11 +82,13 @@ def deepseek_route(cfg: BlockConfig, logits: jax.Array, bias: jax.Array | None) 
 
 
 def block_size(rows: int, num_experts: int) -> int:
-    """Rows per block for `rows` (token, expert) pairs over `num_experts`: a power of two near
-    rows / (2 X), from 8 to 256: padding (at most X blocks' worth, on average half) stays a fraction
-    of the rows, and a block stays a matmul XLA runs well."""
-    b = max(rows // (2 * num_experts), 1)
-    return int(min(max(1 << (b.bit_length() - 1), 8), 256))
+    """Rows per block for `rows` (token, expert) pairs over `num_experts`: the mean rows per expert
+    m = rows / X plus two of its standard deviations under balanced routing (m + 2 sqrt(m)), a
+    multiple of 8 from 8 to 256: most experts then run one block (one product per weight and no
+    gradient summed over blocks), padding stays near what blocks of m / 2 pad, and a block stays a
+    matmul XLA runs well (experiments/bench/moe.py's profile: blocks of m / 2 cost 1.1-1.2x more)."""
+    m = rows / num_experts
+    return int(min(max(8 * math.ceil((m + 2 * math.sqrt(m)) / 8), 8), 256))
 
 
 def block_rows(experts: jax.Array, num_experts: int, block: int) -> tuple[jax.Array, jax.Array, jax.Array, int]:
@@ -134,16 +141,15 @@ def expert_blocks(experts: jax.Array, num_experts: int, block: int) -> tuple[jax
     return first, blocks, order
 
 
-def _per_expert(layout, weights, per_expert, body, init):
+def _per_expert(layout, weights, per_expert, init):
     """For each expert with rows (a loop over those alone): w = its slices of `weights`, carry =
-    per_expert(e, w, inner loop of body(i, w, carry) over its blocks i)."""
+    per_expert(e, w, first, stop, carry), its blocks being first .. stop - 1 (at least one)."""
     first, count, order = layout
 
     def one(j, c):
         e = order[j]
         w = tuple(None if a is None else a[e] for a in weights)
-        return per_expert(e, w, lambda inner: jax.lax.fori_loop(
-            first[e], first[e] + count[e], lambda i, c: body(i, w, c), inner), c)
+        return per_expert(e, w, first[e], first[e] + count[e], c)
 
     return jax.lax.fori_loop(0, jnp.sum((count > 0).astype(jnp.int32)), one, init)
 
@@ -173,39 +179,46 @@ def _blocks_mlp_fwd(rows, up, gate, down, layout, act):
     dt = jnp.result_type(rows, up)
     init = (jnp.zeros((nb, b, down.shape[2]), dt), jnp.zeros((nb, b, f), dt),
             None if gate is None else jnp.zeros((nb, b, f), dt))
-    y, hus, hgs = _per_expert(layout, (up, gate, down), lambda e, w, inner, c: inner(c), body, init)
+    y, hus, hgs = _per_expert(layout, (up, gate, down), lambda e, w, first, stop, c: jax.lax.fori_loop(
+        first, stop, lambda i, c: body(i, w, c), c), init)
     return y, (rows, up, gate, down, layout, hus, hgs)
 
 
 def _blocks_mlp_bwd(act, res, g):
-    """The same loops: each block's d rows; each expert's weight gradients summed over its blocks
-    in the inner loop's carry and written once (d down[e] = sum h^T g, d up[e] = sum rows^T d hu, ...)."""
+    """The same loops: each block's d rows; each expert's weight gradients (d down[e] = sum h^T g,
+    d up[e] = sum rows^T d hu, ...) start from its first block's products and sum its other blocks'
+    in the inner loop's carry, then are written once (no zeros summed into, no sum for an expert of
+    one block: `block_size` makes that the common case)."""
     rows, up, gate, down, layout, hus, hgs = res
 
-    def body(i, w, c):
+    def block(i, w):
+        """Block i's (d up, d gate, d down) products and its d rows."""
         wu, wg, wd = w
-        dwu, dwg, dwd, drows = c
         hg = None if hgs is None else hgs[i]
         h, pull = jax.vjp(lambda hu, hg: _hidden(act, hu, hg), hus[i], hg)
-        dwd = dwd + h.T @ g[i]
         dhu, dhg = pull(g[i] @ wd.T)
-        dwu = dwu + rows[i].T @ dhu
         dr = dhu @ wu.T
         if wg is not None:
-            dwg = dwg + rows[i].T @ dhg
             dr = dr + dhg @ wg.T
-        return dwu, dwg, dwd, jax.lax.dynamic_update_index_in_dim(drows, dr, i, 0)
+        return (rows[i].T @ dhu, None if wg is None else rows[i].T @ dhg, h.T @ g[i]), dr
 
-    def per_expert(e, w, inner, c):
+    def body(i, w, c):
+        dw, drows = c
+        d, dr = block(i, w)
+        return (tuple(None if a is None else a + b for a, b in zip(dw, d, strict=True)),
+                jax.lax.dynamic_update_index_in_dim(drows, dr, i, 0))
+
+    def per_expert(e, w, first, stop, c):
         dup, dgate, ddown, drows = c
-        zeros = tuple(None if a is None else jnp.zeros_like(a) for a in w)
-        dwu, dwg, dwd, drows = inner((*zeros, drows))
         put = jax.lax.dynamic_update_index_in_dim
-        return (put(dup, dwu, e, 0), None if dgate is None else put(dgate, dwg, e, 0), put(ddown, dwd, e, 0), drows)
+        dw, dr = block(first, w)
+        dw, drows = jax.lax.fori_loop(first + 1, stop, lambda i, c: body(i, w, c), (dw, put(drows, dr, first, 0)))
+        return (put(dup, dw[0], e, 0), None if dgate is None else put(dgate, dw[1], e, 0), put(ddown, dw[2], e, 0),
+                drows)
 
     init = (jnp.zeros_like(up), None if gate is None else jnp.zeros_like(gate), jnp.zeros_like(down),
             jnp.zeros_like(rows))
-    dup, dgate, ddown, drows = _per_expert(layout, (up, gate, down), per_expert, body, init)
+    dup, dgate, ddown, drows = _per_expert(layout, (up, gate, down), per_expert, init)
     return drows, dup, dgate, ddown, None
 
 
@@ -223,8 +236,9 @@ def grouped_mlp(x: jax.Array, experts: jax.Array, up: jax.Array, gate: jax.Array
     a, n = x.shape[0], up.shape[0]
     b = block or block_size(a, n)
     slot, _, _, nb = block_rows(experts, n, b)
-    rows = jnp.zeros((nb * b, x.shape[1]), x.dtype).at[slot].set(x).reshape(nb, b, -1)
-    return _blocks_mlp(rows, up, gate, down, expert_blocks(experts, n, b), act).reshape(nb * b, -1)[slot]
+    rows = jnp.zeros((nb * b, x.shape[1]), x.dtype).at[slot].set(x, unique_indices=True).reshape(nb, b, -1)
+    y = _blocks_mlp(rows, up, gate, down, expert_blocks(experts, n, b), act).reshape(nb * b, -1)
+    return y.at[slot].get(unique_indices=True)
 
 
 class Experts(nnx.Module):

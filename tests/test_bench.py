@@ -108,8 +108,15 @@ def test_moe_bench_quick_run_writes_summary_and_ratios(tmp_path):
     assert ("forward+backward", "flax 8 / flax 4") in ratios and ("forward", "flax 8 / flax dense") in ratios
     assert {p["piece"] for p in result["profile"]} == {"route + layout + scatter", "loops over blocks",
                                                       "gather + weighted sum"}
+    wide = result["wide"]  # top-4 of 16 against top-4 of 4, wall and CPU clocks, an op profile each
+    assert {(r["step"], r["clock"]) for r in wide["ratios"]} == {(s, c) for s in ("forward", "forward+backward")
+                                                                 for c in ("wall", "cpu")}
+    assert all(r["median"] > 0 for r in wide["ratios"] + result["cpu_ratios"])
+    assert set(wide["op_profile"]) == {"flax 4 top-4", "flax 16 top-4"}
+    assert all(p["dots"] > 0 for p in [*wide["op_profile"].values(), *result["op_profile"].values()])
     summary_md = (tmp_path / "summary.md").read_text()
     assert "python -m experiments.bench.moe --quick" in summary_md and "## Ratios" in summary_md
+    assert "## Top-4 of 16 experts against top-4 of 4" in summary_md and "by op kind" in summary_md
 
 
 def test_moe_table_in_speed_doc_is_the_committed_run(tmp_path, monkeypatch):

@@ -105,7 +105,9 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(qk_norm_over="heads"), ["qk_norm_over", "projection"]),
         (dict(mlp_bias=1), ["mlp_bias", "None or a bool"]),
         (dict(norm_bias="yes"), ["norm_bias", "None or a bool"]),
-        (dict(sliding_window=4), ["sliding_window=4", "causal=True"]),
+        (dict(sliding_window=4, attention="blocked"), ["sliding_window=4", "bidirectional", "causal=True"]),
+        (dict(sliding_window=4, pattern_global_first=True), ["pattern_global_first", "sliding_window_pattern"]),
+        (dict(first_attn_norm=False), ["first_attn_norm=False", "norm='pre'", "norm='post'"]),
         (dict(sliding_window=0, causal=True), ["sliding_window", "positive int"]),
         (dict(sliding_window_pattern=2, causal=True), ["sliding_window_pattern", "needs sliding_window"]),
         (dict(rope_local_theta=10.0, sliding_window=4, causal=True), ["rope_local_theta", "rope_theta"]),
@@ -128,6 +130,10 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         # GPT-OSS's options
         (dict(attn_sinks=True, attention="fused"), ["attention='fused'", "attn_sinks", "'blocked'"]),
         (dict(attn_sinks=1), ["attn_sinks", "bool"]),
+        # Falcon-RW's ALiBi: the dense path alone adds its biases
+        (dict(alibi=True, attention="blocked"), ["attention='blocked'", "ALiBi", "'dense'"]),
+        (dict(alibi=True, attention="fused"), ["attention='fused'", "ALiBi"]),
+        (dict(alibi=1), ["alibi", "bool"]),
         (dict(swiglu_limit=7.0), ["swiglu_limit=7.0", "num_experts > 0"]),
         (dict(num_experts=2, mlp="swiglu", activation="silu", swiglu_limit=0.0), ["swiglu_limit", "> 0"]),
         (dict(num_experts=2, swiglu_limit=7.0), ["swiglu_limit=7.0", "mlp='swiglu'", "mlp='dense'"]),
@@ -413,4 +419,16 @@ def test_sinks_never_take_the_fused_path():
                               platform=platform) == "blocked"
     assert attention_path(make(causal=True), 4096, need_weights=False, explicit_mask=False, dropout_active=False,
                           platform="gpu") == "fused"
+    assert torch_attention_path(cfg, need_weights=False) == "dense"
+
+
+def test_alibi_takes_the_dense_path_alone():
+    """ALiBi's biases are added on the dense path: "auto" never takes the blocked or fused one (either twin)."""
+    from flax_blocks.attention import attention_path
+    from torch_blocks.attention import attention_path as torch_attention_path
+
+    cfg = make(alibi=True, causal=True)
+    for platform in ("cpu", "gpu"):
+        assert attention_path(cfg, 4096, need_weights=False, explicit_mask=False, dropout_active=False,
+                              platform=platform) == "dense"
     assert torch_attention_path(cfg, need_weights=False) == "dense"

@@ -89,6 +89,12 @@ def test_a_config_the_family_cannot_hold_is_refused_naming_fields():
         dialects.to_dialect(_ours(BERT), "hf-gpt2", BERT)
     assert "norm='post', but hf-gpt2 checkpoints have norm='pre'" in str(info.value)
     assert "causal" not in str(info.value)  # GPT-2 reads is_causal (False: bidirectional), so either is written
+    # ModernBERT's bidirectional window |i - j| < W: a LLaMA-named family (Mistral) would window |i - j| <= W
+    llama = fb.BlockConfig(d_model=16, num_heads=4, d_ff=20, norm="pre", norm_type="rmsnorm", mlp="swiglu",
+                           activation="silu", bias=False, rope_theta=1e4, sliding_window=3)
+    with pytest.raises(ConversionError, match=r"sliding_window=3 with causal=False.*hf-llama"):
+        dialects.check_settings(llama, "hf-llama")
+    dialects.check_settings(replace(llama, causal=True), "hf-llama")
 
 
 def test_from_torch_reads_an_hf_state_dict_with_its_dialect(caplog):

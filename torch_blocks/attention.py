@@ -28,8 +28,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flax_blocks.core import declarations, rope
+from flax_blocks.core.alibi import alibi_slopes
 from flax_blocks.core.attention_paths import choose_path, lacks
-from flax_blocks.core.config import BlockConfig, check_attention_call, is_local, warn_fully_masked
+from flax_blocks.core.config import (
+    BlockConfig,
+    check_attention_call,
+    has_rotary,
+    is_local,
+    query_temperature,
+    warn_fully_masked,
+)
 from flax_blocks.core.context import AttentionCall
 from flax_blocks.core.rope import RopeScaling
 
@@ -255,16 +263,37 @@ class Attention(nn.Module):
             return norm(a.reshape(*a.shape[:2], -1)).reshape(a.shape)
         return norm(a)
 
-    def position_qk(self, q: Tensor, k: Tensor, positions: Tensor, local: bool = False) -> tuple[Tensor, Tensor]:
+    def l2_normed(self, a: Tensor) -> Tensor:
+        """Llama 4's L2 norm (qk_l2_norm) of a (B, T, heads, hd) over each head: a * rsqrt(mean(a^2) +
+        eps), no weight, in float32 at least."""
+        x = a.to(torch.promote_types(a.dtype, torch.float32))
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.layer_norm_eps)).to(a.dtype)
+
+    def tempered(self, q: Tensor, index: int, rope: bool) -> Tensor:
+        """Llama 4's query temperature (`query_temperature`) on q (B, H, T, hd) of a layer without
+        rotary (`rope` False, or a traced one), at the slots index .. index + T - 1; q elsewhere."""
+        if self.cfg.query_temperature_floor is None or rope is True:
+            return q
+        dt = torch.promote_types(q.dtype, torch.float32)
+        slots = index + torch.arange(q.shape[2], device=q.device, dtype=dt)
+        return (q * query_temperature(self.cfg, slots, torch)[:, None]).to(q.dtype)
+
+    def position_qk(self, q: Tensor, k: Tensor, positions: Tensor, local: bool = False,
+                    rope: bool = True) -> tuple[Tensor, Tensor]:
         """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
         k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, traced
-        in a Flax layer scan), whose rotary base is rope_local_theta when given (Gemma 3)."""
+        in a Flax layer scan), whose rotary base is rope_local_theta when given (Gemma 3); rope:
+        whether this layer rotates (`has_rotary`: a bool, traced in a Flax layer scan; False in
+        SmolLM3's NoPE layers, Cohere 2's global layers)."""
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
-        if self.cfg.rope_theta is None or (self.cfg.rope_local_only and local is False):  # Cohere 2: local only
+        if self.cfg.rope_theta is None or rope is False:
             return q, k
-        return self.rotated(q, k, positions, local)
+        rq, rk = self.rotated(q, k, positions, local)
+        if self.cfg.qk_l2_norm:  # Llama 4: the rotary layers' q and k over their RMS, after rotary
+            rq, rk = self.l2_normed(rq), self.l2_normed(rk)
+        return rq, rk
 
     def rotated(self, q: Tensor, k: Tensor, positions: Tensor, local: bool) -> tuple[Tensor, Tensor]:
         """q and k rotated at positions, at rope_local_theta in a local layer when given."""
@@ -276,17 +305,33 @@ class Attention(nn.Module):
             theta, scaling = local_theta, None
         return rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
 
-    def windowed(self, masked: Tensor, rows: Tensor | None, index: int, t: int, s: int,
-                 local: bool) -> tuple[Tensor, Tensor]:
+    def windowed(self, masked: Tensor | None, rows: Tensor | None, index: int, t: int, s: int,
+                 local: bool, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
         """A local layer's mask and rows (`local`: a bool, traced in a Flax layer scan): query i (at
-        position index + i) sees key j (position j) only when i - W < j; a query whose keys all lie
-        before its window has none (rows False, its mask opened up)."""
-        assert self.cfg.sliding_window is not None  # only a local layer is windowed
-        qpos, kpos = index + torch.arange(t, device=masked.device), torch.arange(s, device=masked.device)
-        outside = kpos[None, :] <= qpos[:, None] - self.cfg.sliding_window  # (T, S)
-        m = masked | outside
+        position index + i) sees key j (position j) only when |i - j| < W (under the causal mask:
+        i - W < j); a query whose keys all lie outside its window has none (rows False, its mask
+        opened up). masked None: no other mask (a bidirectional window, ModernBERT)."""
+        window = self.cfg.sliding_window
+        assert window is not None  # only a local layer is windowed
+        qpos, kpos = index + torch.arange(t, device=device), torch.arange(s, device=device)
+        outside = ((kpos[None, :] - qpos[:, None]).abs() >= window)[None, None]  # (1, 1, T, S)
+        m = outside if masked is None else masked | outside
         has = ~m.all(dim=-1, keepdim=True)
         return m & has, (has if rows is None else rows & has)
+
+    def alibi_bias(self, masked: Tensor | None, rows: Tensor | None, s: int) -> Tensor:
+        """ALiBi's biases (B|1, H, 1, S) in float32 (`flax_blocks.core.alibi`): slope_h times key j's
+        position among the real keys (those some query may attend, from masked (B|1, H|1, T, S) and
+        rows; all S when masked is None), each rounded to bfloat16 as Falcon's build_alibi_tensor."""
+        device = None if masked is None else masked.device
+        if masked is None:
+            pos = torch.arange(s, device=device)[None]
+        else:
+            allowed = ~masked if rows is None else ~masked & rows
+            valid = allowed[:, 0].any(dim=1)  # (B|1, S)
+            pos = (valid.cumsum(-1) - 1) * valid
+        slopes = torch.from_numpy(alibi_slopes(self.cfg.num_heads)).to(device=device, dtype=torch.bfloat16)
+        return (slopes[None, :, None, None] * pos.to(torch.bfloat16)[:, None, None, :]).float()
 
     def logits(self, qk: Tensor, masked: Tensor | None, bias: Tensor | None) -> Tensor:
         """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
@@ -359,7 +404,9 @@ class Attention(nn.Module):
             q, k, v = self._cross_qkv(x, call.memory, cache)
         else:  # (B, T) per-row rotary positions (HF's position_ids), else index onwards
             positions = call.index + torch.arange(t, device=x.device) if call.positions is None else call.positions
-            q, k, v = self._self_qkv(x, positions, local)
+            rope = has_rotary(self.cfg, call.layer, local)  # a layer with rotary (traced in a scan)
+            q, k, v = self._self_qkv(x, positions, local, rope)
+            q = self.tempered(q, call.index, rope)
             if cache is not None:
                 k, v, cache = _cache_write(cache, k, v, call.index)
         path = call.path or attention_path(self.cfg, k.shape[2], need_weights=need_weights, check=False,
@@ -368,25 +415,26 @@ class Attention(nn.Module):
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
         if path != "dense" and need_weights:
             raise ValueError("the fused path (SDPA) returns no attention weights: take path='dense'")
-        if local is not False:  # the causal mask is never None then (sliding_window needs causal)
-            assert masked is not None
-            masked, rows = self.windowed(masked, rows, call.index, t, k.shape[2], local)
+        if local is not False:  # a sliding-window layer
+            masked, rows = self.windowed(masked, rows, call.index, t, k.shape[2], local, x.device)
         p = self.cfg.dropout if self.training else 0.0
         weights = logit_max = None
         if path != "dense":
             out = self._efficient(path, q, k, v, Mask(masked, rows, bias, causal_only), p)
         else:
-            out, weights, logit_max = self._dense(q, k, v, masked, rows, bias, p)
+            alibi = self.alibi_bias(masked, rows, k.shape[2]) if self.cfg.alibi and not call.cross else None
+            out, weights, logit_max = self._dense(q, k, v, masked, rows, bias, p, alibi)
         out = self._out(out)
         if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
             out = torch.where(rows.any(dim=1), out, 0.0)
         return out, (weights if need_weights else None), (logit_max if need_weights else None), cache
 
-    def _self_qkv(self, x: Tensor, positions: Tensor, local: bool) -> tuple[Tensor, Tensor, Tensor]:
+    def _self_qkv(self, x: Tensor, positions: Tensor, local: bool,
+                  rope: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's q (B, H, T, hd) and k, v (B, K, T, hd) of x (B, T, E), QK-norm and
-        rotary (at positions, (T,) or (B, T)) applied."""
+        rotary (at positions, (T,) or (B, T), where `rope`) applied."""
         q, k, v = self._project(x, "qkv")
-        q, k = self.position_qk(q, k, positions, local)
+        q, k = self.position_qk(q, k, positions, local, rope)
         return q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
 
     def _cross_qkv(self, x: Tensor, memory: Tensor | None,
@@ -419,9 +467,10 @@ class Attention(nn.Module):
         return out
 
     def _dense(self, q: Tensor, k: Tensor, v: Tensor, masked: Tensor | None, rows: Tensor | None,
-               bias: Tensor | None, p: float) -> tuple[Tensor, Tensor, Tensor]:
-        """The explicit softmax over q (B, H, T, hd) and k, v (B, K, S, hd): (out (B, H, T, hd),
-        weights (B, H, T, S), the largest unmasked logit ()).
+               bias: Tensor | None, p: float, alibi: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The explicit softmax over q (B, H, T, hd) and k, v (B, K, S, hd) (ALiBi's biases
+        (B|1, H, 1, S) added to q.k before the scale): (out (B, H, T, hd), weights (B, H, T, S), the
+        largest unmasked logit ()).
 
         Batched matmuls over (B, K), a key/value head's G query heads as G*T rows (query head h =
         kv * G + g): no copy of k and v per query head."""
@@ -430,7 +479,10 @@ class Attention(nn.Module):
         q = q.reshape(b, kv, -1, d)  # (B, K, G*T, hd)
         dt = torch.promote_types(q.dtype, k.dtype)
         scores = _head_product(q, k, dt)  # (B, K, G*T, S)
-        logits = self.logits(scores.reshape(b, h, t, s), masked, bias)
+        heads = scores.reshape(b, h, t, s)
+        if alibi is not None:  # ALiBi's biases, added before the scale (Falcon)
+            heads = heads + alibi.to(heads.dtype)
+        logits = self.logits(heads, masked, bias)
         logit_max = logits.max() if rows is None else logits.masked_fill(~rows, float("-inf")).max()
         weights = self.softmax(logits)
         if rows is not None:

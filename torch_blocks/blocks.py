@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from flax_blocks.core import declarations
-from flax_blocks.core.config import BlockConfig, check_parallel, layer_scale
+from flax_blocks.core.config import BlockConfig, check_parallel, layer_scale, skips_attn_norm
 from flax_blocks.core.context import Context
 from flax_blocks.core.declarations import Sublayer
 
@@ -97,6 +97,8 @@ class _Block(nn.Module):
         cfg, sub = self.cfg, self.sublayers[i]
         norm, s = getattr(self, sub.norm), getattr(self, sub.scale)
         h = norm(x) if cfg.norm in ("pre", "peri") else x  # pre-LN, Peri-LN: the norm first
+        if skips_attn_norm(cfg, ctx.layer, sub.kind):  # ModernBERT: layer 1's attention reads x itself
+            h = x
         if cfg.layernorm_scaling:
             h = h * layer_scale(ctx.layer, h.dtype)  # c * Norm(x)
         h = f(h, ctx, i)  # the sublayer

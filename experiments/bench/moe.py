@@ -44,8 +44,9 @@ from flax_blocks.experts import Experts, block_rows, block_size, expert_blocks, 
 
 from .timing import interleaved, paired_ratio, summary
 
-FULL = dict(batch=4, seq=512, d_model=256, expert_d_ff=512, top_k=2, experts=(8, 64))
-QUICK = dict(batch=2, seq=16, d_model=32, expert_d_ff=16, top_k=2, experts=(4, 8))
+FULL = dict(batch=4, seq=512, d_model=256, expert_d_ff=512, top_k=2, experts=(8, 64), wide=(8, 32, 256))
+QUICK = dict(batch=2, seq=16, d_model=32, expert_d_ff=16, top_k=2, experts=(4, 8), wide=(4, 4, 16))
+# wide: (k, X, X'): top-k of X and of X' experts on the same tokens (DeepSeek-V3's top-8 of 256)
 HF_IMPLS = ("eager", "grouped_mm")
 
 
@@ -161,6 +162,121 @@ def pieces(module: Experts, t: jax.Array) -> dict:
     return {"info": info, "fns": fns}
 
 
+def cpu_timed(fns: dict, cpu: dict) -> dict:
+    """fns, each also recording its process CPU seconds (every thread's) in cpu[name]: on a shared,
+    busy machine a step's CPU time moves less with the neighbours than its wall time."""
+    def wrap(name, f):
+        def g():
+            c = time.process_time()
+            out = f()
+            cpu.setdefault(name, []).append(time.process_time() - c)
+            return out
+        return g
+    return {name: wrap(name, f) for name, f in fns.items()}
+
+
+OP_KINDS = (("dots", ("ynn_fusion", "dot")), ("zero fills", ("broadcast",)),
+            ("weight and block slices", ("dynamic-slice",)), ("writes into buffers", ("dynamic-update-slice",)),
+            ("gradient sums", ("wrapped_add",)), ("sort, scatter, gather", ("sort", "scatter", "gather", "cumsum",
+                                                                         "reduce-window")),
+            ("copies", ("copy",)), ("loops and thunks", ("while", "ThunkExecutor::Execute")))
+
+
+def op_kind(name: str) -> str | None:
+    """The kind of an XLA:CPU trace event (an HLO op or the runtime's own), None for Python's."""
+    if name.startswith("$") or "wait for completion" in name:
+        return None
+    for kind, marks in OP_KINDS:
+        if any(name.startswith(m) or (m in name and kind != "loops and thunks") for m in marks):
+            return kind
+    return "elementwise and other"
+
+
+def op_profile(fn, reps: int = 3) -> dict[str, float]:
+    """ms per call of fn() by op kind (`op_kind`): the self time (children taken out) of every XLA:CPU
+    op in a jax.profiler trace of `reps` calls."""
+    import collections
+    import gzip
+    import tempfile
+
+    fn()
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(reps):
+                fn()
+        with gzip.open(next(Path(d).rglob("*.trace.json.gz"))) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    threads = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X":
+            threads[(e["pid"], e["tid"])].append(e)
+    kinds: dict[str, float] = collections.Counter()
+    for evs in threads.values():
+        stack: list = []
+        for e in sorted(evs, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack and (k := op_kind(stack[-1]["name"])):
+                kinds[k] -= e["dur"]
+            if k := op_kind(e["name"]):
+                kinds[k] += e["dur"]
+            stack.append(e)
+    return {k: v / reps / 1e3 for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+
+
+def wide_run(size: dict, args, t_j, r_j) -> dict:
+    """Top-k of X against top-k of X' experts (size["wide"]) on the same tokens, same widths: Flax
+    forward and forward+backward, interleaved; wall and CPU times; each one's op profile."""
+    k, xs, xb = size["wide"]
+    fns: dict[str, dict] = {"forward": {}, "forward+backward": {}}
+    for x in (xs, xb):
+        module = flax_experts({**size, "top_k": k}, x)
+        graphdef, state = nnx.split(module)
+
+        def apply(state, t, graphdef=graphdef):
+            return nnx.merge(graphdef, state)(t)[0]
+
+        fwd, train = jax_fns(apply, state, t_j, r_j)
+        fns["forward"][f"flax {x}"], fns["forward+backward"][f"flax {x}"] = fwd, train
+    cpu: dict = {}
+    times = {step: interleaved(cpu_timed(f, cpu.setdefault(step, {})), args.reps, warmup=1, max_s=args.max_s,
+                               seed=11 + i) for i, (step, f) in enumerate(fns.items())}
+    rows = [{"step": step, "contender": name, **summary(v), "min_ms": 1e3 * min(v),
+             "cpu_median_ms": 1e3 * float(np.median(cpu[step][name][1:]))}
+            for step, tt in times.items() for name, v in tt.items()]
+    ratios = [{"step": step, "ratio": f"flax {xb} / flax {xs}", "clock": clock,
+               **paired_ratio(*(src[f"flax {x}"][1 if clock == "cpu" else 0:] for x in (xb, xs)))}
+              for step in times for clock, src in (("wall", times[step]), ("cpu", cpu[step]))]
+    block = {str(x): block_size(size["batch"] * size["seq"] * k, x) for x in (xs, xb)}
+    return {"k": k, "experts": [xs, xb], "rows": rows, "ratios": ratios, "block": block,
+            "op_profile": {f"flax {x} top-{k}": op_profile(fns["forward+backward"][f"flax {x}"]) for x in (xs, xb)}}
+
+
+def main_ratios(times: dict, size: dict) -> tuple[list, list]:
+    """The rows (every contender's times) and the ratios (64 / 8 experts per family, MoE / dense,
+    Flax / torch) of the interleaved steps, each ratio a median of per-repeat ratios."""
+    x8, x64 = size["experts"]
+    rows, ratios = [], []
+    for step, tt in times.items():
+        for name, v in tt.items():
+            rows.append({"step": step, "contender": name, **summary(v), "min_ms": 1e3 * min(v)})
+        for fam in ["flax", "twin", *(f"hf-{i}" for i in HF_IMPLS)]:
+            ratios.append({"step": step, "ratio": f"{fam} {x64} / {fam} {x8}",
+                           **paired_ratio(tt[f"{fam} {x64}"], tt[f"{fam} {x8}"])})
+        for x in size["experts"]:
+            ratios.append({"step": step, "ratio": f"flax {x} / flax dense",
+                           **paired_ratio(tt[f"flax {x}"], tt["flax dense"])})
+            ratios.append({"step": step, "ratio": f"twin {x} / torch dense",
+                           **paired_ratio(tt[f"twin {x}"], tt["torch dense"])})
+            for other in ["twin", *(f"hf-{i}" for i in HF_IMPLS)]:
+                ratios.append({"step": step, "ratio": f"flax {x} / {other} {x}",
+                               **paired_ratio(tt[f"flax {x}"], tt[f"{other} {x}"])})
+        ratios.append({"step": step, "ratio": "flax dense / torch dense",
+                       **paired_ratio(tt["flax dense"], tt["torch dense"])})
+    return rows, ratios
+
+
 def run(args) -> dict:
     size = QUICK if args.quick else FULL
     if getattr(args, "batch", None):
@@ -209,33 +325,22 @@ def run(args) -> dict:
     f2, t2 = torch_fns(lambda t: torch_dense(t, wt), wt, t_t, r_t)
     fns["forward"]["torch dense"], fns["forward+backward"]["torch dense"] = f2, t2
 
-    times = {step: interleaved(f, args.reps, warmup=1, max_s=args.max_s, seed=i)
-             for i, (step, f) in enumerate(fns.items())}
+    cpu: dict = {}
+    times = {step: interleaved(cpu_timed(f, cpu.setdefault(step, {})), args.reps, warmup=1, max_s=args.max_s,
+                               seed=i) for i, (step, f) in enumerate(fns.items())}
+    ops = {f"flax {x} top-{size['top_k']}": op_profile(fns["forward+backward"][f"flax {x}"]) for x in size["experts"]}
     prof_times = {x: interleaved(p["fns"], args.reps, warmup=1, max_s=args.max_s / 4) for x, p in profile.items()}
     x8, x64 = size["experts"]
-    rows, ratios = [], []
-    for step, tt in times.items():
-        for name, v in tt.items():
-            rows.append({"step": step, "contender": name, **summary(v), "min_ms": 1e3 * min(v)})
-        for fam in ["flax", "twin", *(f"hf-{i}" for i in HF_IMPLS)]:
-            ratios.append({"step": step, "ratio": f"{fam} {x64} / {fam} {x8}",
-                           **paired_ratio(tt[f"{fam} {x64}"], tt[f"{fam} {x8}"])})
-        for x in size["experts"]:
-            ratios.append({"step": step, "ratio": f"flax {x} / flax dense",
-                           **paired_ratio(tt[f"flax {x}"], tt["flax dense"])})
-            ratios.append({"step": step, "ratio": f"twin {x} / torch dense",
-                           **paired_ratio(tt[f"twin {x}"], tt["torch dense"])})
-            for other in ["twin", *(f"hf-{i}" for i in HF_IMPLS)]:
-                ratios.append({"step": step, "ratio": f"flax {x} / {other} {x}",
-                               **paired_ratio(tt[f"flax {x}"], tt[f"{other} {x}"])})
-        ratios.append({"step": step, "ratio": "flax dense / torch dense",
-                       **paired_ratio(tt["flax dense"], tt["torch dense"])})
+    rows, ratios = main_ratios(times, size)
     prof_rows = [{"experts": x, "piece": k, **summary(v), "min_ms": 1e3 * min(v)}
                  for x, pt in prof_times.items() for k, v in pt.items()]
     return {
         "size": {k: list(v) if isinstance(v, tuple) else v for k, v in size.items()},
         "tokens": n, "rows": rows, "ratios": ratios, "agree_max_rel_err": agree,
-        "flax_compile_s": compile_s, "profile": prof_rows,
+        "flax_compile_s": compile_s, "profile": prof_rows, "op_profile": ops,
+        "cpu_ratios": [{"step": step, "ratio": f"flax {x64} / flax {x8}",
+                        **paired_ratio(cpu[step][f"flax {x64}"][1:], cpu[step][f"flax {x8}"][1:])} for step in cpu],
+        "wide": wide_run(size, args, t_j, r_j),
         "layout": {str(x): p["info"] for x, p in profile.items()},
         "meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                  "command": " ".join(["python -m experiments.bench.moe", *args.argv]),
@@ -290,8 +395,13 @@ def markdown(res: dict) -> str:
         lines.append(f"| {key} | " + " | ".join(f"{c['median']:.2f} [{c['p25']:.2f}, {c['p75']:.2f}]" for c in cells)
                      + " |")
     acc = [ratio[(step, f"flax {x64} / flax {x8}")]["median"] for step in ("forward", "forward+backward")]
+    cpu = {r["step"]: r for r in res.get("cpu_ratios", [])}
+    cpu_line = (" In process CPU time (every thread's; it moves less with a busy machine's neighbours): forward "
+                + ", forward+backward ".join(f"{cpu[st]['median']:.2f} [{cpu[st]['p25']:.2f}, {cpu[st]['p75']:.2f}]"
+                                             for st in ("forward", "forward+backward")) + ".") if cpu else ""
     lines += ["", f"Acceptance (issue 53): flax {x64} / flax {x8} experts at most 1.5: forward {acc[0]:.2f}, "
-              f"forward+backward {acc[1]:.2f}: **{'met' if max(acc) <= 1.5 else 'not met'}** in this run.", "",
+              f"forward+backward {acc[1]:.2f}: **{'met' if max(acc) <= 1.5 else 'not met'}** in this run.{cpu_line}",
+              "",
               "Outputs against the Flax module's (max abs difference / max abs output, float32): "
               + ", ".join(f"{k} {v:.1e}" for k, v in res["agree_max_rel_err"].items()) + ".", "",
               "Flax compile (forward + forward+backward, first call): "
@@ -305,7 +415,50 @@ def markdown(res: dict) -> str:
         f"{x} experts: blocks of {i['block']} rows, {i['used_blocks']} of {i['blocks']} blocks used, "
         f"{i['rows_in_used_blocks']} rows computed for {i['rows']} (token, expert) rows, "
         f"{i['experts_with_rows']} experts with rows" for x, i in res["layout"].items()) + "."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + wide_markdown(res) + ops_markdown(res)) + "\n"
+
+
+def wide_markdown(res: dict) -> list[str]:
+    """The top-k of X against top-k of X' section (DeepSeek's expert counts), from res["wide"]."""
+    if "wide" not in res:
+        return []
+    w, s = res["wide"], res["size"]
+    xs, xb = w["experts"]
+    by = {(r["step"], r["contender"]): r for r in w["rows"]}
+    lines = ["", f"## Top-{w['k']} of {xb} experts against top-{w['k']} of {xs} (the same {res['tokens']} tokens)", "",
+             f"d_model {s['d_model']}, F {s['expert_d_ff']}, SwiGLU experts, float32, Flax only (forward+backward: "
+             f"d tokens and d every weight); blocks of {w['block'][str(xs)]} and {w['block'][str(xb)]} rows. "
+             f"{xb} experts hold {xb // xs}x the weights of {xs} for the same FLOPs.", "",
+             "| contender | forward median [IQR] ms | forward CPU ms | fwd+bwd median [IQR] ms | fwd+bwd CPU ms |",
+             "|---|---|---|---|---|"]
+    for x in (xs, xb):
+        f, t = by[("forward", f"flax {x}")], by[("forward+backward", f"flax {x}")]
+        lines.append(f"| flax {x} top-{w['k']} | {f['median_ms']:.1f} [{f['p25_ms']:.1f}, {f['p75_ms']:.1f}] | "
+                     f"{f['cpu_median_ms']:.1f} | {t['median_ms']:.1f} [{t['p25_ms']:.1f}, {t['p75_ms']:.1f}] | "
+                     f"{t['cpu_median_ms']:.1f} |")
+    lines += ["", "| ratio (median of per-repeat ratios [IQR]) | clock | forward | forward+backward |",
+              "|---|---|---|---|"]
+    rat = {(r["step"], r["clock"]): r for r in w["ratios"]}
+    for clock in ("wall", "cpu"):
+        lines.append(f"| flax {xb} / flax {xs} | {clock} | " + " | ".join(
+            f"{rat[(st, clock)]['median']:.2f} [{rat[(st, clock)]['p25']:.2f}, {rat[(st, clock)]['p75']:.2f}]"
+            for st in ("forward", "forward+backward")) + " |")
+    return lines
+
+
+def ops_markdown(res: dict) -> list[str]:
+    """The forward+backward's op profile (jax.profiler trace, self time by op kind), from res["op_profile"]."""
+    profiles = {**res.get("op_profile", {}), **res.get("wide", {}).get("op_profile", {})}
+    if not profiles:
+        return []
+    kinds = list(dict.fromkeys(k for p in profiles.values() for k in p))
+    lines = ["", "## Profile: forward+backward by op kind (jax.profiler trace; ms of self time per call, "
+             "XLA:CPU ops; the trace's own overhead included, so sums exceed the step's time)", "",
+             "| op kind | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
+    for k in kinds:
+        lines.append(f"| {k} | " + " | ".join(f"{p.get(k, 0.0):.1f}" for p in profiles.values()) + " |")
+    lines.append("| total | " + " | ".join(f"{sum(p.values()):.1f}" for p in profiles.values()) + " |")
+    return lines
 
 
 DOC_START, DOC_END = "<!-- moe-table:start -->", "<!-- moe-table:end -->"

@@ -183,7 +183,8 @@ def _read_stack(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, 
     """part "stack", "encoder" or "decoder": the family's layers (and final norm) in the twins'
     torch names."""
     read = read_config(config, dtype=dtype, part=None if part == "stack" else part, ignore_keys=ignore_keys)
-    tensors = dialects.translate(sd, read.dialect, num_heads=read.cfg.num_heads).state_dict
+    tensors = dialects.translate(sd, read.dialect, num_heads=read.cfg.num_heads,
+                                 num_kv_heads=read.cfg.kv_heads).state_dict
     cfg = placed_dtype(read.cfg, tensors, dtype)
     return Checkpoint(part, cfg, None, dialects.DIALECTS[read.dialect].stack, read.num_layers, read.final_norm,
                       tensors, read.dialect, config.get("model_type"), config, origin, read, read.notes)

@@ -78,9 +78,21 @@ class Rule:
       i, i + count, ...: GPT-OSS's gate_up_proj, gate = [..., ::2], up = [..., 1::2]) instead of
       lying one after the other. A chunk rule may transpose too (the last two axes swapped first:
       GPT-OSS's experts store (X, in, out)).
+    per_group: their one tensor's rows are grouped per key/value head, [the group's
+      num_heads / num_kv_heads queries; its key; its value] of head_dim rows each (Falcon's
+      query_key_value: one group for multi-query, one per head for the old layout, num_kv_heads
+      for new_decoder_architecture); ours holds [every query; every key; every value]. Needs
+      both head counts; exact both ways.
+    only: (BlockConfig field, value): the rule is written only when the config has that value
+      (Falcon's ln_attn / ln_mlp under parallel_residual="two_norms", input_layernorm else);
+      read whenever the checkpoint holds its tensor.
     per_expert: their one name holds "{j}", one tensor per expert (Mixtral's
       block_sparse_moe.experts.{j}.w1.weight (F, E)): ours stacks experts 0..X-1 along a new
       axis 0 ((X, F, E)); written back one tensor per expert.
+
+    fill: the family's first layer has no such tensor (ModernBERT's layer 0 attn_norm is nn.Identity; the
+      blocks' alike layers hold one, unused under first_attn_norm=False): read as this value, shaped as
+      the next layer's (or the final norm's); never written for layer 0.
 
     Several rules may give the same name of ours from different names of theirs (the per-expert
     tensors on disk and the fused ones transformers 5 holds): a checkpoint is read from whichever
@@ -97,6 +109,9 @@ class Rule:
     axis: int = 0
     per_expert: bool = False
     interleave: bool = False
+    per_group: bool = False
+    only: tuple[str, Any] | tuple[()] = ()
+    fill: float | None = None
 
     def __post_init__(self):
         if self.split and len(self.split) != len(self.theirs):
@@ -108,6 +123,8 @@ class Rule:
             raise ValueError(f"{self.ours}: interleave says how a chunk rule's blocks lie: it needs chunk")
         if self.per_head and (len(self.theirs) != 1 or self.transpose or self.split or self.chunk):
             raise ValueError(f"{self.ours}: a per-head rule takes one tensor of theirs, untransposed and unsplit")
+        if self.per_group and (len(self.theirs) != 1 or self.transpose or self.split or self.chunk or self.per_head):
+            raise ValueError(f"{self.ours}: a per-group rule takes one tensor of theirs, untransposed and unsplit")
         if self.per_expert and (len(self.theirs) != 1 or "{j}" not in self.theirs[0] or self.transpose
                                 or self.split or self.chunk or self.per_head):
             raise ValueError(f"{self.ours}: a per-expert rule takes one name of theirs holding {{j}}, untransposed, "
@@ -127,6 +144,20 @@ def _regroup(a, heads: int, parts: int, *, to_ours: bool):
     return a.reshape(*shape, d, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
 
 
+def _ungroup(a, heads: int, kv: int, *, to_ours: bool):
+    """Rows per key/value group [its heads // kv queries; its key; its value] (theirs: Falcon's
+    query_key_value) <-> [every query; every key; every value] (ours), head_dim rows each; exact."""
+    n, rest = heads // kv, tuple(a.shape[1:])
+    d = a.shape[0] // (heads + 2 * kv)
+    if to_ours:
+        g = a.reshape(kv, n + 2, d, *rest)
+        return np.concatenate([g[:, :n].reshape(heads * d, *rest), g[:, n].reshape(kv * d, *rest),
+                               g[:, n + 1].reshape(kv * d, *rest)])
+    q, k, v = a[:heads * d], a[heads * d:(heads + kv) * d], a[(heads + kv) * d:]
+    g = np.concatenate([q.reshape(kv, n * d, *rest), k.reshape(kv, d, *rest), v.reshape(kv, d, *rest)], axis=1)
+    return g.reshape(a.shape)
+
+
 # A family without experts fixes the experts options at their defaults (one dense MLP in every layer).
 DENSE = {"num_experts": 0, "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
          "mlp_only_layers": ()}
@@ -136,6 +167,9 @@ NOT_DEEPSEEK = {"kv_lora_rank": None, "rope_interleave": False, "latent_norm_eps
                 "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "shared_expert_gate": True}
 # What GPT-OSS alone computes (families/gpt_oss.py reads them): every other family fixes them off.
 NO_GPT_OSS = {"attn_sinks": False, "experts_bias": False, "swiglu_limit": None, "swiglu_alpha": 1.702}
+# What ModernBERT alone computes (families/modernbert.py fixes them): every other family fixes them off.
+NO_MODERNBERT = {"first_attn_norm": True, "pattern_global_first": False}
+NO_NOPE = {"nope_layers": (), "query_temperature_floor": None, "qk_l2_norm": False}  # all but SmolLM3, Llama 4
 
 
 @dataclass(frozen=True)
@@ -158,11 +192,14 @@ class Dialect:
     def __post_init__(self) -> None:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
             object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
-        if self.rules is not None:  # DeepSeek's and GPT-OSS's options off unless the family reads or fixes them
-            off = {k: v for k, v in {**NOT_DEEPSEEK, **NO_GPT_OSS}.items() if k not in self.reads}
+        if self.rules is not None:  # DeepSeek's, GPT-OSS's, ModernBERT's, Llama 4's options off unless read or fixed
+            everyone = {**NOT_DEEPSEEK, **NO_GPT_OSS, **NO_MODERNBERT, **NO_NOPE}
+            off = {k: v for k, v in everyone.items() if k not in self.reads}
             object.__setattr__(self, "settings", {**off, **self.settings})
         if self.rules is not None and "residual_multiplier" not in {*self.settings, *self.reads}:
             object.__setattr__(self, "settings", {**self.settings, "residual_multiplier": 1.0})  # all but Granite
+        if self.rules is not None and "alibi" not in {*self.settings, *self.reads}:
+            object.__setattr__(self, "settings", {**self.settings, "alibi": False})  # all but Falcon
 
     @property
     def layer_regex(self) -> re.Pattern:
@@ -248,7 +285,8 @@ CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", 
            "rope_scaling": None, "partial_rotary_factor": 1.0, "attn_logit_softcapping": None,
                "query_pre_attn_scalar": None,
             "sliding_window": None, "sliding_window_pattern": None, "rope_local_theta": None, "qk_norm": False,
-            "rope_interleaved": False, "rope_local_only": False,
+            "rope_interleaved": False, "rope_local_only": False, "nope_layers": (), "query_temperature_floor": None,
+            "qk_l2_norm": False,
             "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "mlp_bias": None, "norm_bias": None,
             "layernorm_scaling": False,
             "parallel_residual": "none"}
@@ -272,7 +310,8 @@ LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0
                    "activation": "silu", "scaling": "none", "residual": "add", "qk_norm": False,
                    "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
                    "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
-                   "mlp_bias": None, "norm_bias": None, "rope_interleaved": False, "rope_local_only": False}
+                   "mlp_bias": None, "norm_bias": None, "rope_interleaved": False, "rope_local_only": False,
+                   "nope_layers": (), "query_temperature_floor": None, "qk_l2_norm": False}
 WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
 # Qwen3, Gemma (2, 3), OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP (read:
 # bias=attention_bias, mlp_bias=False).
@@ -420,14 +459,15 @@ def _join(parts: list, axis: int, interleave: bool):
 
 
 def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str = "",
-              num_heads: int | None = None) -> Translated:
+              num_heads: int | None = None, num_kv_heads: int | None = None) -> Translated:
     """Their state dict (numpy arrays) -> ours: `layers.{i}.<our name>` and `norm.*`.
 
     dialect None: detected (see `detect_dialect`). prefix: their keys' model prefix; detected
     when not given (the part before the first layer key: "bert.", "transformer.", "model.").
     The torch dialect returns the dict unchanged. Raises ConversionError listing keys inside
     the layers that the dialect does not know and merges with parts missing. num_heads: the
-    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX). A stack mixing
+    query heads, needed by a dialect that fuses q, k, v per head (GPT-NeoX); num_kv_heads: the
+    key/value heads besides, for one that fuses them per key/value group (Falcon). A stack mixing
     dense and experts layers holds each layer's own MLP, as the checkpoint does: nothing is filled."""
     name = detect_dialect(sd) if dialect is None else _get(dialect).name
     lay = DIALECTS[name]
@@ -498,13 +538,36 @@ def translate(sd: Mapping[str, Any], dialect: str | None = None, *, prefix: str 
                                     "divide them"))
                     continue
                 a = _regroup(a, num_heads, r.per_head, to_ours=True)
+            if r.per_group:
+                if num_heads is None or num_kv_heads is None or num_heads % num_kv_heads or \
+                        a.shape[0] % (num_heads + 2 * num_kv_heads):
+                    problems.append(f"{prefix}{lay.layer.format(i=i)}{r.theirs[0]} (shape {tuple(a.shape)}): its "
+                                    "rows are grouped per key/value head, " + (
+                                        "and the head counts were not given (num_heads=, num_kv_heads=)"
+                                        if num_heads is None or num_kv_heads is None else
+                                        f"{num_heads} query and {num_kv_heads} key/value heads do not divide them"))
+                    continue
+                a = _ungroup(a, num_heads, num_kv_heads, to_ours=True)
             out[f"{declarations.LAYERS}.{i}.{r.ours}"] = a
+    _fill_first_layer(lay, layers, out)
     if problems:
         raise ConversionError(problems, header=f"cannot read the {name} checkpoint")
     if not layers:
         raise ConversionError([f"no key matches {prefix}{lay.layer} (the keys' roots are {_roots(sd)})"],
                               header=f"cannot read the {name} checkpoint")
     return Translated(out, name, prefix, dropped)
+
+
+def _fill_first_layer(lay: Dialect, layers: dict[int, dict[str, Any]], out: dict[str, Any]) -> None:
+    """Layer 0's tensors the family never has (`Rule.fill`), shaped as layer 1's or the final norm's."""
+    for r in lay.rules or ():
+        ours = f"{declarations.LAYERS}.0.{r.ours}"
+        if r.fill is None or 0 not in layers or ours in out:
+            continue
+        shaped = (f"{declarations.LAYERS}.1.{r.ours}", f"{declarations.FINAL_NORM}.{r.ours.split('.')[-1]}")
+        like = [out[k] for k in shaped if k in out]
+        if like:
+            out[ours] = np.full(like[0].shape, r.fill, like[0].dtype)
 
 
 # ----------------------------------------------------------------------------------------
@@ -523,6 +586,9 @@ def check_settings(cfg: BlockConfig, dialect: str) -> None:
     lay = _get(dialect)
     bad = [f"{k}={getattr(cfg, k)!r}, but {lay.name} checkpoints have {k}={v!r}"
            for k, v in lay.settings.items() if getattr(cfg, k) != v]
+    if cfg.sliding_window is not None and not cfg.causal and lay.settings.get("causal") is not False:
+        bad.append(f"sliding_window={cfg.sliding_window} with causal=False is the bidirectional window |i - j| < W, "
+                   f"which {lay.name} checkpoints compute otherwise (transformers: |i - j| <= W) or not at all")
     if bad:
         raise ConversionError(bad, header=f"this config cannot be written as a {lay.name} checkpoint")
 
@@ -537,7 +603,8 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
     check_settings(cfg, lay.name)
     by_ours: dict[str, Rule] = {}
     for rule in lay.rules:  # the first rule of each name of ours: the names the family's files hold
-        by_ours.setdefault(rule.ours, rule)
+        if not rule.only or getattr(cfg, rule.only[0]) == rule.only[1]:
+            by_ours.setdefault(rule.ours, rule)
     layer = re.compile(rf"{declarations.LAYERS}\.(\d+)\.(.+)")
     out: dict[str, Any] = {}
     fused: dict[str, dict[int, Any]] = {}  # their fused name -> {block index: our tensor}
@@ -555,6 +622,8 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
         if r is None:
             problems.append(f"{k}: the {lay.name} dialect has no place for it")
             continue
+        if r.fill is not None and m.group(1) == "0":  # a tensor the family's first layer lacks (held, unused)
+            continue
         base = f"{prefix}{lay.layer.format(i=m.group(1))}"
         if r.per_expert:
             out.update({base + r.theirs[0].format(j=j): a[j] for j in range(a.shape[0])})
@@ -565,6 +634,9 @@ def to_dialect(sd: Mapping[str, Any], dialect: str, cfg: BlockConfig, *, prefix:
             continue
         if r.per_head:
             out[base + r.theirs[0]] = _regroup(a, cfg.num_heads, r.per_head, to_ours=False)
+            continue
+        if r.per_group:
+            out[base + r.theirs[0]] = _ungroup(a, cfg.num_heads, cfg.kv_heads, to_ours=False)
             continue
         if len(r.theirs) == 1:
             out[base + r.theirs[0]] = _swap(a) if r.transpose else a
@@ -608,9 +680,10 @@ def settings_of(module: Any) -> dict[str, Any]:
                                              "activation", "layer_norm_eps", "causal", "mlp", "qk_norm",
                                              "qk_norm_over", "rope_theta", "partial_rotary_factor",
                                              "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-                                             "sliding_window_pattern", "rope_local_theta", "rope_interleaved",
+                                             "sliding_window_pattern", "pattern_global_first", "first_attn_norm",
+                                             "rope_local_theta", "rope_interleaved",
                                              "parallel_residual", "residual", "scaling", "layernorm_scaling",
-                                             "attn_sinks", "swiglu_limit", "swiglu_alpha")}
+                                             "attn_sinks", "swiglu_limit", "swiglu_alpha", "alibi")}
         if type(module).__name__ in declarations.STACKS:
             out["final_norm"] = getattr(module, declarations.FINAL_NORM, None) is not None
         return out
@@ -629,7 +702,8 @@ def settings_of(module: Any) -> dict[str, Any]:
         act_name = "relu" if isinstance(act, torch.nn.ReLU) else ("gelu" if act.approximate == "none" else "gelu_tanh")
     out.update(num_heads=layer.self_attn.num_heads, norm="pre" if layer.norm_first else "post",
                layer_norm_eps=layer.norm1.eps, norm_type="layernorm", norm_weight_offset=0.0, mlp="dense",
-               parallel_residual="none", layernorm_scaling=False, attn_sinks=False)
+               parallel_residual="none", layernorm_scaling=False, attn_sinks=False, alibi=False,
+               first_attn_norm=True)
     if act_name is not None:
         out["activation"] = act_name
     return out
@@ -655,8 +729,8 @@ def check_against_source(cfg: BlockConfig, module: Any, final_norm: bool | None 
         raise ConversionError(bad, header=f"the config contradicts the source {type(module).__name__}")
 
 
-def prepare(source: Any, dialect: str | None, prefix: str = "",
-            num_heads: int | None = None) -> tuple[dict[str, Any], str, str | None]:
+def prepare(source: Any, dialect: str | None, prefix: str = "", num_heads: int | None = None,
+            num_kv_heads: int | None = None) -> tuple[dict[str, Any], str, str | None]:
     """For the loaders: read `source` and translate it to our names.
 
     Returns (state dict, prefix left to apply, hint). A torch-named source comes back as it
@@ -676,4 +750,4 @@ def prepare(source: Any, dialect: str | None, prefix: str = "",
                 log.info("checkpoint dialect %s (detected from the key names)", dialect)
     if _get(dialect).rules is None:
         return sd, prefix, hint
-    return translate(sd, dialect, prefix=prefix, num_heads=num_heads).state_dict, "", None
+    return translate(sd, dialect, prefix=prefix, num_heads=num_heads, num_kv_heads=num_kv_heads).state_dict, "", None

@@ -131,11 +131,14 @@ class Reference:
     model (float64 comparisons then run it with SDPA, its norms and rotary patched);
     eager_only, its attention is served by the eager kernel only (Gemma 2's soft-cap: its
     softmax patched instead); scales_inputs, the base model's forward multiplies
-    inputs_embeds by sqrt(hidden_size) (Gemma, Gemma 2)."""
+    inputs_embeds by sqrt(hidden_size) (Gemma, Gemma 2); sdpa, its eager attention computes
+    something else than its SDPA one, which from_pretrained takes (Falcon's eager path adds the
+    ALiBi biases twice): the tests run it with SDPA in every dtype."""
 
     float32_inside: bool = False
     eager_only: bool = False
     scales_inputs: bool = False
+    sdpa: bool = False
 
 
 class Read:
@@ -290,13 +293,13 @@ def unexpected(ignored: Mapping[str, str], family: Family) -> list[str]:
 NOT_COMPUTED = {
     "t5": "a learned relative position bias added to the attention logits, and an encoder-decoder",
     "mt5": "T5's relative position bias", "umt5": "T5's relative position bias",
-    "falcon": "ALiBi or rotary by config, multi-query attention with one fused query_key_value and a parallel "
-              "block (new_decoder_architecture: two norms)",
     "bloom": "ALiBi position biases added to the attention logits (no rotary, no learned positions)",
     "mpt": "ALiBi position biases",
     "codegen": "GPT-J's interleaved rotary and parallel block, with q, k, v fused in a model-parallel layout",
     "gpt_neo": "local attention on alternate layers with unscaled logits",
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
+    "falcon_mamba": "a state-space model (Mamba with RMS-normed B, C and dt), not attention",
+    "falcon_h1": "Mamba-2 state-space heads beside attention in every layer, with muP multipliers",
     "llama4": "chunked attention, experts weighted by a sigmoid before the expert (on its input) beside an ungated "
               "shared expert, and no rotary on some layers",
     "dbrx": "experts renormalised by a p-norm (moe_normalize_expert_weights) with input jitter, a fused Wqkv with "

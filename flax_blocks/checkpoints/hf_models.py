@@ -219,7 +219,7 @@ def read_whole(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, i
     read, lm = _lm_config(config, part, ignore_keys)
     dialect, cfg = read.dialect, read.cfg
     _, out = _family(config)
-    tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads)
+    tr = dialects.translate(sd, dialect, num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads)
     base = tr.prefix  # "" for a base model, "model." / "transformer." / "bert." inside a model with a head
     ours: dict[str, Any] = {f"{ENCODER}.{k}": v for k, v in tr.state_dict.items()}
     problems: list[str] = []
@@ -239,7 +239,7 @@ def read_whole(config: Mapping[str, Any], sd: Mapping[str, Any], part: str, *, i
         take("token_type.weight", base + out.token_type)
     if out.embed_norm:
         take("embed_norm.weight", base + out.embed_norm + "weight")
-        if cfg.bias:
+        if cfg.has_norm_bias:  # (BERT: bias; ModernBERT: norm_bias)
             take("embed_norm.bias", base + out.embed_norm + "bias")
     if lm.project_dim is not None:
         assert out.projections is not None  # project_dim comes from them

@@ -221,7 +221,8 @@ def _tensors(model: Any, config: Mapping[str, Any], base: Any) -> dict[str, Any]
         ours = to_hf_model(model, FAMILIES[family].dialect, family=family)
         if source is not None:  # the base's stack is the model's, whichever layout the base holds it in
             dialect = getattr(model, "hf_dialect", None) or FAMILIES[family].dialect
-            tr = dialects.translate(source, dialect, num_heads=model.cfg.num_heads)
+            tr = dialects.translate(source, dialect, num_heads=model.cfg.num_heads,
+                                    num_kv_heads=model.cfg.kv_heads)
             source = {k: source[k] for k in tr.dropped}
     else:  # a stack: its layers under the base model's prefix, the rest from the base folder
         if source is None:
@@ -229,7 +230,8 @@ def _tensors(model: Any, config: Mapping[str, Any], base: Any) -> dict[str, Any]
                                    "from) for the embeddings and head around it"],
                                   header="cannot save this stack as a Hugging Face folder")
         dialect = getattr(model, "hf_dialect", None) or FAMILIES[family].dialect
-        tr = dialects.translate(source, dialect, num_heads=model.cfg.num_heads)
+        tr = dialects.translate(source, dialect, num_heads=model.cfg.num_heads,
+                                    num_kv_heads=model.cfg.kv_heads)
         ours = to_hf(model, dialect, prefix=tr.prefix)
         source = {k: source[k] for k in tr.dropped}
     out = {k: a for k, a in {**(source or {}), **ours}.items() if not _is_tied_copy(k, model, config)}

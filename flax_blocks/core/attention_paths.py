@@ -42,9 +42,13 @@ def lacks(kernel: str, cfg: Any, *, explicit_mask: bool = False, dropout_active:
     cfg: the BlockConfig; explicit_mask: an attention mask beyond causal and key padding;
     dropout_active: dropout on the attention weights; cached_or_cross: a cached decoding step
     or a cross-attention."""
+    if cfg.alibi:  # (Falcon's ALiBi: the dense path alone adds the biases)
+        return "ALiBi's biases"
     if kernel in ("blocked", "xla"):  # Flax's kernels: causal and key masks, uncached self-attention
         if explicit_mask or dropout_active or cached_or_cross:
             return "an explicit mask, dropout on the weights, a cache or a memory"
+        if cfg.sliding_window is not None and not cfg.causal:  # ModernBERT's |i - j| < W
+            return "a window without causal"
         if kernel == "blocked":
             return None  # soft-capping, windows and sinks included
         if cfg.attn_logit_softcapping is not None or cfg.attn_sinks or cfg.sliding_window_pattern is not None:

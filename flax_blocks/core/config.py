@@ -81,6 +81,7 @@ class BlockConfig:
     norm_weight_offset: float = 0.0
     dyt_alpha_init: float = 0.5
     layernorm_scaling: bool = False
+    first_attn_norm: bool = True
     mlp: Literal["dense", "swiglu", "geglu"] = "dense"
     num_experts: int = 0
     num_experts_per_tok: int = 2
@@ -101,12 +102,18 @@ class BlockConfig:
     rope_scaling: RopeScaling | None = None
     attn_logit_softcapping: float | None = None
     attn_sinks: bool = False
+    alibi: bool = False
     query_pre_attn_scalar: float | None = None
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
+    pattern_global_first: bool = False
     rope_local_theta: float | None = None
     rope_interleaved: bool = False
     rope_local_only: bool = False
+    nope_layers: tuple[int, ...] = ()
+    query_temperature_floor: float | None = None
+    query_temperature_scale: float = 0.1
+    qk_l2_norm: bool = False
     qkv_bias: bool | None = None
     mlp_bias: bool | None = None
     norm_bias: bool | None = None
@@ -145,6 +152,8 @@ class BlockConfig:
             object.__setattr__(self, "rope_scaling", self._scaling_from_dict(self.rope_scaling))
         if isinstance(self.mlp_only_layers, list):  # HF configs hold a list
             object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if isinstance(self.nope_layers, list):
+            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
         self._check_sizes()
         self._check_experts()
         self._check_choices()
@@ -250,6 +259,12 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.attention_block must be a positive int, got {self.attention_block!r}")
         if not isinstance(self.qk_norm, bool):
             raise ValueError(f"BlockConfig.qk_norm must be a bool, got {self.qk_norm!r}")
+        if not isinstance(self.first_attn_norm, bool) or (not self.first_attn_norm and (
+                self.norm != "pre" or self.parallel_residual != "none")):
+            raise ValueError(f"BlockConfig.first_attn_norm=False (the first layer's attention reads the stream "
+                             f"unnormalised, ModernBERT) must be a bool and needs norm='pre' without a parallel "
+                             f"residual, got {self.first_attn_norm!r} with norm={self.norm!r}, parallel_residual="
+                             f"{self.parallel_residual!r}")
         if not isinstance(self.layernorm_scaling, bool):
             raise ValueError(f"BlockConfig.layernorm_scaling must be a bool, got {self.layernorm_scaling!r}")
         if self.layernorm_scaling and self.norm != "pre":
@@ -302,6 +317,7 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.rope_local_only (rotary on the local layers alone) must be a bool and needs "
                              f"rope_theta and sliding_window, got {self.rope_local_only!r} with rope_theta="
                              f"{self.rope_theta!r}, sliding_window={self.sliding_window!r}")
+        self._check_nope_layers()
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, RopeScaling):
                 raise ValueError(f"BlockConfig.rope_scaling must be None, a RopeScaling or its dict, got "
@@ -320,18 +336,50 @@ class BlockConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"BlockConfig.{name} must be None or a positive int, got {value!r}")
-        if self.sliding_window is not None and not self.causal:
-            raise ValueError(f"BlockConfig.sliding_window={self.sliding_window!r} is the causal window i - W < j <= i "
-                             "(Mistral, Gemma 2 / 3) and needs causal=True")
+        if self.sliding_window is not None and not self.causal and self.attention in ("blocked", "fused"):
+            raise ValueError(f"BlockConfig.sliding_window={self.sliding_window!r} without causal=True is the "
+                             f"bidirectional window |i - j| < W (ModernBERT), which the attention={self.attention!r} "
+                             "path does not compute: use attention='auto' or 'dense', or causal=True")
         if self.sliding_window is None and self.sliding_window_pattern is not None:
             raise ValueError(f"BlockConfig.sliding_window_pattern={self.sliding_window_pattern!r} says which layers "
                              "are local and needs sliding_window")
+        if not isinstance(self.pattern_global_first, bool) or (self.pattern_global_first and
+                                                                self.sliding_window_pattern is None):
+            raise ValueError(f"BlockConfig.pattern_global_first (each period of sliding_window_pattern starts with "
+                             f"its global layer) must be a bool and needs sliding_window_pattern, got "
+                             f"{self.pattern_global_first!r} with sliding_window_pattern="
+                             f"{self.sliding_window_pattern!r}")
         if self.rope_local_theta is not None:
             if isinstance(self.rope_local_theta, bool) or not self.rope_local_theta > 0:
                 raise ValueError(f"BlockConfig.rope_local_theta must be None or > 0, got {self.rope_local_theta!r}")
             if self.rope_theta is None or self.sliding_window is None:
                 raise ValueError("BlockConfig.rope_local_theta is the rotary base of the local (sliding-window) "
                                  "layers and needs rope_theta and sliding_window")
+
+    def _check_nope_layers(self) -> None:
+        """nope_layers: layer indices (from 0) without rotary, which need rotary elsewhere."""
+        nope = self.nope_layers
+        if not isinstance(nope, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in nope):
+            raise ValueError(f"BlockConfig.nope_layers must be a tuple of layer indices >= 0 (from 0, as HF's "
+                             f"no_rope_layers), got {nope!r}")
+        if nope and self.rope_theta is None:
+            raise ValueError(f"BlockConfig.nope_layers={nope!r} names the layers without rotary (SmolLM3, Llama 4's "
+                             f"NoPE layers) and needs rope_theta for the others")
+        if not isinstance(self.qk_l2_norm, bool) or (self.qk_l2_norm and (self.rope_theta is None or self.qk_norm)):
+            raise ValueError(f"BlockConfig.qk_l2_norm (Llama 4's use_qk_norm: q and k over their RMS per head, no "
+                             f"weight, in the rotary layers) must be a bool and needs rope_theta, without qk_norm (the "
+                             f"weighted QK-norm), got {self.qk_l2_norm!r} with rope_theta={self.rope_theta!r}, "
+                             f"qk_norm={self.qk_norm!r}")
+        floor, scale = self.query_temperature_floor, self.query_temperature_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ValueError(f"BlockConfig.query_temperature_scale must be a finite number (Llama 4: 0.1), "
+                             f"got {scale!r}")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor > 0
+                                  or not nope):
+            raise ValueError(f"BlockConfig.query_temperature_floor (Llama 4's floor_scale: the queries of the layers "
+                             f"without rotary tempered by their slot) must be None or a number > 0 and needs "
+                             f"nope_layers, got {floor!r} with nope_layers={nope!r}")
 
     def _check_combinations(self) -> None:
         """Options that contradict each other (or an attention path that cannot compute them)."""
@@ -345,6 +393,11 @@ class BlockConfig:
             raise ValueError("BlockConfig.attention='fused' cannot compute attention sinks (attn_sinks, GPT-OSS): "
                              "jax.nn.dot_product_attention and SDPA have no sink in the denominator. Use "
                              "attention='auto', 'dense' or 'blocked'")
+        if not isinstance(self.alibi, bool):
+            raise ValueError(f"BlockConfig.alibi must be a bool, got {self.alibi!r}")
+        if self.alibi and self.attention in ("fused", "blocked"):
+            raise ValueError(f"BlockConfig.attention={self.attention!r} cannot add ALiBi biases (alibi, Falcon-RW): "
+                             "they are added on the dense path. Use attention='auto' or 'dense'")
         if self.attn_logit_softcapping is not None and self.attention == "fused":
             raise ValueError("BlockConfig.attention='fused' cannot soft-cap the logits (attn_logit_softcapping): "
                              "jax.nn.dot_product_attention and SDPA have no soft-cap. Use attention='auto', "
@@ -393,7 +446,8 @@ class BlockConfig:
                "query_pre_attn_scalar": self.query_pre_attn_scalar is not None,
                "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense"),
                "attn_sinks": self.attn_sinks, "rope_interleaved": self.rope_interleaved,
-               "rope_local_only": self.rope_local_only}
+               "rope_local_only": self.rope_local_only, "alibi": self.alibi, "nope_layers": bool(self.nope_layers),
+               "query_temperature_floor": self.query_temperature_floor is not None, "qk_l2_norm": self.qk_l2_norm}
         bad = [name for name, on in off.items() if on]
         if bad:
             raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "
@@ -554,11 +608,47 @@ def check_parallel(cfg: BlockConfig, kind: str, sublayers: tuple) -> None:
 
 def is_local(cfg: BlockConfig, layer: Any) -> Any:
     """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) is a
-    local, sliding-window layer: a Python bool, or a boolean array when `layer` is traced."""
+    local, sliding-window layer: a Python bool, or a boolean array when `layer` is traced.
+    With sliding_window_pattern n the global layers are those n divides (Gemma 2 / 3: each
+    period ends with its global layer), or with pattern_global_first those n divides l - 1
+    (ModernBERT: layer_id % global_attn_every_n_layers == 0, from 0)."""
     if cfg.sliding_window is None:
         return False
     n = cfg.sliding_window_pattern
-    return True if n is None else layer % n != 0
+    if n is None:
+        return True
+    return (layer - 1 if cfg.pattern_global_first else layer) % n != 0
+
+
+def skips_attn_norm(cfg: BlockConfig, layer: Any, kind: str) -> Any:
+    """Whether a sublayer of `kind` in layer `layer` (from 1; traced in a Flax layer scan) reads the
+    stream without its norm: the first layer's self-attention under first_attn_norm=False
+    (ModernBERT's layer 0 attn_norm is nn.Identity). A Python bool, or a boolean array when
+    `layer` is traced."""
+    if cfg.first_attn_norm or kind != "attention":
+        return False
+    return layer == 1
+
+
+def has_rotary(cfg: BlockConfig, layer: Any, local: Any) -> Any:
+    """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) rotates q and k:
+    rope_theta set, layer - 1 not in nope_layers (SmolLM3, Llama 4) and, with rope_local_only (Cohere 2),
+    a local layer (`local`: is_local's answer). A Python bool, or a boolean array when either is traced."""
+    if cfg.rope_theta is None or (cfg.rope_local_only and local is False):
+        return False
+    rope = local if cfg.rope_local_only else True
+    for i in cfg.nope_layers:
+        rope = rope & (layer != i + 1)
+    return rope
+
+
+def query_temperature(cfg: BlockConfig, slots: Any, xp: Any) -> Any:
+    """Llama 4's temperature of the queries in a layer without rotary (attn_temperature_tuning), at
+    the tokens' slots (T,) (cache index + i, HF's past_seen_tokens + i; not their position ids):
+    log1p(floor((slot + 1) / query_temperature_floor)) * query_temperature_scale + 1. `xp`: numpy,
+    jax.numpy or torch, whose log1p and floor it takes; `slots` a float array of that module."""
+    assert cfg.query_temperature_floor is not None
+    return xp.log1p(xp.floor((slots + 1.0) / cfg.query_temperature_floor)) * cfg.query_temperature_scale + 1.0
 
 
 def is_moe_layer(cfg: BlockConfig, layer: Any) -> Any:

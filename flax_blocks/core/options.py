@@ -75,6 +75,8 @@ OPTIONS: tuple[Option, ...] = (
            only_with=("norm_type", "dyt")),
     Option("layernorm_scaling", "compute", "LayerNorm Scaling (Sun et al. 2025): layer l's pre-norm outputs times "
            "1 / sqrt(l), l from 1 (needs norm='pre'; a block alone is layer 1)"),
+    Option("first_attn_norm", "compute", "False: the first layer's attention reads the stream unnormalised, its norm "
+           "the identity (ModernBERT's layer 0 attn_norm; needs norm='pre')"),
     Option("mlp", "compute", "feed-forward kind: 'dense', or gated 'swiglu' / 'geglu'", adds="swiglu"),
     Option("num_experts", "compute", "experts in the MLP sublayer, a router sending each token to "
            "num_experts_per_tok of them (Mixtral, Qwen-MoE, OLMoE); 0: one dense MLP", adds=4),
@@ -115,18 +117,32 @@ OPTIONS: tuple[Option, ...] = (
            "(Gemma 2: 50); not on the fused path"),
     Option("attn_sinks", "compute", "a learned logit per head joining each softmax's denominator, then dropped "
            "(GPT-OSS sinks); not on the fused path", adds=True),
+    Option("alibi", "compute", "ALiBi: head h adds slope_h * (the key's position among the real keys) to its "
+           "logits before the 1 / sqrt(head_dim) scale, bfloat16-rounded as Falcon's build_alibi_tensor; not on the "
+           "fused or blocked path"),
     Option("query_pre_attn_scalar", "compute", "logits scaled by this ** -0.5 instead of head_dim ** -0.5 "
            "(Gemma 2 / 3)"),
-    Option("sliding_window", "compute", "local layers' causal window: query i sees keys i - W < j <= i "
-           "(Mistral, Gemma 2 / 3)"),
+    Option("sliding_window", "compute", "local layers' window: query i sees keys i - W < j <= i (causal: Mistral, "
+           "Gemma 2 / 3), or |i - j| < W without causal (ModernBERT)"),
     Option("sliding_window_pattern", "compute", "layer l (from 1) is global iff n divides l, the others local "
            "(Gemma 2: 2, Gemma 3: 6; default: every layer local)"),
+    Option("pattern_global_first", "compute", "each period of sliding_window_pattern starts with its global layer: "
+           "layer l global iff n divides l - 1 (ModernBERT's global_attn_every_n_layers)"),
     Option("rope_local_theta", "compute", "the rotary base of the local layers (Gemma 3 rope_local_base_freq; "
            "default rope_theta)"),
     Option("rope_interleaved", "compute", "rotary pairs adjacent dims (2i, 2i + 1) instead of halves (i, i + "
            "rotary_dim / 2): GPT-J's rotate_every_two, Cohere's repeat-interleave"),
     Option("rope_local_only", "compute", "rotary on the local (sliding-window) layers alone, the global layers "
            "without positions (Cohere 2)"),
+    Option("nope_layers", "compute", "layers (from 0, HF no_rope_layers' zeros) that attend without rotary "
+           "positions (SmolLM3, Llama 4's NoPE layers)", cli=False),
+    Option("query_temperature_floor", "compute", "Llama 4's attn_temperature_tuning: the queries of the layers "
+           "without rotary times log1p(floor((slot + 1) / floor)) * query_temperature_scale + 1 (floor_scale 8192); "
+           "None: off", cli=False),
+    Option("query_temperature_scale", "compute", "the query temperature's gain (Llama 4's attn_scale 0.1)", cli=False,
+           only_with=("query_temperature_floor", 2.0)),
+    Option("qk_l2_norm", "compute", "Llama 4's use_qk_norm: q and k divided by their RMS over each head (no weight, "
+           "eps layer_norm_eps) in the layers that rotate, after rotary; not with qk_norm"),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True),
     Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
@@ -242,6 +258,11 @@ DETAILS = """\
   layer l of a stack (counted from 1) each pre-norm's output is multiplied by 1 / sqrt(l), so deep layers'
   sublayers stay off the identity. No parameter; needs norm="pre" (the paper's placement). A block called
   alone is layer 1 (scale 1); the stacks pass each layer its index.
+- `first_attn_norm`: True, every layer's attention reads its pre-norm's output; False, the first layer's
+  attention reads the stream itself (ModernBERT builds layer 0's attn_norm as nn.Identity: its embeddings end
+  with a LayerNorm). The first layer still holds its norm1 (the stacks' layers are alike), unused: a
+  checkpoint without it loads with ones there and is written back without it. A block called alone is layer
+  1. Needs norm="pre".
 - `residual_multiplier`: m: every sublayer's output (after its dropout and any ReZero / LayerScale gate) is
   multiplied by m before the skip adds it, x + m * F(x), in the parallel block too (Granite's
   `residual_multiplier`, HF `residual + hidden_states * residual_multiplier`). No parameter; needs
@@ -309,16 +330,30 @@ DETAILS = """\
   cached decoding too. The dense and blocked paths compute it (the blocked one adds exp(s_h) at the end of
   its online softmax and takes d s_h from the log-sum-exp); "fused" is refused and "auto" never takes it;
   torch serves it with the explicit softmax.
+- `alibi`: ALiBi position biases (Press et al. 2022) as transformers' Falcon computes them
+  (`build_alibi_tensor`, falcon-rw-1b): head h's logit for key j is (q.k + b_hj) / sqrt(head_dim), b_hj =
+  slope_h * p_j, p_j the key's position among its row's real keys (cumsum of the key mask - 1: padding
+  and, in cached decoding, unwritten slots not counted), the slopes 2 ** (-8 (h + 1) / n) of the largest
+  power of two n <= H then every other slope of 2n for the rest (`flax_blocks.core.alibi`). As transformers
+  does, the slopes, the positions and each product are rounded to bfloat16 (also in a float32 or float64
+  model). Self-attention only; no parameter; the dense path computes it ("auto" takes it, "fused" and
+  "blocked" are refused). Usually without rotary (rope_theta None).
 - `query_pre_attn_scalar`: None, or a: logits are q.k * a ** -0.5 instead of q.k / sqrt(head_dim) (Gemma 2 / 3
   `query_pre_attn_scalar`).
-- `sliding_window`: None, or W: in a local layer, query i sees key j iff i - W < j <= i (causal only; HF's
+- `sliding_window`: None, or W: in a local layer, query i sees key j iff i - W < j <= i (causal; HF's
   sliding_window_overlay `kv_idx > q_idx - sliding_window` over the causal mask: Mistral, Qwen2, Starcoder2,
-  Gemma 2 / 3), cached decoding included.
+  Gemma 2 / 3), cached decoding included; without causal iff |i - j| < W (ModernBERT: HF's
+  sliding_window_bidirectional_overlay `abs(q_idx - kv_idx) <= local_attention // 2`, so W = local_attention
+  // 2 + 1, the window HF hands flash attention), on the dense path only ("blocked" and "fused" refuse it,
+  "auto" takes dense).
 - `sliding_window_pattern`: which layers are local: None, every layer (Mistral, Qwen2, Starcoder2); n, layer l
   (counted from 1) is global iff l % n == 0, the others local (HF `layer_types`: layer i from 0
   "sliding_attention" iff (i + 1) % n; Gemma 2: 2, layers 1, 3, ... local; Gemma 3: 6, five local then one
   global). A block called alone is layer 1. The stacks compute each layer's kind from its scanned index (one
   compiled layer for both kinds).
+- `pattern_global_first`: False, the global layers of a `sliding_window_pattern` n are those with l % n == 0
+  (each period ends global: Gemma 2 / 3); True, those with (l - 1) % n == 0, layer 1 global (ModernBERT's
+  `global_attn_every_n_layers`: layer_id % n == 0 from 0 is full attention).
 - `rope_local_theta`: the rotary base of local layers (Gemma 3 `rope_local_base_freq`, 10000 beside a global
   1e6); None: rope_theta in every layer.
 - `rope_interleaved`: False, rotary pairs dim i with i + w/2 (rotate-half, HF LLaMA / GPT-NeoX; w the rotated
@@ -329,6 +364,17 @@ DETAILS = """\
 - `rope_local_only`: False, rotary in every layer; True, only the local layers (`sliding_window`,
   `sliding_window_pattern`) rotate q and k, the global layers attend without positions (Cohere 2's
   `Cohere2Attention` applies rotary only where its layer has a sliding window).
+- `nope_layers`: (), rotary in every layer; layer indices from 0, the layers that attend without rotary
+  positions (SmolLM3's and Llama 4's `no_rope_layers` hold 1 = rotary, 0 = NoPE per layer: these are its
+  zeros). With `rope_local_only` a layer rotates when it is local and not among them.
+- `query_temperature_floor`, `query_temperature_scale`: Llama 4's temperature tuning of the NoPE layers
+  (Llama4TextAttention with `attn_temperature_tuning`, from arXiv 2501.19399): in a layer without rotary
+  (`nope_layers`) the queries are multiplied by log1p(floor((s + 1) / floor)) * scale + 1, s the token's slot in
+  the sequence or cache (0 .. T - 1 from the cache index; HF's past_seen_tokens + i, not the position ids a
+  left-padded row carries), after QK-norm; the rotary layers' queries are untouched.
+- `qk_l2_norm`: Llama 4's `Llama4TextL2Norm` (`use_qk_norm`): in a layer that rotates (not in `nope_layers`), q
+  and k times rsqrt(mean over head_dim of x^2 + eps) after rotary, no parameter; rotary being a rotation of
+  the head's dims, the order against it changes nothing but rounding. The NoPE layers' q and k stay as they are.
 - `qkv_bias`: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True with bias=False).
 - `mlp_bias`: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's `mlp_bias` beside
   `attention_bias`).

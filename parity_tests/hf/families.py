@@ -121,6 +121,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                      num_hidden_layers=LAYERS, max_position_embeddings=32, layer_norm_eps=1e-5, rope_theta=1000.0,
                      sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
                 f"Cohere's block; layers 1 and 3 local (window {WINDOW}) and rotated, layer 2 without positions"),
+    "smollm3": ("smollm3",
+                dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
+                     num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6, rope_theta=1000.0,
+                     no_rope_layers=[1, 0, 1]),
+                "LLaMA's layers, layer 2 without rotary (no_rope_layers [1, 0, 1]), 2 KV heads"),
     "granite": ("granite",
                 dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
                      num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6, rope_theta=1000.0,
@@ -131,6 +136,22 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                     dict(**_TEXT, n_embd=24, n_head=3, n_inner=40, n_layer=LAYERS, n_positions=32,
                          activation_function="gelu_pytorch_tanh", multi_query=True),
                     "multi-query attention: c_attn rows [q; k; v] with one KV head, nn.Linear (out, in)"),
+    "falcon": ("falcon",
+               dict(**_TEXT, hidden_size=24, num_attention_heads=3, ffn_hidden_size=40, num_hidden_layers=LAYERS,
+                    max_position_embeddings=32, rope_theta=1000.0, multi_query=True, parallel_attn=True, bias=False),
+               "falcon-7b: multi-query (query_key_value rows [q; k; v], one KV head), one shared "
+               "input_layernorm (parallel block), no linear biases"),
+    "falcon-40b": ("falcon",
+                   dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=40,
+                        num_hidden_layers=LAYERS, max_position_embeddings=32, rope_theta=1000.0,
+                        new_decoder_architecture=True, bias=True),
+                   "new_decoder_architecture: query_key_value rows per KV group [q, q; k; v] (2 groups), ln_attn / "
+                   "ln_mlp (parallel block, two norms); bias=True"),
+    "falcon-rw": ("falcon",
+                  dict(**_TEXT, hidden_size=24, num_attention_heads=3, ffn_hidden_size=40, num_hidden_layers=LAYERS,
+                       max_position_embeddings=32, alibi=True, multi_query=False, parallel_attn=False, bias=True),
+                  "falcon-rw-1b: ALiBi (3 heads: slopes past a power of two; padding mid-row not counted), "
+                  "query_key_value per head [q; k; v], the sequential pre-LN block, biases"),
     "whisper": ("whisper",
                 dict(vocab_size=16, d_model=24, encoder_attention_heads=3, encoder_ffn_dim=40, encoder_layers=LAYERS,
                      decoder_attention_heads=3, decoder_ffn_dim=40, decoder_layers=LAYERS, num_mel_bins=4,
@@ -163,7 +184,37 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
                                       "rope_theta": 1000.0}),
                 f"sinks, layers 1 and 3 local (window {WINDOW}), yarn past its original length, q/k/v/o biases, "
                 "4 biased experts top 2 with the SwiGLU clamped at 0.1, gate / up interleaved; eager attention"),
+    "deepseek_v2": ("deepseek_v2",
+                    dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=4, intermediate_size=40,
+                         num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
+                         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, n_shared_experts=2,
+                         topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
+                         first_k_dense_replace=1, kv_lora_rank=12, q_lora_rank=None, qk_nope_head_dim=8,
+                         qk_rope_head_dim=4, v_head_dim=6, rope_theta=1000.0),
+                    "latent attention with direct queries, layer 1 dense, then top 3 of 8 experts in 4 groups "
+                    "(group-limited greedy softmax, 2 groups kept) scaled by 1.5 beside 2 shared experts"),
+    "deepseek_v3": ("deepseek_v3",
+                    dict(**_TEXT, hidden_size=24, num_attention_heads=4, num_key_value_heads=4, intermediate_size=40,
+                         num_hidden_layers=LAYERS, max_position_embeddings=32, rms_norm_eps=1e-6,
+                         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, n_shared_experts=1,
+                         n_group=4, topk_group=2, routed_scaling_factor=2.5, first_k_dense_replace=1,
+                         kv_lora_rank=12, q_lora_rank=10, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+                         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4,
+                                          "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0,
+                                          "beta_slow": 1.0, "rope_theta": 1000.0}),
+                    "latent attention with low-rank queries, interleaved rotary, yarn past its original length "
+                    "(mscale_all_dim), layer 1 dense, then top 3 of 8 experts in 4 groups (sigmoid, the "
+                    "correction bias choosing only, 2 groups kept) scaled by 2.5 beside a shared expert"),
 }
+FAMILIES["modernbert"] = (
+    "modernbert",
+    dict(**_TEXT, cls_token_id=0, sep_token_id=2, hidden_size=24, num_attention_heads=3, intermediate_size=40,
+         num_hidden_layers=LAYERS, max_position_embeddings=32, local_attention=WINDOW, global_attn_every_n_layers=2,
+         attention_bias=True, norm_bias=True,
+         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+    f"encoder: layers 1 and 3 global (rotary base 1000), layer 2 local (window: distance <= {WINDOW} // 2, base 100); "
+    "fused Wqkv, GeGLU from the fused Wi, layer 0 without attn_norm; attention_bias, norm_bias")
 
 # What each family computes that the blocks do not: (config change, the refusal's words). The
 # tests assert each; the docs table lists them.
@@ -191,20 +242,35 @@ REFUSALS: dict[str, list[tuple[dict[str, Any], str]]] = {
     "gptj": [(dict(rotary_dim=5), "rotary_dim=5"), (dict(rotary_dim=10), "rotary_dim=10")],
     "cohere": [(dict(use_qk_norm=True), "use_qk_norm=True")],
     "cohere2": [(dict(sliding_window=None), "sliding_window=None")],
+    "smollm3": [(dict(no_rope_layers=[1, 0], layer_types=["full_attention"] * LAYERS), "no_rope_layers=[1, 0]"),
+                (dict(use_sliding_window=True, sliding_window=WINDOW),
+                 "layer_types=['full_attention', 'sliding_attention', 'full_attention']")],
     "granite": [(dict(residual_multiplier=-1.0), "residual_multiplier=-1.0")],
     "gpt_bigcode": [(dict(multi_query=False), "multi_query=False"),
                     (dict(scale_attn_weights=False), "scale_attn_weights=False")],
+    "falcon": [(dict(num_ln_in_parallel_attn=2), "num_ln_in_parallel_attn=2")],
+    "falcon-rw": [(dict(num_kv_heads=1), "num_kv_heads=1")],
+    "falcon-40b": [(dict(parallel_attn=False), "parallel_attn=False"), (dict(num_kv_heads=3), "num_kv_heads=3")],
     "whisper": [(dict(activation_function="gelu_fast"), "activation_function='gelu_fast'")],
     "gemma2": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
                 "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
     "gpt_oss": [(dict(layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
                  "layer_types=['full_attention', 'sliding_attention', 'sliding_attention']")],
+    "deepseek_v2": [(dict(num_key_value_heads=2), "num_key_value_heads")],
+    "deepseek_v3": [(dict(num_key_value_heads=2), "num_key_value_heads")],
     "gemma3": [(dict(use_bidirectional_attention=True), "use_bidirectional_attention=True"),
                (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e3},
                                       "sliding_attention": {"rope_type": "linear", "rope_theta": 100.0,
                                                             "factor": 2.0}}),
                 "rope_type 'linear' on the sliding layers")],
 }
+REFUSALS["modernbert"] = [
+    (dict(hidden_activation="gelu_fast"), "hidden_activation='gelu_fast'"),
+    (dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+     "layer_types=['sliding_attention', 'full_attention', 'sliding_attention']"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e3},
+                           "sliding_attention": {"rope_type": "linear", "rope_theta": 100.0, "factor": 2.0}}),
+     "rope_type 'linear' on the sliding layers")]
 
 def config(name: str, **changes: Any) -> dict[str, Any]:
     """The family's tiny config (with changes) as a dict, as config.json holds it."""
@@ -253,7 +319,7 @@ def build(name: str, dtype: str):
 
 # Settings of a family measured both ways in another entry (or, Mistral, in parity_tests/hf/test_stacks.py):
 # float64 from the folder only, to keep the suite's time (each float32 run compiles anew).
-FLOAT64_ONLY = ("gpt_neox-sequential", "stablelm-parallel", "mistral-window")
+FLOAT64_ONLY = ("gpt_neox-sequential", "stablelm-parallel", "mistral-window", "falcon", "falcon-40b")
 
 # Families whose stack takes no padding mask (Whisper's encoder): measured without padding.
 NO_PADDING = ("whisper",)

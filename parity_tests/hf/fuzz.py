@@ -296,7 +296,10 @@ def _reference(family: str, folder: str, part: str, float64: bool = False):
     _, model_cls, _ = MODELS[family]
     os.environ.setdefault("HF_DEACTIVATE_ASYNC_LOAD", "1")  # the same tensors, without a thread pool per tiny load
     extra = {"dtype": torch.float64 if float64 else torch.float32}
-    model = getattr(transformers, model_cls).from_pretrained(folder, attn_implementation="eager", **extra).eval()
+    from flax_blocks.checkpoints.family import FAMILIES
+
+    attn = "sdpa" if FAMILIES[family].reference.sdpa else "eager"  # (Falcon's eager path adds ALiBi twice)
+    model = getattr(transformers, model_cls).from_pretrained(folder, attn_implementation=attn, **extra).eval()
     ids, mask, pos = _batch()
     with torch.no_grad():
         if MODELS[family][2] == "model":

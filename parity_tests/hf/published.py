@@ -10,11 +10,12 @@ checkpoint; the suite (test_config_published.py) runs `SUITE`, one file of each 
 
 `shrink` keeps every key and value of the file but the sizes: widths (hidden 32, 4 heads, 2 KV
 heads where the file groups them, head_dim 8, or 16 where the file's head_dim differs from
-hidden / heads), feed-forward widths 48, 2 layers (6 for Gemma 3, so that one is global), a
-vocabulary of 64 (special token ids past it renumbered below it), windows of 4 positions
-(so they act within a short prompt), a head of 10 where a partial rotary factor of 8 dims is odd
-(Phi-2's 0.4), GPT-J's rotary_dim kept at its share of the head (64 of 256: 2 of 8), and
-longrope's factor lists resampled to the new rotary width. Rotary lengths (max_position_embeddings,
+hidden / heads), feed-forward widths 48, 2 layers (6 for Gemma 3, so that one is global; 4 for SmolLM3, so
+that one is without rotary; per-layer lists cut to them), a vocabulary of 64 (special token ids past it
+renumbered below it), windows of 4 positions (so they act within a short prompt; ModernBERT's
+local_attention 4), a head of 10 where a partial rotary factor of 8 dims is odd (Phi-2's 0.4), GPT-J's
+rotary_dim kept at its share of the head (64 of 256: 2 of 8), and longrope's factor lists resampled to the
+new rotary width. Rotary lengths (max_position_embeddings,
 original_max_position_embeddings) and learned position tables keep theirs: they are what the scaled rotary types read.
 """
 
@@ -41,10 +42,13 @@ SUITE = (
     "llama2_7b_hf", "llama3_1_8b", "llama3_2_1b", "smollm2_135m", "deepseek_r1_distill_llama_8b", "mistral_7b_v0_1",
     "mistral_7b_instruct_v0_3",
     "qwen2_5_0_5b_instruct", "qwen2_5_7b_instruct__modelcard_yarn", "deepseek_r1_distill_qwen_1_5b", "qwen3_0_6b",
-    "gpt_j_6b", "aya_23_8b", "command_r7b_12_2024", "phi_2", "phi3_mini_4k_instruct", "phi3_5_mini_instruct",
-    "phi4_mini_instruct", "gemma_2b", "gemma2_2b_it", "gemma3_1b_it", "gemma3_4b_it", "granite_3_0_2b_instruct",
+    "gpt_j_6b", "falcon_7b_instruct", "aya_23_8b", "command_r7b_12_2024", "phi_2", "phi3_mini_4k_instruct",
+    "phi3_5_mini_instruct",
+    "phi4_mini_instruct", "smollm3_3b", "gemma_2b", "gemma2_2b_it", "gemma3_1b_it", "gemma3_4b_it",
+    "granite_3_0_2b_instruct",
     "olmo2_1124_7b", "pythia_160m", "stablelm_2_zephyr_1_6b", "starcoder2_3b", "mixtral_8x7b_v0_1",
     "qwen1_5_moe_a2_7b", "qwen3_30b_a3b", "olmoe_1b_7b_0924", "deepseek_v2_lite", "deepseek_v3", "gpt_oss_20b",
+    "modernbert_base",
 )
 
 HIDDEN, HEADS, FFN, VOCAB = 32, 4, 48, 64
@@ -93,13 +97,14 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
         c[ffn_key] = FFN
     if c.get("word_embed_proj_dim") is not None:  # OPT: equal to the width, or a projection of its own
         c["word_embed_proj_dim"] = HIDDEN if c["word_embed_proj_dim"] == hidden else 16
-    old, layers = value(layers_key), 6 if c["model_type"] == "gemma3_text" else 2
+    old, layers = value(layers_key), {"gemma3_text": 6, "smollm3": 4}.get(c["model_type"], 2)  # a global / NoPE one
     c[layers_key] = layers
     if c.get("max_window_layers") is not None:  # Qwen2: the first local layer, scaled with the depth
         c["max_window_layers"] = min(layers, round(c["max_window_layers"] * layers / old))
-    if isinstance(c.get("layer_types"), list):
-        c["layer_types"] = c["layer_types"][:layers]
-    for key in ("sliding_window", "attention_chunk_size"):
+    for key in ("layer_types", "no_rope_layers"):  # per-layer lists (SmolLM3's 1 / 0 rotary flags)
+        if isinstance(c.get(key), list):
+            c[key] = c[key][:layers]
+    for key in ("sliding_window", "attention_chunk_size", "local_attention"):  # (ModernBERT: |i - j| <= 4 // 2)
         if isinstance(c.get(key), int):
             c[key] = 4
     for key in ("num_experts", "num_local_experts"):

@@ -126,6 +126,8 @@ def attention_for(model_type: str | None, dtype: str) -> str:
 
     from flax_blocks.checkpoints.family import FAMILIES
 
+    if reference(model_type).sdpa:  # its eager path computes something else (Falcon's ALiBi twice)
+        return "sdpa"
     if dtype != "float64" or not reference(model_type).float32_inside:
         return "eager"
     family = FAMILIES.get(model_type) if model_type else None
@@ -182,7 +184,7 @@ def float64_faithful(model):
 
     if reference(getattr(model.config, "model_type", None)).eager_only:
         _eager_softmax_in_the_query_dtype(model)
-    if getattr(model.config, "model_type", None) in ("cohere", "cohere2"):
+    if getattr(model.config, "model_type", None) in ("cohere", "cohere2", "modernbert"):  # (ModernBERT: q.float())
         _cohere_rotary_in_the_query_dtype(model)
     for m in model.modules():
         name = type(m).__name__
@@ -196,7 +198,60 @@ def float64_faithful(model):
         elif name.endswith("RotaryEmbedding"):
             m._halves = "emb = freqs\n" in inspect.getsource(type(m).forward)  # cos, sin of half a head (GPT-OSS)
             m.forward = types.MethodType(_rotary64, m)
+        elif name.startswith("Deepseek") and name.endswith("TopkRouter"):
+            m.forward = types.MethodType(_in_the_input_dtype(type(m)), m)
+    if getattr(model.config, "model_type", None) == "deepseek_v2":
+        _deepseek_v2_rotary64(model)
     return model
+
+
+# The float32 casts of DeepSeek's routers (V2's softmax too), each taken out by _in_the_input_dtype
+_ROUTER_CASTS = {"F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))":
+                 "F.linear(hidden_states, self.weight)",
+                 "router_logits.softmax(dim=-1, dtype=torch.float32)": "router_logits.softmax(dim=-1)"}
+
+
+def _in_the_input_dtype(cls):
+    """A DeepSeek router's forward: transformers' own source with its float32 casts (_ROUTER_CASTS)
+    taken out, compiled in its module's namespace; fails if the logits' cast is no longer there."""
+    import importlib
+    import inspect
+    import textwrap
+
+    src = textwrap.dedent(inspect.getsource(cls.forward))
+    first = next(iter(_ROUTER_CASTS))
+    if src.count(first) != 1:
+        raise AssertionError(f"{cls.__name__}.forward no longer computes its logits as {first}")
+    for cast, plain in _ROUTER_CASTS.items():
+        src = src.replace(cast, plain)
+    namespace: dict = {}
+    exec(src, vars(importlib.import_module(cls.__module__)), namespace)
+    return namespace["forward"]
+
+
+def _deepseek_v2_rotary64(model) -> None:
+    """DeepSeek V2's rotary in float64: its embedding's complex freqs_cis from _rotary64's cos and
+    sin (this instance), and apply_rotary_emb, which casts q and k to float32, computing in q's
+    dtype (process-wide, the same function for float32 models, as _cohere_rotary_in_the_query_dtype)."""
+    import importlib
+
+    import torch
+
+    def polar64(self, x, position_ids):
+        cos, sin = _rotary64(self, x, position_ids)
+        half = cos.shape[-1] // 2
+        return torch.complex(cos[..., :half], sin[..., :half])
+
+    def apply(xq, xk, freqs_cis):
+        freqs_cis = freqs_cis.unsqueeze(1)
+        def turn(t):
+            return torch.view_as_real(torch.view_as_complex(t.reshape(*t.shape[:-1], -1, 2)) * freqs_cis).flatten(3)
+        return turn(xq).type_as(xq), turn(xk).type_as(xk)
+
+    for m in model.modules():
+        if type(m).__name__ == "DeepseekV2RotaryEmbedding":
+            m.forward = types.MethodType(polar64, m)
+    importlib.import_module(type(model).__module__).apply_rotary_emb = apply
 
 
 def embeddings_out_of_the_way(model):
@@ -208,6 +263,8 @@ def embeddings_out_of_the_way(model):
         emb = getattr(model, "embeddings", None)
         if emb is not None and hasattr(emb, "patch_embeddings"):  # ViT: the hidden states pass as they are
             emb.forward = types.MethodType(lambda self, pixel_values, **kwargs: pixel_values, emb)
+        elif emb is not None and hasattr(emb, "tok_embeddings"):  # ModernBERT: norm(inputs_embeds)
+            emb.norm = torch.nn.Identity()
         elif emb is not None:  # BERT, RoBERTa, DistilBERT: inputs_embeds + (token type) + position, LayerNorm
             emb.position_embeddings.weight.zero_()
             if hasattr(emb, "token_type_embeddings"):

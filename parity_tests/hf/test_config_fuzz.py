@@ -115,7 +115,7 @@ def test_the_whisper_encoder_saved_alone_loads(tmp_path):
 
 
 @pytest.mark.parametrize("model_type,words", [
-    ("falcon", "ALiBi or rotary"), ("bloom", "ALiBi position biases"), ("gpt_neo", "local attention"),
+    ("falcon_mamba", "state-space"), ("bloom", "ALiBi position biases"), ("gpt_neo", "local attention"),
     ("codegen", "interleaved rotary"),
     ("dbrx", "p-norm.*clip_qkv"), ("llama4", "chunked attention.*ungated"),
     ("frobnet", "no table reads it; supported: bert")])

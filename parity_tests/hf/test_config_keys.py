@@ -36,6 +36,8 @@ TABLES = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
 NOT_FIELDS = {"rope_scaling", "rope_theta", "is_causal", "head_dim", "layer_types", "partial_rotary_factor",
               "rotary_pct", "rotary_emb_base", "sliding_window_pattern", "rope_local_base_freq",
               "position_embedding_type",
+              "n_embed",  # FalconConfig.__post_init__ pops the older n_embed into hidden_size
+              "global_attn_every_n_layers", "global_rope_theta", "local_rope_theta",  # ModernBertConfig's kwargs
               "num_local_experts"}  # Qwen3MoeConfig's field num_experts is stored there (attribute_map)
 
 

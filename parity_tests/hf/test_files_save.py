@@ -1,7 +1,7 @@
 """fb.save_hf: a Flax model written back as a Hugging Face folder that transformers'
 from_pretrained reads with no missing or unexpected weight and the same logits: whole models
 (sharded, tied heads left out, scaled rotary kept), after an optax fine-tune, a stack with the
-parts around it taken from its source folder, BERT's pooler copied, a model built from
+parts around it taken from its source folder, BERT's pooler copied, ModernBERT's masked-LM head kept, a model built from
 scratch with its family named (and refused where the family cannot hold it), a folder that
 held another layout, and two processes holding the model across their devices."""
 
@@ -155,6 +155,37 @@ def test_bert_keeps_the_pooler_it_does_not_compute(tmp_path):
     hf, problems = _hf_load(tmp_path / "out", transformers.AutoModel)
     assert problems == {}
     assert _rel(model(jnp.asarray(IDS)), hf(torch.tensor(IDS)).last_hidden_state.detach()) <= 1e-5
+
+
+def test_modernbert_goes_back_with_its_masked_lm_head(tmp_path):
+    """ModernBERT-base's published config (sizes shrunk: 2 layers, global then local with a window of 4 // 2)
+    as a ModernBertForMaskedLM folder: its base model read (part="model") gives transformers' last hidden
+    state on a padded batch; save_hf writes it back beside the head the source folder holds, and
+    from_pretrained reads the same weights (layer 0 without attn_norm), hidden states and masked-LM logits."""
+    from parity_tests.hf.published import load, shrink
+
+    torch.manual_seed(0)
+    mlm = _perturbed(transformers.ModernBertForMaskedLM(transformers.ModernBertConfig.from_dict(
+        shrink(load("modernbert_base")))))
+    mlm.save_pretrained(tmp_path / "src")
+    mask = np.ones_like(IDS)
+    mask[1, 7:] = 0
+    live = mask.astype(bool)
+    with torch.no_grad():
+        ref = mlm.model(torch.tensor(IDS), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+        logits = mlm(torch.tensor(IDS), attention_mask=torch.tensor(mask)).logits.numpy()
+    model = fb.from_hf(tmp_path / "src", part="model")
+    assert _rel(np.asarray(model(jnp.asarray(IDS), attention_mask=jnp.asarray(mask)))[live], ref[live]) <= 1e-5
+    fb.save_hf(model, tmp_path / "out")
+    back, problems = _hf_load(tmp_path / "out", transformers.ModernBertModel)
+    assert set(problems) == {"unexpected_keys"} and all(k.startswith(("head.", "decoder.")) for k in
+                                                      problems["unexpected_keys"])  # the head, kept
+    assert all(torch.equal(v, mlm.model.state_dict()[k]) for k, v in back.state_dict().items())
+    assert "layers.0.attn_norm.weight" not in back.state_dict()
+    again, problems = _hf_load(tmp_path / "out", transformers.ModernBertForMaskedLM)
+    assert problems == {}
+    with torch.no_grad():
+        assert np.array_equal(again(torch.tensor(IDS), attention_mask=torch.tensor(mask)).logits.numpy(), logits)
 
 
 def test_a_model_built_from_scratch_is_written_as_the_family_named_or_refused(tmp_path):

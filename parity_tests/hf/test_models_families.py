@@ -27,6 +27,7 @@ transformers = pytest.importorskip("transformers")
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
 from flax_blocks.checkpoints.checkpoint import describe  # noqa: E402
+from flax_blocks.checkpoints.family import FAMILIES as FAMILY_TABLES  # noqa: E402
 from flax_blocks.checkpoints.hf import place  # noqa: E402
 from flax_blocks.checkpoints.hf_config import hf_state_dict  # noqa: E402
 from flax_blocks.checkpoints.hf_models import lm_config  # noqa: E402
@@ -58,6 +59,13 @@ CAUSAL = {
                                                              **NO_SPECIAL)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(ROTARY, rope_theta=500.0, no_rope_layers=[0, 1])),
+    # Llama 4's text model, dense: layer 2 NoPE, its queries tempered (floor 2: slots 1, 3, 5 ... step up), layer 1's
+    # q and k over their RMS after rotary (use_qk_norm)
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
+                    dict(ROTARY, head_dim=8, intermediate_size_mlp=48, moe_layers=[], use_qk_norm=True,
+                         attention_chunk_size=None, no_rope_layers=[1, 0], floor_scale=2, attn_scale=0.5,
+                         rope_theta=500.0)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ROTARY, attention_multiplier=0.3, residual_multiplier=0.22,
                                                           embedding_multiplier=6.0, logits_scaling=4.0)),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48,
@@ -68,6 +76,14 @@ CAUSAL = {
                                                            layer_types=["sliding_attention", "full_attention"])),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48, n_layer=2,
                                                    n_positions=64, rotary_dim=4, **NO_SPECIAL)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
+                                                         num_kv_heads=2, ffn_hidden_size=48, num_hidden_layers=2,
+                                                         new_decoder_architecture=True, rope_theta=500.0,
+                                                         **NO_SPECIAL)),
+    "falcon-rw": ("FalconConfig", "FalconForCausalLM", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
+                                                            ffn_hidden_size=48, num_hidden_layers=2, alibi=True,
+                                                            multi_query=False, parallel_attn=False, bias=True,
+                                                            **NO_SPECIAL)),
 }
 # Mixtures of experts: 4 experts, top 2; Qwen2-MoE's layers dense, experts (with the shared expert), dense
 # (decoder_sparse_step 2, mlp_only_layers [2]), Qwen3-MoE's first dense (mlp_only_layers [0]).
@@ -109,9 +125,12 @@ EXPERTS = {
                         residual_multiplier=0.22, embedding_multiplier=6.0, logits_scaling=4.0)),
 }
 CAUSAL.update(EXPERTS)
-TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode"}
+TIED = {"opt", "opt-350m", "gemma", "gemma2", "gemma3", "starcoder2", "cohere", "cohere2", "gpt_bigcode", "falcon",
+        "falcon-rw", "smollm3"}
 GENERATE = ["opt", "gemma2", "gpt_neox", "gemma", "qwen3", "qwen2_moe", "qwen3_moe",  # (MoE: 9-15 s each)
-            "deepseek_v3", "gpt_oss", "gptj", "cohere2"]  # (DeepSeek: the latent cache, HF's too)
+            "deepseek_v3", "gpt_oss", "gptj", "cohere2",  # (DeepSeek: the latent cache, HF's too)
+            "falcon-rw",  # (ALiBi by the keys' ranks in the cache)
+            "llama4_text"]  # (Llama 4: the NoPE layer's temperature at the cache's slots; SmolLM3's NoPE layers alike)
 PAD = 1  # RoBERTa's padding token (its padding_idx)
 ENCODERS = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
@@ -125,6 +144,11 @@ ENCODERS = {
     "distilbert": ("DistilBertConfig", "DistilBertModel", dict(vocab_size=V, dim=E, n_heads=4, hidden_dim=48,
                                                                n_layers=2, max_position_embeddings=20,
                                                                pad_token_id=PAD)),
+    # ModernBERT: global, local, local, global layers (a window |i - j| <= 1 over 7 tokens), layer 0 without attn_norm
+    "modernbert": ("ModernBertConfig", "ModernBertModel", dict(vocab_size=V, hidden_size=E, num_attention_heads=4,
+                                                               intermediate_size=48, num_hidden_layers=4,
+                                                               local_attention=2, pad_token_id=PAD, bos_token_id=0,
+                                                               eos_token_id=2, cls_token_id=0, sep_token_id=2)),
 }
 
 
@@ -133,6 +157,8 @@ def _build_varied(cfg_cls, model_cls, kw):
     one id), but Gemma's token embeddings (scaled up by sqrt(d) and tied to the head: at 0.2
     each row's argmax is its last token)."""
     model = _build(cfg_cls, model_cls, kw)
+    if FAMILY_TABLES[model.config.model_type].reference.sdpa:  # its eager path computes otherwise (Falcon)
+        model.config._attn_implementation = "sdpa"  # (Falcon refuses set_attn_implementation; it reads this)
     gemma = model.config.model_type.startswith("gemma")
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -259,12 +285,15 @@ def test_greedy_generation_equals_hf_generate(family, hf_models, flax_models):
     assert len(np.unique(ref[:, 6:])) > 2  # the tokens vary: a stuck argmax would pass too easily
 
 
-@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss", "cohere", "granite"])
+@pytest.mark.parametrize("family", ["opt", "gemma2", "deepseek_v3", "gpt_oss", "cohere", "granite", "falcon-rw",
+                                    "llama4_text"])
 def test_the_torch_twin_computes_the_new_parts_alike(family, flax_models, reference):
     """OPT's offset positions and mask-derived default positions, Gemma 2's embedding scale
     and final soft-cap, DeepSeek's latent attention and routing, GPT-OSS's sinks and clamped experts
     (cached decoding with sinks on local and global layers), Cohere's logit scale and interleaved
-    rotary, Granite's four multipliers in the torch twin: HF's logits, and the same greedy tokens."""
+    rotary, Granite's four multipliers, Falcon-RW's ALiBi (by the keys' ranks in a left-padded cache),
+    Llama 4's NoPE layer and its query temperature (at the cache's slots when decoding) in the torch
+    twin: HF's logits, and the same greedy tokens."""
     lm = flax_models[family]
     twin = tb.LanguageModel(lm.cfg, lm.lm).eval()
     twin.load_state_dict(tb.to_tensors(fb.torch_state_dict(lm)), strict=True)
@@ -368,6 +397,39 @@ def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models,
     assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
 
 
+@pytest.mark.parametrize("what, fields", [
+    ("the NoPE layer's queries not tempered (attn_temperature_tuning ignored)", dict(query_temperature_floor=None)),
+    ("rotary on halves (LLaMA's) for Llama 4's complex pairs", dict(rope_interleaved=False)),
+    ("rotary in every layer (no_rope_layers ignored)", dict(nope_layers=(), query_temperature_floor=None)),
+    ("the rotary layer's L2 QK-norm left out (use_qk_norm ignored)", dict(qk_l2_norm=False))])
+def test_llama4_text_mistakes_are_caught(what, fields, flax_models, reference):
+    """Llama 4's dense text model read otherwise than Llama4TextModel computes it: each caught."""
+    from flax_blocks.checkpoints.convert.load import from_torch_state_dict
+
+    lm = flax_models["llama4_text"]
+    assert (lm.cfg.nope_layers, lm.cfg.query_temperature_floor, lm.cfg.rope_interleaved, lm.cfg.qk_l2_norm) == \
+        ((1,), 2.0, True, True)
+    wrong = from_torch_state_dict(replace(lm.cfg, **fields), lm.lm, fb.torch_state_dict(lm))
+    ids, mask, positions = _batch()
+    err = _rel(_logits(wrong, ids, mask, positions), reference["llama4_text"], mask.astype(bool))
+    print(f"llama4_text: {what}: rel error {err:.1e}")
+    assert err > 1e-3
+
+
+@pytest.mark.parametrize("changes, key", [
+    (dict(), "interleave_moe_layer_step"), (dict(moe_layers=[1]), "moe_layers"),
+    (dict(moe_layers=[], use_qk_norm=False), "attention_chunk_size"),
+    (dict(moe_layers=[], use_qk_norm=False, attention_chunk_size=None,
+          layer_types=["chunked_attention", "full_attention"]), "layer_types")])
+def test_llama4_text_refuses_by_name_what_it_does_not_compute_yet(changes, key):
+    """Its experts and chunked attention: refused, each by its key (a
+    config.json as written by hand: moe_layers and layer_types derived as Llama4TextConfig derives them)."""
+    from flax_blocks.checkpoints.hf_config import hf_config
+
+    with pytest.raises(fb.ConversionError, match=f"{key}="):
+        hf_config({"model_type": "llama4_text", **ROTARY, "head_dim": 8, **changes})
+
+
 # A real mistake per new part: (family, what, the LMConfig fields of the mistake).
 MISTAKES = [
     ("opt", "positions read without OPT's offset of 2 (row p, not p + 2)",
@@ -430,7 +492,7 @@ def test_encoder_model_matches_last_hidden_state(family, hf_models, flax_models)
     assert unexpected == [] and all(k.startswith("pooler.") for k in missing)
     with pytest.raises(fb.ConversionError, match="not a causal language model"):
         fb.from_hf(hf, part="causal-lm")
-    extra = {**files, "extra.weight": files["embeddings.word_embeddings.weight"]}  # an encoder has no head to
+    extra = {**files, "extra.weight": next(iter(files.values()))}  # an encoder has no head to
     with pytest.raises(fb.ConversionError, match="unexpected key extra.weight"):  # hide unread keys behind
         describe(hf.config.to_dict(), extra, "model")
 

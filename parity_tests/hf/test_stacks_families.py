@@ -62,7 +62,8 @@ def test_to_hf_writes_the_folders_stack_back_bit_for_bit(family, built):
     with jax.enable_x64(True):
         sd = fb.to_hf(m.flax)  # the dialect from_hf read it in
     _, files = read_folder(str(m.folder))
-    assert set(sd) == set(files) - set(dialects.translate(files, m.dialect, num_heads=m.flax.cfg.num_heads).dropped)
+    assert set(sd) == set(files) - set(dialects.translate(files, m.dialect, num_heads=m.flax.cfg.num_heads,
+                                                          num_kv_heads=m.flax.cfg.kv_heads).dropped)
     for k, v in sd.items():
         assert v.dtype == files[k].dtype == np.float64 and np.array_equal(v, files[k]), k
 
@@ -96,6 +97,19 @@ def _kv_swapped(theirs):
     return {k: swap(v) if ".attn.c_attn." in k else v for k, v in theirs.items()}
 
 
+def _falcon_kv_swapped(theirs):
+    """Falcon-7B's query_key_value rows read as [q; v; k] (one KV head of 8 rows each)."""
+    fused = ".self_attention.query_key_value."
+    swapped = _kv_swapped({k.replace(fused, ".attn.c_attn."): v for k, v in theirs.items() if fused in k})
+    return {**theirs, **{k.replace(".attn.c_attn.", fused): v for k, v in swapped.items()}}
+
+
+def _falcon_groups_as_blocks(theirs):
+    """What a reader taking Falcon-40B's query_key_value rows as [q; k; v] blocks (not per KV group) loads."""
+    return {k: dialects._ungroup(v, 4, 2, to_ours=False) if ".query_key_value." in k else v
+            for k, v in theirs.items()}
+
+
 # A real mistake per family: (what, fields changed, the HF tensors mangled as the mistake reads them).
 MISTAKES = {
     "roberta": ("is_decoder ignored: read as BERT's bidirectional encoder", dict(causal=False), None),
@@ -119,15 +133,28 @@ MISTAKES = {
     "cohere": ("rotary on halves (LLaMA's names, LLaMA's rotary) for Cohere's adjacent pairs",
                dict(rope_interleaved=False), None),
     "cohere2": ("rotary on the global layers too (Cohere's every layer)", dict(rope_local_only=False), None),
+    "smollm3": ("rotary in every layer (read as a LLaMA: its names; no_rope_layers ignored)", dict(nope_layers=()),
+                None),
     "granite": ("residual_multiplier ignored (read as a LLaMA: its names)", dict(residual_multiplier=1.0), None),
     "gpt_bigcode": ("c_attn's key and value rows swapped ([q; v; k])", {}, _kv_swapped),
+    "falcon": ("query_key_value's key and value rows swapped ([q; v; k])", {}, _falcon_kv_swapped),
+    "falcon-rw": ("ALiBi ignored (no position at all)", dict(alibi=False), None),
+    "falcon-40b": ("query_key_value rows read as [q; k; v] blocks, not per KV group", {}, _falcon_groups_as_blocks),
     "whisper": ("causal attention (its decoder's) for the encoder", dict(causal=True), None),
     "gemma2": ("post_attention_layernorm read as Gemma's MLP input norm", {}, _gemma_norm_names),
     "gemma3": ("one rotary base for every layer (rope_local_base_freq ignored)", dict(rope_local_theta=None), None),
     "gpt_oss": ("the SwiGLU's clamp missing", dict(swiglu_limit=1e30), None),
+    "deepseek_v2": ("routed_scaling_factor ignored (the routed experts' sum unscaled)",
+                    dict(routed_scaling_factor=1.0), None),
+    "deepseek_v3": ("rotary on halves (rotate_half, LLaMA's) for V3's interleaved pairs",
+                    dict(rope_interleave=False), None),
 }
+MISTAKES["modernbert"] = ("the window one key short on each side (|i - j| <= local_attention // 2 read as <)",
+                          dict(sliding_window=families.WINDOW // 2), None)
 # More mistakes where one family carries several new settings.
 MORE_MISTAKES = [
+    ("modernbert", "the global layer last in each period (Gemma's phase)", dict(pattern_global_first=False)),
+    ("modernbert", "layer 0's attn_norm applied (the identity ignored)", dict(first_attn_norm=True)),
     ("gemma2", "attention logits not soft-capped", dict(attn_logit_softcapping=None)),
     ("gemma2", "every layer local (the alternation ignored)", dict(sliding_window_pattern=None)),
     ("granite", "1 / sqrt(head_dim) for the softmax scale attention_multiplier", dict(query_pre_attn_scalar=None)),

@@ -128,7 +128,12 @@ CASES: list[Case] = [
                             sliding_window_pattern=3, rope_local_only=True), num_layers=3, seq=6, key_mask=True),
     # rematerialised layers: the backward recomputes each layer's forward inside the scan
     Case("Encoder", replace(BASE, norm="post"), num_layers=3, key_mask=True, remat="full"),
-    Case("Decoder", replace(LLAMA, causal=True), num_layers=2, seq=6, remat="dots_saveable"),
+    # ... with its first layer without rotary (SmolLM3 / Llama 4's NoPE layers: nope_layers, from 0), its queries
+    # tempered by their slots (Llama 4's attn_temperature_tuning, floor 2: four values over 6 slots), the rotary
+    # layer's q and k over their RMS after rotary (Llama 4's L2 QK-norm)
+    Case("Decoder", replace(LLAMA, causal=True, nope_layers=(0,), query_temperature_floor=2.0,
+                            query_temperature_scale=0.5, qk_norm=False, qk_l2_norm=True), num_layers=2, seq=6,
+         remat="dots_saveable"),
     # unrolled layers (Flax's scan_layers=False): same parameters, a Python loop instead of the scan
     # StableLM's block: one LayerNorm (with its bias) for both parallel branches, linear maps without biases
     Case("Encoder", replace(BASE, parallel_residual="shared_norm", bias=False, norm_bias=True, residual_multiplier=0.5),
@@ -159,6 +164,9 @@ CASES: list[Case] = [
     # GPT-OSS's sinks on the blocked path: exp(sink) in the online softmax's denominator, d sink from the lse
     Case("TransformerBlock", replace(LLAMA, attention="blocked", attention_block=2, attn_sinks=True,
                                      sliding_window=3), seq=7, key_mask=True),
+    # Falcon-RW's ALiBi: 3 heads (not a power of two: slopes 2^-4 of a power of two, then 2^-2 of the next),
+    # position biases by each key's rank among the real keys (padding mid-row skipped), no rotary
+    Case("TransformerBlock", replace(BASE, d_model=18, num_heads=3, causal=True, alibi=True), seq=7, key_mask=True),
     # mixtures of experts: Mixtral's (top-2 of 4 SwiGLU experts, renormalised), Qwen2-MoE's shared expert
     # with its gate and unrenormalised weights, top-1 of dense GELU experts; a stack mixing dense and experts
     # layers (decoder_sparse_step 2, layer 0 dense by mlp_only_layers: dense, experts, dense, experts)
@@ -191,6 +199,12 @@ CASES: list[Case] = [
                             experts_bias=True, swiglu_limit=0.3, swiglu_alpha=1.1), num_layers=2, seq=6,
          key_mask=True),
 ]
+
+# ModernBERT's encoder: global, local, local, global layers (each period starts global), a bidirectional window
+# |i - j| < 2 over padded keys, two rotary bases, GeGLU, no biases, the first layer's attention unnormed
+CASES.append(Case("Encoder", replace(WIDE, bias=False, mlp="geglu", rope_theta=100.0, rope_local_theta=10.0,
+                                     sliding_window=2, sliding_window_pattern=3, pattern_global_first=True,
+                                     first_attn_norm=False), num_layers=4, seq=7, key_mask=True))
 
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax
 # in float32, so the forced "fused" path is compared in float32 only.

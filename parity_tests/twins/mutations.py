@@ -99,7 +99,7 @@ def swap_gate_and_up(case: Case, module, inp: Inputs):
 
 
 class _QKNormAfterRotary(Attention):
-    def position_qk(self, q, k, positions, local=False):
+    def position_qk(self, q, k, positions, local=False, rope=True):
         theta = self.cfg.rope_theta
         q, k = rotary(q, positions, theta), rotary(k, positions, theta)
         return self.q_norm(q), self.k_norm(k)
@@ -108,10 +108,35 @@ class _QKNormAfterRotary(Attention):
 class _RotaryOnLastDims(Attention):
     """Partial rotary on the last rotary_dim dims of each head instead of the first."""
 
-    def position_qk(self, q, k, positions, local=False):
+    def position_qk(self, q, k, positions, local=False, rope=True):
         theta, r = self.cfg.rope_theta, self.cfg.rotary_dim
         rot = lambda a: jnp.concatenate([a[..., :-r], rotary(a[..., -r:], positions, theta)], axis=-1)  # noqa: E731
         return rot(q), rot(k)
+
+
+class _TemperatureFromSlotZero(Attention):
+    """Llama 4's query temperature at floor(slot / floor) where HF takes floor((slot + 1) / floor)."""
+
+    def tempered(self, q, index, rope):
+        return super().tempered(q, jnp.asarray(index) - 1, rope)
+
+
+def temperature_from_slot_zero(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _TemperatureFromSlotZero
+    return module, inp
+
+
+class _L2NormOnTheNopeLayers(Attention):
+    """Llama 4's L2 QK-norm applied in the layers without rotary too (HF: the rotary layers alone)."""
+
+    def position_qk(self, q, k, positions, local=False, rope=True):
+        q, k = super().position_qk(q, k, positions, local, rope)
+        return (q, k) if rope is True else (self.l2_normed(q), self.l2_normed(k))
+
+
+def l2_norm_on_the_nope_layers(case: Case, module, inp: Inputs):
+    _attention(case, module).__class__ = _L2NormOnTheNopeLayers
+    return module, inp
 
 
 def rotary_on_last_dims(case: Case, module, inp: Inputs):
@@ -269,6 +294,18 @@ def mscale_once(case: Case, module, inp: Inputs):
     return module, inp
 
 
+class _WindowPastOnly(Attention):
+    """A bidirectional window (|i - j| < W, ModernBERT) bounded on the past side alone, as the causal
+    window i - W < j is: every later key stays visible."""
+
+    def windowed(self, mask, rows, index, t, s, local):
+        qpos, kpos = index + jnp.arange(t), jnp.arange(s)
+        inside = (kpos[None, :] > qpos[:, None] - self.cfg.sliding_window)[None, None]
+        m = inside if mask is None else mask & inside
+        has = jnp.any(m, axis=-1, keepdims=True)
+        return m | ~has, (has if rows is None else rows & has)
+
+
 def _attention_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         _attention(case, module).__class__ = cls
@@ -289,6 +326,20 @@ class _SinkLeftOut(Attention):
 
     def softmax(self, logits):
         return jax.nn.softmax(logits, axis=-1)
+
+
+class _AlibiSlopesReversed(Attention):
+    """Falcon's ALiBi with the heads' slopes in reverse order (head 0 takes the last head's slope)."""
+
+    def alibi_bias(self, mask, rows, s):
+        return super().alibi_bias(mask, rows, s)[:, ::-1]
+
+
+class _AlibiNegated(Attention):
+    """Falcon's ALiBi subtracted (the bias's sign flipped: later keys favoured less, not more)."""
+
+    def alibi_bias(self, mask, rows, s):
+        return -super().alibi_bias(mask, rows, s)
 
 
 def sink_left_out(case: Case, module, inp: Inputs):
@@ -363,6 +414,11 @@ MUTATIONS = {
     # GPT-OSS: the sinks left out of the softmax; the experts' SwiGLU clamp missing (a limit that clamps here)
     "sink_left_out": (Case("TransformerBlock", replace(MODERN, causal=True, attn_sinks=True), seq=6), None,
                       sink_left_out),
+    # Falcon-RW's ALiBi: the slopes in reverse head order; the bias subtracted
+    "alibi_slopes_reversed": (Case("TransformerBlock", replace(MODERN, causal=True, alibi=True), seq=6, key_mask=True),
+                              None, _attention_as(_AlibiSlopesReversed)),
+    "alibi_negated": (Case("TransformerBlock", replace(MODERN, causal=True, alibi=True), seq=6), None,
+                      _attention_as(_AlibiNegated)),
     "swiglu_clamp_missing": (Case("TransformerBlock", replace(MOE, experts_bias=True, swiglu_limit=0.3)), None,
                              clamp_missing),
     "memory_mask_on_self_attention": (  # memory as long as the target, so the swapped masks fit
@@ -383,6 +439,19 @@ MUTATIONS = {
                                          num_layers=2, seq=7),
                                     replace(MODERN, causal=True, rope_theta=100.0, sliding_window=3,
                                             sliding_window_pattern=2), None),
+    # SmolLM3's / Llama 4's NoPE layers rotated (nope_layers ignored); a block alone is layer 1 (index 0)
+    "rotary_on_the_nope_layers": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                   nope_layers=(0,)), seq=7),
+                                  replace(MODERN, causal=True, rope_theta=100.0), None),
+    # Llama 4's query temperature one slot early (HF's + 1 left out)
+    "query_temperature_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                      nope_layers=(0,), query_temperature_floor=2.0,
+                                                                      query_temperature_scale=0.5), seq=7),
+                                     None, temperature_from_slot_zero),
+    # Llama 4's L2 QK-norm in its NoPE layers too (HF builds it in the rotary layers alone)
+    "l2_qk_norm_on_the_nope_layers": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
+                                                                       nope_layers=(0,), qk_l2_norm=True), seq=7),
+                                      None, l2_norm_on_the_nope_layers),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),
@@ -413,6 +482,18 @@ MUTATIONS = {
                                                                                      "factor": 4.0}), None),
     "window_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, sliding_window=2), seq=6),
                           replace(MODERN, causal=True, sliding_window=3), None),  # i - W <= j where i - W < j
+    # ModernBERT: its bidirectional window bounded on one side only; HF's |i - j| <= local_attention // 2 read
+    # as < (the window one key short on each side); the global layer of each period taken last (Gemma's
+    # phase); layer 0's identity attn_norm applied as the other layers' LayerNorm
+    "bidirectional_window_one_sided": (Case("TransformerBlock", replace(MODERN, sliding_window=2), seq=6), None,
+                                       _attention_as(_WindowPastOnly)),
+    "bidirectional_window_off_by_one": (Case("TransformerBlock", replace(MODERN, sliding_window=3), seq=6),
+                                        replace(MODERN, sliding_window=2), None),
+    "global_layer_last_in_each_period": (
+        Case("TransformerBlock", replace(MODERN, rope_theta=100.0, sliding_window=2, sliding_window_pattern=2,
+                                         pattern_global_first=True), seq=6),
+        replace(MODERN, rope_theta=100.0, sliding_window=2, sliding_window_pattern=2), None),
+    "first_attn_norm_applied": (Case("TransformerBlock", replace(MODERN, first_attn_norm=False)), MODERN, None),
     # LLaMA's mlp_bias read from attention_bias (MLP without its biases); StableLM's LayerNorm biases
     # dropped with the linear maps' (bias=False read for every bias)
     "mlp_bias_dropped": (Case("TransformerBlock", replace(BASE, bias=False, mlp_bias=True)), None,

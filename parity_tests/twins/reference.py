@@ -17,12 +17,19 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              before the split into heads), then rotary (rotate-half), then
              scaled rotary (rope_scaling: linear, dynamic, yarn, longrope, llama3, as transformers'
              ROPE_INIT_FUNCTIONS, with yarn's and longrope's factor on cos and sin);
-             a local layer (sliding_window; every layer, or l % pattern != 0) masks key j <= i - W
-             and takes rope_local_theta (plain rotary);
+             a local layer (sliding_window; every layer, or l % pattern != 0, (l - 1) % pattern != 0
+             with pattern_global_first) masks key j where |i - j| >= W and takes rope_local_theta
+             (plain rotary); no rotary in layer l when l - 1 is in
+             nope_layers (SmolLM3) or, with rope_local_only (Cohere 2), when l is not local; there
+             (Llama 4) q times log1p(floor((i + 1) / floor)) * scale + 1 at position i with
+             query_temperature_floor; in the rotary layers with qk_l2_norm q and k over their RMS
+             per head after rotary (Llama 4);
              softmax(q k^T / sqrt(head_dim)) v (Gemma: / sqrt(query_pre_attn_scalar); Gemma 2's
              soft-cap c tanh(logit / c) before the mask), query head h reading kv head h // (H / K);
              a query row with every key masked gives zero weights and a zero output; with attn_sinks
-             (GPT-OSS) exp(sink_h) joins each row's denominator.
+             (GPT-OSS) exp(sink_h) joins each row's denominator; with alibi (Falcon-RW) q.k + b_hj before
+             the scale, b_hj = bf16(bf16(m_h) bf16(p_j)), m_h = 2^(-8(h+1)/n) for the largest power of two
+             n <= H, then every other slope of 2n; p_j key j's rank among the keys some query may attend.
   MLP        dense: W2 act(W1 x);  gated (swiglu / geglu): W2 (act(Wg x) * W1 x).
   Experts    p = softmax(x R^T + b_R) over all X experts (b_R and the experts' biases with
              experts_bias, GPT-OSS); the k largest (ties: the lowest index), divided by their sum
@@ -41,7 +48,8 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              norm_topk_prob) * routed_scaling_factor. A shared expert without gate with shared_expert_gate
              False.
   Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
-  Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x));
+  Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x)) (the first layer's attention: x + s F(x)
+             with first_attn_norm False, ModernBERT);
              peri: x + s Norm_out(F(Norm(x)));  out: x + s Norm(F(x)) (OLMo 2);  none: x + s F(x);
              residual "none" drops
              the skip term; alpha is DeepNorm's (2N)^(1/4) (Wang et al. 2022) for an
@@ -63,12 +71,15 @@ HANDLED = frozenset({
     "scaling", "deepnorm_alpha", "causal",
     "norm_type", "norm_weight_offset", "mlp", "num_kv_heads", "head_dim", "qk_norm", "qk_norm_over", "rope_theta",
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "sliding_window_pattern", "rope_local_theta", "rope_scaling", "rope_interleaved", "rope_local_only",
+    "sliding_window_pattern", "pattern_global_first", "first_attn_norm", "rope_local_theta", "rope_scaling",
+    "rope_interleaved", "rope_local_only", "nope_layers", "query_temperature_floor", "query_temperature_scale",
+    "qk_l2_norm",
     "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling", "residual_multiplier",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
     "latent_norm_eps", "routing", "n_group", "topk_group", "routed_scaling_factor", "shared_expert_gate",
+    "alibi",
 })
 NOT_FORWARD = {
     "dropout": "identity in eval mode; train-mode statistics are tested in test_dropout_placement.py",
@@ -203,15 +214,37 @@ def scaled_frequencies(s: Any, base: float, dim: int, seq_len: int) -> tuple[np.
     return inv, factor
 
 
+def bfloat16(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest bfloat16 value (ties to even), as float64: the float32 bits'
+    low 16 rounded away."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def alibi(num_heads: int, masked: np.ndarray | None, s: int) -> np.ndarray:
+    """Falcon's ALiBi biases (B|1, H, 1, S) over s keys (HF build_alibi_tensor): slopes of the
+    largest power of two n <= H, 2^(-8/n) to the powers 1..n, then 2^(-4/n) to the odd powers for
+    the heads left; times each key's rank among the keys some query may attend (masked (B|1, T,
+    S) True = may NOT attend); slopes, ranks and products rounded to bfloat16."""
+    n = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = [np.float32(2.0 ** (-8.0 / n)) ** np.float32(i) for i in range(1, n + 1)]
+    slopes += [np.float32(2.0 ** (-4.0 / n)) ** np.float32(i) for i in range(1, 2 * (num_heads - n), 2)][:n]
+    valid = np.ones((1, s), bool) if masked is None else ~masked.all(axis=1)
+    rank = (np.cumsum(valid, axis=-1) - 1) * valid
+    return bfloat16(bfloat16(np.array(slopes))[None, :, None, None] * bfloat16(rank)[:, None, None, :])
+
+
 def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray | None,
-                      scale: float | None = None, softcap: float | None = None, sinks: np.ndarray | None = None):
+                      scale: float | None = None, softcap: float | None = None, sinks: np.ndarray | None = None,
+                      bias: np.ndarray | None = None):
     """q (B, H, T, hd), k and v (B, H, S, hd), masked (B|1, T, S) True = may NOT attend.
     Logits q.k * scale (default 1 / sqrt(hd)); with softcap c (Gemma 2) c * tanh(logit / c),
     before the mask; sinks (H,) (GPT-OSS): exp(sink_h) added to each row's denominator.
 
     Returns (out (B, H, T, hd), weights (B, H, T, S), the largest scaled logit over the
     pairs that may attend ()); rows with no key give zeros."""
-    logits = np.einsum("bhtd,bhsd->bhts", q, k) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    qk = np.einsum("bhtd,bhsd->bhts", q, k) + (0.0 if bias is None else bias)  # ALiBi: before the scale
+    logits = qk * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if softcap is not None:
         logits = softcap * np.tanh(logits / softcap)
     if masked is not None:
@@ -312,7 +345,8 @@ def _local(cfg: Any, layer: int) -> bool:
     if _opt(cfg, "sliding_window", None) is None:
         return False
     n = _opt(cfg, "sliding_window_pattern", None)
-    return n is None or layer % n != 0
+    first = _opt(cfg, "pattern_global_first", False)  # ModernBERT: layer_id % n == 0 (from 0) is global
+    return n is None or (layer - 1 if first else layer) % n != 0
 
 
 def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarray | None,
@@ -351,19 +385,27 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     scaling = _opt(cfg, "rope_scaling", None)
     if local and _opt(cfg, "rope_local_theta", None) is not None:
         theta, scaling = cfg.rope_local_theta, None  # Gemma 3's local layers: plain rotary
-    if local:  # query i sees key j only if i - W < j (HF's sliding_window_overlay), besides the causal mask
-        window = np.arange(s)[None, :] <= np.arange(t)[:, None] - cfg.sliding_window
+    if local:  # query i sees key j only if |i - j| < W (under the causal mask: HF's sliding_window_overlay i - W < j)
+        window = np.abs(np.arange(s)[None, :] - np.arange(t)[:, None]) >= cfg.sliding_window
         masked = window[None] if masked is None else masked | window[None]
-    if theta is not None and positions and (local or not _opt(cfg, "rope_local_only", False)):  # Cohere 2
+    rotates = (local or not _opt(cfg, "rope_local_only", False)) and layer - 1 not in _opt(cfg, "nope_layers", ())
+    if theta is not None and positions and rotates:  # Cohere 2: local layers alone; SmolLM3: not its NoPE layers
         fraction = _opt(cfg, "partial_rotary_factor", 1.0)
         pairs = _opt(cfg, "rope_interleaved", False)
         q, k = rotary(q, theta, fraction, scaling, pairs), rotary(k, theta, fraction, scaling, pairs)
+        if _opt(cfg, "qk_l2_norm", False):  # Llama 4: over each head's RMS, no weight, after rotary
+            q, k = (a / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + cfg.layer_norm_eps) for a in (q, k))
+    elif positions and _opt(cfg, "query_temperature_floor", None) is not None:  # Llama 4's NoPE layers
+        slots = np.arange(t, dtype=np.float64)
+        q = q * (np.log1p(np.floor((slots + 1) / cfg.query_temperature_floor)) * cfg.query_temperature_scale + 1)[
+            :, None]
     k = np.repeat(k, h // k_heads, axis=1)  # query head j reads kv head j // (H / K)
     v = np.repeat(v, h // k_heads, axis=1)
     a = _opt(cfg, "query_pre_attn_scalar", None)  # Gemma: q.k / sqrt(a)
     sinks = p(prefix + "sinks", (h,)) if _opt(cfg, "attn_sinks", False) else None
+    bias = alibi(h, masked, s) if positions and _opt(cfg, "alibi", False) else None  # self-attention only
     o, w, logit_max = softmax_attention(q, k, v, masked, None if a is None else 1 / math.sqrt(a),
-                                        _opt(cfg, "attn_logit_softcapping", None), sinks)
+                                        _opt(cfg, "attn_logit_softcapping", None), sinks, bias)
     out = _linear(p, prefix + "out_proj.", o.transpose(0, 2, 1, 3).reshape(b, t, h * hd), e, cfg.bias)
     if masked is not None:  # a query with no key gets no output, bias included
         out = np.where(masked.all(-1)[..., None], 0.0, out)
@@ -531,13 +573,16 @@ def gated_hidden(cfg: Any, up: np.ndarray, gate: np.ndarray) -> np.ndarray:
 
 
 def residual(cfg: Any, p: Params, x: np.ndarray, f, norm: str, norm_out: str, gate: str,
-             alpha: float, layer: int = 1) -> np.ndarray:
+             alpha: float, layer: int = 1, bare: bool = False) -> np.ndarray:
     """One residual sublayer around f (x -> F(x)) in layer `layer` (from 1) of a stack; norm,
     norm_out, gate: parameter prefixes. LayerNorm Scaling (Sun et al. 2025): the pre-norm's
-    output times 1 / sqrt(layer)."""
+    output times 1 / sqrt(layer). bare: F reads x, not the pre-norm's output (which is still
+    computed, its weights read)."""
     s = _gate(cfg, p, gate, x.shape[-1])
     if cfg.norm in ("pre", "peri"):
         h = _norm(cfg, p, norm, x)
+        if bare:
+            h = x  # ModernBERT: layer 0's attn_norm is nn.Identity (its weights held, unused)
         if _opt(cfg, "layernorm_scaling", False):
             h = h / math.sqrt(layer)
         h = f(h)
@@ -610,7 +655,8 @@ def block(cfg: Any, p: Params, kind: str, prefix: str, x: np.ndarray, masked, al
         if _opt(cfg, "parallel_residual", "none") != "none":
             branches.append((f, prefix + norm, prefix + gate))
             continue
-        x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha, layer)
+        bare = fn == "attention" and layer == 1 and not _opt(cfg, "first_attn_norm", True)  # ModernBERT's layer 0
+        x = residual(cfg, p, x, f, prefix + norm, prefix + norm_out, prefix + gate, alpha, layer, bare)
     if branches:  # GPT-NeoX: x + Attn(LN1(x)) + MLP(LN2(x)); StableLM / GPT-J: LN1 for both
         shared = _opt(cfg, "parallel_residual", "none") == "shared_norm"
         y = x

@@ -241,6 +241,30 @@ def test_reference_softcap_and_query_scale_match_hf_gemma2():
     assert rel_err(uncapped.transpose(0, 2, 1, 3), want) > 1e-2  # (the cap bends these logits)
 
 
+def test_reference_and_core_alibi_are_hf_falcons_build_alibi_tensor():
+    """ALiBi's biases, bit for bit: the reference's (written from the formula) and the blocks'
+    slopes (flax_blocks.core.alibi) against HF Falcon's build_alibi_tensor, for head counts that
+    are and are not powers of two, over a left-padded and a mid-padded row of 600 keys (positions
+    past 256, where bfloat16 rounds the ranks themselves)."""
+    falcon = pytest.importorskip("transformers.models.falcon.modeling_falcon")
+    from flax_blocks.core.alibi import alibi_slopes, round_bfloat16
+
+    mask = torch.ones(2, 600, dtype=torch.long)
+    mask[0, :5] = 0  # left padding
+    mask[1, 100:140] = 0  # padding mid-row: the keys after it are ranked 40 lower
+    masked = ~mask.bool().numpy()[:, None, :]  # (B, 1, S): no query may attend a padded key
+    for h in (1, 3, 4, 6, 8, 12, 32, 71):
+        want = falcon.build_alibi_tensor(mask, h, torch.float64).reshape(2, h, 1, 600).numpy()
+        got = ref.alibi(h, masked, 600)
+        real = mask.bool().numpy()[:, None, None, :].repeat(h, 1)
+        assert np.array_equal(got[real], want[real]), h
+        ranks = round_bfloat16(np.arange(600, dtype=np.float32))
+        ours = round_bfloat16(alibi_slopes(h)[:, None] * ranks[None, :]).astype(np.float64)
+        assert np.array_equal(ours, falcon.build_alibi_tensor(torch.ones(1, 600, dtype=torch.long), h,
+                                                              torch.float64).reshape(h, 600).numpy()), h
+    assert not np.array_equal(ref.alibi(3, None, 600)[0, :, 0], ref.alibi(3, None, 600)[0, ::-1, 0])
+
+
 @pytest.mark.parametrize("layer,local", [(1, True), (2, False), (3, True)])
 def test_reference_sliding_window_is_hfs(layer, local):
     """sliding_window W = 3 with global layers every 2nd (Gemma 2): a local layer's weights are

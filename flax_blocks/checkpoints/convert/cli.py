@@ -199,7 +199,8 @@ def _torch_to_flax(args: argparse.Namespace) -> int:
                          "that Flax file back: python -m flax_blocks.checkpoints.convert FLAX.safetensors OUT.pt")
     if os.path.isdir(args.src):
         return _hf_to_flax(args)
-    sd, args.prefix, _ = dialects.prepare(args.src, args.dialect, args.prefix, args.num_heads)  # our names
+    sd, args.prefix, _ = dialects.prepare(args.src, args.dialect, args.prefix, args.num_heads,  # our names
+                                          getattr(args, "num_kv_heads", None))  # (Falcon's grouped rows)
     report = infer_config(sd, prefix=args.prefix)
     info = report.inferred
     problems = []

@@ -323,7 +323,7 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
                         f"got layout={kwargs['layout']!r}")
     dialect = check_hf_source(cfg, source, dialect)
     dialects.check_against_source(cfg, source, kwargs.get("final_norm"))
-    source, prefix, _ = dialects.prepare(hf_state_dict(source), dialect, prefix, cfg.num_heads)
+    source, prefix, _ = dialects.prepare(hf_state_dict(source), dialect, prefix, cfg.num_heads, cfg.kv_heads)
 
     if cls.__name__ in declarations.STACKS and kwargs.get("final_norm") is None:
         source, kwargs["final_norm"] = _checkpoint_has_final_norm(source, prefix)
