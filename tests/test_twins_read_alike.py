@@ -3,7 +3,7 @@ torch_blocks' attention.py and blocks.py (framework words normalised), the atten
 argument counts, and the expert count never named `x` (which names the residual stream).
 
 Measured (this normalisation): attention.py 0.134 at 0.3.0 (queries (B, T, K, G, hd) in Flax,
-(B, H, T, hd) in torch; 13 call arguments), 0.409 after issue 60; blocks.py 0.546, 0.548.
+(B, H, T, hd) in torch; 13 call arguments), 0.418 after issue 60; blocks.py 0.546, 0.543.
 Run as a script to print the shares."""
 
 from __future__ import annotations
