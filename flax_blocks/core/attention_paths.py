@@ -17,7 +17,8 @@ The rule of BlockConfig.attention = "auto" (`choose_path`), the same in both twi
 4. Else "dense": on a CPU below AUTO_MIN_KEYS keys both twins run the explicit softmax.
 The twins differ only where their kernels do (`lacks`): torch's SDPA takes explicit masks and
 dropout and serves cached and cross-attention, Flax's kernels serve an uncached
-self-attention with causal and key masks only. A forced cfg.attention is taken as it is
+self-attention with causal and key masks only. ALiBi's biases (Falcon) and a window without
+causal (ModernBERT) take the dense path in both. A forced cfg.attention is taken as it is
 (`config.check_attention_call` refuses a call it cannot serve; torch runs a forced path SDPA
 cannot compute densely).
 """

@@ -410,7 +410,8 @@ DETAILS = """\
   softmax. The twins differ only where their kernels do: Flax's "blocked" and "fused" serve an uncached
   self-attention with causal and key masks (no attention_mask, no dropout on the weights; "fused" no
   soft-capping, sinks or alternating windows either); torch serves both with SDPA, which takes masks, dropout,
-  caches and memories but no soft-capping, sliding windows or sinks. "dense": the explicit softmax (float64
+  caches and memories but no soft-capping, sliding windows or sinks; ALiBi's biases and a window without
+  causal take the dense path in both. "dense": the explicit softmax (float64
   exact; returns the attention weights); "blocked": Flax: queries and keys in blocks of `attention_block`,
   online softmax with a FlashAttention-2 backward (custom VJP; causal skips the blocks above the diagonal),
   O(T * hd + block^2) memory; torch: SDPA; "fused": Flax: jax.nn.dot_product_attention (cuDNN on a GPU; its
