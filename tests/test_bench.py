@@ -21,8 +21,11 @@ def test_quick_run_writes_json_and_table(tmp_path):
     # A fresh process, as a user runs it (XLA's own flags). One torch
     # thread: the suite runs beside another worker, where torch's two spinning threads made
     # its tiny steps up to 60x slower (cached generation 13-125 positions/s against 880).
+    # No time budget: the bench skips lower-priority sections past its budget, and a busy
+    # machine must make this test slower, never red (the sections are asserted below).
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench", "--quick", "--torch-threads", "1", "--out", str(tmp_path)],
+        [sys.executable, "-m", "experiments.bench", "--quick", "--torch-threads", "1", "--budget", "1e9",
+         "--out", str(tmp_path)],
         env=env, capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -41,7 +44,7 @@ def test_quick_run_writes_json_and_table(tmp_path):
     temp = {r["remat"]: r["xla_temp_bytes"] for r in result["rows"] if r["section"] == "remat" and "remat" in r}
     assert set(temp) == {"none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"}, temp
     assert temp["full"] < temp["none"], temp  # recomputing each layer keeps fewer residuals
-    assert result["meta"]["wall_s"] < 300
+    assert result["meta"]["wall_s"] > 0 and not result["skipped"], result["skipped"]
     assert bench.CPU_DOT_FLAG not in result["meta"]["xla_flags"]  # XLA's defaults since the flag study
     assert result["meta"]["torch_threads"] == 1
 

@@ -200,7 +200,7 @@ def test_a_mistral_sliding_window_is_read():
 
 def test_families_the_blocks_do_not_compute_are_refused_naming_the_reason():
     for model_type, reason in [("bloom", "ALiBi"), ("t5", "relative position bias"),
-                               ("falcon", "ALiBi or rotary")]:
+                               ("dbrx", "p-norm")]:
         with pytest.raises(fb.ConversionError, match=rf"model_type '{model_type}': .*{reason}"):
             hf_config({"model_type": model_type})
 
