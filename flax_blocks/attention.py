@@ -1,17 +1,21 @@
-"""Multi-head attention for Flax NNX, owning every option: masks, causal, grouped-query
-heads, QK-norm, rotary positions and the attention weights. The masks it takes.
+"""Multi-head attention for Flax NNX (twin of `torch_blocks.attention`), owning every option:
+masks, causal, grouped-query heads, QK-norm, rotary positions and the attention weights. The
+twins hold the same helpers under the same names in the same order, on the same layouts:
+queries (B, H, T, hd), keys and values (B, K, S, hd); query head h reads key/value head h // G.
+An attention call takes the input x (B, T, E) and one `AttentionCall` (mask, path, cache,
+positions, layer; `flax_blocks.core.context`).
 
-Mask convention (flax's): True means "may attend"; Flax's own mask helpers are taken as
-they come (nnx.make_attention_mask / make_causal_mask: (B, 1, T, S) of 0 / 1 floats),
+The paths (`AttentionCall.path`): "dense" (the explicit softmax: weights, every mask),
+"blocked" (an online softmax over key blocks, O(T * block) memory) and "fused" (one
+library kernel); BlockConfig.attention chooses, and `attention_path` resolves "auto" from
+static facts of the call (no global state) by the rule both twins share
+(`flax_blocks.core.attention_paths`). Flax's "blocked" and "fused" are `flash.py`'s.
+
+Masks follow flax's convention: True means "may attend"; Flax's own mask helpers are taken
+as they come (nnx.make_attention_mask / make_causal_mask: (B, 1, T, S) of 0 / 1 floats),
 and per-head masks (B, H, T, S). Rows in which every key is masked give a zero attention
 output (and zero attention weights) on both sides of the project, so a residual block
 passes such a position through its skip path unchanged.
-
-Three implementations of the same attention (`Attention`'s `path`): "dense" (explicit
-softmax, weights, every mask), "blocked" (online softmax over key blocks, O(T * block)
-memory) and "fused" (jax.nn.dot_product_attention), the latter two in `flash.py`.
-BlockConfig.attention chooses, and `attention_path` resolves "auto" once per call from
-static facts (no global state).
 """
 
 from __future__ import annotations
@@ -23,17 +27,32 @@ from flax import nnx
 
 from .core import declarations, rope
 from .core.alibi import alibi_slopes
-from .core.config import (
-    BlockConfig,
-    check_attention_call,
-    has_rotary,
-    is_local,
-    query_temperature,
-    warn_fully_masked,
-)
+from .core.attention_paths import AUTO_MIN_KEYS, PATHS, choose_path  # noqa: F401 (AUTO_MIN_KEYS: tests read it here)
+from .core.config import BlockConfig, check_attention_call, has_rotary, is_local, query_temperature, warn_fully_masked
+from .core.context import AttentionCall
 from .core.rope import RopeScaling
 from .flash import blocked_attention, fused_attention
 from .layers import Norm, compute_dtype, create_params, dropout, initial_values
+
+
+def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: bool, dropout_active: bool,
+                   platform: str | None = None) -> str:
+    """The path of an attention call over `seq` keys by the rule both twins share
+    (`flax_blocks.core.attention_paths.choose_path`, whose docstring states it): "dense" when
+    the call needs the weights or `seq` is not a concrete int (a symbolic dimension of
+    jax.export is never compared in Python); else "fused" on a GPU and "blocked" from
+    AUTO_MIN_KEYS keys on, each where the twin's kernel computes the call; else "dense".
+    A forced "blocked" or "fused" that the call cannot honour raises the same ValueError in
+    both twins (`check_attention_call`), so a call fails alike on both sides.
+    Flax's kernels serve an uncached self-attention with causal and key masks (no explicit
+    mask, no dropout on the weights). platform: default `jax.default_backend()`, read when
+    this runs (at trace time): a program traced for another platform than the process's
+    default (jax.export(platforms=...)) gets the default's choice (lax.platform_dependent
+    would trace every branch: not worth it for a choice that only changes speed and memory)."""
+    check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask, dropout_active=dropout_active)
+    gpu = (jax.default_backend() if platform is None else platform) == "gpu"
+    return choose_path(cfg, "flax", seq, need_weights=need_weights, explicit_mask=explicit_mask,
+                       dropout_active=dropout_active, gpu=gpu)
 
 
 def _concrete(a) -> np.ndarray | None:
@@ -116,41 +135,6 @@ def build_mask(
 
 
 # "auto" takes the blocked path on a CPU (or other non-GPU platform) from this many keys on.
-AUTO_MIN_KEYS = 1024
-PATHS = ("dense", "blocked", "fused")
-
-
-def attention_path(cfg: BlockConfig, seq, *, need_weights: bool, explicit_mask: bool, dropout_active: bool,
-                   platform: str | None = None) -> str:
-    """The path of an (uncached) self-attention over `seq` keys: "dense", "blocked" or "fused".
-
-    A forced cfg.attention is returned as is, after `check_attention_call` (a ValueError
-    when the call needs weights, an explicit attention mask or dropout on the weights).
-    "auto": "dense" when the call needs any of those or `seq` is not a concrete int (a
-    symbolic dimension of jax.export is never compared in Python); else "fused" on a GPU
-    and "blocked" from AUTO_MIN_KEYS keys on, "dense" below. platform: default
-    `jax.default_backend()`, read when this runs (at trace time): a program traced for
-    another platform than the process's default (jax.export(platforms=...)) gets the
-    default's choice. (lax.platform_dependent would pick at lowering time, but the dense
-    branch takes other masks, the dropout key and returns weights, and every branch would
-    be traced: not worth it for this choice, which only changes speed and memory.)"""
-    check_attention_call(cfg, need_weights=need_weights, explicit_mask=explicit_mask, dropout_active=dropout_active)
-    if cfg.latent:  # multi-head latent attention (flax_blocks/mla.py) computes the dense softmax
-        return "dense"
-    if cfg.attention != "auto":
-        return cfg.attention
-    if (need_weights or explicit_mask or dropout_active or not isinstance(seq, int) or cfg.alibi
-            or _bidirectional_window(cfg)):
-        return "dense"  # (ALiBi's biases: the dense path alone adds them)
-    gpu = (jax.default_backend() if platform is None else platform) == "gpu"
-    if gpu and cfg.attn_logit_softcapping is None and cfg.sliding_window_pattern is None and not cfg.attn_sinks:
-        return "fused"  # (see BlockConfig; jax.nn.dot_product_attention has no sinks)
-    return "blocked" if seq >= AUTO_MIN_KEYS else "dense"
-
-
-def _bidirectional_window(cfg: BlockConfig) -> bool:
-    """A window without causal (|i - j| < W, ModernBERT): the dense path alone computes it."""
-    return cfg.sliding_window is not None and not cfg.causal
 
 
 def self_attention_masks(cfg: BlockConfig, path: str, batch: int, seq: int, attention_mask, key_mask) -> dict:
@@ -171,12 +155,13 @@ def self_attention_masks(cfg: BlockConfig, path: str, batch: int, seq: int, atte
 
 def cache_mask(index: jax.Array | int, seq: int, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The causal mask of a chunk of `seq` queries at positions index .. index+seq-1 over a
-    cache of L keys, `valid` (B, L) marking the keys written and not padding.
-    Returns (mask (B, 1, seq, L), rows (B, 1, seq, 1)) as `build_mask`."""
+    cache of L keys, `valid` (B, L) marking the keys written and not padding: its mask
+    (B, 1, seq, L) and rows (B, 1, seq, 1) as `build_mask` returns them."""
     positions = index + jnp.arange(seq)
-    mask = (jnp.arange(valid.shape[1])[None, :] <= positions[:, None])[None, None] & valid[:, None, None, :]
-    rows = jnp.any(mask, axis=-1, keepdims=True)
-    return mask | ~rows, rows
+    keys = jnp.arange(valid.shape[1])
+    allowed = (keys[None, :] <= positions[:, None])[None, None] & valid[:, None, None, :]  # (B, 1, seq, L)
+    rows = allowed.any(axis=-1, keepdims=True)
+    return allowed | ~rows, rows
 
 
 def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attention_mask, key_mask) -> None:
@@ -208,7 +193,7 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: in
            scaling: RopeScaling | None = None, interleaved: bool = False) -> jax.Array:
     """Rotary position embedding, rotate-half convention (HF LLaMA / GPT-NeoX).
 
-    x (B, T, ..., hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
+    x (B, T, heads, hd), positions (T,) or per batch row (B, T): dims i and i + hd/2 rotate
     together by the angle position * theta^(-2i/hd). Angles in float32 at least (float64
     under float64).
     dim: rotate only the first `dim` dims, hd read as dim above, and pass the rest through
@@ -225,25 +210,22 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float | jax.Array, dim: in
         return jnp.concatenate([rotated, x[..., width:]], axis=-1)
     if interleaved:
         order, inverse = rope.interleave_order(width)
-        return rotary(x[..., order], positions, theta, dim, scaling)[..., inverse]
+        rotated = rotary(x[..., order], positions, theta, dim, scaling)
+        return rotated[..., inverse]
     dt = jnp.promote_types(x.dtype, jnp.float32)
+    base: float | jax.Array = theta
     if scaling is not None and scaling.rope_type == "dynamic":  # the base grows past max_position_embeddings
-        length = jnp.maximum(jnp.max(positions) + 1, scaling.max_length).astype(dt)
-        theta = rope.dynamic_theta(scaling, theta, dim, length)
-    inv_freq = 1.0 / theta ** (jnp.arange(0, dim, 2, dtype=dt) / dim)  # (width/2,)
+        length = jnp.maximum(positions.max() + 1, scaling.max_length).astype(dt)
+        base = rope.dynamic_theta(scaling, theta, dim, length)
+    inv_freq = 1.0 / base ** (jnp.arange(0, dim, 2, dtype=dt) / dim)  # (width/2,)
     if scaling is not None and scaling.rope_type != "dynamic":
-        m, m_long = rope.multipliers(scaling, float(theta), dim)
-        if m_long is not None:  # longrope: the long factors once the sequence passes the original length
-            long = jnp.max(positions) + 1 > scaling.original
-            inv_freq = inv_freq * jnp.where(long, jnp.asarray(m_long, dt), jnp.asarray(m, dt))
-        else:
-            inv_freq = inv_freq * jnp.asarray(m, dt)
+        short, long = rope.multipliers(scaling, float(theta), dim)
+        m = jnp.asarray(short, dt)
+        if long is not None:  # longrope: the long factors once the sequence passes the original length
+            m = jnp.where(positions.max() + 1 > scaling.original, jnp.asarray(long, dt), m)
+        inv_freq = inv_freq * m
     angles = positions.astype(dt)[..., None] * inv_freq  # (T, width/2) or (B, T, width/2)
-    angles = jnp.concatenate([angles, angles], axis=-1)
-    if angles.ndim == 3:  # per-row positions: (B, T, 1.., width)
-        angles = angles.reshape(*angles.shape[:2], *([1] * (x.ndim - 3)), width)
-    else:
-        angles = angles.reshape(angles.shape[0], *([1] * (x.ndim - 3)), width)  # (T, 1.., width)
+    angles = jnp.concatenate([angles, angles], axis=-1)[..., None, :]  # (T, 1, width) or (B, T, 1, width)
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     if scaling is not None and (factor := rope.attention_factor(scaling)) != 1.0:  # yarn, longrope
         cos, sin = cos * factor, sin * factor
@@ -266,19 +248,18 @@ def _head_product(q: jax.Array, k: jax.Array, dtype) -> jax.Array:
 
 
 def _cache_write(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, index: jax.Array | int) -> tuple:
-    """A cached self-attention's keys and values, head-major (B, K, L, hd), with the chunk's
-    k, v (B, T, K, hd) at positions index .. index+T-1: (keys, values, step, cache). A decoding
-    step (T = 1) leaves the cache as it is and hands its new key and value over as `step`, to
-    be written after the products have read the cache (`_write_after_reading`); a longer chunk
-    is written at once (step None)."""
+    """A cached self-attention's keys and values (B, K, L, hd) with the chunk's k, v (B, K, T, hd)
+    at positions index .. index+T-1: (keys, values, step, cache). A decoding step (T = 1) leaves
+    the cache as it is and hands its new key and value over as `step`, to be written after the
+    products have read the cache (`_write_after_reading`); a longer chunk is written at once
+    (step None)."""
     start = (0 * index, 0 * index, index, 0 * index)  # one integer dtype (int64 under x64 too)
-    k_new = k.transpose(0, 2, 1, 3).astype(cache["k"].dtype)
-    v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
-    if k.shape[1] == 1:  # a decoding step: see `_write_after_reading`
+    k_new, v_new = k.astype(cache["k"].dtype), v.astype(cache["v"].dtype)
+    if k.shape[2] == 1:  # a decoding step: see `_write_after_reading`
         return cache["k"], cache["v"], (k_new, v_new, start), cache
-    kh = jax.lax.dynamic_update_slice(cache["k"], k_new, start)
-    vh = jax.lax.dynamic_update_slice(cache["v"], v_new, start)
-    return kh, vh, None, {"k": kh, "v": vh}
+    k_all = jax.lax.dynamic_update_slice(cache["k"], k_new, start)
+    v_all = jax.lax.dynamic_update_slice(cache["v"], v_new, start)
+    return k_all, v_all, None, {"k": k_all, "v": v_all}
 
 
 def _write_after_reading(k_cache, v_cache, step, scores, out) -> dict[str, jax.Array]:
@@ -298,15 +279,15 @@ def _write_after_reading(k_cache, v_cache, step, scores, out) -> dict[str, jax.A
 
 
 class Attention(nnx.Module):
-    """Self-attention with one packed q/k/v projection (see `declarations.attention`).
+    """Self-attention with one packed q/k/v projection (see `declarations.attention`): K key/value
+    heads, G = H / K query heads per key/value head, q_norm / k_norm (Norm over hd), sinks (H,).
 
-    Parameters: in_kernel (E, K, G+2, hd), in_bias (K, G+2, hd), out_kernel (H, hd, E),
-    out_bias (E,), q_norm / k_norm (Norm over hd), sinks (H,); K key/value heads, G = H / K query heads
-    per key/value head. The torch twin is `torch_blocks.attention.Attention`, whose
-    in_proj_weight ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
+    Parameters: in_kernel (E, K, G+2, hd) (per key/value head, slots [G query heads; k; v]),
+    in_bias (K, G+2, hd), out_kernel (H, hd, E), out_bias (E,). The torch twin's in_proj_weight
+    ((H+2K)*hd, E) is torch's nn.MultiheadAttention's when K = H.
     """
 
-    # Set from the declarations (declarations.attention) by create_params and __init__;
+    # Registered from the declarations (declarations.attention) by create_params and __init__;
     # annotated here so that type checkers and IDEs see them. None: an option that is off.
     in_kernel: nnx.Param[jax.Array]
     in_bias: nnx.Param[jax.Array] | None
@@ -332,19 +313,35 @@ class Attention(nnx.Module):
         self.dtype = compute_dtype(cfg)
 
     def qk_normed(self, norm: Norm, a: jax.Array) -> jax.Array:
-        """QK-norm of a (B, T, heads..., hd): over each head, or (qk_norm_over="projection",
-        OLMo 2) over all of a token's heads at once, in torch's order of the projection rows."""
+        """QK-norm of a (B, T, heads, hd): over each head, or (qk_norm_over="projection", OLMo 2)
+        over all of a token's heads at once, the projection's rows in order."""
         if self.cfg.qk_norm_over == "projection":
             return norm(a.reshape(*a.shape[:2], -1)).reshape(a.shape)
         return norm(a)
 
+    def l2_normed(self, a: jax.Array) -> jax.Array:
+        """Llama 4's L2 norm (qk_l2_norm) of a (B, T, heads, hd) over each head: a * rsqrt(mean(a^2) +
+        eps), no weight, in float32 at least."""
+        x = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+        return (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.layer_norm_eps)).astype(a.dtype)
+
+    def tempered(self, q: jax.Array, index: jax.Array | int, rope) -> jax.Array:
+        """Llama 4's query temperature (`query_temperature`) on q (B, H, T, hd) of a layer without
+        rotary (`rope` False, or a traced one), at the slots index .. index + T - 1; q elsewhere."""
+        if self.cfg.query_temperature_floor is None or rope is True:
+            return q
+        dt = jnp.promote_types(q.dtype, jnp.float32)
+        slots = (index + jnp.arange(q.shape[2])).astype(dt)
+        tempered = (q * query_temperature(self.cfg, slots, jnp)[:, None]).astype(q.dtype)
+        return tempered if rope is False else jnp.where(rope, q, tempered)
+
     def position_qk(self, q: jax.Array, k: jax.Array, positions: jax.Array,
                     local=False, rope=True) -> tuple[jax.Array, jax.Array]:
-        """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, K, G, hd),
-        k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, or a traced
-        one), whose rotary base is rope_local_theta when given (Gemma 3); rope: whether this layer
-        rotates (`has_rotary`: a bool, or a traced one; False in SmolLM3's NoPE layers, Cohere 2's
-        global layers)."""
+        """QK-norm, then rotary positions (OLMo 2 / Gemma 3 order). q (B, T, H, hd),
+        k (B, T, K, hd), positions (T,) or (B, T); local: a sliding-window layer's (a bool, traced
+        in a Flax layer scan), whose rotary base is rope_local_theta when given (Gemma 3); rope:
+        whether this layer rotates (`has_rotary`: a bool, traced in a Flax layer scan; False in
+        SmolLM3's NoPE layers, Cohere 2's global layers)."""
         if self.q_norm is not None:
             assert self.k_norm is not None  # declared together (cfg.qk_norm)
             q, k = self.qk_normed(self.q_norm, q), self.qk_normed(self.k_norm, k)
@@ -356,22 +353,6 @@ class Attention(nnx.Module):
         if rope is not True:  # a scanned layer: the layers without rotary keep q and k
             return jnp.where(rope, rq, q), jnp.where(rope, rk, k)
         return rq, rk
-
-    def l2_normed(self, a: jax.Array) -> jax.Array:
-        """Llama 4's L2 norm (qk_l2_norm) of a (B, T, heads..., hd) over each head: a * rsqrt(mean(a^2) + eps), no
-        weight, in float32 at least."""
-        x = a.astype(jnp.promote_types(a.dtype, jnp.float32))
-        return (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.layer_norm_eps)).astype(a.dtype)
-
-    def tempered(self, q: jax.Array, index: jax.Array | int, rope) -> jax.Array:
-        """Llama 4's query temperature (`query_temperature`) on q (B, T, K, G, hd) of a layer without rotary
-        (`rope` False, or a traced one), at the slots index .. index + T - 1; q itself elsewhere."""
-        if self.cfg.query_temperature_floor is None or rope is True:
-            return q
-        dt = jnp.promote_types(q.dtype, jnp.float32)
-        t = query_temperature(self.cfg, (index + jnp.arange(q.shape[1])).astype(dt), jnp)  # (T,)
-        tempered = (q * t[:, None, None, None]).astype(q.dtype)
-        return tempered if rope is False else jnp.where(rope, q, tempered)
 
     def rotated(self, q: jax.Array, k: jax.Array, positions: jax.Array, local) -> tuple[jax.Array, jax.Array]:
         """q and k rotated at positions, at rope_local_theta in a local layer when given."""
@@ -389,13 +370,11 @@ class Attention(nnx.Module):
         return rotary(q, positions, theta, dim, scaling, pairs), rotary(k, positions, theta, dim, scaling, pairs)
 
     def windowed(self, mask: jax.Array | None, rows: jax.Array | None, index, t: int, s: int,
-                 local) -> tuple[jax.Array | None, jax.Array | None]:
-        """The dense path's (mask, rows) of a local layer (`local`: a bool or a traced one):
-        query i (at position index + i) sees key j (position j) only if |i - j| < W (under the
-        causal mask: i - W < j); a query whose keys all lie outside its window has none (rows
-        False, its mask opened up). mask None: no other mask (a bidirectional window)."""
-        if local is False:
-            return mask, rows
+                 local) -> tuple[jax.Array, jax.Array]:
+        """A local layer's mask and rows (`local`: a bool, traced in a Flax layer scan): query i (at
+        position index + i) sees key j (position j) only when |i - j| < W (under the causal mask:
+        i - W < j); a query whose keys all lie outside its window has none (rows False, its mask
+        opened up). mask None: no other mask (a bidirectional window, ModernBERT)."""
         window = self.cfg.sliding_window
         assert window is not None  # only a local layer is windowed
         qpos, kpos = index + jnp.arange(t), jnp.arange(s)
@@ -420,7 +399,7 @@ class Attention(nnx.Module):
     def logits(self, qk: jax.Array, mask: jax.Array | None) -> jax.Array:
         """The dense path's logits from q.k (B, H, T, S): scaled by 1 / sqrt(head_dim) (or
         query_pre_attn_scalar ** -0.5, Gemma), in float32 at least, soft-capped c tanh(s / c)
-        (attn_logit_softcapping, Gemma 2) and then masked (-inf where mask is False)."""
+        (attn_logit_softcapping, Gemma 2), then a float mask added and the masked pairs -inf."""
         a = self.cfg.query_pre_attn_scalar
         logits = qk / jnp.sqrt(jnp.asarray(self.cfg.head_width, qk.dtype)) if a is None else qk * float(a) ** -0.5
         logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # never softmax in bf16
@@ -431,12 +410,180 @@ class Attention(nnx.Module):
 
     def softmax(self, logits: jax.Array) -> jax.Array:
         """The dense path's softmax over the keys of logits (B, H, T, S); with attn_sinks (GPT-OSS) each
-        head's sink logit joins as one more column, dropped after the softmax (a row's weights then
-        sum to less than 1)."""
+        head's sink logit joins as one more column, dropped after the softmax."""
         if self.sinks is None:
             return jax.nn.softmax(logits, axis=-1)
         sink = jnp.broadcast_to(self.sinks[...].astype(logits.dtype)[:, None, None], (*logits.shape[:-1], 1))
         return jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+
+    def _project(self, x: jax.Array, part: str) -> list[jax.Array]:
+        """x (B, T, E) through the in-projection's `part` ("qkv", "q" or "kv"): its tensors
+        (B, T, heads, hd) (q: H heads; k, v: K), from one 2-D matmul over all B*T tokens
+        (XLA:CPU runs it faster than an einsum over (B, T, H, hd))."""
+        x, w, bias, _, _ = self._weights(x)  # in_kernel (E, K, G+2, hd): slots G query heads, k, v
+        g = w.shape[2] - 2
+        first = {"qkv": 0, "q": 0, "kv": g}[part]
+        last = {"qkv": g + 2, "q": g, "kv": g + 2}[part]
+        w, bias = w[:, :, first:last], None if bias is None else bias[:, first:last]
+        b, t, e = x.shape
+        y = jnp.dot(x.reshape(b * t, e), w.reshape(e, -1))
+        if bias is not None:
+            y = y + bias.reshape(-1)
+        y = y.reshape(b, t, *w.shape[1:])  # (B, T, K, slots, hd)
+        q = [y[:, :, :, :g].reshape(b, t, -1, y.shape[-1])] if part != "kv" else []
+        return q if part == "q" else [*q, y[:, :, :, -2], y[:, :, :, -1]]
+
+    def memory_kv(self, memory: jax.Array) -> dict[str, jax.Array]:
+        """Cross-attention keys and values of `memory` (B, S, E), computed once for cached
+        decoding: {"k": (B, K, S, hd), "v": (B, K, S, hd)} (k after k_norm, no rotary), head-major
+        as a decoding cache."""
+        k, v = self._project(memory, "kv")
+        k = k if self.k_norm is None else self.qk_normed(self.k_norm, k)
+        return {"k": k.swapaxes(1, 2), "v": v.swapaxes(1, 2)}
+
+    def __call__(self, x: jax.Array, call: AttentionCall | None = None, key: jax.Array | None = None,
+                 deterministic: bool | None = None,
+                 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
+        """Self-attention of x (B, T, E), or (call.cross) cross-attention to call.memory (B, S, E).
+
+        call (`AttentionCall`): mask, the prepared mask from `build_mask` / `cache_mask` (a head
+        with no key gives no output; a query with none in any head none at all). cache: for
+        self-attention {"k", "v"} (B, K, L, hd), head-major: x is the chunk at positions
+        index .. index+T-1 (rotary continues from index); its keys and values are written there
+        and the queries attend to all L cached positions (the mask hides the rest). For
+        cross-attention, the memory's keys and values from `memory_kv`. positions: the rotary
+        positions of x's tokens, (B, T) per batch row (HF's position_ids); None: index ..
+        index+T-1 for every row. layer: this block's index in its stack (from 1; traced in a
+        Flax layer scan): whether a self-attention is local (sliding_window,
+        sliding_window_pattern) and which rotary base it takes. path: "dense" (the explicit
+        softmax: every mask, weights, dropout) or a faster kernel (`attention_path`):
+        "blocked" (`blocked_attention`, blocks of cfg.attention_block) or "fused" (`fused_attention`)
+        for an uncached self-attention, which take the causal flag and key_valid (B, S) (True =
+        real key) instead of the mask, return no weights and apply no dropout; None: "dense". A
+        decoding step reads each head's keys in place (no copy of the cache). key: dropout key
+        (None: the module's own RNG stream); deterministic: dropout off (True), on (False) or as
+        the module's mode (None).
+
+        Returns (out (B, T, E), attention weights (B, H, T, S), the largest pre-softmax logit over
+        unmasked pairs (), the updated cache or None); weights and logit None on the blocked and
+        fused paths."""
+        call = call or AttentionCall()  # (None: an uncached self-attention, no mask)
+        mask, rows = (None, None) if call.mask is None else call.mask
+        b, t, _ = x.shape
+        local = False if call.cross else is_local(self.cfg, call.layer)  # a sliding-window layer (traced in a scan)
+        cache, step = call.cache, None  # step: a decoding step's new key and value (B, K, 1, hd) and their slot
+        if call.cross:  # queries from x, keys and values from the memory (or its cache)
+            q, k, v = self._cross_qkv(x, call.memory, cache)
+        else:  # (B, T) per-row rotary positions (HF's position_ids), else index onwards
+            positions = call.index + jnp.arange(t) if call.positions is None else call.positions
+            rope = has_rotary(self.cfg, call.layer, local)  # a layer with rotary (traced in a scan)
+            q, k, v = self._self_qkv(x, positions, local, rope)
+            q = self.tempered(q, call.index, rope)
+            if cache is not None:
+                k, v, step, cache = _cache_write(cache, k, v, call.index)
+        path = call.path or "dense"  # (the weights this call returns need the dense path: rule 1)
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        if path != "dense" and (call.cross or call.cache is not None):
+            raise ValueError(f"the {path} attention path serves uncached self-attention only; cached decoding "
+                             "and cross-attention take the dense path")
+        if path != "dense":  # an uncached self-attention
+            out, has_key = self._efficient(path, q, k, v, call.key_valid, local)
+            return jnp.where(has_key[..., None], self._out(out), 0.0), None, None, cache
+        if local is not False:  # a sliding-window layer
+            mask, rows = self.windowed(mask, rows, call.index, t, k.shape[2], local)
+        alibi = self.alibi_bias(mask, rows, k.shape[2]) if self.cfg.alibi and not call.cross else None
+        out, weights, logit_max, written = self._dense(q, k, v, step, mask, rows, call.index, key, deterministic,
+                                                       alibi)
+        cache = written if written is not None else cache  # a decoding step writes after its products
+        out = self._out(out)
+        if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
+            out = jnp.where(rows.any(axis=1), out, 0.0)
+        return out, weights, logit_max, cache
+
+    def _self_qkv(self, x: jax.Array, positions: jax.Array, local,
+                  rope=True) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Self-attention's q (B, H, T, hd) and k, v (B, K, T, hd) of x (B, T, E), QK-norm and
+        rotary (at positions, (T,) or (B, T), where `rope`) applied."""
+        q, k, v = self._project(x, "qkv")
+        q, k = self.position_qk(q, k, positions, local, rope)
+        return q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
+
+    def _cross_qkv(self, x: jax.Array, memory: jax.Array | None,
+                   cache: dict[str, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Cross-attention's q (B, H, T, hd) of x (B, T, E) and the memory's keys and values
+        (B, K, S, hd), computed from memory (B, S, E) or read from its cache (`memory_kv`)."""
+        (q,) = self._project(x, "q")
+        if self.q_norm is not None:
+            q = self.qk_normed(self.q_norm, q)
+        mem = self.memory_kv(memory) if memory is not None else cache
+        assert mem is not None  # the blocks pass a memory or a cache made with one
+        return q.swapaxes(1, 2), mem["k"], mem["v"]
+
+    def _efficient(self, path: str, q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array | None,
+                   local) -> tuple[jax.Array, jax.Array]:
+        """The blocked or fused path over q (B, H, T, hd) and k, v (B, K, S, hd): (out (B, H, T, hd),
+        has_key (B, T)); `flash.py` takes q (B, T, K, G, hd) and k, v (B, S, K, hd)."""
+        cfg = self.cfg
+        b, h, t, d = q.shape
+        q, k, v = q.swapaxes(1, 2).reshape(b, t, k.shape[1], -1, d), k.swapaxes(1, 2), v.swapaxes(1, 2)
+        if path == "fused":  # the accelerator path: cuDNN's fused kernel where it can
+            out, has_key = fused_attention(q, k, v, causal=cfg.causal, key_valid=key_valid, scale=cfg.attention_scale,
+                                           window=cfg.sliding_window if local is True else None)
+        else:  # memory-efficient: no (T, S) logits
+            out, has_key = blocked_attention(
+                q, k, v, causal=cfg.causal, key_valid=key_valid, block=cfg.attention_block, scale=cfg.attention_scale,
+                softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local,
+                sinks=None if self.sinks is None else self.sinks[...].astype(q.dtype))
+        return out.reshape(b, t, h, d).swapaxes(1, 2), has_key
+
+    def _dense(self, q: jax.Array, k: jax.Array, v: jax.Array, step: tuple | None, mask: jax.Array | None,
+               rows: jax.Array | None, index: jax.Array | int, key: jax.Array | None, deterministic: bool | None,
+               alibi: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
+        """The explicit softmax over q (B, H, T, hd) and k, v (B, K, S, hd) (a decoding step's new key
+        and value in `step`; ALiBi's biases (B|1, H, 1, S) added to q.k before the scale): (out
+        (B, H, T, hd), weights (B, H, T, S), the largest unmasked logit (), the cache a decoding step
+        wrote, else None).
+
+        Batched matmuls over (B, K), a key/value head's G query heads as G*T rows (query head h =
+        kv * G + g): no copy of k and v per query head."""
+        b, h, t, d = q.shape
+        kv, s = k.shape[1], k.shape[2]
+        q = q.reshape(b, kv, -1, d)  # (B, K, G*T, hd)
+        # XLA:CPU runs these faster than the equivalent einsums, forward and backward; the keys are
+        # contracted over hd in their (B, K, S, hd) layout, so a decoding step reads the cache as it
+        # lies (a (B, K, hd, S) operand made XLA copy the whole cache, every layer, every step: 40 %
+        # of a d512 batch-8 step).
+        dt = jnp.promote_types(q.dtype, k.dtype)
+        scores = _head_product(q, k, dt)  # (B, K, G*T, S)
+        if step is not None:  # the new token's key, in its slot
+            column = jnp.arange(s) == index
+            scores = jnp.where(column, _head_product(q, step[0], dt), scores)
+        heads = scores.reshape(b, h, t, s)
+        if alibi is not None:  # ALiBi's biases, added before the scale (Falcon)
+            heads = heads + alibi.astype(heads.dtype)
+        logits = self.logits(heads, mask)
+        logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
+        weights = self.softmax(logits)
+        if rows is not None:
+            weights = jnp.where(rows, weights, 0.0)
+        weights = weights.astype(v.dtype)
+        dropped = self.dropout(weights, deterministic=deterministic, rngs=key).reshape(b, kv, -1, s)
+        cache = None
+        if step is None:
+            out = dropped @ v
+        else:  # the new token's value, in its slot
+            new_weight = jnp.sum(jnp.where(column, dropped, 0), -1, keepdims=True)  # (B, K, G, 1)
+            out = jnp.where(column, 0, dropped) @ v + new_weight * step[1]
+            cache = _write_after_reading(k, v, step, scores, out)
+        return out.reshape(b, h, t, -1), weights, logit_max, cache
+
+    def _out(self, out: jax.Array) -> jax.Array:
+        """The heads' outputs (B, H, T, hd) through the output projection -> (B, T, E)."""
+        out, _, _, w, bias = self._weights(out)  # out_kernel (H, hd, E)
+        b, h, t, d = out.shape
+        out = jnp.dot(out.swapaxes(1, 2).reshape(b * t, h * d), w.reshape(h * d, -1)).reshape(b, t, -1)
+        return out if bias is None else out + bias
 
     def _weights(self, x: jax.Array):
         """x and the parameters promoted to the computation dtype."""
@@ -445,172 +592,3 @@ class Attention(nnx.Module):
              self.out_kernel[...], None if self.out_bias is None else self.out_bias[...]),
             dtype=self.dtype,
         )
-
-    @staticmethod
-    def _project(x: jax.Array, w: jax.Array, b: jax.Array | None) -> jax.Array:
-        """x (B, T, E) through kernel slots w (E, K, n, hd) -> (B, T, K, n, hd), as one 2-D matmul
-        over all B*T tokens (XLA:CPU runs it faster than an einsum over (B, T, H, hd))."""
-        bsz, t, e = x.shape
-        y = jnp.dot(x.reshape(bsz * t, e), w.reshape(e, -1))
-        if b is not None:
-            y = y + b.reshape(-1)
-        return y.reshape(bsz, t, *w.shape[1:])
-
-    def memory_kv(self, memory: jax.Array) -> dict[str, jax.Array]:
-        """Cross-attention keys and values of `memory` (B, S, E), computed once for cached
-        decoding: {"k": (B, K, S, hd), "v": (B, K, S, hd)} (k after k_norm, no rotary), head-major
-        as a decoding cache."""
-        memory, w_in, b_in, _, _ = self._weights(memory)
-        g = w_in.shape[2] - 2
-        kv = self._project(memory, w_in[:, :, g:], None if b_in is None else b_in[:, g:])
-        k, v = kv[:, :, :, 0], kv[:, :, :, 1]
-        k = k if self.k_norm is None else self.qk_normed(self.k_norm, k)
-        return {"k": k.transpose(0, 2, 1, 3), "v": v.transpose(0, 2, 1, 3)}
-
-    def __call__(
-        self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None,
-        key: jax.Array | None = None, deterministic: bool | None = None, *,
-        cross: bool = False, memory: jax.Array | None = None, cache: dict[str, jax.Array] | None = None,
-        index: jax.Array | int = 0, path: str = "dense", key_valid: jax.Array | None = None,
-        positions: jax.Array | None = None, layer: jax.Array | int = 1,
-    ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
-        """Self-attention of x (B, T, E), or (cross=True) cross-attention to `memory` (B, S, E).
-
-        mask (B|1, H|1, T, S) and rows (B|1, H|1, T, 1) from `build_mask` / `cache_mask` (a
-        head with no key gives no output; a query with none in any head none at all); key:
-        dropout key (None: the module's own RNG stream); deterministic: dropout off (True),
-        on (False) or as the module's mode (None).
-        cache: for self-attention {"k", "v"} of shape (B, K, L, hd), head-major (a decoding
-        step reads each head's keys in place, no copy of the cache): x is the chunk at
-        positions index .. index+T-1 (rotary continues from index); its keys and values are
-        written there and the queries attend to all L cached positions (the mask hides the
-        rest). For cross-attention, the memory's keys and values from `memory_kv`.
-        path: "dense" (the explicit softmax; every mask, weights, dropout), or, for an
-        uncached self-attention, "blocked" (`blocked_attention`, blocks of
-        cfg.attention_block) or "fused" (`fused_attention`), which take the causal flag
-        and key_valid (B, S) (True = real key) instead of mask / rows, return no weights
-        (None) and apply no dropout; `attention_path` resolves it.
-        positions: the rotary positions of x's tokens, (B, T) per batch row (HF's
-        position_ids); None: index .. index+T-1 for every row.
-        layer: this block's index in its stack (from 1; traced in a layer scan): whether a
-        self-attention is local (sliding_window, sliding_window_pattern) and which rotary base
-        it takes.
-
-        Returns (output (B, T, E), attention weights (B, H, T, S), the largest pre-softmax
-        logit over unmasked pairs (), the updated cache or None); weights and logit None on the
-        blocked and fused paths."""
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-        if path != "dense" and (cross or cache is not None):
-            raise ValueError(f"the {path} attention path serves uncached self-attention only; cached decoding "
-                             "and cross-attention take the dense path")
-        x, w_in, b_in, w_out, b_out = self._weights(x)
-        local = False if cross else is_local(self.cfg, layer)  # a sliding-window layer (a bool, or a traced one)
-        step = None  # a decoding step's new key and value (B, K, 1, hd) and their slot
-        if cross:  # queries from x, keys and values from the memory (or its cache)
-            q, kh, vh = self._cross_qkv(x, w_in, b_in, memory, cache)
-            k = v = None
-        else:
-            rope = has_rotary(self.cfg, layer, local)
-            q, k, v = self._self_qkv(x, w_in, b_in, index + jnp.arange(x.shape[1]) if positions is None else positions,
-                                     local, rope)
-            q = self.tempered(q, index, rope)
-            if cache is not None:
-                kh, vh, step, cache = _cache_write(cache, k, v, index)
-            else:  # the keys and values head-major, (B, K, S, hd)
-                kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-        if path != "dense":  # uncached self-attention: q, k, v are set
-            assert k is not None and v is not None
-            out, has_key = self._efficient(path, q, k, v, key_valid, local)
-            return jnp.where(has_key[..., None], self._out(out, w_out, b_out), 0.0), None, None, cache
-        if local is not False:  # a sliding-window layer
-            mask, rows = self.windowed(mask, rows, index, x.shape[1], kh.shape[2], local)
-        alibi = self.alibi_bias(mask, rows, kh.shape[2]) if self.cfg.alibi and not cross else None
-        out, weights, logit_max, written = self._dense(q, kh, vh, step, mask, rows, index, key, deterministic, alibi)
-        cache = written if written is not None else cache  # a decoding step writes after its products
-        out = self._out(out, w_out, b_out)
-        if rows is not None:  # a query with no key (in any head) gets no attention output, bias included
-            out = jnp.where(jnp.any(rows, axis=1), out, 0.0)
-        return out, weights, logit_max, cache
-
-    def _self_qkv(self, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, positions: jax.Array,
-                  local: bool | jax.Array, rope: bool | jax.Array = True) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Self-attention's q (B, T, K, G, hd) and k, v (B, T, K, hd) of x (B, T, E), QK-norm and
-        rotary (at positions, (T,) or (B, T), where `rope`) applied."""
-        g = w_in.shape[2] - 2
-        qkv = self._project(x, w_in, b_in)  # (B, T, K, G+2, hd)
-        q, k, v = qkv[:, :, :, :g], qkv[:, :, :, g], qkv[:, :, :, g + 1]  # (B,T,K,G,hd), (B,T,K,hd) x2
-        q, k = self.position_qk(q, k, positions, local, rope)
-        return q, k, v
-
-    def _cross_qkv(self, x: jax.Array, w_in: jax.Array, b_in: jax.Array | None, memory: jax.Array | None,
-                   cache: dict[str, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Cross-attention's q (B, T, K, G, hd) of x (B, T, E) and the memory's keys and values
-        (B, K, S, hd), computed from memory (B, S, E) or read from its cache (`memory_kv`)."""
-        g = w_in.shape[2] - 2
-        q = self._project(x, w_in[:, :, :g], None if b_in is None else b_in[:, :g])
-        if self.q_norm is not None:
-            q = self.qk_normed(self.q_norm, q)
-        mem = self.memory_kv(memory) if memory is not None else cache
-        assert mem is not None  # the blocks pass a memory or a cache made with one
-        return q, mem["k"], mem["v"]
-
-    def _efficient(self, path: str, q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array | None,
-                   local: bool | jax.Array) -> tuple[jax.Array, jax.Array]:
-        """The fused or blocked path of an uncached self-attention: (out (B, T, H, hd), has_key (B, T))."""
-        cfg = self.cfg
-        if path == "fused":  # the accelerator path: cuDNN's fused kernel where it can
-            return fused_attention(q, k, v, causal=cfg.causal, key_valid=key_valid, scale=cfg.attention_scale,
-                                   window=cfg.sliding_window if local is True else None)
-        return blocked_attention(q, k, v, causal=cfg.causal, key_valid=key_valid,  # memory-efficient: no (T, S)
-                                 block=cfg.attention_block, scale=cfg.attention_scale,
-                                 softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local,
-                                 sinks=None if self.sinks is None else self.sinks[...].astype(q.dtype))
-
-    def _dense(self, q: jax.Array, kh: jax.Array, vh: jax.Array, step: tuple | None, mask: jax.Array | None,
-               rows: jax.Array | None, index: jax.Array | int, key: jax.Array | None,
-               deterministic: bool | None, alibi: jax.Array | None = None,
-               ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array] | None]:
-        """The explicit softmax over q (B, T, K, G, hd) and head-major kh, vh (B, K, S, hd) (a
-        decoding step's new key and value in `step`; ALiBi's biases (B|1, H, 1, S) added to q.k
-        before the scale): (out (B, T, H, hd), weights (B, H, T, S),
-        the largest unmasked logit (), the cache a decoding step wrote, else None)."""
-        b, t, kv, g, d = q.shape
-        s = kh.shape[2]
-        # Batched matmuls over (B, K), a kv head's G query heads as G*T rows: XLA:CPU runs them
-        # faster than the equivalent einsums ("btkgd,bskd->bkgts"), forward and backward; the
-        # keys are contracted over hd in their (B, K, S, hd) layout, so a decoding step reads
-        # the cache as it lies (a (B, K, hd, S) operand made XLA copy the whole cache, every
-        # layer, every step: 40 % of a d512 batch-8 step).
-        qh = q.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # (B, K, G*T, hd)
-        dt = jnp.result_type(qh, kh)
-        scores = _head_product(qh, kh, dt)  # (B, K, G*T, S)
-        if step is not None:  # the new token's key, in its slot
-            column = jnp.arange(s) == index
-            scores = jnp.where(column, _head_product(qh, step[0], dt), scores)
-        heads = scores.reshape(b, kv * g, t, s)  # head = kv * G + g
-        if alibi is not None:  # ALiBi's biases, added before the scale (Falcon)
-            heads = heads + alibi.astype(heads.dtype)
-        logits = self.logits(heads, mask)
-        logit_max = jnp.max(logits) if rows is None else jnp.max(jnp.where(rows, logits, -jnp.inf))
-        weights = self.softmax(logits)
-        if rows is not None:
-            weights = jnp.where(rows, weights, 0.0)
-        weights = weights.astype(vh.dtype)
-        dropped = self.dropout(weights, deterministic=deterministic, rngs=key).reshape(b, kv, g * t, s)
-        cache = None
-        if step is None:
-            out = dropped @ vh
-        else:  # the new token's value, in its slot
-            new_weight = jnp.sum(jnp.where(column, dropped, 0), -1, keepdims=True)  # (B, K, G, 1)
-            out = jnp.where(column, 0, dropped) @ vh + new_weight * step[1]
-            cache = _write_after_reading(kh, vh, step, scores, out)
-        return out.reshape(b, kv, g, t, d).transpose(0, 3, 1, 2, 4), weights, logit_max, cache
-
-    @staticmethod
-    def _out(out: jax.Array, w_out: jax.Array, b_out: jax.Array | None) -> jax.Array:
-        """The heads' outputs (B, T, ..., hd) through the output projection w_out (H, hd, E) -> (B, T, E)."""
-        b, t = out.shape[:2]
-        h, d, e = w_out.shape
-        out = jnp.dot(out.reshape(b * t, h * d), w_out.reshape(h * d, e)).reshape(b, t, e)
-        return out if b_out is None else out + b_out

@@ -133,11 +133,8 @@ class _Block(nnx.Module):
 
     def self_attention(self, h: jax.Array, ctx: Context, i: int) -> jax.Array:
         """Sublayer i, a self-attention, on h (B, T, E): its masks, path, positions and cache."""
-        mask, rows = ctx.masks["self"]
-        cache = None if ctx.cache is None else ctx.cache["self"]
-        out, weights, logit_max, cache = getattr(self, self.sublayers[i].modules[0])(
-            h, mask, rows, key=ctx.key(2 * i), deterministic=ctx.deterministic, cache=cache, index=ctx.index,
-            path=ctx.path, key_valid=ctx.key_valid, positions=ctx.positions, layer=ctx.layer)
+        attention = getattr(self, self.sublayers[i].modules[0])
+        out, weights, logit_max, cache = attention(h, ctx.attention_call("self"), ctx.key(2 * i), ctx.deterministic)
         ctx.found.update(attention_weights=weights, attention_logits_max=logit_max)
         ctx.written["self"] = cache
         return out
@@ -145,11 +142,8 @@ class _Block(nnx.Module):
     def cross_attention(self, h: jax.Array, ctx: Context, i: int) -> jax.Array:
         """Sublayer i, a cross-attention, on h (B, T, E): queries from h, keys and values from the
         memory (or the cache's, computed once); always the dense path."""
-        mask, rows = ctx.masks["cross"]
-        cache = None if ctx.cache is None else ctx.cache["cross"]
-        out, weights, logit_max, cache = getattr(self, self.sublayers[i].modules[0])(
-            h, mask, rows, key=ctx.key(2 * i), deterministic=ctx.deterministic, cross=True, memory=ctx.memory,
-            cache=cache)
+        attention = getattr(self, self.sublayers[i].modules[0])
+        out, weights, logit_max, cache = attention(h, ctx.attention_call("cross"), ctx.key(2 * i), ctx.deterministic)
         ctx.found.update(cross_attention_weights=weights, cross_attention_logits_max=logit_max)
         ctx.written["cross"] = cache  # handed back unchanged
         return out
@@ -164,14 +158,14 @@ class _Block(nnx.Module):
         t = h.reshape(-1, h.shape[-1])
         owner = self if ctx.mlp is None else ctx.mlp
         experts: Experts | None = getattr(owner, declarations.EXPERTS_MODULE)
-        x = self.cfg.num_experts
-        if not x:
+        n_experts = self.cfg.num_experts
+        if not n_experts:
             return self.dense_mlp(t, ctx, i).reshape(h.shape)
         if experts is not None:
             y, logits = experts(t)
         else:
-            y, logits = self.dense_mlp(t, ctx, i), jnp.zeros((t.shape[0], x), t.dtype)
-        ctx.found["router_logits"] = logits.reshape(*h.shape[:-1], x)
+            y, logits = self.dense_mlp(t, ctx, i), jnp.zeros((t.shape[0], n_experts), t.dtype)
+        ctx.found["router_logits"] = logits.reshape(*h.shape[:-1], n_experts)
         return y.reshape(h.shape)
 
     def dense_mlp(self, t: jax.Array, ctx: Context, i: int) -> jax.Array:

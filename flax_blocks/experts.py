@@ -59,20 +59,20 @@ def deepseek_route(cfg: BlockConfig, logits: jax.Array, bias: jax.Array | None) 
     The topk_group best groups kept (the others' choices 0 in V2, -inf in V3, as HF), the top k
     choices taken; weights = the unbiased scores of those k, divided by their sum (+ 1e-20) with
     norm_topk_prob, times routed_scaling_factor."""
-    x, g = cfg.num_experts, cfg.n_group
+    n_experts, g = cfg.num_experts, cfg.n_group
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     if cfg.routing == "deepseek_v2":
         scores = jax.nn.softmax(logits, axis=-1)
         choice = scores
-        groups = jnp.max(choice.reshape(-1, g, x // g), axis=-1)  # (N, n_group)
+        groups = jnp.max(choice.reshape(-1, g, n_experts // g), axis=-1)  # (N, n_group)
     else:
         assert bias is not None  # declared with the routing
         scores = jax.nn.sigmoid(logits)
         choice = scores + bias.astype(scores.dtype)
-        groups = jnp.sum(jax.lax.top_k(choice.reshape(-1, g, x // g), 2)[0], axis=-1)
+        groups = jnp.sum(jax.lax.top_k(choice.reshape(-1, g, n_experts // g), 2)[0], axis=-1)
     kept = jax.lax.top_k(groups, cfg.topk_group)[1]  # (N, topk_group)
     in_kept = jnp.any(kept[:, :, None] == jnp.arange(g), axis=1)  # (N, n_group)
-    in_kept = jnp.repeat(in_kept, x // g, axis=-1)  # (N, X)
+    in_kept = jnp.repeat(in_kept, n_experts // g, axis=-1)  # (N, X)
     choice = jnp.where(in_kept, choice, 0.0 if cfg.routing == "deepseek_v2" else -jnp.inf)
     experts = jax.lax.top_k(jax.lax.stop_gradient(choice), cfg.num_experts_per_tok)[1]
     weights = jnp.take_along_axis(scores, experts, axis=-1)
@@ -327,10 +327,10 @@ def load_balancing_loss(cfg: BlockConfig, router_logits: jax.Array, mask: jax.Ar
     logits = router_logits if router_logits.ndim == 4 else router_logits[None]
     moe = [i for i in range(logits.shape[0]) if is_moe_layer(cfg, i + 1)]
     logits = logits[jnp.asarray(moe)] if len(moe) < logits.shape[0] else logits
-    x, k = cfg.num_experts, cfg.num_experts_per_tok
+    n_experts, k = cfg.num_experts, cfg.num_experts_per_tok
     probs = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)  # (L, B, T, X)
     _, chosen = jax.lax.top_k(probs, k)
-    picked = jax.nn.one_hot(chosen, x, dtype=probs.dtype)  # (L, B, T, k, X)
+    picked = jax.nn.one_hot(chosen, n_experts, dtype=probs.dtype)  # (L, B, T, k, X)
     if mask is None:
         f = jnp.mean(picked, axis=(0, 1, 2))  # (k, X)
         p = jnp.mean(probs, axis=(0, 1, 2))  # (X,)
@@ -338,4 +338,4 @@ def load_balancing_loss(cfg: BlockConfig, router_logits: jax.Array, mask: jax.Ar
         m = jnp.broadcast_to(jnp.asarray(mask, probs.dtype)[None], logits.shape[:3])
         f = jnp.sum(picked * m[..., None, None], axis=(0, 1, 2)) / jnp.sum(m)
         p = jnp.sum(probs * m[..., None], axis=(0, 1, 2)) / jnp.sum(m)
-    return jnp.sum(f * p[None]) * x
+    return jnp.sum(f * p[None]) * n_experts

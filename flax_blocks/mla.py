@@ -22,6 +22,7 @@ from flax import nnx
 from .attention import rotary
 from .core import declarations
 from .core.config import BlockConfig
+from .core.context import AttentionCall
 from .core.rope import interleave_order
 from .layers import Linear, Norm, compute_dtype, dropout, initial_values
 
@@ -91,20 +92,19 @@ class LatentAttention(nnx.Module):
         rot = jnp.broadcast_to(k_rot[:, :, None], (b, s, cfg.num_heads, k_rot.shape[-1])).astype(k_nope.dtype)
         return jnp.concatenate([k_nope, rot], axis=-1), v
 
-    def __call__(
-        self, x: jax.Array, mask: jax.Array | None = None, rows: jax.Array | None = None,
-        key: jax.Array | None = None, deterministic: bool | None = None, *,
-        cross: bool = False, memory: jax.Array | None = None, cache: dict[str, jax.Array] | None = None,
-        index: jax.Array | int = 0, path: str = "dense", key_valid: jax.Array | None = None,
-        positions: jax.Array | None = None, layer: jax.Array | int = 1,
-    ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
+    def __call__(self, x: jax.Array, call: AttentionCall | None = None, key: jax.Array | None = None,
+                 deterministic: bool | None = None,
+                 ) -> tuple[jax.Array, jax.Array | None, jax.Array | None, dict[str, jax.Array] | None]:
         """Self-attention of x (B, T, E), called and returning as `Attention.__call__` (dense path:
         mask (B|1, H|1, T, S), rows (B|1, H|1, T, 1)). cache {"latent": (B, L, r), "k_rot": (B, L, dr)}:
         the chunk's latent and rotary key written at index .. index+T-1, the keys and values of all L
         positions expanded from it."""
-        if cross or path != "dense":
+        call = call or AttentionCall()
+        if call.cross or call.path not in (None, "dense"):
             raise ValueError(f"multi-head latent attention is a self-attention on the dense path, got "
-                             f"cross={cross!r}, path={path!r}")
+                             f"cross={call.cross!r}, path={call.path!r}")
+        mask, rows = (None, None) if call.mask is None else call.mask
+        cache, index, positions = call.cache, call.index, call.positions
         (x,) = nnx.nn.dtypes.promote_dtype((x,), dtype=self.dtype)
         b, t, _ = x.shape
         q, latent, k_rot = self.project(x, index + jnp.arange(t) if positions is None else positions)

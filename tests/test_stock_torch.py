@@ -1,7 +1,7 @@
 """Acceptance: stock torch.nn.TransformerEncoderLayer / TransformerEncoder state dicts load with
 strict=True into torch_blocks.TransformerBlock / Encoder and reproduce the stock outputs to
-<= 1e-6 in float32, in train mode (dropout 0), in eval with autograd on, and on the stock
-eval + no_grad fast path; with and without key-padding and attention masks.
+<= 2e-6 in float32 (stock runs SDPA, ours the explicit softmax), in train mode (dropout 0), in
+eval with autograd on, and on the stock eval + no_grad fast path; with and without key-padding and attention masks.
 
 torch's mask convention throughout: True = may NOT attend, True in a key-padding mask = padding.
 """
@@ -20,11 +20,14 @@ from flax_blocks.core.config import BlockConfig
 torch.set_num_threads(1)
 
 E, H, FF, B, T = 24, 4, 40, 3, 7  # heads (4) != head_dim (6)
-TOL = 1e-6  # relative: max |ours - stock| / max |stock| (the parity suite's measure)
-# stock's own fused fast path (eval + no_grad) differs from stock's eager path by up to 1.05e-6
-# on these cases (3-layer post-LN gelu with final norm, measured): against it the suite's
-# float32 forward tolerance applies
-FAST_TOL = 2e-6
+# relative: max |ours - stock| / max |stock| (the parity suite's measure). Stock's attention runs
+# SDPA, ours the explicit softmax (the rule both twins share: dense on a CPU below 1024 keys), and
+# stock's own fused fast path (eval + no_grad) other kernels again: two kernels differ by up to
+# 1.2e-6 on these cases (3-layer encoders with gelu, measured; stock's fast path against its eager
+# path 1.05e-6), so the suite's float32 forward tolerance applies (test_mismatch_is_detected: a
+# wrong twin lands above 10 * TOL)
+TOL = 2e-6
+FAST_TOL = TOL
 
 
 def stock_layer(norm_first: bool, activation: str = "relu", bias: bool = True, eps: float = 1e-5, seed: int = 0):
@@ -186,7 +189,7 @@ def test_default_config_is_the_default_stock_layer():
 
 
 # ------------------------------------------------------------------------------------
-# Negative tests: the comparison above does catch the classic mismatches at 1e-6
+# Negative tests: the comparison above does catch the classic mismatches (above 10 * TOL)
 # ------------------------------------------------------------------------------------
 
 

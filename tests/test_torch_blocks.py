@@ -12,7 +12,9 @@ import torch
 from block_options import FF, KINDS, MASKED_KINDS, OPTIONS, B, E, H, T, init_spec  # shared with test_flax_blocks.py
 
 import torch_blocks as tb
+from flax_blocks.core.attention_paths import AUTO_MIN_KEYS
 from flax_blocks.core.config import BlockConfig, FullyMaskedWarning, invert_mask
+from flax_blocks.core.context import AttentionCall
 
 torch.set_num_threads(1)
 
@@ -126,7 +128,7 @@ def test_residual_mha_formula(norm, residual):
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
     with torch.no_grad():
         h = m.norm(x) if norm == "pre" else x
-        inner = m.mha(h, tb.build_mask(m.cfg, B, T, causal))[0]
+        inner = m.mha(h, AttentionCall(tb.build_mask(m.cfg, B, T, causal)))[0]
         pre_norm = inner + (x if residual == "add" else 0)
         want = m.norm(pre_norm) if norm == "post" else pre_norm
         torch.testing.assert_close(m(x), want, rtol=0, atol=1e-6)
@@ -296,26 +298,27 @@ def test_fully_masked_rows(kind):
 
 @pytest.mark.parametrize("kind", MASKED_KINDS)
 def test_eval_no_grad_path_agrees(kind):
-    """Without attention weights asked for, the attention runs torch's fused
-    scaled_dot_product_attention: same results, masks and rows without keys included, as
-    the weight-returning path."""
+    """From AUTO_MIN_KEYS keys on (the rule both twins share, `attention_paths.choose_path`), the
+    attention runs torch's fused scaled_dot_product_attention: same results, masks and rows without
+    keys included, as the weight-returning path; below it on a CPU, the explicit softmax (as Flax)."""
     m = build(kind, make_cfg(num_heads=2, norm="pre"))
-    attn = torch.zeros(T, T, dtype=torch.bool)
-    attn[3] = True
-    kpm = torch.zeros(B, T, dtype=torch.bool)
-    kpm[1] = True
-    kpm[0, 5] = True
-    x = rand(B, T, E)
     m.eval()
     F = torch.nn.functional
-    with (mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as kernel,
-          torch.no_grad()):
-        fast = call(m, x, attn, kpm)
-    assert kernel.called  # the fused kernel did run
-    with torch.no_grad():
-        slow, _ = call(m, x, attn, kpm, return_intermediates=True)
-    assert torch.isfinite(fast).all()
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-6)
+    for t, fused in ((T, False), (AUTO_MIN_KEYS, True)):
+        attn = torch.zeros(t, t, dtype=torch.bool)
+        attn[3] = True
+        kpm = torch.zeros(B, t, dtype=torch.bool)
+        kpm[1] = True
+        kpm[0, 5] = True
+        x = rand(B, t, E)
+        with (mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as kernel,
+              torch.no_grad()):
+            fast = call(m, x, attn, kpm)
+        assert kernel.called == fused, t
+        with torch.no_grad():
+            slow, _ = call(m, x, attn, kpm, return_intermediates=True)
+        assert torch.isfinite(fast).all()
+        torch.testing.assert_close(fast, slow, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -140,20 +140,17 @@ class _Block(nn.Module):
 
     def self_attention(self, h: Tensor, ctx: Context, i: int) -> Tensor:
         """Sublayer i, a self-attention, on h (B, T, E): its mask, path, positions and cache."""
-        cache = None if ctx.cache is None else ctx.cache["self"]
-        out, weights, logit_max, cache = getattr(self, self.sublayers[i].modules[0])(
-            h, ctx.masks.get("self"), ctx.weights, cache=cache, index=ctx.index, path=ctx.path,
-            positions=ctx.positions, layer=ctx.layer)
+        attention = getattr(self, self.sublayers[i].modules[0])
+        out, weights, logit_max, cache = attention(h, ctx.attention_call("self"), ctx.weights)
         ctx.found.update(attention_weights=weights, attention_logits_max=logit_max)
         ctx.written["self"] = cache
         return out
 
     def cross_attention(self, h: Tensor, ctx: Context, i: int) -> Tensor:
         """Sublayer i, a cross-attention, on h (B, T, E): queries from h, keys and values from the
-        memory (or the cache's, computed once); the dense path with weights, else SDPA."""
-        cache = None if ctx.cache is None else ctx.cache["cross"]
-        out, weights, logit_max, cache = getattr(self, self.sublayers[i].modules[0])(
-            h, ctx.masks.get("cross"), ctx.weights, cross=True, memory=ctx.memory, cache=cache)
+        memory (or the cache's, computed once); the path by the rule (`attention_path`)."""
+        attention = getattr(self, self.sublayers[i].modules[0])
+        out, weights, logit_max, cache = attention(h, ctx.attention_call("cross"), ctx.weights)
         ctx.found.update(cross_attention_weights=weights, cross_attention_logits_max=logit_max)
         ctx.written["cross"] = cache  # handed back unchanged
         return out
@@ -221,8 +218,8 @@ def call_context(module: _Configured, x: Tensor, attn_mask: Tensor | None, key_p
     """The context of an uncached call on x (B, T, E): the self-attention's path
     (`attention_path`, checked as in Flax) and its prepared mask."""
     cfg = module.cfg
-    path = attention_path(cfg, need_weights=return_intermediates, explicit_mask=attn_mask is not None,
-                          dropout_active=module.training and cfg.dropout > 0)
+    path = attention_path(cfg, x.shape[1], need_weights=return_intermediates, explicit_mask=attn_mask is not None,
+                          dropout_active=module.training and cfg.dropout > 0, platform=x.device.type)
     return Context({"self": build_mask(cfg, x.shape[0], x.shape[1], attn_mask, key_padding_mask, x.device)},
                    path=path, weights=return_intermediates)
 

@@ -42,19 +42,19 @@ def _top(a: Tensor, k: int) -> Tensor:
 def deepseek_route(cfg: BlockConfig, logits: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
     """DeepSeek V2's / V3's routing of logits (N, X) -> (weights (N, k), experts (N, k)): the twin of
     `flax_blocks.experts.deepseek_route` (its docstring has the rules)."""
-    x, g = cfg.num_experts, cfg.n_group
+    n_experts, g = cfg.num_experts, cfg.n_group
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if cfg.routing == "deepseek_v2":
         scores = torch.softmax(logits, dim=-1)
         choice = scores
-        groups = choice.view(-1, g, x // g).amax(dim=-1)  # (N, n_group)
+        groups = choice.view(-1, g, n_experts // g).amax(dim=-1)  # (N, n_group)
     else:
         assert bias is not None  # declared with the routing
         scores = torch.sigmoid(logits)
         choice = scores + bias.to(scores.dtype)
-        groups = choice.view(-1, g, x // g).topk(2, dim=-1)[0].sum(dim=-1)
+        groups = choice.view(-1, g, n_experts // g).topk(2, dim=-1)[0].sum(dim=-1)
     in_kept = torch.zeros_like(groups, dtype=torch.bool).scatter(1, _top(groups, cfg.topk_group), True)
-    in_kept = in_kept.repeat_interleave(x // g, dim=-1)  # (N, X)
+    in_kept = in_kept.repeat_interleave(n_experts // g, dim=-1)  # (N, X)
     choice = choice.masked_fill(~in_kept, 0.0 if cfg.routing == "deepseek_v2" else float("-inf"))
     experts = _top(choice.detach(), cfg.num_experts_per_tok)
     weights = scores.gather(1, experts)
@@ -109,20 +109,20 @@ class Experts(nn.Module):
 
     def forward(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """t (N, E) -> (y (N, E), router logits (N, X))."""
-        def bias(p: nn.Parameter | None, x: int) -> Tensor | None:
-            return None if p is None else p[x]
+        def bias(p: nn.Parameter | None, i: int) -> Tensor | None:
+            return None if p is None else p[i]
 
         logits = F.linear(t, self.router, self.router_bias)
         weights, experts = route(self.cfg, logits, self.e_score_correction_bias)
         y = torch.zeros_like(t)
         hit = torch.zeros(self.cfg.num_experts, dtype=torch.bool, device=t.device)
         hit[experts.reshape(-1)] = True
-        for x in hit.nonzero().flatten().tolist():  # the experts that have tokens
-            token, slot = torch.where(experts == x)
+        for i in hit.nonzero().flatten().tolist():  # the experts that have tokens
+            token, slot = torch.where(experts == i)
             h = t[token]
-            g = None if self.gate is None else F.linear(h, self.gate[x], bias(self.gate_bias, x))
-            a = self.hidden(F.linear(h, self.up[x], bias(self.up_bias, x)), g)
-            out = F.linear(a, self.down[x], bias(self.down_bias, x)) * weights[token, slot, None].to(t.dtype)
+            g = None if self.gate is None else F.linear(h, self.gate[i], bias(self.gate_bias, i))
+            a = self.hidden(F.linear(h, self.up[i], bias(self.up_bias, i)), g)
+            out = F.linear(a, self.down[i], bias(self.down_bias, i)) * weights[token, slot, None].to(t.dtype)
             y = y.index_add(0, token, out)
         if self.shared_up is not None:
             assert self.shared_down is not None

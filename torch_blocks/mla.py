@@ -17,9 +17,10 @@ from torch import Tensor
 
 from flax_blocks.core import declarations
 from flax_blocks.core.config import BlockConfig
+from flax_blocks.core.context import AttentionCall
 from flax_blocks.core.rope import interleave_order
 
-from .attention import Attention, Mask, rotary
+from .attention import Attention, rotary
 from .layers import Linear, Norm
 
 
@@ -86,19 +87,18 @@ class LatentAttention(Attention):
         k = torch.cat([k_nope, k_rot[:, :, None].expand(-1, -1, cfg.num_heads, -1)], dim=-1)
         return k.transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, x: Tensor, mask: Mask | None = None, need_weights: bool = False, *,
-                cross: bool = False, memory: Tensor | None = None, cache: dict[str, Tensor] | None = None,
-                index: int = 0, path: str | None = None, layer: int = 1, positions: Tensor | None = None,
+    def forward(self, x: Tensor, call: AttentionCall | None = None, need_weights: bool = False,
                 ) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor] | None]:
         """Self-attention of x (B, T, E) as `Attention.forward` (mask, positions, index, its returns);
         cache {"latent": (B, L, r), "k_rot": (B, L, dr)}: the chunk's latent and rotary key written at
         index .. index+T-1, the keys and values of all L positions expanded from it."""
-        if cross:
+        call = call or AttentionCall()
+        if call.cross:
             raise ValueError("multi-head latent attention is a self-attention: it takes no memory")
         b, t, _ = x.shape
-        masked, rows, bias, _ = mask if mask is not None else (None, None, None, False)
-        if positions is None:
-            positions = index + torch.arange(t, device=x.device)
+        masked, rows, bias, _ = (None, None, None, False) if call.mask is None else call.mask
+        cache, index = call.cache, call.index
+        positions = index + torch.arange(t, device=x.device) if call.positions is None else call.positions
         q, latent, k_rot = self.project(x, positions)
         if cache is not None:
             lat, rot = cache["latent"].clone(), cache["k_rot"].clone()

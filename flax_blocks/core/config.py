@@ -190,15 +190,15 @@ class BlockConfig:
                 raise ValueError(f"BlockConfig.{name} must be an int >= {low}, got {value!r}")
             return value
 
-        x = count("num_experts", 0)
-        if not x:
+        n_experts = count("num_experts", 0)
+        if not n_experts:
             if self.swiglu_limit is not None:  # (experts_bias without experts has nothing to bias: no parameter)
                 raise ValueError(f"BlockConfig.swiglu_limit={self.swiglu_limit!r} is the clamped SwiGLU of the "
                                  f"experts MLP (GPT-OSS) and needs num_experts > 0")
             return
         k = count("num_experts_per_tok", 1)
-        if k > x:
-            raise ValueError(f"BlockConfig.num_experts_per_tok ({k}) must be at most num_experts ({x})")
+        if k > n_experts:
+            raise ValueError(f"BlockConfig.num_experts_per_tok ({k}) must be at most num_experts ({n_experts})")
         if self.expert_d_ff is not None:
             count("expert_d_ff", 1)
         count("shared_expert_d_ff", 0)
@@ -461,16 +461,16 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.shared_expert_gate must be a bool, got {self.shared_expert_gate!r}")
         if self.routing == "softmax" or not self.num_experts:  # (no experts: nothing routed, as their other options)
             return
-        x, g, kg = self.num_experts, self.n_group, self.topk_group
+        n_experts, g, kg = self.num_experts, self.n_group, self.topk_group
         for name, value in (("n_group", g), ("topk_group", kg)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"BlockConfig.{name} must be a positive int, got {value!r}")
-        if not x or x % g or kg > g:
-            raise ValueError(f"BlockConfig.routing={self.routing!r} needs experts (num_experts={x}) in n_group={g} "
-                             f"equal groups, topk_group={kg} of them kept")
-        if self.routing == "deepseek_v3" and x // g < 2:
+        if not n_experts or n_experts % g or kg > g:
+            raise ValueError(f"BlockConfig.routing={self.routing!r} needs experts (num_experts={n_experts}) in "
+                             f"n_group={g} equal groups, topk_group={kg} of them kept")
+        if self.routing == "deepseek_v3" and n_experts // g < 2:
             raise ValueError(f"BlockConfig.routing='deepseek_v3' ranks each group by its two best scores: "
-                             f"num_experts / n_group must be >= 2, got {x} / {g}")
+                             f"num_experts / n_group must be >= 2, got {n_experts} / {g}")
         r = self.routed_scaling_factor
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
             raise ValueError(f"BlockConfig.routed_scaling_factor must be a number > 0, got {r!r}")

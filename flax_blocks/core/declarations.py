@@ -278,7 +278,7 @@ def experts(cfg: BlockConfig) -> Component:
     shared_expert_gate (1, E), Flax (E, 1) (cfg.shared_expert_gate; DeepSeek's shared experts have
     none); e_score_correction_bias (X,) under DeepSeek V3's routing. Each expert matrix is
     initialised as one nn.Linear (or xavier) of its own shape."""
-    e, x, f, s = cfg.d_model, cfg.num_experts, cfg.experts_width, cfg.shared_expert_d_ff
+    e, n, f, s = cfg.d_model, cfg.num_experts, cfg.experts_width, cfg.shared_expert_d_ff  # n: the expert count
 
     def spec(n_in: int, n_out: int, gain: bool = False) -> Spec:
         if cfg.scaling == "deepnorm":
@@ -287,27 +287,27 @@ def experts(cfg: BlockConfig) -> Component:
             return xavier_normal(n_in, n_out, float(beta) if gain else 1.0)
         return xavier_uniform(n_in, n_out) if cfg.init == "xavier" else ("uniform", 1 / math.sqrt(n_in))
 
-    params = [Param("router", "router", (x, e), ("num_experts", "d_model"), ("embed", None), _one(spec(e, x), x),
+    params = [Param("router", "router", (n, e), ("num_experts", "d_model"), ("embed", None), _one(spec(e, n), n),
                     LINEAR),
-              Param("up", "up", (x, f, e), ("num_experts", "expert_d_ff", "d_model"), ("expert", "embed", "mlp"),
-                    _one(spec(e, f), x), EXPERTS)]
+              Param("up", "up", (n, f, e), ("num_experts", "expert_d_ff", "d_model"), ("expert", "embed", "mlp"),
+                    _one(spec(e, f), n), EXPERTS)]
     if cfg.gated:
-        params.append(Param("gate", "gate", (x, f, e), ("num_experts", "expert_d_ff", "d_model"),
-                            ("expert", "embed", "mlp"), _one(spec(e, f), x), EXPERTS))
-    params.append(Param("down", "down", (x, e, f), ("num_experts", "d_model", "expert_d_ff"),
-                        ("expert", "mlp", "embed"), _one(spec(f, e, True), x), EXPERTS))
+        params.append(Param("gate", "gate", (n, f, e), ("num_experts", "expert_d_ff", "d_model"),
+                            ("expert", "embed", "mlp"), _one(spec(e, f), n), EXPERTS))
+    params.append(Param("down", "down", (n, e, f), ("num_experts", "d_model", "expert_d_ff"),
+                        ("expert", "mlp", "embed"), _one(spec(f, e, True), n), EXPERTS))
     if cfg.routing == "deepseek_v3":  # added to the scores for choosing only (HF's buffer, zeros at init)
-        params.append(Param("e_score_correction_bias", "e_score_correction_bias", (x,), ("num_experts",), (None,),
-                            _one(ZERO, x)))
+        params.append(Param("e_score_correction_bias", "e_score_correction_bias", (n,), ("num_experts",), (None,),
+                            _one(ZERO, n)))
     if cfg.experts_bias:  # GPT-OSS: the router's and every expert projection's biases (zeros, as HF's)
-        params += [Param("router_bias", "router_bias", (x,), ("num_experts",), (None,), _one(ZERO, x)),
-                   Param("up_bias", "up_bias", (x, f), ("num_experts", "expert_d_ff"), ("expert", "mlp"),
-                         _one(ZERO, x))]
+        params += [Param("router_bias", "router_bias", (n,), ("num_experts",), (None,), _one(ZERO, n)),
+                   Param("up_bias", "up_bias", (n, f), ("num_experts", "expert_d_ff"), ("expert", "mlp"),
+                         _one(ZERO, n))]
         if cfg.gated:
-            params.append(Param("gate_bias", "gate_bias", (x, f), ("num_experts", "expert_d_ff"), ("expert", "mlp"),
-                                _one(ZERO, x)))
-        params.append(Param("down_bias", "down_bias", (x, e), ("num_experts", "d_model"), ("expert", "embed"),
-                            _one(ZERO, x)))
+            params.append(Param("gate_bias", "gate_bias", (n, f), ("num_experts", "expert_d_ff"), ("expert", "mlp"),
+                                _one(ZERO, n)))
+        params.append(Param("down_bias", "down_bias", (n, e), ("num_experts", "d_model"), ("expert", "embed"),
+                            _one(ZERO, n)))
     children: tuple[tuple[str, Component], ...] = ()
     if s and cfg.shared_expert_gate:
         params.append(Param("shared_expert_gate", "shared_expert_gate", (1, e), (None, "d_model"), ("embed", None),

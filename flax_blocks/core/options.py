@@ -166,8 +166,8 @@ OPTIONS: tuple[Option, ...] = (
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
     Option("param_dtype", "dtype", "parameter dtype on both sides", cli=False,
            not_in_matrix="the matrix runs every case in float32 and float64 parameters and inputs"),
-    Option("attention", "implementation", "attention implementation: 'auto' (dense; the blocked path from 1024 keys, "
-           "or the fused kernel on a GPU, where no weights, explicit mask or attention dropout are asked for), "
+    Option("attention", "implementation", "attention implementation: 'auto' (one rule in both twins: the fused "
+           "kernel on a GPU, the memory-efficient one from 1024 keys, where it computes the call; else dense), "
            "'dense', 'blocked' (memory-efficient, in blocks) or 'fused' (jax.nn.dot_product_attention; torch: SDPA)",
            cli=False),
     Option("attention_block", "implementation", "query and key block size of the blocked path (Flax)", cli=False),
@@ -401,16 +401,24 @@ DETAILS = """\
 - `dtype`: computation dtype (None: promote inputs and parameters, the flax rule).
 - `param_dtype`: parameter dtype on both sides.
 - dtype and param_dtype take a name or a numpy / JAX / torch dtype object.
-- `attention`: the self-attention's implementation, a static choice (it changes the compiled program; nothing
-  read from global state): "auto" (default): Flax takes "fused" on a GPU and "blocked" from 1024 keys on where
-  the call allows it, else "dense" (`flax_blocks.attention.attention_path`); torch takes SDPA unless attention
-  weights are asked for; "dense": the explicit softmax (float64 exact; returns the attention weights);
-  "blocked": Flax: queries and keys in blocks of `attention_block`, online softmax with a FlashAttention-2
-  backward (custom VJP; causal skips the blocks above the diagonal), O(T * hd + block^2) memory; torch: SDPA;
-  "fused": Flax: jax.nn.dot_product_attention (cuDNN on a GPU; its softmax is float32); torch: SDPA. "blocked"
-  and "fused" return no attention weights, take no attention_mask (key masks are fine) and apply no dropout to
-  the weights: a call that needs one of those raises (`check_attention_call`). Cached decoding and
-  cross-attention stay dense (torch: SDPA unless "dense" or weights are asked for).
+- `attention`: the attention's implementation, a static choice (it changes the compiled program; nothing
+  read from global state). "auto" (default) follows one rule in both twins
+  (`flax_blocks.core.attention_paths.choose_path`): (1) "dense" when the call asks for the attention weights,
+  its key count is symbolic (jax.export) or the attention is latent (MLA); (2) on a GPU, "fused" where the
+  twin's fused kernel computes the call; (3) from 1024 keys on (AUTO_MIN_KEYS), "blocked" where the twin's
+  memory-efficient kernel computes it; (4) else "dense": on a CPU below 1024 keys both twins run the explicit
+  softmax. The twins differ only where their kernels do: Flax's "blocked" and "fused" serve an uncached
+  self-attention with causal and key masks (no attention_mask, no dropout on the weights; "fused" no
+  soft-capping, sinks or alternating windows either); torch serves both with SDPA, which takes masks, dropout,
+  caches and memories but no soft-capping, sliding windows or sinks; ALiBi's biases and a window without
+  causal take the dense path in both. "dense": the explicit softmax (float64
+  exact; returns the attention weights); "blocked": Flax: queries and keys in blocks of `attention_block`,
+  online softmax with a FlashAttention-2 backward (custom VJP; causal skips the blocks above the diagonal),
+  O(T * hd + block^2) memory; torch: SDPA; "fused": Flax: jax.nn.dot_product_attention (cuDNN on a GPU; its
+  softmax is float32); torch: SDPA. A forced "blocked" or "fused" returns no attention weights, takes no
+  attention_mask (key masks are fine) and applies no dropout to the weights: a call that needs one of those
+  raises alike in both twins (`check_attention_call`); torch runs a forced path that SDPA cannot compute
+  densely. Flax's cached decoding and cross-attention are always dense.
 - `attention_block`: query and key block size of the "blocked" path (Flax only).
 - `kv_lora_rank` (DeepSeek V2 / V3, `flax_blocks/mla.py`, `torch_blocks/mla.py`): multi-head latent attention
   replaces the self-attention. Queries: q_proj (E -> H (dn + dr)), or with `q_lora_rank` q_a_proj -> RMSNorm ->

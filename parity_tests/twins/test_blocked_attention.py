@@ -288,6 +288,14 @@ def test_attention_path_resolves_from_static_facts():
         assert path(replace(BASE, attention=forced), 8, **call, platform="cpu") == forced
         assert path(replace(BASE, attention=forced), t, **call, platform="cpu") == forced
     assert not _module_state()
+    # torch by the same rule: its SDPA serves "blocked" and "fused", and takes what Flax's kernels do not
+    torch_path = tb.attention.attention_path
+    assert torch_path(auto, fa.AUTO_MIN_KEYS - 1, **call) == "dense"
+    assert torch_path(auto, fa.AUTO_MIN_KEYS, **call) == "fused"
+    assert torch_path(auto, 8, **call, platform="cuda") == "fused"
+    assert torch_path(auto, 4096, **{**call, "explicit_mask": True}) == "fused"  # SDPA takes masks (Flax: dense)
+    assert torch_path(auto, 4096, **{**call, "need_weights": True}) == "dense"
+    assert torch_path(capped, 4096, **call) == "dense" and torch_path(auto, None, **call) == "dense"
 
 
 REFUSALS = [  # (what the call needs, the flax call's kwargs, the torch call's kwargs, message)
@@ -361,10 +369,10 @@ def test_export_with_a_symbolic_length_takes_the_dense_path_and_equals_jit():
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize(("attention", "sdpa"), [("auto", True), ("dense", False), ("blocked", True), ("fused", True)])
+@pytest.mark.parametrize(("attention", "sdpa"), [("auto", False), ("dense", False), ("blocked", True), ("fused", True)])
 def test_torch_twin_reads_the_same_field(attention, sdpa):
-    """torch's dense path is its explicit softmax; "auto" (without weights), "blocked" and
-    "fused" are SDPA; all give the same output."""
+    """torch's dense path is its explicit softmax; "blocked" and "fused" are SDPA; "auto" follows
+    the twins' one rule (dense on a CPU below AUTO_MIN_KEYS keys, as Flax); all give the same output."""
     cfg = replace(BASE, causal=True, attention=attention)
     m = tb.Encoder(cfg, num_layers=2, generator=torch.Generator().manual_seed(0))
     x = torch.randn(2, 7, BASE.d_model, generator=torch.Generator().manual_seed(1))
