@@ -53,6 +53,8 @@ def _llama(folder: Path, *, dtype: str = "float32", shard: str = "20KB", safe: b
     return folder
 
 
+pytestmark = pytest.mark.xdist_group("streamed_loading")  # its module fixtures built by one worker (--dist loadgroup)
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     return _llama(tmp_path_factory.mktemp("llama") / "m")

@@ -28,6 +28,8 @@ LLAMA = fb.BlockConfig(d_model=16, num_heads=4, num_kv_heads=2, d_ff=24, dropout
 MIXED = replace(LLAMA, num_experts=4, num_experts_per_tok=2, expert_d_ff=8, decoder_sparse_step=2)
 
 
+pytestmark = pytest.mark.xdist_group("unrolled_layers")  # its module fixtures built by one worker (--dist loadgroup)
+
 @pytest.fixture
 def x64():
     with jax.enable_x64(True):

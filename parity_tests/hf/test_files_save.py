@@ -54,6 +54,8 @@ def _rel(a, b):
     return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
 
 
+pytestmark = pytest.mark.xdist_group("hf_files_save")  # its module fixtures built by one worker (--dist loadgroup)
+
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")

@@ -48,6 +48,8 @@ def _build(cfg_cls, model_cls, kw, seed=0):
     return model
 
 
+pytestmark = pytest.mark.xdist_group("hf_models")  # its module fixtures built by one worker (--dist loadgroup)
+
 @pytest.fixture(scope="module")
 def hf_models():
     return {name: _build(*spec) for name, spec in CAUSAL.items()}

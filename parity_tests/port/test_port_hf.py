@@ -28,6 +28,8 @@ ISLANDS = {"gpt2": set(), "bert": set(), "llama": {"LlamaRMSNorm", "LlamaRotaryE
            "qwen2": {"Qwen2RMSNorm", "Qwen2RotaryEmbedding"}, "gpt_neox": {"GPTNeoXRotaryEmbedding"}}
 
 
+pytestmark = pytest.mark.xdist_group("port_hf")  # its module fixtures built by one worker (--dist loadgroup)
+
 @pytest.fixture(scope="module")
 def models():
     """The transformers models, built once each (random weights, tiny configs)."""
