@@ -230,3 +230,21 @@ DECODER_INERT = {"attention_dropout": DROPOUT, "is_decoder": "not read by this f
 def rotary_defaults(**kw: Any) -> dict[str, Any]:
     return {"rope_parameters": None, "rope_scaling": None, "rope_theta": 10000.0, "is_causal": True,
             "vocab_size": 32000, "tie_word_embeddings": False, "max_position_embeddings": 2048, **kw}
+
+
+def read_nope_layers(c: Read, n: int, *, config_class: str, empty_is_default: bool = False) -> tuple[int, ...]:
+    """The layers (from 0) left without rotary by no_rope_layers (a 1 (rotary) or 0 (none) per layer, the
+    attention rotating where the layer's flag is truthy); absent (or, empty_is_default: Llama 4, empty):
+    config_class's default [int((i + 1) % no_rope_layer_interval != 0) for each of the n layers]."""
+    flags = c["no_rope_layers"]
+    if flags is None or (empty_is_default and not flags):
+        every = c["no_rope_layer_interval"]
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            c.refuse("no_rope_layer_interval", f"a positive layer count ({config_class} divides by it)")
+            return ()
+        flags = [int((i + 1) % every != 0) for i in range(n)]
+    if not isinstance(flags, (list, tuple)) or len(flags) < n:
+        c.refuse("no_rope_layers", f"a 1 (rotary) or 0 (none) for each of the {n} layers (the attention indexes "
+                                   "it by layer: transformers fails on a shorter list)")
+        return ()
+    return tuple(i for i in range(n) if not flags[i])

@@ -26,6 +26,7 @@ from ..readers import (
     MOE_TRAINING,
     explicit_head_dim,
     read_causal,
+    read_nope_layers,
     read_rope,
     read_sizes,
     rotary_defaults,
@@ -47,22 +48,6 @@ HF_LLAMA4 = Dialect(
 )
 register_dialect(HF_LLAMA4)
 
-
-def _nope_layers(c: Read, n: int) -> tuple[int, ...]:
-    """Llama4TextConfig's no_rope_layers (an empty or absent list: every no_rope_layer_interval-th layer
-    without rotary); Llama4TextAttention rotates where the layer's flag is truthy."""
-    flags = c["no_rope_layers"]
-    if not flags:
-        every = c["no_rope_layer_interval"]
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            c.refuse("no_rope_layer_interval", "a positive layer count (Llama4TextConfig divides by it)")
-            return ()
-        flags = [int((i + 1) % every != 0) for i in range(n)]
-    if not isinstance(flags, (list, tuple)) or len(flags) < n:
-        c.refuse("no_rope_layers", f"a 1 (rotary) or 0 (none) for each of the {n} layers (transformers fails on a "
-                                   "shorter list)")
-        return ()
-    return tuple(i for i in range(n) if not flags[i])
 
 
 def _not_yet(c: Read, n: int, nope: tuple[int, ...]) -> None:
@@ -108,7 +93,7 @@ def _llama4_text(c: Read) -> dict[str, Any]:
     sizes = read_sizes(c, "hidden_size", "num_attention_heads", "intermediate_size_mlp", "num_hidden_layers",
                        "num_key_value_heads")
     n = sizes["num_layers"]
-    nope = _nope_layers(c, n)
+    nope = read_nope_layers(c, n, config_class="Llama4TextConfig", empty_is_default=True)
     _not_yet(c, n, nope)
     head = explicit_head_dim(c, sizes["d_model"], sizes["num_heads"])
     width = head.get("head_dim", sizes["d_model"] // sizes["num_heads"])

@@ -14,6 +14,7 @@ from ..readers import (
     LM_ROTARY,
     explicit_head_dim,
     read_causal,
+    read_nope_layers,
     read_rope,
     read_sizes,
     rotary_defaults,
@@ -32,22 +33,6 @@ HF_SMOLLM3 = Dialect(
 )
 register_dialect(HF_SMOLLM3)
 
-
-def _nope_layers(c: Read, n: int) -> tuple[int, ...]:
-    """The layers (from 0) SmolLM3Attention leaves unrotated: `if config.no_rope_layers[layer_idx]` false;
-    no_rope_layers None: SmolLM3Config's [int((i + 1) % no_rope_layer_interval != 0) for each layer]."""
-    flags = c["no_rope_layers"]
-    if flags is None:
-        every = c["no_rope_layer_interval"]
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            c.refuse("no_rope_layer_interval", "a positive layer count (SmolLM3Config divides by it)")
-            return ()
-        flags = [int((i + 1) % every != 0) for i in range(n)]
-    if not isinstance(flags, (list, tuple)) or len(flags) < n:
-        c.refuse("no_rope_layers", f"a 1 (rotary) or 0 (none) for each of the {n} layers (SmolLM3Attention "
-                                   f"indexes it by layer: transformers fails on a shorter list)")
-        return ()
-    return tuple(i for i in range(n) if not flags[i])
 
 
 def _windows(c: Read, nope: tuple[int, ...], n: int) -> dict[str, Any]:
@@ -72,7 +57,7 @@ def _smollm3(c: Read) -> dict[str, Any]:
     sizes = read_sizes(c, "hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers",
                        "num_key_value_heads")
     attn, mlp = bool(c["attention_bias"]), bool(c["mlp_bias"])
-    nope = _nope_layers(c, sizes["num_layers"])
+    nope = read_nope_layers(c, sizes["num_layers"], config_class="SmolLM3Config")
     return {**sizes, **explicit_head_dim(c, sizes["d_model"], sizes["num_heads"]), **silu_only(c, "hidden_act"),
             "layer_norm_eps": float(c["rms_norm_eps"]), "bias": attn, "mlp_bias": None if mlp == attn else mlp,
             "causal": read_causal(c), **_windows(c, nope, sizes["num_layers"]),
