@@ -285,8 +285,7 @@ CLASSIC = {"norm_type": "layernorm", "norm_weight_offset": 0.0, "mlp": "dense", 
            "rope_scaling": None, "partial_rotary_factor": 1.0, "attn_logit_softcapping": None,
                "query_pre_attn_scalar": None,
             "sliding_window": None, "sliding_window_pattern": None, "rope_local_theta": None, "qk_norm": False,
-            "rope_interleaved": False, "rope_local_only": False, "nope_layers": (), "query_temperature_floor": None,
-            "qk_l2_norm": False,
+            "rope_interleaved": False, "rope_local_only": False,
             "scaling": "none", "residual": "add", "bias": True, "qkv_bias": None, "mlp_bias": None, "norm_bias": None,
             "layernorm_scaling": False,
             "parallel_residual": "none"}
@@ -310,8 +309,7 @@ LLAMA_SETTINGS = {"norm": "pre", "norm_type": "rmsnorm", "norm_weight_offset": 0
                    "activation": "silu", "scaling": "none", "residual": "add", "qk_norm": False,
                    "layernorm_scaling": False, "partial_rotary_factor": 1.0, "parallel_residual": "none",
                    "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "rope_local_theta": None,
-                   "mlp_bias": None, "norm_bias": None, "rope_interleaved": False, "rope_local_only": False,
-                   "nope_layers": (), "query_temperature_floor": None, "qk_l2_norm": False}
+                   "mlp_bias": None, "norm_bias": None, "rope_interleaved": False, "rope_local_only": False}
 WINDOWS = ("sliding_window", "sliding_window_pattern")  # read from sliding_window and layer_types
 # Qwen3, Gemma (2, 3), OLMo 2: attention_bias puts biases on q, k, v and o, never on the MLP (read:
 # bias=attention_bias, mlp_bias=False).

@@ -39,8 +39,7 @@ HF_LLAMA4 = Dialect(
     layer="layers.{i}.", final_norm="norm",
     rules=(*LLAMA_ATTENTION_NORMS, *linear("linear_gate", "feed_forward.gate_proj"),
            *linear("linear1", "feed_forward.up_proj"), *linear("linear2", "feed_forward.down_proj")),
-    settings={**{k: v for k, v in LLAMA_SETTINGS.items()
-                 if k not in ("mlp_bias", "rope_interleaved", "nope_layers", "query_temperature_floor", "qk_l2_norm")},
+    settings={**{k: v for k, v in LLAMA_SETTINGS.items() if k != "mlp_bias"},
               "rope_interleaved": True, "sliding_window": None, "sliding_window_pattern": None, "qkv_bias": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal",
            "nope_layers", "query_temperature_floor", "query_temperature_scale", "qk_l2_norm"),

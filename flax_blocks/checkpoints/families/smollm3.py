@@ -26,7 +26,7 @@ HF_SMOLLM3 = Dialect(
     "hf-smollm3", "Hugging Face SmolLM3 (LLaMA's names; layers without rotary in its config)",
     layer="layers.{i}.", final_norm="norm", rules=LLAMA_RULES,
     ignore=("self_attn.rotary_emb.inv_freq",),
-    settings={k: v for k, v in LLAMA_SETTINGS.items() if k not in ("mlp_bias", "nope_layers")},
+    settings={k: v for k, v in LLAMA_SETTINGS.items() if k != "mlp_bias"},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "qkv_bias", "mlp_bias", "causal",
            "nope_layers", *WINDOWS),
     outside=LLAMA_OUTSIDE, shared_by=LLAMA_NAMED,
