@@ -2,9 +2,10 @@
 and norms, its MLP under feed_forward; rotary as complex pairs (adjacent dims, rope_interleaved) in the
 layers no_rope_layers marks 1, every no_rope_layer_interval-th (4th) layer without (NoPE), whose queries
 attn_temperature_tuning tempers by their slot (floor_scale, attn_scale); the rotary layers' q and k over
-their RMS after rotary (use_qk_norm). Not computed yet, refused by name: its experts (moe_layers, by
-default every layer) and chunked attention (attention_chunk_size); so a published Scout / Maverick config
-is refused, a dense one without chunks loads."""
+their RMS after rotary (use_qk_norm); chunked attention (attention_chunk_size) in the layers layer_types
+marks "chunked_attention" (by default the rotary ones), the chunks counted from each row's first real
+token. Not computed yet, refused by name: its experts (moe_layers, by default every layer); so a published
+Scout / Maverick config is refused, a dense one loads."""
 
 from __future__ import annotations
 
@@ -42,15 +43,16 @@ HF_LLAMA4 = Dialect(
     settings={**{k: v for k, v in LLAMA_SETTINGS.items() if k != "mlp_bias"},
               "rope_interleaved": True, "sliding_window": None, "sliding_window_pattern": None, "qkv_bias": None},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal",
-           "nope_layers", "query_temperature_floor", "query_temperature_scale", "qk_l2_norm"),
+           "nope_layers", "query_temperature_floor", "query_temperature_scale", "qk_l2_norm", "attention_chunk_size",
+           "unchunked_layers"),
     outside=LLAMA_OUTSIDE, shared_by=LLAMA_NAMED,
 )
 register_dialect(HF_LLAMA4)
 
 
 
-def _not_yet(c: Read, n: int, nope: tuple[int, ...]) -> None:
-    """What Llama 4's text model computes that the blocks do not yet: refused by name."""
+def _experts_not_yet(c: Read, n: int) -> None:
+    """Llama 4's experts, which the blocks do not compute yet: refused by name."""
     moe = c["moe_layers"]
     if moe is None:
         step = c["interleave_moe_layer_step"]
@@ -60,14 +62,31 @@ def _not_yet(c: Read, n: int, nope: tuple[int, ...]) -> None:
                  f"experts in layers {list(moe)}: a top-1 router whose sigmoid score multiplies the expert's input, "
                  "beside an ungated shared expert, which the blocks do not compute yet (moe_layers=[] loads dense "
                  "layers of intermediate_size_mlp)")
-    types = c["layer_types"] or ["chunked_attention" if i not in nope and c["attention_chunk_size"] is not None
-                                 else "full_attention" for i in range(n)]
-    if "chunked_attention" in list(types):
-        c.refuse("layer_types" if c["layer_types"] else "attention_chunk_size",
-                 "chunked attention (causal within chunks of attention_chunk_size) in the rotary layers, which the "
-                 "blocks do not compute yet")
-    elif set(types) - {"full_attention"}:
-        c.refuse("layer_types", "layers of 'full_attention' (Llama4TextModel builds no other mask)")
+
+
+def _chunks(c: Read, n: int, nope: tuple[int, ...]) -> dict[str, Any]:
+    """Chunked attention: layer_types (Llama4TextConfig's default: "chunked_attention" in the rotary layers when
+    attention_chunk_size is set, else "full_attention") -> attention_chunk_size and unchunked_layers (the
+    "full_attention" layers, from 0); no chunked layer: none."""
+    size, given = c["attention_chunk_size"], c["layer_types"]
+    types = list(given) if given else ["chunked_attention" if i not in nope and size is not None else "full_attention"
+                                       for i in range(n)]
+    if len(types) != n or set(types) - {"full_attention", "chunked_attention"}:
+        c.refuse("layer_types", f"one of 'full_attention' or 'chunked_attention' for each of the {n} layers "
+                                "(Llama4TextModel builds no other mask)")
+        return {}
+    if "chunked_attention" not in types:
+        return {}
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        c.refuse("attention_chunk_size", "a positive int: layer_types names chunked layers (transformers' "
+                                         "create_chunked_causal_mask raises without one)")
+        return {}
+    if not read_causal(c):  # create_chunked_causal_mask never reads is_causal; create_causal_mask does
+        c.refuse("is_causal", "True with chunked layers: transformers keeps them causal and makes the full layers "
+                              "bidirectional, a mix the blocks do not compute")
+        return {}
+    return {"attention_chunk_size": size,
+            "unchunked_layers": tuple(i for i, t in enumerate(types) if t == "full_attention")}
 
 
 def _temperature(c: Read, nope: tuple[int, ...]) -> dict[str, Any]:
@@ -93,7 +112,7 @@ def _llama4_text(c: Read) -> dict[str, Any]:
                        "num_key_value_heads")
     n = sizes["num_layers"]
     nope = read_nope_layers(c, n, config_class="Llama4TextConfig", empty_is_default=True)
-    _not_yet(c, n, nope)
+    _experts_not_yet(c, n)
     head = explicit_head_dim(c, sizes["d_model"], sizes["num_heads"])
     width = head.get("head_dim", sizes["d_model"] // sizes["num_heads"])
     attn = bool(c["attention_bias"])
@@ -101,7 +120,7 @@ def _llama4_text(c: Read) -> dict[str, Any]:
             "mlp_bias": False if attn else None, "causal": read_causal(c),
             "qk_l2_norm": bool(c["use_qk_norm"]) and len(nope) < n,  # Llama4TextL2Norm: the rotary layers alone
             **read_rope(c, default_theta=500000.0, head_dim=width), "nope_layers": nope, **_temperature(c, nope),
-            "final_norm": True}
+            **_chunks(c, n, nope), "final_norm": True}
 
 
 register(Family("llama4_text", "Llama4TextConfig", "Llama4TextModel", "hf-llama4",
@@ -120,7 +139,7 @@ register(Family("llama4_text", "Llama4TextConfig", "Llama4TextModel", "hf-llama4
                 lm=LM_ROTARY, lm_class="Llama4ForCausalLM", outside=Outside("model.", "embed_tokens.weight"),
                 reference=Reference(float32_inside=True),  # RMSNorm, rotary and the temperature in float32
                 draws={"moe_layers": ([],), "intermediate_size_mlp": (24, 40), "use_qk_norm": (False, True),
-                       "attention_chunk_size": (None, 4),
+                       "attention_chunk_size": (None, 2, 4, 8192),
                        "no_rope_layers": ([1, 0, 1], [0, 1, 1]), "no_rope_layer_interval": (2, 4),
                        "attn_temperature_tuning": (True, False), "floor_scale": (2, 8192), "attn_scale": (0.5, 0.1),
                        "attention_bias": (False, True)}))
