@@ -442,4 +442,6 @@ def test_alibi_and_chunks_take_the_dense_path_alone(option):
     for platform in ("cpu", "gpu"):
         assert attention_path(cfg, 4096, need_weights=False, explicit_mask=False, dropout_active=False,
                               platform=platform) == "dense"
-    assert torch_attention_path(cfg, need_weights=False) == "dense"
+    for platform in ("cpu", "cuda"):
+        assert torch_attention_path(cfg, 4096, need_weights=False, platform=platform) == "dense"
+        assert torch_attention_path(make(causal=True), 4096, need_weights=False, platform=platform) == "fused"
