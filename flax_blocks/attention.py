@@ -512,11 +512,11 @@ class Attention(nnx.Module):
         if path != "dense" and (call.cross or call.cache is not None):
             raise ValueError(f"the {path} attention path serves uncached self-attention only; cached decoding "
                              "and cross-attention take the dense path")
-        if path != "dense" and self.cfg.attention_chunk_size is not None:
-            raise ValueError(f"the {path} attention path does not compute chunked attention (attention_chunk_size): "
-                             "take the dense path")
+        if path == "fused" and self.cfg.attention_chunk_size is not None:
+            raise ValueError("the fused attention path does not compute chunked attention (attention_chunk_size): "
+                             "take the dense or blocked path")
         if path != "dense":  # an uncached self-attention
-            out, has_key = self._efficient(path, q, k, v, call.key_valid, local)
+            out, has_key = self._efficient(path, q, k, v, call.key_valid, local, is_chunked(self.cfg, call.layer))
             return jnp.where(has_key[..., None], self._out(out), 0.0), None, None, cache
         if local is not False:  # a sliding-window layer
             mask, rows = self.windowed(mask, rows, call.index, t, k.shape[2], local)
@@ -551,9 +551,10 @@ class Attention(nnx.Module):
         return q.swapaxes(1, 2), mem["k"], mem["v"]
 
     def _efficient(self, path: str, q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array | None,
-                   local) -> tuple[jax.Array, jax.Array]:
+                   local, chunked=False) -> tuple[jax.Array, jax.Array]:
         """The blocked or fused path over q (B, H, T, hd) and k, v (B, K, S, hd): (out (B, H, T, hd),
-        has_key (B, T)); `flash.py` takes q (B, T, K, G, hd) and k, v (B, S, K, hd)."""
+        has_key (B, T)); `flash.py` takes q (B, T, K, G, hd) and k, v (B, S, K, hd). chunked: a chunked
+        layer's (`is_chunked`; the blocked path alone computes chunks)."""
         cfg = self.cfg
         b, h, t, d = q.shape
         q, k, v = q.swapaxes(1, 2).reshape(b, t, k.shape[1], -1, d), k.swapaxes(1, 2), v.swapaxes(1, 2)
@@ -564,7 +565,8 @@ class Attention(nnx.Module):
             out, has_key = blocked_attention(
                 q, k, v, causal=cfg.causal, key_valid=key_valid, block=cfg.attention_block, scale=cfg.attention_scale,
                 softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local,
-                sinks=None if self.sinks is None else self.sinks[...].astype(q.dtype))
+                sinks=None if self.sinks is None else self.sinks[...].astype(q.dtype),
+                chunk=cfg.attention_chunk_size, chunked=chunked)
         return out.reshape(b, t, h, d).swapaxes(1, 2), has_key
 
     def _dense(self, q: jax.Array, k: jax.Array, v: jax.Array, step: tuple | None, mask: jax.Array | None,

@@ -136,8 +136,7 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(alibi=1), ["alibi", "bool"]),
         # Llama 4's chunked attention: causal, without a window, the dense path alone
         (dict(attention_chunk_size=4), ["attention_chunk_size=4", "causal=True", "causal=False"]),
-        (dict(attention_chunk_size=4, causal=True, attention="blocked"), ["dense path", "attention='blocked'"]),
-        (dict(attention_chunk_size=4, causal=True, attention="fused"), ["dense path", "attention='fused'"]),
+        (dict(attention_chunk_size=4, causal=True, attention="fused"), ["masks chunks", "attention='fused'"]),
         (dict(attention_chunk_size=4, causal=True, sliding_window=2), ["no sliding_window", "sliding_window=2"]),
         (dict(attention_chunk_size=0, causal=True), ["attention_chunk_size", "positive int", "0"]),
         (dict(attention_chunk_size=True, causal=True), ["attention_chunk_size", "positive int", "True"]),
@@ -431,17 +430,17 @@ def test_sinks_never_take_the_fused_path():
     assert torch_attention_path(cfg, need_weights=False) == "dense"
 
 
-@pytest.mark.parametrize("option", [dict(alibi=True), dict(attention_chunk_size=4)])
-def test_alibi_and_chunks_take_the_dense_path_alone(option):
-    """ALiBi's biases are added, Llama 4's chunks masked, on the dense path: "auto" never takes the blocked or
-    fused one (either twin)."""
+@pytest.mark.parametrize("option, flax", [(dict(alibi=True), "dense"), (dict(attention_chunk_size=4), "blocked")])
+def test_alibi_and_chunks_take_the_paths_that_compute_them(option, flax):
+    """ALiBi's biases are added on the dense path alone, Llama 4's chunks masked on the dense path and Flax's
+    blocked kernel: "auto" never takes a fused kernel (either twin) nor SDPA (torch) for them."""
     from flax_blocks.attention import attention_path
     from torch_blocks.attention import attention_path as torch_attention_path
 
     cfg = make(causal=True, **option)
     for platform in ("cpu", "gpu"):
         assert attention_path(cfg, 4096, need_weights=False, explicit_mask=False, dropout_active=False,
-                              platform=platform) == "dense"
+                              platform=platform) == flax
     for platform in ("cpu", "cuda"):
         assert torch_attention_path(cfg, 4096, need_weights=False, platform=platform) == "dense"
         assert torch_attention_path(make(causal=True), 4096, need_weights=False, platform=platform) == "fused"

@@ -401,10 +401,11 @@ class BlockConfig:
             return
         if not isinstance(c, int) or isinstance(c, bool) or c < 1:
             raise ValueError(f"BlockConfig.attention_chunk_size must be None or a positive int, got {c!r}")
-        if not self.causal or self.sliding_window is not None or self.attention in ("blocked", "fused"):
+        if not self.causal or self.sliding_window is not None or self.attention == "fused":
             raise ValueError(f"BlockConfig.attention_chunk_size={c!r} (Llama 4's chunked attention: causal within "
-                             f"chunks) needs causal=True, no sliding_window and the dense path (attention 'auto' "
-                             f"or 'dense'), got causal={self.causal!r}, sliding_window={self.sliding_window!r}, "
+                             f"chunks) needs causal=True, no sliding_window and a path that masks chunks (attention "
+                             f"'auto', 'dense' or 'blocked': the fused kernels take no such mask), got "
+                             f"causal={self.causal!r}, sliding_window={self.sliding_window!r}, "
                              f"attention={self.attention!r}")
 
     def _check_combinations(self) -> None:

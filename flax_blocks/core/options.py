@@ -144,7 +144,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("qk_l2_norm", "compute", "Llama 4's use_qk_norm: q and k divided by their RMS over each head (no weight, "
            "eps layer_norm_eps) in the layers that rotate, after rotary; not with qk_norm"),
     Option("attention_chunk_size", "compute", "Llama 4's chunked attention: a query sees the earlier keys of its own "
-           "chunk of C tokens, the chunks counted from each row's first real token; None: off", cli=False),
+           "chunk of C tokens, the chunks counted from each row's first real token; None: off; not on the fused path",
+           cli=False),
     Option("unchunked_layers", "compute", "layers (from 0, HF layer_types 'full_attention') that attend to every "
            "earlier key beside the chunked ones (Llama 4: its NoPE layers)", cli=False,
            only_with=("attention_chunk_size", 2)),
@@ -387,9 +388,11 @@ DETAILS = """\
   of the row may attend (`config.chunk_start`: from the key mask, or in cached decoding from the cache's
   written, unpadded slots), on the slots (cache index + i), not on the position ids: HF's rule, with or without
   position_ids, prefill and decoding alike (a decoding cache keeps every key; HF's chunked layers keep the
-  last C - 1, all a chunk reads). Needs causal=True and no sliding_window. The dense path computes it: "auto"
-  takes it, a forced "blocked" or "fused" is refused (Flax's kernels and SDPA would need the (T, S) mask);
-  a LanguageModel's cache_window is refused beside it (its hidden keys would move the chunks).
+  last C - 1, all a chunk reads). Needs causal=True and no sliding_window. The dense path and Flax's
+  "blocked" kernel compute it (the blocked one masks every key block by each row's chunks, from the key
+  mask); jax.nn.dot_product_attention and SDPA take no such mask: "fused" is refused, and "auto" takes the
+  dense path in torch and the blocked one in Flax from 1024 keys (on a GPU too). A LanguageModel's
+  cache_window is refused beside it (its hidden keys would move the chunks).
 - `unchunked_layers`: (), every layer chunked (with attention_chunk_size); layer indices from 0 that attend to
   every earlier key (HF layer_types "full_attention"; Llama4TextConfig's default: the NoPE layers, those its
   no_rope_layers marks 0). A block called alone is layer 1 (index 0); a Flax stack computes each layer's kind
@@ -429,8 +432,9 @@ DETAILS = """\
   softmax. The twins differ only where their kernels do: Flax's "blocked" and "fused" serve an uncached
   self-attention with causal and key masks (no attention_mask, no dropout on the weights; "fused" no
   soft-capping, sinks or alternating windows either); torch serves both with SDPA, which takes masks, dropout,
-  caches and memories but no soft-capping, sliding windows or sinks; ALiBi's biases and a window without
-  causal take the dense path in both. "dense": the explicit softmax (float64
+  caches and memories but no soft-capping, sliding windows, sinks or chunks; ALiBi's biases and a window
+  without causal take the dense path in both, chunked attention (attention_chunk_size) the dense path or
+  Flax's blocked kernel. "dense": the explicit softmax (float64
   exact; returns the attention weights); "blocked": Flax: queries and keys in blocks of `attention_block`,
   online softmax with a FlashAttention-2 backward (custom VJP; causal skips the blocks above the diagonal),
   O(T * hd + block^2) memory; torch: SDPA; "fused": Flax: jax.nn.dot_product_attention (cuDNN on a GPU; its

@@ -203,6 +203,9 @@ CASES: list[Case] = [
     Case("Encoder", replace(LLAMA, nope_layers=(1,), qk_norm=False, qk_l2_norm=True, attention_chunk_size=3,
                             unchunked_layers=(1,)), num_layers=2, seq=8, key_mask=True, left_pad=2),
     replace(BLOCK, cfg=replace(LLAMA, attention_chunk_size=2), seq=5),  # a block alone: chunks from slot 0
+    # ... on Flax's blocked path (blocks of 2 across the chunks' edges; torch: dense), the first layer unchunked
+    Case("Encoder", replace(LLAMA, attention="blocked", attention_block=2, attention_chunk_size=3,
+                            unchunked_layers=(0,)), num_layers=2, seq=8, key_mask=True, left_pad=1),
 ]
 
 # ModernBERT's encoder: global, local, local, global layers (each period starts global), a bidirectional window
