@@ -60,12 +60,13 @@ CAUSAL = {
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(ROTARY, rope_theta=500.0, no_rope_layers=[0, 1])),
-    # Llama 4's text model, dense: layer 2 NoPE, its queries tempered (floor 2: slots 1, 3, 5 ... step up), layer 1's
-    # q and k over their RMS after rotary (use_qk_norm)
+    # Llama 4's text model: layer 1 dense (intermediate_size_mlp), layer 2 experts (interleave_moe_layer_step 2: top-1
+    # of 4, the sigmoid on the expert's input, the ungated shared expert) and NoPE, its queries tempered (floor 2:
+    # slots 1, 3, 5 ... step up), layer 1's q and k over their RMS after rotary (use_qk_norm)
     "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
-                    dict(ROTARY, head_dim=8, intermediate_size_mlp=48, moe_layers=[], use_qk_norm=True,
-                         attention_chunk_size=None, no_rope_layers=[1, 0], floor_scale=2, attn_scale=0.5,
-                         rope_theta=500.0)),
+                    dict(ROTARY, head_dim=8, intermediate_size=16, intermediate_size_mlp=48,
+                         interleave_moe_layer_step=2, num_local_experts=4, use_qk_norm=True, attention_chunk_size=None,
+                         no_rope_layers=[1, 0], floor_scale=2, attn_scale=0.5, rope_theta=500.0)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ROTARY, attention_multiplier=0.3, residual_multiplier=0.22,
                                                           embedding_multiplier=6.0, logits_scaling=4.0)),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48,
@@ -405,28 +406,53 @@ def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models,
     ("the NoPE layer's queries not tempered (attn_temperature_tuning ignored)", dict(query_temperature_floor=None)),
     ("rotary on halves (LLaMA's) for Llama 4's complex pairs", dict(rope_interleaved=False)),
     ("rotary in every layer (no_rope_layers ignored)", dict(nope_layers=(), query_temperature_floor=None)),
-    ("the rotary layer's L2 QK-norm left out (use_qk_norm ignored)", dict(qk_l2_norm=False))])
+    ("the rotary layer's L2 QK-norm left out (use_qk_norm ignored)", dict(qk_l2_norm=False)),
+    ("the router's sigmoid on the expert's output, not its input", dict(routing_weights_on="output")),
+    ("the top-1 weighted by the softmax over every logit", dict(routing="softmax")),
+    ("the shared expert gated (Qwen2-MoE's sigmoid gate, a zero weight as a porter would fill it)",
+     dict(shared_expert_gate=True))])
 def test_llama4_text_mistakes_are_caught(what, fields, flax_models, reference):
-    """Llama 4's dense text model read otherwise than Llama4TextModel computes it: each caught."""
+    """Llama 4's text model read otherwise than Llama4TextModel computes it: each caught."""
     from flax_blocks.checkpoints.convert.load import from_torch_state_dict
 
     lm = flax_models["llama4_text"]
-    assert (lm.cfg.nope_layers, lm.cfg.query_temperature_floor, lm.cfg.rope_interleaved, lm.cfg.qk_l2_norm) == \
-        ((1,), 2.0, True, True)
-    wrong = from_torch_state_dict(replace(lm.cfg, **fields), lm.lm, fb.torch_state_dict(lm))
+    c = lm.cfg
+    assert (c.nope_layers, c.query_temperature_floor, c.rope_interleaved, c.qk_l2_norm) == ((1,), 2.0, True, True)
+    assert (c.num_experts, c.num_experts_per_tok, c.expert_d_ff, c.shared_expert_d_ff, c.d_ff, c.mlp_only_layers,
+            c.routing, c.routing_weights_on, c.shared_expert_gate, c.norm_topk_prob) == \
+        (4, 1, 16, 16, 48, (0,), "llama4", "input", False, False)
+    sd = fb.torch_state_dict(lm)
+    if fields.get("shared_expert_gate"):
+        sd = {**sd, **{k.replace("shared_up.weight", "shared_expert_gate"): np.zeros((1, E), np.float32)
+                       for k in sd if k.endswith("experts.shared_up.weight")}}
+    wrong = from_torch_state_dict(replace(c, **fields), lm.lm, sd)
     ids, mask, positions = _batch()
     err = _rel(_logits(wrong, ids, mask, positions), reference["llama4_text"], mask.astype(bool))
     print(f"llama4_text: {what}: rel error {err:.1e}")
     assert err > 1e-3
 
 
+def test_llama4_text_save_hf_is_read_back_by_from_pretrained(hf_models, flax_models, tmp_path):
+    """fb.save_hf writes the experts layer's fused gate_up_proj / down_proj, router and shared expert and the
+    dense layer's MLP in save_pretrained's names: from_pretrained reads the folder with nothing missing or
+    unexpected, every tensor identical."""
+    hf = hf_models["llama4_text"]
+    fb.save_hf(flax_models["llama4_text"], tmp_path)
+    back, info = type(hf).from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+    original = hf.state_dict()
+    assert set(back.state_dict()) == set(original)
+    assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
+
+
 @pytest.mark.parametrize("changes, key", [
-    (dict(), "interleave_moe_layer_step"), (dict(moe_layers=[1]), "moe_layers"),
+    (dict(interleave_moe_layer_step=0, attention_chunk_size=None), "interleave_moe_layer_step"),
+    (dict(moe_layers=[1], num_local_experts=0, attention_chunk_size=None), "num_local_experts"),
     (dict(moe_layers=[], use_qk_norm=False), "attention_chunk_size"),
     (dict(moe_layers=[], use_qk_norm=False, attention_chunk_size=None,
           layer_types=["chunked_attention", "full_attention"]), "layer_types")])
 def test_llama4_text_refuses_by_name_what_it_does_not_compute_yet(changes, key):
-    """Its experts and chunked attention: refused, each by its key (a
+    """Experts layers without experts (or a step below 1) and chunked attention: refused, each by its key (a
     config.json as written by hand: moe_layers and layer_types derived as Llama4TextConfig derives them)."""
     from flax_blocks.checkpoints.hf_config import hf_config
 
