@@ -408,7 +408,6 @@ def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models,
     ("rotary in every layer (no_rope_layers ignored)", dict(nope_layers=(), query_temperature_floor=None)),
     ("the rotary layer's L2 QK-norm left out (use_qk_norm ignored)", dict(qk_l2_norm=False)),
     ("the router's sigmoid on the expert's output, not its input", dict(routing_weights_on="output")),
-    ("the top-1 weighted by the softmax over every logit", dict(routing="softmax")),
     ("the shared expert gated (Qwen2-MoE's sigmoid gate, a zero weight as a porter would fill it)",
      dict(shared_expert_gate=True))])
 def test_llama4_text_mistakes_are_caught(what, fields, flax_models, reference):
@@ -443,6 +442,37 @@ def test_llama4_text_save_hf_is_read_back_by_from_pretrained(hf_models, flax_mod
     original = hf.state_dict()
     assert set(back.state_dict()) == set(original)
     assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
+
+
+def test_llama4_multimodal_folder_loads_its_language_model(tmp_path):
+    """Scout and Maverick are published as Llama4ForConditionalGeneration (model_type llama4, the text model's
+    config nested in text_config, its weights under language_model.model. / language_model.lm_head.): fb.from_hf
+    reads the language model (the llama4_text row's, experts included) equal to transformers' language model of
+    the folder, and leaves the vision model and projector unread, named in the load report. (transformers
+    5.24's Llama4ForConditionalGeneration.forward fails on any input, reading an image_outputs its language
+    model's output lacks: its language_model is the reference.)"""
+    _, _, kw = CAUSAL["llama4_text"]
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24, image_size=28,
+                  patch_size=14, vision_output_dim=16, projector_input_dim=16, projector_output_dim=16)
+    config = transformers.Llama4Config(text_config={"model_type": "llama4_text", **kw}, vision_config=vision)
+    torch.manual_seed(0)
+    hf = transformers.Llama4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    hf.save_pretrained(tmp_path)
+    lm = fb.from_hf(tmp_path, part="causal-lm", dtype="float32")
+    assert (lm.cfg.num_experts, lm.cfg.routing, lm.cfg.nope_layers) == (4, "llama4", (1,))
+    ids, mask, positions = _batch()
+    with torch.no_grad():
+        theirs = hf.language_model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                   position_ids=torch.tensor(positions)).logits.numpy()
+    err = _rel(_logits(lm, ids, mask, positions), theirs, mask.astype(bool))
+    print(f"llama4 (multimodal folder): max relative logit error {err:.1e}")
+    assert err < 1e-5, err
+    note = fb.load_report(lm).notes[0]
+    assert "llama4_text" in note and "vision_model" in note and "multi_modal_projector" in note
 
 
 @pytest.mark.parametrize("changes, key", [
