@@ -475,6 +475,21 @@ def test_llama4_multimodal_folder_loads_its_language_model(tmp_path):
     assert "llama4_text" in note and "vision_model" in note and "multi_modal_projector" in note
 
 
+@pytest.mark.parametrize("changes", [dict(), dict(interleave_moe_layer_step=2), dict(interleave_moe_layer_step=3),
+                                     dict(num_hidden_layers=4, interleave_moe_layer_step=2), dict(moe_layers=[0, 5]),
+                                     dict(moe_layers=[]), dict(moe_layers=[1], interleave_moe_layer_step=2)])
+def test_llama4_text_experts_layers_are_transformers(changes):
+    """The layers that run the experts are the ones Llama4TextDecoderLayer gives experts (layer_idx in
+    Llama4TextConfig's moe_layers, derived from interleave_moe_layer_step when not given), the others dense."""
+    from flax_blocks.checkpoints.hf_config import hf_config
+    from flax_blocks.core.config import is_moe_layer
+
+    kw = {**ROTARY, "head_dim": 8, "attention_chunk_size": None, **changes}
+    _, cfg, n, _ = hf_config({"model_type": "llama4_text", **kw})
+    theirs = transformers.Llama4TextConfig(**kw).moe_layers
+    assert [bool(is_moe_layer(cfg, i + 1)) for i in range(n)] == [i in theirs for i in range(n)]
+
+
 @pytest.mark.parametrize("changes, key", [
     (dict(interleave_moe_layer_step=0, attention_chunk_size=None), "interleave_moe_layer_step"),
     (dict(moe_layers=[1], num_local_experts=0, attention_chunk_size=None), "num_local_experts"),
