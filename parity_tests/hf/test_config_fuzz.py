@@ -117,7 +117,7 @@ def test_the_whisper_encoder_saved_alone_loads(tmp_path):
 @pytest.mark.parametrize("model_type,words", [
     ("falcon_mamba", "state-space"), ("bloom", "ALiBi position biases"), ("gpt_neo", "local attention"),
     ("codegen", "interleaved rotary"),
-    ("dbrx", "p-norm.*clip_qkv"), ("llama4", "chunked attention.*ungated"),
+    ("dbrx", "p-norm.*clip_qkv"), ("llama4", "vision tower.*llama4_text"),
     ("frobnet", "no table reads it; supported: bert")])
 def test_model_types_the_blocks_do_not_compute_are_refused_with_the_reason(model_type, words):
     with pytest.raises(fb.ConversionError, match=words):
