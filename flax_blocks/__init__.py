@@ -80,8 +80,12 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: im
 
 
 def __getattr__(name: str) -> Any:
+    """A lazy name's object, imported on first use and kept in the module's globals, so that
+    later uses find it there without calling this again."""
     if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'flax_blocks' has no attribute {name!r}")
 
 
