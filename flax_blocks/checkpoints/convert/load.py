@@ -30,7 +30,7 @@ from ...core.declarations import FINAL_NORM
 from ...core.lm_config import ENCODER, components
 from ...lm import LanguageModel
 from .. import dialects, stream
-from ..hf_config import check_hf_source, hf_state_dict
+from ..checkpoint import check_hf_source, hf_state_dict
 from ..io import ConversionError, few, natural_key, ranges, read_state_dict
 from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
 from .params import LAYER, Expected, expected_torch_params, flax_params
