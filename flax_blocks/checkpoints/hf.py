@@ -29,7 +29,7 @@ import numpy as np
 from ..core.config import BlockConfig
 from ..core.lm_config import ENCODER
 from . import dialects
-from .checkpoint import Checkpoint, mark, read_checkpoint
+from .checkpoint import Checkpoint, check_shapes, mark, read_checkpoint
 from .family import FAMILIES, Outside, families_of_dialect
 from .io import ConversionError
 from .stream import to_numpy
@@ -90,20 +90,30 @@ def from_hf(source: Any, *, part: str = "stack", dtype: Any = None, seed: int = 
 
 
 def place(ckpt: Checkpoint, *, dtype: Any = None, seed: int = 0, mesh: Any = None, rules: Any = None):
-    """A Flax model holding a read Checkpoint's tensors (each read once, as it is placed; on
-    `mesh` each device reads its slice), marked with its dialect, family and load report:
-    a LanguageModel for a whole model, else an Encoder or Decoder."""
-    from .. import stacks
-    from .convert import from_torch
-    from .convert.load import from_torch_state_dict
+    """A Flax model holding a read Checkpoint's tensors, marked with its dialect, family and
+    load report: a LanguageModel for a whole model, else an Encoder or Decoder. The model is
+    built abstract (`nnx.eval_shape`: no random values drawn), the checkpoint's dtypes, names
+    and shapes checked against it (one ConversionError naming every difference, nothing
+    read), then each tensor read once as it is placed (on `mesh` each device reads its slice;
+    `flax_blocks.checkpoints.convert.place`); only the dropout RNG state comes from `seed`."""
+    from flax import nnx
 
-    if ckpt.lm is not None:
-        model = from_torch_state_dict(ckpt.cfg, ckpt.lm, ckpt.tensors, seed=seed, dtype=dtype, mesh=mesh, rules=rules)
+    from .. import stacks
+    from ..lm import LanguageModel
+    from .convert.place import check_dtypes, materialize_rng_state, named_params, place_named
+
+    check_dtypes(ckpt.tensors, dtype)  # before the model is built in a dtype it cannot hold
+    lm = ckpt.lm
+    if lm is not None:
+        model = nnx.eval_shape(lambda: LanguageModel(ckpt.cfg, lm, rngs=nnx.Rngs(seed)))
     else:
         log.info("from_hf: %s model, dialect %s, %d layers", ckpt.family, ckpt.dialect, ckpt.num_layers)
-        model = from_torch(getattr(stacks, ckpt.stack), ckpt.cfg, ckpt.tensors, dialect="torch",
-                           num_layers=ckpt.num_layers, final_norm=ckpt.final_norm, dtype=dtype, seed=seed, mesh=mesh,
-                           rules=rules)
+        model = nnx.eval_shape(lambda: getattr(stacks, ckpt.stack)(
+            ckpt.cfg, num_layers=ckpt.num_layers, final_norm=ckpt.final_norm, rngs=nnx.Rngs(seed)))
+    named = named_params(model)
+    check_shapes(ckpt, {t: p.shape for t, (_, _, p) in named.items()})
+    place_named(model, ckpt.tensors, named, dtype=dtype, mesh=mesh, rules=rules)
+    materialize_rng_state(model, seed, mesh=mesh)
     return mark(model, ckpt)
 
 
