@@ -17,8 +17,9 @@ is collected and raised together in one `ConversionError` before the module is t
 Dtypes are preserved (float32, float64, bfloat16) unless `dtype=` asks for a cast.
 
 Modules: `place` (which parameters a module has, both namings, and values placed into
-them), `infer` (config inference), `load` (validate -> plan -> apply), `save` (state dicts out); `__main__` is the
-command line (`python -m flax_blocks.checkpoints.convert`, see `flax_blocks.checkpoints.convert.cli`).
+them), `infer` (config inference), `load` (validate -> plan -> apply), `save` (state dicts
+out); `__main__` is the command line (`python -m flax_blocks.checkpoints.convert`, see
+`flax_blocks.checkpoints.convert.cli`).
 """
 
 from ..io import ConversionError, read_state_dict, to_numpy

@@ -11,15 +11,12 @@ them without the whole model ever in one place.
 A stack's layer i is torch's `layers.{i}.` and index i of the Flax layers' leading (stacked)
 axis (a mixed stack's MLPs: index j of their kind's); a Transformer holds an encoder and a
 decoder stack.
-Planned values (`flax_blocks.checkpoints.stream.Lazy`) -> placed JAX arrays, without the whole model
-ever in one place.
 
-    place_all(variables, values, mesh=None, rules=None)
-
-Each value becomes a `jax.Array` with the variable's sharding: with a mesh, the
-`NamedSharding` its declared logical axes give through `rules` (default: attention heads
-and the FFN width over "model", the rest replicated; an axis a mesh axis does not divide is
-replicated over it: `flax_blocks.sharding`); without one, the default device.
+Placing: planned values (`flax_blocks.checkpoints.stream.Lazy`) -> JAX arrays. Each value
+becomes a `jax.Array` with the variable's sharding: with a mesh, the `NamedSharding` its
+declared logical axes give through `rules` (default: attention heads and the FFN width over
+"model", the rest replicated; an axis a mesh axis does not divide is replicated over it:
+`flax_blocks.sharding`); without one, the default device.
 
 For each distinct slice its devices hold, the slice alone is read from the checkpoint (a
 process of a multi-host run reads only its own devices' slices), once, straight into a
