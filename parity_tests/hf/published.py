@@ -208,7 +208,7 @@ def unquantized(config: dict[str, Any]) -> dict[str, Any]:
 
 def table(names: list[str]) -> str:
     """One row per checkpoint: its family, what it carries, the outcome and the error."""
-    from flax_blocks.checkpoints.hf_config import read_config
+    from flax_blocks.checkpoints.checkpoint import read_config
 
     rows = ["| checkpoint (file) | model_type | dtype | rotary scaling | keys ignored | outcome | float32 error |",
             "|---|---|---|---|---|---|---|"]

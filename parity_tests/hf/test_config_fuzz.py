@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
-from flax_blocks.checkpoints.hf_config import hf_config  # noqa: E402
+from flax_blocks.checkpoints.checkpoint import hf_config  # noqa: E402
 from parity_tests.hf.fuzz import MODELS, Outcome, fuzz, run_case  # noqa: E402
 
 ROTARY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40,
