@@ -37,7 +37,7 @@ _LAZY = {
     "detect_dialect": "checkpoints.dialects",
     "from_hf": "checkpoints.hf",
     "to_hf": "checkpoints.hf",
-    "load_report": "checkpoints.load_report",
+    "load_report": "checkpoints.checkpoint",
     "save_hf": "checkpoints.save_hf",
     "RopeScaling": "core.rope",
     "LanguageModel": "lm",
@@ -59,6 +59,7 @@ __all__ = [
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: imported on first use, above)
     from .attention import Attention, build_mask
     from .blocks import DecoderBlock, FeedForward, ResidualMHA, TransformerBlock
+    from .checkpoints.checkpoint import load_report
     from .checkpoints.convert import (
         ConversionError,
         flax_state_dict,
@@ -70,7 +71,6 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: im
     )
     from .checkpoints.dialects import detect_dialect
     from .checkpoints.hf import from_hf, to_hf
-    from .checkpoints.load_report import load_report
     from .checkpoints.save_hf import save_hf
     from .core.lm_config import LMConfig
     from .core.rope import RopeScaling
@@ -80,8 +80,12 @@ if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs (at run time: im
 
 
 def __getattr__(name: str) -> Any:
+    """A lazy name's object, imported on first use and kept in the module's globals, so that
+    later uses find it there without calling this again."""
     if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'flax_blocks' has no attribute {name!r}")
 
 

@@ -1,4 +1,4 @@
-"""The experts MLP (a mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) in Flax NNX,
+"""The experts MLP (a mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek, GPT-OSS, Llama 4) in Flax NNX,
 the twin of `torch_blocks.experts`; the load-balancing loss HF's models add in training.
 
 Routing (`route`): logits = t @ router (N, X); probabilities = softmax over all X experts in
@@ -39,13 +39,18 @@ from .layers import ACTIVATION_FNS, Linear, compute_dtype, create_params, initia
 
 def route(cfg: BlockConfig, logits: jax.Array, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Router logits (N, X) -> (weights (N, k) in float32 at least, experts (N, k) int32): the top k
-    of the softmax over all experts, renormalised when cfg.norm_topk_prob; DeepSeek's routings
-    (cfg.routing, bias: V3's e_score_correction_bias (X,)) in `deepseek_route`. jax.lax.top_k puts
-    the lower index first among equal values."""
-    if cfg.routing != "softmax":
+    of the softmax over all experts (cfg.routing "llama4": the top k logits, weighted by their
+    sigmoid), renormalised when cfg.norm_topk_prob; DeepSeek's routings (cfg.routing, bias: V3's
+    e_score_correction_bias (X,)) in `deepseek_route`. jax.lax.top_k puts the lower index first
+    among equal values."""
+    if cfg.routing == "llama4":  # the top k logits, each weight their sigmoid (HF Llama4Router)
+        top, experts = jax.lax.top_k(logits, cfg.num_experts_per_tok)
+        weights = jax.nn.sigmoid(top.astype(jnp.promote_types(logits.dtype, jnp.float32)))
+    elif cfg.routing != "softmax":
         return deepseek_route(cfg, logits, bias)
-    probs = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
-    weights, experts = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+    else:
+        probs = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+        weights, experts = jax.lax.top_k(probs, cfg.num_experts_per_tok)
     if cfg.norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return weights, experts.astype(jnp.int32)
@@ -279,7 +284,8 @@ class Experts(nnx.Module):
                 setattr(self, name, None)
 
     def __call__(self, t: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """t (N, E) -> (y (N, E), router logits (N, X) in t's dtype)."""
+        """t (N, E) -> (y (N, E), router logits (N, X) in t's dtype): y = sum over the k chosen experts
+        of w MLP(t), or MLP(w t) with cfg.routing_weights_on "input" (Llama 4), plus the shared expert."""
         def get(p):
             return None if p is None else p[...]
 
@@ -290,6 +296,9 @@ class Experts(nnx.Module):
         weights, experts = self.route(logits)
         n, k = experts.shape
         rows = jnp.repeat(t, k, axis=0)  # (N k, E)
+        on_input = self.cfg.routing_weights_on == "input"
+        if on_input:  # Llama 4: each expert runs on its weight times the token
+            rows = rows * weights.reshape(-1, 1).astype(rows.dtype)
         if ub is not None:  # the up / gate biases as one more input row of ones (grouped_mlp's padding stays 0)
             rows = jnp.concatenate([rows, jnp.ones((n * k, 1), rows.dtype)], axis=1)
             up = jnp.concatenate([up, ub[:, None]], axis=1)  # (X, E + 1, F)
@@ -297,7 +306,8 @@ class Experts(nnx.Module):
         y = grouped_mlp(rows, experts.reshape(-1), up, gate, down, self.glu)
         if db is not None:
             y = y + db[experts.reshape(-1)]
-        y = jnp.sum(y.reshape(n, k, -1) * weights[..., None].astype(y.dtype), axis=1)
+        y = y.reshape(n, k, -1)
+        y = jnp.sum(y if on_input else y * weights[..., None].astype(y.dtype), axis=1)
         if self.shared_up is not None:
             y = y + self.shared(t)
         return y, logits

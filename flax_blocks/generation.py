@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .caches import decoding_cache, layer_weights
-from .core.generation_settings import resolve
+from .core.lm_config import resolve
 from .lm import check_token_ids, check_token_mask
 from .sharding import batch_spec, explicit_mesh
 
@@ -192,7 +192,7 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, do_s
     attention_mask (B, T): 1 / True = real token (HF's convention), None = all real.
     The model's generation settings (`model.lm.generation`, read by `from_hf` from the
     checkpoint's generation_config.json) give every argument left None, as HF's generate
-    (`flax_blocks.core.generation_settings.resolve`): eos_token_id (an int or a list: a row
+    (`flax_blocks.core.lm_config.resolve`): eos_token_id (an int or a list: a row
     ends at any of them), pad_token_id (None: eos[0]), do_sample, temperature, top_k, top_p
     (HF's defaults where neither names one: greedy; sampling with temperature 1, top_k 50).
     Greedy: argmax; sampling draws from the warped logits (`warp_logits`) with `key` (needed;

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.core import spmd as core_spmd
 
 from .core.config import BlockConfig, check_width
 from .core.declarations import Component, Param
-from .sharding import param_metadata
 
 ACTIVATION_FNS = {
     "relu": jax.nn.relu,
@@ -131,6 +131,30 @@ def create_params(module: nnx.Module, component: Component, cfg: BlockConfig, rn
         values = initial_values(rngs.params(), component, cfg)
     for p in component.params:
         setattr(module, p.flax, nnx.Param(values[p.flax], **param_metadata(p.axes)))
+
+
+def param_metadata(axes: Sequence[str | None]) -> dict[str, Any]:
+    """The metadata of a library parameter with logical `axes`: Flax's sharding annotation.
+
+    Flax shards an annotated Variable when it is created (eager sharding, on by default)
+    and then needs a mesh; the library's parameters are sharded so only inside a mesh
+    context (`jax.set_mesh`), where the logical names must resolve through the rules in
+    Flax's context (`nn.logical_axis_rules(rules.as_flax_rules())`). Elsewhere they are
+    created unplaced and `shard_model` (or Flax's recipe) places them. (A parameter made
+    inside a mesh keeps Flax's eager flag, which nnx.Optimizer copies onto its moments: make
+    the optimizer inside the same context too.)"""
+    mesh = jax.sharding.get_abstract_mesh()
+    eager = nnx.using_eager_sharding() and not mesh.empty
+    if eager:
+        for name in core_spmd.apply_rules(tuple(axes), None):
+            for n in (name,) if isinstance(name, str) or name is None else name:
+                if n is not None and n not in mesh.axis_names:
+                    raise ValueError(
+                        f"a parameter with logical axes {tuple(axes)} is created inside a mesh context with "
+                        f"axes {mesh.axis_names}, where Flax shards it at once, and {n!r} is no mesh axis: create "
+                        "it under `flax.linen.logical_axis_rules(RULES.as_flax_rules())` as well, or outside the "
+                        "mesh context (then place it with flax_blocks.sharding.shard_model)")
+    return {"out_sharding": tuple(axes), "eager_sharding": eager}
 
 
 def compute_dtype(cfg: BlockConfig):

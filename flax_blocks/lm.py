@@ -113,7 +113,7 @@ class LanguageModel(nnx.Module):
     encoder: Encoder  # lm_config.ENCODER
     project_out: Linear | None
     head: Linear | None
-    # Set by fb.from_hf (flax_blocks.checkpoints.hf_models): the family's dialect and model_type, which
+    # Set by fb.from_hf (flax_blocks.checkpoints.checkpoint.mark): the family's dialect and model_type, which
     # to_hf writes the model back in; None for a model built here.
     hf_dialect: str | None = None
     hf_family: str | None = None

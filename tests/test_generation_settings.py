@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from flax_blocks.checkpoints.generation_config import read_generation_config
+from flax_blocks.checkpoints.checkpoint import read_generation_config
 from flax_blocks.checkpoints.io import ConversionError
-from flax_blocks.core.generation_settings import GenerationSettings, Resolved, resolve
+from flax_blocks.core.lm_config import GenerationSettings, Resolved, resolve
 
 NONE = dict(eos_token_id=None, pad_token_id=None, do_sample=None, temperature=None, top_k=None, top_p=None)
 

@@ -22,13 +22,18 @@ from .layers import ACTIVATION_FNS, Linear, create_params
 
 def route(cfg: BlockConfig, logits: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Router logits (N, X) -> (weights (N, k) in float32 at least, experts (N, k)): the top k of
-    the softmax over all experts (ties: the lower index first), renormalised when cfg.norm_topk_prob;
+    the softmax over all experts (cfg.routing "llama4": the top k logits, weighted by their sigmoid;
+    ties: the lower index first), renormalised when cfg.norm_topk_prob;
     DeepSeek's routings (cfg.routing; bias: V3's e_score_correction_bias) in `deepseek_route`."""
-    if cfg.routing != "softmax":
+    if cfg.routing == "llama4":  # the top k logits, each weight their sigmoid (HF Llama4Router)
+        experts = _top(logits, cfg.num_experts_per_tok)
+        weights = torch.sigmoid(logits.gather(1, experts).to(torch.promote_types(logits.dtype, torch.float32)))
+    elif cfg.routing != "softmax":
         return deepseek_route(cfg, logits, bias)
-    probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    weights, experts = torch.sort(probs, dim=-1, descending=True, stable=True)
-    weights, experts = weights[:, :cfg.num_experts_per_tok], experts[:, :cfg.num_experts_per_tok]
+    else:
+        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        weights, experts = torch.sort(probs, dim=-1, descending=True, stable=True)
+        weights, experts = weights[:, :cfg.num_experts_per_tok], experts[:, :cfg.num_experts_per_tok]
     if cfg.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, experts
@@ -108,21 +113,25 @@ class Experts(nn.Module):
         return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * self.cfg.swiglu_alpha))
 
     def forward(self, t: Tensor) -> tuple[Tensor, Tensor]:
-        """t (N, E) -> (y (N, E), router logits (N, X))."""
+        """t (N, E) -> (y (N, E), router logits (N, X)): y = sum over the k chosen experts of w MLP(t),
+        or MLP(w t) with cfg.routing_weights_on "input" (Llama 4), plus the shared expert."""
         def bias(p: nn.Parameter | None, i: int) -> Tensor | None:
             return None if p is None else p[i]
 
         logits = F.linear(t, self.router, self.router_bias)
         weights, experts = route(self.cfg, logits, self.e_score_correction_bias)
         y = torch.zeros_like(t)
+        on_input = self.cfg.routing_weights_on == "input"
         hit = torch.zeros(self.cfg.num_experts, dtype=torch.bool, device=t.device)
         hit[experts.reshape(-1)] = True
         for i in hit.nonzero().flatten().tolist():  # the experts that have tokens
             token, slot = torch.where(experts == i)
-            h = t[token]
+            w = weights[token, slot, None].to(t.dtype)
+            h = t[token] * w if on_input else t[token]  # Llama 4: the expert runs on its weight times the token
             g = None if self.gate is None else F.linear(h, self.gate[i], bias(self.gate_bias, i))
             a = self.hidden(F.linear(h, self.up[i], bias(self.up_bias, i)), g)
-            out = F.linear(a, self.down[i], bias(self.down_bias, i)) * weights[token, slot, None].to(t.dtype)
+            out = F.linear(a, self.down[i], bias(self.down_bias, i))
+            out = out if on_input else out * w
             y = y.index_add(0, token, out)
         if self.shared_up is not None:
             assert self.shared_down is not None

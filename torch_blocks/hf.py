@@ -22,9 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from flax_blocks.checkpoints.checkpoint import Checkpoint, check_shapes, mark, read_checkpoint
+from flax_blocks.checkpoints.checkpoint import Checkpoint, check_shapes, load_report, mark, read_checkpoint
 from flax_blocks.checkpoints.hf import to_hf
-from flax_blocks.checkpoints.load_report import load_report
 from flax_blocks.checkpoints.save_hf import save_hf
 from flax_blocks.checkpoints.stream import to_numpy
 

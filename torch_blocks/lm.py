@@ -17,8 +17,7 @@ from torch import Tensor, nn
 
 from flax_blocks.core.config import BlockConfig, check_cache_window
 from flax_blocks.core.declarations import Component
-from flax_blocks.core.generation_settings import Resolved, resolve
-from flax_blocks.core.lm_config import OPTIONAL, LMConfig, build_order, default_positions
+from flax_blocks.core.lm_config import OPTIONAL, LMConfig, Resolved, build_order, default_positions, resolve
 
 from .layers import Linear, Norm, create_params
 from .stacks import Encoder
@@ -194,7 +193,7 @@ def generate(model: LanguageModel, input_ids: Tensor, attention_mask: Tensor | N
     (B, T + N), N = max_new_tokens or fewer once every row has emitted an eos, rows that ended
     padded with pad_token_id, as HF's generate. Arguments left None come from the model's
     generation settings (`model.lm.generation`), as `fb.generate`
-    (`flax_blocks.core.generation_settings.resolve`); sampling draws with `generator`.
+    (`flax_blocks.core.lm_config.resolve`); sampling draws with `generator`.
     Left-padded prompts get HF's positions (cumsum(mask) - 1, 0 at padding). A model with a
     recompute_length recomputes every key once there, as `fb.generate`."""
     run = resolve(model.lm.generation, eos_token_id=eos_token_id, pad_token_id=pad_token_id, do_sample=do_sample,

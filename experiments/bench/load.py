@@ -186,7 +186,7 @@ def worker(loader: str, folder: str, logits_out: str | None) -> dict[str, Any]:
         import flax_blocks as fb
         from flax_blocks.checkpoints import stream
         from flax_blocks.checkpoints.convert import place
-        for name in ("flax_blocks.checkpoints.hf", "flax_blocks.checkpoints.hf_models", "flax_blocks.lm"):  # lazy ones
+        for name in ("flax_blocks.checkpoints.hf", "flax_blocks.checkpoints.checkpoint", "flax_blocks.lm"):  # lazy ones
             importlib.import_module(name)
         if loader == "ours-1":
             place.READERS = 1
@@ -384,7 +384,7 @@ def per_device_bytes(config: dict[str, Any], itemsize: int) -> dict[str, float]:
     from jax.sharding import AbstractMesh
 
     from flax_blocks import sharding
-    from flax_blocks.checkpoints.hf_models import lm_config
+    from flax_blocks.checkpoints.checkpoint import lm_config
     from flax_blocks.lm import LanguageModel
 
     _, cfg, lm = lm_config(config, "causal-lm")

@@ -300,8 +300,8 @@ NOT_COMPUTED = {
     "mamba": "a state-space model, not attention", "rwkv": "a recurrent model, not attention",
     "falcon_mamba": "a state-space model (Mamba with RMS-normed B, C and dt), not attention",
     "falcon_h1": "Mamba-2 state-space heads beside attention in every layer, with muP multipliers",
-    "llama4": "chunked attention, experts weighted by a sigmoid before the expert (on its input) beside an ungated "
-              "shared expert, and no rotary on some layers",
+    "llama4": "Llama4ForConditionalGeneration's vision tower and projector (its language model, text_config's "
+              "llama4_text, loads from the folder or model with fb.from_hf)",
     "dbrx": "experts renormalised by a p-norm (moe_normalize_expert_weights) with input jitter, a fused Wqkv with "
             "clip_qkv and LayerNorms without bias",
     "phimoe": "sparsemixer routing (sampled top-2 with a jitter mask) and LayerNorms",

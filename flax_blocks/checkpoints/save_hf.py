@@ -25,16 +25,16 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from ..core.config import DTYPES, dtype_name
-from ..core.generation_settings import GenerationSettings
+from ..core.lm_config import GenerationSettings
 from . import dialects, quantized
+from .checkpoint import GENERATION_CONFIG, WEIGHT_FILES, read_config, read_folder
 from .family import FAMILIES, LANGUAGE_MODELS
-from .generation_config import write_generation_config
-from .hf_config import WEIGHT_FILES, read_config, read_folder
 from .io import ConversionError
 
 log = logging.getLogger("flax_blocks")
@@ -150,8 +150,8 @@ def _np_dtype(dtype: str) -> np.dtype:
 def _config(model: Any, family: str | None) -> dict[str, Any]:
     """config.json's dict for `model` (its architectures the class of what is written), checked
     by reading it back."""
-    from .hf_models import causal_lm_class
-    from .load_report import LoadReport
+    from .checkpoint import LoadReport
+    from .hf import causal_lm_class
 
     kind = type(model).__name__
     if kind not in ("LanguageModel", "Encoder", "Decoder"):
@@ -192,7 +192,7 @@ def _check_read_back(model: Any, config: Mapping[str, Any]) -> None:
             problems.append(f"{f.name}: the model has {getattr(want, f.name)!r}, its config.json would give "
                             f"{getattr(got, f.name)!r}")
     if type(model).__name__ == "LanguageModel":
-        from .hf_models import lm_config
+        from .checkpoint import lm_config
 
         part = "causal-lm" if model.lm.head != "none" else "model"
         _, _, lm = lm_config(config, part)
@@ -216,7 +216,7 @@ def _tensors(model: Any, config: Mapping[str, Any], base: Any) -> dict[str, Any]
     source = _base_state_dict(model, base)
     family = config["model_type"]
     if type(model).__name__ == "LanguageModel":
-        from .hf_models import to_hf_model
+        from .hf import to_hf_model
 
         ours = to_hf_model(model, FAMILIES[family].dialect, family=family)
         if source is not None:  # the base's stack is the model's, whichever layout the base holds it in
@@ -254,7 +254,7 @@ def _base_state_dict(model: Any, base: Any) -> dict[str, Any] | None:
             return None
     if isinstance(base, (str, os.PathLike)):
         return read_folder(os.fspath(base))[1]
-    from .hf_config import hf_state_dict
+    from .checkpoint import hf_state_dict
 
     return dict(hf_state_dict(base))
 
@@ -317,3 +317,16 @@ def _remove_weights(folder: str) -> None:
                         os.remove(os.path.join(folder, shard))
         if os.path.isfile(path):
             os.remove(path)
+
+
+def write_generation_config(folder: str | os.PathLike, settings: GenerationSettings) -> str:
+    """`settings` as `folder`'s generation_config.json (the keys it names; one eos id as an int,
+    several as a list, as transformers writes them) -> the file's path."""
+    out: dict[str, Any] = {k: v for k, v in asdict(settings).items() if v is not None}
+    if "eos_token_id" in out:
+        eos = list(out["eos_token_id"])
+        out["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    path = os.path.join(os.fspath(folder), GENERATION_CONFIG)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2)
+    return path

@@ -35,7 +35,8 @@ SCALINGS = ("none", "deepnorm", "rezero", "layerscale")
 INITS = ("torch", "xavier")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 ATTENTIONS = ("auto", "dense", "blocked", "fused")
-ROUTINGS = ("softmax", "deepseek_v2", "deepseek_v3")
+ROUTINGS = ("softmax", "deepseek_v2", "deepseek_v3", "llama4")
+ROUTING_WEIGHTS_ON = ("output", "input")
 
 
 def _allowed(name: str, value: Any, allowed: tuple) -> None:
@@ -141,11 +142,13 @@ class BlockConfig:
     rope_interleave: bool = False
     latent_norm_eps: float = 1e-6
     # DeepSeek routing of the experts (routing "deepseek_v2" / "deepseek_v3") and a shared expert without gate
-    routing: Literal["softmax", "deepseek_v2", "deepseek_v3"] = "softmax"
+    routing: Literal["softmax", "deepseek_v2", "deepseek_v3", "llama4"] = "softmax"
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     shared_expert_gate: bool = True
+    # Llama 4: each chosen expert's routing weight multiplies its input instead of its output
+    routing_weights_on: Literal["output", "input"] = "output"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
@@ -483,11 +486,13 @@ class BlockConfig:
                              f"{', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}")
 
     def _check_routing(self) -> None:
-        """DeepSeek's routing: groups that divide the experts, scores that fill the top k."""
+        """DeepSeek's routing: groups that divide the experts, scores that fill the top k; where the
+        weights apply (Llama 4: on the experts' input)."""
         _allowed("routing", self.routing, ROUTINGS)
+        _allowed("routing_weights_on", self.routing_weights_on, ROUTING_WEIGHTS_ON)
         if not isinstance(self.shared_expert_gate, bool):
             raise ValueError(f"BlockConfig.shared_expert_gate must be a bool, got {self.shared_expert_gate!r}")
-        if self.routing == "softmax" or not self.num_experts:  # (no experts: nothing routed, as their other options)
+        if self.routing in ("softmax", "llama4") or not self.num_experts:  # (no experts: nothing routed)
             return
         n_experts, g, kg = self.num_experts, self.n_group, self.topk_group
         for name, value in (("n_group", g), ("topk_group", kg)):

@@ -190,13 +190,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("latent_norm_eps", "compute", "the eps of MLA's latent RMSNorms (HF: 1e-6 whatever rms_norm_eps)",
            cli=False, only_with=("kv_lora_rank", 6)),
     Option("routing", "compute", "'softmax' (top k of the softmax), 'deepseek_v2' (softmax, groups by their best "
-           "score), 'deepseek_v3' (sigmoid, e_score_correction_bias for the choice, groups by their top-2 sums)",
-           adds="deepseek_v3", cli=False),
+           "score), 'deepseek_v3' (sigmoid, e_score_correction_bias for the choice, groups by their top-2 sums), "
+           "'llama4' (the top k logits, each weight their sigmoid)", adds="deepseek_v3", cli=False),
     Option("n_group", "compute", "DeepSeek routing: the experts in this many equal groups", cli=False),
     Option("topk_group", "compute", "DeepSeek routing: the groups kept for the top k", cli=False),
     Option("routed_scaling_factor", "compute", "DeepSeek routing: the k weights times this", cli=False),
     Option("shared_expert_gate", "compute", "the shared expert times sigmoid(a gate) (Qwen2-MoE); False: ungated "
            "(DeepSeek's shared experts)", adds=True, cli=False),
+    Option("routing_weights_on", "compute", "where each chosen expert's routing weight multiplies: its 'output' "
+           "(Mixtral, DeepSeek ...) or its 'input' (Llama 4: the expert runs on w * x)", cli=False),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -460,8 +462,12 @@ DETAILS = """\
   sigmoid scores, a learned `e_score_correction_bias` (X,) added for choosing only, groups ranked by the sum of
   their two best biased scores, `topk_group` kept (others -inf), the top k there. Weights: the chosen unbiased
   scores, divided by their sum (+ 1e-20) with norm_topk_prob, times `routed_scaling_factor`.
+  "llama4": the top k router logits (ties: the lowest index), each weight the sigmoid of its logit, computed in
+  float32 at least (HF Llama4Router; renormalised with norm_topk_prob, which Llama 4 leaves False).
   `shared_expert_gate=False`: the shared expert (shared_expert_d_ff wide) is added ungated (DeepSeek's
-  n_shared_experts * moe_intermediate_size).
+  n_shared_experts * moe_intermediate_size, Llama 4's shared_expert).
+- `routing_weights_on`: "output" (y = sum_k w_k MLP_k(x), every family but Llama 4) or "input" (y = sum_k
+  MLP_k(w_k x): HF Llama4TextMoe scales each expert's input by its router score; with a gated MLP the two differ).
 """
 
 

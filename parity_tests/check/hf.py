@@ -25,7 +25,7 @@ def check_hf(folder: str, *, num_heads: int | None = None, dtype: str = "float32
 
 def _check_hf(folder, num_heads, dtype, batch, seq, seed, pad_keys):
     import flax_blocks as fb
-    from flax_blocks.checkpoints.hf_config import hf_config, hf_state_dict
+    from flax_blocks.checkpoints.checkpoint import hf_config, hf_state_dict
 
     from ..twins.harness import TOL
 

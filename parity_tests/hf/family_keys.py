@@ -15,8 +15,8 @@ import argparse
 from typing import Any
 
 from flax_blocks.checkpoints import dialects
+from flax_blocks.checkpoints.checkpoint import hf_config
 from flax_blocks.checkpoints.family import COMMON, FAMILIES, MODULES, NOT_COMPUTED, PARTS, REFUSED_ANYWHERE, Family
-from flax_blocks.checkpoints.hf_config import hf_config
 from flax_blocks.checkpoints.io import ConversionError
 
 from .. import markers

@@ -10,8 +10,8 @@ checkpoint; the suite (test_config_published.py) runs `SUITE`, one file of each 
 
 `shrink` keeps every key and value of the file but the sizes: widths (hidden 32, 4 heads, 2 KV
 heads where the file groups them, head_dim 8, or 16 where the file's head_dim differs from
-hidden / heads), feed-forward widths 48, 2 layers (6 for Gemma 3, so that one is global; 4 for SmolLM3, so
-that one is without rotary; per-layer lists cut to them), a vocabulary of 64 (special token ids past it
+hidden / heads), feed-forward widths 48, 2 layers (6 for Gemma 3, so that one is global; 4 for SmolLM3 and
+Llama 4, so that one is without rotary; per-layer lists cut to them), a vocabulary of 64 (special token ids past it
 renumbered below it), windows of 4 positions (so they act within a short prompt; ModernBERT's
 local_attention 4), a head of 10 where a partial rotary factor of 8 dims is odd (Phi-2's 0.4), GPT-J's
 rotary_dim kept at its share of the head (64 of 256: 2 of 8), and longrope's factor lists resampled to the
@@ -71,8 +71,8 @@ def load(name: str) -> dict[str, Any]:
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's config: a multimodal file's text_config (Gemma 3 from 4B up), else itself."""
-    return config["text_config"] if config.get("model_type") == "gemma3" else config
+    """The language model's config: a multimodal file's text_config (Gemma 3 from 4B up, Llama 4), else itself."""
+    return config["text_config"] if config.get("model_type") in ("gemma3", "llama4") else config
 
 
 def shrink(config: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +97,8 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
         c[ffn_key] = FFN
     if c.get("word_embed_proj_dim") is not None:  # OPT: equal to the width, or a projection of its own
         c["word_embed_proj_dim"] = HIDDEN if c["word_embed_proj_dim"] == hidden else 16
-    old, layers = value(layers_key), {"gemma3_text": 6, "smollm3": 4}.get(c["model_type"], 2)  # a global / NoPE one
+    old = value(layers_key)
+    layers = {"gemma3_text": 6, "smollm3": 4, "llama4_text": 4}.get(c["model_type"], 2)  # a global / NoPE one
     c[layers_key] = layers
     if c.get("max_window_layers") is not None:  # Qwen2: the first local layer, scaled with the depth
         c["max_window_layers"] = min(layers, round(c["max_window_layers"] * layers / old))
@@ -112,6 +113,8 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
             c[key] = EXPERTS
     if isinstance(c.get("num_experts_per_tok"), int):
         c["num_experts_per_tok"] = min(c["num_experts_per_tok"], PER_TOKEN)
+    if c.get("intermediate_size_mlp") is not None:  # Llama 4's dense layers (its experts: intermediate_size)
+        c["intermediate_size_mlp"] = FFN
     if c.get("moe_intermediate_size") is not None:
         c["moe_intermediate_size"] = EXPERT_FFN
     if c.get("shared_expert_intermediate_size"):
@@ -205,7 +208,7 @@ def unquantized(config: dict[str, Any]) -> dict[str, Any]:
 
 def table(names: list[str]) -> str:
     """One row per checkpoint: its family, what it carries, the outcome and the error."""
-    from flax_blocks.checkpoints.hf_config import read_config
+    from flax_blocks.checkpoints.checkpoint import read_config
 
     rows = ["| checkpoint (file) | model_type | dtype | rotary scaling | keys ignored | outcome | float32 error |",
             "|---|---|---|---|---|---|---|"]

@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 from flax_blocks.checkpoints import dialects  # noqa: E402
+from flax_blocks.checkpoints.checkpoint import read_config  # noqa: E402
 from flax_blocks.checkpoints.family import (  # noqa: E402
     FAMILIES,
     NOT_COMPUTED,
@@ -27,7 +28,6 @@ from flax_blocks.checkpoints.family import (  # noqa: E402
     audit,
     unexpected,
 )
-from flax_blocks.checkpoints.hf_config import read_config  # noqa: E402
 
 TABLES = [*FAMILIES.values(), PARTS["whisper"]["decoder"]]
 # Keys read that are no field of the config class: older names the class rewrites (rope_theta,
@@ -188,7 +188,7 @@ def test_the_defaults_audit_catches_a_changed_default(monkeypatch):
                                         ("float64", "float64"), ("float", "float32"), ("half", "float16"),
                                         ("double", "float64"), ("auto", None), (None, None)])
 def test_every_dtype_transformers_accepts_in_a_config_is_read(value, want):
-    from flax_blocks.checkpoints.hf_config import config_dtype
+    from flax_blocks.checkpoints.checkpoint import config_dtype
 
     assert config_dtype({"torch_dtype": value}) == want
     if value != "auto":

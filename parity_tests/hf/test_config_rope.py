@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
-from flax_blocks.checkpoints.hf_config import read_config  # noqa: E402
+from flax_blocks.checkpoints.checkpoint import read_config  # noqa: E402
 from parity_tests.hf.fuzz import run_case  # noqa: E402
 from parity_tests.hf.reference import float64_faithful  # noqa: E402
 

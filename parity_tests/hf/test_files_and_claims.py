@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
-from flax_blocks.checkpoints.hf_config import read_config  # noqa: E402
+from flax_blocks.checkpoints.checkpoint import read_config  # noqa: E402
 
 LLAMA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=40, num_hidden_layers=2,
              vocab_size=64)

@@ -61,13 +61,15 @@ CAUSAL = {
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(ROTARY, use_qkv_bias=True)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(ROTARY, partial_rotary_factor=0.5)),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(ROTARY, rope_theta=500.0, no_rope_layers=[0, 1])),
-    # Llama 4's text model, dense: layer 2 NoPE, its queries tempered (floor 2: slots 1, 3, 5 ... step up), layer 1's
-    # q and k over their RMS after rotary (use_qk_norm) and in chunks of 2 (layer_types' default: the rotary layers
-    # chunked; 7 tokens, 3.5 chunks; the padded row's 4 tokens in 2 chunks from its first real token, slot 3)
+    # Llama 4's text model: layer 1 dense (intermediate_size_mlp), layer 2 experts (interleave_moe_layer_step 2: top-1
+    # of 4, the sigmoid on the expert's input, the ungated shared expert) and NoPE, its queries tempered (floor 2:
+    # slots 1, 3, 5 ... step up), layer 1's q and k over their RMS after rotary (use_qk_norm) and in chunks of 2
+    # (layer_types' default: the rotary layers chunked; 7 tokens, 3.5 chunks; the padded row's 4 tokens in 2 chunks
+    # from its first real token, slot 3)
     "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
-                    dict(ROTARY, head_dim=8, intermediate_size_mlp=48, moe_layers=[], use_qk_norm=True,
-                         attention_chunk_size=2, no_rope_layers=[1, 0], floor_scale=2, attn_scale=0.5,
-                         rope_theta=500.0)),
+                    dict(ROTARY, head_dim=8, intermediate_size=16, intermediate_size_mlp=48,
+                         interleave_moe_layer_step=2, num_local_experts=4, use_qk_norm=True, attention_chunk_size=2,
+                         no_rope_layers=[1, 0], floor_scale=2, attn_scale=0.5, rope_theta=500.0)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ROTARY, attention_multiplier=0.3, residual_multiplier=0.22,
                                                           embedding_multiplier=6.0, logits_scaling=4.0)),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(vocab_size=V, n_embd=E, n_head=4, n_inner=48,
@@ -420,17 +422,28 @@ class _ChunksFromSlotZero(Attention):
     ("the rotary layer's L2 QK-norm left out (use_qk_norm ignored)", dict(qk_l2_norm=False)),
     ("chunks one token longer (attention_chunk_size off by one)", dict(attention_chunk_size=3)),
     ("the NoPE layer chunked too (layer_types' full layer ignored)", dict(unchunked_layers=())),
-    ("chunks counted from slot 0, not from the padded row's first real token", "from slot 0")])
+    ("chunks counted from slot 0, not from the padded row's first real token", None),
+    ("the router's sigmoid on the expert's output, not its input", dict(routing_weights_on="output")),
+    ("the shared expert gated (Qwen2-MoE's sigmoid gate, a zero weight as a porter would fill it)",
+     dict(shared_expert_gate=True))])
 def test_llama4_text_mistakes_are_caught(what, fields, flax_models, reference):
-    """Llama 4's dense text model read otherwise than Llama4TextModel computes it: each caught (the chunks
-    from slot 0: an attention whose chunk_start is 0)."""
+    """Llama 4's text model read otherwise than Llama4TextModel computes it: each caught (the chunks from slot 0:
+    an attention whose chunk_start is 0)."""
     from flax_blocks.checkpoints.convert.load import from_torch_state_dict
 
     lm = flax_models["llama4_text"]
-    assert (lm.cfg.nope_layers, lm.cfg.query_temperature_floor, lm.cfg.rope_interleaved, lm.cfg.qk_l2_norm,
-            lm.cfg.attention_chunk_size, lm.cfg.unchunked_layers) == ((1,), 2.0, True, True, 2, (1,))
-    slot_zero = fields == "from slot 0"
-    wrong = from_torch_state_dict(replace(lm.cfg, **({} if slot_zero else fields)), lm.lm, fb.torch_state_dict(lm))
+    c = lm.cfg
+    assert (c.nope_layers, c.query_temperature_floor, c.rope_interleaved, c.qk_l2_norm, c.attention_chunk_size,
+            c.unchunked_layers) == ((1,), 2.0, True, True, 2, (1,))
+    assert (c.num_experts, c.num_experts_per_tok, c.expert_d_ff, c.shared_expert_d_ff, c.d_ff, c.mlp_only_layers,
+            c.routing, c.routing_weights_on, c.shared_expert_gate, c.norm_topk_prob) == \
+        (4, 1, 16, 16, 48, (0,), "llama4", "input", False, False)
+    slot_zero, fields = fields is None, fields or {}
+    sd = fb.torch_state_dict(lm)
+    if fields.get("shared_expert_gate"):
+        sd = {**sd, **{k.replace("shared_up.weight", "shared_expert_gate"): np.zeros((1, E), np.float32)
+                       for k in sd if k.endswith("experts.shared_up.weight")}}
+    wrong = from_torch_state_dict(replace(c, **fields), lm.lm, sd)
     if slot_zero:
         wrong.encoder.layers.self_attn.__class__ = _ChunksFromSlotZero
     ids, mask, positions = _batch()
@@ -439,17 +452,77 @@ def test_llama4_text_mistakes_are_caught(what, fields, flax_models, reference):
     assert err > 1e-3
 
 
+def test_llama4_text_save_hf_is_read_back_by_from_pretrained(hf_models, flax_models, tmp_path):
+    """fb.save_hf writes the experts layer's fused gate_up_proj / down_proj, router and shared expert and the
+    dense layer's MLP in save_pretrained's names: from_pretrained reads the folder with nothing missing or
+    unexpected, every tensor identical."""
+    hf = hf_models["llama4_text"]
+    fb.save_hf(flax_models["llama4_text"], tmp_path)
+    back, info = type(hf).from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+    original = hf.state_dict()
+    assert set(back.state_dict()) == set(original)
+    assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
+
+
+def test_llama4_multimodal_folder_loads_its_language_model(tmp_path):
+    """Scout and Maverick are published as Llama4ForConditionalGeneration (model_type llama4, the text model's
+    config nested in text_config, its weights under language_model.model. / language_model.lm_head.): fb.from_hf
+    reads the language model (the llama4_text row's, experts included) equal to transformers' language model of
+    the folder, and leaves the vision model and projector unread, named in the load report. (transformers
+    5.24's Llama4ForConditionalGeneration.forward fails on any input, reading an image_outputs its language
+    model's output lacks: its language_model is the reference.)"""
+    _, _, kw = CAUSAL["llama4_text"]
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24, image_size=28,
+                  patch_size=14, vision_output_dim=16, projector_input_dim=16, projector_output_dim=16)
+    config = transformers.Llama4Config(text_config={"model_type": "llama4_text", **kw}, vision_config=vision)
+    torch.manual_seed(0)
+    hf = transformers.Llama4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    hf.save_pretrained(tmp_path)
+    lm = fb.from_hf(tmp_path, part="causal-lm", dtype="float32")
+    assert (lm.cfg.num_experts, lm.cfg.routing, lm.cfg.nope_layers) == (4, "llama4", (1,))
+    ids, mask, positions = _batch()
+    with torch.no_grad():
+        theirs = hf.language_model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                   position_ids=torch.tensor(positions)).logits.numpy()
+    err = _rel(_logits(lm, ids, mask, positions), theirs, mask.astype(bool))
+    print(f"llama4 (multimodal folder): max relative logit error {err:.1e}")
+    assert err < 1e-5, err
+    note = fb.load_report(lm).notes[0]
+    assert "llama4_text" in note and "vision_model" in note and "multi_modal_projector" in note
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(interleave_moe_layer_step=2), dict(interleave_moe_layer_step=3),
+                                     dict(num_hidden_layers=4, interleave_moe_layer_step=2), dict(moe_layers=[0, 5]),
+                                     dict(moe_layers=[]), dict(moe_layers=[1], interleave_moe_layer_step=2)])
+def test_llama4_text_experts_layers_are_transformers(changes):
+    """The layers that run the experts are the ones Llama4TextDecoderLayer gives experts (layer_idx in
+    Llama4TextConfig's moe_layers, derived from interleave_moe_layer_step when not given), the others dense."""
+    from flax_blocks.checkpoints.hf_config import hf_config
+    from flax_blocks.core.config import is_moe_layer
+
+    kw = {**ROTARY, "head_dim": 8, "attention_chunk_size": None, **changes}
+    _, cfg, n, _ = hf_config({"model_type": "llama4_text", **kw})
+    theirs = transformers.Llama4TextConfig(**kw).moe_layers
+    assert [bool(is_moe_layer(cfg, i + 1)) for i in range(n)] == [i in theirs for i in range(n)]
+
+
 @pytest.mark.parametrize("changes, key", [
-    (dict(), "interleave_moe_layer_step"), (dict(moe_layers=[1]), "moe_layers"),
+    (dict(interleave_moe_layer_step=0, attention_chunk_size=None), "interleave_moe_layer_step"),
+    (dict(moe_layers=[1], num_local_experts=0, attention_chunk_size=None), "num_local_experts"),
     (dict(moe_layers=[], attention_chunk_size=None, layer_types=["chunked_attention", "full_attention"]),
      "attention_chunk_size"),
     (dict(moe_layers=[], layer_types=["sliding_attention", "full_attention"]), "layer_types"),
     (dict(moe_layers=[], attention_chunk_size=4, is_causal=False), "is_causal")])
 def test_llama4_text_refuses_by_name_what_it_does_not_compute_yet(changes, key):
-    """Its experts, chunked layers without a chunk size (transformers raises), masks it does not build, and
-    chunked layers beside bidirectional full ones (is_causal=False opens create_causal_mask's, not the chunked
-    one): refused, each by its key (a config.json as written by hand: moe_layers and layer_types derived as
-    Llama4TextConfig derives them)."""
+    """Experts layers without experts (or a step below 1), chunked layers without a chunk size (transformers
+    raises), masks it does not build, and chunked layers beside bidirectional full ones (is_causal=False opens
+    create_causal_mask's, not the chunked one): refused, each by its key (a config.json as written by hand:
+    moe_layers and layer_types derived as Llama4TextConfig derives them)."""
     from flax_blocks.checkpoints.hf_config import hf_config
 
     with pytest.raises(fb.ConversionError, match=f"{key}="):

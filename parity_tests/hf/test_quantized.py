@@ -132,7 +132,7 @@ def test_a_gpt_oss_folder_with_mxfp4_experts_reads_as_transformers_dequantizes_i
     (experts' gate_up_proj / down_proj named, shaped and valued as transformers'
     Mxfp4Config(dequantize=True) model holds them), and the whole model's logits and greedy
     tokens, against that model."""
-    from flax_blocks.checkpoints.hf_config import read_folder
+    from flax_blocks.checkpoints.checkpoint import read_folder
 
     config = transformers.GptOssConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                        num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=3,

@@ -41,7 +41,7 @@ transformers = pytest.importorskip("transformers")
 import flax_blocks as fb  # noqa: E402
 import flax_blocks.checkpoints.dialects  # noqa: E402,F401  (fb.checkpoints.dialects below)
 import torch_blocks as tb  # noqa: E402
-from flax_blocks.checkpoints.hf_config import hf_config  # noqa: E402
+from flax_blocks.checkpoints.checkpoint import hf_config  # noqa: E402
 from parity_tests.check import main as check_main  # noqa: E402
 from parity_tests.hf.reference import embeddings_out_of_the_way, flax_runs, float64_faithful, hf_run, rel_at  # noqa: E402
 

@@ -214,6 +214,13 @@ CASES.append(Case("Encoder", replace(WIDE, bias=False, mlp="geglu", rope_theta=1
                                      sliding_window=2, sliding_window_pattern=3, pattern_global_first=True,
                                      first_attn_norm=False), num_layers=4, seq=7, key_mask=True))
 
+# Llama 4's experts: each chosen logit's sigmoid multiplying its expert's input (not its output), an ungated shared
+# expert beside (top-2 here, so the k inputs' scaled copies are summed; Llama 4's own top-1 and its stack of dense
+# and experts layers: parity_tests/hf/test_models_families.py)
+LLAMA4_MOE = dict(num_experts=4, num_experts_per_tok=2, expert_d_ff=6, norm_topk_prob=False, routing="llama4",
+                  routing_weights_on="input", shared_expert_d_ff=6, shared_expert_gate=False)
+CASES.append(replace(BLOCK, cfg=replace(LLAMA, **LLAMA4_MOE), seq=6, key_mask=True))
+
 # Cases whose float64 run means nothing: jax.nn.dot_product_attention computes its softmax
 # in float32, so the forced "fused" path is compared in float32 only.
 FLOAT32_CASES: list[Case] = [

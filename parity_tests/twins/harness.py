@@ -112,8 +112,9 @@ class Case:
                  + (f"-clamp{c.swiglu_limit:g}-alpha{c.swiglu_alpha:g}" if c.swiglu_limit is not None else "")
                  ] if c.num_experts else []
         bits += [f"{c.routing}-groups{c.topk_group}of{c.n_group}-x{c.routed_scaling_factor:g}"] \
-            if c.routing != "softmax" else []
+            if c.routing.startswith("deepseek") else [c.routing] if c.routing != "softmax" else []
         bits += ["shared-ungated"] if c.shared_expert_d_ff and not c.shared_expert_gate else []
+        bits += ["weights-on-input"] if c.num_experts and c.routing_weights_on == "input" else []
         bits += [f"mla{c.kv_lora_rank}" + (f"-q{c.q_lora_rank}" if c.q_lora_rank else "")
                  + f"-nope{c.qk_nope_head_dim}-rope{c.qk_rope_head_dim}-v{c.v_head_dim}"
                  + ("-interleave" if c.rope_interleave else "")

@@ -552,3 +552,13 @@ MUTATIONS = {
     # Granite's residual_multiplier dropped: x + F(x) for x + m * F(x)
     "residual_multiplier_ignored": (RESIDUAL_X, replace(RESIDUAL_X.cfg, residual_multiplier=1.0), None),
 }
+
+# Llama 4's experts: the router's sigmoid weight on the expert's output where Llama 4 scales its input; the
+# top-1 weighted by the softmax over every logit where Llama 4 takes the chosen logit's sigmoid
+LLAMA4_MOE = replace(MOE, num_experts_per_tok=1, norm_topk_prob=False, routing="llama4", routing_weights_on="input",
+                     shared_expert_d_ff=8, shared_expert_gate=False)
+MUTATIONS.update({
+    "routing_weights_on_the_output": (Case("TransformerBlock", LLAMA4_MOE),
+                                      replace(LLAMA4_MOE, routing_weights_on="output"), None),
+    "llama4_weights_by_softmax": (Case("TransformerBlock", LLAMA4_MOE), replace(LLAMA4_MOE, routing="softmax"), None),
+})

@@ -48,7 +48,8 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              p + e_score_correction_bias, groups ranked by their two best choices; the topk_group best
              groups kept (others 0 / -inf), the top k choices; weights p of those (/ (sum + 1e-20) with
              norm_topk_prob) * routed_scaling_factor. A shared expert without gate with shared_expert_gate
-             False.
+             False. llama4: the k largest logits, weights their sigmoid; with routing_weights_on
+             "input" y = sum over the k of MLP_x(w_x x) (Llama 4), not w_x MLP_x(x).
   Parallel   x + s1 Attn(Norm1(x)) + s2 MLP(Norm2(x)) (GPT-NeoX), Norm2 = Norm1 with shared_norm (StableLM)
   Residual   post: Norm(alpha x + s F(x));  pre: x + s F(Norm(x)) (the first layer's attention: x + s F(x)
              with first_attn_norm False, ModernBERT);
@@ -81,6 +82,7 @@ HANDLED = frozenset({
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
     "latent_norm_eps", "routing", "n_group", "topk_group", "routed_scaling_factor", "shared_expert_gate",
+    "routing_weights_on",
     "alibi",
 })
 NOT_FORWARD = {
@@ -540,9 +542,14 @@ def deepseek_route(cfg: Any, logits: np.ndarray, bias: np.ndarray | None) -> tup
 
 def route(cfg: Any, logits: np.ndarray, bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Router logits (X,) of one token -> (weights (k,), experts (k,)): the k largest softmax
-    probabilities (ties: the lowest index), renormalised with norm_topk_prob; DeepSeek's routings
-    in `deepseek_route`."""
-    if _opt(cfg, "routing", "softmax") != "softmax":
+    probabilities (ties: the lowest index; Llama 4's routing: the k largest logits, weights their
+    sigmoid), renormalised with norm_topk_prob; DeepSeek's routings in `deepseek_route`."""
+    routing = _opt(cfg, "routing", "softmax")
+    if routing == "llama4":  # the k largest logits, each weighted by its sigmoid
+        chosen = np.argsort(-logits, kind="stable")[:cfg.num_experts_per_tok]
+        w = 1 / (1 + np.exp(-logits[chosen]))
+        return (w / w.sum() if cfg.norm_topk_prob else w), chosen
+    if routing != "softmax":
         return deepseek_route(cfg, logits, bias)
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
@@ -565,11 +572,13 @@ def experts(cfg: Any, p: Params, prefix: str, x: np.ndarray) -> tuple[np.ndarray
     logits = t @ router.T + b["router"]
     bias = p(prefix + "e_score_correction_bias", (n,)) if _opt(cfg, "routing", "softmax") == "deepseek_v3" else None
     y = np.zeros_like(t)
+    on_input = _opt(cfg, "routing_weights_on", "output") == "input"  # Llama 4: MLP_j(w x), not w MLP_j(x)
     for i in range(t.shape[0]):
         for w, j in zip(*route(cfg, logits[i], bias), strict=True):
-            h = up[j] @ t[i] + b["up"][j]
-            h = activation(cfg.activation, h) if gate is None else gated_hidden(cfg, h, gate[j] @ t[i] + b["gate"][j])
-            y[i] += w * (down[j] @ h + b["down"][j])
+            x_in = w * t[i] if on_input else t[i]
+            h = up[j] @ x_in + b["up"][j]
+            h = activation(cfg.activation, h) if gate is None else gated_hidden(cfg, h, gate[j] @ x_in + b["gate"][j])
+            y[i] += (1.0 if on_input else w) * (down[j] @ h + b["down"][j])
     if cfg.shared_expert_d_ff:
         s = dense_mlp(cfg, p, prefix, t, cfg.shared_expert_d_ff, ("shared_up.", "shared_gate.", "shared_down."))
         y += s / (1 + np.exp(-(t @ p(prefix + "shared_expert_gate", (1, e)).T))) if _opt(

@@ -16,15 +16,16 @@ mismatches, non-floating dtypes, a prefix that matches nothing, a layer count th
 is collected and raised together in one `ConversionError` before the module is touched.
 Dtypes are preserved (float32, float64, bfloat16) unless `dtype=` asks for a cast.
 
-Modules: `params` (which parameters a module has, both namings), `infer` (config
-inference), `load` (validate -> plan -> apply), `save` (state dicts out); `__main__` is the
-command line (`python -m flax_blocks.checkpoints.convert`, see `flax_blocks.checkpoints.convert.cli`).
+Modules: `place` (which parameters a module has, both namings, and values placed into
+them), `infer` (config inference), `load` (validate -> plan -> apply), `save` (state dicts
+out); `__main__` is the command line (`python -m flax_blocks.checkpoints.convert`, see
+`flax_blocks.checkpoints.convert.cli`).
 """
 
 from ..io import ConversionError, read_state_dict, to_numpy
 from .infer import ConfigReport, infer_config
-from .load import LoadResult, from_torch, load_flax_state_dict, load_torch_state_dict, materialize_rng_state
-from .params import Expected, expected_torch_params, module_params
+from .load import LoadResult, from_torch, load_flax_state_dict, load_torch_state_dict
+from .place import Expected, expected_torch_params, materialize_rng_state, module_params
 from .save import flax_state_dict, torch_state_dict
 
 __all__ = [

@@ -251,9 +251,9 @@ def _hf_to_flax(args: argparse.Namespace) -> int:
     """A Hugging Face save_pretrained folder -> a Flax .safetensors: every setting from its config."""
     from safetensors.numpy import save_file
 
+    from flax_blocks.checkpoints.checkpoint import hf_config, read_folder
     from flax_blocks.checkpoints.convert import flax_state_dict, torch_state_dict
     from flax_blocks.checkpoints.hf import from_hf
-    from flax_blocks.checkpoints.hf_config import hf_config, read_folder
 
     if not args.dst.endswith(".safetensors"):
         raise ValueError(f"cannot write {args.dst}: torch -> Flax writes a .safetensors file")

@@ -16,7 +16,7 @@ from ...core import declarations
 from ...core.declarations import FINAL_NORM, Param
 from ...core.options import PROBE, PROBES
 from ..io import read_state_dict
-from .params import BLOCK_KINDS, LAYER
+from .place import BLOCK_KINDS, LAYER
 
 
 # The declarations of the probe configs never change: each answer below is computed once per

@@ -17,7 +17,6 @@ device's slice of it) from the file once.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -25,16 +24,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...core import declarations
-from ...core.config import dtype_name
 from ...core.declarations import FINAL_NORM
 from ...core.lm_config import ENCODER, components
 from ...lm import LanguageModel
 from .. import dialects, stream
-from ..hf_config import check_hf_source, hf_state_dict
+from ..checkpoint import check_hf_source, hf_state_dict
 from ..io import ConversionError, few, natural_key, ranges, read_state_dict
 from .infer import ConfigReport, infer_config, norm_prefix, strip_prefix
-from .params import LAYER, Expected, expected_torch_params, flax_params
-from .place import place_all
+from .place import LAYER, Expected, expected_torch_params, flax_params, materialize_rng_state, np_dtype, place_all
 
 
 def _module_facts(module) -> dict[str, Any]:
@@ -60,21 +57,6 @@ def _suggest_prefix(raw: Mapping[str, Any], expected: Iterable[str]) -> str | No
     counts = {r: sum(f"{r}.{k}" in raw for k in expected) for r in roots}
     best = max(counts, key=lambda r: counts[r], default=None)
     return f"{best}." if best is not None and counts[best] else None
-
-
-def _np_dtype(dtype: Any):
-    """A dtype given as a name or a numpy / JAX / torch dtype object -> a numpy dtype."""
-    name = dtype_name(dtype)
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    try:
-        return np.dtype(name)
-    except TypeError:
-        raise TypeError(f"dtype must be float32, float64, bfloat16 or float16 (a name or a dtype object), "
-                        f"got {dtype!r}") from None
-
 
 
 class LoadResult(NamedTuple):
@@ -245,7 +227,7 @@ def load_torch_state_dict(module, source: Any, *, prefix: str = "", strict: bool
         _load_language_model(module, source, prefix=prefix, strict=strict, dtype=dtype, mesh=mesh, rules=rules)
         return LoadResult([], [])
     src = _read(hf_state_dict(source), prefix, check_hf_source(module.cfg, source, dialect), module.cfg.num_heads)
-    cast = None if dtype is None else _np_dtype(dtype)
+    cast = None if dtype is None else np_dtype(dtype)
     expected = expected_torch_params(module)
     params = flax_params(module)
     missing, unexpected = validate(module, src, expected, strict=strict, cast=cast, params=params)
@@ -275,7 +257,7 @@ def _load_language_model(model: LanguageModel, source: Any, *, prefix: str = "",
                           mesh=mesh, rules=rules)
     variables, values = {}, {}
     for t, (name, p) in own.items():
-        a = stream.lazy(sd[t]) if dtype is None else stream.lazy(sd[t]).astype(_np_dtype(dtype))  # torch's too
+        a = stream.lazy(sd[t]) if dtype is None else stream.lazy(sd[t]).astype(np_dtype(dtype))  # torch's too
         variables[t], values[t] = getattr(getattr(model, name), p.flax), p.transform.to_flax(a, model.cfg)
     place_all(variables, values, mesh=mesh, rules=rules)
 
@@ -332,48 +314,6 @@ def from_torch(cls: type, cfg: Any, source: Any, *, seed: int = 0, prefix: str =
                           mesh=mesh, rules=rules)
     materialize_rng_state(module, seed, mesh=mesh)
     return module
-
-
-def materialize_rng_state(module, seed: int, *, mesh: Any = None) -> None:
-    """Give an abstract (nnx.eval_shape) module's RNG keys and counts concrete values, in
-    place: keys derived from `seed` and the variable's path (so each dropout gets its own
-    stream, and stacked layers one key per layer), counts zero. Parameters must already be
-    concrete (loaded); a non-RNG variable left abstract raises RuntimeError. mesh: the
-    values are replicated on it (as a global array, on every process)."""
-    import zlib
-
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    root = None  # made on first use: a module without dropout has no key, and no program compiles
-    left = []
-    for path, node in nnx.iter_graph(module):
-        if not isinstance(node, nnx.Variable) or not isinstance(node.get_value(), jax.ShapeDtypeStruct):
-            continue
-        shape, name = node.get_value().shape, ".".join(map(str, path))
-        if isinstance(node, nnx.RngKey):
-            root = jax.random.key(seed) if root is None else root
-            key = jax.random.fold_in(root, zlib.crc32(name.encode()))
-            keys = jax.random.split(key, math.prod(shape)).reshape(shape)
-            node.set_value(keys if mesh is None else jax.random.wrap_key_data(
-                _replicated(np.asarray(jax.random.key_data(keys)), mesh), impl=jax.random.key_impl(keys)))
-        elif isinstance(node, nnx.RngCount):
-            zeros = np.zeros(shape, node.get_value().dtype)
-            node.set_value(jnp.asarray(zeros) if mesh is None else _replicated(zeros, mesh))
-        else:
-            left.append(f"{name} ({type(node).__name__}, shape {shape})")
-    if left:
-        raise RuntimeError("these variables are still abstract (nothing loaded them): " + ", ".join(left))
-
-
-
-def _replicated(a: np.ndarray, mesh: Any) -> Any:
-    """`a` replicated on every device of `mesh` (a global array on every process)."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    return jax.make_array_from_callback(a.shape, NamedSharding(mesh, PartitionSpec()), lambda index: a[index])
 
 
 def load_flax_state_dict(module, source: Any) -> None:

@@ -9,7 +9,7 @@ from ...core import declarations
 from ...core.lm_config import ENCODER, components
 from ...lm import LanguageModel
 from ..io import natural_key
-from .params import expected_torch_params, flax_params
+from .place import expected_torch_params, flax_params
 
 
 def torch_state_dict(module) -> dict[str, np.ndarray]:
