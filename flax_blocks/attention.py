@@ -28,7 +28,17 @@ from flax import nnx
 from .core import declarations, rope
 from .core.alibi import alibi_slopes
 from .core.attention_paths import AUTO_MIN_KEYS, PATHS, choose_path  # noqa: F401 (AUTO_MIN_KEYS: tests read it here)
-from .core.config import BlockConfig, check_attention_call, has_rotary, is_local, query_temperature, warn_fully_masked
+from .core.config import (
+    BlockConfig,
+    check_attention_call,
+    chunk_start,
+    has_rotary,
+    is_chunked,
+    is_local,
+    query_temperature,
+    same_chunk,
+    warn_fully_masked,
+)
 from .core.context import AttentionCall
 from .core.rope import RopeScaling
 from .flash import blocked_attention, fused_attention
@@ -384,6 +394,21 @@ class Attention(nnx.Module):
         has = jnp.any(m, axis=-1, keepdims=True)
         return m | ~has, (has if rows is None else rows & has)
 
+    def chunked(self, mask: jax.Array | None, rows: jax.Array | None, index, t: int, s: int,
+                chunked) -> tuple[jax.Array, jax.Array]:
+        """A chunked layer's mask and rows (`chunked`: a bool, traced in a Flax layer scan): query i (slot
+        index + i) sees key j (slot j) only in its chunk of attention_chunk_size, the chunks counted from each
+        row's first key some query may attend (its left padding: `chunk_start`, HF's left_padding_tokens), so
+        cached decoding keeps the prefill's chunks. mask None: no padding, the chunks from slot 0."""
+        size = self.cfg.attention_chunk_size
+        assert size is not None  # only a chunked layer is chunked
+        start = jnp.zeros((1,), jnp.int32) if mask is None else chunk_start(mask if rows is None else mask & rows)
+        inside = same_chunk(size, index + jnp.arange(t), jnp.arange(s), start)[:, None]  # (B|1, 1, T, S)
+        inside = inside if chunked is True else inside | ~chunked
+        m = inside if mask is None else mask & inside
+        has = jnp.any(m, axis=-1, keepdims=True)
+        return m | ~has, (has if rows is None else rows & has)
+
     def alibi_bias(self, mask: jax.Array | None, rows: jax.Array | None, s: int) -> jax.Array:
         """ALiBi's biases (B|1, H, 1, S) in float32 (`flax_blocks.core.alibi`): slope_h times key j's
         position among the real keys (the keys some query may attend, from mask (B|1, H|1, T, S) and
@@ -487,11 +512,16 @@ class Attention(nnx.Module):
         if path != "dense" and (call.cross or call.cache is not None):
             raise ValueError(f"the {path} attention path serves uncached self-attention only; cached decoding "
                              "and cross-attention take the dense path")
+        if path == "fused" and self.cfg.attention_chunk_size is not None:
+            raise ValueError("the fused attention path does not compute chunked attention (attention_chunk_size): "
+                             "take the dense or blocked path")
         if path != "dense":  # an uncached self-attention
-            out, has_key = self._efficient(path, q, k, v, call.key_valid, local)
+            out, has_key = self._efficient(path, q, k, v, call.key_valid, local, is_chunked(self.cfg, call.layer))
             return jnp.where(has_key[..., None], self._out(out), 0.0), None, None, cache
         if local is not False:  # a sliding-window layer
             mask, rows = self.windowed(mask, rows, call.index, t, k.shape[2], local)
+        if not call.cross and (chunks := is_chunked(self.cfg, call.layer)) is not False:  # Llama 4's chunks
+            mask, rows = self.chunked(mask, rows, call.index, t, k.shape[2], chunks)
         alibi = self.alibi_bias(mask, rows, k.shape[2]) if self.cfg.alibi and not call.cross else None
         out, weights, logit_max, written = self._dense(q, k, v, step, mask, rows, call.index, key, deterministic,
                                                        alibi)
@@ -521,9 +551,10 @@ class Attention(nnx.Module):
         return q.swapaxes(1, 2), mem["k"], mem["v"]
 
     def _efficient(self, path: str, q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array | None,
-                   local) -> tuple[jax.Array, jax.Array]:
+                   local, chunked=False) -> tuple[jax.Array, jax.Array]:
         """The blocked or fused path over q (B, H, T, hd) and k, v (B, K, S, hd): (out (B, H, T, hd),
-        has_key (B, T)); `flash.py` takes q (B, T, K, G, hd) and k, v (B, S, K, hd)."""
+        has_key (B, T)); `flash.py` takes q (B, T, K, G, hd) and k, v (B, S, K, hd). chunked: a chunked
+        layer's (`is_chunked`; the blocked path alone computes chunks)."""
         cfg = self.cfg
         b, h, t, d = q.shape
         q, k, v = q.swapaxes(1, 2).reshape(b, t, k.shape[1], -1, d), k.swapaxes(1, 2), v.swapaxes(1, 2)
@@ -534,7 +565,8 @@ class Attention(nnx.Module):
             out, has_key = blocked_attention(
                 q, k, v, causal=cfg.causal, key_valid=key_valid, block=cfg.attention_block, scale=cfg.attention_scale,
                 softcap=cfg.attn_logit_softcapping, window=cfg.sliding_window, local=local,
-                sinks=None if self.sinks is None else self.sinks[...].astype(q.dtype))
+                sinks=None if self.sinks is None else self.sinks[...].astype(q.dtype),
+                chunk=cfg.attention_chunk_size, chunked=chunked)
         return out.reshape(b, t, h, d).swapaxes(1, 2), has_key
 
     def _dense(self, q: jax.Array, k: jax.Array, v: jax.Array, step: tuple | None, mask: jax.Array | None,

@@ -28,7 +28,7 @@ from flax import nnx
 
 from .attention import _concrete
 from .core import declarations
-from .core.config import BlockConfig
+from .core.config import BlockConfig, check_cache_window
 from .core.lm_config import OPTIONAL, LMConfig, build_order, default_positions
 from .layers import Linear, Norm, compute_dtype, create_params
 from .sharding import explicit_call
@@ -134,6 +134,7 @@ class LanguageModel(nnx.Module):
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """The stack's cache (`Encoder.init_cache`), which keeps each row's next position, and
         the model's cache_window when it has one (a chunk then sees the last W - 1 cached keys)."""
+        check_cache_window(self.cfg, self.lm.cache_window)
         cache = self.encoder.init_cache(batch_size, max_length)
         if self.lm.cache_window is not None:
             cache["window"] = jnp.asarray(self.lm.cache_window, jnp.int32)

@@ -134,6 +134,14 @@ def test_bad_choice_names_every_allowed_value(field, value, allowed):
         (dict(alibi=True, attention="blocked"), ["attention='blocked'", "ALiBi", "'dense'"]),
         (dict(alibi=True, attention="fused"), ["attention='fused'", "ALiBi"]),
         (dict(alibi=1), ["alibi", "bool"]),
+        # Llama 4's chunked attention: causal, without a window, the dense path alone
+        (dict(attention_chunk_size=4), ["attention_chunk_size=4", "causal=True", "causal=False"]),
+        (dict(attention_chunk_size=4, causal=True, attention="fused"), ["masks chunks", "attention='fused'"]),
+        (dict(attention_chunk_size=4, causal=True, sliding_window=2), ["no sliding_window", "sliding_window=2"]),
+        (dict(attention_chunk_size=0, causal=True), ["attention_chunk_size", "positive int", "0"]),
+        (dict(attention_chunk_size=True, causal=True), ["attention_chunk_size", "positive int", "True"]),
+        (dict(unchunked_layers=(1,)), ["unchunked_layers=(1,)", "needs attention_chunk_size"]),
+        (dict(attention_chunk_size=4, causal=True, unchunked_layers=(-1,)), ["unchunked_layers", "indices >= 0"]),
         (dict(swiglu_limit=7.0), ["swiglu_limit=7.0", "num_experts > 0"]),
         (dict(num_experts=2, mlp="swiglu", activation="silu", swiglu_limit=0.0), ["swiglu_limit", "> 0"]),
         (dict(num_experts=2, swiglu_limit=7.0), ["swiglu_limit=7.0", "mlp='swiglu'", "mlp='dense'"]),
@@ -422,13 +430,17 @@ def test_sinks_never_take_the_fused_path():
     assert torch_attention_path(cfg, need_weights=False) == "dense"
 
 
-def test_alibi_takes_the_dense_path_alone():
-    """ALiBi's biases are added on the dense path: "auto" never takes the blocked or fused one (either twin)."""
+@pytest.mark.parametrize("option, flax", [(dict(alibi=True), "dense"), (dict(attention_chunk_size=4), "blocked")])
+def test_alibi_and_chunks_take_the_paths_that_compute_them(option, flax):
+    """ALiBi's biases are added on the dense path alone, Llama 4's chunks masked on the dense path and Flax's
+    blocked kernel: "auto" never takes a fused kernel (either twin) nor SDPA (torch) for them."""
     from flax_blocks.attention import attention_path
     from torch_blocks.attention import attention_path as torch_attention_path
 
-    cfg = make(alibi=True, causal=True)
+    cfg = make(causal=True, **option)
     for platform in ("cpu", "gpu"):
         assert attention_path(cfg, 4096, need_weights=False, explicit_mask=False, dropout_active=False,
-                              platform=platform) == "dense"
-    assert torch_attention_path(cfg, need_weights=False) == "dense"
+                              platform=platform) == flax
+    for platform in ("cpu", "cuda"):
+        assert torch_attention_path(cfg, 4096, need_weights=False, platform=platform) == "dense"
+        assert torch_attention_path(make(causal=True), 4096, need_weights=False, platform=platform) == "fused"

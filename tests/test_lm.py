@@ -103,3 +103,17 @@ def test_a_decoding_step_writes_the_cache_in_place(batch):
     assert re.search(rf"= {cache}\S* dynamic-update-slice\(|= {cache}\S* fusion\(", hlo)  # the pattern sees caches
     copies = re.findall(rf"= {cache}\S* copy\(", hlo)
     assert not copies, f"{len(copies)} copies of a layer's cache in the decoding loop"
+
+
+def test_a_cache_window_is_refused_beside_chunked_attention():
+    """Chunks count from each row's first cached key: a cache_window hiding the old keys would move them, so
+    either twin's init_cache refuses the pair by name (a model with chunks and no window makes its cache)."""
+    cfg = fb.BlockConfig(d_model=E, num_heads=4, d_ff=64, norm="pre", causal=True, dropout=0.0, rope_theta=100.0,
+                         attention_chunk_size=4)
+    lm = fb.LanguageModel(cfg, fb.LMConfig(vocab_size=V, num_layers=1, cache_window=8), rngs=nnx.Rngs(0))
+    twin = tb.LanguageModel(cfg, lm.lm)
+    for model in (lm, twin):
+        with pytest.raises(ValueError, match="cache_window=8 with attention_chunk_size=4"):
+            model.init_cache(2, 16)
+    assert "window" not in fb.LanguageModel(cfg, fb.LMConfig(vocab_size=V, num_layers=1),
+                                            rngs=nnx.Rngs(0)).init_cache(2, 16)

@@ -33,9 +33,12 @@ from flax_blocks.core.attention_paths import choose_path, lacks
 from flax_blocks.core.config import (
     BlockConfig,
     check_attention_call,
+    chunk_start,
     has_rotary,
+    is_chunked,
     is_local,
     query_temperature,
+    same_chunk,
     warn_fully_masked,
 )
 from flax_blocks.core.context import AttentionCall
@@ -319,6 +322,22 @@ class Attention(nn.Module):
         has = ~m.all(dim=-1, keepdim=True)
         return m & has, (has if rows is None else rows & has)
 
+    def chunked(self, masked: Tensor | None, rows: Tensor | None, index: int, t: int, s: int,
+                chunked: bool, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+        """A chunked layer's mask and rows (`chunked`: a bool, traced in a Flax layer scan): query i (slot
+        index + i) sees key j (slot j) only in its chunk of attention_chunk_size, the chunks counted from each
+        row's first key some query may attend (its left padding: `chunk_start`, HF's left_padding_tokens), so
+        cached decoding keeps the prefill's chunks. masked None: no padding, the chunks from slot 0."""
+        size = self.cfg.attention_chunk_size
+        assert size is not None  # only a chunked layer is chunked
+        allowed = None if masked is None else ~masked if rows is None else ~masked & rows
+        start = torch.zeros(1, dtype=torch.long, device=device) if allowed is None else chunk_start(allowed)
+        slots = torch.arange(s, device=device)
+        outside = ~same_chunk(size, index + torch.arange(t, device=device), slots, start)[:, None]  # (B|1, 1, T, S)
+        m = outside if masked is None else masked | outside
+        has = ~m.all(dim=-1, keepdim=True)
+        return m & has, (has if rows is None else rows & has)
+
     def alibi_bias(self, masked: Tensor | None, rows: Tensor | None, s: int) -> Tensor:
         """ALiBi's biases (B|1, H, 1, S) in float32 (`flax_blocks.core.alibi`): slope_h times key j's
         position among the real keys (those some query may attend, from masked (B|1, H|1, T, S) and
@@ -417,6 +436,9 @@ class Attention(nn.Module):
             raise ValueError("the fused path (SDPA) returns no attention weights: take path='dense'")
         if local is not False:  # a sliding-window layer
             masked, rows = self.windowed(masked, rows, call.index, t, k.shape[2], local, x.device)
+        if not call.cross and (chunks := is_chunked(self.cfg, call.layer)) is not False:  # Llama 4's chunks
+            masked, rows = self.chunked(masked, rows, call.index, t, k.shape[2], chunks, x.device)
+            causal_only = False
         p = self.cfg.dropout if self.training else 0.0
         weights = logit_max = None
         if path != "dense":

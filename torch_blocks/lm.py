@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from flax_blocks.core.config import BlockConfig
+from flax_blocks.core.config import BlockConfig, check_cache_window
 from flax_blocks.core.declarations import Component
 from flax_blocks.core.lm_config import OPTIONAL, LMConfig, Resolved, build_order, default_positions, resolve
 
@@ -82,6 +82,7 @@ class LanguageModel(nn.Module):
 
     def init_cache(self, batch_size: int, max_length: int) -> Cache:
         """The stack's cache, and the model's cache_window when it has one (`flax_blocks.lm`)."""
+        check_cache_window(self.cfg, self.lm.cache_window)
         cache = self.encoder.init_cache(batch_size, max_length)
         if self.lm.cache_window is not None:
             cache["window"] = self.lm.cache_window

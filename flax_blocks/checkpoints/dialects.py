@@ -170,6 +170,7 @@ NO_GPT_OSS = {"attn_sinks": False, "experts_bias": False, "swiglu_limit": None, 
 # What ModernBERT alone computes (families/modernbert.py fixes them): every other family fixes them off.
 NO_MODERNBERT = {"first_attn_norm": True, "pattern_global_first": False}
 NO_NOPE = {"nope_layers": (), "query_temperature_floor": None, "qk_l2_norm": False}  # all but SmolLM3, Llama 4
+NO_CHUNKS = {"attention_chunk_size": None}  # all but Llama 4 (chunked attention)
 NO_LLAMA4_EXPERTS = {"routing_weights_on": "output"}  # all but Llama 4 (its experts scale their input)
 
 
@@ -194,7 +195,7 @@ class Dialect:
         if self.rules is not None and "num_experts" not in self.settings and "num_experts" not in self.reads:
             object.__setattr__(self, "settings", {**DENSE, **self.settings})  # a family without experts
         if self.rules is not None:  # DeepSeek's, GPT-OSS's, ModernBERT's, Llama 4's options off unless read or fixed
-            everyone = {**NOT_DEEPSEEK, **NO_GPT_OSS, **NO_MODERNBERT, **NO_NOPE, **NO_LLAMA4_EXPERTS}
+            everyone = {**NOT_DEEPSEEK, **NO_GPT_OSS, **NO_MODERNBERT, **NO_NOPE, **NO_LLAMA4_EXPERTS, **NO_CHUNKS}
             off = {k: v for k, v in everyone.items() if k not in self.reads}
             object.__setattr__(self, "settings", {**off, **self.settings})
         if self.rules is not None and "residual_multiplier" not in {*self.settings, *self.reads}:

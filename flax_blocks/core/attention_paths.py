@@ -18,9 +18,10 @@ The rule of BlockConfig.attention = "auto" (`choose_path`), the same in both twi
 The twins differ only where their kernels do (`lacks`): torch's SDPA takes explicit masks and
 dropout and serves cached and cross-attention, Flax's kernels serve an uncached
 self-attention with causal and key masks only. ALiBi's biases (Falcon) and a window without
-causal (ModernBERT) take the dense path in both. A forced cfg.attention is taken as it is
-(`config.check_attention_call` refuses a call it cannot serve; torch runs a forced path SDPA
-cannot compute densely).
+causal (ModernBERT) take the dense path in both; chunked attention (Llama 4's attention_chunk_size)
+the dense path or Flax's blocked kernel (not jax.nn.dot_product_attention, not SDPA). A forced
+cfg.attention is taken as it is (`config.check_attention_call` refuses a call it cannot serve;
+torch runs a forced path SDPA cannot compute densely).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def lacks(kernel: str, cfg: Any, *, explicit_mask: bool = False, dropout_active:
     or a cross-attention."""
     if cfg.alibi:  # (Falcon's ALiBi: the dense path alone adds the biases)
         return "ALiBi's biases"
+    if cfg.attention_chunk_size is not None and kernel != "blocked":  # (Llama 4's chunks: dense and Flax's blocked)
+        return "chunked attention"
     if kernel in ("blocked", "xla"):  # Flax's kernels: causal and key masks, uncached self-attention
         if explicit_mask or dropout_active or cached_or_cross:
             return "an explicit mask, dropout on the weights, a cache or a memory"

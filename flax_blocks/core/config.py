@@ -115,6 +115,8 @@ class BlockConfig:
     query_temperature_floor: float | None = None
     query_temperature_scale: float = 0.1
     qk_l2_norm: bool = False
+    attention_chunk_size: int | None = None
+    unchunked_layers: tuple[int, ...] = ()
     qkv_bias: bool | None = None
     mlp_bias: bool | None = None
     norm_bias: bool | None = None
@@ -157,6 +159,8 @@ class BlockConfig:
             object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
         if isinstance(self.nope_layers, list):
             object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+        if isinstance(self.unchunked_layers, list):
+            object.__setattr__(self, "unchunked_layers", tuple(self.unchunked_layers))
         self._check_sizes()
         self._check_experts()
         self._check_choices()
@@ -321,6 +325,7 @@ class BlockConfig:
                              f"rope_theta and sliding_window, got {self.rope_local_only!r} with rope_theta="
                              f"{self.rope_theta!r}, sliding_window={self.sliding_window!r}")
         self._check_nope_layers()
+        self._check_chunks()
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, RopeScaling):
                 raise ValueError(f"BlockConfig.rope_scaling must be None, a RopeScaling or its dict, got "
@@ -383,6 +388,28 @@ class BlockConfig:
             raise ValueError(f"BlockConfig.query_temperature_floor (Llama 4's floor_scale: the queries of the layers "
                              f"without rotary tempered by their slot) must be None or a number > 0 and needs "
                              f"nope_layers, got {floor!r} with nope_layers={nope!r}")
+
+    def _check_chunks(self) -> None:
+        """attention_chunk_size (Llama 4): a positive int, causal, on the dense path, without a sliding window;
+        unchunked_layers: layer indices (from 0) that attend to every earlier key, which need chunks."""
+        c, full = self.attention_chunk_size, self.unchunked_layers
+        if not isinstance(full, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in full):
+            raise ValueError(f"BlockConfig.unchunked_layers must be a tuple of layer indices >= 0 (from 0, as HF's "
+                             f"layer_types), got {full!r}")
+        if c is None:
+            if full:
+                raise ValueError(f"BlockConfig.unchunked_layers={full!r} names the layers without chunks and needs "
+                                 "attention_chunk_size")
+            return
+        if not isinstance(c, int) or isinstance(c, bool) or c < 1:
+            raise ValueError(f"BlockConfig.attention_chunk_size must be None or a positive int, got {c!r}")
+        if not self.causal or self.sliding_window is not None or self.attention == "fused":
+            raise ValueError(f"BlockConfig.attention_chunk_size={c!r} (Llama 4's chunked attention: causal within "
+                             f"chunks) needs causal=True, no sliding_window and a path that masks chunks (attention "
+                             f"'auto', 'dense' or 'blocked': the fused kernels take no such mask), got "
+                             f"causal={self.causal!r}, sliding_window={self.sliding_window!r}, "
+                             f"attention={self.attention!r}")
 
     def _check_combinations(self) -> None:
         """Options that contradict each other (or an attention path that cannot compute them)."""
@@ -450,7 +477,8 @@ class BlockConfig:
                "sliding_window": self.sliding_window is not None, "attention": self.attention not in ("auto", "dense"),
                "attn_sinks": self.attn_sinks, "rope_interleaved": self.rope_interleaved,
                "rope_local_only": self.rope_local_only, "alibi": self.alibi, "nope_layers": bool(self.nope_layers),
-               "query_temperature_floor": self.query_temperature_floor is not None, "qk_l2_norm": self.qk_l2_norm}
+               "query_temperature_floor": self.query_temperature_floor is not None, "qk_l2_norm": self.qk_l2_norm,
+               "attention_chunk_size": self.attention_chunk_size is not None}
         bad = [name for name, on in off.items() if on]
         if bad:
             raise ValueError(f"BlockConfig.kv_lora_rank (multi-head latent attention, DeepSeek) computes its latent "
@@ -623,6 +651,43 @@ def is_local(cfg: BlockConfig, layer: Any) -> Any:
     if n is None:
         return True
     return (layer - 1 if cfg.pattern_global_first else layer) % n != 0
+
+
+def is_chunked(cfg: BlockConfig, layer: Any) -> Any:
+    """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) attends in chunks
+    (attention_chunk_size, Llama 4's "chunked_attention" layers): chunks set and layer - 1 not in
+    unchunked_layers. A Python bool, or a boolean array when `layer` is traced."""
+    if cfg.attention_chunk_size is None:
+        return False
+    chunked = True
+    for i in cfg.unchunked_layers:
+        chunked = chunked & (layer != i + 1)
+    return chunked
+
+
+def chunk_start(allowed: Any) -> Any:
+    """Each row's first chunk's start, from `allowed` (B|1, H|1, T, S) (True: query i may attend key j;
+    numpy, JAX or torch): the number of leading keys no query of the row may attend (its left padding,
+    HF's create_chunked_causal_mask's left_padding_tokens) -> (B|1,) integers."""
+    seen = allowed.any(-2).any(1)  # (B|1, S): keys some query may attend
+    return (seen.cumsum(-1) == 0).sum(-1)
+
+
+def same_chunk(size: int, query_slots: Any, key_slots: Any, start: Any) -> Any:
+    """(B|1, T, S) booleans: query slot i and key slot j in the same chunk of `size`, the chunks counted
+    from each row's `start` (B|1,): (j - start) // size == (i - start) // size (HF's chunked_overlay).
+    query_slots (T,), key_slots (S,), start: arrays of one module (numpy, JAX or torch)."""
+    s = start[:, None, None]
+    return (key_slots[None, None, :] - s) // size == (query_slots[None, :, None] - s) // size
+
+
+def check_cache_window(cfg: BlockConfig, window: int | None) -> None:
+    """Raise if a decoding cache's window (a LanguageModel's cache_window) meets chunked attention: the keys
+    it hides would count as the rows' left padding and move the chunks (`chunk_start`)."""
+    if window is not None and cfg.attention_chunk_size is not None:
+        raise ValueError(f"cache_window={window!r} with attention_chunk_size={cfg.attention_chunk_size!r}: a "
+                         "chunked layer counts its chunks from each row's first cached key, which a window would "
+                         "hide; build the model without cache_window (the chunk mask already limits what is read)")
 
 
 def skips_attn_norm(cfg: BlockConfig, layer: Any, kind: str) -> Any:

@@ -143,6 +143,12 @@ OPTIONS: tuple[Option, ...] = (
            only_with=("query_temperature_floor", 2.0)),
     Option("qk_l2_norm", "compute", "Llama 4's use_qk_norm: q and k divided by their RMS over each head (no weight, "
            "eps layer_norm_eps) in the layers that rotate, after rotary; not with qk_norm"),
+    Option("attention_chunk_size", "compute", "Llama 4's chunked attention: a query sees the earlier keys of its own "
+           "chunk of C tokens, the chunks counted from each row's first real token; None: off; not on the fused path",
+           cli=False),
+    Option("unchunked_layers", "compute", "layers (from 0, HF layer_types 'full_attention') that attend to every "
+           "earlier key beside the chunked ones (Llama 4: its NoPE layers)", cli=False,
+           only_with=("attention_chunk_size", 2)),
     Option("qkv_bias", "compute", "biases on the q/k/v projection alone (default: follow the biases)", adds=True),
     Option("mlp_bias", "compute", "biases on the MLP's linear maps alone (default: follow the biases)", adds=True),
     Option("norm_bias", "compute", "biases of the LayerNorms alone (default: follow the biases; StableLM: True with "
@@ -377,6 +383,22 @@ DETAILS = """\
 - `qk_l2_norm`: Llama 4's `Llama4TextL2Norm` (`use_qk_norm`): in a layer that rotates (not in `nope_layers`), q
   and k times rsqrt(mean over head_dim of x^2 + eps) after rotary, no parameter; rotary being a rotation of
   the head's dims, the order against it changes nothing but rounding. The NoPE layers' q and k stay as they are.
+- `attention_chunk_size`: None, or C: in a chunked layer (Llama 4's "chunked_attention" layers) query i sees key
+  j iff j <= i and (j - p) // C == (i - p) // C, p the row's left padding (transformers 5.24's
+  create_chunked_causal_mask: chunked_overlay with left_padding_tokens, the leading zeros of the attention
+  mask), so the chunks start at each row's first real token. The twins count p as the leading keys no query
+  of the row may attend (`config.chunk_start`: from the key mask, or in cached decoding from the cache's
+  written, unpadded slots), on the slots (cache index + i), not on the position ids: HF's rule, with or without
+  position_ids, prefill and decoding alike (a decoding cache keeps every key; HF's chunked layers keep the
+  last C - 1, all a chunk reads). Needs causal=True and no sliding_window. The dense path and Flax's
+  "blocked" kernel compute it (the blocked one masks every key block by each row's chunks, from the key
+  mask); jax.nn.dot_product_attention and SDPA take no such mask: "fused" is refused, and "auto" takes the
+  dense path in torch and the blocked one in Flax from 1024 keys (on a GPU too). A LanguageModel's
+  cache_window is refused beside it (its hidden keys would move the chunks).
+- `unchunked_layers`: (), every layer chunked (with attention_chunk_size); layer indices from 0 that attend to
+  every earlier key (HF layer_types "full_attention"; Llama4TextConfig's default: the NoPE layers, those its
+  no_rope_layers marks 0). A block called alone is layer 1 (index 0); a Flax stack computes each layer's kind
+  from its scanned index (one compiled layer for both kinds).
 - `qkv_bias`: biases of the q/k/v projection alone (None: follow `bias`; Qwen2: True with bias=False).
 - `mlp_bias`: biases of the MLP's linear maps alone (None: follow `bias`; HF LLaMA's `mlp_bias` beside
   `attention_bias`).
@@ -412,8 +434,9 @@ DETAILS = """\
   softmax. The twins differ only where their kernels do: Flax's "blocked" and "fused" serve an uncached
   self-attention with causal and key masks (no attention_mask, no dropout on the weights; "fused" no
   soft-capping, sinks or alternating windows either); torch serves both with SDPA, which takes masks, dropout,
-  caches and memories but no soft-capping, sliding windows or sinks; ALiBi's biases and a window without
-  causal take the dense path in both. "dense": the explicit softmax (float64
+  caches and memories but no soft-capping, sliding windows, sinks or chunks; ALiBi's biases and a window
+  without causal take the dense path in both, chunked attention (attention_chunk_size) the dense path or
+  Flax's blocked kernel. "dense": the explicit softmax (float64
   exact; returns the attention weights); "blocked": Flax: queries and keys in blocks of `attention_block`,
   online softmax with a FlashAttention-2 backward (custom VJP; causal skips the blocks above the diagonal),
   O(T * hd + block^2) memory; torch: SDPA; "fused": Flax: jax.nn.dot_product_attention (cuDNN on a GPU; its

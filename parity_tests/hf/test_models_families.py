@@ -26,6 +26,7 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
+from flax_blocks.attention import Attention  # noqa: E402
 from flax_blocks.checkpoints.checkpoint import describe  # noqa: E402
 from flax_blocks.checkpoints.family import FAMILIES as FAMILY_TABLES  # noqa: E402
 from flax_blocks.checkpoints.hf import place  # noqa: E402
@@ -62,10 +63,12 @@ CAUSAL = {
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(ROTARY, rope_theta=500.0, no_rope_layers=[0, 1])),
     # Llama 4's text model: layer 1 dense (intermediate_size_mlp), layer 2 experts (interleave_moe_layer_step 2: top-1
     # of 4, the sigmoid on the expert's input, the ungated shared expert) and NoPE, its queries tempered (floor 2:
-    # slots 1, 3, 5 ... step up), layer 1's q and k over their RMS after rotary (use_qk_norm)
+    # slots 1, 3, 5 ... step up), layer 1's q and k over their RMS after rotary (use_qk_norm) and in chunks of 2
+    # (layer_types' default: the rotary layers chunked; 7 tokens, 3.5 chunks; the padded row's 4 tokens in 2 chunks
+    # from its first real token, slot 3)
     "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM",
                     dict(ROTARY, head_dim=8, intermediate_size=16, intermediate_size_mlp=48,
-                         interleave_moe_layer_step=2, num_local_experts=4, use_qk_norm=True, attention_chunk_size=None,
+                         interleave_moe_layer_step=2, num_local_experts=4, use_qk_norm=True, attention_chunk_size=2,
                          no_rope_layers=[1, 0], floor_scale=2, attn_scale=0.5, rope_theta=500.0)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(ROTARY, attention_multiplier=0.3, residual_multiplier=0.22,
                                                           embedding_multiplier=6.0, logits_scaling=4.0)),
@@ -402,29 +405,47 @@ def test_gpt_oss_is_read_with_its_sinks_clamp_and_interleaved_experts(hf_models,
     assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
 
 
+class _ChunksFromSlotZero(Attention):
+    """Chunks counted from slot 0 in every row (HF: from a row's first real token)."""
+
+    def chunked(self, mask, rows, index, t, s, chunked):
+        inside, _ = super().chunked(None, None, index, t, s, chunked)  # no padding seen: chunks from slot 0
+        m = mask & inside
+        has = jnp.any(m, axis=-1, keepdims=True)
+        return m | ~has, (has if rows is None else rows & has)
+
+
 @pytest.mark.parametrize("what, fields", [
     ("the NoPE layer's queries not tempered (attn_temperature_tuning ignored)", dict(query_temperature_floor=None)),
     ("rotary on halves (LLaMA's) for Llama 4's complex pairs", dict(rope_interleaved=False)),
     ("rotary in every layer (no_rope_layers ignored)", dict(nope_layers=(), query_temperature_floor=None)),
     ("the rotary layer's L2 QK-norm left out (use_qk_norm ignored)", dict(qk_l2_norm=False)),
+    ("chunks one token longer (attention_chunk_size off by one)", dict(attention_chunk_size=3)),
+    ("the NoPE layer chunked too (layer_types' full layer ignored)", dict(unchunked_layers=())),
+    ("chunks counted from slot 0, not from the padded row's first real token", None),
     ("the router's sigmoid on the expert's output, not its input", dict(routing_weights_on="output")),
     ("the shared expert gated (Qwen2-MoE's sigmoid gate, a zero weight as a porter would fill it)",
      dict(shared_expert_gate=True))])
 def test_llama4_text_mistakes_are_caught(what, fields, flax_models, reference):
-    """Llama 4's text model read otherwise than Llama4TextModel computes it: each caught."""
+    """Llama 4's text model read otherwise than Llama4TextModel computes it: each caught (the chunks from slot 0:
+    an attention whose chunk_start is 0)."""
     from flax_blocks.checkpoints.convert.load import from_torch_state_dict
 
     lm = flax_models["llama4_text"]
     c = lm.cfg
-    assert (c.nope_layers, c.query_temperature_floor, c.rope_interleaved, c.qk_l2_norm) == ((1,), 2.0, True, True)
+    assert (c.nope_layers, c.query_temperature_floor, c.rope_interleaved, c.qk_l2_norm, c.attention_chunk_size,
+            c.unchunked_layers) == ((1,), 2.0, True, True, 2, (1,))
     assert (c.num_experts, c.num_experts_per_tok, c.expert_d_ff, c.shared_expert_d_ff, c.d_ff, c.mlp_only_layers,
             c.routing, c.routing_weights_on, c.shared_expert_gate, c.norm_topk_prob) == \
         (4, 1, 16, 16, 48, (0,), "llama4", "input", False, False)
+    slot_zero, fields = fields is None, fields or {}
     sd = fb.torch_state_dict(lm)
     if fields.get("shared_expert_gate"):
         sd = {**sd, **{k.replace("shared_up.weight", "shared_expert_gate"): np.zeros((1, E), np.float32)
                        for k in sd if k.endswith("experts.shared_up.weight")}}
     wrong = from_torch_state_dict(replace(c, **fields), lm.lm, sd)
+    if slot_zero:
+        wrong.encoder.layers.self_attn.__class__ = _ChunksFromSlotZero
     ids, mask, positions = _batch()
     err = _rel(_logits(wrong, ids, mask, positions), reference["llama4_text"], mask.astype(bool))
     print(f"llama4_text: {what}: rel error {err:.1e}")
@@ -493,12 +514,15 @@ def test_llama4_text_experts_layers_are_transformers(changes):
 @pytest.mark.parametrize("changes, key", [
     (dict(interleave_moe_layer_step=0, attention_chunk_size=None), "interleave_moe_layer_step"),
     (dict(moe_layers=[1], num_local_experts=0, attention_chunk_size=None), "num_local_experts"),
-    (dict(moe_layers=[], use_qk_norm=False), "attention_chunk_size"),
-    (dict(moe_layers=[], use_qk_norm=False, attention_chunk_size=None,
-          layer_types=["chunked_attention", "full_attention"]), "layer_types")])
+    (dict(moe_layers=[], attention_chunk_size=None, layer_types=["chunked_attention", "full_attention"]),
+     "attention_chunk_size"),
+    (dict(moe_layers=[], layer_types=["sliding_attention", "full_attention"]), "layer_types"),
+    (dict(moe_layers=[], attention_chunk_size=4, is_causal=False), "is_causal")])
 def test_llama4_text_refuses_by_name_what_it_does_not_compute_yet(changes, key):
-    """Experts layers without experts (or a step below 1) and chunked attention: refused, each by its key (a
-    config.json as written by hand: moe_layers and layer_types derived as Llama4TextConfig derives them)."""
+    """Experts layers without experts (or a step below 1), chunked layers without a chunk size (transformers
+    raises), masks it does not build, and chunked layers beside bidirectional full ones (is_causal=False opens
+    create_causal_mask's, not the chunked one): refused, each by its key (a config.json as written by hand:
+    moe_layers and layer_types derived as Llama4TextConfig derives them)."""
     from flax_blocks.checkpoints.hf_config import hf_config
 
     with pytest.raises(fb.ConversionError, match=f"{key}="):

@@ -198,6 +198,14 @@ CASES: list[Case] = [
                             sliding_window_pattern=2, num_experts=4, num_experts_per_tok=2, expert_d_ff=6,
                             experts_bias=True, swiglu_limit=0.3, swiglu_alpha=1.1), num_layers=2, seq=6,
          key_mask=True),
+    # Llama 4's chunked attention (attention_chunk_size 3) in its rotary layer, the NoPE layer full (unchunked_layers),
+    # the first sequence left-padded by 2: its chunks start at its first real key (slots 2-4, 5-7), the other's at 0
+    Case("Encoder", replace(LLAMA, nope_layers=(1,), qk_norm=False, qk_l2_norm=True, attention_chunk_size=3,
+                            unchunked_layers=(1,)), num_layers=2, seq=8, key_mask=True, left_pad=2),
+    replace(BLOCK, cfg=replace(LLAMA, attention_chunk_size=2), seq=5),  # a block alone: chunks from slot 0
+    # ... on Flax's blocked path (blocks of 2 across the chunks' edges; torch: dense), the first layer unchunked
+    Case("Encoder", replace(LLAMA, attention="blocked", attention_block=2, attention_chunk_size=3,
+                            unchunked_layers=(0,)), num_layers=2, seq=8, key_mask=True, left_pad=1),
 ]
 
 # ModernBERT's encoder: global, local, local, global layers (each period starts global), a bidirectional window

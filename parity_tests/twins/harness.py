@@ -66,6 +66,7 @@ class Case:
     seq: int = 5
     attention_mask: bool = False
     key_mask: bool = False
+    left_pad: int = 0  # with key_mask: the first sequence's first keys padded too (left padding)
     final_norm: bool | None = None
     seed: int = 0
     input_scale: float = 1.0  # small inputs make a norm's eps matter (RMS ~ sqrt(eps))
@@ -138,12 +139,15 @@ class Case:
         bits += [f"nope-{'-'.join(map(str, c.nope_layers))}"] if c.nope_layers else []
         bits += [f"temperature-{c.query_temperature_floor:g}"] if c.query_temperature_floor is not None else []
         bits += ["qk-l2"] if c.qk_l2_norm else []
+        bits += [f"chunks-{c.attention_chunk_size}"] if c.attention_chunk_size is not None else []
+        bits += [f"unchunked-{'-'.join(map(str, c.unchunked_layers))}"] if c.unchunked_layers else []
         bits += [f"qkv-bias-{c.qkv_bias}"] if c.qkv_bias is not None else []
         bits += [f"mlp-bias-{c.mlp_bias}"] if c.mlp_bias is not None else []
         bits += [f"norm-bias-{c.norm_bias}"] if c.norm_bias is not None else []
         bits += [f"eps{c.layer_norm_eps:g}"] if c.layer_norm_eps != 1e-5 else []
         bits += ["attn-mask"] if self.attention_mask else []
         bits += ["key-mask"] if self.key_mask else []
+        bits += [f"left-pad{self.left_pad}"] if self.left_pad else []
         bits += [f"memory{self.memory_seq}"] if self.kind in DECODERS else []
         bits += ["memory-key-mask"] if self.memory_key_mask else []
         bits += [f"remat-{self.remat}"] if self.remat else []
@@ -204,6 +208,7 @@ def make_inputs(case: Case, seed: int = 1) -> Inputs:
     if case.key_mask:
         keys = np.ones((b, t), bool)
         keys[-1, max(1, t - 2):] = False  # the last sequence is padded
+        keys[0, :case.left_pad] = False  # and the first on the left (chunks start at its first real key)
         if case.attention_mask and t > 1:
             keys[0, 0] = False  # with attn[..., 0] only, some rows of sequence 0 lose every key
     memory = memory_keys = None

@@ -306,6 +306,30 @@ class _WindowPastOnly(Attention):
         return m | ~has, (has if rows is None else rows & has)
 
 
+def _restricted(mask, rows, inside):
+    """mask and rows (as `Attention.windowed` returns them) with only the pairs `inside` (T, S) left."""
+    m = inside[None, None] if mask is None else mask & inside[None, None]
+    has = jnp.any(m, axis=-1, keepdims=True)
+    return m | ~has, (has if rows is None else rows & has)
+
+
+class _ChunksFromSlotZero(Attention):
+    """Llama 4's chunks counted from slot 0 in every row, where HF counts them from a row's first real token
+    (its left padding shifts them)."""
+
+    def chunked(self, mask, rows, index, t, s, chunked):
+        c = self.cfg.attention_chunk_size
+        return _restricted(mask, rows, (index + jnp.arange(t))[:, None] // c == jnp.arange(s)[None, :] // c)
+
+
+class _ChunkAsWindow(Attention):
+    """Llama 4's chunked attention read as a sliding window of attention_chunk_size (i - j < C)."""
+
+    def chunked(self, mask, rows, index, t, s, chunked):
+        c = self.cfg.attention_chunk_size
+        return _restricted(mask, rows, (index + jnp.arange(t))[:, None] - jnp.arange(s)[None, :] < c)
+
+
 def _attention_as(cls):
     def mutate(case: Case, module, inp: Inputs):
         _attention(case, module).__class__ = cls
@@ -452,6 +476,17 @@ MUTATIONS = {
     "l2_qk_norm_on_the_nope_layers": (Case("TransformerBlock", replace(MODERN, causal=True, rope_theta=100.0,
                                                                        nope_layers=(0,), qk_l2_norm=True), seq=7),
                                       None, l2_norm_on_the_nope_layers),
+    # Llama 4's chunked attention: the chunk one key longer; the chunks from slot 0 where a left-padded row's start
+    # at its first real key; a sliding window of the chunk's size; the NoPE layer chunked too (unchunked_layers lost)
+    "chunk_size_off_by_one": (Case("TransformerBlock", replace(MODERN, causal=True, attention_chunk_size=2), seq=6),
+                              replace(MODERN, causal=True, attention_chunk_size=3), None),
+    "chunks_from_slot_zero": (Case("TransformerBlock", replace(MODERN, causal=True, attention_chunk_size=2), seq=6,
+                                   key_mask=True, left_pad=1), None, _attention_as(_ChunksFromSlotZero)),
+    "chunk_as_sliding_window": (Case("TransformerBlock", replace(MODERN, causal=True, attention_chunk_size=2), seq=6),
+                                None, _attention_as(_ChunkAsWindow)),
+    "unchunked_layers_chunked": (Case("Encoder", replace(MODERN, causal=True, attention_chunk_size=2,
+                                                         unchunked_layers=(1,)), num_layers=2, seq=6),
+                                 replace(MODERN, causal=True, attention_chunk_size=2), None),
     "rotary_on_the_wrong_part": (Case("TransformerBlock", replace(MODERN, rope_theta=100.0, head_dim=8,
                                                                   partial_rotary_factor=0.5), seq=7),
                                  None, rotary_on_last_dims),

@@ -20,7 +20,9 @@ Semantics (torch's mask convention: a True entry means "may NOT attend"):
              a local layer (sliding_window; every layer, or l % pattern != 0, (l - 1) % pattern != 0
              with pattern_global_first) masks key j where |i - j| >= W and takes rope_local_theta
              (plain rotary); no rotary in layer l when l - 1 is in
-             nope_layers (SmolLM3) or, with rope_local_only (Cohere 2), when l is not local; there
+             nope_layers (SmolLM3) or, with rope_local_only (Cohere 2), when l is not local; a chunked layer
+             (attention_chunk_size, l - 1 not in unchunked_layers: Llama 4) masks key j unless (j - pad) // C ==
+             (i - pad) // C, pad the row's left padding (HF's chunked_overlay); without rotary
              (Llama 4) q times log1p(floor((i + 1) / floor)) * scale + 1 at position i with
              query_temperature_floor; in the rotary layers with qk_l2_norm q and k over their RMS
              per head after rotary (Llama 4);
@@ -74,7 +76,7 @@ HANDLED = frozenset({
     "partial_rotary_factor", "attn_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
     "sliding_window_pattern", "pattern_global_first", "first_attn_norm", "rope_local_theta", "rope_scaling",
     "rope_interleaved", "rope_local_only", "nope_layers", "query_temperature_floor", "query_temperature_scale",
-    "qk_l2_norm",
+    "qk_l2_norm", "attention_chunk_size", "unchunked_layers",
     "qkv_bias", "mlp_bias", "norm_bias", "layernorm_scaling", "residual_multiplier",
     "parallel_residual", "num_experts", "num_experts_per_tok", "expert_d_ff", "norm_topk_prob", "shared_expert_d_ff",
     "decoder_sparse_step", "mlp_only_layers", "experts_bias", "swiglu_limit", "swiglu_alpha", "attn_sinks",
@@ -351,6 +353,16 @@ def _local(cfg: Any, layer: int) -> bool:
     return n is None or (layer - 1 if first else layer) % n != 0
 
 
+def _chunked(masked: np.ndarray | None, chunk: int, t: int, s: int) -> np.ndarray:
+    """HF's chunked_overlay over `masked` (B|1, T, S) (True: may NOT attend): key j hidden from query i unless
+    (j - pad) // chunk == (i - pad) // chunk, pad the row's left padding (the leading keys every query of the
+    row is denied, HF's left_padding_tokens)."""
+    denied = np.zeros((1, t, s), bool) if masked is None else masked
+    pad = np.array([next((j for j in range(s) if not row[:, j].all()), s) for row in denied])  # (B|1,)
+    i, j = np.arange(t)[None, :, None] - pad[:, None, None], np.arange(s)[None, None, :] - pad[:, None, None]
+    return denied | (np.floor_divide(j, chunk) != np.floor_divide(i, chunk))
+
+
 def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarray | None,
               memory: np.ndarray | None = None, positions: bool = True, layer: int = 1):
     """Multi-head attention of x (B, T, E) over itself or over `memory` (B, S, E).
@@ -390,6 +402,9 @@ def attention(cfg: Any, p: Params, prefix: str, x: np.ndarray, masked: np.ndarra
     if local:  # query i sees key j only if |i - j| < W (under the causal mask: HF's sliding_window_overlay i - W < j)
         window = np.abs(np.arange(s)[None, :] - np.arange(t)[:, None]) >= cfg.sliding_window
         masked = window[None] if masked is None else masked | window[None]
+    chunk = _opt(cfg, "attention_chunk_size", None)
+    if positions and chunk is not None and layer - 1 not in _opt(cfg, "unchunked_layers", ()):  # Llama 4's chunks
+        masked = _chunked(masked, chunk, t, s)
     rotates = (local or not _opt(cfg, "rope_local_only", False)) and layer - 1 not in _opt(cfg, "nope_layers", ())
     if theta is not None and positions and rotates:  # Cohere 2: local layers alone; SmolLM3: not its NoPE layers
         fraction = _opt(cfg, "partial_rotary_factor", 1.0)

@@ -59,6 +59,8 @@ def _rel(a, b):
 PATH_CASES = [  # (kind, cfg, path, dtype)
     ("TransformerBlock", replace(LLAMA, norm="peri"), "blocked", "float64"),
     ("Encoder", replace(BASE, causal=True), "blocked", "float64"),
+    # Llama 4's chunks of 3 (layer 2 unchunked), sequence 0 left-padded by 2: chunks from its first real key
+    ("Encoder", replace(LLAMA, attention_chunk_size=3, unchunked_layers=(1,)), "blocked", "float64"),
     ("TransformerBlock", LLAMA, "fused", "float32"),
     ("Encoder", replace(BASE, causal=True), "fused", "float32"),
 ]

@@ -284,6 +284,20 @@ def test_reference_sliding_window_is_hfs(layer, local):
     assert ((w[0] > 0) == hf[None]).all()
 
 
+@pytest.mark.parametrize("pad", [0, 2])
+def test_reference_chunks_are_hfs(pad):
+    """attention_chunk_size 3 over 9 keys, the row left-padded by `pad`: the keys the reference's chunked
+    mask leaves are exactly those HF's chunked_causal_mask_function (with its left_padding) and the key
+    mask leave (the chunks counted from the first real key)."""
+    masking = pytest.importorskip("transformers.masking_utils")
+    t = 9
+    keys = np.arange(t)[None] < pad  # True: padding
+    ours = ~ref._chunked(ref.build_mask(True, 1, t, t, None, keys), 3, t, t)[0]
+    i, j = torch.meshgrid(torch.arange(t), torch.arange(t), indexing="ij")
+    hf = masking.chunked_causal_mask_function(3, torch.tensor([pad]))(torch.tensor(0), torch.tensor(0), i, j)
+    assert (ours == (hf.numpy() & (np.arange(t) >= pad)[None])).all()
+
+
 def _torch_attention(sd: dict[str, torch.Tensor], x: torch.Tensor, h: int, k: int, *, qk_norm: str | None,
                      theta: float | None, bias: bool, eps: float, mask: torch.Tensor | None) -> torch.Tensor:
     """Attention with GQA, QK-norm and rotary from torch's functional pieces: F.rms_norm /

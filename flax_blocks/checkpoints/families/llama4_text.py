@@ -2,13 +2,14 @@
 model_type llama4, Llama4ForConditionalGeneration: Scout, Maverick): LLaMA's attention and norms; rotary as
 complex pairs (adjacent dims, rope_interleaved) in the layers no_rope_layers marks 1, every
 no_rope_layer_interval-th (4th) layer without (NoPE), whose queries attn_temperature_tuning tempers by their
-slot (floor_scale, attn_scale); the rotary layers' q and k over their RMS after rotary (use_qk_norm). The layers
+slot (floor_scale, attn_scale); the rotary layers' q and k over their RMS after rotary (use_qk_norm); chunked
+attention (attention_chunk_size) in the layers layer_types marks "chunked_attention" (by default the rotary
+ones), the chunks counted from each row's first real token. The layers
 of moe_layers (by default every interleave_moe_layer_step-th) run Llama4TextMoe: a router Linear(hidden,
 num_local_experts), the top num_experts_per_tok logits, each expert's input times its logit's sigmoid
 (routing "llama4", routing_weights_on "input"), experts as fused gate_up_proj (X, hidden, 2 intermediate_size:
 gate then up) and down_proj (X, intermediate_size, hidden), plus an ungated shared SwiGLU of intermediate_size;
-the other layers a SwiGLU of intermediate_size_mlp (feed_forward.gate_proj ...). Not computed yet, refused by
-name: chunked attention (attention_chunk_size)."""
+the other layers a SwiGLU of intermediate_size_mlp (feed_forward.gate_proj ...)."""
 
 from __future__ import annotations
 
@@ -65,8 +66,8 @@ HF_LLAMA4 = Dialect(
               "routing": "llama4", "routing_weights_on": "input", "norm_topk_prob": False,
               "shared_expert_gate": False},
     reads=("layer_norm_eps", "num_kv_heads", "rope_theta", "rope_scaling", "bias", "mlp_bias", "causal",
-           "nope_layers", "query_temperature_floor", "query_temperature_scale", "qk_l2_norm",
-           *(k for k in EXPERTS_READS if k != "norm_topk_prob")),
+           "nope_layers", "query_temperature_floor", "query_temperature_scale", "qk_l2_norm", "attention_chunk_size",
+           "unchunked_layers", *(k for k in EXPERTS_READS if k != "norm_topk_prob")),
     outside=LLAMA_OUTSIDE, shared_by=LLAMA_NAMED,
 )
 register_dialect(HF_LLAMA4)
@@ -103,16 +104,29 @@ def _experts(c: Read, n: int) -> dict[str, Any]:
     return {**experts, **pattern}
 
 
-def _not_yet(c: Read, n: int, nope: tuple[int, ...]) -> None:
-    """What Llama 4's text model computes that the blocks do not yet: refused by name."""
-    types = c["layer_types"] or ["chunked_attention" if i not in nope and c["attention_chunk_size"] is not None
-                                 else "full_attention" for i in range(n)]
-    if "chunked_attention" in list(types):
-        c.refuse("layer_types" if c["layer_types"] else "attention_chunk_size",
-                 "chunked attention (causal within chunks of attention_chunk_size) in the rotary layers, which the "
-                 "blocks do not compute yet")
-    elif set(types) - {"full_attention"}:
-        c.refuse("layer_types", "layers of 'full_attention' (Llama4TextModel builds no other mask)")
+def _chunks(c: Read, n: int, nope: tuple[int, ...]) -> dict[str, Any]:
+    """Chunked attention: layer_types (Llama4TextConfig's default: "chunked_attention" in the rotary layers when
+    attention_chunk_size is set, else "full_attention") -> attention_chunk_size and unchunked_layers (the
+    "full_attention" layers, from 0); no chunked layer: none."""
+    size, given = c["attention_chunk_size"], c["layer_types"]
+    types = list(given) if given else ["chunked_attention" if i not in nope and size is not None else "full_attention"
+                                       for i in range(n)]
+    if len(types) != n or set(types) - {"full_attention", "chunked_attention"}:
+        c.refuse("layer_types", f"one of 'full_attention' or 'chunked_attention' for each of the {n} layers "
+                                "(Llama4TextModel builds no other mask)")
+        return {}
+    if "chunked_attention" not in types:
+        return {}
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        c.refuse("attention_chunk_size", "a positive int: layer_types names chunked layers (transformers' "
+                                         "create_chunked_causal_mask raises without one)")
+        return {}
+    if not read_causal(c):  # create_chunked_causal_mask never reads is_causal; create_causal_mask does
+        c.refuse("is_causal", "True with chunked layers: transformers keeps them causal and makes the full layers "
+                              "bidirectional, a mix the blocks do not compute")
+        return {}
+    return {"attention_chunk_size": size,
+            "unchunked_layers": tuple(i for i, t in enumerate(types) if t == "full_attention")}
 
 
 def _temperature(c: Read, nope: tuple[int, ...]) -> dict[str, Any]:
@@ -133,12 +147,11 @@ def _llama4_text(c: Read) -> dict[str, Any]:
     """Llama4TextModel: LLaMA's attention (attention_bias on q, k, v and o) and RMSNorms (rms_norm_eps),
     under feed_forward the experts (`_experts`) or a SwiGLU of intermediate_size_mlp, rotary on adjacent
     pairs outside the NoPE layers (there the L2 QK-norm, eps rms_norm_eps), the NoPE layers' query
-    temperature."""
+    temperature, chunked attention (`_chunks`)."""
     sizes = read_sizes(c, "hidden_size", "num_attention_heads", "intermediate_size_mlp", "num_hidden_layers",
                        "num_key_value_heads")
     n = sizes["num_layers"]
     nope = read_nope_layers(c, n, config_class="Llama4TextConfig", empty_is_default=True)
-    _not_yet(c, n, nope)
     head = explicit_head_dim(c, sizes["d_model"], sizes["num_heads"])
     width = head.get("head_dim", sizes["d_model"] // sizes["num_heads"])
     attn = bool(c["attention_bias"])
@@ -146,7 +159,7 @@ def _llama4_text(c: Read) -> dict[str, Any]:
             "mlp_bias": False if attn else None, "causal": read_causal(c),
             "qk_l2_norm": bool(c["use_qk_norm"]) and len(nope) < n,  # Llama4TextL2Norm: the rotary layers alone
             **read_rope(c, default_theta=500000.0, head_dim=width), "nope_layers": nope, **_temperature(c, nope),
-            **_experts(c, n), "final_norm": True}
+            **_experts(c, n), **_chunks(c, n, nope), "final_norm": True}
 
 
 register(Family("llama4_text", "Llama4TextConfig", "Llama4TextModel", "hf-llama4",
@@ -165,7 +178,7 @@ register(Family("llama4_text", "Llama4TextConfig", "Llama4TextModel", "hf-llama4
                 draws={"moe_layers": ([], [1], [0, 1]), "interleave_moe_layer_step": (1, 2),
                        "num_local_experts": (2, 4), "num_experts_per_tok": (1, 2), "intermediate_size": (16, 24),
                        "intermediate_size_mlp": (24, 40), "use_qk_norm": (False, True),
-                       "attention_chunk_size": (None, 4),
+                       "attention_chunk_size": (None, 2, 4, 8192),
                        "no_rope_layers": ([1, 0, 1], [0, 1, 1]), "no_rope_layer_interval": (2, 4),
                        "attn_temperature_tuning": (True, False), "floor_scale": (2, 8192), "attn_scale": (0.5, 0.1),
                        "attention_bias": (False, True)}))
