@@ -4,8 +4,7 @@ flax_blocks.checkpoints.convert`), and Hugging Face models: each family one modu
 `families` (its names, its config reader, the parts around its stack), registered in `family`
 and read by `checkpoint` (a source read once, framework-free: config, files, whole models,
 generation settings, load report), `hf` (the Flax twin's from_hf / place, and to_hf), `save_hf`
-and `hub`. (`hf_config`, `hf_models`, `load_report` and `generation_config` are the old homes of
-`checkpoint`'s names, kept so that imports of them still work.)
+and `hub`.
 
 Importing this package registers every family (their modules hold their dialects), so that
 any of its modules finds them all."""

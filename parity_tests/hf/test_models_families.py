@@ -27,11 +27,9 @@ transformers = pytest.importorskip("transformers")
 import flax_blocks as fb  # noqa: E402
 import torch_blocks as tb  # noqa: E402
 from flax_blocks.attention import Attention  # noqa: E402
-from flax_blocks.checkpoints.checkpoint import describe  # noqa: E402
+from flax_blocks.checkpoints.checkpoint import describe, hf_state_dict, lm_config  # noqa: E402
 from flax_blocks.checkpoints.family import FAMILIES as FAMILY_TABLES  # noqa: E402
 from flax_blocks.checkpoints.hf import place  # noqa: E402
-from flax_blocks.checkpoints.hf_config import hf_state_dict  # noqa: E402
-from flax_blocks.checkpoints.hf_models import lm_config  # noqa: E402
 from torch_blocks.lm import generate as torch_generate  # noqa: E402
 
 from .test_models import NO_SPECIAL, E, V, _batch, _build, greedy_equals_hf  # noqa: E402
@@ -502,7 +500,7 @@ def test_llama4_multimodal_folder_loads_its_language_model(tmp_path):
 def test_llama4_text_experts_layers_are_transformers(changes):
     """The layers that run the experts are the ones Llama4TextDecoderLayer gives experts (layer_idx in
     Llama4TextConfig's moe_layers, derived from interleave_moe_layer_step when not given), the others dense."""
-    from flax_blocks.checkpoints.hf_config import hf_config
+    from flax_blocks.checkpoints.checkpoint import hf_config
     from flax_blocks.core.config import is_moe_layer
 
     kw = {**ROTARY, "head_dim": 8, "attention_chunk_size": None, **changes}
@@ -523,7 +521,7 @@ def test_llama4_text_refuses_by_name_what_it_does_not_compute_yet(changes, key):
     raises), masks it does not build, and chunked layers beside bidirectional full ones (is_causal=False opens
     create_causal_mask's, not the chunked one): refused, each by its key (a config.json as written by hand:
     moe_layers and layer_types derived as Llama4TextConfig derives them)."""
-    from flax_blocks.checkpoints.hf_config import hf_config
+    from flax_blocks.checkpoints.checkpoint import hf_config
 
     with pytest.raises(fb.ConversionError, match=f"{key}="):
         hf_config({"model_type": "llama4_text", **ROTARY, "head_dim": 8, **changes})

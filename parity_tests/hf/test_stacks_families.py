@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 import flax_blocks as fb  # noqa: E402
 from flax_blocks.checkpoints import dialects  # noqa: E402
-from flax_blocks.checkpoints.hf_config import NOT_COMPUTED, hf_config, read_folder  # noqa: E402
+from flax_blocks.checkpoints.checkpoint import NOT_COMPUTED, hf_config, read_folder  # noqa: E402
 from parity_tests.hf import families  # noqa: E402
 from parity_tests.hf.families import FAMILIES, REFUSALS, config, forward, measure  # noqa: E402
 from parity_tests.hf.reference import rel_at  # noqa: E402

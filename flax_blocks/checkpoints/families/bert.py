@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, CLASSIC_READS, Dialect, linear, norm, qkv, register_dialect
-from ..family import COMMON, DROPOUT, Family, Outside, Read, register
-from ..readers import read_activation, read_sizes
+from ..family import COMMON, DROPOUT, Family, Outside, Read, read_activation, read_sizes, register
 
 # RoBERTa's stack IS BERT's: the same layer code and key names in transformers (RobertaLayer is
 # generated from BertLayer), so "roberta" is read with this one table. What differs lies outside

@@ -9,8 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import LLAMA_RULES, LLAMA_SETTINGS, Dialect, register_dialect
-from ..family import Family, Outside, Read, Reference, register
-from ..readers import DECODER_INERT, explicit_head_dim, read_causal, read_rope, read_sizes, rotary_defaults, silu_only
+from ..family import (
+    DECODER_INERT,
+    Family,
+    Outside,
+    Read,
+    Reference,
+    explicit_head_dim,
+    read_causal,
+    read_rope,
+    read_sizes,
+    register,
+    rotary_defaults,
+    silu_only,
+)
 
 HF_COHERE = Dialect(
     "hf-cohere", "Hugging Face Cohere (layers.{i}.self_attn.q_proj ... o_proj, mlp.gate_proj / up_proj / down_proj, "

@@ -8,8 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import WINDOWS, Dialect, register_dialect
-from ..family import Family, Outside, Read, Reference, register
-from ..readers import DECODER_INERT, read_causal, read_rope, read_sizes, rotary_defaults, silu_only, window_pattern
+from ..family import (
+    DECODER_INERT,
+    Family,
+    Outside,
+    Read,
+    Reference,
+    read_causal,
+    read_rope,
+    read_sizes,
+    register,
+    rotary_defaults,
+    silu_only,
+    window_pattern,
+)
 from .cohere import HF_COHERE
 
 HF_COHERE2 = Dialect(

@@ -11,15 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import ATTENTION_BIAS, Dialect, Rule, experts, linear, norm, register_dialect, same
-from ..family import Family, Outside, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
     MOE_TRAINING,
+    Family,
+    Outside,
+    Read,
+    Reference,
     read_causal,
     read_experts,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     silu_only,
 )

@@ -10,8 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..family import Family, Read, register
-from ..readers import LM_ROTARY, read_causal, read_experts, read_sizes, rotary_defaults, silu_only
+from ..family import (
+    LM_ROTARY,
+    Family,
+    Read,
+    read_causal,
+    read_experts,
+    read_sizes,
+    register,
+    rotary_defaults,
+    silu_only,
+)
 from .deepseek_v2 import (
     DEEPSEEK_DRAWS,
     DEEPSEEK_INERT,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, Dialect, linear, norm, qkv, register_dialect
-from ..family import DROPOUT, Family, Outside, Read, register
-from ..readers import read_activation, read_sizes
+from ..family import DROPOUT, Family, Outside, Read, read_activation, read_sizes, register
 
 HF_DISTILBERT = Dialect(
     "hf-distilbert", "Hugging Face DistilBERT (transformer.layer.{i}.attention.q_lin.weight, ...)",

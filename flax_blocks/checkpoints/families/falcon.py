@@ -12,8 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, CLASSIC_READS, Dialect, Rule, linear, norm, register_dialect
-from ..family import DROPOUT, Family, Outside, Read, Reference, register
-from ..readers import DECODER_INERT, read_activation, read_causal, read_rope, read_sizes, rotary_defaults
+from ..family import (
+    DECODER_INERT,
+    DROPOUT,
+    Family,
+    Outside,
+    Read,
+    Reference,
+    read_activation,
+    read_causal,
+    read_rope,
+    read_sizes,
+    register,
+    rotary_defaults,
+)
 
 _TWO = ("parallel_residual", "two_norms")
 HF_FALCON = Dialect(

@@ -7,16 +7,19 @@ from dataclasses import replace
 from typing import Any
 
 from ..dialects import ATTENTION_BIAS, LLAMA_NAMED, LLAMA_OUTSIDE, LLAMA_RULES, Dialect, register_dialect
-from ..family import Family, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
+    Family,
+    Read,
+    Reference,
     explicit_head_dim,
     gated_mlp,
     read_activation,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
 )
 from .llama import LLAMA_LIKE

@@ -8,16 +8,20 @@ from dataclasses import replace
 from typing import Any
 
 from ..dialects import ATTENTION_BIAS, LLAMA_NAMED, LLAMA_OUTSIDE, WINDOWS, Dialect, linear, norm, qkv, register_dialect
-from ..family import GENERATION, Family, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
+    GENERATION,
     LM_ROTARY,
+    Family,
+    Read,
+    Reference,
     explicit_head_dim,
     gated_mlp,
     read_activation,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     window_pattern,
 )

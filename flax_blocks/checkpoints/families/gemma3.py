@@ -8,8 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import LLAMA_NAMED, LLAMA_OUTSIDE, Dialect, register_dialect, same
-from ..family import GENERATION, Family, Read, Reference, register, register_language_model
-from ..readers import DECODER_INERT, LM_ROTARY, read_rope, rotary_defaults, window_pattern
+from ..family import (
+    DECODER_INERT,
+    GENERATION,
+    LM_ROTARY,
+    Family,
+    Read,
+    Reference,
+    read_rope,
+    register,
+    register_language_model,
+    rotary_defaults,
+    window_pattern,
+)
 from .gemma2 import GEMMA2_DRAWS, GEMMA2_LIKE, GEMMA2_RULES, GEMMA2_SETTINGS, HF_GEMMA2, read_gemma2_common
 
 # Gemma 3 (text): Gemma 2's layers plus a QK-norm per head ((1 + w) RMSNorm over head_dim) and a

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, CLASSIC_READS, Dialect, Rule, linear, norm, register_dialect
-from ..family import DROPOUT, Family, Outside, Read, register
-from ..readers import read_activation, read_causal, read_sizes
+from ..family import DROPOUT, Family, Outside, Read, read_activation, read_causal, read_sizes, register
 
 HF_GPT2 = Dialect(
     "hf-gpt2", "Hugging Face GPT-2 (h.{i}.attn.c_attn.weight stored (in, out), ...)",

@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, CLASSIC_READS, Dialect, Rule, linear, norm, register_dialect
-from ..family import DROPOUT, Family, Outside, Read, Reference, register
-from ..readers import read_activation, read_causal, read_sizes
+from ..family import DROPOUT, Family, Outside, Read, Reference, read_activation, read_causal, read_sizes, register
 
 # c_attn rows [q; k; v] with one KV head: our in_proj's layout with num_kv_heads=1 (a rename).
 HF_GPT_BIGCODE = Dialect(

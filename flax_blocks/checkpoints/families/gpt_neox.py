@@ -6,14 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, CLASSIC_READS, Dialect, Rule, linear, norm, register_dialect
-from ..family import DROPOUT, Family, Outside, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
+    DROPOUT,
     LM_ROTARY,
+    Family,
+    Outside,
+    Read,
+    Reference,
     read_activation,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     rotary_head_dim,
 )

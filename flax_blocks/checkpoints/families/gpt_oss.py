@@ -20,16 +20,19 @@ from ..dialects import (
     Rule,
     register_dialect,
 )
-from ..family import Family, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
     MOE_TRAINING,
+    Family,
+    Read,
+    Reference,
     explicit_head_dim,
     read_causal,
     read_experts,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     window_pattern,
 )

@@ -10,8 +10,18 @@ import math
 from typing import Any
 
 from ..dialects import CLASSIC, Dialect, linear, norm, qkv, register_dialect
-from ..family import DROPOUT, Family, Outside, Read, Reference, register
-from ..readers import DECODER_INERT, read_activation, read_causal, read_sizes
+from ..family import (
+    DECODER_INERT,
+    DROPOUT,
+    Family,
+    Outside,
+    Read,
+    Reference,
+    read_activation,
+    read_causal,
+    read_sizes,
+    register,
+)
 
 HF_GPTJ = Dialect(
     "hf-gptj", "Hugging Face GPT-J (h.{i}.attn.q_proj ... out_proj, mlp.fc_in / fc_out, one ln_1)",

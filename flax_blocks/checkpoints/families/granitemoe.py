@@ -18,16 +18,20 @@ from ..dialects import (
     Rule,
     register_dialect,
 )
-from ..family import Family, Outside, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
     MOE_TRAINING,
+    Family,
+    Outside,
+    Read,
+    Reference,
     explicit_head_dim,
     read_causal,
     read_experts,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     silu_only,
 )

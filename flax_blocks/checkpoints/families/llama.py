@@ -15,14 +15,18 @@ from ..dialects import (
     Dialect,
     register_dialect,
 )
-from ..family import Family, Outside, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
+    Family,
+    Outside,
+    Read,
+    Reference,
     explicit_head_dim,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     silu_only,
 )

@@ -26,17 +26,22 @@ from ..dialects import (
     linear,
     register_dialect,
 )
-from ..family import Family, Outside, Read, Reference, register, register_language_model
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
     MOE_TRAINING,
+    Family,
+    Outside,
+    Read,
+    Reference,
     explicit_head_dim,
     read_causal,
     read_experts,
     read_nope_layers,
     read_rope,
     read_sizes,
+    register,
+    register_language_model,
     rotary_defaults,
     silu_only,
 )

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..family import Family, Read, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
+    Family,
+    Read,
     every_layer_local,
     explicit_head_dim,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     silu_only,
 )

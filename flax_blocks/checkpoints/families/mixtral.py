@@ -18,17 +18,19 @@ from ..dialects import (
     experts,
     register_dialect,
 )
-from ..family import Family, Read, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
     MOE_TRAINING,
+    Family,
+    Read,
     every_layer_local_key,
     explicit_head_dim,
     read_causal,
     read_experts,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     silu_only,
 )

@@ -10,8 +10,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import Dialect, Rule, fused, linear, norm, register_dialect
-from ..family import COMMON, DROPOUT, INIT, Family, Outside, Read, Reference, register
-from ..readers import gated_mlp, read_activation, read_rope, read_sizes
+from ..family import (
+    COMMON,
+    DROPOUT,
+    INIT,
+    Family,
+    Outside,
+    Read,
+    Reference,
+    gated_mlp,
+    read_activation,
+    read_rope,
+    read_sizes,
+    register,
+)
 
 # Layer 0 has no attn_norm (nn.Identity): the blocks' stacked layers hold one, unused under
 # first_attn_norm=False, read as ones (zeros for a bias) and never written (`fill`).

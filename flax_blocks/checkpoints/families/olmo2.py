@@ -6,14 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import ATTENTION_BIAS, LLAMA_NAMED, LLAMA_OUTSIDE, Dialect, linear, norm, qkv, register_dialect, same
-from ..family import Family, Read, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
+    Family,
+    Read,
     explicit_head_dim,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     silu_only,
 )

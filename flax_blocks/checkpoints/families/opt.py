@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, Dialect, linear, norm, qkv, register_dialect
-from ..family import DROPOUT, INIT, Family, Outside, Read, Reference, register
-from ..readers import read_activation, read_causal, read_sizes
+from ..family import DROPOUT, INIT, Family, Outside, Read, Reference, read_activation, read_causal, read_sizes, register
 
 HF_OPT = Dialect(
     "hf-opt", "Hugging Face OPT (decoder.layers.{i}.self_attn.q_proj.weight, fc1, final_layer_norm, ...)",

@@ -8,15 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, Dialect, linear, norm, qkv, register_dialect
-from ..family import DROPOUT, Family, Outside, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
+    DROPOUT,
     LM_ROTARY,
+    Family,
+    Outside,
+    Read,
+    Reference,
     explicit_head_dim,
     read_activation,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
 )
 

@@ -8,15 +8,18 @@ from dataclasses import replace
 from typing import Any
 
 from ..dialects import WINDOWS, Dialect, Rule, fused, linear, norm, register_dialect
-from ..family import DROPOUT, Family, Read, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
+    DROPOUT,
     LM_ROTARY,
+    Family,
+    Read,
     every_layer_local,
     explicit_head_dim,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     silu_only,
 )

@@ -8,15 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import LLAMA_NAMED, LLAMA_OUTSIDE, LLAMA_RULES, LLAMA_SETTINGS, WINDOWS, Dialect, register_dialect
-from ..family import Family, Outside, Read, Reference, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
     LM_ROTARY,
+    Family,
+    Outside,
+    Read,
+    Reference,
     explicit_head_dim,
     read_causal,
     read_nope_layers,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     silu_only,
     window_pattern,

@@ -7,13 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import LLAMA_NAMED, LLAMA_OUTSIDE, LLAMA_RULES, LLAMA_SETTINGS, Dialect, register_dialect
-from ..family import DROPOUT, Family, Read, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
+    DROPOUT,
     LM_ROTARY,
+    Family,
+    Read,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
     rotary_head_dim,
     silu_only,

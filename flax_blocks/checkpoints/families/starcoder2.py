@@ -6,16 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, CLASSIC_READS, WINDOWS, Dialect, linear, norm, qkv, register_dialect
-from ..family import DROPOUT, Family, Read, register
-from ..readers import (
+from ..family import (
     DECODER_INERT,
+    DROPOUT,
     LM_ROTARY,
+    Family,
+    Read,
     every_layer_local,
     explicit_head_dim,
     read_activation,
     read_causal,
     read_rope,
     read_sizes,
+    register,
     rotary_defaults,
 )
 from .llama import LLAMA_LIKE, LLAMA_REFERENCE

@@ -6,12 +6,21 @@ from __future__ import annotations
 from typing import Any
 
 from ..dialects import CLASSIC, CLASSIC_READS, Dialect, linear, norm, qkv, register_dialect
-from ..family import DROPOUT, OUTSIDE_PART, Family, Read, Reference, register
-from ..readers import explicit_head_dim, read_activation, read_sizes
+from ..family import (
+    DROPOUT,
+    OUTSIDE_PART,
+    Family,
+    Read,
+    Reference,
+    explicit_head_dim,
+    read_activation,
+    read_sizes,
+    register,
+)
 
 # ViT: the names of the checkpoint files (save_pretrained writes them still); transformers 5's
 # own ViTModel names its modules layers.{i}.attention.q_proj, ... and converts when loading. A
-# model object is read as save_pretrained writes it (flax_blocks.checkpoints.hf_config.hf_state_dict).
+# model object is read as save_pretrained writes it (flax_blocks.checkpoints.checkpoint.hf_state_dict).
 HF_VIT = Dialect(
     "hf-vit", "Hugging Face ViT checkpoints (encoder.layer.{i}.attention.attention.query.weight, ...)",
     layer="encoder.layer.{i}.", final_norm="layernorm",

@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..dialects import CLASSIC, Dialect, Rule, linear, norm, register_dialect
-from ..family import DROPOUT, GENERATION, INIT, OUTSIDE_PART, Family, Read, register
-from ..readers import read_activation
+from ..family import DROPOUT, GENERATION, INIT, OUTSIDE_PART, Family, Read, read_activation, register
 
 # Whisper's encoder: pre-LN, LayerNorms with torch's eps, GELU, biases everywhere but on k_proj
 # (read as a zero k bias: exact, see Rule.zero); positions (sinusoidal embed_positions) and the
