@@ -64,7 +64,7 @@ def base(family: Family) -> dict[str, Any]:
         sizes = dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, ffn_dim=40)
     if family.model_type in ("gemma2", "gemma3_text"):
         sizes["sliding_window"] = 4
-    if family.model_type == "llama4_text":  # dense, no QK-norm, no chunks: what it computes so far
+    if family.model_type == "llama4_text":  # dense, no QK-norm, no chunks (the experts and chunks: their own rows)
         sizes.update(intermediate_size_mlp=40, moe_layers=[], use_qk_norm=False, attention_chunk_size=None)
     return {"model_type": family.model_type, **sizes}
 
