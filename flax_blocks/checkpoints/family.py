@@ -23,7 +23,9 @@ it is ignored here too, and listed (one warning and the model's load report,
 each read as transformers reads it, and in weights that betray another family (refused by
 name in `flax_blocks.checkpoints.dialects`). Checked against transformers 5.24's source;
 parity_tests/hf/test_config_keys.py walks every config class and fails on a key no table classifies.
-Framework-free.
+
+Below the tables, the readers several families share (`read_sizes`, `read_rope`,
+`read_activation`, `window_pattern`, `read_experts`, `read_nope_layers` ...). Framework-free.
 """
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ def not_computed(model_type: str, config: Mapping[str, Any]) -> str:
     return reason.format(**fields)
 
 
-# --- shared readers: pieces that several families' config readers share ------------------------
+# --- shared readers -------------------------------------------------------------------------------
 # Pieces that several families' config readers share (each family's table still lists its own
 # keys): activations, sizes, rotary positions and their scaling as the config classes standardise
 # them, sliding-window layouts. Each takes the `Read` view of a config and refuses by name what
