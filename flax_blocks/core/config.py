@@ -37,6 +37,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 ATTENTIONS = ("auto", "dense", "blocked", "fused")
 ROUTINGS = ("softmax", "deepseek_v2", "deepseek_v3", "llama4")
 ROUTING_WEIGHTS_ON = ("output", "input")
+LAYER_LISTS = ("mlp_only_layers", "nope_layers", "unchunked_layers")  # layer indices from 0, as HF's lists
 
 
 def _allowed(name: str, value: Any, allowed: tuple) -> None:
@@ -155,12 +156,9 @@ class BlockConfig:
         object.__setattr__(self, "param_dtype", dtype_name(self.param_dtype))
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", self._scaling_from_dict(self.rope_scaling))
-        if isinstance(self.mlp_only_layers, list):  # HF configs hold a list
-            object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
-        if isinstance(self.nope_layers, list):
-            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
-        if isinstance(self.unchunked_layers, list):
-            object.__setattr__(self, "unchunked_layers", tuple(self.unchunked_layers))
+        for name in LAYER_LISTS:  # HF configs hold lists
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         self._check_sizes()
         self._check_experts()
         self._check_choices()
@@ -213,10 +211,7 @@ class BlockConfig:
         if not isinstance(self.norm_topk_prob, bool):
             raise ValueError(f"BlockConfig.norm_topk_prob must be a bool, got {self.norm_topk_prob!r}")
         self._check_gpt_oss_experts()
-        if not isinstance(self.mlp_only_layers, tuple) or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.mlp_only_layers):
-            raise ValueError(f"BlockConfig.mlp_only_layers must be a tuple of layer indices >= 0 (from 0, as HF's), "
-                             f"got {self.mlp_only_layers!r}")
+        self._check_layer_list("mlp_only_layers", "HF's")
 
     def _check_gpt_oss_experts(self) -> None:
         """GPT-OSS's experts: biases on the router and every expert projection (experts_bias) and the
@@ -364,13 +359,18 @@ class BlockConfig:
                 raise ValueError("BlockConfig.rope_local_theta is the rotary base of the local (sliding-window) "
                                  "layers and needs rope_theta and sliding_window")
 
+    def _check_layer_list(self, name: str, like: str) -> tuple[int, ...]:
+        """One of LAYER_LISTS, checked: a tuple of layer indices >= 0 (from 0, as `like`)."""
+        value = getattr(self, name)
+        if not isinstance(value, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                   for i in value):
+            raise ValueError(f"BlockConfig.{name} must be a tuple of layer indices >= 0 (from 0, as {like}), "
+                             f"got {value!r}")
+        return value
+
     def _check_nope_layers(self) -> None:
         """nope_layers: layer indices (from 0) without rotary, which need rotary elsewhere."""
-        nope = self.nope_layers
-        if not isinstance(nope, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                  for i in nope):
-            raise ValueError(f"BlockConfig.nope_layers must be a tuple of layer indices >= 0 (from 0, as HF's "
-                             f"no_rope_layers), got {nope!r}")
+        nope = self._check_layer_list("nope_layers", "HF's no_rope_layers")
         if nope and self.rope_theta is None:
             raise ValueError(f"BlockConfig.nope_layers={nope!r} names the layers without rotary (SmolLM3, Llama 4's "
                              f"NoPE layers) and needs rope_theta for the others")
@@ -392,11 +392,7 @@ class BlockConfig:
     def _check_chunks(self) -> None:
         """attention_chunk_size (Llama 4): a positive int, causal, on the dense path, without a sliding window;
         unchunked_layers: layer indices (from 0) that attend to every earlier key, which need chunks."""
-        c, full = self.attention_chunk_size, self.unchunked_layers
-        if not isinstance(full, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                  for i in full):
-            raise ValueError(f"BlockConfig.unchunked_layers must be a tuple of layer indices >= 0 (from 0, as HF's "
-                             f"layer_types), got {full!r}")
+        c, full = self.attention_chunk_size, self._check_layer_list("unchunked_layers", "HF's layer_types")
         if c is None:
             if full:
                 raise ValueError(f"BlockConfig.unchunked_layers={full!r} names the layers without chunks and needs "
@@ -653,16 +649,20 @@ def is_local(cfg: BlockConfig, layer: Any) -> Any:
     return (layer - 1 if cfg.pattern_global_first else layer) % n != 0
 
 
+def _not_in(layer: Any, indices: tuple[int, ...], flag: Any) -> Any:
+    """`flag` and layer `layer` (from 1; traced in a Flax layer scan) not among `indices` (from 0)."""
+    for i in indices:
+        flag = flag & (layer != i + 1)
+    return flag
+
+
 def is_chunked(cfg: BlockConfig, layer: Any) -> Any:
     """Whether layer `layer` (from 1; an int, or a traced integer in a Flax layer scan) attends in chunks
     (attention_chunk_size, Llama 4's "chunked_attention" layers): chunks set and layer - 1 not in
     unchunked_layers. A Python bool, or a boolean array when `layer` is traced."""
     if cfg.attention_chunk_size is None:
         return False
-    chunked = True
-    for i in cfg.unchunked_layers:
-        chunked = chunked & (layer != i + 1)
-    return chunked
+    return _not_in(layer, cfg.unchunked_layers, True)
 
 
 def chunk_start(allowed: Any) -> Any:
@@ -706,10 +706,7 @@ def has_rotary(cfg: BlockConfig, layer: Any, local: Any) -> Any:
     a local layer (`local`: is_local's answer). A Python bool, or a boolean array when either is traced."""
     if cfg.rope_theta is None or (cfg.rope_local_only and local is False):
         return False
-    rope = local if cfg.rope_local_only else True
-    for i in cfg.nope_layers:
-        rope = rope & (layer != i + 1)
-    return rope
+    return _not_in(layer, cfg.nope_layers, local if cfg.rope_local_only else True)
 
 
 def query_temperature(cfg: BlockConfig, slots: Any, xp: Any) -> Any:
@@ -730,10 +727,7 @@ def is_moe_layer(cfg: BlockConfig, layer: Any) -> Any:
         return False
     if not cfg.mixed_mlp:
         return True
-    moe = layer % cfg.decoder_sparse_step == 0
-    for i in cfg.mlp_only_layers:
-        moe = moe & (layer != i + 1)
-    return moe
+    return _not_in(layer, cfg.mlp_only_layers, layer % cfg.decoder_sparse_step == 0)
 
 
 def check_router_logits(cfg: BlockConfig, shape: tuple[int, ...]) -> None:
