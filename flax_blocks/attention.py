@@ -174,6 +174,16 @@ def cache_mask(index: jax.Array | int, seq: int, valid: jax.Array) -> tuple[jax.
     return allowed | ~rows, rows
 
 
+def _within(mask: jax.Array | None, rows: jax.Array | None, inside: jax.Array, on) -> tuple[jax.Array, jax.Array]:
+    """mask (True: may attend) and rows narrowed to the keys `inside` (B|1, 1, T, S) where `on` (a bool,
+    traced in a Flax layer scan) holds; a query left without a key has none (rows False, its mask opened
+    up). mask None: `inside` alone."""
+    inside = inside if on is True else inside | ~on
+    m = inside if mask is None else mask & inside
+    has = jnp.any(m, axis=-1, keepdims=True)
+    return m | ~has, (has if rows is None else rows & has)
+
+
 def _warn_if_fully_masked(batch: int, seq: int, keys: int, causal: bool, attention_mask, key_mask) -> None:
     """The FullyMaskedWarning for batch elements that the user's masks leave without any
     key, read in numpy where the masks' values are known in Python (eager calls, constants
@@ -389,10 +399,7 @@ class Attention(nnx.Module):
         assert window is not None  # only a local layer is windowed
         qpos, kpos = index + jnp.arange(t), jnp.arange(s)
         inside = (jnp.abs(kpos[None, :] - qpos[:, None]) < window)[None, None]  # (1, 1, T, S)
-        inside = inside if local is True else inside | ~local
-        m = inside if mask is None else mask & inside
-        has = jnp.any(m, axis=-1, keepdims=True)
-        return m | ~has, (has if rows is None else rows & has)
+        return _within(mask, rows, inside, local)
 
     def chunked(self, mask: jax.Array | None, rows: jax.Array | None, index, t: int, s: int,
                 chunked) -> tuple[jax.Array, jax.Array]:
@@ -404,10 +411,7 @@ class Attention(nnx.Module):
         assert size is not None  # only a chunked layer is chunked
         start = jnp.zeros((1,), jnp.int32) if mask is None else chunk_start(mask if rows is None else mask & rows)
         inside = same_chunk(size, index + jnp.arange(t), jnp.arange(s), start)[:, None]  # (B|1, 1, T, S)
-        inside = inside if chunked is True else inside | ~chunked
-        m = inside if mask is None else mask & inside
-        has = jnp.any(m, axis=-1, keepdims=True)
-        return m | ~has, (has if rows is None else rows & has)
+        return _within(mask, rows, inside, chunked)
 
     def alibi_bias(self, mask: jax.Array | None, rows: jax.Array | None, s: int) -> jax.Array:
         """ALiBi's biases (B|1, H, 1, S) in float32 (`flax_blocks.core.alibi`): slope_h times key j's

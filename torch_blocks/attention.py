@@ -154,6 +154,14 @@ def cache_mask(index: int, seq: int, valid: Tensor) -> Mask:
     return Mask(~allowed & rows, rows)
 
 
+def _within(masked: Tensor | None, rows: Tensor | None, outside: Tensor) -> tuple[Tensor, Tensor]:
+    """masked (True: may not attend) and rows narrowed to the keys not `outside` (B|1, 1, T, S); a query
+    left without a key has none (rows False, its mask opened up). masked None: `outside` alone."""
+    m = outside if masked is None else masked | outside
+    has = ~m.all(dim=-1, keepdim=True)
+    return m & has, (has if rows is None else rows & has)
+
+
 def _warn_if_fully_masked(rows: Tensor, batch: int) -> None:
     """CPU eager calls only: elsewhere the check would cost a device sync."""
     if rows.device.type != "cpu" or torch.compiler.is_compiling():
@@ -318,9 +326,7 @@ class Attention(nn.Module):
         assert window is not None  # only a local layer is windowed
         qpos, kpos = index + torch.arange(t, device=device), torch.arange(s, device=device)
         outside = ((kpos[None, :] - qpos[:, None]).abs() >= window)[None, None]  # (1, 1, T, S)
-        m = outside if masked is None else masked | outside
-        has = ~m.all(dim=-1, keepdim=True)
-        return m & has, (has if rows is None else rows & has)
+        return _within(masked, rows, outside)
 
     def chunked(self, masked: Tensor | None, rows: Tensor | None, index: int, t: int, s: int,
                 chunked: bool, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
@@ -334,9 +340,7 @@ class Attention(nn.Module):
         start = torch.zeros(1, dtype=torch.long, device=device) if allowed is None else chunk_start(allowed)
         slots = torch.arange(s, device=device)
         outside = ~same_chunk(size, index + torch.arange(t, device=device), slots, start)[:, None]  # (B|1, 1, T, S)
-        m = outside if masked is None else masked | outside
-        has = ~m.all(dim=-1, keepdim=True)
-        return m & has, (has if rows is None else rows & has)
+        return _within(masked, rows, outside)
 
     def alibi_bias(self, masked: Tensor | None, rows: Tensor | None, s: int) -> Tensor:
         """ALiBi's biases (B|1, H, 1, S) in float32 (`flax_blocks.core.alibi`): slope_h times key j's
