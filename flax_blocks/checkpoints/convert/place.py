@@ -425,20 +425,19 @@ def check_dtypes(tensors: Mapping[str, Any], dtype: Any = None) -> None:
         raise ConversionError(problems, header="cannot place these weights")
 
 
-def place_named(model, tensors: Mapping[str, Any], named: Mapping[str, tuple[str, int | None, Param]] | None = None,
+def place_named(model, tensors: Mapping[str, Any], named: Mapping[str, tuple[str, int | None, Param]],
                 *, dtype: Any = None, mesh: Any = None, rules: Any = None, what: str = "loading weights") -> None:
     """Write `tensors` ({torch name: stream.Lazy or array}, every name and shape of `model`'s
-    own: `checkpoint.check_shapes` checked them) into `model`'s parameters, in place: each
+    own, `named_params(model)`; their dtypes, names and shapes checked first by the caller:
+    `check_dtypes`, `checkpoint.check_shapes`) into `model`'s parameters, in place: each
     tensor laid out for Flax (`Param.transform`), cast to `dtype` when given (None keeps each
     tensor's), a stacked parameter's layers read into one array, placed by `place_all` (on
-    `mesh` by `rules`). named: `named_params(model)` when the caller has it. Tensors of a
-    dtype the blocks do not hold are refused (`check_dtypes`) before anything is read."""
-    check_dtypes(tensors, dtype)
+    `mesh` by `rules`)."""
     cast = None if dtype is None else np_dtype(dtype)
     variables = flax_params(model)
     values: dict[str, Any] = {}
     layers: dict[str, list] = {}
-    for t, (path, layer, p) in (named_params(model) if named is None else named).items():
+    for t, (path, layer, p) in named.items():
         a = p.transform.to_flax(stream.lazy(tensors[t]), model.cfg)
         a = a if cast is None else a.astype(cast)
         if layer is None:
